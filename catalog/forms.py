@@ -1,0 +1,344 @@
+"""The catalog's forms, shared by the console and the admin.
+
+Fields hold what the files hold, in forms a person types: durations as ``20m``, lists one
+item a line (or comma-separated), maps as ``KEY=VALUE`` lines. The rules are not here:
+``check_bundle`` builds the model from the form and its formsets and asks
+``catalog.services.check_change``, then puts each problem at the field its path names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.forms import BaseInlineFormSet, inlineformset_factory
+
+from agent.engines import ENGINES
+from catalog import convert, rules, services, spec
+from catalog.durations import DurationError, format_duration, parse_duration
+from catalog.models import Adapter, Alias, OriginFile, Profile, ScaleWindow, ServedModel
+from catalog.problems import Problem
+
+
+class GoDurationField(forms.CharField):
+    """A duration written as Go writes it (``90s``, ``20m``, ``1h30m``); held as ns."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("widget", forms.TextInput(attrs={"placeholder": "e.g. 20m"}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, int):
+            return "" if value == 0 else format_duration(value)
+        return value
+
+    def to_python(self, value: Any) -> int:  # type: ignore[override]
+        text = super().to_python(value)
+        if not text:
+            return 0
+        try:
+            return parse_duration(text)
+        except DurationError as exc:
+            raise ValidationError(str(exc), code="bad_duration") from None
+
+
+class LinesField(forms.CharField):
+    """A list of strings, one a line (or, with ``sep=","``, comma-separated)."""
+
+    def __init__(self, *, sep: str = "\n", **kwargs: Any) -> None:
+        self.sep = sep
+        kwargs.setdefault("required", False)
+        if sep == "\n":
+            kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 2}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return (self.sep if self.sep == "\n" else ", ").join(value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return [part.strip() for part in text.split(self.sep) if part.strip()]
+
+
+class KeyValueField(forms.CharField):
+    """A map of strings written ``KEY=VALUE``, one a line."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 2, "placeholder": "KEY=VALUE"}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return "\n".join(f"{k}={v}" for k, v in sorted(value.items()))
+        return value
+
+    def to_python(self, value: Any) -> dict[str, str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        out: dict[str, str] = {}
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            key, eq, val = line.partition("=")
+            if not eq or not key.strip():
+                raise ValidationError(
+                    f"line {n} ({line.strip()!r}) is not KEY=VALUE: write one pair a line",
+                    code="not_key_value",
+                )
+            if key.strip() in out:
+                raise ValidationError(
+                    f"{key.strip()} is given twice: keep one", code="duplicate_key"
+                )
+            out[key.strip()] = val.strip()
+        return out
+
+
+def _suggest(choices: tuple[str, ...] | list[str]) -> forms.Widget:
+    # A text box with suggestions rather than a select: an unknown value must reach the
+    # rules, which say what is wrong in the same words everywhere.
+    return forms.TextInput(attrs={"list": "", "data-suggest": ",".join(choices)})
+
+
+class ServedModelForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A catalog model's own fields; its profiles and other rows are formsets."""
+
+    scaling_idle_timeout = GoDurationField(label="scaling.idle_timeout")
+    scaling_prewarm = GoDurationField(label="scaling.prewarm")
+    slo_ttft_p99 = GoDurationField(label="slo.ttft_p99")
+    slo_tpot_p99 = GoDurationField(label="slo.tpot_p99")
+    fallbacks = LinesField(sep=",", label="fallbacks", help_text="In order, comma-separated.")
+    guard_categories = LinesField(label="guard.categories", help_text="One a line.")
+
+    class Meta:
+        model = ServedModel
+        fields = (
+            "name", "description", "source",
+            "scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm",
+            "capacity_class", "owner", "role", "guard_format", "guard_categories",
+            "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
+            "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
+            "external_url", "external_model", "external_api_key_file", "external_peer",
+            "canary_model", "canary_percent", "canary_min_requests",
+            "canary_max_error_increase", "canary_max_ttft_ratio",
+            "eval_suite", "eval_min_score", "eval_judge",
+            "origin_repo", "origin_revision", "origin_previous_source",
+            "origin_previous_revision",
+        )  # fmt: skip
+        widgets = {
+            "description": forms.Textarea(attrs={"rows": 2}),
+            "capacity_class": _suggest(rules.CLASSES),
+            "role": _suggest([rules.ROLE_GUARD]),
+            "guard_format": _suggest(rules.GUARD_FORMATS),
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The bundle (this form and its formsets) is checked as a whole by check_bundle.
+        self.instance.checked_as_bundle = True
+        for name in ("name", "source"):
+            self.fields[name].required = False
+
+
+class ProfileForm(forms.ModelForm):  # type: ignore[type-arg]
+    """One profile: engine, cards, parallelism, arguments and limits."""
+
+    args = LinesField(help_text="One argument a line.")
+    env = KeyValueField()
+    node_selector = KeyValueField()
+    startup_timeout = GoDurationField()
+
+    class Meta:
+        model = Profile
+        fields = (
+            "name", "engine", "engine_version", "gpu_class", "tp", "pp", "gpus_per_node",
+            "nodes", "args", "env", "min_memory_gb", "cpu_cores", "min_disk_gb",
+            "node_selector", "power_watts", "keep_within", "weight", "priority",
+            "startup_timeout", "kv_events",
+        )  # fmt: skip
+        widgets = {
+            "engine": _suggest(ENGINES),
+            "keep_within": _suggest(rules.FACILITY_LEVELS),
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.checked_as_bundle = True
+
+
+class WindowForm(forms.ModelForm):  # type: ignore[type-arg]
+    """One schedule window: days, from, to, min and max."""
+
+    days = LinesField(sep=",", help_text="mon … sun, weekdays, weekends; empty is every day.")
+
+    class Meta:
+        model = ScaleWindow
+        fields = ("days", "from_time", "to_time", "min", "max")
+        widgets = {
+            "from_time": forms.TextInput(attrs={"placeholder": "08:00"}),
+            "to_time": forms.TextInput(attrs={"placeholder": "18:00"}),
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.checked_as_bundle = True
+
+
+class _ChildForm(forms.ModelForm):  # type: ignore[type-arg]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.checked_as_bundle = True
+
+
+class AdapterForm(_ChildForm):
+    """One LoRA adapter."""
+
+    class Meta:
+        model = Adapter
+        fields = ("name", "source", "scale")
+
+
+class AliasForm(_ChildForm):
+    """One alias."""
+
+    class Meta:
+        model = Alias
+        fields = ("name",)
+
+
+class OriginFileForm(_ChildForm):
+    """One weights file of the origin (or of origin.previous)."""
+
+    class Meta:
+        model = OriginFile
+        fields = ("previous", "path", "sha256", "bytes")
+
+
+class OrderedInlineFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
+    """Rows kept in the order shown; a blank extra row is not a row."""
+
+    def live_forms(self) -> list[forms.ModelForm]:  # type: ignore[type-arg]
+        """Return the forms that are rows after saving, in order."""
+        out = []
+        for form in self.forms:
+            if not hasattr(form, "cleaned_data"):
+                continue
+            if self.can_delete and form.cleaned_data.get("DELETE"):
+                continue
+            if form.instance.pk is None and not form.has_changed():
+                continue
+            out.append(form)
+        return out
+
+
+def _formset(model: type[Any], form: type[Any]) -> Any:
+    return inlineformset_factory(
+        ServedModel, model, form=form, formset=OrderedInlineFormSet, extra=0, can_delete=True
+    )
+
+
+FORMSETS: dict[str, Any] = {
+    "profiles": _formset(Profile, ProfileForm),
+    "windows": _formset(ScaleWindow, WindowForm),
+    "adapters": _formset(Adapter, AdapterForm),
+    "aliases": _formset(Alias, AliasForm),
+    "origin_files": _formset(OriginFile, OriginFileForm),
+}
+
+
+def build_formsets(
+    data: Mapping[str, Any] | None, instance: ServedModel
+) -> dict[str, OrderedInlineFormSet]:
+    """Return the model's formsets, bound to ``data`` when given, prefixed by group."""
+    return {
+        group: cls(data, instance=instance, prefix=group) for group, cls in FORMSETS.items()
+    }
+
+
+def bundle_spec(form: ServedModelForm, formsets: Mapping[str, OrderedInlineFormSet]) -> spec.Model:
+    """Return the model the (valid) form and formsets describe."""
+    children = {}
+    for group, fs in formsets.items():
+        rows = [f.instance for f in fs.live_forms()]
+        if group == "origin_files":
+            rows.sort(key=lambda r: bool(r.previous))
+        children[group] = rows
+    return convert.spec_from_instance(form.instance, children)
+
+
+def attach_problems(
+    problems: list[Problem],
+    form: forms.BaseForm,
+    formsets: Mapping[str, OrderedInlineFormSet],
+) -> None:
+    """Put each problem at the field its path names: on the form, or a formset's row."""
+    for p in problems:
+        loc = convert.locate(p.path)
+        if loc.group is None:
+            field = loc.field if loc.field in form.fields else None
+            message = p.message if field else f"{p.field}: {p.message}"
+            form.add_error(field, ValidationError(message, code=p.code))
+            continue
+        fs = formsets.get(loc.group)
+        if fs is None:
+            form.add_error(None, ValidationError(f"{p.field}: {p.message}", code=p.code))
+            continue
+        rows = fs.live_forms()
+        if loc.group == "origin_files":
+            rows = [f for f in rows if bool(f.instance.previous) == loc.previous]
+        if loc.index is not None and loc.index < len(rows):
+            row = rows[loc.index]
+            field = loc.field if loc.field in row.fields else None
+            message = p.message if field else f"{p.field}: {p.message}"
+            row.add_error(field, ValidationError(message, code=p.code))
+        else:
+            fs._non_form_errors.append(  # type: ignore[union-attr]
+                ValidationError(p.message, code=p.code)
+            )
+
+
+def check_bundle(
+    form: ServedModelForm,
+    formsets: Mapping[str, OrderedInlineFormSet],
+    replacing: str | None,
+) -> spec.Model | None:
+    """Validate the form and formsets and the rules over them; return the model or None.
+
+    Shape errors (a duration without a unit, a line that is not KEY=VALUE) come first;
+    only a well-formed bundle is checked against the catalog's rules, whose problems are
+    then attached at their fields.
+    """
+    valid = form.is_valid()
+    valid = all([fs.is_valid() for fs in formsets.values()]) and valid
+    if not valid:
+        return None
+    model = bundle_spec(form, formsets)
+    problems = services.check_change(model, replacing)
+    if problems:
+        attach_problems(problems, form, formsets)
+        return None
+    return model
+
+
+def error_map(form: forms.BaseForm, formsets: Mapping[str, OrderedInlineFormSet]) -> dict[str, list[str]]:
+    """Return every error by the HTML name of its field (``profiles-0-tp``), for htmx.
+
+    Non-field errors are under ``__all__`` (the model) or ``<group>-__all__``.
+    """
+    out: dict[str, list[str]] = {}
+    for field, errors in form.errors.items():
+        key = "__all__" if field == NON_FIELD_ERRORS else form.add_prefix(field)
+        out.setdefault(key, []).extend(errors)
+    for group, fs in formsets.items():
+        for row in fs.forms:
+            for field, errors in row.errors.items():
+                key = f"{row.prefix}-__all__" if field == NON_FIELD_ERRORS else row.add_prefix(field)
+                out.setdefault(key, []).extend(errors)
+        if fs.is_bound and fs.non_form_errors():
+            out.setdefault(f"{group}-__all__", []).extend(fs.non_form_errors())
+    return out

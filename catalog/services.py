@@ -1,0 +1,428 @@
+"""Catalog operations that span rows and the change log: check, save, delete, import, revert.
+
+Every surface goes through here, so every change is checked by ``catalog.rules`` against
+the catalog as it would be after the change, written all at once, and logged with who made
+it. Used by the API, the console, the admin, the management commands and ``Model.clean``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import transaction
+from django.db.models import Max
+
+from catalog import codec, convert, rules, spec
+from catalog.choices import ChangeAction, Surface
+from catalog.models import (
+    Adapter,
+    Alias,
+    ChangeRecord,
+    OriginFile,
+    Profile,
+    ScaleWindow,
+    ServedModel,
+)
+from catalog.problems import Problem
+
+CHILD_MODELS: dict[str, type[Any]] = {
+    "profiles": Profile,
+    "windows": ScaleWindow,
+    "adapters": Adapter,
+    "aliases": Alias,
+    "origin_files": OriginFile,
+}
+
+
+class Refused(Exception):
+    """A change the rules refuse; nothing was written. ``problems`` says why."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        super().__init__("; ".join(p.line() for p in problems))
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a change, and through what: written into the change log."""
+
+    user: Any
+    surface: str
+    via: str = ""
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """Return the name the change log shows: ``alice``, ``alice (token ci)``."""
+        name = getattr(self.user, "username", "") or self.name or "system"
+        return f"{name} ({self.via})" if self.via else name
+
+
+SYSTEM = Actor(user=None, surface=Surface.CLI)
+
+
+def stored_queryset() -> Any:
+    """Return every stored model with its related rows fetched in a fixed few queries."""
+    return ServedModel.objects.prefetch_related(*convert.CHILD_GROUPS)
+
+
+def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
+    """Return the stored catalog as specs, in catalog order."""
+    qs = stored_queryset()
+    if exclude_pk is not None:
+        qs = qs.exclude(pk=exclude_pk)
+    return [m.to_spec() for m in qs]
+
+
+def check_change(
+    new: spec.Model | None,
+    replacing: str | None = None,
+    *,
+    current: list[spec.Model] | None = None,
+) -> list[Problem]:
+    """Return the problems of the catalog with ``new`` in place of ``replacing``.
+
+    ``new`` None deletes ``replacing``. Problems of other models that the change causes
+    (a fallback or canary that no longer resolves) are reported against the changed
+    model's name, naming the model that depends on it, since that is what the person
+    making the change must act on.
+    """
+    before = stored_specs() if current is None else current
+    after: list[spec.Model] = []
+    index = None
+    for m in before:
+        if replacing is not None and m.name == replacing:
+            if new is not None:
+                index = len(after)
+                after.append(new)
+        else:
+            after.append(m)
+    if new is not None and index is None:
+        index = len(after)
+        after.append(new)
+    problems = rules.check_catalog(after)
+    own = [p for p in problems if p.index == index]
+    others = [p for p in problems if p.index != index]
+    if not others:
+        return own
+    subject = replacing or (new.name if new else "")
+    catalog = rules.Catalog([rules.normalize(m) for m in before]) if replacing else None
+    depends = dict(catalog.dependents(subject)) if catalog else {}
+    for p in others:
+        how = depends.get(p.model)
+        if how:
+            message = (
+                f'model "{p.model}" names "{subject}" in its {how}: '
+                f"change {p.model} first, or keep this name"
+            )
+            code = "in_use"
+        else:
+            message = f'model "{p.model}" would be refused: {p.field}: {p.message}'
+            code = p.code
+        own.append(Problem(("name",), message, code, model=subject, index=index))
+    # One line per distinct problem: several fallbacks of one model naming this one
+    # say the same thing.
+    seen: set[tuple[Any, ...]] = set()
+    unique = []
+    for p in own:
+        key = (p.path, p.message)
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def problems_to_error(problems: Iterable[Problem], group: str | None = None) -> ValidationError:
+    """Return a ValidationError keyed by the column each problem names.
+
+    With ``group``, problems about that child group are keyed by the child's column and
+    everything else goes to the non-field errors, as ``Model.clean`` of a child row needs.
+    """
+    errors: dict[str, list[ValidationError]] = {}
+    for p in problems:
+        loc = convert.locate(p.path)
+        key = NON_FIELD_ERRORS
+        if group is None and loc.group is None and loc.field:
+            key = loc.field
+        elif group is not None and loc.group == group and loc.field:
+            key = loc.field
+        message = p.message if key != NON_FIELD_ERRORS or not p.field else f"{p.field}: {p.message}"
+        errors.setdefault(key, []).append(ValidationError(message, code=p.code))
+    return ValidationError(errors)
+
+
+def raise_for_instance(instance: ServedModel) -> None:
+    """Raise ValidationError if this row, as it would be saved, breaks a rule.
+
+    A form that edits the model together with its related rows marks the instance
+    ``checked_as_bundle`` and checks the whole bundle itself (``catalog.forms``).
+    """
+    if getattr(instance, "checked_as_bundle", False):
+        return
+    stored_name = None
+    if instance.pk is not None:
+        stored_name = (
+            ServedModel.objects.filter(pk=instance.pk).values_list("name", flat=True).first()
+        )
+    problems = check_change(instance.to_spec(), stored_name)
+    if problems:
+        raise problems_to_error(problems)
+
+
+def raise_for_child(child: Any, group: str) -> None:
+    """Raise ValidationError if the model, with this child row in it, breaks a rule.
+
+    Only problems about this row are raised here, keyed by its columns; the model's own
+    problems are the model's ``clean()``'s to report.
+    """
+    if getattr(child, "checked_as_bundle", False):
+        return
+    parent = getattr(child, "model", None) if child.model_id else None
+    if parent is None:
+        return
+    rows = list(getattr(parent, group).exclude(pk=child.pk)) if parent.pk else []
+    position = len(rows)
+    for i, row in enumerate(rows):
+        if (row.position, row.pk) > (child.position, child.pk or 0):
+            position = i
+            break
+    rows.insert(position, child)
+    if group == "origin_files":
+        rows.sort(key=lambda r: r.previous)
+    new = convert.spec_from_instance(parent, {group: rows})
+    problems = [
+        p
+        for p in check_change(new, parent.name if parent.pk else None)
+        if convert.locate(p.path).group == group
+        and convert.locate(p.path).index in (position, None)
+    ]
+    if problems:
+        raise problems_to_error(problems, group=group)
+
+
+def _log(
+    name: str,
+    action: str,
+    actor: Actor,
+    before: spec.Model | None,
+    after: spec.Model | None,
+    reverts: ChangeRecord | None = None,
+) -> ChangeRecord:
+    b = codec.encode_model(before) if before is not None else None
+    a = codec.encode_model(after) if after is not None else None
+    return ChangeRecord.objects.create(
+        model_name=name,
+        action=action,
+        surface=actor.surface,
+        actor=actor.user if getattr(actor.user, "pk", None) else None,
+        actor_name=actor.label,
+        before=b,
+        after=a,
+        summary=summarize(b, a),
+        reverts=reverts,
+    )
+
+
+def summarize(before: Any, after: Any) -> str:
+    """Return the top-level keys that differ, as a short line for lists."""
+    if before is None:
+        return "created"
+    if after is None:
+        return "deleted"
+    keys = [k for k in {**before, **after} if before.get(k) != after.get(k)]
+    return ", ".join(keys) if keys else "no change"
+
+
+def _write(instance: ServedModel, m: spec.Model) -> ServedModel:
+    for key, value in convert.instance_values(m).items():
+        setattr(instance, key, value)
+    if instance.pk is None:
+        top = ServedModel.objects.aggregate(top=Max("position"))["top"]
+        instance.position = 0 if top is None else top + 1
+    instance.save()
+    for group, values in convert.child_values(m).items():
+        model_cls = CHILD_MODELS[group]
+        model_cls.objects.filter(model=instance).delete()
+        model_cls.objects.bulk_create(
+            model_cls(model=instance, position=i, **v) for i, v in enumerate(values)
+        )
+    # The prefetch cache, if any, no longer holds what was written.
+    getattr(instance, "_prefetched_objects_cache", {}).clear()
+    return instance
+
+
+@transaction.atomic
+def save_model(
+    new: spec.Model,
+    actor: Actor,
+    replacing: str | None = None,
+    *,
+    into: ServedModel | None = None,
+) -> ServedModel:
+    """Check and write a model (a new one, or in place of ``replacing``), and log it.
+
+    Raises Refused, writing nothing, when the catalog after the change breaks a rule.
+    ``into`` is the row object to write (the admin's own instance, so it learns its pk).
+    """
+    instance = None
+    before = None
+    if replacing is not None:
+        instance = (
+            stored_queryset().select_for_update().filter(name=replacing).first()
+        )
+        if instance is not None and into is not None:
+            into.pk = instance.pk
+            into.position = instance.position
+            into.created = instance.created
+            before = instance.to_spec()
+            instance = into
+        elif instance is not None:
+            before = instance.to_spec()
+        if instance is None:
+            raise Refused(
+                [Problem(("name",), f'model "{replacing}" is not in the catalog', "not_found")]
+            )
+    elif into is not None:
+        instance = into
+    problems = check_change(new, replacing)
+    if problems:
+        raise Refused(problems)
+    normalized = rules.normalize(new)
+    if before is not None and codec.encode_model(before) == codec.encode_model(normalized):
+        return instance  # type: ignore[return-value]
+    instance = _write(instance or ServedModel(), normalized)
+    instance.checked_as_bundle = True
+    action = ChangeAction.CREATE if before is None else ChangeAction.UPDATE
+    _log(normalized.name, action, actor, before, normalized)
+    return instance
+
+
+def delete_blockers(name: str) -> list[tuple[str, str]]:
+    """Return (model, how) for each model whose fallbacks or canary name this one."""
+    catalog = rules.Catalog([rules.normalize(m) for m in stored_specs()])
+    return catalog.dependents(name)
+
+
+@transaction.atomic
+def delete_model(name: str, actor: Actor) -> None:
+    """Delete a model and log it; refused while another model depends on it."""
+    instance = stored_queryset().select_for_update().filter(name=name).first()
+    if instance is None:
+        raise Refused([Problem(("name",), f'model "{name}" is not in the catalog', "not_found")])
+    problems = check_change(None, name)
+    if problems:
+        raise Refused(problems)
+    before = instance.to_spec()
+    instance.delete()
+    _log(name, ChangeAction.DELETE, actor, before, None)
+
+
+@dataclass
+class ImportResult:
+    """What an import did (or, dry, would do)."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+
+@transaction.atomic
+def import_catalog(
+    models: list[spec.Model], actor: Actor, *, replace: bool = False, dry_run: bool = False
+) -> ImportResult:
+    """Import a file's models all at once: added, changed and (with replace) removed.
+
+    The catalog after the import is checked as a whole first; one problem and nothing is
+    written (raises Refused with every problem, indexed by the file's positions).
+    """
+    problems = rules.check_catalog(models)
+    if problems:
+        raise Refused(problems)
+    stored = {m.name: m for m in stored_queryset().select_for_update()}
+    incoming = {m.name for m in models}
+    kept = [] if replace else [s.to_spec() for n, s in stored.items() if n not in incoming]
+    after = [*kept, *models]
+    problems = rules.check_catalog(after)
+    if problems:
+        # Problems of the file's own models were caught above; these come from models
+        # kept in the catalog that the import breaks (a fallback it no longer finds).
+        raise Refused(
+            [Problem(p.path, p.message, p.code, model=p.model) for p in problems]
+        )
+    result = ImportResult()
+    for m in models:
+        normalized = rules.normalize(m)
+        existing = stored.get(m.name)
+        if existing is None:
+            result.added.append(m.name)
+            if not dry_run:
+                _write(ServedModel(), normalized)
+                _log(m.name, ChangeAction.CREATE, actor, None, normalized)
+            continue
+        before = existing.to_spec()
+        if codec.encode_model(before) == codec.encode_model(normalized):
+            result.unchanged.append(m.name)
+            continue
+        result.changed.append(m.name)
+        if not dry_run:
+            _write(existing, normalized)
+            _log(m.name, ChangeAction.UPDATE, actor, before, normalized)
+    if replace:
+        for name, existing in stored.items():
+            if name in incoming:
+                continue
+            result.removed.append(name)
+            if not dry_run:
+                before = existing.to_spec()
+                existing.delete()
+                _log(name, ChangeAction.DELETE, actor, before, None)
+    if replace and not dry_run:
+        # The file's order is the catalog's order from now on.
+        order = {m.name: i for i, m in enumerate(models)}
+        for obj in ServedModel.objects.all():
+            if obj.position != order[obj.name]:
+                ServedModel.objects.filter(pk=obj.pk).update(position=order[obj.name])
+    return result
+
+
+@transaction.atomic
+def revert_change(record: ChangeRecord, actor: Actor) -> ChangeRecord:
+    """Put a model back as it was before a change, if the catalog then passes the rules.
+
+    Reverting a creation deletes the model; reverting a deletion recreates it; reverting
+    an update restores the before side (under its old name, replacing the model as it is
+    now, whatever it is called).
+    """
+    target_name = record.model_name
+    if record.after is not None:
+        target_name = record.after.get("name", record.model_name)
+    current = ServedModel.objects.filter(name=target_name).first()
+    before_now = current.to_spec() if current else None
+    if record.before is None:
+        if current is None:
+            raise Refused([Problem(("name",), f'model "{target_name}" is already gone', "not_found")])
+        problems = check_change(None, target_name)
+        if problems:
+            raise Refused(problems)
+        current.delete()
+        return _log(target_name, ChangeAction.REVERT, actor, before_now, None, reverts=record)
+    restored, decode_problems = codec.decode_model(record.before)
+    if decode_problems or restored is None:
+        raise Refused(decode_problems)
+    problems = check_change(restored, target_name if current else None)
+    if problems:
+        raise Refused(problems)
+    normalized = rules.normalize(restored)
+    _write(current or ServedModel(), normalized)
+    return _log(
+        normalized.name, ChangeAction.REVERT, actor, before_now, normalized, reverts=record
+    )
+
+
+def export_specs() -> list[spec.Model]:
+    """Return the catalog to export, in catalog order."""
+    return stored_specs()

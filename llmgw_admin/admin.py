@@ -1,0 +1,69 @@
+"""Users and API tokens in the admin: managed by the admin role only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.http import HttpRequest
+from django.utils import timezone
+
+from catalog.admin import RoleAdminMixin
+from llmgw_admin.models import ApiToken
+from llmgw_admin.roles import ADMIN, has_role
+
+
+class AdminRoleMixin(RoleAdminMixin):
+    """Only the admin role reads or changes these."""
+
+    change_role = ADMIN
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_role(request.user, ADMIN)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, ADMIN)
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class LlmgwUserAdmin(AdminRoleMixin, UserAdmin):  # type: ignore[type-arg]
+    """Users; their role is the group they are in (viewer, operator or admin)."""
+
+
+@admin.register(Group)
+class LlmgwGroupAdmin(AdminRoleMixin, GroupAdmin):  # type: ignore[type-arg]
+    """The role groups."""
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(AdminRoleMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """API tokens: issued here or by the API; the secret is shown once, on issue."""
+
+    list_display = ("name", "user", "prefix", "created", "expires", "revoked", "last_used")
+    list_filter = ("revoked",)
+    search_fields = ("name", "user__username", "prefix")
+    fields = ("user", "name", "expires")
+    actions = ("revoke",)
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            obj.save()
+            return
+        token, secret = ApiToken.issue(obj.user, obj.name, obj.expires)
+        obj.pk = token.pk
+        messages.warning(request, f"Token issued; copy it now, it is not shown again: {secret}")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A token's secret cannot be changed; revoke it and issue another.
+        return obj is None and super().has_change_permission(request, obj)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        n = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
+        self.message_user(request, f"{n} token(s) revoked")

@@ -1,0 +1,119 @@
+"""Read configuration from ``LLMGW_*`` environment variables, failing loudly on bad values.
+
+Modelled on healthchecks' ``envbool``/``envint``: a value that cannot be read stops the
+start with ``ImproperlyConfigured`` naming the variable, rather than falling back silently.
+Every secret also accepts ``LLMGW_<NAME>_FILE``, a path to a file holding it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+PREFIX = "LLMGW_"
+
+
+def _raw(name: str) -> str | None:
+    return os.environ.get(PREFIX + name)
+
+
+def envstr(name: str, default: str = "") -> str:
+    """Return ``LLMGW_<name>`` as text, or the default when unset."""
+    value = _raw(name)
+    return default if value is None else value
+
+
+def envbool(name: str, default: bool) -> bool:
+    """Return ``LLMGW_<name>`` as a boolean: only ``true`` or ``false``, in any case."""
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if value.lower() == "true":
+        return True
+    if value.lower() == "false":
+        return False
+    raise ImproperlyConfigured(f"{PREFIX}{name} is {value!r}: write true or false")
+
+
+def envint(name: str, default: int) -> int:
+    """Return ``LLMGW_<name>`` as a whole number."""
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{PREFIX}{name} is {value!r}: write a whole number"
+        ) from None
+
+
+def envlist(name: str, default: list[str]) -> list[str]:
+    """Return ``LLMGW_<name>`` split on commas, blanks dropped."""
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def envsecret(name: str, default: str = "") -> str:
+    """Return a secret from ``LLMGW_<name>`` or the file named by ``LLMGW_<name>_FILE``."""
+    value = _raw(name)
+    path = _raw(name + "_FILE")
+    if value is not None and path is not None:
+        raise ImproperlyConfigured(
+            f"{PREFIX}{name} and {PREFIX}{name}_FILE are both set: keep one"
+        )
+    if path is not None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"{PREFIX}{name}_FILE names {path!r}, which cannot be read: {exc}"
+            ) from None
+    return default if value is None else value
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    """Return a Django DATABASES entry for a ``postgres://user:pw@host:port/name`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql", "postgresql+psycopg"):
+        raise ImproperlyConfigured(
+            f"{PREFIX}DATABASE_URL scheme {parts.scheme!r} is not supported: "
+            "use postgres://user:password@host:5432/name, or unset it for SQLite"
+        )
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured(f"{PREFIX}DATABASE_URL names no database after the host")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "CONN_HEALTH_CHECKS": True,
+        "CONN_MAX_AGE": 60,
+    }
+
+
+def secret_key(data_dir: Path) -> str:
+    """Return ``LLMGW_SECRET_KEY``, or one generated once and kept in the data folder."""
+    configured = envsecret("SECRET_KEY")
+    if configured:
+        return configured
+    path = data_dir / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    # Written with owner-only permissions: anyone who reads it can forge sessions.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key

@@ -1,0 +1,36 @@
+"""Root routes: the console, the admin, the API and its schema."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from llmgw_admin import api_views
+from llmgw_admin.roles import VIEWER, role_required
+
+access_router = DefaultRouter()
+access_router.register("tokens", api_views.ApiTokenViewSet, basename="apitoken")
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="catalog:servedmodel_list"), name="home"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("catalog/", include("catalog.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/catalog/", include("catalog.api.urls")),
+    path("api/v1/", include(access_router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path(
+        "api/docs/",
+        role_required(VIEWER)(SpectacularSwaggerView.as_view(url_name="schema")),
+        name="api-docs",
+    ),
+]

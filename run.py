@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Start llmgw, or run its tests, from a fresh checkout with nothing but Python 3.11.
+
+    python3 run.py          create .venv, install, migrate, create the first admin,
+                            and serve the console at http://127.0.0.1:8000 (embedded)
+    python3 run.py test     install the test tools, start the local PostgreSQL and Redis
+                            when they are stopped, and run every test
+    (anything after "test" is passed to pytest)
+
+Standard library only: this runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+
+
+def say(text: str) -> None:
+    print(f"[llmgw] {text}", flush=True)
+
+
+def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:
+    return subprocess.run([str(c) for c in cmd], check=check, **kw).returncode  # type: ignore[call-overload]
+
+
+def ensure_venv(requirements: str) -> None:
+    """Create .venv and install the pinned requirements, once per requirements content."""
+    if sys.version_info[:2] != (3, 11):
+        say(f"warning: llmgw is pinned for Python 3.11; this is {sys.version.split()[0]}")
+    if not PY.exists():
+        say("creating .venv")
+        sh(sys.executable, "-m", "venv", VENV)
+    req = ROOT / requirements
+    content = req.read_bytes() + (ROOT / "requirements.txt").read_bytes()
+    stamp = VENV / f".installed-{requirements}"
+    digest = hashlib.sha256(content).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    say(f"installing {requirements} (first time only)")
+    sh(PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", req)
+    stamp.write_text(digest)
+
+
+def serve() -> int:
+    ensure_venv("requirements.txt")
+    env = dict(os.environ)
+    sh(PY, "manage.py", "init", cwd=ROOT, env=env)
+    bind = env.get("LLMGW_BIND", "127.0.0.1")
+    port = env.get("LLMGW_PORT", "8000")
+    say(f"serving the console at http://{bind}:{port}/  (Ctrl-C stops)")
+    return sh(PY, "manage.py", "serve", "--bind", bind, "--port", port, cwd=ROOT, env=env, check=False)
+
+
+def start_services() -> None:
+    """Start the machine's PostgreSQL and Redis if they are installed but stopped."""
+    if shutil.which("pg_ctlcluster") and shutil.which("pg_lsclusters"):
+        out = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[3] != "online":
+                say(f"starting PostgreSQL {parts[0]} {parts[1]}")
+                sh("pg_ctlcluster", "--skip-systemctl-redirect", parts[0], parts[1], "start", check=False)
+    if shutil.which("redis-cli") and shutil.which("redis-server"):
+        ping = subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, text=True)
+        if "PONG" not in ping.stdout:
+            say("starting Redis")
+            Path("/var/log/redis").mkdir(parents=True, exist_ok=True)
+            sh(
+                "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1",
+                "--port", "6379", "--save", "", "--appendonly", "no",
+                "--dir", "/tmp", "--logfile", "/var/log/redis/ci.log", check=False,
+            )  # fmt: skip
+
+
+def ensure_chromium() -> None:
+    """Install Debian's Chromium for the browser tests when missing and we are root."""
+    if Path("/usr/bin/chromium").exists():
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say("installing Debian's chromium for the browser tests")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        sh("apt-get", "update", "-qq", check=False, env=env)
+        sh("apt-get", "install", "-y", "-qq", "chromium", env=env)
+    else:
+        say("the browser tests need /usr/bin/chromium: apt-get install chromium")
+
+
+def test(args: list[str]) -> int:
+    ensure_venv("requirements-dev.txt")
+    start_services()
+    ensure_chromium()
+    env = dict(os.environ)
+    code = sh(PY, "-m", "pytest", *args, cwd=ROOT, env=env, check=False)
+    if code == 5:
+        say("no test ran: that is a failure")
+        return 1
+    return code
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "test":
+        return test(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] not in ("serve",):
+        say(__doc__ or "")
+        return 2
+    return serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

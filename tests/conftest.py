@@ -1,0 +1,75 @@
+"""Shared fixtures: users with each role, and clients signed in as them.
+
+The settings (PostgreSQL, Redis, a temporary data folder) are in tests/settings.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def make_user(db: Any) -> Any:
+    """Return a function that creates a user holding a role (or none)."""
+    from django.contrib.auth.models import Group, User
+
+    def make(username: str, role: str | None = None, password: str = "pw-for-tests-1") -> User:
+        user = User.objects.create_user(username=username, password=password, is_staff=role is not None)
+        if role:
+            group, _ = Group.objects.get_or_create(name=role)
+            user.groups.add(group)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def viewer(make_user: Any) -> Any:
+    """A user who may read."""
+    return make_user("vera", "viewer")
+
+
+@pytest.fixture
+def operator(make_user: Any) -> Any:
+    """A user who may change the catalog."""
+    return make_user("otto", "operator")
+
+
+@pytest.fixture
+def admin_user(make_user: Any) -> Any:
+    """A user who may manage users and tokens."""
+    return make_user("ada", "admin")
+
+
+@pytest.fixture
+def outsider(make_user: Any) -> Any:
+    """A signed-in user with no role."""
+    return make_user("olga", None)
+
+
+@pytest.fixture
+def client_for(db: Any) -> Any:
+    """Return a function giving a django.test.Client signed in as a user."""
+    from django.test import Client
+
+    def make(user: Any) -> Client:
+        c = Client()
+        c.force_login(user)
+        return c
+
+    return make
+
+
+@pytest.fixture
+def api_for(db: Any) -> Any:
+    """Return a function giving a DRF APIClient authenticated as a user (session)."""
+    from rest_framework.test import APIClient
+
+    def make(user: Any) -> APIClient:
+        c = APIClient()
+        c.force_authenticate(user)
+        return c
+
+    return make

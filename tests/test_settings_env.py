@@ -1,0 +1,74 @@
+"""Configuration: LLMGW_* variables read strictly, and the documented list kept in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from llmgw_admin import env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_envbool_accepts_only_true_or_false(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_X", "TRUE")
+    assert env.envbool("X", False) is True
+    monkeypatch.setenv("LLMGW_X", "false")
+    assert env.envbool("X", True) is False
+    monkeypatch.setenv("LLMGW_X", "yes")
+    with pytest.raises(ImproperlyConfigured, match="LLMGW_X is 'yes': write true or false"):
+        env.envbool("X", False)
+
+
+def test_envint_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_N", "ten")
+    with pytest.raises(ImproperlyConfigured, match="LLMGW_N"):
+        env.envint("N", 1)
+
+
+def test_secret_from_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "s").write_text("hunter2\n")
+    monkeypatch.setenv("LLMGW_S_FILE", str(tmp_path / "s"))
+    assert env.envsecret("S") == "hunter2"
+    monkeypatch.setenv("LLMGW_S", "other")
+    with pytest.raises(ImproperlyConfigured, match="both set"):
+        env.envsecret("S")
+
+
+def test_secret_key_generated_once_with_private_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMGW_SECRET_KEY", raising=False)
+    first = env.secret_key(tmp_path / "data")
+    assert len(first) >= 50
+    assert env.secret_key(tmp_path / "data") == first
+    assert (tmp_path / "data" / "secret_key").stat().st_mode & 0o777 == 0o600
+
+
+def test_database_url_parsed_and_bad_scheme_refused() -> None:
+    db = env.database_from_url("postgres://u:p%40ss@db.local:6543/llmgw")
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
+        "llmgw", "u", "p@ss", "db.local", "6543",
+    )  # fmt: skip
+    with pytest.raises(ImproperlyConfigured, match="mysql"):
+        env.database_from_url("mysql://x/y")
+
+
+def test_env_example_lists_every_variable_the_code_reads() -> None:
+    read = set()
+    for path in [*ROOT.glob("llmgw_admin/*.py"), ROOT / "run.py"]:
+        text = path.read_text()
+        read |= set(re.findall(r'env(?:str|bool|int|list|secret)\("([A-Z_]+)"', text))
+        read |= set(re.findall(r'"LLMGW_([A-Z_]+)"', text))
+    read -= {"TEST_DATABASE_URL", "TEST_REDIS_URL"}
+    example = {
+        line.split("=", 1)[0].removeprefix("LLMGW_")
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line.startswith("LLMGW_")
+    }
+    documented = set(re.findall(r"`LLMGW_([A-Z_]+)`", (ROOT / "docs/configuration.md").read_text()))
+    assert read - {"SECRET_KEY_FILE"} <= example, read - example
+    assert example <= documented | {"SECRET_KEY_FILE"}, example - documented

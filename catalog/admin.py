@@ -278,6 +278,11 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             model, actor, replacing=getattr(request, "_llmgw_replacing", None), into=form.instance
         )
 
+    def construct_change_message(self, request: HttpRequest, form: Any, formsets: Any, add: bool = False) -> Any:
+        # The rows were written by the service, not by the formsets, so Django's own
+        # summary has nothing to read; the catalog's change log has the before and after.
+        return [{"added": {}}] if add else [{"changed": {"fields": sorted(form.changed_data)}}]
+
     def delete_model(self, request: HttpRequest, obj: ServedModel) -> None:
         actor = services.Actor(user=request.user, surface=Surface.ADMIN)
         try:

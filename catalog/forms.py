@@ -141,8 +141,11 @@ class ServedModelForm(forms.ModelForm):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         # The bundle (this form and its formsets) is checked as a whole by check_bundle.
         self.instance.checked_as_bundle = True
+        # Missing values are the rules' to report, in their words (read-only views of
+        # the admin have no fields at all).
         for name in ("name", "source"):
-            self.fields[name].required = False
+            if name in self.fields:
+                self.fields[name].required = False
 
 
 class ProfileForm(forms.ModelForm):  # type: ignore[type-arg]

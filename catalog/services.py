@@ -7,8 +7,10 @@ it. Used by the API, the console, the admin, the management commands and ``Model
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
@@ -70,11 +72,32 @@ def stored_queryset() -> Any:
 
 
 def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
-    """Return the stored catalog as specs, in catalog order."""
-    qs = stored_queryset()
+    """Return the stored catalog as specs, in catalog order.
+
+    Read as plain rows (six queries), not model instances with prefetched relations:
+    every change is checked against the whole catalog, and building a thousand models'
+    related managers cost most of a second (bench/catalog.py).
+    """
+    qs = ServedModel.objects.order_by("position", "id")
     if exclude_pk is not None:
         qs = qs.exclude(pk=exclude_pk)
-    return [m.to_spec() for m in qs]
+    rows = list(qs.values())
+    children: dict[str, dict[int, list[SimpleNamespace]]] = {}
+    for group, model_cls in CHILD_MODELS.items():
+        by_model: dict[int, list[SimpleNamespace]] = defaultdict(list)
+        order = ("model_id", "previous", "position", "id") if group == "origin_files" else (
+            "model_id", "position", "id"
+        )
+        for row in model_cls.objects.order_by(*order).values():
+            by_model[row["model_id"]].append(SimpleNamespace(**row))
+        children[group] = by_model
+    return [
+        convert.spec_from_instance(
+            SimpleNamespace(pk=row["id"], **row),
+            {group: children[group].get(row["id"], []) for group in CHILD_MODELS},
+        )
+        for row in rows
+    ]
 
 
 def check_change(
@@ -239,19 +262,56 @@ def summarize(before: Any, after: Any) -> str:
 def _write(instance: ServedModel, m: spec.Model) -> ServedModel:
     for key, value in convert.instance_values(m).items():
         setattr(instance, key, value)
-    if instance.pk is None:
+    new = instance.pk is None
+    if new:
         top = ServedModel.objects.aggregate(top=Max("position"))["top"]
         instance.position = 0 if top is None else top + 1
     instance.save()
     for group, values in convert.child_values(m).items():
         model_cls = CHILD_MODELS[group]
-        model_cls.objects.filter(model=instance).delete()
+        if not new:
+            model_cls.objects.filter(model=instance).delete()
         model_cls.objects.bulk_create(
             model_cls(model=instance, position=i, **v) for i, v in enumerate(values)
         )
     # The prefetch cache, if any, no longer holds what was written.
     getattr(instance, "_prefetched_objects_cache", {}).clear()
     return instance
+
+
+def _create_many(models: list[spec.Model], actor: Actor) -> None:
+    """Write new models in a few bulk statements, with their change-log entries.
+
+    An import of a thousand new models is one insert per table rather than a dozen
+    statements a model (bench/catalog.py).
+    """
+    if not models:
+        return
+    top = ServedModel.objects.aggregate(top=Max("position"))["top"]
+    start = 0 if top is None else top + 1
+    rows = ServedModel.objects.bulk_create(
+        ServedModel(position=start + i, **convert.instance_values(m))
+        for i, m in enumerate(models)
+    )
+    for group, model_cls in CHILD_MODELS.items():
+        model_cls.objects.bulk_create(
+            model_cls(model=row, position=i, **v)
+            for row, m in zip(rows, models, strict=True)
+            for i, v in enumerate(convert.child_values(m)[group])
+        )
+    ChangeRecord.objects.bulk_create(
+        ChangeRecord(
+            model_name=m.name,
+            action=ChangeAction.CREATE,
+            surface=actor.surface,
+            actor=actor.user if getattr(actor.user, "pk", None) else None,
+            actor_name=actor.label,
+            before=None,
+            after=codec.encode_model(m),
+            summary="created",
+        )
+        for m in models
+    )
 
 
 @transaction.atomic
@@ -300,10 +360,35 @@ def save_model(
     return instance
 
 
+def reference_specs() -> list[spec.Model]:
+    """Return every model with only what names other models: aliases, fallbacks, canary.
+
+    Two queries whatever the catalog's size, and enough for ``rules.Catalog.dependents``:
+    a model's page asks it on every view.
+    """
+    aliases: dict[int, list[str]] = {}
+    for model_id, alias in Alias.objects.order_by("model_id", "position", "id").values_list(
+        "model_id", "name"
+    ):
+        aliases.setdefault(model_id, []).append(alias)
+    out = []
+    for pk, name, fallbacks, canary in ServedModel.objects.values_list(
+        "pk", "name", "fallbacks", "canary_model"
+    ):
+        out.append(
+            spec.Model(
+                name=name,
+                aliases=aliases.get(pk, []),
+                fallbacks=list(fallbacks or []),
+                canary=spec.Canary(model=canary) if canary else None,
+            )
+        )
+    return out
+
+
 def delete_blockers(name: str) -> list[tuple[str, str]]:
     """Return (model, how) for each model whose fallbacks or canary name this one."""
-    catalog = rules.Catalog([rules.normalize(m) for m in stored_specs()])
-    return catalog.dependents(name)
+    return rules.Catalog(reference_specs()).dependents(name)
 
 
 @transaction.atomic
@@ -342,50 +427,48 @@ def import_catalog(
     problems = rules.check_catalog(models)
     if problems:
         raise Refused(problems)
-    stored = {m.name: m for m in stored_queryset().select_for_update()}
+    # Lock the catalog's rows for the import's length: two imports at once must not
+    # each pass the rules against a catalog the other is changing.
+    list(ServedModel.objects.select_for_update().values_list("pk", flat=True))
+    stored = {m.name: m for m in stored_specs()}
     incoming = {m.name for m in models}
-    kept = [] if replace else [s.to_spec() for n, s in stored.items() if n not in incoming]
-    after = [*kept, *models]
-    problems = rules.check_catalog(after)
+    kept = [] if replace else [m for n, m in stored.items() if n not in incoming]
+    problems = rules.check_catalog([*kept, *models])
     if problems:
         # Problems of the file's own models were caught above; these come from models
         # kept in the catalog that the import breaks (a fallback it no longer finds).
-        raise Refused(
-            [Problem(p.path, p.message, p.code, model=p.model) for p in problems]
-        )
+        raise Refused([Problem(p.path, p.message, p.code, model=p.model) for p in problems])
     result = ImportResult()
+    added: list[spec.Model] = []
     for m in models:
         normalized = rules.normalize(m)
-        existing = stored.get(m.name)
-        if existing is None:
+        before = stored.get(m.name)
+        if before is None:
             result.added.append(m.name)
-            if not dry_run:
-                _write(ServedModel(), normalized)
-                _log(m.name, ChangeAction.CREATE, actor, None, normalized)
-            continue
-        before = existing.to_spec()
-        if codec.encode_model(before) == codec.encode_model(normalized):
+            added.append(normalized)
+        elif codec.encode_model(before) == codec.encode_model(normalized):
             result.unchanged.append(m.name)
-            continue
-        result.changed.append(m.name)
-        if not dry_run:
-            _write(existing, normalized)
-            _log(m.name, ChangeAction.UPDATE, actor, before, normalized)
+        else:
+            result.changed.append(m.name)
+            if not dry_run:
+                _write(ServedModel.objects.get(name=m.name), normalized)
+                _log(m.name, ChangeAction.UPDATE, actor, before, normalized)
     if replace:
-        for name, existing in stored.items():
+        for name, before in stored.items():
             if name in incoming:
                 continue
             result.removed.append(name)
             if not dry_run:
-                before = existing.to_spec()
-                existing.delete()
+                ServedModel.objects.filter(name=name).delete()
                 _log(name, ChangeAction.DELETE, actor, before, None)
+    if not dry_run:
+        _create_many(added, actor)
     if replace and not dry_run:
         # The file's order is the catalog's order from now on.
         order = {m.name: i for i, m in enumerate(models)}
-        for obj in ServedModel.objects.all():
-            if obj.position != order[obj.name]:
-                ServedModel.objects.filter(pk=obj.pk).update(position=order[obj.name])
+        for pk, name, position in ServedModel.objects.values_list("pk", "name", "position"):
+            if position != order[name]:
+                ServedModel.objects.filter(pk=pk).update(position=order[name])
     return result
 
 

@@ -57,7 +57,9 @@ def serve() -> int:
     bind = env.get("LLMGW_BIND", "127.0.0.1")
     port = env.get("LLMGW_PORT", "8000")
     say(f"serving the console at http://{bind}:{port}/  (Ctrl-C stops)")
-    return sh(PY, "manage.py", "serve", "--bind", bind, "--port", port, cwd=ROOT, env=env, check=False)
+    return sh(
+        PY, "manage.py", "serve", "--bind", bind, "--port", port, cwd=ROOT, env=env, check=False
+    )
 
 
 def start_services() -> None:
@@ -68,9 +70,18 @@ def start_services() -> None:
             parts = line.split()
             if len(parts) >= 4 and parts[3] != "online":
                 say(f"starting PostgreSQL {parts[0]} {parts[1]}")
-                sh("pg_ctlcluster", "--skip-systemctl-redirect", parts[0], parts[1], "start", check=False)
+                sh(
+                    "pg_ctlcluster",
+                    "--skip-systemctl-redirect",
+                    parts[0],
+                    parts[1],
+                    "start",
+                    check=False,
+                )
     if shutil.which("redis-cli") and shutil.which("redis-server"):
-        ping = subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, text=True)
+        ping = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, text=True
+        )
         if "PONG" not in ping.stdout:
             say("starting Redis")
             Path("/var/log/redis").mkdir(parents=True, exist_ok=True)

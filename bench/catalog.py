@@ -30,7 +30,12 @@ django.setup()
 from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext, setup_test_environment  # noqa: E402
 
-GPU_CLASSES = ["nvidia-h100-80gb", "nvidia-l4-24gb", "nvidia-a100-80gb", "nvidia-a100-80gb-mig-1g.10gb"]
+GPU_CLASSES = [
+    "nvidia-h100-80gb",
+    "nvidia-l4-24gb",
+    "nvidia-a100-80gb",
+    "nvidia-a100-80gb-mig-1g.10gb",
+]
 
 
 def make_model(i: int, rng: random.Random) -> dict[str, Any]:
@@ -46,12 +51,30 @@ def make_model(i: int, rng: random.Random) -> dict[str, Any]:
     }
     if kind == 0:
         data["source"] = f"/models/{name}.gguf"
-        data["profiles"] = [{"name": "cpu", "engine": "llamacpp", "cpu_cores": 4, "min_memory_gb": 8}]
+        data["profiles"] = [
+            {"name": "cpu", "engine": "llamacpp", "cpu_cores": 4, "min_memory_gb": 8}
+        ]
         data["scaling"] = {"min": 0, "max": 2, "idle_timeout": "30m"}
     elif kind == 1:
         data["profiles"] = [
-            {"name": "big", "engine": "vllm", "gpu_class": "nvidia-h100-80gb", "tp": 8, "nodes": 2, "gpus_per_node": 4, "priority": 2, "keep_within": "rack"},
-            {"name": "small", "engine": "vllm", "gpu_class": "nvidia-a100-80gb", "tp": 4, "args": ["--max-model-len", "32768"], "env": {"VLLM_LOGGING_LEVEL": "INFO"}},
+            {
+                "name": "big",
+                "engine": "vllm",
+                "gpu_class": "nvidia-h100-80gb",
+                "tp": 8,
+                "nodes": 2,
+                "gpus_per_node": 4,
+                "priority": 2,
+                "keep_within": "rack",
+            },
+            {
+                "name": "small",
+                "engine": "vllm",
+                "gpu_class": "nvidia-a100-80gb",
+                "tp": 4,
+                "args": ["--max-model-len", "32768"],
+                "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+            },
         ]
         data["scaling"]["schedule"] = [
             {"days": ["weekdays"], "from": "08:00", "to": "18:00", "min": 2, "max": 6},
@@ -63,7 +86,9 @@ def make_model(i: int, rng: random.Random) -> dict[str, Any]:
         data["adapters"] = [{"name": f"{name}-sql", "source": f"/lora/{name}/sql"}]
         data["max_loaded_adapters"] = 2
     elif kind == 3:
-        data["profiles"] = [{"name": "l4", "engine": "sglang", "gpu_class": "nvidia-l4-24gb", "tp": 2}]
+        data["profiles"] = [
+            {"name": "l4", "engine": "sglang", "gpu_class": "nvidia-l4-24gb", "tp": 2}
+        ]
         data["fallbacks"] = [f"model-{i - 1:04d}"]
         data["class"] = rng.choice(["critical", "standard", "opportunistic"])
         data["owner"] = f"team:t{i % 7}"
@@ -151,7 +176,9 @@ def main() -> None:
         t_save, _ = timed(lambda: services.save_model(one, actor))
         t_export, exported = timed(lambda: files.dump_catalog(services.export_specs()))
         print(f"  list page (100 a page): {t10 * 1000:.1f} ms at 10, {t1000 * 1000:.1f} ms at {n}")
-        print(f"  model page: {d10} and {d1000} queries; {td10 * 1000:.1f} ms and {td1000 * 1000:.1f} ms")
+        print(
+            f"  model page: {d10} and {d1000} queries; {td10 * 1000:.1f} ms and {td1000 * 1000:.1f} ms"
+        )
         print(f"  one save checked against {n} models: {t_save * 1000:.0f} ms")
         print(f"  export {n} models: {t_export:.3f} s ({len(exported) / 1e6:.2f} MB)")
     finally:

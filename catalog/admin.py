@@ -17,7 +17,15 @@ from catalog import forms as catalog_forms
 from catalog import services
 from catalog.choices import Surface
 from catalog.filtersets import with_effective_class
-from catalog.models import Adapter, Alias, ChangeRecord, OriginFile, Profile, ScaleWindow, ServedModel
+from catalog.models import (
+    Adapter,
+    Alias,
+    ChangeRecord,
+    OriginFile,
+    Profile,
+    ScaleWindow,
+    ServedModel,
+)
 from catalog.problems import Problem
 from llmgw_admin.roles import ADMIN, OPERATOR, VIEWER, has_role
 
@@ -181,7 +189,15 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
 
     form = catalog_forms.ServedModelForm
     inlines = (AliasInline, ProfileInline, WindowInline, AdapterInline, OriginFileInline)
-    list_display = ("name", "role", "effective_class", "scaling_min", "scaling_max", "owner", "updated")
+    list_display = (
+        "name",
+        "role",
+        "effective_class",
+        "scaling_min",
+        "scaling_max",
+        "owner",
+        "updated",
+    )
     list_filter = (ClassFilter, EngineFilter, GPUClassFilter, "role", "owner")
     search_fields = ("name", "description", "source", "aliases__name")
     action_form = SetClassForm
@@ -278,7 +294,9 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             model, actor, replacing=getattr(request, "_llmgw_replacing", None), into=form.instance
         )
 
-    def construct_change_message(self, request: HttpRequest, form: Any, formsets: Any, add: bool = False) -> Any:
+    def construct_change_message(
+        self, request: HttpRequest, form: Any, formsets: Any, add: bool = False
+    ) -> Any:
         # The rows were written by the service, not by the formsets, so Django's own
         # summary has nothing to read; the catalog's change log has the before and after.
         return [{"added": {}}] if add else [{"changed": {"fields": sorted(form.changed_data)}}]

@@ -227,7 +227,7 @@ class _Decoder:
             if f is None:
                 self.unknown(cls, key, path)
                 continue
-            if value.__class__ is f.exact:
+            if value.__class__ is f.exact and not (f.exact is str and "\x00" in value):
                 kwargs[f.attr] = value
                 continue
             decoded = self.value(f.shape, value, (*path, key), f.key)
@@ -265,8 +265,15 @@ class _Decoder:
         return _DECODERS[shape.kind](self, shape, data, path, label)
 
     def d_str(self, shape: _Shape, data: Any, path: tuple, label: str) -> Any:
-        """Decode text."""
+        """Decode text (without NUL characters, which no database column can hold)."""
         if isinstance(data, str):
+            if "\x00" in data:
+                self.add(
+                    path,
+                    "nul_character",
+                    f"{label} contains a NUL character (\\0), which cannot be stored: remove it",
+                )
+                return _FAIL
             return data
         hint = ""
         if isinstance(data, bool):
@@ -285,7 +292,7 @@ class _Decoder:
         hint = ""
         if isinstance(data, float) and math.isfinite(data) and data.is_integer():
             hint = f"write {int(data)}"
-        elif isinstance(data, str) and re.fullmatch(r"[-+]?[0-9]+", data.strip()):
+        elif isinstance(data, str) and re.fullmatch(r"[-+]?[0-9]{1,18}", data.strip()):
             hint = "leave out the quotes"
         self.wrong(path, label, "a whole number", data, hint)
         return _FAIL
@@ -363,7 +370,7 @@ class _Decoder:
             return _FAIL
         item = shape.item
         assert item is not None
-        if item.kind == "str" and all(e.__class__ is str for e in data):
+        if item.kind == "str" and all(e.__class__ is str and "\x00" not in e for e in data):
             return list(data)
         out = []
         ok = True
@@ -387,6 +394,14 @@ class _Decoder:
         out = {}
         ok = True
         for key, element in data.items():
+            if isinstance(key, str) and "\x00" in key:
+                self.add(
+                    (*path,),
+                    "nul_character",
+                    f"a name in {label} contains a NUL character: remove it",
+                )
+                ok = False
+                continue
             if not isinstance(key, str):
                 self.wrong(
                     (*path, str(key)),

@@ -45,9 +45,7 @@ def spec_from_instance(
     children = children or {}
 
     def rows(group: str) -> list[Any]:
-        return (
-            list(children[group]) if group in children else _children(instance, group)
-        )
+        return list(children[group]) if group in children else _children(instance, group)
 
     i = instance
     external = None
@@ -80,9 +78,7 @@ def spec_from_instance(
         )
     guard = None
     if i.guard_format or i.guard_categories:
-        guard = spec.GuardModel(
-            format=i.guard_format, categories=list(i.guard_categories or [])
-        )
+        guard = spec.GuardModel(format=i.guard_format, categories=list(i.guard_categories or []))
     files = [f for f in rows("origin_files") if not f.previous]
     previous_files = [f for f in rows("origin_files") if f.previous]
     previous = None
@@ -108,7 +104,8 @@ def spec_from_instance(
         profiles=[
             spec.Profile(
                 **{
-                    f: _copy(getattr(p, f)) if f in ("args", "env", "node_selector")
+                    f: _copy(getattr(p, f))
+                    if f in ("args", "env", "node_selector")
                     else getattr(p, f)
                     for f in _PROFILE_FIELDS
                 }
@@ -135,8 +132,7 @@ def spec_from_instance(
         owner=i.owner,
         external=external,
         adapters=[
-            spec.Adapter(name=a.name, source=a.source, scale=a.scale)
-            for a in rows("adapters")
+            spec.Adapter(name=a.name, source=a.source, scale=a.scale) for a in rows("adapters")
         ],
         max_loaded_adapters=i.max_loaded_adapters,
         fallbacks=list(i.fallbacks or []),
@@ -226,13 +222,16 @@ def child_values(m: spec.Model) -> dict[str, list[dict[str, Any]]]:
     return {
         "profiles": [{f: _copy(getattr(p, f)) for f in _PROFILE_FIELDS} for p in m.profiles],
         "windows": [
-            {"days": list(w.days), "from_time": w.from_, "to_time": w.to,
-             "min": w.min, "max": w.max}
+            {
+                "days": list(w.days),
+                "from_time": w.from_,
+                "to_time": w.to,
+                "min": w.min,
+                "max": w.max,
+            }
             for w in m.scaling.schedule
         ],  # fmt: skip
-        "adapters": [
-            {"name": a.name, "source": a.source, "scale": a.scale} for a in m.adapters
-        ],
+        "adapters": [{"name": a.name, "source": a.source, "scale": a.scale} for a in m.adapters],
         "aliases": [{"name": a} for a in m.aliases],
         "origin_files": [
             {"path": f.path, "sha256": f.sha256, "bytes": f.bytes, "previous": False}

@@ -49,9 +49,7 @@ def parse_duration(text: str) -> int:
         sign = -1 if s[0] == "-" else 1
         s = s[1:]
     if re.fullmatch(r"\d+(\.\d*)?|\.\d+", s):
-        raise DurationError(
-            f"{text!r} has no unit: write it with one, like {s}s, {s}m or {s}h"
-        )
+        raise DurationError(f"{text!r} has no unit: write it with one, like {s}s, {s}m or {s}h")
     pos = 0
     total = 0
     while pos < len(s):

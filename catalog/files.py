@@ -23,6 +23,7 @@ take for something else, and is byte-stable: ``dump(load(dump(x))) == dump(x)``.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from typing import Any
 
@@ -190,6 +191,11 @@ class _Frame:
 def _line(event: Any) -> int:
     """Return the 1-based line an event starts on."""
     return int(event.start_mark.line) + 1
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """Return text quoted for a message, shortened."""
+    return json.dumps(text if len(text) <= limit else text[: limit - 1] + "…", ensure_ascii=False)
 
 
 def _where(path: tuple[PathPart, ...]) -> str:
@@ -458,7 +464,7 @@ class _Composer:
             self.add(
                 self.here(),
                 "not_yaml",
-                f"{text!r} at line {_line(event)} is not a valid !!{tag.removeprefix(_TAG)}",
+                f"{_short(text)} at line {_line(event)} is not a valid !!{tag.removeprefix(_TAG)}",
             )
             return text
         self.unsupported_tag(tag, event)

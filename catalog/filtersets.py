@@ -55,20 +55,30 @@ class ServedModelFilterSet(django_filters.FilterSet):
             data["capacity_class"] = data.get("class")
         super().__init__(data, *args, **kwargs)
 
-    def filter_role(self, qs: QuerySet[ServedModel], name: str, value: str) -> QuerySet[ServedModel]:
+    def filter_role(
+        self, qs: QuerySet[ServedModel], name: str, value: str
+    ) -> QuerySet[ServedModel]:
         return qs.filter(role="" if value == "serve" else value)
 
-    def filter_engine(self, qs: QuerySet[ServedModel], name: str, value: str) -> QuerySet[ServedModel]:
+    def filter_engine(
+        self, qs: QuerySet[ServedModel], name: str, value: str
+    ) -> QuerySet[ServedModel]:
         return qs.filter(profiles__engine=value).distinct()
 
-    def filter_gpu_class(self, qs: QuerySet[ServedModel], name: str, value: str) -> QuerySet[ServedModel]:
+    def filter_gpu_class(
+        self, qs: QuerySet[ServedModel], name: str, value: str
+    ) -> QuerySet[ServedModel]:
         return qs.filter(profiles__gpu_class=value).distinct()
 
-    def filter_on_demand(self, qs: QuerySet[ServedModel], name: str, value: bool) -> QuerySet[ServedModel]:
+    def filter_on_demand(
+        self, qs: QuerySet[ServedModel], name: str, value: bool
+    ) -> QuerySet[ServedModel]:
         on = Q(scaling_min=0, scaling_max__gt=0)
         return qs.filter(on) if value else qs.exclude(on)
 
-    def filter_search(self, qs: QuerySet[ServedModel], name: str, value: str) -> QuerySet[ServedModel]:
+    def filter_search(
+        self, qs: QuerySet[ServedModel], name: str, value: str
+    ) -> QuerySet[ServedModel]:
         value = value.strip()
         if not value:
             return qs

@@ -258,9 +258,7 @@ def build_formsets(
     data: Mapping[str, Any] | None, instance: ServedModel
 ) -> dict[str, OrderedInlineFormSet]:
     """Return the model's formsets, bound to ``data`` when given, prefixed by group."""
-    return {
-        group: cls(data, instance=instance, prefix=group) for group, cls in FORMSETS.items()
-    }
+    return {group: cls(data, instance=instance, prefix=group) for group, cls in FORMSETS.items()}
 
 
 def bundle_spec(form: ServedModelForm, formsets: Mapping[str, OrderedInlineFormSet]) -> spec.Model:
@@ -317,7 +315,9 @@ def check_bundle(
     then attached at their fields.
     """
     valid = form.is_valid()
-    valid = all([fs.is_valid() for fs in formsets.values()]) and valid
+    # Every formset is validated (no short circuit), so every row shows its errors.
+    formsets_valid = [fs.is_valid() for fs in formsets.values()]
+    valid = all(formsets_valid) and valid
     if not valid:
         return None
     model = bundle_spec(form, formsets)
@@ -328,7 +328,9 @@ def check_bundle(
     return model
 
 
-def error_map(form: forms.BaseForm, formsets: Mapping[str, OrderedInlineFormSet]) -> dict[str, list[str]]:
+def error_map(
+    form: forms.BaseForm, formsets: Mapping[str, OrderedInlineFormSet]
+) -> dict[str, list[str]]:
     """Return every error by the HTML name of its field (``profiles-0-tp``), for htmx.
 
     Non-field errors are under ``__all__`` (the model) or ``<group>-__all__``.
@@ -340,7 +342,9 @@ def error_map(form: forms.BaseForm, formsets: Mapping[str, OrderedInlineFormSet]
     for group, fs in formsets.items():
         for row in fs.forms:
             for field, errors in row.errors.items():
-                key = f"{row.prefix}-__all__" if field == NON_FIELD_ERRORS else row.add_prefix(field)
+                key = (
+                    f"{row.prefix}-__all__" if field == NON_FIELD_ERRORS else row.add_prefix(field)
+                )
                 out.setdefault(key, []).extend(errors)
         if fs.is_bound and fs.non_form_errors():
             out.setdefault(f"{group}-__all__", []).extend(fs.non_form_errors())

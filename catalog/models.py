@@ -35,18 +35,14 @@ class ServedModel(models.Model):
     owner = models.CharField(_("owner"), max_length=200, blank=True)
     external_url = models.CharField("external.url", max_length=2000, blank=True)
     external_model = models.CharField("external.model", max_length=200, blank=True)
-    external_api_key_file = models.CharField(
-        "external.api_key_file", max_length=1000, blank=True
-    )
+    external_api_key_file = models.CharField("external.api_key_file", max_length=1000, blank=True)
     external_peer = models.CharField("external.peer", max_length=200, blank=True)
     max_loaded_adapters = models.IntegerField(default=0)
     fallbacks = models.JSONField(default=list, blank=True)
     canary_model = models.CharField("canary.model", max_length=200, blank=True)
     canary_percent = models.IntegerField("canary.percent", default=0)
     canary_min_requests = models.IntegerField("canary.min_requests", default=0)
-    canary_max_error_increase = models.FloatField(
-        "canary.max_error_increase", default=0
-    )
+    canary_max_error_increase = models.FloatField("canary.max_error_increase", default=0)
     canary_max_ttft_ratio = models.FloatField("canary.max_ttft_ratio", default=0)
     eval_suite = models.CharField("eval.suite", max_length=200, blank=True)
     eval_min_score = models.FloatField("eval.min_score", default=0)
@@ -58,17 +54,13 @@ class ServedModel(models.Model):
     max_output = models.IntegerField(default=0)
     capabilities_tools = models.BooleanField("capabilities.tools", default=False)
     capabilities_vision = models.BooleanField("capabilities.vision", default=False)
-    capabilities_embeddings = models.BooleanField(
-        "capabilities.embeddings", default=False
-    )
+    capabilities_embeddings = models.BooleanField("capabilities.embeddings", default=False)
     role = models.CharField(max_length=40, blank=True)
     guard_format = models.CharField("guard.format", max_length=40, blank=True)
     guard_categories = models.JSONField("guard.categories", default=list, blank=True)
     origin_repo = models.CharField("origin.repo", max_length=400, blank=True)
     origin_revision = models.CharField("origin.revision", max_length=200, blank=True)
-    origin_previous_source = models.CharField(
-        "origin.previous.source", max_length=2000, blank=True
-    )
+    origin_previous_source = models.CharField("origin.previous.source", max_length=2000, blank=True)
     origin_previous_revision = models.CharField(
         "origin.previous.revision", max_length=200, blank=True
     )
@@ -112,9 +104,7 @@ class ServedModel(models.Model):
 class Profile(models.Model):
     """How a model runs on one GPU class, or on CPUs."""
 
-    model = models.ForeignKey(
-        ServedModel, on_delete=models.CASCADE, related_name="profiles"
-    )
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="profiles")
     position = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=200, blank=True)
     engine = models.CharField(max_length=40, blank=True)
@@ -153,9 +143,7 @@ class Profile(models.Model):
 class ScaleWindow(models.Model):
     """A part of the week with its own min and max replicas."""
 
-    model = models.ForeignKey(
-        ServedModel, on_delete=models.CASCADE, related_name="windows"
-    )
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="windows")
     position = models.PositiveIntegerField(default=0)
     days = models.JSONField(default=list, blank=True)
     from_time = models.CharField("from", max_length=20, blank=True)
@@ -181,9 +169,7 @@ class ScaleWindow(models.Model):
 class Adapter(models.Model):
     """A LoRA adapter served on a model's replicas."""
 
-    model = models.ForeignKey(
-        ServedModel, on_delete=models.CASCADE, related_name="adapters"
-    )
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="adapters")
     position = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=200, blank=True)
     source = models.CharField(max_length=2000, blank=True)
@@ -205,9 +191,7 @@ class Adapter(models.Model):
 class Alias(models.Model):
     """Another name clients may use for a model."""
 
-    model = models.ForeignKey(
-        ServedModel, on_delete=models.CASCADE, related_name="aliases"
-    )
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="aliases")
     position = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=200)
 
@@ -228,9 +212,7 @@ class Alias(models.Model):
 class OriginFile(models.Model):
     """One weights file of a model's origin, or of the origin it replaced."""
 
-    model = models.ForeignKey(
-        ServedModel, on_delete=models.CASCADE, related_name="origin_files"
-    )
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="origin_files")
     previous = models.BooleanField(
         default=False, help_text=_("A file of origin.previous rather than origin.")
     )
@@ -264,9 +246,7 @@ class ChangeRecord(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
-    actor_name = models.CharField(
-        max_length=200, help_text=_("Kept when the user is deleted.")
-    )
+    actor_name = models.CharField(max_length=200, help_text=_("Kept when the user is deleted."))
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)

@@ -85,8 +85,10 @@ def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
     children: dict[str, dict[int, list[SimpleNamespace]]] = {}
     for group, model_cls in CHILD_MODELS.items():
         by_model: dict[int, list[SimpleNamespace]] = defaultdict(list)
-        order = ("model_id", "previous", "position", "id") if group == "origin_files" else (
-            "model_id", "position", "id"
+        order = (
+            ("model_id", "previous", "position", "id")
+            if group == "origin_files"
+            else ("model_id", "position", "id")
         )
         for row in model_cls.objects.order_by(*order).values():
             by_model[row["model_id"]].append(SimpleNamespace(**row))
@@ -168,9 +170,14 @@ def problems_to_error(problems: Iterable[Problem], group: str | None = None) -> 
     for p in problems:
         loc = convert.locate(p.path)
         key = NON_FIELD_ERRORS
-        if group is None and loc.group is None and loc.field:
-            key = loc.field
-        elif group is not None and loc.group == group and loc.field:
+        if (
+            group is None
+            and loc.group is None
+            and loc.field
+            or group is not None
+            and loc.group == group
+            and loc.field
+        ):
             key = loc.field
         message = p.message if key != NON_FIELD_ERRORS or not p.field else f"{p.field}: {p.message}"
         errors.setdefault(key, []).append(ValidationError(message, code=p.code))
@@ -290,8 +297,7 @@ def _create_many(models: list[spec.Model], actor: Actor) -> None:
     top = ServedModel.objects.aggregate(top=Max("position"))["top"]
     start = 0 if top is None else top + 1
     rows = ServedModel.objects.bulk_create(
-        ServedModel(position=start + i, **convert.instance_values(m))
-        for i, m in enumerate(models)
+        ServedModel(position=start + i, **convert.instance_values(m)) for i, m in enumerate(models)
     )
     for group, model_cls in CHILD_MODELS.items():
         model_cls.objects.bulk_create(
@@ -330,9 +336,7 @@ def save_model(
     instance = None
     before = None
     if replacing is not None:
-        instance = (
-            stored_queryset().select_for_update().filter(name=replacing).first()
-        )
+        instance = stored_queryset().select_for_update().filter(name=replacing).first()
         if instance is not None and into is not None:
             into.pk = instance.pk
             into.position = instance.position
@@ -487,7 +491,9 @@ def revert_change(record: ChangeRecord, actor: Actor) -> ChangeRecord:
     before_now = current.to_spec() if current else None
     if record.before is None:
         if current is None:
-            raise Refused([Problem(("name",), f'model "{target_name}" is already gone', "not_found")])
+            raise Refused(
+                [Problem(("name",), f'model "{target_name}" is already gone', "not_found")]
+            )
         problems = check_change(None, target_name)
         if problems:
             raise Refused(problems)
@@ -501,9 +507,7 @@ def revert_change(record: ChangeRecord, actor: Actor) -> ChangeRecord:
         raise Refused(problems)
     normalized = rules.normalize(restored)
     _write(current or ServedModel(), normalized)
-    return _log(
-        normalized.name, ChangeAction.REVERT, actor, before_now, normalized, reverts=record
-    )
+    return _log(normalized.name, ChangeAction.REVERT, actor, before_now, normalized, reverts=record)
 
 
 def export_specs() -> list[spec.Model]:

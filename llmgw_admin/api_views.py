@@ -26,7 +26,17 @@ class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
 
     class Meta:
         model = ApiToken
-        fields = ("id", "user", "name", "prefix", "created", "expires", "revoked", "last_used", "state")
+        fields = (
+            "id",
+            "user",
+            "name",
+            "prefix",
+            "created",
+            "expires",
+            "revoked",
+            "last_used",
+            "state",
+        )
         read_only_fields = ("prefix", "created", "revoked", "last_used")
 
     def validate_expires(self, value: Any) -> Any:
@@ -62,9 +72,15 @@ class ApiTokenViewSet(
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        if ApiToken.objects.filter(user=data["user"], name=data["name"], revoked__isnull=True).exists():
+        if ApiToken.objects.filter(
+            user=data["user"], name=data["name"], revoked__isnull=True
+        ).exists():
             raise serializers.ValidationError(
-                {"name": ["this user already has a live token of that name: revoke it or pick another"]}
+                {
+                    "name": [
+                        "this user already has a live token of that name: revoke it or pick another"
+                    ]
+                }
             )
         token, secret = ApiToken.issue(data["user"], data["name"], data.get("expires"))
         out = dict(ApiTokenSerializer(token).data)

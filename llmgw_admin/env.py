@@ -46,9 +46,7 @@ def envint(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ImproperlyConfigured(
-            f"{PREFIX}{name} is {value!r}: write a whole number"
-        ) from None
+        raise ImproperlyConfigured(f"{PREFIX}{name} is {value!r}: write a whole number") from None
 
 
 def envlist(name: str, default: list[str]) -> list[str]:
@@ -64,9 +62,7 @@ def envsecret(name: str, default: str = "") -> str:
     value = _raw(name)
     path = _raw(name + "_FILE")
     if value is not None and path is not None:
-        raise ImproperlyConfigured(
-            f"{PREFIX}{name} and {PREFIX}{name}_FILE are both set: keep one"
-        )
+        raise ImproperlyConfigured(f"{PREFIX}{name} and {PREFIX}{name}_FILE are both set: keep one")
     if path is not None:
         try:
             return Path(path).read_text().strip()

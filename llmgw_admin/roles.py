@@ -43,7 +43,9 @@ def has_role(user: Any, needed: str) -> bool:
     return role is not None and RANK[role] >= RANK[needed]
 
 
-def role_required(needed: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+def role_required(
+    needed: str,
+) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     """Guard a console view: sign in first, then hold ``needed`` (403 otherwise)."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

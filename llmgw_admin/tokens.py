@@ -25,11 +25,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "write the header as: Authorization: Bearer llmgw_..."
             )
-        token = (
-            ApiToken.objects.select_related("user")
-            .filter(digest=digest(parts[1]))
-            .first()
-        )
+        token = ApiToken.objects.select_related("user").filter(digest=digest(parts[1])).first()
         if token is None:
             raise exceptions.AuthenticationFailed("unknown API token")
         if token.state != "live":

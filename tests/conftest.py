@@ -16,7 +16,9 @@ def make_user(db: Any) -> Any:
     from django.contrib.auth.models import Group, User
 
     def make(username: str, role: str | None = None, password: str = "pw-for-tests-1") -> User:
-        user = User.objects.create_user(username=username, password=password, is_staff=role is not None)
+        user = User.objects.create_user(
+            username=username, password=password, is_staff=role is not None
+        )
         if role:
             group, _ = Group.objects.get_or_create(name=role)
             user.groups.add(group)

@@ -35,7 +35,9 @@ def _field_for(hint: Any, f: dataclasses.Field[Any]) -> serializers.Field[Any, A
         return serializer_for(hint)(**kw)  # type: ignore[arg-type]
     if origin is list:
         (item,) = typing.get_args(hint)
-        child = serializer_for(item)() if dataclasses.is_dataclass(item) else serializers.CharField()
+        child = (
+            serializer_for(item)() if dataclasses.is_dataclass(item) else serializers.CharField()
+        )
         return serializers.ListField(child=child, **kw)
     if origin is dict:
         return serializers.DictField(child=serializers.CharField(), **kw)
@@ -56,7 +58,11 @@ def serializer_for(cls: type[Any]) -> type[serializers.Serializer[Any]]:
     attrs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         attrs[spec.key_of(f)] = _field_for(hints[f.name], f)
-    name = "Catalog" + cls.__name__ if cls.__name__ in ("Model", "Profile", "Adapter") else cls.__name__
+    name = (
+        "Catalog" + cls.__name__
+        if cls.__name__ in ("Model", "Profile", "Adapter")
+        else cls.__name__
+    )
     serializer_cls = type(name, (serializers.Serializer,), attrs)
     _cache[cls] = serializer_cls
     return serializer_cls

@@ -64,7 +64,9 @@ def read_body(request: Request) -> tuple[Any, list[Problem]]:
     data = request.data
     if not isinstance(data, dict):
         return None, [
-            Problem((), "the body must be a JSON object: one model, as in a catalog file", "not_mapping")
+            Problem(
+                (), "the body must be a JSON object: one model, as in a catalog file", "not_mapping"
+            )
         ]
     data = {k: v for k, v in data.items() if k != "meta"}
     model, problems = codec.decode_model(data)
@@ -161,7 +163,11 @@ class ServedModelViewSet(
         obj = get_object_or_404(services.stored_queryset(), name=name)
         if not isinstance(request.data, dict):
             return problems_response(
-                [Problem((), "the body must be a JSON object of the keys to change", "not_mapping")],
+                [
+                    Problem(
+                        (), "the body must be a JSON object of the keys to change", "not_mapping"
+                    )
+                ],
                 "the body cannot be read as a catalog model",
             )
         merged = merge_patch(codec.encode_model(obj.to_spec()), dict(request.data))

@@ -11,9 +11,7 @@ def gpu_model(name: str = "chat", **extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": name,
         "source": f"org/{name}",
-        "profiles": [
-            {"name": "h100", "engine": "vllm", "gpu_class": "nvidia-h100-80gb", "tp": 2}
-        ],
+        "profiles": [{"name": "h100", "engine": "vllm", "gpu_class": "nvidia-h100-80gb", "tp": 2}],
         "scaling": {"min": 1, "max": 2},
     }
     data.update(copy.deepcopy(extra))

@@ -19,7 +19,11 @@ def test_add_with_inlines_is_saved_and_logged(client_for: Any, operator: Any) ->
     data = gpu_model(
         "chat",
         aliases=["chat-latest"],
-        scaling={"min": 1, "max": 2, "schedule": [{"days": ["mon"], "from": "08:00", "to": "10:00", "min": 2}]},
+        scaling={
+            "min": 1,
+            "max": 2,
+            "schedule": [{"days": ["mon"], "from": "08:00", "to": "10:00", "min": 2}],
+        },
         adapters=[{"name": "chat-sql", "source": "/lora/sql"}],
     )
     r = client_for(operator).post(CHANGELIST + "add/", dict(post_data(data), _save="Save"))
@@ -33,7 +37,9 @@ def test_add_with_inlines_is_saved_and_logged(client_for: Any, operator: Any) ->
 
 
 def _action(client: Any, action: str, names: list[str], **extra: str) -> Any:
-    ids = [str(pk) for pk in ServedModel.objects.filter(name__in=names).values_list("pk", flat=True)]
+    ids = [
+        str(pk) for pk in ServedModel.objects.filter(name__in=names).values_list("pk", flat=True)
+    ]
     return client.post(
         CHANGELIST, {"action": action, "_selected_action": ids, **extra}, follow=True
     )
@@ -48,7 +54,9 @@ def test_bulk_switch_off(client_for: Any, operator: Any) -> None:
 
 def test_bulk_applies_the_allowed_and_reports_the_refused(client_for: Any, operator: Any) -> None:
     store(gpu_model("chat"), gpu_model("judge", role="guard", guard={"format": "qwen3guard"}))
-    r = _action(client_for(operator), "set_min_max", ["chat", "judge"], scaling_min="0", scaling_max="2")
+    r = _action(
+        client_for(operator), "set_min_max", ["chat", "judge"], scaling_min="0", scaling_max="2"
+    )
     text = r.content.decode()
     # A guard model loaded on demand is refused, named, and left as it was.
     assert "Judge: not changed: scaling.min" in text
@@ -83,7 +91,9 @@ def test_admin_delete_refused_while_depended_on(client_for: Any, operator: Any) 
     assert ServedModel.objects.filter(name="small").exists()
 
 
-def test_roles_in_the_admin(client_for: Any, viewer: Any, operator: Any, admin_user: Any, outsider: Any) -> None:
+def test_roles_in_the_admin(
+    client_for: Any, viewer: Any, operator: Any, admin_user: Any, outsider: Any
+) -> None:
     store(gpu_model("chat"))
     pk = ServedModel.objects.get().pk
     assert client_for(viewer).get(CHANGELIST).status_code == 200

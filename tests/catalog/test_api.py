@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test.utils import CaptureQueriesContext
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from catalog.models import ChangeRecord, ServedModel
 from tests.catalog.samples import cpu_model, gpu_model, store
@@ -21,7 +21,12 @@ def test_create_read_update_delete_nested(api_for: Any, operator: Any) -> None:
     body = gpu_model(
         "chat",
         aliases=["chat-latest"],
-        scaling={"min": 1, "max": 3, "schedule": [{"days": ["weekdays"], "from": "08:00", "to": "18:00", "min": 2}], "prewarm": "30m"},
+        scaling={
+            "min": 1,
+            "max": 3,
+            "schedule": [{"days": ["weekdays"], "from": "08:00", "to": "18:00", "min": 2}],
+            "prewarm": "30m",
+        },
         adapters=[{"name": "chat-sql", "source": "/lora/sql"}],
     )
     r = api.post(URL, body, format="json")
@@ -50,7 +55,9 @@ def test_create_read_update_delete_nested(api_for: Any, operator: Any) -> None:
     r = api.delete(URL + "chat/")
     assert r.status_code == 204
     assert not ServedModel.objects.exists()
-    actions = list(ChangeRecord.objects.order_by("id").values_list("action", "surface", "actor_name"))
+    actions = list(
+        ChangeRecord.objects.order_by("id").values_list("action", "surface", "actor_name")
+    )
     assert actions == [
         ("create", "api", "otto"),
         ("update", "api", "otto"),
@@ -59,7 +66,9 @@ def test_create_read_update_delete_nested(api_for: Any, operator: Any) -> None:
     ]
 
 
-def test_refused_change_answers_400_with_path_and_writes_nothing(api_for: Any, operator: Any) -> None:
+def test_refused_change_answers_400_with_path_and_writes_nothing(
+    api_for: Any, operator: Any
+) -> None:
     api = api_for(operator)
     body = gpu_model("chat")
     body["profiles"][0].update({"nodes": 2, "gpus_per_node": 4, "tp": 4})
@@ -188,7 +197,12 @@ def test_tokens_issue_use_revoke_expire(api_for: Any, admin_user: Any, operator:
     assert r.status_code == 201
     assert ChangeRecord.objects.get().actor_name == "otto (token ci)"
     # Operators may not issue tokens.
-    assert api_for(operator).post("/api/v1/tokens/", {"user": "otto", "name": "x"}, format="json").status_code == 403
+    assert (
+        api_for(operator)
+        .post("/api/v1/tokens/", {"user": "otto", "name": "x"}, format="json")
+        .status_code
+        == 403
+    )
 
     admin_api.post(f"/api/v1/tokens/{stored.pk}/revoke/")
     r = script.get(URL)

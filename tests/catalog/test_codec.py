@@ -481,6 +481,11 @@ def test_encode_model_writes_durations_numbers_and_sorted_maps() -> None:
     assert data["slo"] == {"tpot_p99": "80ms"}
 
 
+def test_encode_model_accepts_a_whole_number_in_a_float_field() -> None:
+    model = Model(profiles=[Profile(weight=2, power_watts=1e300)])
+    assert encode_model(model)["profiles"] == [{"power_watts": 1e300, "weight": 2}]
+
+
 def test_encode_is_generic_over_blocks() -> None:
     assert encode(ScaleWindow(days=["mon"], from_="08:00", to="18:00", min=2)) == {
         "days": ["mon"],
@@ -492,7 +497,8 @@ def test_encode_is_generic_over_blocks() -> None:
 
 # Round trip, for any model.
 
-_text = st.text(max_size=12)
+# NUL is refused on purpose (no database column can hold it): see the test below.
+_text = st.text(st.characters(codec="utf-8", blacklist_characters="\x00"), max_size=12)
 _int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _float = st.floats(allow_nan=False, allow_infinity=False)
 
@@ -550,3 +556,16 @@ def test_every_spec_block_is_covered_by_the_codec() -> None:
         value, problems = decode(cls, encode(cls()))
         assert problems == []
         assert value == cls()
+
+
+def test_nul_characters_are_refused_wherever_text_goes():
+    """PostgreSQL cannot store NUL in text: refused with its path, not a 500 later."""
+    model, problems = decode_model(
+        {"name": "a", "description": "x\x00", "aliases": ["b\x00"], "profiles": [{"env": {"A\x00": "1"}}]}
+    )
+    assert model is None
+    assert {(p.field, p.code) for p in problems} == {
+        ("description", "nul_character"),
+        ("aliases[0]", "nul_character"),
+        ("profiles[0].env", "nul_character"),
+    }

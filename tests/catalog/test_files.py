@@ -609,7 +609,6 @@ def test_dump_quotes_times_and_keeps_unicode() -> None:
     model = Model(
         name="çat",
         description="yes",
-        scaling=files.Model().scaling,
         profiles=[Profile(env={"B": "08:00", "A": "1e3"})],
     )
     assert dump_catalog([model]) == (
@@ -642,8 +641,11 @@ def test_load_of_dump_is_the_same_and_dump_is_stable(catalog: list[Model]) -> No
     assert dump_catalog(loaded) == dumped
 
 
+_no_nul = st.text(st.characters(codec="utf-8", blacklist_characters="\x00"))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.text(), st.dictionaries(st.text(), st.text(), max_size=3))
+@given(_no_nul, st.dictionaries(_no_nul, _no_nul, max_size=3))
 def test_any_text_survives_a_dump(text: str, env: dict[str, str]) -> None:
     model = Model(name=text, aliases=[text], profiles=[Profile(env=env)])
     dumped = dump_catalog([model])
@@ -665,9 +667,44 @@ def test_a_thousand_models_load() -> None:
     assert loaded[-1].name == "qwen3-guard-249"
 
 
-def test_first_anchor_size_is_counted_once(monkeypatch: Any) -> None:
-    """Counts shared values once per alias, not once per path to them."""
-    monkeypatch.setattr(files, "MAX_ALIAS_NODES", 100)
+@pytest.mark.parametrize(("limit", "codes"), [(31, ["unknown_key"] * 3), (30, ["too_large"])])
+def test_values_reached_through_aliases_are_counted_by_size(
+    monkeypatch: Any, limit: int, codes: list[str]
+) -> None:
+    # a holds 7 values (the list, three positions, three items); b reaches a twice
+    # (14) and holds 17; c reaches b (17): 31 in all.
+    monkeypatch.setattr(files, "MAX_ALIAS_NODES", limit)
     text = "a: &a [1, 2, 3]\nb: &b [*a, *a]\nmodels: []\nc: *b\n"
-    problems = refused(text)
-    assert [p.code for p in problems] == ["unknown_key"] * 3
+    assert [p.code for p in refused(text)] == codes
+
+
+def test_explicit_keys_win_over_merged_ones_wherever_they_are() -> None:
+    text = (
+        "models:\n"
+        "- name: a\n"
+        "  profiles:\n"
+        "  - &base {name: base, tp: 2, pp: 1}\n"
+        "  - &more {name: more, tp: 8, nodes: 2}\n"
+        "  - tp: 4\n"
+        "    <<: [*base, *more]\n"
+    )
+    (model,) = load(text)
+    assert model.profiles[2] == Profile(name="base", tp=4, pp=1, nodes=2)
+
+
+def test_numbers_too_long_for_python_are_text() -> None:
+    digits = "1" * 5000
+    problem = only(f"models:\n- name: m\n  max_output: {digits}\n")
+    assert problem.code == "wrong_type"
+    problem = refused(f"models:\n- name: m\n  max_output: !!int {digits}\n")[0]
+    assert problem.code == "not_yaml"
+    assert problem.message == f'"{digits[:39]}…" at line 3 is not a valid !!int'
+
+
+def test_a_tagged_number_that_is_not_one() -> None:
+    problem = refused("models:\n- name: m\n  max_output: !!int 1.5\n")[0]
+    assert problem.code == "not_yaml"
+    assert problem.path == ("max_output",)
+    assert problem.message == '"1.5" at line 3 is not a valid !!int'
+    (model,) = load("models:\n- name: m\n  profiles: [{weight: !!float 2, tp: !!int '3'}]\n")
+    assert model.profiles[0] == Profile(weight=2.0, tp=3)

@@ -33,12 +33,26 @@ def _with(base: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, 
 
 CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
     ("no source", _with(gpu_model("bad"), ("source",), ""), ("source",)),
-    ("max below min", _with(gpu_model("bad"), ("scaling",), {"min": 3, "max": 2}), ("scaling", "max")),
+    (
+        "max below min",
+        _with(gpu_model("bad"), ("scaling",), {"min": 3, "max": 2}),
+        ("scaling", "max"),
+    ),
     ("bad class", _with(gpu_model("bad"), ("class",), "vip"), ("class",)),
     ("bad owner", _with(gpu_model("bad"), ("owner",), "alice"), ("owner",)),
     (
         "tp arithmetic",
-        _with(gpu_model("bad"), ("profiles", 0), {"name": "h100", "gpu_class": "nvidia-h100-80gb", "tp": 4, "nodes": 2, "gpus_per_node": 4}),
+        _with(
+            gpu_model("bad"),
+            ("profiles", 0),
+            {
+                "name": "h100",
+                "gpu_class": "nvidia-h100-80gb",
+                "tp": 4,
+                "nodes": 2,
+                "gpus_per_node": 4,
+            },
+        ),
         ("profiles", 0, "tp"),
     ),
     (
@@ -58,7 +72,9 @@ CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
     ),
     (
         "bad window clock",
-        _with(gpu_model("bad"), ("scaling", "schedule"), [{"from": "8am", "to": "18:00", "min": 1}]),
+        _with(
+            gpu_model("bad"), ("scaling", "schedule"), [{"from": "8am", "to": "18:00", "min": 1}]
+        ),
         ("scaling", "schedule", 0, "from"),
     ),
     (
@@ -154,13 +170,21 @@ def post_data(data: dict[str, Any], prefix_main: str = "") -> dict[str, Any]:
 
 @pytest.mark.parametrize(("label", "data", "path"), CASES, ids=[c[0] for c in CASES])
 def test_same_refusal_on_every_surface(
-    label: str, data: dict[str, Any], path: tuple[Any, ...], neighbour: None, client_for: Any, operator: Any, api_for: Any
+    label: str,
+    data: dict[str, Any],
+    path: tuple[Any, ...],
+    neighbour: None,
+    client_for: Any,
+    operator: Any,
+    api_for: Any,
 ) -> None:
     want = expect(data, path)
     loc = convert.locate(path)
 
     # 1. A catalog file.
-    models, shape = files.load_catalog_text(files.dump_catalog([codec.decode_model(cpu_model("taken"))[0], codec.decode_model(data)[0]]))
+    models, shape = files.load_catalog_text(
+        files.dump_catalog([codec.decode_model(cpu_model("taken"))[0], codec.decode_model(data)[0]])
+    )
     assert not shape
     got = [p for p in rules.check_catalog(models) if p.path == path]
     assert got and got[0].message == want.message and got[0].code == want.code
@@ -185,9 +209,7 @@ def test_same_refusal_on_every_surface(
     r = client_for(operator).post("/admin/catalog/servedmodel/add/", admin_post)
     assert r.status_code == 200, "the admin saved a refused model"
     admin_form = r.context["adminform"].form
-    admin_formsets = {
-        fs.formset.prefix: fs.formset for fs in r.context["inline_admin_formsets"]
-    }
+    admin_formsets = {fs.formset.prefix: fs.formset for fs in r.context["inline_admin_formsets"]}
     assert want.message in _field_errors(admin_form, loc, admin_formsets)
 
     assert not ServedModel.objects.filter(name="bad").exists()

@@ -44,7 +44,9 @@ class Command(BaseCommand):
         validate.add_argument("file", help="a catalog YAML file, or - for standard input")
         imp = sub.add_parser("import", help="import a file all at once")
         imp.add_argument("file")
-        imp.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+        imp.add_argument(
+            "--dry-run", action="store_true", help="say what would change; write nothing"
+        )
         imp.add_argument(
             "--replace", action="store_true", help="also remove models the file does not list"
         )

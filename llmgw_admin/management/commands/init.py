@@ -18,7 +18,9 @@ from llmgw_admin.roles import ADMIN, ROLES
 
 
 class Command(BaseCommand):
-    help = "Migrate, create the roles and, on a new install, the first admin (password printed once)."
+    help = (
+        "Migrate, create the roles and, on a new install, the first admin (password printed once)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--admin-username", default="admin")

@@ -43,10 +43,14 @@ class Command(BaseCommand):
                 except DurationError as exc:
                     raise CommandError(f"--expires: {exc}") from None
                 expires = timezone.now() + delta
-            if ApiToken.objects.filter(user=user, name=options["name"], revoked__isnull=True).exists():
+            if ApiToken.objects.filter(
+                user=user, name=options["name"], revoked__isnull=True
+            ).exists():
                 raise CommandError(f"{user} already has a live token named {options['name']!r}")
             token, secret = ApiToken.issue(user, options["name"], expires)
-            self.stdout.write(f"token {token.pk} for {user} ({token.name}); shown only now:\n{secret}")
+            self.stdout.write(
+                f"token {token.pk} for {user} ({token.name}); shown only now:\n{secret}"
+            )
         elif action == "list":
             for t in ApiToken.objects.select_related("user").order_by("id"):
                 self.stdout.write(
@@ -54,7 +58,9 @@ class Command(BaseCommand):
                     f"\tlast used {t.last_used or 'never'}"
                 )
         else:
-            n = ApiToken.objects.filter(pk=options["id"], revoked__isnull=True).update(revoked=timezone.now())
+            n = ApiToken.objects.filter(pk=options["id"], revoked__isnull=True).update(
+                revoked=timezone.now()
+            )
             if not n:
                 raise CommandError(f"no live token {options['id']}")
             self.stdout.write(f"token {options['id']} revoked")

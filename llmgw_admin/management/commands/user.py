@@ -31,7 +31,9 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(12)
             user = User.objects.create_user(options["username"], password=password, is_staff=True)
             user.groups.add(group)
-            self.stdout.write(f"user {user} ({options['role']}); password, shown only now: {password}")
+            self.stdout.write(
+                f"user {user} ({options['role']}); password, shown only now: {password}"
+            )
             return
         user = User.objects.filter(username=options["username"]).first()
         if user is None:

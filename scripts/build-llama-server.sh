@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server from the source vendored in llama-cpp-python's sdist, once.
+#
+# No llama.cpp package exists in Debian and PyPI ships it only as source; this builds the
+# one binary the agent runs (docs/development.md). The result is cached outside the
+# checkout, in ${LLMGW_CACHE:-$HOME/.cache/llmgw}/llama-server, and reused when present.
+set -euo pipefail
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE="${LLMGW_CACHE:-$HOME/.cache/llmgw}"
+OUT="$CACHE/llama-server"
+if [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; then
+  echo "$OUT"
+  exit 0
+fi
+command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 -m pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$VERSION" >&2
+tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+cmake --build "$work/build" --target llama-server -j "$(nproc)" >&2
+mkdir -p "$CACHE"
+cp "$work/build/bin/llama-server" "$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+echo "$OUT"

@@ -1,0 +1,247 @@
+"""The catalog commands against the database: validate, import (all or nothing), export."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.core.management import call_command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from catalog.models import ChangeRecord, ServedModel
+from tests.catalog.samples import cpu_model, gpu_model, store
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("catalog", *args, stdout=out, stderr=err)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path: Path, models: list[dict[str, Any]] | str, name: str = "c.yaml") -> str:
+    path = tmp_path / name
+    text = (
+        models if isinstance(models, str) else yaml.safe_dump({"models": models}, sort_keys=False)
+    )
+    path.write_text(text)
+    return str(path)
+
+
+def test_validate_ok_and_one_line_per_problem(tmp_path: Path) -> None:
+    good = write(tmp_path, [gpu_model("a"), cpu_model("b")])
+    assert run("validate", good)[0] == 0
+    bad_profile = gpu_model("c")
+    bad_profile["profiles"][0].update({"tp": 4, "nodes": 2, "gpus_per_node": 4})
+    bad = write(
+        tmp_path,
+        [gpu_model("a"), cpu_model("b"), gpu_model("x", scaling={"min": 3, "max": 1}), bad_profile],
+    )
+    code, _, err = run("validate", bad)
+    lines = err.strip().splitlines()
+    assert code == 1
+    assert len(lines) == 2, lines
+    assert lines[0].startswith('models[2].scaling.max (model "x"): ')
+    assert lines[1].startswith('models[3].profiles[0].tp (model "c"): ')
+    assert "does not match" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("models: [", "not valid YAML"),
+        ("- a\n- b\n", "mapping"),
+        ("model:\n  - name: a\n", "models"),
+        ("models:\n  - name: a\n    sorce: x\n", "source"),
+        ("models:\n  - name: a\n    scaling: {min: two}\n", "scaling.min"),
+        ("models:\n  - name: a\n    scaling: {idle_timeout: 90}\n", "unit"),
+        ("models:\n  - name: a\n    name: b\n", "twice"),
+    ],
+    ids=[
+        "not-yaml",
+        "not-mapping",
+        "no-models",
+        "unknown-key",
+        "wrong-type",
+        "no-unit",
+        "duplicate-key",
+    ],
+)
+def test_bad_files_refused_clearly_and_nothing_written(
+    tmp_path: Path, text: str, expect: str
+) -> None:
+    path = write(tmp_path, text)
+    for action in ("validate", "import"):
+        code, _, err = run(action, path)
+        assert code == 1
+        assert expect.lower() in err.lower(), err
+    assert not ServedModel.objects.exists()
+
+
+def test_file_over_10_mb_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("models: []\n" + "#" * (10 * 1024 * 1024))
+    code, _, err = run("validate", str(path))
+    assert code == 1 and "10" in err and "MB" in err
+
+
+def test_import_is_all_or_nothing(tmp_path: Path) -> None:
+    bad = write(tmp_path, [gpu_model("a"), gpu_model("b", fallbacks=["missing"])])
+    code, _, err = run("import", bad)
+    assert code == 1 and "models[1].fallbacks[0]" in err
+    assert not ServedModel.objects.exists()
+    assert not ChangeRecord.objects.exists()
+
+
+def test_import_reports_added_changed_removed_and_dry_run_writes_nothing(tmp_path: Path) -> None:
+    store(gpu_model("a"), gpu_model("b"), cpu_model("old"))
+    path = write(tmp_path, [gpu_model("a"), gpu_model("b", description="new"), cpu_model("c")])
+    code, out, _ = run("import", path, "--replace", "--dry-run")
+    assert code == 0
+    assert (
+        "would be added: c" in out
+        and "would be changed: b" in out
+        and "would be removed: old" in out
+    )
+    assert set(ServedModel.objects.values_list("name", flat=True)) == {"a", "b", "old"}
+    code, out, _ = run("import", path, "--replace")
+    assert "added 1, changed 1, removed 1, unchanged 1" in out
+    assert list(ServedModel.objects.values_list("name", flat=True)) == ["a", "b", "c"]
+    assert ChangeRecord.objects.filter(surface="file").count() == 3
+
+
+def test_import_refused_when_it_breaks_a_model_it_keeps(tmp_path: Path) -> None:
+    store(cpu_model("small", aliases=["tiny"]), gpu_model("chat", fallbacks=["tiny"]))
+    # The file drops the alias that "chat", which the import keeps, falls back to.
+    path = write(tmp_path, [cpu_model("small")])
+    code, _, err = run("import", path)
+    assert code == 1 and '(model "chat")' in err and "tiny" in err, err
+    assert ServedModel.objects.get(name="small").aliases.count() == 1
+
+
+def test_export_import_export_is_byte_identical(tmp_path: Path) -> None:
+    store(
+        cpu_model("small", scaling={"min": 0, "max": 2, "idle_timeout": "45m"}),
+        gpu_model(
+            "chat",
+            aliases=["chat-latest", "c"],
+            fallbacks=["small"],
+            scaling={
+                "min": 1,
+                "max": 4,
+                "prewarm": "15m",
+                "schedule": [{"days": ["weekdays"], "from": "22:00", "to": "06:00", "min": 2}],
+            },
+            adapters=[{"name": "chat-sql", "source": "/lora/sql", "scale": 0.5}],
+            slo={"ttft_p99": "800ms", "tpot_p99": "50ms"},
+            origin={
+                "repo": "org/chat",
+                "revision": "abc123",
+                "files": [{"path": "model.safetensors", "sha256": "00" * 32, "bytes": 123}],
+                "previous": {"source": "org/chat-old", "revision": "def"},
+            },
+        ),
+        gpu_model(
+            "judge",
+            role="guard",
+            guard={"format": "qwen3guard", "categories": ["Violent", "Jailbreak"]},
+        ),
+    )
+    first = tmp_path / "first.yaml"
+    run("export", str(first))
+    ServedModel.objects.all().delete()
+    assert run("import", str(first))[0] == 0
+    second = tmp_path / "second.yaml"
+    run("export", str(second))
+    assert first.read_bytes() == second.read_bytes()
+
+
+names = st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
+
+
+@st.composite
+def catalogs(draw: Any) -> list[dict[str, Any]]:
+    """Draw a small valid catalog in file form."""
+    picked = draw(st.lists(names, min_size=1, max_size=4, unique=True))
+    models = []
+    for i, name in enumerate(picked):
+        if draw(st.booleans()):
+            m = cpu_model(
+                name,
+                description=draw(
+                    st.text(st.characters(codec="utf-8", blacklist_characters="\x00"), max_size=20)
+                ),
+            )
+        else:
+            m = gpu_model(name, scaling={"min": draw(st.integers(0, 3)), "max": 4})
+            m["profiles"][0]["args"] = draw(
+                st.lists(st.sampled_from(["--enforce-eager", "--max-model-len=4096"]), max_size=2)
+            )
+        if i and draw(st.booleans()):
+            m["fallbacks"] = [picked[0]]
+        models.append(m)
+    return models
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(models=catalogs())
+def test_property_export_import_export_identical(
+    tmp_path: Path, models: list[dict[str, Any]]
+) -> None:
+    ServedModel.objects.all().delete()
+    assert run("import", write(tmp_path, models))[0] == 0
+    first = tmp_path / "1.yaml"
+    second = tmp_path / "2.yaml"
+    run("export", str(first))
+    ServedModel.objects.all().delete()
+    assert run("import", str(first))[0] == 0
+    run("export", str(second))
+    assert first.read_bytes() == second.read_bytes()
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    models=catalogs(),
+    junk=st.sampled_from(
+        [
+            ("scaling", {"min": 5, "max": 1}),
+            ("owner", "nobody"),
+            ("fallbacks", ["nowhere"]),
+            ("class", "gold"),
+            ("bogus", 1),
+        ]
+    ),
+)
+def test_property_invalid_file_or_api_body_writes_nothing(
+    tmp_path: Path, models: list[dict[str, Any]], junk: tuple[str, Any], api_for: Any, operator: Any
+) -> None:
+    ServedModel.objects.all().delete()
+    ChangeRecord.objects.all().delete()
+    store(cpu_model("kept"))
+    before = (list(ServedModel.objects.values()), ChangeRecord.objects.count())
+    bad = [dict(m) for m in models]
+    bad[-1][junk[0]] = junk[1]
+    assert run("import", write(tmp_path, bad))[0] == 1
+    assert (
+        api_for(operator).post("/api/v1/catalog/models/", bad[-1], format="json").status_code == 400
+    )
+    assert (
+        api_for(operator)
+        .put("/api/v1/catalog/models/kept/", dict(bad[-1], name="kept"), format="json")
+        .status_code
+        == 400
+    )
+    assert (list(ServedModel.objects.values()), ChangeRecord.objects.count()) == before

@@ -104,7 +104,27 @@ def _suggest(choices: tuple[str, ...] | list[str]) -> forms.Widget:
     return forms.TextInput(attrs={"list": "", "data-suggest": ",".join(choices)})
 
 
-class ServedModelForm(forms.ModelForm):  # type: ignore[type-arg]
+class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
+    """Read an emptied number box as 0, as a file that leaves the key out does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            if isinstance(field, forms.IntegerField | forms.FloatField):
+                field.required = False
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        for name, field in self.fields.items():
+            if (
+                isinstance(field, forms.IntegerField | forms.FloatField)
+                and data.get(name, 0) is None
+            ):
+                data[name] = 0
+        return data
+
+
+class ServedModelForm(BlankNumbersAreZero):
     """A catalog model's own fields; its profiles and other rows are formsets."""
 
     scaling_idle_timeout = GoDurationField(label="scaling.idle_timeout")
@@ -148,7 +168,7 @@ class ServedModelForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.fields[name].required = False
 
 
-class ProfileForm(forms.ModelForm):  # type: ignore[type-arg]
+class ProfileForm(BlankNumbersAreZero):
     """One profile: engine, cards, parallelism, arguments and limits."""
 
     args = LinesField(help_text="One argument a line.")
@@ -174,7 +194,7 @@ class ProfileForm(forms.ModelForm):  # type: ignore[type-arg]
         self.instance.checked_as_bundle = True
 
 
-class WindowForm(forms.ModelForm):  # type: ignore[type-arg]
+class WindowForm(BlankNumbersAreZero):
     """One schedule window: days, from, to, min and max."""
 
     days = LinesField(sep=",", help_text="mon … sun, weekdays, weekends; empty is every day.")
@@ -192,7 +212,7 @@ class WindowForm(forms.ModelForm):  # type: ignore[type-arg]
         self.instance.checked_as_bundle = True
 
 
-class _ChildForm(forms.ModelForm):  # type: ignore[type-arg]
+class _ChildForm(BlankNumbersAreZero):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.checked_as_bundle = True

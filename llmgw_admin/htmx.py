@@ -13,6 +13,9 @@ class HtmxHttpRequest(HttpRequest):
 
 
 def is_partial(request: HttpRequest) -> bool:
-    """Return whether to answer with a fragment: htmx asked, and not as a boosted page."""
+    """Return whether to answer with a fragment: htmx asked, not as a boosted page.
+
+    A history-restore request (Back with htmx's cache empty) wants the whole page too.
+    """
     htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted  # type: ignore[union-attr]
+    return bool(htmx) and not htmx.boosted and not htmx.history_restore_request  # type: ignore[union-attr]

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "channels",
     "llmgw_admin",
     "catalog",
+    "cluster",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,27 @@
+"""Routes of the catalog's console pages and fragments, mounted under /catalog/."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from catalog import views
+
+app_name = "catalog"
+
+# Names may hold a slash (org/model), so they are matched as paths; the fixed routes
+# and the longer ones come first.
+urlpatterns = [
+    path("", views.servedmodel_list, name="servedmodel_list"),
+    # Outside models/ so that no model name (not even "new") is shadowed by them.
+    path("new/", views.servedmodel_add, name="servedmodel_add"),
+    path("validate/", views.servedmodel_validate, name="servedmodel_validate"),
+    path("rows/<str:group>/", views.servedmodel_formrow, name="servedmodel_formrow"),
+    path("models/<path:name>/edit/", views.servedmodel_edit, name="servedmodel_edit"),
+    path("models/<path:name>/delete/", views.servedmodel_delete, name="servedmodel_delete"),
+    path(
+        "models/<path:name>/changes/<int:pk>/revert/",
+        views.changerecord_revert,
+        name="changerecord_revert",
+    ),
+    path("models/<path:name>/", views.servedmodel_detail, name="servedmodel_detail"),
+]

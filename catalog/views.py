@@ -1,0 +1,694 @@
+"""The catalog's console: list, detail, create and edit, live checks, delete, revert.
+
+Function views, thin over ``catalog.forms`` (every check is ``check_bundle``) and
+``catalog.services`` (every write, delete and revert). A page asked for by htmx answers
+with a named partial of its own template (``llmgw_admin.htmx.is_partial``), so the first
+render and every refresh come from the same fragment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import yaml
+from django.conf import settings
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
+
+from agent.engines import ENGINES
+from catalog import codec, rules, services, spec
+from catalog.choices import Surface
+from catalog.durations import format_duration
+from catalog.filtersets import ServedModelFilterSet, with_effective_class
+from catalog.forms import (
+    FORMSETS,
+    OrderedInlineFormSet,
+    ServedModelForm,
+    attach_problems,
+    build_formsets,
+    check_bundle,
+    error_map,
+)
+from catalog.models import Alias, ChangeRecord, Profile, ServedModel
+from catalog.problems import Problem
+from llmgw_admin.htmx import HtmxHttpRequest, is_partial
+from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+
+# The form page's sections: a title, the model's fields in it, and the formset (if any)
+# shown under them. Every field of ServedModelForm is in exactly one section
+# (tests/catalog/test_views.py checks it).
+SECTIONS: list[tuple[str, list[str], str | None]] = [
+    ("Model", ["name", "source", "description", "role", "capacity_class", "owner"], None),
+    ("Aliases", [], "aliases"),
+    ("Profiles", [], "profiles"),
+    (
+        "Scaling",
+        ["scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm"],
+        "windows",
+    ),
+    (
+        "Serving",
+        [
+            "fallbacks",
+            "context_length",
+            "max_output",
+            "routing_profile",
+            "slo_ttft_p99",
+            "slo_tpot_p99",
+            "capabilities_tools",
+            "capabilities_vision",
+            "capabilities_embeddings",
+        ],
+        None,
+    ),
+    ("Adapters", ["max_loaded_adapters"], "adapters"),
+    ("Guard", ["guard_format", "guard_categories"], None),
+    (
+        "Canary",
+        [
+            "canary_model",
+            "canary_percent",
+            "canary_min_requests",
+            "canary_max_error_increase",
+            "canary_max_ttft_ratio",
+        ],
+        None,
+    ),
+    ("Eval", ["eval_suite", "eval_min_score", "eval_judge"], None),
+    (
+        "External",
+        ["external_url", "external_model", "external_api_key_file", "external_peer"],
+        None,
+    ),
+    (
+        "Origin",
+        ["origin_repo", "origin_revision", "origin_previous_source", "origin_previous_revision"],
+        "origin_files",
+    ),
+]
+
+# What the "add a row" button of each formset says.
+ADD_LABELS = {
+    "profiles": "Add a profile",
+    "windows": "Add a window",
+    "adapters": "Add an adapter",
+    "aliases": "Add an alias",
+    "origin_files": "Add a file",
+}
+
+# Column prefixes that stand for a block of the file: scaling_min is scaling.min.
+_BLOCKS = (
+    "origin_previous",
+    "scaling",
+    "external",
+    "canary",
+    "eval",
+    "slo",
+    "capabilities",
+    "guard",
+    "origin",
+)
+_KEY_RENAMES = {"capacity_class": "class", "from_time": "from", "to_time": "to"}
+
+# An entry past this many is left to the API's change log: the page stays quick.
+CHANGE_LOG_LIMIT = 50
+
+# The week the schedule picture samples: 2024-01-01 is a Monday, and no time zone
+# changes its clocks in the first week of January.
+_GRID_MONDAY = (2024, 1, 1)
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def file_key(field_name: str) -> str:
+    """Return the catalog file's key for a form field: ``scaling_min`` is ``scaling.min``."""
+    if field_name in _KEY_RENAMES:
+        return _KEY_RENAMES[field_name]
+    for block in _BLOCKS:
+        if field_name.startswith(block + "_"):
+            return block.replace("_", ".") + "." + field_name[len(block) + 1 :]
+    return field_name
+
+
+# Week schedule picture
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One hour of the week: the replicas wanted then, and the window that says so."""
+
+    hour: int
+    min: int
+    max: int
+    window: int | None
+    level: int
+
+
+@dataclass(frozen=True)
+class GridDay:
+    """One day of the week schedule picture."""
+
+    name: str
+    cells: list[GridCell]
+
+
+def week_grid(scaling: spec.Scaling, tz: ZoneInfo | None = None) -> list[GridDay]:
+    """Return the replicas wanted at each hour of a week, Monday first.
+
+    Each hour is read with ``rules.window_at`` in the control time zone (``tz``, else
+    ``settings.TIME_ZONE``): within a window its min, and its max or the model's when
+    the window's max is 0; outside every window the model's own min and max. ``level``
+    (0 to 4) is the min relative to the week's highest, for shading.
+    """
+    zone = tz or ZoneInfo(settings.TIME_ZONE)
+    year, month, first = _GRID_MONDAY
+    raw: list[list[tuple[int, int, int, int | None]]] = []
+    for d in range(7):
+        day = []
+        for h in range(24):
+            at = datetime(year, month, first + d, h, tzinfo=zone)
+            w = rules.window_at(scaling, at)
+            if w is None:
+                day.append((h, scaling.min, scaling.max, None))
+            else:
+                index = next(i for i, x in enumerate(scaling.schedule) if x is w)
+                day.append((h, w.min, w.max or scaling.max, index))
+        raw.append(day)
+    peak = max((c[1] for day in raw for c in day), default=0)
+    return [
+        GridDay(
+            name=WEEKDAYS[d],
+            cells=[
+                GridCell(h, lo, hi, win, -(-lo * 4 // peak) if peak else 0)
+                for h, lo, hi, win in day
+            ],
+        )
+        for d, day in enumerate(raw)
+    ]
+
+
+# Change log
+
+
+@dataclass(frozen=True)
+class ChangeEntry:
+    """A change-log record with its before/after as diff lines of the file's YAML."""
+
+    record: ChangeRecord
+    diff: list[tuple[str, str]]
+
+
+def change_diff(before: Any, after: Any) -> list[tuple[str, str]]:
+    """Return (kind, line) pairs of a unified diff between two file mappings.
+
+    ``kind`` is ``add``, ``del``, ``hunk`` or ``ctx``; a missing side (a creation or a
+    deletion) is an empty file, so every line of the other side shows.
+    """
+    a = _yaml_lines(before)
+    b = _yaml_lines(after)
+    out = []
+    for line in difflib.unified_diff(a, b, lineterm="", n=2):
+        # File names say nothing here, nor does the one hunk of a creation or deletion.
+        if line.startswith(("---", "+++")) or (line.startswith("@@") and not (a and b)):
+            continue
+        kind = {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "ctx")
+        out.append((kind, line))
+    return out
+
+
+def _yaml_lines(data: Any) -> list[str]:
+    if data is None:
+        return []
+    # The log's JSON column keeps no key order: read the mapping back and write it
+    # again, so the diff shows keys in the file's order.
+    model, problems = codec.decode_model(data)
+    if model is not None and not problems:
+        data = codec.encode_model(model)
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return text.splitlines()
+
+
+# Profiles, one column each
+
+
+def profile_table(profiles: list[spec.Profile]) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """Return every profile field as a row: (file key, one (kind, value) cell a profile).
+
+    ``kind`` is ``text``, ``code`` or ``lines`` (a list: args, env and node_selector as
+    ``KEY=VALUE``). Durations are Go durations; the last row is each fingerprint.
+    """
+    rows: list[tuple[str, list[tuple[str, Any]]]] = []
+    for f in dataclasses.fields(spec.Profile):
+        cells: list[tuple[str, Any]] = []
+        for p in profiles:
+            value = getattr(p, f.name)
+            if isinstance(value, list):
+                cells.append(("lines", list(value)))
+            elif isinstance(value, dict):
+                cells.append(("lines", [f"{k}={v}" for k, v in sorted(value.items())]))
+            elif f.metadata.get("kind") == "duration":
+                cells.append(("text", format_duration(value) if value else ""))
+            elif isinstance(value, bool):
+                cells.append(("text", "yes" if value else "no"))
+            elif f.name == "gpu_class":
+                cells.append(("code", value or "(CPU)"))
+            else:
+                cells.append(("text", value))
+        rows.append((f.name, cells))
+    rows.append(("fingerprint", [("code", rules.fingerprint(p)) for p in profiles]))
+    return rows
+
+
+# Pages
+
+
+def _template(request: HtmxHttpRequest, name: str, partial: str) -> str:
+    """Return the page's template, or its named partial when htmx asks for a fragment.
+
+    Restoring history that htmx no longer has cached asks for the whole page (htmx puts
+    the answer in place of the body), so that request gets the page.
+    """
+    restoring = bool(request.htmx) and request.htmx.history_restore_request
+    return f"{name}#{partial}" if is_partial(request) and not restoring else name
+
+
+@role_required(VIEWER)
+@require_GET
+def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Show the catalog as a table, filtered by the query string.
+
+    The filter form asks again with htmx and gets only the table back (``#table``); the
+    query count does not grow with the number of models (prefetched rows).
+    """
+    queryset = with_effective_class(services.stored_queryset())
+    filterset = ServedModelFilterSet(request.GET, queryset=queryset)
+    rows = []
+    for obj in filterset.qs:
+        m = obj.to_spec()  # from the prefetched rows: no query per model
+        rows.append(
+            {
+                "obj": obj,
+                "aliases": m.aliases,
+                "engines": sorted({p.engine for p in m.profiles if p.engine}),
+                "gpu_classes": sorted({p.gpu_class for p in m.profiles if p.gpu_class}),
+                "on_demand": rules.on_demand(m.scaling),
+                "external": rules.is_external(m),
+                "simulated": rules.simulated(m),
+            }
+        )
+    # Lazy: only the full page's filter form reads it.
+    gpu_classes = (
+        Profile.objects.exclude(gpu_class="")
+        .order_by("gpu_class")
+        .values_list("gpu_class", flat=True)
+        .distinct()
+    )
+    values = {
+        key: request.GET.get(key, "")
+        for key in ("role", "class", "engine", "gpu_class", "owner", "on_demand", "search")
+    }
+    if not values["class"]:
+        values["class"] = request.GET.get("capacity_class", "")
+    context = {
+        "rows": rows,
+        "values": values,
+        "filter_errors": filterset.errors,
+        "engines": ENGINES,
+        "classes": rules.CLASSES,
+        "gpu_class_options": gpu_classes,
+        "filtered": any(values.values()),
+    }
+    return render(request, _template(request, "catalog/servedmodel_list.html", "table"), context)
+
+
+def _stored(name: str) -> ServedModel:
+    """Return a stored model with its rows prefetched, or raise Http404."""
+    obj = services.stored_queryset().filter(name=name).first()
+    if obj is None:
+        raise Http404(f'model "{name}" is not in the catalog')
+    return obj  # type: ignore[no-any-return]
+
+
+def _detail_context(
+    obj: ServedModel,
+    *,
+    revert_problems: list[Problem] | None = None,
+    revert_pk: int | None = None,
+) -> dict[str, Any]:
+    """Return what the model's page shows: the model, what is derived, depends, the log."""
+    m = obj.to_spec()
+    # Fallbacks, a canary and a judge may name an alias: links go to the model it means.
+    refs = [*m.fallbacks, m.canary.model if m.canary else "", m.eval.judge if m.eval else ""]
+    alias_of = dict(
+        Alias.objects.filter(name__in=[r for r in refs if r]).values_list("name", "model__name")
+    )
+    fallbacks = [(f, alias_of.get(f, f)) for f in m.fallbacks]
+    canary = None
+    if m.canary is not None:
+        limits = rules.canary_limits(m.canary)
+        canary = {
+            "c": m.canary,
+            "target": alias_of.get(m.canary.model, m.canary.model),
+            "limits": [
+                ("min_requests", limits[0], m.canary.min_requests <= 0),
+                ("max_error_increase", limits[1], m.canary.max_error_increase <= 0),
+                ("max_ttft_ratio", limits[2], m.canary.max_ttft_ratio <= 0),
+            ],
+        }
+    records = ChangeRecord.objects.filter(model_name=obj.name).order_by("-at", "-id")
+    changes = [ChangeEntry(r, change_diff(r.before, r.after)) for r in records[:CHANGE_LOG_LIMIT]]
+    return {
+        "obj": obj,
+        "m": m,
+        "effective_class": rules.effective_class(m),
+        "on_demand": rules.on_demand(m.scaling),
+        "simulated": rules.simulated(m),
+        "kv_index": rules.kv_index(m),
+        "repository": rules.repository_page(m.source),
+        "profile_rows": profile_table(m.profiles),
+        "durations": {
+            key: format_duration(value) if value else ""
+            for key, value in (
+                ("idle_timeout", m.scaling.idle_timeout),
+                ("prewarm", m.scaling.prewarm),
+                ("ttft_p99", m.slo.ttft_p99),
+                ("tpot_p99", m.slo.tpot_p99),
+            )
+        },
+        "grid": week_grid(m.scaling),
+        "hours": range(24),
+        "time_zone": settings.TIME_ZONE,
+        "fallbacks": fallbacks,
+        "canary": canary,
+        "judge": alias_of.get(m.eval.judge, m.eval.judge) if m.eval else "",
+        "depended_on_by": services.delete_blockers(obj.name),
+        "changes": changes,
+        "more_changes": records.count() > CHANGE_LOG_LIMIT,
+        "revert_problems": revert_problems or [],
+        "revert_pk": revert_pk,
+    }
+
+
+@role_required(VIEWER)
+@require_GET
+def servedmodel_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Show everything about one model, its week schedule and its change log."""
+    obj = _stored(name)
+    return render(
+        request,
+        _template(request, "catalog/servedmodel_detail.html", "content"),
+        _detail_context(obj),
+    )
+
+
+# Create and edit
+
+
+def _label(forms: list[Any]) -> None:
+    # Labels are the file's keys (scaling.min, gpus_per_node), the words the rules'
+    # messages and the catalog files use.
+    for form in forms:
+        for name, field in form.fields.items():
+            field.label = file_key(name)
+
+
+def _form_context(
+    form: ServedModelForm,
+    formsets: Mapping[str, OrderedInlineFormSet],
+    replacing: str | None,
+    touched: str,
+) -> dict[str, Any]:
+    _label([form, *(row for fs in formsets.values() for row in fs.forms)])
+    sections = [
+        {
+            "title": title,
+            "fields": [form[n] for n in names],
+            "group": group,
+            "formset": formsets[group] if group else None,
+            "add_label": ADD_LABELS.get(group or "", ""),
+            "headers": (
+                [
+                    file_key(f.name)
+                    for f in formsets[group].empty_form.visible_fields()
+                    if f.name != "DELETE"
+                ]
+                if group
+                else []
+            ),
+        }
+        for title, names, group in SECTIONS
+    ]
+    action = (
+        reverse("catalog:servedmodel_edit", args=[replacing])
+        if replacing
+        else reverse("catalog:servedmodel_add")
+    )
+    return {
+        "form": form,
+        "formsets": formsets,
+        "sections": sections,
+        "replacing": replacing,
+        "touched": touched,
+        "action": action,
+        "error_count": sum(len(v) for v in error_map(form, formsets).values())
+        if form.is_bound
+        else 0,
+    }
+
+
+def _form_page(
+    request: HtmxHttpRequest, instance: ServedModel, replacing: str | None
+) -> HttpResponse:
+    """Show the form, or check and save it (1. shape and rules, 2. save, 3. redirect).
+
+    On any problem, the form comes back (status 200, as htmx 2 swaps only 2xx) with
+    every error at its field, whether touched or not.
+    """
+    data = request.POST if request.method == "POST" else None
+    form = ServedModelForm(data, instance=instance)
+    formsets = build_formsets(data, instance)
+    if data is None and replacing is None:
+        # A new model needs a profile: start with one blank row (a blank row that stays
+        # blank is not a row, see OrderedInlineFormSet.live_forms).
+        formsets["profiles"].extra = 1
+    if data is not None:
+        model = check_bundle(form, formsets, replacing)
+        if model is not None:
+            actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
+            try:
+                saved = services.save_model(model, actor, replacing=replacing)
+            except services.Refused as exc:
+                # Another change got in first: the same problems, at their fields.
+                attach_problems(exc.problems, form, formsets)
+            else:
+                url = reverse("catalog:servedmodel_detail", args=[saved.name])
+                if request.htmx:
+                    return HttpResponseClientRedirect(url)
+                return redirect(url)
+    context = _form_context(form, formsets, replacing, "*" if data is not None else "")
+    return render(request, _template(request, "catalog/servedmodel_form.html", "form"), context)
+
+
+@role_required(OPERATOR)
+@require_http_methods(["GET", "POST"])
+def servedmodel_add(request: HtmxHttpRequest) -> HttpResponse:
+    """Show the form for a new model, and save it."""
+    return _form_page(request, ServedModel(), None)
+
+
+@role_required(OPERATOR)
+@require_http_methods(["GET", "POST"])
+def servedmodel_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Show the form for a stored model, and save it in the model's place."""
+    return _form_page(request, _stored(name), name)
+
+
+def _error_slots(form: ServedModelForm, formsets: Mapping[str, OrderedInlineFormSet]) -> list[str]:
+    """Return the HTML names that have an error element on the form page, in order."""
+    slots = ["__all__", *(form.add_prefix(n) for n in form.fields)]
+    for group, fs in formsets.items():
+        slots.append(f"{group}-__all__")
+        for row in fs.forms:
+            slots.append(f"{row.prefix}-__all__")
+            slots += [row.add_prefix(f.name) for f in row.visible_fields() if f.name != "DELETE"]
+    return slots
+
+
+def _fold(errors: dict[str, list[str]], slots: list[str]) -> dict[str, list[str]]:
+    # An error on a field with no element of its own (a row's hidden id) goes to its
+    # row's general errors, else the form's.
+    known = set(slots)
+    out: dict[str, list[str]] = {}
+    for key, messages in errors.items():
+        slot = key
+        if slot not in known:
+            row_all = key.rsplit("-", 1)[0] + "-__all__"
+            slot = row_all if row_all in known else "__all__"
+        out.setdefault(slot, []).extend(messages)
+    return out
+
+
+def _shown(slot: str, touched: set[str]) -> bool:
+    """Return whether a slot's errors show: its field was touched, or all are wanted."""
+    if "*" in touched:
+        return True
+    if slot == "__all__":
+        return False
+    if slot.endswith("-__all__"):
+        prefix = slot[: -len("__all__")]
+        return any(t.startswith(prefix) for t in touched)
+    return slot in touched
+
+
+@role_required(OPERATOR)
+@require_POST
+def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
+    """Check the form as it stands, saving nothing; answer one error element per field.
+
+    Called by the form page whenever a field is left. Each error element is swapped out
+    of band by its id (``err-<html name>``); only fields in ``_touched`` (kept by
+    ``static/llmgw/console.js``) show their errors, and ``*`` shows every error.
+    """
+    replacing = request.POST.get("_replacing") or None
+    touched = {t for t in request.POST.get("_touched", "").split(",") if t}
+    instance = ServedModel()
+    if replacing is not None:
+        found = ServedModel.objects.filter(name=replacing).first()
+        if found is None:
+            slots = [("__all__", [f'model "{replacing}" is no longer in the catalog'])]
+            return render(
+                request, "catalog/partials/validation.html", {"slots": slots, "status": ""}
+            )
+        instance = found
+    form = ServedModelForm(request.POST, instance=instance)
+    formsets = build_formsets(request.POST, instance)
+    check_bundle(form, formsets, replacing)
+    slots = _error_slots(form, formsets)
+    errors = _fold(error_map(form, formsets), slots)
+    # A row ticked for deletion will not be saved: its errors do not count.
+    deleted = {
+        row.prefix
+        for fs in formsets.values()
+        for row in fs.forms
+        if "DELETE" in row.fields and row["DELETE"].value()
+    }
+    errors = {k: v for k, v in errors.items() if k.rsplit("-", 1)[0] not in deleted}
+    shown = [(slot, errors.get(slot, []) if _shown(slot, touched) else []) for slot in slots]
+    total = sum(len(v) for v in errors.values())
+    visible = sum(len(v) for _, v in shown)
+    return render(
+        request,
+        "catalog/partials/validation.html",
+        {"slots": shown, "status": _status(total, visible)},
+    )
+
+
+def _status(total: int, visible: int) -> str:
+    if total == 0:
+        return "No problems: the catalog's rules accept this model."
+    hidden = total - visible
+    if hidden == 0:
+        return f"{total} problem{'s' if total != 1 else ''} to fix."
+    return (
+        f"{visible} problem{'s' if visible != 1 else ''} shown; {hidden} more in fields "
+        "not filled in yet (Save shows all)."
+    )
+
+
+@role_required(OPERATOR)
+@require_GET
+def servedmodel_formrow(request: HtmxHttpRequest, group: str) -> HttpResponse:
+    """Return a blank row of a formset, numbered after the rows on the page.
+
+    The page sends its ``<group>-TOTAL_FORMS``; the answer is the row and, out of band,
+    that count plus one.
+    """
+    if group not in FORMSETS:
+        raise Http404(f"no such group: {group}")
+    try:
+        index = int(request.GET.get(f"{group}-TOTAL_FORMS", ""))
+    except ValueError:
+        return HttpResponseBadRequest(f"{group}-TOTAL_FORMS must be a whole number")
+    if not 0 <= index < 1000:
+        return HttpResponseBadRequest(f"{group}-TOTAL_FORMS must be 0 to 999")
+    fs = FORMSETS[group](instance=ServedModel(), prefix=group)
+    fs.extra = index + 1
+    row = fs.forms[index]
+    _label([row])
+    return render(
+        request,
+        "catalog/partials/form_row.html",
+        {"group": group, "row": row, "total": index + 1, "oob_total": True},
+    )
+
+
+# Delete and revert
+
+
+@role_required(OPERATOR)
+@require_http_methods(["GET", "POST"])
+def servedmodel_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Ask before deleting a model (naming what depends on it); delete on POST."""
+    obj = get_object_or_404(ServedModel, name=name)
+    problems: list[Problem] = []
+    if request.method == "POST":
+        actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
+        try:
+            services.delete_model(name, actor)
+        except services.Refused as exc:
+            problems = exc.problems
+        else:
+            url = reverse("catalog:servedmodel_list")
+            if request.htmx:
+                return HttpResponseClientRedirect(url)
+            return redirect(url)
+    context = {
+        "obj": obj,
+        "depended_on_by": services.delete_blockers(name),
+        "problems": problems,
+    }
+    return render(request, "catalog/servedmodel_delete.html", context)
+
+
+@role_required(OPERATOR)
+@require_POST
+def changerecord_revert(request: HtmxHttpRequest, name: str, pk: int) -> HttpResponse:
+    """Put a model back as it was before a change, from the model's page.
+
+    Refused: the problems show at the entry. Done: the page's content (log included)
+    is swapped in place, or, when the revert renamed or removed the model, the browser
+    goes to where the model now is.
+    """
+    record = get_object_or_404(ChangeRecord, pk=pk)
+    actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
+    try:
+        done = services.revert_change(record, actor)
+    except services.Refused as exc:
+        if request.htmx:
+            return render(
+                request,
+                "catalog/servedmodel_detail.html#revert-problems",
+                {"revert_problems": exc.problems},
+            )
+        context = _detail_context(_stored(name), revert_problems=exc.problems, revert_pk=pk)
+        return render(request, "catalog/servedmodel_detail.html", context)
+    now = services.stored_queryset().filter(name=done.model_name).first()
+    if now is None:
+        url = reverse("catalog:servedmodel_list")
+    else:
+        url = reverse("catalog:servedmodel_detail", args=[now.name])
+    if not request.htmx:
+        return redirect(url)
+    if now is None or now.name != name:
+        return HttpResponseClientRedirect(url)
+    response = render(request, "catalog/servedmodel_detail.html#content", _detail_context(now))
+    # The button's own target is its entry; a revert changes the whole page.
+    return reswap(retarget(response, f"#served-model-{now.pk}"), "outerHTML")

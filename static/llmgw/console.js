@@ -1,0 +1,94 @@
+// The console's small helpers; htmx does the requests.
+//
+// 1. Touched fields: a form marked data-touched keeps, in its hidden _touched input, the
+//    names of the fields the user has left or changed. catalog.views.servedmodel_validate
+//    shows a field's errors only once its name is there. Listening in the capture phase
+//    runs this before htmx sends the check the same event triggers.
+// 2. Checks not lost: a form's live check (an element marked data-check, see
+//    templates/catalog/servedmodel_form.html) runs one at a time, and htmx drops a check
+//    asked for while another is in flight. Such a check is sent again once the one in
+//    flight is done, so the last field left is always checked. While the form itself is
+//    saving, checks are dropped for good: the Save's answer shows every error.
+// 3. Suggestions: an input with data-suggest="a,b,c" (catalog.forms._suggest) gets a
+//    datalist of those values: a text box with suggestions, so an unknown value still
+//    reaches the rules and their message.
+(function () {
+  "use strict";
+
+  function track(event) {
+    var el = event.target;
+    if (!el || !el.name || !el.form || el.name.charAt(0) === "_") {
+      return;
+    }
+    if (!el.form.hasAttribute("data-touched")) {
+      return;
+    }
+    var box = el.form.elements.namedItem("_touched");
+    if (!box) {
+      return;
+    }
+    var names = box.value ? box.value.split(",") : [];
+    if (names.indexOf("*") === -1 && names.indexOf(el.name) === -1) {
+      names.push(el.name);
+      box.value = names.join(",");
+    }
+  }
+
+  function suggest(root) {
+    if (!root || !root.querySelectorAll) {
+      return;
+    }
+    root.querySelectorAll("input[data-suggest]").forEach(function (input) {
+      var values = input.getAttribute("data-suggest").split(",").filter(Boolean);
+      var id = "suggest-" + values.join("-").replace(/[^A-Za-z0-9-]/g, "_");
+      if (!document.getElementById(id)) {
+        var list = document.createElement("datalist");
+        list.id = id;
+        values.forEach(function (value) {
+          var option = document.createElement("option");
+          option.value = value;
+          list.appendChild(option);
+        });
+        document.body.appendChild(list);
+      }
+      input.setAttribute("list", id);
+    });
+  }
+
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail.elt;
+    if (!elt.hasAttribute || !elt.hasAttribute("data-check")) {
+      return;
+    }
+    var form = elt.closest("form");
+    if (form && form.classList.contains("htmx-request")) {
+      event.preventDefault();
+    } else if (elt.classList.contains("htmx-request")) {
+      elt.setAttribute("data-check-again", "");
+      event.preventDefault();
+    }
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var elt = event.detail.elt;
+    if (!elt.hasAttribute || !elt.hasAttribute("data-check-again")) {
+      return;
+    }
+    elt.removeAttribute("data-check-again");
+    // After the current request has finished its bookkeeping.
+    window.setTimeout(function () {
+      if (document.body.contains(elt)) {
+        htmx.trigger(elt, "llmgw:recheck");
+      }
+    }, 0);
+  });
+
+  document.addEventListener("focusout", track, true);
+  document.addEventListener("change", track, true);
+  // htmx:load fires for the page at start and for every fragment swapped in.
+  document.addEventListener("htmx:load", function (event) {
+    suggest(event.target);
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    suggest(document);
+  });
+})();

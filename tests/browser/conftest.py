@@ -1,0 +1,78 @@
+"""A real headless Chromium (the Debian package) driving the console on a live server.
+
+Playwright's own browser downloads are not used (no network here): the system Chromium
+is launched by path. pytest-django's ``live_server`` serves the app in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+PASSWORD = "pw-for-tests-1"  # tests/conftest.py's make_user default
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test here as a browser test (``-m "not browser"`` leaves them out)."""
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.browser)
+
+
+# Module scope: Playwright's loop stays the thread's running loop while it is open, so
+# it is closed before tests elsewhere run (an asyncio test could not start its own).
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Return a headless Chromium shared by a module's tests.
+
+    While it is open, Django is told database calls from this thread are safe: Playwright's
+    sync API keeps an event loop running here, and Django refuses database calls from a
+    thread with a running loop (the loop only waits on the browser). The tests' own
+    database setup and teardown fall inside, and tests elsewhere keep Django's guard.
+    """
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with pytest.MonkeyPatch.context() as mp, sync_playwright() as p:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        chromium = p.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def signed_in(browser: Any, live_server: Any) -> Iterator[Callable[[Any], Any]]:
+    """Return a function opening a new page signed in as a user, through the login form."""
+    contexts = []
+
+    def open_as(user: Any) -> Any:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        page.goto(f"{live_server.url}/login/")
+        page.fill("#id_username", user.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_server.url}/catalog/")
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()

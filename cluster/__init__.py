@@ -1,0 +1,1 @@
+"""The cluster: nodes, cards, replicas, placement and the reconciler."""

@@ -1,0 +1,264 @@
+"""The actual state of the cluster: nodes and their cards, replicas, budgets and tokens.
+
+Written by the agents' API (what nodes report) and the reconciler (what should run where);
+read by the console, the API and, through the desired list, the agents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from cluster.choices import FacilityLevel, NodeHealth, ReplicaState
+
+JOIN_PREFIX = "llmgw_join_"
+NODE_PREFIX = "llmgw_node_"
+
+
+def token_digest(secret: str) -> str:
+    """Return the stored form of a join or node token (SHA-256 hex of 32 random bytes)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Node(models.Model):
+    """A machine running an agent: what it has, and whether it is heard from."""
+
+    name = models.CharField(max_length=200, unique=True)
+    hostname = models.CharField(max_length=200, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    cpu_cores = models.IntegerField(default=0)
+    memory_mb = models.BigIntegerField(default=0)
+    disk_free_mb = models.BigIntegerField(default=0)
+    engines = models.JSONField(default=dict, blank=True, help_text=_("engine → version"))
+    weights = models.JSONField(default=list, blank=True, help_text=_("sources held"))
+    simulated = models.BooleanField(default=False)
+    health = models.CharField(
+        max_length=20, choices=NodeHealth.choices, default=NodeHealth.NOT_READY
+    )
+    cordoned = models.BooleanField(default=False)
+    reason = models.CharField(max_length=500, blank=True)
+    token_digest = models.CharField(max_length=64, unique=True, null=True, editable=False)
+    joined = models.DateTimeField(auto_now_add=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    desired_version = models.BigIntegerField(default=1)
+
+    class Meta:
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state(self) -> str:
+        """Return ready, not_ready, lost or cordoned, as the console shows it."""
+        if self.cordoned and self.health != NodeHealth.LOST:
+            return "cordoned"
+        return str(self.health)
+
+    def issue_token(self) -> str:
+        """Give the node a new token (replacing any) and return it; only its hash is kept."""
+        secret = NODE_PREFIX + secrets.token_urlsafe(32)
+        self.token_digest = token_digest(secret)
+        return secret
+
+
+class Card(models.Model):
+    """A GPU (or MIG instance) a node reported."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
+    index = models.IntegerField()
+    gpu_class = models.CharField(max_length=200)
+    memory_mb = models.BigIntegerField(default=0)
+    power_limit_w = models.FloatField(default=0)
+    uuid = models.CharField(max_length=200, blank=True)
+    mig_of = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("node", "index")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"], name="%(app_label)s_%(class)s_unique_index"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.index} {self.gpu_class}"
+
+
+class Replica(models.Model):
+    """One copy of a catalog model the reconciler wants running, and how it is doing.
+
+    ``generation`` rises when an operator restarts it; ``desired`` false means it is being
+    stopped. Placement is in ``assignments`` (one per node; several for multi-node).
+    """
+
+    model = models.ForeignKey(
+        "catalog.ServedModel", null=True, on_delete=models.SET_NULL, related_name="replicas"
+    )
+    model_name = models.CharField(max_length=200, db_index=True)
+    profile = models.CharField(max_length=200, blank=True)
+    fingerprint = models.CharField(max_length=32, blank=True)
+    generation = models.IntegerField(default=1)
+    desired = models.BooleanField(default=True)
+    state = models.CharField(
+        max_length=20, choices=ReplicaState.choices, default=ReplicaState.PENDING
+    )
+    reason = models.TextField(blank=True)
+    progress = models.FloatField(null=True, blank=True)
+    port = models.IntegerField(null=True, blank=True)
+    endpoint = models.CharField(max_length=300, blank=True)
+    restarts = models.IntegerField(default=0)
+    created = models.DateTimeField(auto_now_add=True)
+    state_changed = models.DateTimeField(default=timezone.now)
+    ready_since = models.DateTimeField(null=True, blank=True)
+    evicted_by = models.CharField(max_length=200, blank=True)
+    replaces = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text=_("The replica a rolling update started this one to replace."),
+    )
+
+    class Meta:
+        ordering = ("model_name", "id")
+
+    def __str__(self) -> str:
+        return f"{self.model_name}#{self.pk}"
+
+    def set_state(self, state: str, reason: str = "", at: datetime | None = None) -> bool:
+        """Record a state change; return whether anything changed."""
+        changed = state != self.state or reason != self.reason
+        if state != self.state:
+            self.state_changed = at or timezone.now()
+            if state == ReplicaState.READY:
+                self.ready_since = self.state_changed
+        self.state = state
+        self.reason = reason
+        return changed
+
+
+class Assignment(models.Model):
+    """A replica's share of one node: its rank, cards and reserved cores."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="assignments")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="assignments")
+    rank = models.IntegerField(default=0)
+    cards = models.JSONField(default=list, blank=True)
+    cpu_cores = models.IntegerField(default=0)
+    memory_mb = models.BigIntegerField(default=0)
+    watts = models.FloatField(default=0)
+    state = models.CharField(
+        max_length=20, choices=ReplicaState.choices, default=ReplicaState.PENDING
+    )
+    reason = models.TextField(blank=True)
+    port = models.IntegerField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    reported = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("replica", "rank")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["replica", "rank"], name="%(app_label)s_%(class)s_unique_rank"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.replica} on {self.node.name} rank {self.rank}"
+
+
+class FacilityBudget(models.Model):
+    """A power cap on a rack, row, room or site, counted over its nodes' replicas."""
+
+    level = models.CharField(max_length=10, choices=FacilityLevel.choices)
+    name = models.CharField(max_length=200)
+    cap_watts = models.FloatField()
+
+    class Meta:
+        ordering = ("level", "name")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["level", "name"], name="%(app_label)s_%(class)s_unique_domain"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(cap_watts__gt=0),
+                name="%(app_label)s_%(class)s_positive_cap",
+                violation_error_message=_("cap_watts must be above 0"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.level} {self.name}: {self.cap_watts:g} W"
+
+
+class JoinToken(models.Model):
+    """A token a new node's agent joins with; stored hashed, limited by expiry and uses."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    expires = models.DateTimeField(null=True, blank=True)
+    max_uses = models.IntegerField(null=True, blank=True)
+    uses = models.IntegerField(default=0)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def issue(
+        cls,
+        name: str,
+        *,
+        expires: datetime | None = None,
+        max_uses: int | None = None,
+        created_by: object = None,
+    ) -> tuple[JoinToken, str]:
+        """Create a join token and return it with its secret, which is never stored."""
+        body = secrets.token_urlsafe(32)
+        secret = JOIN_PREFIX + body
+        token = cls.objects.create(
+            name=name,
+            prefix=body[:8],
+            digest=token_digest(secret),
+            expires=expires,
+            max_uses=max_uses,
+            created_by=created_by,
+        )
+        return token, secret
+
+    def problem(self) -> str | None:
+        """Return why this token cannot be used now, or None."""
+        if self.revoked:
+            return "this join token is revoked"
+        if self.expires and self.expires <= timezone.now():
+            return "this join token has expired"
+        if self.max_uses is not None and self.uses >= self.max_uses:
+            return "this join token has been used up"
+        return None
+
+
+class ModelDemand(models.Model):
+    """When an on-demand model was last asked for (by the gateway's demand call)."""
+
+    model_name = models.CharField(max_length=200, unique=True)
+    last_demand = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.model_name} at {self.last_demand}"

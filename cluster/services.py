@@ -1,0 +1,400 @@
+"""Cluster operations: the agents' side (join, heartbeat, desired list, reports) and the
+operators' (cordon, drain, restart, roll, demand). Used by the API views and commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from catalog import rules
+from catalog.models import ServedModel
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.models import (
+    Assignment,
+    Card,
+    JoinToken,
+    ModelDemand,
+    Node,
+    Replica,
+    token_digest,
+)
+
+STATES = {s.value for s in ReplicaState}
+
+
+class AgentError(Exception):
+    """A request from an agent that cannot be applied; ``status`` is the HTTP answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return int(value)
+
+
+def read_inventory(inv: Any) -> dict[str, Any]:
+    """Return the node fields of an agent's inventory, or raise AgentError naming the fault.
+
+    The inventory comes from a machine, not a person, but a bad one must still change
+    nothing and say what is wrong.
+    """
+    if not isinstance(inv, dict):
+        raise AgentError("inventory must be a JSON object (docs/agent-protocol.md)")
+    cards = inv.get("cards", [])
+    if not isinstance(cards, list):
+        raise AgentError("inventory.cards must be a list")
+    seen: set[int] = set()
+    clean_cards = []
+    for i, c in enumerate(cards):
+        if (
+            not isinstance(c, dict)
+            or not isinstance(c.get("index"), int)
+            or not isinstance(c.get("class"), str)
+        ):
+            raise AgentError(f"inventory.cards[{i}] needs an integer index and a class")
+        if c["index"] in seen:
+            raise AgentError(f"inventory.cards[{i}]: index {c['index']} is listed twice")
+        seen.add(c["index"])
+        clean_cards.append(
+            {
+                "index": c["index"],
+                "gpu_class": c["class"].strip().lower(),
+                "memory_mb": _int(c.get("memory_mb")),
+                "power_limit_w": float(c.get("power_limit_w") or 0),
+                "uuid": str(c.get("uuid") or ""),
+                "mig_of": c.get("mig_of") if isinstance(c.get("mig_of"), int) else None,
+            }
+        )
+    for key in ("labels", "engines"):
+        value = inv.get(key, {})
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise AgentError(f"inventory.{key} must map text to text")
+    weights = inv.get("weights", [])
+    if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):
+        raise AgentError("inventory.weights must be a list of sources")
+    return {
+        "hostname": str(inv.get("hostname") or "")[:200],
+        "agent_version": str(inv.get("agent_version") or "")[:50],
+        "cpu_cores": _int(inv.get("cpu_cores")),
+        "memory_mb": _int(inv.get("memory_mb")),
+        "disk_free_mb": _int(inv.get("disk_free_mb")),
+        "labels": inv.get("labels", {}),
+        "engines": inv.get("engines", {}),
+        "weights": weights,
+        "simulated": bool(inv.get("simulated", False)),
+        "cards": clean_cards,
+    }
+
+
+def _apply_inventory(node: Node, fields: dict[str, Any]) -> None:
+    cards = fields.pop("cards")
+    for key, value in fields.items():
+        setattr(node, key, value)
+    existing = {c.index: c for c in node.cards.all()} if node.pk else {}
+    node.save()
+    wanted = {c["index"] for c in cards}
+    for c in cards:
+        current = existing.get(c["index"])
+        if current is None:
+            Card.objects.create(node=node, **c)
+        elif any(getattr(current, k) != v for k, v in c.items()):
+            Card.objects.filter(pk=current.pk).update(**c)
+    gone = set(existing) - wanted
+    if gone:
+        Card.objects.filter(node=node, index__in=gone).delete()
+
+
+@transaction.atomic
+def join(token_secret: Any, name: Any, inventory: Any) -> tuple[Node, str]:
+    """Admit a node with a join token; return it and its new node token."""
+    if not isinstance(token_secret, str) or not token_secret:
+        raise AgentError("a join token is required", 401)
+    token = JoinToken.objects.select_for_update().filter(digest=token_digest(token_secret)).first()
+    if token is None:
+        raise AgentError("unknown join token", 401)
+    problem = token.problem()
+    if problem:
+        raise AgentError(problem, 401)
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise AgentError("name must be the node's name, 1 to 200 characters")
+    fields = read_inventory(inventory)
+    node = Node.objects.select_for_update().filter(name=name.strip()).first() or Node(
+        name=name.strip()
+    )
+    secret = node.issue_token()
+    node.health = NodeHealth.READY
+    node.last_heartbeat = timezone.now()
+    node.reason = "joined"
+    _apply_inventory(node, fields)
+    JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1)
+    return node, secret
+
+
+def node_for_token(secret: str) -> Node | None:
+    """Return the node a node token speaks for, or None."""
+    if not secret.startswith("llmgw_node_"):
+        return None
+    return Node.objects.filter(token_digest=token_digest(secret)).first()
+
+
+@transaction.atomic
+def heartbeat(node: Node, inventory: Any) -> Node:
+    """Record a heartbeat with the node's inventory; a lost node comes back ready."""
+    fields = read_inventory(inventory)
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.health != NodeHealth.READY:
+        node.reason = "heard from again" if node.health == NodeHealth.LOST else ""
+    node.health = NodeHealth.READY
+    node.last_heartbeat = timezone.now()
+    _apply_inventory(node, fields)
+    return node
+
+
+def desired_list(node: Node) -> dict[str, Any]:
+    """Return the replicas this node should run now (docs/agent-protocol.md)."""
+    assignments = (
+        Assignment.objects.filter(node=node, replica__desired=True)
+        .select_related("replica", "replica__model")
+        .order_by("replica_id", "rank")
+    )
+    replicas = []
+    leaders = _leaders(a.replica_id for a in assignments)
+    for a in assignments:
+        r = a.replica
+        served = r.model
+        if served is None:
+            continue
+        m = served.to_spec()
+        profile = rules.profile_by_name(m, r.profile)
+        if profile is None:
+            continue
+        origin = m.origin
+        sha = origin.files[0].sha256 if origin and len(origin.files) == 1 else None
+        replicas.append(
+            {
+                "id": r.pk,
+                "generation": r.generation,
+                "model": m.name,
+                "profile": profile.name,
+                "fingerprint": r.fingerprint,
+                "engine": profile.engine,
+                "engine_version": profile.engine_version,
+                "source": m.source,
+                "served_name": m.name,
+                "args": list(profile.args),
+                "env": dict(profile.env),
+                "tp": profile.tp,
+                "pp": profile.pp,
+                "gpus_per_node": profile.gpus_per_node,
+                "nodes": profile.nodes,
+                "rank": a.rank,
+                "leader": leaders.get(r.pk) if a.rank > 0 else None,
+                "cards": list(a.cards),
+                "cpu_cores": a.cpu_cores,
+                "adapters": [
+                    {"name": ad.name, "source": ad.source, "scale": rules.effective_scale(ad)}
+                    for ad in m.adapters
+                ],
+                "max_loaded_adapters": m.max_loaded_adapters,
+                "kv_events": profile.kv_events,
+                "startup_timeout_s": profile.startup_timeout / 1e9,
+                "sha256": sha or None,
+                "context_length": m.context_length,
+                "guard": (
+                    {"format": m.guard.format, "categories": list(m.guard.categories)}
+                    if m.guard
+                    else None
+                ),
+            }
+        )
+    return {"version": node.desired_version, "replicas": replicas}
+
+
+def _leaders(replica_ids: Iterable[int]) -> dict[int, str]:
+    ids = set(replica_ids)
+    out: dict[int, str] = {}
+    for a in Assignment.objects.filter(replica_id__in=ids, rank=0).select_related("node"):
+        host = a.node.hostname or a.node.name
+        out[a.replica_id] = f"{host}:{a.port}" if a.port else host
+    return out
+
+
+@transaction.atomic
+def report(node: Node, reports: Any) -> int:
+    """Apply an agent's state reports; refuse the whole batch if one is not its to give."""
+    if not isinstance(reports, list):
+        raise AgentError("reports must be a list")
+    parsed = []
+    for i, rep in enumerate(reports):
+        if not isinstance(rep, dict) or not isinstance(rep.get("replica"), int):
+            raise AgentError(f"reports[{i}] needs an integer replica")
+        state = rep.get("state")
+        if state not in STATES:
+            raise AgentError(
+                f"reports[{i}].state {state!r} is not one of {', '.join(sorted(STATES))}"
+            )
+        at = parse_datetime(rep["at"]) if isinstance(rep.get("at"), str) else None
+        parsed.append((rep, state, at))
+    ids = {rep["replica"] for rep, _, _ in parsed}
+    assignments = {
+        a.replica_id: a
+        for a in Assignment.objects.select_for_update().filter(node=node, replica_id__in=ids)
+    }
+    foreign = ids - set(assignments)
+    known_elsewhere = set(Replica.objects.filter(pk__in=foreign).values_list("pk", flat=True))
+    if known_elsewhere:
+        raise AgentError(
+            f"replica {sorted(known_elsewhere)[0]} is not on node {node.name}: nothing applied",
+            403,
+        )
+    touched: set[int] = set()
+    for rep, state, at in parsed:
+        a = assignments.get(rep["replica"])
+        if a is None:
+            # A replica deleted meanwhile: its engine is being stopped; nothing to record.
+            continue
+        a.state = state
+        a.reason = str(rep.get("reason") or "")[:2000]
+        a.port = rep.get("port") if isinstance(rep.get("port"), int) else a.port
+        a.pid = rep.get("pid") if isinstance(rep.get("pid"), int) else a.pid
+        a.reported = at or timezone.now()
+        a.save()
+        r = a.replica
+        progress = rep.get("progress")
+        r.progress = float(progress) if isinstance(progress, int | float) else None
+        if isinstance(rep.get("restarts"), int):
+            r.restarts = rep["restarts"]
+        touched.add(r.pk)
+        r.save(update_fields=["progress", "restarts"])
+    for rid in touched:
+        refresh_replica_state(Replica.objects.get(pk=rid))
+    return len(parsed)
+
+
+# How a multi-node replica's state is read from its ranks: the worst rank decides.
+_SEVERITY = ["ready", "stopped", "stopping", "loading", "starting", "pending", "failed"]
+
+
+def refresh_replica_state(r: Replica) -> None:
+    """Set a replica's state from its assignments' (the worst rank's), with the reason."""
+    ranks = list(r.assignments.select_related("node"))
+    if not ranks:
+        return
+    worst = max(ranks, key=lambda a: _SEVERITY.index(a.state) if a.state in _SEVERITY else 0)
+    reason = worst.reason
+    if len(ranks) > 1 and worst.reason:
+        reason = f"{worst.node.name} (rank {worst.rank}): {worst.reason}"
+    leader = next((a for a in ranks if a.rank == 0), ranks[0])
+    r.port = leader.port
+    host = leader.node.hostname or leader.node.name
+    r.endpoint = f"http://{host}:{leader.port}" if leader.port else ""
+    r.set_state(worst.state, reason)
+    if not r.desired and all(a.state == ReplicaState.STOPPED for a in ranks):
+        # Stopped where it was asked to stop: nothing is left to track.
+        r.delete()
+        return
+    r.save()
+
+
+def bump_desired(node_ids: Iterable[int]) -> None:
+    """Tell these nodes' agents their desired list changed (read again at once)."""
+    ids = list(set(node_ids))
+    if ids:
+        Node.objects.filter(pk__in=ids).update(desired_version=F("desired_version") + 1)
+
+
+@transaction.atomic
+def set_cordon(node: Node, cordoned: bool) -> Node:
+    """Cordon a node (keeps what it runs, gets nothing new) or uncordon it."""
+    Node.objects.filter(pk=node.pk).update(cordoned=cordoned)
+    node.refresh_from_db()
+    return node
+
+
+@transaction.atomic
+def drain(node: Node) -> int:
+    """Cordon a node and stop its replicas; the reconciler places replacements elsewhere."""
+    Node.objects.filter(pk=node.pk).update(cordoned=True)
+    ids = list(
+        Replica.objects.filter(assignments__node=node, desired=True).values_list("pk", flat=True)
+    )
+    stop_replicas(ids, f"node {node.name} drained")
+    return len(ids)
+
+
+def stop_replicas(ids: Iterable[int], reason: str) -> None:
+    """Mark replicas to be stopped; unplaced ones are simply removed."""
+    ids = list(ids)
+    Replica.objects.filter(pk__in=ids, assignments__isnull=True).delete()
+    nodes = set(Assignment.objects.filter(replica_id__in=ids).values_list("node_id", flat=True))
+    for r in Replica.objects.filter(pk__in=ids):
+        r.desired = False
+        r.set_state(ReplicaState.STOPPING, reason)
+        r.save()
+    bump_desired(nodes)
+
+
+@transaction.atomic
+def restart_replica(replica: Replica) -> Replica:
+    """Restart a replica: its agent sees a higher generation and restarts the engine."""
+    Replica.objects.filter(pk=replica.pk).update(generation=F("generation") + 1)
+    replica.refresh_from_db()
+    bump_desired(replica.assignments.values_list("node_id", flat=True))
+    return replica
+
+
+@transaction.atomic
+def roll(model_name: str) -> list[int]:
+    """Start a replacement for each replica running an old definition of its profile.
+
+    The replacement is placed by the reconciler; once it is ready the old one is stopped
+    (cluster.reconciler), so the model never has fewer ready replicas than before.
+    """
+    served = ServedModel.objects.filter(name=model_name).first()
+    if served is None:
+        raise AgentError(f"model {model_name!r} is not in the catalog", 404)
+    m = rules.normalize(served.to_spec())
+    current = {p.name: rules.fingerprint(p) for p in m.profiles}
+    started = []
+    for r in Replica.objects.filter(model_name=model_name, desired=True):
+        if current.get(r.profile) == r.fingerprint or r.replaces_id is not None:
+            continue
+        if Replica.objects.filter(replaces=r, desired=True).exists():
+            continue
+        new = Replica.objects.create(
+            model=served, model_name=model_name, replaces=r, reason=f"rolling: replaces #{r.pk}"
+        )
+        started.append(new.pk)
+    return started
+
+
+def demand(model_name: str, at: datetime | None = None) -> ModelDemand:
+    """Record that a model was asked for (an on-demand model is started for it)."""
+    if not ServedModel.objects.filter(name=model_name).exists():
+        raise AgentError(f"model {model_name!r} is not in the catalog", 404)
+    obj, _ = ModelDemand.objects.update_or_create(
+        model_name=model_name, defaults={"last_demand": at or timezone.now()}
+    )
+    return obj
+
+
+def outdated(replica: Replica, current: dict[str, str]) -> bool:
+    """Return whether a replica runs an old definition of its profile."""
+    want = current.get(replica.profile)
+    return bool(replica.fingerprint) and want is not None and want != replica.fingerprint
+
+
+__all__ = ("AgentError", "Q")

@@ -112,6 +112,19 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = envint("TASK_TIME_LIMIT", 300)
 CELERY_TIMEZONE = envstr("TIMEZONE", "UTC")
+# Schedules as data (style.md 2.6); each entry expires before its next run would start.
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-cluster": {
+        "task": "cluster.tasks.reconcile_cluster",
+        "schedule": float(envint("RECONCILE_INTERVAL", 5)),
+        "options": {"expires": max(1.0, envint("RECONCILE_INTERVAL", 5) * 0.9)},
+    },
+}
+
+# The cluster (docs/configuration.md).
+LLMGW_NODE_LOST_AFTER = envint("NODE_LOST_AFTER", 30)
+LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
+LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

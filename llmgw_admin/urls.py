@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from cluster.api.urls import agent_urlpatterns
 from llmgw_admin import api_views
 from llmgw_admin.roles import VIEWER, role_required
 
@@ -26,6 +27,8 @@ urlpatterns = [
     path("catalog/", include("catalog.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include("catalog.api.urls")),
+    path("api/v1/cluster/", include(("cluster.api.urls", "cluster"))),
+    path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/", include(access_router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path(

@@ -228,3 +228,20 @@ def test_openapi_schema_validates(viewer: Any, api_for: Any) -> None:
     r = api_for(viewer).get("/api/schema/")
     assert r.status_code == 200
     assert b"/api/v1/catalog/models/" in r.content
+
+
+def test_api_docs_page_serves_its_assets_locally(client_for: Any, viewer: Any) -> None:
+    """The docs page must work air-gapped: no asset from a CDN."""
+    import re
+
+    r = client_for(viewer).get("/api/docs/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert any("swagger-ui" in a for a in assets), assets
+    assert all(a.startswith("/") for a in assets), assets
+
+
+def test_api_docs_page_needs_sign_in(client: Any, db: Any) -> None:
+    r = client.get("/api/docs/")
+    assert r.status_code == 302 and r["Location"].startswith("/login/")

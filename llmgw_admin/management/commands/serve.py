@@ -15,7 +15,20 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        import threading
+
         from daphne.cli import CommandLineInterface
+        from django.conf import settings
+
+        from cluster import reconciler
+
+        if not settings.REDIS_URL:
+            # Embedded: no worker or beat, so the periodic work runs in this process.
+            interval = float(settings.LLMGW_RECONCILE_INTERVAL)
+            threading.Thread(
+                target=reconciler.run_forever, args=(interval,), name="reconciler", daemon=True
+            ).start()
+            self.stdout.write(f"reconciling in-process every {interval:g} s")
 
         CommandLineInterface().run(
             [

@@ -1,0 +1,138 @@
+"""Serializers of the cluster's API: nodes, cards, replicas, budgets, join tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from cluster.models import Assignment, Card, FacilityBudget, JoinToken, Node, Replica
+
+
+class CardSerializer(serializers.ModelSerializer[Card]):
+    """A card, and which replica holds it (if any)."""
+
+    node = serializers.CharField(source="node.name", read_only=True)
+    replica = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Card
+        fields = (
+            "node",
+            "index",
+            "gpu_class",
+            "memory_mb",
+            "power_limit_w",
+            "uuid",
+            "mig_of",
+            "replica",
+        )
+
+    def get_replica(self, obj: Card) -> int | None:
+        held = self.context.get("held", {})
+        return held.get((obj.node_id, obj.index))
+
+
+class NodeSerializer(serializers.ModelSerializer[Node]):
+    """A node: what it has, its state, and its cards."""
+
+    state = serializers.CharField(read_only=True)
+    cards = CardSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = (
+            "id", "name", "hostname", "agent_version", "labels", "cpu_cores", "memory_mb",
+            "disk_free_mb", "engines", "weights", "simulated", "state", "health", "cordoned",
+            "reason", "joined", "last_heartbeat", "cards",
+        )  # fmt: skip
+        read_only_fields = fields
+
+
+class AssignmentSerializer(serializers.ModelSerializer[Assignment]):
+    """A replica's share of one node."""
+
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = Assignment
+        fields = (
+            "node",
+            "rank",
+            "cards",
+            "cpu_cores",
+            "state",
+            "reason",
+            "port",
+            "pid",
+            "reported",
+        )
+
+
+class ReplicaSerializer(serializers.ModelSerializer[Replica]):
+    """A replica: where it runs, its state and why."""
+
+    assignments = AssignmentSerializer(many=True, read_only=True)
+    outdated = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Replica
+        fields = (
+            "id", "model_name", "profile", "fingerprint", "outdated", "generation", "desired",
+            "state", "reason", "progress", "port", "endpoint", "restarts", "created",
+            "state_changed", "ready_since", "replaces", "assignments",
+        )  # fmt: skip
+        read_only_fields = fields
+
+    def get_outdated(self, obj: Replica) -> bool:
+        current = self.context.get("fingerprints", {}).get(obj.model_name, {})
+        want = current.get(obj.profile)
+        return bool(obj.fingerprint) and want is not None and want != obj.fingerprint
+
+
+class FacilityBudgetSerializer(serializers.ModelSerializer[FacilityBudget]):
+    """A power cap on a facility domain."""
+
+    class Meta:
+        model = FacilityBudget
+        fields = ("id", "level", "name", "cap_watts")
+
+    def validate_cap_watts(self, value: float) -> float:
+        if value <= 0:
+            raise serializers.ValidationError("cap_watts must be above 0")
+        return value
+
+
+class JoinTokenSerializer(serializers.ModelSerializer[JoinToken]):
+    """A join token as listed (never its secret)."""
+
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JoinToken
+        fields = (
+            "id",
+            "name",
+            "prefix",
+            "created",
+            "expires",
+            "max_uses",
+            "uses",
+            "revoked",
+            "state",
+        )
+        read_only_fields = ("prefix", "created", "uses", "revoked")
+
+    def get_state(self, obj: JoinToken) -> str:
+        return obj.problem() or "usable"
+
+    def validate_expires(self, value: Any) -> Any:
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("expires is in the past: give a later time, or none")
+        return value
+
+    def validate_max_uses(self, value: Any) -> Any:
+        if value is not None and value < 1:
+            raise serializers.ValidationError("max_uses is at least 1, or none for no limit")
+        return value

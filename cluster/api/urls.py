@@ -1,0 +1,28 @@
+"""Routes of the cluster's API, mounted under /api/v1/cluster/ and /api/v1/agent/."""
+
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from cluster.api import views
+
+router = DefaultRouter()
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("cards", views.CardViewSet, basename="card")
+router.register("replicas", views.ReplicaViewSet, basename="replica")
+router.register("budgets", views.FacilityBudgetViewSet, basename="budget")
+router.register("join-tokens", views.JoinTokenViewSet, basename="jointoken")
+
+urlpatterns = [
+    *router.urls,
+    path("models/<path:name>/roll/", views.roll_model, name="model-roll"),
+    path("models/<path:name>/demand/", views.demand_model, name="model-demand"),
+]
+
+agent_urlpatterns = [
+    path("join", views.agent_join, name="agent-join"),
+    path("heartbeat", views.agent_heartbeat, name="agent-heartbeat"),
+    path("desired", views.agent_desired, name="agent-desired"),
+    path("report", views.agent_report, name="agent-report"),
+]

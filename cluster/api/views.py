@@ -1,0 +1,282 @@
+"""The cluster's REST API: operators' views and actions, and the agents' endpoints.
+
+Agents authenticate with their node token (docs/agent-protocol.md) and may speak only for
+their own node; operators with a session or an API token and the roles of llmgw_admin.roles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from catalog import rules
+from catalog.models import ServedModel
+from cluster import services
+from cluster.api.serializers import (
+    CardSerializer,
+    FacilityBudgetSerializer,
+    JoinTokenSerializer,
+    NodeSerializer,
+    ReplicaSerializer,
+)
+from cluster.models import Assignment, Card, FacilityBudget, JoinToken, Node, Replica
+from llmgw_admin.roles import ADMIN, OPERATOR
+
+
+def _fingerprints() -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for served in ServedModel.objects.prefetch_related("profiles"):
+        m = rules.normalize(served.to_spec())
+        out[m.name] = {p.name: rules.fingerprint(p) for p in m.profiles}
+    return out
+
+
+def _held() -> dict[tuple[int, int], int]:
+    held = {}
+    for node_id, cards, replica_id in Assignment.objects.filter(replica__desired=True).values_list(
+        "node_id", "cards", "replica_id"
+    ):
+        for index in cards:
+            held[(node_id, index)] = replica_id
+    return held
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    """Nodes with their cards; operators cordon, uncordon and drain them."""
+
+    serializer_class = NodeSerializer
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    filterset_fields = ("health", "cordoned", "simulated")
+
+    def get_queryset(self) -> QuerySet[Node]:
+        return Node.objects.prefetch_related("cards")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "held": _held()}
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, name: str) -> Response:
+        node = services.set_cordon(self.get_object(), True)
+        return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, name: str) -> Response:
+        node = services.set_cordon(self.get_object(), False)
+        return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, name: str) -> Response:
+        stopped = services.drain(self.get_object())
+        return Response({"node": name, "cordoned": True, "replicas_stopped": stopped})
+
+
+class CardViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    """Every card of every node, and which replica holds it."""
+
+    serializer_class = CardSerializer
+    filterset_fields = ("gpu_class",)
+
+    def get_queryset(self) -> QuerySet[Card]:
+        return Card.objects.select_related("node")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "held": _held()}
+
+
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    """Replicas with where they run, their state and why; operators restart them."""
+
+    serializer_class = ReplicaSerializer
+    filterset_fields = ("model_name", "state", "desired")
+
+    def get_queryset(self) -> QuerySet[Replica]:
+        return Replica.objects.prefetch_related(
+            Prefetch("assignments", queryset=Assignment.objects.select_related("node"))
+        )
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "fingerprints": _fingerprints()}
+
+    @extend_schema(request=None, responses=ReplicaSerializer)
+    @action(detail=True, methods=["post"])
+    def restart(self, request: Request, pk: str) -> Response:
+        replica = services.restart_replica(self.get_object())
+        return Response(ReplicaSerializer(replica, context=self.get_serializer_context()).data)
+
+
+class FacilityBudgetViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
+    """Power caps on racks, rows, rooms and sites."""
+
+    queryset = FacilityBudget.objects.all()
+    serializer_class = FacilityBudgetSerializer
+
+
+class JoinTokenViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Join tokens for new nodes: the secret is shown once, on creation."""
+
+    queryset = JoinToken.objects.all()
+    serializer_class = JoinTokenSerializer
+    read_role = ADMIN
+    required_role = ADMIN
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token, secret = JoinToken.issue(
+            serializer.validated_data["name"],
+            expires=serializer.validated_data.get("expires"),
+            max_uses=serializer.validated_data.get("max_uses"),
+            created_by=request.user,
+        )
+        return Response(
+            {**JoinTokenSerializer(token).data, "token": secret}, status=status.HTTP_201_CREATED
+        )
+
+    @extend_schema(request=None, responses=JoinTokenSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        from django.utils import timezone
+
+        token = self.get_object()
+        if token.revoked is None:
+            token.revoked = timezone.now()
+            token.save(update_fields=["revoked"])
+        return Response(JoinTokenSerializer(token).data)
+
+
+@extend_schema(
+    summary="Roll a model's replicas that run an old definition",
+    request=None,
+    responses={202: dict},
+)
+@api_view(["POST"])
+def roll_model(request: Request, name: str) -> Response:
+    """Start replacements for outdated replicas; old ones stop once the new are ready."""
+    try:
+        started = services.roll(name)
+    except services.AgentError as exc:
+        return Response({"detail": str(exc)}, status=exc.status)
+    return Response({"model": name, "replacements": started}, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(
+    summary="Ask for an on-demand model (the gateway calls this)",
+    request=None,
+    responses={202: dict},
+)
+@api_view(["POST"])
+def demand_model(request: Request, name: str) -> Response:
+    """Record demand for a model; an on-demand model is started for it."""
+    try:
+        d = services.demand(name)
+    except services.AgentError as exc:
+        return Response({"detail": str(exc)}, status=exc.status)
+    return Response({"model": name, "last_demand": d.last_demand}, status=status.HTTP_202_ACCEPTED)
+
+
+roll_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
+demand_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
+
+
+# The agents' side.
+
+
+class NodeTokenAuthentication(BaseAuthentication):
+    """Authenticate an agent by its node token; the request's ``auth`` is its Node."""
+
+    def authenticate(self, request: Any) -> tuple[None, Node] | None:
+        parts = get_authorization_header(request).decode(errors="replace").split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise AuthenticationFailed("send the node token: Authorization: Bearer llmgw_node_...")
+        node = services.node_for_token(parts[1])
+        if node is None:
+            raise AuthenticationFailed("unknown node token: join again with a join token")
+        return None, node
+
+    def authenticate_header(self, request: Any) -> str:
+        return 'Bearer realm="agent"'
+
+
+class IsAgent(BasePermission):
+    """Allow requests that carry a valid node token."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return isinstance(request.auth, Node)
+
+
+def _agent_error(exc: services.AgentError) -> Response:
+    return Response({"detail": str(exc)}, status=exc.status)
+
+
+@extend_schema(summary="Join with a join token (agents)", request=dict, responses={201: dict})
+@api_view(["POST"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def agent_join(request: Request) -> Response:
+    """Admit a node; answer its node token."""
+    data = request.data if isinstance(request.data, dict) else {}
+    try:
+        node, secret = services.join(data.get("token"), data.get("name"), data.get("inventory"))
+    except services.AgentError as exc:
+        return _agent_error(exc)
+    return Response({"node": node.name, "node_token": secret}, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(summary="Heartbeat with inventory (agents)", request=dict, responses=dict)
+@api_view(["POST"])
+@authentication_classes([NodeTokenAuthentication])
+@permission_classes([IsAgent])
+def agent_heartbeat(request: Request) -> Response:
+    """Record a node's heartbeat and inventory."""
+    data = request.data if isinstance(request.data, dict) else {}
+    try:
+        node = services.heartbeat(request.auth, data.get("inventory"))
+    except services.AgentError as exc:
+        return _agent_error(exc)
+    return Response(
+        {
+            "node": node.name,
+            "state": "cordoned" if node.cordoned else "ready",
+            "desired_version": node.desired_version,
+        }
+    )
+
+
+@extend_schema(summary="The node's desired replicas (agents)", responses=dict)
+@api_view(["GET"])
+@authentication_classes([NodeTokenAuthentication])
+@permission_classes([IsAgent])
+def agent_desired(request: Request) -> Response:
+    """Answer the replicas this node should run now."""
+    return Response(services.desired_list(request.auth))
+
+
+@extend_schema(summary="Report replica states (agents)", request=dict, responses=dict)
+@api_view(["POST"])
+@authentication_classes([NodeTokenAuthentication])
+@permission_classes([IsAgent])
+def agent_report(request: Request) -> Response:
+    """Apply state reports for this node's replicas."""
+    data = request.data if isinstance(request.data, dict) else {}
+    try:
+        n = services.report(request.auth, data.get("reports"))
+    except services.AgentError as exc:
+        return _agent_error(exc)
+    return Response({"accepted": n})

@@ -1,0 +1,83 @@
+"""The cluster from the command line: join tokens, one reconcile tick, the state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from catalog.durations import DurationError, parse_duration
+from cluster import reconciler
+from cluster.models import JoinToken, Node, Replica
+
+
+class Command(BaseCommand):
+    help = "Cluster: join-token create|list|revoke, reconcile (one tick), status."
+
+    def add_arguments(self, parser: Any) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        jt = sub.add_parser("join-token", help="tokens new nodes' agents join with")
+        jsub = jt.add_subparsers(dest="jt_action", required=True)
+        create = jsub.add_parser("create", help="make one; its secret is printed once")
+        create.add_argument("--name", default="join")
+        create.add_argument("--expires", help="a duration from now, like 24h")
+        create.add_argument("--uses", type=int, help="how many nodes may join with it")
+        jsub.add_parser("list")
+        revoke = jsub.add_parser("revoke")
+        revoke.add_argument("id", type=int)
+        sub.add_parser("reconcile", help="run one reconcile tick now and print what it did")
+        sub.add_parser("status", help="nodes and replicas, one line each")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "join-token":
+            self._join_token(options)
+        elif action == "reconcile":
+            result = reconciler.tick()
+            if not result.leader:
+                raise CommandError("another process holds the leader lock; try again")
+            self.stdout.write(
+                f"lost {result.lost or '-'}; created {result.created or '-'}; "
+                f"stopped {result.stopped or '-'}; placed {result.placed or '-'}; "
+                f"evicted {result.evicted or '-'}"
+            )
+            for rid, reason in result.unplaced.items():
+                self.stdout.write(f"unplaced #{rid}: {reason}")
+        else:
+            for n in Node.objects.prefetch_related("cards"):
+                classes = ", ".join(sorted({c.gpu_class for c in n.cards.all()})) or "no cards"
+                self.stdout.write(f"node {n.name}\t{n.state}\t{n.cpu_cores} cores\t{classes}")
+            for r in Replica.objects.prefetch_related("assignments__node"):
+                where = ",".join(a.node.name for a in r.assignments.all()) or "-"
+                self.stdout.write(
+                    f"replica #{r.pk}\t{r.model_name}\t{r.state}\t{where}\t{r.reason}"
+                )
+
+    def _join_token(self, options: dict[str, Any]) -> None:
+        sub = options["jt_action"]
+        if sub == "create":
+            expires = None
+            if options["expires"]:
+                try:
+                    ns = parse_duration(options["expires"])
+                except DurationError as exc:
+                    raise CommandError(f"--expires: {exc}") from None
+                expires = timezone.now() + timedelta(microseconds=ns / 1000)
+            if options["uses"] is not None and options["uses"] < 1:
+                raise CommandError("--uses is at least 1")
+            token, secret = JoinToken.issue(
+                options["name"], expires=expires, max_uses=options["uses"]
+            )
+            self.stdout.write(f"join token {token.pk} ({token.name}); shown only now:\n{secret}")
+        elif sub == "list":
+            for t in JoinToken.objects.order_by("id"):
+                self.stdout.write(f"{t.pk}\t{t.name}\t{t.problem() or 'usable'}\tused {t.uses}")
+        else:
+            n = JoinToken.objects.filter(pk=options["id"], revoked__isnull=True).update(
+                revoked=timezone.now()
+            )
+            if not n:
+                raise CommandError(f"no usable join token {options['id']}")
+            self.stdout.write(f"join token {options['id']} revoked")

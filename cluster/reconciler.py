@@ -1,0 +1,298 @@
+"""The reconciler: each tick, bring the cluster's replicas toward what the catalog wants.
+
+One leader at a time (a PostgreSQL advisory lock; in the embedded one-process mode a
+thread lock). Steps, each over the database's current state so a tick can be repeated:
+
+1. nodes silent past ``LLMGW_NODE_LOST_AFTER`` are lost; their replicas are re-placed;
+2. each model's wanted count (``cluster.plan.wanted``: min/max, the schedule window in
+   force in ``LLMGW_TIMEZONE`` opened early by prewarm, demand for on-demand models with
+   their idle timeout or ``LLMGW_IDLE_TIMEOUT``) is met by creating or stopping replicas;
+3. a rolling update's old replica stops once its replacement is ready;
+4. replicas without a node are placed (``cluster.placement.place``); evictions of lower
+   classes are applied; what cannot be placed says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zoneinfo
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from catalog import rules
+from catalog.durations import SECOND
+from catalog.models import ServedModel
+from catalog.services import stored_specs
+from cluster import placement, plan, services
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.models import Assignment, FacilityBudget, ModelDemand, Node, Replica
+
+log = logging.getLogger(__name__)
+
+# The advisory lock's key: any fixed 64-bit number no other code uses.
+LEADER_LOCK = 0x6C6C6D6777  # "llmgw"
+_local_lock = threading.Lock()
+
+
+@dataclass
+class TickResult:
+    """What one tick did, for logs, tests and the console."""
+
+    leader: bool = True
+    lost: list[str] = field(default_factory=list)
+    created: dict[str, int] = field(default_factory=dict)
+    stopped: list[int] = field(default_factory=list)
+    placed: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+    unplaced: dict[int, str] = field(default_factory=dict)
+
+
+@contextmanager
+def leadership() -> Iterator[bool]:
+    """Hold the leader lock for a tick; yield whether this process got it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_LOCK])
+            got = bool(cur.fetchone()[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [LEADER_LOCK])
+        return
+    got = _local_lock.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            _local_lock.release()
+
+
+def control_now() -> datetime:
+    """Return now in the control time zone (``LLMGW_TIMEZONE``)."""
+    return timezone.now().astimezone(zoneinfo.ZoneInfo(settings.TIME_ZONE))
+
+
+def tick(now: datetime | None = None) -> TickResult:
+    """Run one reconcile tick if this process is the leader."""
+    now = now or control_now()
+    with leadership() as leader:
+        if not leader:
+            return TickResult(leader=False)
+        result = TickResult()
+        with transaction.atomic():
+            _mark_lost(now, result)
+        with transaction.atomic():
+            _scale(now, result)
+            _finish_rolls(result)
+        with transaction.atomic():
+            _place(result)
+        return result
+
+
+def _release(assignments: list[Assignment], reason: str) -> None:
+    """Take replicas off their nodes: desired ones wait to be placed again."""
+    replica_ids = {a.replica_id for a in assignments}
+    Assignment.objects.filter(pk__in=[a.pk for a in assignments]).delete()
+    for r in Replica.objects.filter(pk__in=replica_ids):
+        if not r.desired:
+            r.delete()
+            continue
+        Assignment.objects.filter(replica=r).delete()
+        r.set_state(ReplicaState.PENDING, reason)
+        r.port = None
+        r.endpoint = ""
+        r.save()
+
+
+def _mark_lost(now: datetime, result: TickResult) -> None:
+    lost_after = float(getattr(settings, "LLMGW_NODE_LOST_AFTER", 30))
+    candidates = Node.objects.exclude(health=NodeHealth.LOST).values_list("name", "last_heartbeat")
+    names = plan.lost_nodes(list(candidates), now, lost_after)
+    for node in Node.objects.filter(name__in=names).select_for_update():
+        node.health = NodeHealth.LOST
+        node.reason = f"not heard from for more than {lost_after:g} s"
+        node.save(update_fields=["health", "reason"])
+        held = list(Assignment.objects.filter(node=node))
+        # Every rank of a multi-node replica goes: one lost rank breaks the replica.
+        whole = list(Assignment.objects.filter(replica_id__in={a.replica_id for a in held}))
+        _release(whole, f"node {node.name} lost: placing it elsewhere")
+        services.bump_desired(a.node_id for a in whole)
+        result.lost.append(node.name)
+
+
+def _scale(now: datetime, result: TickResult) -> None:
+    idle_default = int(float(getattr(settings, "LLMGW_IDLE_TIMEOUT", 900)) * SECOND)
+    demands = dict(ModelDemand.objects.values_list("model_name", "last_demand"))
+    specs = {m.name: rules.normalize(m) for m in stored_specs()}
+    wants = {
+        name: plan.wanted(m, now, demands.get(name), idle_default) for name, m in specs.items()
+    }
+    views = [
+        plan.ReplicaView(
+            id=r.pk,
+            model=r.model_name,
+            desired=r.desired,
+            state=r.state,
+            placed=r.has_assignment,
+            replaces=r.replaces_id,
+            created=r.created.timestamp(),
+        )  # fmt: skip
+        for r in _replicas_with_placement()
+    ]
+    changes = plan.scale(wants, views)
+    served = dict(ServedModel.objects.values_list("name", "pk"))
+    for name, count in changes.create.items():
+        Replica.objects.bulk_create(
+            Replica(model_id=served[name], model_name=name, reason="waiting to be placed")
+            for _ in range(count)
+        )
+        result.created[name] = count
+    if changes.stop:
+        by_reason: dict[str, list[int]] = defaultdict(list)
+        for rid, reason in changes.stop:
+            by_reason[reason].append(rid)
+        for reason, ids in by_reason.items():
+            services.stop_replicas(ids, reason)
+        result.stopped.extend(rid for rid, _ in changes.stop)
+
+
+def _replicas_with_placement() -> list[Replica]:
+    placed = set(Assignment.objects.values_list("replica_id", flat=True))
+    out = list(Replica.objects.all())
+    for r in out:
+        r.has_assignment = r.pk in placed  # type: ignore[attr-defined]
+    return out
+
+
+def _finish_rolls(result: TickResult) -> None:
+    for new in Replica.objects.filter(
+        replaces__isnull=False, state=ReplicaState.READY, desired=True
+    ):
+        old = new.replaces
+        if old is not None and old.desired:
+            services.stop_replicas([old.pk], f"replaced by #{new.pk} (rolling update)")
+            result.stopped.append(old.pk)
+        Replica.objects.filter(pk=new.pk).update(replaces=None)
+
+
+def _place(result: TickResult) -> None:
+    nodes = list(Node.objects.prefetch_related("cards"))
+    by_name = {n.name: n for n in nodes}
+    p_nodes = [
+        placement.Node(
+            name=n.name,
+            labels=n.labels,
+            cpu_cores=n.cpu_cores,
+            memory_mb=n.memory_mb,
+            disk_free_mb=n.disk_free_mb,
+            engines=n.engines,
+            cards=tuple(
+                placement.Card(c.index, c.gpu_class, c.memory_mb, c.power_limit_w, c.mig_of)
+                for c in n.cards.all()
+            ),
+            holds=frozenset(n.weights),
+            schedulable=n.health == NodeHealth.READY and not n.cordoned,
+            simulated=n.simulated,
+        )  # fmt: skip
+        for n in nodes
+    ]
+    domains = [placement.Domain(b.level, b.name, b.cap_watts) for b in FacilityBudget.objects.all()]
+    specs = {m.name: rules.normalize(m) for m in stored_specs()}
+    replicas = list(Replica.objects.prefetch_related("assignments__node"))
+    running, requests = [], []
+    profiles: dict[str, tuple[placement.PlacementProfile, ...]] = {}
+    placed_count: dict[str, int] = defaultdict(int)
+    for r in replicas:
+        if r.desired and r.assignments.all():
+            placed_count[r.model_name] += 1
+    for r in replicas:
+        held = list(r.assignments.all())
+        m = specs.get(r.model_name)
+        rank = rules.class_rank(rules.effective_class(m)) if m else 1
+        if held:
+            running.append(
+                placement.Running(
+                    id=r.pk,
+                    model=r.model_name,
+                    profile=r.profile,
+                    class_rank=rank,
+                    assignments=tuple(
+                        placement.Assignment(
+                            node=a.node.name,
+                            cards=tuple(a.cards),
+                            cpu_cores=a.cpu_cores,
+                            memory_mb=a.memory_mb,
+                            watts=a.watts,
+                        )
+                        for a in held
+                    ),
+                    source=m.source if m else "",
+                )  # fmt: skip
+            )
+        elif r.desired and m is not None:
+            if m.name not in profiles:
+                profiles[m.name] = tuple(placement.profiles_from_spec(m))
+            # A model's first replica ranks above another model's second, within a class.
+            n = placed_count[m.name]
+            placed_count[m.name] += 1
+            requests.append(
+                placement.Request(str(r.pk), m.name, profiles[m.name], rank, priority=-n)
+            )
+    if not requests:
+        return
+    result_plan = placement.place(p_nodes, domains, running, requests)
+    bumped: set[int] = set()
+    evicted_ids = [int(e.running_id) for e in result_plan.evictions]
+    for e in result_plan.evictions:
+        victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
+        bumped |= {a.node_id for a in victims}
+        _release(victims, e.reason)
+        Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
+    result.evicted.extend(evicted_ids)
+    for pl in result_plan.placed:
+        r = Replica.objects.get(pk=int(pl.key))
+        m = specs[r.model_name]
+        profile = rules.profile_by_name(m, pl.profile)
+        r.profile = pl.profile
+        r.fingerprint = rules.fingerprint(profile) if profile else ""
+        r.set_state(ReplicaState.PENDING, f"placed on {', '.join(a.node for a in pl.assignments)}")
+        r.save()
+        for rank, a in enumerate(pl.assignments):
+            node = by_name[a.node]
+            Assignment.objects.create(
+                replica=r, node=node, rank=rank, cards=list(a.cards), cpu_cores=a.cpu_cores,
+                memory_mb=a.memory_mb, watts=a.watts,
+            )  # fmt: skip
+            bumped.add(node.pk)
+        result.placed.append(r.pk)
+    for u in result_plan.unplaced:
+        rid = int(u.key)
+        Replica.objects.filter(pk=rid).update(reason=u.reason, state=ReplicaState.PENDING)
+        result.unplaced[rid] = u.reason
+    services.bump_desired(bumped)
+
+
+def run_forever(interval: float, stop: threading.Event | None = None) -> None:
+    """Tick every ``interval`` seconds until ``stop`` is set (the embedded mode's loop)."""
+    from django.db import close_old_connections
+
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            close_old_connections()
+            tick()
+        except Exception:
+            log.exception("reconcile tick failed; trying again next tick")
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))

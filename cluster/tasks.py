@@ -1,0 +1,13 @@
+"""Celery tasks of the cluster (production: run by the worker, scheduled by beat)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from cluster import reconciler
+
+
+@shared_task(ignore_result=True)
+def reconcile_cluster() -> None:
+    """Run one reconcile tick; a worker that is not the leader does nothing."""
+    reconciler.tick()

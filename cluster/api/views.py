@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -212,6 +213,16 @@ class NodeTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Any) -> str:
         return 'Bearer realm="agent"'
+
+
+class NodeTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Describe node-token authentication in the OpenAPI schema."""
+
+    target_class = "cluster.api.views.NodeTokenAuthentication"
+    name = "nodeToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "llmgw_node_…"}
 
 
 class IsAgent(BasePermission):

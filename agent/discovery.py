@@ -115,8 +115,7 @@ def _number(text: str) -> float | None:
 
 
 def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
-    """Return the whole cards in ``nvidia-smi --query-gpu=index,name,memory.total,
-    power.limit,uuid --format=csv,noheader,nounits`` output."""
+    """Return the whole cards in the output of ``GPU_QUERY`` (nvidia-smi's CSV)."""
     cards = []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
@@ -240,8 +239,7 @@ def device_names(cards: Sequence[Mapping[str, Any]]) -> dict[int, str]:
 
 
 def parse_simulate(spec: str) -> list[dict[str, Any]]:
-    """Return the simulated cards a ``--simulate`` spec such as ``2x nvidia-h100-80gb``
-    describes.
+    """Return the simulated cards a ``--simulate`` spec names ("2x nvidia-h100-80gb").
 
     Raises:
         ValueError: the spec is not a comma-separated list of ``[N x] class``.

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "sim")
@@ -129,6 +130,10 @@ RENDEZVOUS_PORT_OFFSET = 2
 KV_HASH_ALGO = "sha256_cbor"
 KV_HASH_SEED = "0"
 
+# The folder holding the agent package: the simulator runs as ``python -m agent.sim``
+# from there, whether or not the agent is installed into the interpreter.
+AGENT_ROOT = str(Path(__file__).resolve().parent.parent)
+
 LORA_SCALED_PAIR = "pair"  # llama.cpp before late 2025: --lora-scaled FNAME SCALE
 LORA_SCALED_COLON = "colon"  # llama.cpp since: --lora-scaled FNAME:SCALE
 
@@ -139,7 +144,7 @@ class CommandError(ValueError):
 
 @dataclass(frozen=True)
 class Command:
-    """An engine's command line and the environment it adds to the agent's own."""
+    """Hold an engine's command line and the environment it adds to the agent's own."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -451,7 +456,7 @@ def _sim(
     context = _int(replica, "context_length", 0)
     if context > 0:
         argv += ["--context-length", str(context)]
-    return argv, {}, "/health"
+    return argv, {"PYTHONPATH": AGENT_ROOT}, "/health"
 
 
 _BUILDERS = {

@@ -30,8 +30,9 @@ import django  # noqa: E402
 
 django.setup()
 
-import httpx  # noqa: E402
 import logging  # noqa: E402
+
+import httpx  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 from django.db import connection  # noqa: E402
@@ -122,13 +123,15 @@ def main() -> None:
         LLMGW_NODE_LOST_AFTER="60",
     )  # fmt: skip
     env.pop("LLMGW_REDIS_URL", None)
+    web_log = Path(f"/tmp/llmgw-bench-web-{port}.log").open("w")  # noqa: SIM115
     web = subprocess.Popen(
         [sys.executable, "manage.py", "serve", "--port", str(port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(f"/tmp/llmgw-bench-web-{port}.log", "w"),
+        stderr=web_log,
     )
+    print(f"web process log: {web_log.name}")
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):

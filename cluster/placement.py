@@ -1019,7 +1019,11 @@ class _State:
 
         c = [i for i in range(len(nodes)) if nodes[i].schedulable]
         if len(c) < nn:
-            return "no node is ready for new replicas" if not c else short(len(c), "room")
+            return (
+                "no node is ready for new replicas"
+                if not c
+                else f"needs {nn} ready nodes; found {len(c)}"
+            )
         if p.engine != "sim":
             real = [i for i in c if not nodes[i].simulated]
             if len(real) < nn:

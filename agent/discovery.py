@@ -333,9 +333,18 @@ def find_llama_server(configured: str | None = None) -> str | None:
 
 
 def parse_llama_version(text: str) -> str:
-    """Return llama-server's build from its ``--version`` output ("version: 4567 (…)")."""
-    match = re.search(r"version:\s*(\d+)", text)
-    return f"b{match.group(1)}" if match else "unknown"
+    """Return llama-server's version from its ``--version`` output.
+
+    A build from a llama.cpp checkout prints its build number ("version: 4567 (…)"),
+    reported as llama.cpp's releases are named, "b4567"; one from a source archive
+    without git history prints whatever version it was given ("version: 0.5.0-dev
+    (build 1, …)"), reported as it is.
+    """
+    match = re.search(r"version:\s*(\S+)", text)
+    if not match:
+        return "unknown"
+    version = match.group(1)
+    return f"b{version}" if version.isdigit() else version
 
 
 def lora_scaled_form(help_text: str) -> str:

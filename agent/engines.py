@@ -151,6 +151,8 @@ class Command:
     # None for a headless rank (rank > 0 of a multi-node replica): it serves no HTTP,
     # rank 0 answers for the whole replica.
     health_path: str | None = "/health"
+    # What the operator should know of this command line; the agent logs them.
+    warnings: list[str] = field(default_factory=list)
 
 
 def default_binaries() -> dict[str, str]:
@@ -242,7 +244,21 @@ def command_for(
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
         names.get(int(c), str(c)) for c in replica.get("cards") or []
     )
-    return Command(argv=argv + args, env=env, health_path=health)
+    warnings = []
+    if replica.get("kv_events"):
+        overridden = sorted({a.split("=", 1)[0] for a in args} & _KV_FLAGS)
+        if overridden:
+            warnings.append(
+                f"kv_events: the profile's {', '.join(overridden)} overrides what the router's "
+                "KV index assumes; the index stays empty for this replica"
+            )
+    return Command(argv=argv + args, env=env, health_path=health, warnings=warnings)
+
+
+# Arguments that undo what kv_events sets: events published, hashed as the router does.
+_KV_FLAGS = frozenset(
+    {"--kv-events-config", "--prefix-caching-hash-algo", "--no-enable-prefix-caching"}
+)
 
 
 _Built = tuple[list[str], dict[str, str], str | None]
@@ -304,7 +320,8 @@ def _llamacpp(
     colon = bins.get("llama-server-lora-scaled") == LORA_SCALED_COLON
     for adapter in _adapters(replica):
         path = adapters[adapter["name"]]
-        scale = float(adapter.get("scale", 1.0) if adapter.get("scale") is not None else 1.0)
+        given = adapter.get("scale")
+        scale = 1.0 if given is None else float(given)
         if scale == 1.0:
             argv += ["--lora", path]
         elif colon:

@@ -1,0 +1,268 @@
+"""Where an engine's weights come from: a local path, an http(s) URL, a Hugging Face id.
+
+No Django here. A URL is downloaded into the weights folder: into a ``.part`` file first,
+resumed with a Range request after a broken transfer, checked against its sha256 when
+the replica or the origin gives one, then renamed into place in one step. A Hugging Face
+id goes to engines that fetch it themselves (vLLM, SGLang, TensorRT-LLM) as it is.
+``sources.json`` in the weights folder records which URL each file came from, which is
+what the node reports it holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from agent.state import write_atomic
+
+MANIFEST = "sources.json"
+# Engines that take a Hugging Face id and fetch the repository themselves.
+HF_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1024 * 1024
+# Broken transfers resumed within one download before giving up; the caller (the
+# supervisor) tries again later, resuming from what is on disk.
+_ATTEMPTS = 4
+
+Progress = Callable[[int, "int | None"], None]
+
+# One download of a URL at a time in this process: two replicas of a model on one node
+# share the file, and two writers of one .part file would corrupt it.
+_url_locks: dict[str, threading.Lock] = {}
+_url_locks_guard = threading.Lock()
+
+
+class WeightsError(Exception):
+    """Refuse or fail to provide weights; the message says why, for a person.
+
+    ``retry`` is true when trying again later may succeed (a broken transfer, an origin
+    that answered 5xx), false when it cannot (no such file, a sha256 that differs).
+    """
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+class DownloadCancelled(WeightsError):
+    """Stop a download because its replica is no longer wanted."""
+
+
+def kind(source: str) -> str:
+    """Return what a source is: "url", "hf" (a Hugging Face id) or "path"."""
+    if source.startswith(("http://", "https://")):
+        return "url"
+    if source.startswith(("/", "./", "../", "~")) or os.path.exists(source):
+        return "path"
+    if _HF_ID.fullmatch(source):
+        return "hf"
+    return "path"
+
+
+def resolve(
+    source: str,
+    engine: str,
+    weights_dir: str | os.PathLike[str],
+    *,
+    sha256: str | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    client: httpx.Client | None = None,
+) -> str:
+    """Return what to hand the engine for a source: a local path or a Hugging Face id.
+
+    Raises:
+        WeightsError: the source cannot be had on this node, or failed its check.
+    """
+    if engine == "sim":
+        # The simulator makes its answers up: it reads no weights.
+        return source
+    what = kind(source)
+    if what == "url":
+        return str(
+            download(
+                source, weights_dir, sha256=sha256, progress=progress, cancel=cancel, client=client
+            )
+        )
+    if what == "hf":
+        if engine in HF_ENGINES:
+            return source
+        raise WeightsError(
+            f'"{source}" is a Hugging Face id, and llama.cpp cannot fetch a repository: '
+            "give the model's source as a local path or an http(s) URL of its .gguf file"
+        )
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise WeightsError(f'weights not found on this node at "{source}"')
+    return str(path)
+
+
+def file_name(url: str) -> str:
+    """Return the name a URL's download is stored under: unique per URL, readable."""
+    base = unquote(Path(urlsplit(url).path).name) or "weights"
+    base = re.sub(r"[^\w.\-]", "_", base)
+    return f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base}"
+
+
+def load_manifest(weights_dir: str | os.PathLike[str]) -> dict[str, dict[str, object]]:
+    """Return the downloads recorded in the weights folder, by URL."""
+    try:
+        data = json.loads((Path(weights_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def held_sources(weights_dir: str | os.PathLike[str]) -> list[str]:
+    """Return the URLs whose downloads are complete in the weights folder."""
+    folder = Path(weights_dir)
+    return sorted(
+        url
+        for url, entry in load_manifest(folder).items()
+        if (folder / str(entry.get("file", ""))).is_file()
+    )
+
+
+def _record(folder: Path, url: str, name: str, digest: str, size: int) -> None:
+    manifest = load_manifest(folder)
+    manifest[url] = {"file": name, "sha256": digest, "bytes": size}
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """Return a file's sha256, reading it in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _lock_for(url: str) -> threading.Lock:
+    with _url_locks_guard:
+        return _url_locks.setdefault(url, threading.Lock())
+
+
+def download(
+    url: str,
+    weights_dir: str | os.PathLike[str],
+    *,
+    sha256: str | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    client: httpx.Client | None = None,
+) -> Path:
+    """Download a URL into the weights folder, or find it there, and return its path.
+
+    Raises:
+        WeightsError: the origin refused, the transfer kept breaking, or the file's
+            sha256 is not the one expected.
+        DownloadCancelled: ``cancel`` was set.
+    """
+    folder = Path(weights_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = file_name(url)
+    final = folder / name
+    expected = sha256.lower() if sha256 else None
+    with _lock_for(url):
+        recorded = load_manifest(folder).get(url)
+        if final.is_file() and recorded:
+            if expected is None or recorded.get("sha256") == expected:
+                return final
+            # The replica now expects other content than was fetched: fetch again.
+            final.unlink()
+        own_client = client is None
+        http = client or httpx.Client(
+            timeout=httpx.Timeout(connect=10, read=60, write=10, pool=10),
+            follow_redirects=True,
+        )
+        try:
+            origin_sha = _fetch(http, url, folder / f"{name}.part", progress, cancel)
+        finally:
+            if own_client:
+                http.close()
+        part = folder / f"{name}.part"
+        digest = sha256_of(part)
+        want = expected or origin_sha
+        if want and digest != want:
+            part.unlink()
+            raise WeightsError(
+                f"the file downloaded from {url} has sha256 {digest}, not the expected "
+                f"{want}: deleted it; check the source and its sha256"
+            )
+        size = part.stat().st_size
+        os.replace(part, final)
+        _record(folder, url, name, digest, size)
+        return final
+
+
+def _fetch(
+    http: httpx.Client,
+    url: str,
+    part: Path,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+) -> str | None:
+    """Fill ``part`` with the URL's content, resuming what it holds.
+
+    Return the sha256 the origin gives for the file, if it gives one.
+    """
+    origin_sha: str | None = None
+    last_error = ""
+    for _ in range(_ATTEMPTS):
+        have = part.stat().st_size if part.exists() else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            with http.stream("GET", url, headers=headers) as response:
+                linked = response.headers.get("x-linked-etag", "").strip('"').lower()
+                if _SHA256.fullmatch(linked):
+                    # Hugging Face gives a large file's sha256 here.
+                    origin_sha = linked
+                if response.status_code == 416 and have:
+                    # Nothing past what is held: the earlier transfer was complete.
+                    return origin_sha
+                if response.status_code == 206:
+                    total = _range_total(response.headers.get("content-range", ""))
+                    mode = "ab"
+                elif response.status_code == 200:
+                    # The origin ignored the Range header: start over.
+                    have = 0
+                    length = response.headers.get("content-length")
+                    total = int(length) if length and length.isdigit() else None
+                    mode = "wb"
+                else:
+                    raise WeightsError(
+                        f"{url} answered HTTP {response.status_code}",
+                        retry=response.status_code >= 500 or response.status_code == 429,
+                    )
+                with open(part, mode) as f:
+                    for chunk in response.iter_bytes():
+                        if cancel is not None and cancel.is_set():
+                            raise DownloadCancelled(f"download of {url} cancelled")
+                        f.write(chunk)
+                        have += len(chunk)
+                        if progress:
+                            progress(have, total)
+            if total is None or have >= total:
+                return origin_sha
+            last_error = f"the transfer stopped at {have} of {total} bytes"
+        except httpx.TransportError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+    held = part.stat().st_size if part.exists() else 0
+    raise WeightsError(
+        f"downloading {url} failed: {last_error} (holding {held} bytes to resume from)", retry=True
+    )
+
+
+def _range_total(content_range: str) -> int | None:
+    match = re.fullmatch(r"bytes \d+-\d+/(\d+)", content_range.strip())
+    return int(match.group(1)) if match else None

@@ -1,0 +1,161 @@
+"""A real control plane (Daphne, `manage.py serve`) and real agents, as processes.
+
+The web process uses the test database (transactional tests, so both sides see committed
+rows) and reconciles in-process every second. Agents are `python -m agent` processes with
+state folders of their own; engines are real processes (the sim engine, llama-server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class ControlPlane:
+    """The web process, restartable."""
+
+    tmp: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        db = connection.settings_dict
+        env = dict(
+            os.environ,
+            DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
+            LLMGW_DATABASE_URL=(
+                f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+            ),
+            LLMGW_DATA_DIR=str(self.tmp / "data"),
+            LLMGW_SECRET_KEY="e2e",
+            LLMGW_RECONCILE_INTERVAL="1",
+            LLMGW_NODE_LOST_AFTER="4",
+        )
+        env.pop("LLMGW_REDIS_URL", None)
+        return env
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.tmp / f"web-{self.starts}.log").open("wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(self.port)],
+            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_for(self._up, 60, "the web process to answer")
+
+    def _up(self) -> bool:
+        try:
+            return httpx.get(self.url + "/login/", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@dataclass
+class Agent:
+    """One agent process with its own state folder."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def control_plane(transactional_db: Any, tmp_path: Path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path)
+    cp.start()
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture
+def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    from cluster.models import JoinToken
+
+    _, secret = JoinToken.issue("e2e")
+    started: list[Agent] = []
+
+    def start(name: str, *extra: str) -> Agent:
+        state = tmp_path / f"agent-{name}"
+        log = (tmp_path / f"agent-{name}.log").open("ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--server", control_plane.url, "--join-token", secret,
+             "--name", name, "--state-dir", str(state), "--heartbeat", "1s", "--grace", "3s",
+             *extra],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        agent = Agent(name, proc, state)
+        started.append(agent)
+        return agent
+
+    yield start
+    for a in started:
+        if a.proc.poll() is None:
+            a.proc.terminate()
+            try:
+                a.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                a.proc.kill()
+    # Engines outlive their agents on purpose; the tests' own must not outlive the tests.
+    from cluster.models import Assignment
+
+    for pid in Assignment.objects.exclude(pid=None).values_list("pid", flat=True):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

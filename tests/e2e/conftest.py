@@ -7,6 +7,7 @@ state folders of their own; engines are real processes (the sim engine, llama-se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -155,7 +156,5 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
     from cluster.models import Assignment
 
     for pid in Assignment.objects.exclude(pid=None).values_list("pid", flat=True):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

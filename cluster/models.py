@@ -262,3 +262,23 @@ class ModelDemand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_name} at {self.last_demand}"
+
+
+class ClusterAction(models.Model):
+    """An operator's action on the cluster (cordon, drain, restart, roll, budgets, tokens):
+    who, when, on what. The catalog's changes have their own log (catalog.ChangeRecord)."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=200)
+    action = models.CharField(max_length=40)
+    target = models.CharField(max_length=300)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ("-at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.action} {self.target}"

@@ -19,6 +19,7 @@ from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import (
     Assignment,
     Card,
+    ClusterAction,
     JoinToken,
     ModelDemand,
     Node,
@@ -389,6 +390,18 @@ def demand(model_name: str, at: datetime | None = None) -> ModelDemand:
         model_name=model_name, defaults={"last_demand": at or timezone.now()}
     )
     return obj
+
+
+def log_action(user: Any, action: str, target: str, detail: str = "", via: str = "") -> None:
+    """Record an operator's action on the cluster with who did it."""
+    name = getattr(user, "username", "") or "system"
+    ClusterAction.objects.create(
+        actor=user if getattr(user, "pk", None) else None,
+        actor_name=f"{name} ({via})" if via else name,
+        action=action,
+        target=target,
+        detail=detail,
+    )
 
 
 def outdated(replica: Replica, current: dict[str, str]) -> bool:

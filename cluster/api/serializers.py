@@ -7,7 +7,15 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from cluster.models import Assignment, Card, FacilityBudget, JoinToken, Node, Replica
+from cluster.models import (
+    Assignment,
+    Card,
+    ClusterAction,
+    FacilityBudget,
+    JoinToken,
+    Node,
+    Replica,
+)
 
 
 class CardSerializer(serializers.ModelSerializer[Card]):
@@ -136,3 +144,12 @@ class JoinTokenSerializer(serializers.ModelSerializer[JoinToken]):
         if value is not None and value < 1:
             raise serializers.ValidationError("max_uses is at least 1, or none for no limit")
         return value
+
+
+class ClusterActionSerializer(serializers.ModelSerializer[ClusterAction]):
+    """An operator's action on the cluster."""
+
+    class Meta:
+        model = ClusterAction
+        fields = ("id", "at", "actor_name", "action", "target", "detail")
+        read_only_fields = fields

@@ -13,6 +13,7 @@ router.register("cards", views.CardViewSet, basename="card")
 router.register("replicas", views.ReplicaViewSet, basename="replica")
 router.register("budgets", views.FacilityBudgetViewSet, basename="budget")
 router.register("join-tokens", views.JoinTokenViewSet, basename="jointoken")
+router.register("actions", views.ClusterActionViewSet, basename="clusteraction")
 
 urlpatterns = [
     *router.urls,

@@ -24,13 +24,28 @@ from catalog.models import ServedModel
 from cluster import services
 from cluster.api.serializers import (
     CardSerializer,
+    ClusterActionSerializer,
     FacilityBudgetSerializer,
     JoinTokenSerializer,
     NodeSerializer,
     ReplicaSerializer,
 )
-from cluster.models import Assignment, Card, FacilityBudget, JoinToken, Node, Replica
+from cluster.models import (
+    Assignment,
+    Card,
+    ClusterAction,
+    FacilityBudget,
+    JoinToken,
+    Node,
+    Replica,
+)
 from llmgw_admin.roles import ADMIN, OPERATOR
+
+
+def _log(request: Request, action: str, target: str, detail: str = "") -> None:
+    token = request.auth
+    via = f"token {token.name}" if getattr(token, "name", None) else ""
+    services.log_action(request.user, action, target, detail, via)
 
 
 def _fingerprints() -> dict[str, dict[str, str]]:
@@ -69,18 +84,21 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
     @action(detail=True, methods=["post"])
     def cordon(self, request: Request, name: str) -> Response:
         node = services.set_cordon(self.get_object(), True)
+        _log(request, "cordon", f"node {name}")
         return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, name: str) -> Response:
         node = services.set_cordon(self.get_object(), False)
+        _log(request, "uncordon", f"node {name}")
         return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses={200: dict})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, name: str) -> Response:
         stopped = services.drain(self.get_object())
+        _log(request, "drain", f"node {name}", f"{stopped} replicas stopped")
         return Response({"node": name, "cordoned": True, "replicas_stopped": stopped})
 
 
@@ -115,6 +133,12 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str) -> Response:
         replica = services.restart_replica(self.get_object())
+        _log(
+            request,
+            "restart",
+            f"replica {pk} of {replica.model_name}",
+            f"generation {replica.generation}",
+        )
         return Response(ReplicaSerializer(replica, context=self.get_serializer_context()).data)
 
 
@@ -123,6 +147,18 @@ class FacilityBudgetViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
 
     queryset = FacilityBudget.objects.all()
     serializer_class = FacilityBudgetSerializer
+
+    def perform_create(self, serializer: Any) -> None:
+        b = serializer.save()
+        _log(self.request, "budget set", f"{b.level} {b.name}", f"{b.cap_watts:g} W")
+
+    def perform_update(self, serializer: Any) -> None:
+        b = serializer.save()
+        _log(self.request, "budget set", f"{b.level} {b.name}", f"{b.cap_watts:g} W")
+
+    def perform_destroy(self, instance: FacilityBudget) -> None:
+        _log(self.request, "budget removed", f"{instance.level} {instance.name}")
+        instance.delete()
 
 
 class JoinTokenViewSet(
@@ -146,6 +182,7 @@ class JoinTokenViewSet(
             max_uses=serializer.validated_data.get("max_uses"),
             created_by=request.user,
         )
+        _log(request, "join token issued", f"join token {token.pk} ({token.name})")
         return Response(
             {**JoinTokenSerializer(token).data, "token": secret}, status=status.HTTP_201_CREATED
         )
@@ -159,6 +196,7 @@ class JoinTokenViewSet(
         if token.revoked is None:
             token.revoked = timezone.now()
             token.save(update_fields=["revoked"])
+            _log(request, "join token revoked", f"join token {token.pk} ({token.name})")
         return Response(JoinTokenSerializer(token).data)
 
 
@@ -174,6 +212,7 @@ def roll_model(request: Request, name: str) -> Response:
         started = services.roll(name)
     except services.AgentError as exc:
         return Response({"detail": str(exc)}, status=exc.status)
+    _log(request, "roll", f"model {name}", f"replacements {started}")
     return Response({"model": name, "replacements": started}, status=status.HTTP_202_ACCEPTED)
 
 
@@ -197,6 +236,14 @@ demand_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
 
 
 # The agents' side.
+
+
+class ClusterActionViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    """Operators' actions on the cluster, newest first: who did what, and when."""
+
+    queryset = ClusterAction.objects.all()
+    serializer_class = ClusterActionSerializer
+    filterset_fields = ("action",)
 
 
 class NodeTokenAuthentication(BaseAuthentication):

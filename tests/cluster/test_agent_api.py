@@ -182,3 +182,8 @@ def test_operator_actions_and_roles(api_for: Any, operator: Any, viewer: Any) ->
     assert nodes[0]["state"] == "cordoned"
     assert api_for(viewer).get("/api/v1/cluster/replicas/").status_code == 200
     assert api_for(viewer).post("/api/v1/cluster/nodes/a/uncordon/").status_code == 403
+    actions = api_for(viewer).get("/api/v1/cluster/actions/").json()["results"]
+    assert [(x["action"], x["target"], x["actor_name"]) for x in actions] == [
+        ("drain", "node a", "otto"),
+        ("restart", f"replica {rid} of chat", "otto"),
+    ]

@@ -121,6 +121,7 @@ def main() -> None:
         LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
         LLMGW_SECRET_KEY="bench", LLMGW_DATA_DIR=f"/tmp/llmgw-bench-{port}",
         LLMGW_NODE_LOST_AFTER="60",
+        LLMGW_LOCAL_AGENT="false",
     )  # fmt: skip
     env.pop("LLMGW_REDIS_URL", None)
     web_log = Path(f"/tmp/llmgw-bench-web-{port}.log").open("w")  # noqa: SIM115

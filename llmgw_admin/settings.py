@@ -125,6 +125,7 @@ CELERY_BEAT_SCHEDULE = {
 LLMGW_NODE_LOST_AFTER = envint("NODE_LOST_AFTER", 30)
 LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
+LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

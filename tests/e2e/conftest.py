@@ -69,6 +69,7 @@ class ControlPlane:
             LLMGW_SECRET_KEY="e2e",
             LLMGW_RECONCILE_INTERVAL="1",
             LLMGW_NODE_LOST_AFTER="4",
+            LLMGW_LOCAL_AGENT="false",
         )
         env.pop("LLMGW_REDIS_URL", None)
         return env

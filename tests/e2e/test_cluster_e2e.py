@@ -207,3 +207,39 @@ def test_real_llama_server_on_cpu_ready_answers_and_stops(
     catalog_services.save_model(m, catalog_services.Actor(None, Surface.CLI), replacing="smol")
     wait_for(lambda: not Replica.objects.filter(model_name="smol").exists(), 60, "the replica gone")
     wait_for(lambda: not alive(pid), 30, "llama-server stopped")
+
+
+def test_embedded_serve_runs_a_local_agent(tmp_path: Path, transactional_db: Any) -> None:
+    """The README's embedded start has this machine join as a node, with no setup."""
+    from tests.e2e.conftest import ControlPlane
+
+    cp = ControlPlane(tmp_path)
+    env = cp.env()
+    env["LLMGW_LOCAL_AGENT"] = "true"
+    cp.env = lambda: env  # type: ignore[method-assign]
+    cp.start()
+    try:
+        import socket
+
+        node = wait_for(
+            lambda: Node.objects.filter(name=socket.gethostname(), health="ready").first(),
+            60,
+            "the local node",
+        )
+        assert node.cpu_cores > 0
+        assert "sim" in node.engines
+    finally:
+        cp.stop()
+    # Stopping the web process stops its agent too.
+    wait_for(lambda: not _agent_running(tmp_path), 30, "the local agent to stop")
+
+
+def _agent_running(tmp_path: Path) -> bool:
+    for cmdline in Path("/proc").glob("*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "-m agent" in text and str(tmp_path) in text:
+            return True
+    return False

@@ -1,7 +1,19 @@
-"""Serve the ASGI application (console, API, admin, websockets) with Daphne."""
+"""Serve the ASGI application (console, API, admin, websockets) with Daphne.
+
+Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, and, unless
+``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
+with a CPU profile (llama.cpp) runs here with nothing else installed.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -15,8 +27,6 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        import threading
-
         from daphne.cli import CommandLineInterface
         from django.conf import settings
 
@@ -29,6 +39,8 @@ class Command(BaseCommand):
                 target=reconciler.run_forever, args=(interval,), name="reconciler", daemon=True
             ).start()
             self.stdout.write(f"reconciling in-process every {interval:g} s")
+            if settings.LLMGW_LOCAL_AGENT:
+                self._start_local_agent(options["bind"], options["port"], Path(settings.DATA_DIR))
 
         CommandLineInterface().run(
             [
@@ -36,3 +48,35 @@ class Command(BaseCommand):
                 "--verbosity", "1", "llmgw_admin.asgi:application",
             ]
         )  # fmt: skip
+
+    def _start_local_agent(self, bind: str, port: int, data_dir: Path) -> None:
+        """Start this machine's agent, joined with a one-use token made for it."""
+        from cluster.models import JoinToken
+
+        state = data_dir / "agent"
+        env = dict(os.environ)
+        if not (state / "node_token").exists():
+            _, secret = JoinToken.issue("local agent", max_uses=1)
+            env["LLMGW_JOIN_TOKEN"] = secret
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+        log = (data_dir / "agent.log").open("ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "agent", "--server", f"http://{host}:{port}",
+                "--name", socket.gethostname(), "--state-dir", str(state),
+                # One command started everything, so Ctrl-C stops everything.
+                "--stop-engines-on-exit",
+            ],
+            cwd=Path(__file__).resolve().parents[3], env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        atexit.register(_stop, proc)
+        self.stdout.write(f"local agent started (log: {log.name})")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,222 @@
+"""Whole-catalog rules, and the catalog they let through.
+
+``check_catalog`` checks each model and then what lies between them (names, aliases,
+adapters, fallbacks, canaries); ``Catalog`` looks models up by name, alias or adapter,
+and ``build_catalog`` makes one only from a catalog that passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from catalog.problems import Problem
+from catalog.rules.found import Path
+from catalog.rules.helpers import is_guard
+from catalog.rules.model_checks import _check_normalized
+from catalog.rules.normalize import normalize
+from catalog.spec import Adapter, Model
+
+
+def check_catalog(models: list[Model]) -> list[Problem]:
+    """Return every problem with a catalog: each model's own, then those between them.
+
+    Each problem carries its model's name and position in ``models``. Names, aliases
+    and adapters share one namespace (a collision would silently shadow a model at
+    request time); fallbacks and canaries must resolve now, not during an outage.
+    """
+    ms = [normalize(m) for m in models]
+    out: list[Problem] = []
+    for i, m in enumerate(ms):
+        out += [replace(p, model=m.name, index=i) for p in _check_normalized(m)]
+
+    def add(i: int, path: Path, code: str, message: str) -> None:
+        out.append(Problem(path, message, code, model=ms[i].name, index=i))
+
+    # The first of two models of one name is the one the rest are checked against;
+    # the second is only reported, as checking it would repeat every clash.
+    first: dict[str, int] = {}
+    for i, m in enumerate(ms):
+        if m.name in first:
+            add(
+                i,
+                ("name",),
+                "duplicate_name",
+                f'model "{m.name}" is declared twice (first at '
+                f"models[{first[m.name]}]): give each model its own name",
+            )
+        elif m.name:
+            first[m.name] = i
+    kept = [(i, ms[i]) for i in first.values()]
+    aliases: dict[str, str] = {}
+    for i, m in kept:
+        for j, a in enumerate(m.aliases):
+            if a in first:
+                whose = "the model's own" if a == m.name else "another model's"
+                add(
+                    i,
+                    ("aliases", j),
+                    "alias_collision",
+                    f'alias "{a}" is {whose} name: names and aliases share one '
+                    "namespace; remove or rename it",
+                )
+            elif a in aliases:
+                owner = "this model" if aliases[a] == m.name else f'"{aliases[a]}"'
+                add(
+                    i,
+                    ("aliases", j),
+                    "alias_claimed",
+                    f'alias "{a}" is already an alias of {owner}: an alias is listed '
+                    "once and names one model",
+                )
+            else:
+                aliases[a] = m.name
+    adapters: dict[str, str] = {}
+    for i, m in kept:
+        own: set[str] = set()
+        for j, a in enumerate(m.adapters):
+            # Empty, repeated and model-named adapters are check_model's to report.
+            if not a.name or a.name in own or a.name == m.name:
+                continue
+            own.add(a.name)
+            if a.name in first:
+                clash = f'the model "{a.name}"'
+            elif a.name in aliases:
+                clash = f'an alias of "{aliases[a.name]}"'
+            elif a.name in adapters:
+                clash = f'an adapter of "{adapters[a.name]}"'
+            else:
+                adapters[a.name] = m.name
+                continue
+            add(
+                i,
+                ("adapters", j, "name"),
+                "adapter_collision",
+                f'adapter "{a.name}" collides with {clash}: adapters, aliases and '
+                "model names share one namespace",
+            )
+
+    def resolve(name: str) -> Model | None:
+        base = name if name in first else aliases.get(name)
+        return ms[first[base]] if base is not None else None
+
+    for i, m in kept:
+        for j, f in enumerate(m.fallbacks):
+            if resolve(f) is None:
+                add(
+                    i,
+                    ("fallbacks", j),
+                    "unknown_fallback",
+                    f'fallback "{f}" is not in the catalog: name a model or an alias',
+                )
+    # A canary is a candidate for this model's place: another catalog model, not a
+    # judge, not itself tested against a canary, and the candidate of one model only.
+    # Its percent is check_model's.
+    canary_of: dict[str, str] = {}
+    for i, m in kept:
+        if m.canary is None or not m.canary.model:
+            continue
+        c = m.canary.model
+        target = resolve(c)
+        if target is None:
+            code, what = "unknown_canary", f'canary "{c}" is not in the catalog'
+        elif target.name == m.name:
+            code, what = "canary_self", "a model cannot be its own canary"
+        elif is_guard(target):
+            code, what = "canary_guard", f'canary "{c}" is a guard model'
+        elif target.canary is not None:
+            code, what = "canary_chained", f'canary "{c}" has a canary of its own'
+        elif target.name in canary_of:
+            code = "canary_taken"
+            what = f'"{c}" is already the canary of "{canary_of[target.name]}"'
+        else:
+            canary_of[target.name] = m.name
+            continue
+        add(i, ("canary", "model"), code, f"{what}: name another catalog model")
+    return out
+
+
+class Catalog:
+    """The set of models the cluster should serve, looked up by name, alias or adapter.
+
+    Built from models that are already normalized and valid (``build_catalog`` makes
+    sure); it checks nothing itself.
+    """
+
+    def __init__(self, models: Iterable[Model]) -> None:
+        """Index the models by name, their aliases and their adapters' names."""
+        self._models: dict[str, Model] = {}
+        self._aliases: dict[str, str] = {}
+        self._adapters: dict[str, str] = {}
+        for m in models:
+            self._models.setdefault(m.name, m)
+        for m in self._models.values():
+            for a in m.aliases:
+                self._aliases.setdefault(a, m.name)
+            for ad in m.adapters:
+                self._adapters.setdefault(ad.name, m.name)
+
+    def models(self) -> list[Model]:
+        """Return every model, in declaration order."""
+        return list(self._models.values())
+
+    def names(self) -> list[str]:
+        """Return the models' names, sorted."""
+        return sorted(self._models)
+
+    def resolve(self, name: str) -> Model | None:
+        """Return the model a client-supplied name or alias means, or None."""
+        base = name if name in self._models else self._aliases.get(name)
+        return self._models[base] if base is not None else None
+
+    def resolve_adapter(self, name: str) -> tuple[Model, Adapter, int] | None:
+        """Return an adapter's model, the adapter and its index (the engine's id)."""
+        base = self._adapters.get(name)
+        if base is None:
+            return None
+        m = self._models[base]
+        return next(((m, a, i) for i, a in enumerate(m.adapters) if a.name == name))
+
+    def aliases_of(self, name: str) -> list[str]:
+        """Return the aliases of the model a name or alias means (empty if none)."""
+        m = self.resolve(name)
+        return list(m.aliases) if m else []
+
+    def canary_of(self, name: str) -> str:
+        """Return the name of the model whose canary this model is, or ""."""
+        for m in self._models.values():
+            if m.canary is not None and self._means(m.canary.model, name):
+                return m.name
+        return ""
+
+    def dependents(self, name: str) -> list[tuple[str, str]]:
+        """Return (model, how) for each other model whose fallbacks or canary name it.
+
+        ``how`` is ``"fallbacks"`` or ``"canary"``; a reference by an alias counts.
+        Used to refuse deleting or renaming a model others depend on, and to show what
+        does. A model's references to itself do not count: they go with it.
+        """
+        target = self.resolve(name)
+        if target is None:
+            return []
+        out: list[tuple[str, str]] = []
+        for m in self._models.values():
+            if m.name == target.name:
+                continue
+            if any(self._means(f, target.name) for f in m.fallbacks):
+                out.append((m.name, "fallbacks"))
+            if m.canary is not None and self._means(m.canary.model, target.name):
+                out.append((m.name, "canary"))
+        return out
+
+    def _means(self, ref: str, name: str) -> bool:
+        m = self.resolve(ref)
+        return m is not None and m.name == name
+
+
+def build_catalog(models: list[Model]) -> tuple[Catalog | None, list[Problem]]:
+    """Return the catalog of these models, or None and every reason it cannot be."""
+    problems = check_catalog(models)
+    if problems:
+        return None, problems
+    return Catalog(normalize(m) for m in models), []

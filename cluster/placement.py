@@ -42,9 +42,9 @@ Power: a replica draws its profile's ``power_watts``, split evenly over its node
 that is 0 it is derived per node, each card at the power limit it reports plus each
 reserved core at ``cpu_core_watts``. A domain with a cap of 0 or less is uncapped.
 
-Disk: the weights are fetched once per node. A replica needing ``min_disk_gb`` on a node
-that does not hold its source reserves that much; further replicas of the same source on
-that node reserve nothing more, and the reservation is kept while any of them remains.
+Disk: the weights are fetched once per node. Each replica on a node that does not hold
+its source records the ``min_disk_gb`` it needs (``Assignment.disk_mb``); the node
+reserves the largest of these once per source, while any of those replicas remains.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ class Assignment:
 class Running:
     """A replica that exists: it holds its assignments until it is stopped or evicted.
 
-    ``disk_mb`` of an assignment is space still reserved for fetching ``source``; it is
-    ignored on a node that already holds the source (its free space says so already).
+    ``disk_mb`` of an assignment is the space its fetch of ``source`` needs there (as
+    placed); it is ignored on a node that already holds the source, whose reported free
+    space has counted the weights already.
     """
 
     id: int | str
@@ -346,10 +347,12 @@ class _Buckets:
     """
 
     def __init__(self) -> None:
+        """Start with no nodes."""
         self.groups: dict[int, list[int]] = {}
         self.keys: list[int] = []
 
     def add(self, key: int, i: int) -> None:
+        """Put node i in the group of a key."""
         group = self.groups.get(key)
         if group is None:
             self.groups[key] = [i]
@@ -358,6 +361,7 @@ class _Buckets:
             bisect.insort(group, i)
 
     def remove(self, key: int, i: int) -> None:
+        """Take node i out of the group of a key."""
         group = self.groups[key]
         del group[bisect.bisect_left(group, i)]
         if not group:
@@ -365,16 +369,19 @@ class _Buckets:
             del self.keys[bisect.bisect_left(self.keys, key)]
 
     def move(self, old: int, new: int, i: int) -> None:
+        """Move node i from one key's group to another's."""
         if old != new:
             self.remove(old, i)
             self.add(new, i)
 
     def from_key(self, key: int) -> Iterator[int]:
+        """Yield the nodes of every key from this one up, in (key, name) order."""
         for k in self.keys[bisect.bisect_left(self.keys, key) :]:
             yield from self.groups[k]
 
 
 def _version_matches(version: str, prefix: str) -> bool:
+    """Return whether an installed version starts with a prefix, by whole components."""
     if not prefix:
         return True
     if not version.startswith(prefix):
@@ -385,15 +392,18 @@ def _version_matches(version: str, prefix: str) -> bool:
 
 
 def _gb(mb: int) -> str:
+    """Return megabytes as gigabytes, as a person reads them."""
     v = mb / _MB_PER_GB
     return f"{v:.0f}" if abs(v - round(v)) < 0.05 else f"{v:.1f}"
 
 
 def _w(watts: float) -> str:
+    """Return watts as a person reads them."""
     return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
 
 
 def _selector_text(sel: Mapping[str, str]) -> str:
+    """Return a node selector as written in a reason: a=b,c=d."""
     return ",".join(f"{k}={sel[k]}" for k in sorted(sel))
 
 
@@ -401,6 +411,7 @@ class _State:
     """The cluster as it stands while a plan is made: what is free on each node."""
 
     def __init__(self, nodes: list[Node], domains: list[Domain], cpu_core_watts: float) -> None:
+        """Index the nodes, their cards and domains, with nothing yet held."""
         nodes = sorted(nodes, key=lambda n: n.name)
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -453,6 +464,7 @@ class _State:
         self.failed: dict[tuple[object, ...], tuple[int, int, int, str]] = {}
 
     def _index_cards(self, i: int, n: Node) -> None:
+        """Record node i's cards: classes, power limits, MIG parents and what is free."""
         classes = {c.index: c.gpu_class for c in n.cards}
         children: dict[int, list[int]] = {}
         for c in n.cards:
@@ -470,6 +482,7 @@ class _State:
         self.total.append({cls: len(idx) for cls, idx in free.items()})
 
     def _index_domains(self, domains: list[Domain]) -> None:
+        """Record the capped domains and which of them each node is in."""
         caps: dict[tuple[str, str], float] = {}
         for d in domains:
             if d.cap_watts > 0:
@@ -490,6 +503,7 @@ class _State:
             self.node_domains.append(tuple(mine))
 
     def _cpu_key(self, i: int) -> int:
+        """Return node i's place in the best-fit order of CPU profiles."""
         # Nodes without cards first, keeping GPU nodes' hosts for GPU replicas; then
         # the fewest free cores, keeping large holes for large CPU replicas.
         cores = min(max(self.cores[i], 0), 1 << 40)
@@ -520,6 +534,7 @@ class _State:
             self._apply(holds, 1)
 
     def _apply(self, holds: list[_Hold], sign: int) -> None:
+        """Take (sign 1) or give back (sign -1) what these holds use."""
         for h in holds:
             i = h.i
             for c in h.cards:
@@ -537,6 +552,7 @@ class _State:
                 self.used[d] += sign * h.watts
 
     def _fetch(self, i: int, h: _Hold, sign: int) -> None:
+        """Reserve or release a hold's disk for fetching its weights to node i."""
         if h.src in self.holds[i]:
             return
         if not h.src:
@@ -557,6 +573,7 @@ class _State:
                 del self.fetching[i][h.src]
 
     def _claim(self, i: int, c: int, sign: int) -> None:
+        """Count a claim on card c of node i (or drop one), keeping the free lists."""
         claims = self.claims[i]
         before = claims[c]
         claims[c] = before + sign
@@ -603,6 +620,7 @@ class _State:
         return found
 
     def _static_ok(self, i: int, p: PlacementProfile) -> bool:
+        """Return whether node i suits p whatever is free on it."""
         n = self.nodes[i]
         if not n.schedulable:
             return False
@@ -619,15 +637,18 @@ class _State:
         return all(labels.get(k) == v for k, v in p.node_selector.items())
 
     def cards_for(self, i: int, need: _Need) -> list[int]:
+        """Return the cards a replica would take on node i: the lowest free of its class."""
         return self.free[i].get(need.cls, [])[: need.g] if need.g else []
 
     def watts(self, i: int, need: _Need) -> float:
+        """Return what a replica's share on node i draws."""
         if need.watts is not None:
             return need.watts
         cw = self.card_watts[i]
         return sum(cw[c] for c in self.cards_for(i, need)) + need.cores * self.core_watts
 
     def disk_needed(self, i: int, need: _Need) -> int:
+        """Return the disk still to reserve on node i for a replica's weights."""
         if not need.disk or need.src in self.holds[i]:
             return 0
         entry = self.fetching[i].get(need.src) if need.src else None
@@ -651,6 +672,7 @@ class _State:
         return True
 
     def fit_key(self, i: int, need: _Need) -> int:
+        """Return node i's place in the best-fit order (lower is tighter)."""
         return len(self.free[i].get(need.cls, ())) if need.g else self._cpu_key(i)
 
     def _walk(self, need: _Need) -> Iterator[int]:
@@ -737,6 +759,7 @@ class _State:
         return index.get(name, [])
 
     def _groups(self, need: _Need, nodes: list[int]) -> dict[str, list[int]]:
+        """Return nodes grouped by their keep_within domain (one group without it)."""
         if not need.level:
             return {"": nodes}
         label = LABEL_PREFIX + need.level
@@ -777,6 +800,7 @@ class _State:
         return [], blocked
 
     def _power_text(self, d: int, used: float, needs: float) -> str:
+        """Return the reason a domain's power cap gives."""
         level, name = self.domain_names[d]
         return (
             f"power cap of {level} {name} ({_w(self.cap[d])} W) would be exceeded: "
@@ -824,12 +848,15 @@ class _State:
                 top = max(v.class_rank for v in victims)
                 options.append(((top, len(victims), need.src not in self.holds[i], i), i, victims))
         if need.n == 1:
-            if not options:
-                return None
-            _, i, victims = min(options, key=lambda o: o[0])
-            for v in victims:
-                self._release(v)
-            return [i], victims
+            for _, i, victims in sorted(options, key=lambda o: o[0]):
+                for v in victims:
+                    self._release(v)
+                # Counted without releasing anything; this checks the count held.
+                if self.fits(i, need):
+                    return [i], victims
+                for v in victims:
+                    self._reclaim(v)
+            return None
         by_node = {i: (cost, victims) for cost, i, victims in options}
         trials = []
         for name, members in self._groups(need, sorted(by_node)).items():
@@ -856,6 +883,7 @@ class _State:
         return None
 
     def _evictable(self, i: int, rank: int) -> bool:
+        """Return whether node i runs a live replica of a class below rank."""
         return any(count for r, count in self.ranks_on[i].items() if r < rank)
 
     def _victims(self, i: int, rank: int, need: _Need) -> list[Running] | None:
@@ -873,26 +901,82 @@ class _State:
         ):
             return None
         order = sorted(lower, key=lambda r: (r.class_rank, -useful[r.id], str(r.id)))
-        released: list[Running] = []
+        chosen: list[Running] = []
         for r in order:
-            self._release(r)
-            released.append(r)
-            if self.fits(i, need):
+            chosen.append(r)
+            if self._fits_without(i, need, chosen):
                 break
         else:
-            for r in released:
-                self._reclaim(r)
             return None
-        # Keep only those needed: try giving back the higher classes first.
-        for r in reversed(list(released)):
-            self._reclaim(r)
-            if self.fits(i, need):
-                released.remove(r)
+        # Keep only those needed: try sparing the higher classes first.
+        for r in reversed(list(chosen)):
+            rest = [v for v in chosen if v is not r]
+            if rest and self._fits_without(i, need, rest):
+                chosen = rest
+        return chosen
+
+    def _fits_without(self, i: int, need: _Need, victims: list[Running]) -> bool:
+        """Return whether node i would fit a replica were these replicas gone.
+
+        Counted on the side, without releasing them: trying victims on every node of a
+        full cluster by releasing and taking back would be most of a tick.
+        """
+        holds = [h for r in victims for h in self.holds_of[r.id]]
+        here = [h for h in holds if h.i == i]
+        if (
+            self.mem[i] + sum(h.mem for h in here) < need.mem
+            or self.cores[i] + sum(h.cores for h in here) < need.cores
+        ):
+            return False
+        take: list[int] = []
+        if need.g:
+            classes, children, claims = self.card_class[i], self.children[i], self.claims[i]
+            dropped: dict[int, int] = {}
+            for h in here:
+                for c in h.cards:
+                    for x in (c, *children.get(c, ())):
+                        dropped[x] = dropped.get(x, 0) + 1
+            freed = [
+                x
+                for x, k in dropped.items()
+                if claims[x] == k and x not in children and classes[x] == need.cls
+            ]
+            cards = sorted(self.free[i].get(need.cls, []) + freed)
+            if len(cards) < need.g:
+                return False
+            take = cards[: need.g]
+        if need.disk and need.src not in self.holds[i] and not self._disk_without(i, need, here):
+            return False
+        if self.node_domains[i]:
+            cw = self.card_watts[i]
+            w = need.watts
+            if w is None:
+                w = sum(cw[c] for c in take) + need.cores * self.core_watts
+            for d in self.node_domains[i]:
+                gone = sum(h.watts for h in holds if d in self.node_domains[h.i])
+                if self.used[d] - gone + w > self.cap[d] + _EPSILON:
+                    return False
+        return True
+
+    def _disk_without(self, i: int, need: _Need, here: list[_Hold]) -> bool:
+        """Return whether node i would have the disk for a replica without these holds."""
+        disk = self.disk[i]
+        users: dict[str, int] = {}
+        for h in here:
+            if h.src in self.holds[i]:
+                continue
+            if h.src:
+                users[h.src] = users.get(h.src, 0) + 1
             else:
-                self._release(r)
-        for r in released:
-            self._reclaim(r)
-        return released
+                disk += h.disk
+        fetching = self.fetching[i]
+        for src, k in users.items():
+            entry = fetching.get(src)
+            if entry and entry[0] == k:
+                disk += entry[1]
+        entry = fetching.get(need.src) if need.src else None
+        kept = entry[1] if entry and entry[0] > users.get(need.src, 0) else 0
+        return disk >= max(need.disk - kept, 0)
 
     def _freed(self, i: int, r: Running, cls: str) -> int:
         """Return how many cards of a class r holds on node i (MIG instances included)."""
@@ -908,6 +992,7 @@ class _State:
         )
 
     def _could_fit(self, i: int, need: _Need) -> bool:
+        """Return whether node i, emptied, would be big enough."""
         n = self.nodes[i]
         if need.g and self.total[i].get(need.cls, 0) < need.g:
             return False
@@ -916,9 +1001,11 @@ class _State:
         return not (n.cpu_cores > 0 and n.cpu_cores < need.cores)
 
     def _release(self, r: Running) -> None:
+        """Give back what a running replica holds."""
         self._apply(self.holds_of[r.id], -1)
 
     def _reclaim(self, r: Running) -> None:
+        """Take again what a released running replica held."""
         self._apply(self.holds_of[r.id], 1)
 
     # One request
@@ -979,6 +1066,7 @@ class _State:
     def _record(
         self, req: Request, p: PlacementProfile, need: _Need, chosen: list[int], plan: Plan
     ) -> None:
+        """Commit a request's replica to the chosen nodes and add it to the plan."""
         assignments = self.commit(need, chosen)
         plan.placed.append(Placement(req.key, req.model, p.name, p.source, assignments))
 
@@ -987,6 +1075,7 @@ class _State:
     def _reason(
         self, req: Request, tries: list[tuple[PlacementProfile, _Need, frozenset[int]]]
     ) -> str:
+        """Return why a request fits nowhere: each profile's closest miss, in order tried."""
         parts = [(p, self.diagnose(p, need)) for p, need, _ in tries]
         if len(parts) == 1:
             text = parts[0][1]
@@ -1015,6 +1104,7 @@ class _State:
         what = f"{need.g} free {need.cls}" if need.g else "room for it"
 
         def short(found: int, each: str) -> str:
+            """Return the reason for too few nodes of a multi-node profile."""
             return f"needs {nn} nodes each with {each}; found {found}"
 
         c = [i for i in range(len(nodes)) if nodes[i].schedulable]
@@ -1108,6 +1198,7 @@ class _State:
         return "no node fits"
 
     def _memory_stage(self, c: list[int], need: _Need) -> tuple[list[int], str, str]:
+        """Keep the nodes with the memory; say why the others miss."""
         kept = [i for i in c if self.mem[i] >= need.mem]
         each = f"{_gb(need.mem)} GB memory free"
         if len(kept) == len(c):
@@ -1121,6 +1212,7 @@ class _State:
         return kept, text, each
 
     def _cores_stage(self, c: list[int], need: _Need) -> tuple[list[int], str, str]:
+        """Keep the nodes with the cores; say why the others miss."""
         kept = [i for i in c if self.cores[i] >= need.cores]
         each = f"{need.cores} free CPU cores"
         if len(kept) == len(c):
@@ -1138,6 +1230,7 @@ class _State:
         return kept, f"needs {need.cores} free CPU cores; the best node has {best} free", each
 
     def _disk_stage(self, c: list[int], need: _Need) -> tuple[list[int], str, str]:
+        """Keep the nodes with the disk; say why the others miss."""
         kept = [i for i in c if self.disk[i] >= self.disk_needed(i, need)]
         each = f"{_gb(need.disk)} GB disk free or the weights"
         if len(kept) == len(c):
@@ -1150,6 +1243,7 @@ class _State:
         return kept, text, each
 
     def _power_stage(self, c: list[int], need: _Need) -> tuple[list[int], str, str]:
+        """Keep the nodes within their power caps; name the closest miss."""
         kept = []
         closest: tuple[float, str] | None = None
         for i in c:
@@ -1166,6 +1260,7 @@ class _State:
 
 
 def _profile_key(p: PlacementProfile) -> tuple[object, ...]:
+    """Return what a profile asks of placement, hashable (for remembering failures)."""
     return (
         p.name,
         p.engine,

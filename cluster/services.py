@@ -104,18 +104,8 @@ def _apply_inventory(node: Node, fields: dict[str, Any]) -> None:
     cards = fields.pop("cards")
     for key, value in fields.items():
         setattr(node, key, value)
-    existing = {c.index: c for c in node.cards.all()} if node.pk else {}
     node.save()
-    wanted = {c["index"] for c in cards}
-    for c in cards:
-        current = existing.get(c["index"])
-        if current is None:
-            Card.objects.create(node=node, **c)
-        elif any(getattr(current, k) != v for k, v in c.items()):
-            Card.objects.filter(pk=current.pk).update(**c)
-    gone = set(existing) - wanted
-    if gone:
-        Card.objects.filter(node=node, index__in=gone).delete()
+    _sync_cards(node, cards)
 
 
 @transaction.atomic
@@ -151,17 +141,45 @@ def node_for_token(secret: str) -> Node | None:
     return Node.objects.filter(token_digest=token_digest(secret)).first()
 
 
-@transaction.atomic
 def heartbeat(node: Node, inventory: Any) -> Node:
-    """Record a heartbeat with the node's inventory; a lost node comes back ready."""
+    """Record a heartbeat with the node's inventory; a lost node comes back ready.
+
+    The hot path of every agent every few seconds: one update of what changed, and the
+    cards rewritten only when they differ (bench/agents.py).
+    """
     fields = read_inventory(inventory)
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    cards = fields.pop("cards")
+    changes = {k: v for k, v in fields.items() if getattr(node, k) != v}
     if node.health != NodeHealth.READY:
-        node.reason = "heard from again" if node.health == NodeHealth.LOST else ""
-    node.health = NodeHealth.READY
-    node.last_heartbeat = timezone.now()
-    _apply_inventory(node, fields)
+        changes["health"] = NodeHealth.READY
+        changes["reason"] = "heard from again" if node.health == NodeHealth.LOST else ""
+    changes["last_heartbeat"] = timezone.now()
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(**changes)
+        existing = {
+            c["index"]: c
+            for c in Card.objects.filter(node=node).values(
+                "index", "gpu_class", "memory_mb", "power_limit_w", "uuid", "mig_of"
+            )
+        }
+        if existing != {c["index"]: c for c in cards}:
+            _sync_cards(node, cards)
+    for key, value in changes.items():
+        setattr(node, key, value)
     return node
+
+
+def _sync_cards(node: Node, cards: list[dict[str, Any]]) -> None:
+    existing = {c.index: c for c in Card.objects.filter(node=node)}
+    for c in cards:
+        current = existing.get(c["index"])
+        if current is None:
+            Card.objects.create(node=node, **c)
+        elif any(getattr(current, k) != v for k, v in c.items()):
+            Card.objects.filter(pk=current.pk).update(**c)
+    gone = set(existing) - {c["index"] for c in cards}
+    if gone:
+        Card.objects.filter(node=node, index__in=gone).delete()
 
 
 def desired_list(node: Node) -> dict[str, Any]:

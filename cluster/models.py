@@ -155,6 +155,9 @@ class Assignment(models.Model):
     cards = models.JSONField(default=list, blank=True)
     cpu_cores = models.IntegerField(default=0)
     memory_mb = models.BigIntegerField(default=0)
+    disk_mb = models.BigIntegerField(
+        default=0, help_text=_("Disk reserved for fetching the weights, where not yet held.")
+    )
     watts = models.FloatField(default=0)
     state = models.CharField(
         max_length=20, choices=ReplicaState.choices, default=ReplicaState.PENDING

@@ -837,16 +837,21 @@ class _State:
         Returns the nodes to place on and the evicted, or None (nothing changed).
         """
         options: list[tuple[tuple[int, int, int, int], int, list[Running]]] = []
-        for i in sorted(elig):
+        holders = self.holders.get(need.src, set()) & elig if need.src else set()
+        # Holders first, so the first node where one opportunistic replica makes room is
+        # the best there is, and the search of a full cluster can stop there.
+        for i in [*sorted(holders), *sorted(elig - holders)]:
             if need.n == 1 and not self._evictable(i, rank):
                 continue
             if self.fits(i, need):
-                options.append(((0, 0, need.src not in self.holds[i], i), i, []))
+                options.append(((0, 0, i not in holders, i), i, []))
                 continue
             victims = self._victims(i, rank, need)
             if victims is not None:
                 top = max(v.class_rank for v in victims)
-                options.append(((top, len(victims), need.src not in self.holds[i], i), i, victims))
+                options.append(((top, len(victims), i not in holders, i), i, victims))
+                if need.n == 1 and top == 1 and len(victims) == 1:
+                    break
         if need.n == 1:
             for _, i, victims in sorted(options, key=lambda o: o[0]):
                 for v in victims:
@@ -892,7 +897,7 @@ class _State:
         if not lower or not self._could_fit(i, need):
             return None
         useful = {r.id: self._freed(i, r, need.cls) for r in lower}
-        # Releasing and taking back is dear: first check all of them would be enough.
+        # A cheap bound first: if all of them together are not enough, no few of them are.
         mine = [h for r in lower for h in self.holds_of[r.id] if h.i == i]
         if (
             len(self.free[i].get(need.cls, ())) + sum(useful.values()) < need.g

@@ -233,6 +233,7 @@ def _place(result: TickResult) -> None:
                             cards=tuple(a.cards),
                             cpu_cores=a.cpu_cores,
                             memory_mb=a.memory_mb,
+                            disk_mb=a.disk_mb,
                             watts=a.watts,
                         )
                         for a in held
@@ -272,7 +273,7 @@ def _place(result: TickResult) -> None:
             node = by_name[a.node]
             Assignment.objects.create(
                 replica=r, node=node, rank=rank, cards=list(a.cards), cpu_cores=a.cpu_cores,
-                memory_mb=a.memory_mb, watts=a.watts,
+                memory_mb=a.memory_mb, disk_mb=a.disk_mb, watts=a.watts,
             )  # fmt: skip
             bumped.add(node.pk)
         result.placed.append(r.pk)

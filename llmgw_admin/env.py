@@ -95,7 +95,7 @@ def database_from_url(url: str) -> dict[str, object]:
         # and a connection kept per thread ran PostgreSQL out of connections with 200
         # agents heartbeating (bench/agents.py). The pool caps what one process holds.
         "CONN_MAX_AGE": 0,
-        "OPTIONS": {"pool": {"min_size": 1, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20}},
+        "OPTIONS": {"pool": {"min_size": 2, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20}},
     }
 
 

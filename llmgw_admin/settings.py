@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "llmgw_admin",
     "catalog",
     "cluster",
+    "guard",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,13 @@
+"""Routes of the guard's API, mounted under /api/v1/guard/."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from guard.api import views
+
+urlpatterns = [
+    path("check", views.check, name="guard-check"),
+    path("policy", views.policy, name="guard-policy"),
+    path("judges", views.judges, name="guard-judges"),
+]

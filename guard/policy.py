@@ -1,0 +1,327 @@
+"""The guard policy: which judges, in what order, and what their verdicts lead to.
+
+A policy is plain data (no Django, no I/O): ``validate`` reads one from a dict (a policy
+file's or the API's), ``to_data`` writes it back, and ``decide`` turns one judge's
+``Verdict`` into ``"allow"`` or ``"refuse"``.
+
+The dict's keys (nested; ``judge.models`` may also be written as one dotted key):
+
+- ``judge.models``: the judges, catalog model names, asked in this order; the first
+  that answers decides (``guard.chain``).
+- ``judge.controversial``: how a Qwen3Guard Controversial verdict counts, ``safe`` (the
+  default) or ``unsafe`` (spec §1.6: Qwen's "loose" and "strict" uses).
+- ``fail``: what happens when every judge failed, ``open`` (allow) or ``closed`` (refuse).
+- ``directions``: what is judged, any of ``requests`` and ``answers``; ``[]`` judges
+  nothing while keeping the policy.
+- ``categories``: the categories that refuse (see ``decide``).
+
+A key left out takes ``BASELINE``'s value. Section numbers (§) refer to
+/work/shared/spec/guard-formats.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.problems import PathPart, Problem
+from guard.formats import CONTROVERSIAL, QWEN3GUARD_CATEGORIES, SAFE, UNSAFE, Verdict
+
+ALLOW = "allow"
+REFUSE = "refuse"
+
+FAIL_OPEN = "open"
+FAIL_CLOSED = "closed"
+FAILS = (FAIL_OPEN, FAIL_CLOSED)
+
+CONTROVERSIAL_AS = (SAFE, UNSAFE)
+
+REQUESTS = "requests"
+ANSWERS = "answers"
+DIRECTIONS = (REQUESTS, ANSWERS)
+
+KEYS = ("judge", "fail", "directions", "categories")
+JUDGE_KEYS = ("models", "controversial")
+
+_Add = Callable[[tuple[PathPart, ...], str, str], None]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which judges judge what, and what their verdicts lead to."""
+
+    judge_models: tuple[str, ...]
+    controversial: str = SAFE
+    fail: str = FAIL_OPEN
+    judge_requests: bool = True
+    judge_answers: bool = True
+    refuse_categories: tuple[str, ...] = ()
+
+    def judges(self, direction: str) -> bool:
+        """Return whether this policy judges ``direction`` (``requests`` or ``answers``)."""
+        if direction == REQUESTS:
+            return self.judge_requests
+        if direction == ANSWERS:
+            return self.judge_answers
+        raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, not {direction!r}")
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        """Return the judged directions, in the file's order."""
+        return tuple(d for d in DIRECTIONS if self.judges(d))
+
+
+# The baseline is what ``server init`` installs (the seed commit message): Qwen3Guard-Gen
+# 0.6B, because Llama Guard 3 1B refused ordinary coding requests ("continue" at 0.51,
+# "kill all child processes" at 0.92) where the 0.6B gave them 0.15 at most, in 0.8 GB
+# on CPUs. Controversial counts as safe, the seed's default, for the same reason:
+# over-refusal is the harm the change was made for. Fail open, because the baseline is
+# one CPU judge and the seed's lesson is that refusing ordinary traffic is the failure
+# sites notice: closed would refuse every request while that one judge restarts. A site
+# that must never pass an unjudged text sets ``fail: closed``; every failure is
+# recorded against its judge either way (``guard.chain``). The categories are
+# Qwen3Guard's own nine (§1.6), all of which refuse.
+BASELINE = Policy(
+    judge_models=("qwen3guard-0.6b",),
+    controversial=SAFE,
+    fail=FAIL_OPEN,
+    judge_requests=True,
+    judge_answers=True,
+    refuse_categories=QWEN3GUARD_CATEGORIES,
+)
+
+
+def decide(policy: Policy, verdict: Verdict) -> str:
+    """Return ``"allow"`` or ``"refuse"`` for one judge's verdict under a policy.
+
+    The rule, in order:
+
+    1. ``safe`` allows.
+    2. ``controversial`` allows when ``judge.controversial`` is ``safe``; when it is
+       ``unsafe`` it is read as an unsafe verdict (rule 3).
+    3. ``unsafe`` refuses when it names no category (a judge that only says unsafe, or
+       names nothing it can map, must not slip through a category list), or when any
+       category it names is one of the policy's ``categories``; otherwise (it names
+       only categories the policy does not refuse) it allows.
+
+    Categories compare without regard to case, so ``pii`` in a policy file is
+    Qwen3Guard's ``PII``.
+    """
+    if verdict.verdict == SAFE:
+        return ALLOW
+    if verdict.verdict == CONTROVERSIAL and policy.controversial == SAFE:
+        return ALLOW
+    if not verdict.categories:
+        return REFUSE
+    refused = {c.casefold() for c in policy.refuse_categories}
+    if any(c.casefold() in refused for c in verdict.categories):
+        return REFUSE
+    return ALLOW
+
+
+def to_data(policy: Policy) -> dict[str, Any]:
+    """Return the policy as ``validate`` reads it (nested keys, lists for tuples)."""
+    return {
+        "judge": {
+            "models": list(policy.judge_models),
+            "controversial": policy.controversial,
+        },
+        "fail": policy.fail,
+        "directions": list(policy.directions),
+        "categories": list(policy.refuse_categories),
+    }
+
+
+def validate(data: Any) -> tuple[Policy | None, list[Problem]]:
+    """Return the policy a dict describes, or None and every problem with it.
+
+    Problems carry the key's path (``("judge", "models", 1)``) and a message naming
+    what is allowed; codes: ``bad_type``, ``unknown_key``, ``twice``, ``bad_value``,
+    ``no_judges``, ``empty``, ``duplicate``.
+    """
+    out: list[Problem] = []
+
+    def add(path: tuple[PathPart, ...], code: str, message: str) -> None:
+        out.append(Problem(path, message, code))
+
+    if not isinstance(data, Mapping):
+        add((), "bad_type", f"a policy is a mapping of keys, not {_kind(data)}")
+        return None, out
+    data = _undot(data, add)
+    for key in data:
+        if key not in KEYS:
+            add(
+                (str(key),),
+                "unknown_key",
+                f'unknown key "{key}": a policy has {", ".join(KEYS)}',
+            )
+    judge = data.get("judge", {})
+    if not isinstance(judge, Mapping):
+        add(
+            ("judge",),
+            "bad_type",
+            f"judge is a mapping (models, controversial), not {_kind(judge)}",
+        )
+        judge = {}
+    for key in judge:
+        if key not in JUDGE_KEYS:
+            add(
+                ("judge", str(key)),
+                "unknown_key",
+                f'unknown key "judge.{key}": judge has {", ".join(JUDGE_KEYS)}',
+            )
+
+    models = _names(judge, "models", ("judge", "models"), BASELINE.judge_models, add)
+    if models is not None and not models and "models" in judge:
+        add(
+            ("judge", "models"),
+            "no_judges",
+            "judge.models is empty: name at least one judge (a catalog guard model)",
+        )
+    controversial = _choice(
+        judge,
+        "controversial",
+        ("judge", "controversial"),
+        CONTROVERSIAL_AS,
+        BASELINE.controversial,
+        add,
+    )
+    fail = _choice(data, "fail", ("fail",), FAILS, BASELINE.fail, add)
+    directions = _names(data, "directions", ("directions",), BASELINE.directions, add)
+    if directions is not None:
+        for i, d in enumerate(directions):
+            if d not in DIRECTIONS:
+                add(
+                    ("directions", i),
+                    "bad_value",
+                    f'direction "{d}" is not one of {", ".join(DIRECTIONS)}',
+                )
+    categories = _names(data, "categories", ("categories",), BASELINE.refuse_categories, add)
+    if out:
+        return None, out
+    assert models is not None and directions is not None and categories is not None
+    assert controversial is not None and fail is not None
+    return Policy(
+        judge_models=models,
+        controversial=controversial,
+        fail=fail,
+        judge_requests=REQUESTS in directions,
+        judge_answers=ANSWERS in directions,
+        refuse_categories=categories,
+    ), []
+
+
+def _undot(data: Mapping[Any, Any], add: _Add) -> dict[Any, Any]:
+    """Return the data with ``judge.models``-style keys moved under ``judge``."""
+    out: dict[Any, Any] = {k: v for k, v in data.items() if not _dotted(k)}
+    judge = out.get("judge")
+    nested = dict(judge) if isinstance(judge, Mapping) else judge
+    for key, value in data.items():
+        if not _dotted(key):
+            continue
+        head, _, tail = key.partition(".")
+        if head != "judge":
+            add((key,), "unknown_key", f'unknown key "{key}": a policy has {", ".join(KEYS)}')
+            continue
+        if nested is None:
+            nested = {}
+        if not isinstance(nested, dict):
+            continue  # judge itself is not a mapping: reported with it
+        if tail in nested:
+            add(
+                ("judge", tail),
+                "twice",
+                f'judge.{tail} is given twice, as "{key}" and under judge: keep one',
+            )
+            continue
+        nested[tail] = value
+    if nested is not None:
+        out["judge"] = nested
+    return out
+
+
+def _dotted(key: Any) -> bool:
+    return isinstance(key, str) and "." in key
+
+
+def _names(
+    data: Mapping[Any, Any],
+    key: str,
+    path: tuple[PathPart, ...],
+    default: tuple[str, ...],
+    add: _Add,
+) -> tuple[str, ...] | None:
+    """Return a list of distinct non-empty strings, the default when absent, or None."""
+    if key not in data:
+        return default
+    value = data[key]
+    where = ".".join(str(p) for p in path)
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        add(path, "bad_type", f"{where} is a list, not {_kind(value)}")
+        return None
+    names: list[str] = []
+    ok = True
+    seen: dict[str, int] = {}
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            add((*path, i), "bad_type", f"{where}[{i}] is a name (a string), not {_kind(item)}")
+            ok = False
+            continue
+        name = item.strip()
+        if not name:
+            add((*path, i), "empty", f"{where}[{i}] is empty: write a name or remove it")
+            ok = False
+            continue
+        # Categories compare without case (decide), so "PII" and "pii" are one.
+        folded = name.casefold() if key == "categories" else name
+        if folded in seen:
+            add(
+                (*path, i),
+                "duplicate",
+                f'{where}[{i}] "{name}" repeats {where}[{seen[folded]}]: list each once',
+            )
+            ok = False
+            continue
+        seen[folded] = i
+        names.append(name)
+    return tuple(names) if ok else None
+
+
+def _choice(
+    data: Mapping[Any, Any],
+    key: str,
+    path: tuple[PathPart, ...],
+    allowed: tuple[str, ...],
+    default: str,
+    add: _Add,
+) -> str | None:
+    """Return one of ``allowed``, the default when absent, or None after a problem."""
+    if key not in data:
+        return default
+    value = data[key]
+    where = ".".join(str(p) for p in path)
+    choices = " or ".join(allowed)
+    if not isinstance(value, str):
+        add(path, "bad_type", f"{where} is {choices}, not {_kind(value)}")
+        return None
+    if value.strip().lower() not in allowed:
+        add(path, "bad_value", f'{where} "{value}" is not {choices}')
+        return None
+    return value.strip().lower()
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "empty (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, str):
+        return f'"{value}" (a string)'
+    if isinstance(value, int | float):
+        return f"{value} (a number)"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, Sequence):
+        return "a list"
+    return type(value).__name__

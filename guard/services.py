@@ -1,0 +1,201 @@
+"""Guard operations over the database: the policy, the judges it names, checks, records.
+
+Used by the guard API, the ``guard`` command and ``init``. The rules are the pure modules':
+``guard.policy`` (what a policy may say, what a verdict decides), ``guard.chain`` (judges
+in turn), ``guard.client`` (asking one judge), ``guard.known`` (judges llmgw knows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from catalog import rules
+from catalog.models import ServedModel
+from catalog.problems import Problem
+from cluster.choices import ReplicaState
+from cluster.models import Replica
+from guard import client, known
+from guard import policy as policy_rules
+from guard.chain import ChainResult, JudgeRef, run_chain
+from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, PolicyChange
+
+DEFAULT_CONTEXT = 8192
+
+
+class PolicyRefused(Exception):
+    """A policy the rules refuse; nothing was written."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems))
+        self.problems = list(problems)
+
+
+def current_policy() -> policy_rules.Policy:
+    """Return the policy in force: the stored one, or the built-in baseline."""
+    row = GuardPolicy.objects.order_by("pk").first()
+    if row is None:
+        return policy_rules.BASELINE
+    parsed, problems = policy_rules.validate(row.data)
+    # A stored policy was valid when written; one that no longer reads (an older
+    # release's keys) falls back to the baseline rather than judging with nothing.
+    return parsed if parsed is not None and not problems else policy_rules.BASELINE
+
+
+@transaction.atomic
+def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> policy_rules.Policy:
+    """Check and store a policy, logging the change with who made it."""
+    parsed, problems = policy_rules.validate(data)
+    if problems or parsed is None:
+        raise PolicyRefused(problems)
+    before = policy_rules.to_data(current_policy())
+    after = policy_rules.to_data(parsed)
+    row = GuardPolicy.objects.select_for_update().order_by("pk").first()
+    if row is None:
+        GuardPolicy.objects.create(data=after)
+    elif row.data != after:
+        row.data = after
+        row.save()
+    else:
+        return parsed
+    who = getattr(user, "username", "") or name or "system"
+    changed = [k for k in after if before.get(k) != after.get(k)]
+    PolicyChange.objects.create(
+        actor=user if getattr(user, "pk", None) else None,
+        actor_name=who,
+        surface=surface,
+        before=before,
+        after=after,
+        summary=", ".join(changed) or "set",
+    )
+    return parsed
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A judge the policy names, as the catalog and the cluster have it now."""
+
+    name: str
+    format: str | None
+    categories: tuple[str, ...]
+    variant: str | None
+    context_length: int
+    endpoint: str | None
+
+    @property
+    def ref(self) -> JudgeRef:
+        """Return the chain's view: ready when a replica answers and the format is known."""
+        return JudgeRef(self.name, ready=bool(self.endpoint and self.format))
+
+
+def judges(names: Sequence[str]) -> list[Judge]:
+    """Return the named judges in order, each with a ready replica's endpoint if any."""
+    models = {
+        m.name: m
+        for m in ServedModel.objects.filter(name__in=list(names)).prefetch_related("profiles")
+    }
+    endpoints: dict[str, str] = {}
+    for name, endpoint in (
+        Replica.objects.filter(model_name__in=list(names), state=ReplicaState.READY, desired=True)
+        .exclude(endpoint="")
+        .order_by("-ready_since")
+        .values_list("model_name", "endpoint")
+    ):
+        endpoints.setdefault(name, endpoint)
+    out = []
+    for name in names:
+        served = models.get(name)
+        spec = served.to_spec() if served else None
+        kj = known.KNOWN.get(name)
+        fmt = spec.guard.format if spec and spec.guard and rules.is_guard(spec) else None
+        out.append(
+            Judge(
+                name=name,
+                format=fmt,
+                categories=tuple(spec.guard.categories) if spec and spec.guard else (),
+                variant=kj.variant if kj else None,
+                context_length=(spec.context_length if spec and spec.context_length else 0)
+                or (kj.context_length if kj else DEFAULT_CONTEXT),
+                endpoint=endpoints.get(name),
+            )
+        )
+    return out
+
+
+def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> dict[str, Any]:
+    """Judge a request (and, given, its answer) with the policy's chain; record the result.
+
+    Returns the API's and the command's JSON: decision, verdict, categories, judge, score,
+    latency_ms and the failures on the way.
+    """
+    pol = current_policy()
+    direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
+    chain_judges = judges(pol.judge_models)
+    by_name = {j.name: j for j in chain_judges}
+
+    # One HTTP client for the whole chain: making one costs tens of milliseconds.
+    with httpx.Client() as http:
+
+        def ask(ref: JudgeRef) -> Any:
+            j = by_name[ref.name]
+            kwargs: dict[str, Any] = {
+                "context_length": j.context_length,
+                "categories": j.categories or None,
+                "variant": j.variant,
+                "timeout": timeout,
+                "model": j.name,
+                "controversial": pol.controversial,
+                "client": http,
+            }
+            return client.ask_judge(j.endpoint or "", j.format or "", request, answer, **kwargs)
+
+        result = run_chain(pol, [j.ref for j in chain_judges], ask, direction=direction)
+    record(result)
+    return as_json(result)
+
+
+def as_json(result: ChainResult) -> dict[str, Any]:
+    """Return a chain's result as the check API answers it."""
+    return {
+        "decision": result.decision,
+        "verdict": result.verdict,
+        "categories": list(result.categories),
+        "judge": result.judge,
+        "score": result.score,
+        "latency_ms": None if result.latency_ms is None else round(result.latency_ms, 1),
+        "failures": [
+            {"judge": f.judge, "kind": f.kind, "message": f.message, "at": f.at.isoformat()}
+            for f in result.failures
+        ],
+        "judged": result.judged,
+        "failed_open": result.failed_open,
+    }
+
+
+def record(result: ChainResult) -> None:
+    """Count failures against their judges and the decider's verdict per category."""
+    for f in result.failures:
+        obj, _ = JudgeHealth.objects.get_or_create(judge=f.judge)
+        JudgeHealth.objects.filter(pk=obj.pk).update(
+            failures=F("failures") + 1,
+            last_error=f.message[:2000],
+            last_error_kind=f.kind,
+            last_error_at=f.at,
+        )
+    if result.judge is None or result.verdict is None:
+        return
+    obj, _ = JudgeHealth.objects.get_or_create(judge=result.judge)
+    JudgeHealth.objects.filter(pk=obj.pk).update(
+        answers=F("answers") + 1, last_good_at=timezone.now(), last_latency_ms=result.latency_ms
+    )
+    for category in result.categories or ("",):
+        row, _ = JudgeDecision.objects.get_or_create(
+            judge=result.judge, verdict=result.verdict, category=category
+        )
+        JudgeDecision.objects.filter(pk=row.pk).update(count=F("count") + 1)

@@ -1,0 +1,164 @@
+"""The guard over the database and real sim judges: policy API, the check API, records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cluster.models import Replica
+from guard.models import JudgeDecision, JudgeHealth, PolicyChange
+from tests.catalog.samples import store
+from tests.guard.test_client import launch
+
+pytestmark = pytest.mark.django_db
+
+H100 = "nvidia-h100-80gb"
+
+
+@pytest.fixture(scope="module")
+def judge_url() -> Iterator[str]:
+    proc, url = launch(
+        "--model", "qwen3guard-0.6b", "--guard-format", "qwen3guard",
+        "--guard-categories", "Violent", "--context-length", "8192",
+    )  # fmt: skip
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def judge(name: str, endpoint: str | None) -> None:
+    """Put a sim judge in the catalog, and a ready replica at ``endpoint`` when given."""
+    store(
+        {
+            "name": name,
+            "source": f"sim/{name}",
+            "role": "guard",
+            "guard": {"format": "qwen3guard"},
+            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
+            "scaling": {"min": 1, "max": 1},
+        }
+    )
+    if endpoint:
+        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
+
+
+def set_policy(api: Any, **data: Any) -> Any:
+    body = {"judge": {"models": ["dead", "qwen3guard-0.6b"]}, "fail": "closed"}
+    body.update(data)
+    return api.put("/api/v1/guard/policy", body, format="json")
+
+
+def test_policy_baseline_then_set_and_logged(api_for: Any, operator: Any, viewer: Any) -> None:
+    got = api_for(viewer).get("/api/v1/guard/policy").json()
+    assert got["judge"]["models"] == ["qwen3guard-0.6b"] and got["fail"] == "open"
+    assert set_policy(api_for(viewer)).status_code == 403
+    r = set_policy(api_for(operator))
+    assert r.status_code == 200, r.json()
+    assert api_for(viewer).get("/api/v1/guard/policy").json()["judge"]["models"] == [
+        "dead",
+        "qwen3guard-0.6b",
+    ]
+    change = PolicyChange.objects.get()
+    assert change.actor_name == "otto" and change.surface == "api"
+
+
+def test_bad_policy_refused_with_paths_and_nothing_changed(api_for: Any, operator: Any) -> None:
+    r = set_policy(api_for(operator), fail="maybe", judge={"models": [], "controversial": "x"})
+    assert r.status_code == 400
+    fields = {e["field"] for e in r.json()["errors"]}
+    assert {"fail", "judge.models", "judge.controversial"} <= fields
+    assert not PolicyChange.objects.exists()
+
+
+def test_check_first_answer_decides_failures_recorded(
+    api_for: Any, operator: Any, judge_url: str
+) -> None:
+    judge("dead", None)  # in the catalog, but no ready replica
+    judge("qwen3guard-0.6b", judge_url)
+    set_policy(api_for(operator))
+    api = api_for(operator)
+
+    r = api.post(
+        "/api/v1/guard/check",
+        {"request": "how do I kill all child processes in bash"},
+        format="json",
+    )
+    body = r.json()
+    assert r.status_code == 200, body
+    assert (body["decision"], body["verdict"], body["judge"]) == (
+        "allow",
+        "safe",
+        "qwen3guard-0.6b",
+    )
+    assert body["failures"][0]["judge"] == "dead" and body["failures"][0]["kind"] == "no_replica"
+    assert body["score"] is not None and body["score"] < 0.5
+
+    r = api.post("/api/v1/guard/check", {"request": "help me UNSAFE-MARKER now"}, format="json")
+    body = r.json()
+    assert (body["decision"], body["verdict"], body["categories"]) == (
+        "refuse",
+        "unsafe",
+        ["Violent"],
+    )
+    assert body["score"] > 0.5
+
+    health = {h.judge: h for h in JudgeHealth.objects.all()}
+    assert health["dead"].failures == 2 and health["dead"].last_error_kind == "no_replica"
+    assert health["qwen3guard-0.6b"].answers == 2 and health["qwen3guard-0.6b"].last_good_at
+    counts = {
+        (d.verdict, d.category): d.count
+        for d in JudgeDecision.objects.filter(judge="qwen3guard-0.6b")
+    }
+    assert counts == {("safe", ""): 1, ("unsafe", "Violent"): 1}
+    judges = {j["judge"]: j for j in api.get("/api/v1/guard/judges").json()}
+    assert judges["dead"]["failures"] == 2
+
+
+def test_all_judges_failing_fail_decides(api_for: Any, operator: Any) -> None:
+    judge("qwen3guard-0.6b", "http://127.0.0.1:9")  # nothing listens there
+    set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]}, fail="closed")
+    body = api_for(operator).post("/api/v1/guard/check", {"request": "hello"}, format="json").json()
+    assert (body["decision"], body["verdict"], body["judge"]) == ("refuse", None, None)
+    assert body["failures"][0]["kind"] == "timeout"
+    set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]}, fail="open")
+    body = api_for(operator).post("/api/v1/guard/check", {"request": "hello"}, format="json").json()
+    assert body["decision"] == "allow" and body["failed_open"]
+
+
+@pytest.mark.parametrize(("setting", "decision"), [("safe", "allow"), ("unsafe", "refuse")])
+def test_controversial_follows_the_policy(
+    api_for: Any, operator: Any, judge_url: str, setting: str, decision: str
+) -> None:
+    judge("qwen3guard-0.6b", judge_url)
+    set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"], "controversial": setting})
+    body = (
+        api_for(operator)
+        .post("/api/v1/guard/check", {"request": "CONTROVERSIAL-MARKER"}, format="json")
+        .json()
+    )
+    assert body["verdict"] == "controversial" and body["decision"] == decision
+
+
+def test_answer_is_judged_with_its_request(api_for: Any, operator: Any, judge_url: str) -> None:
+    judge("qwen3guard-0.6b", judge_url)
+    set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]})
+    body = (
+        api_for(operator)
+        .post(
+            "/api/v1/guard/check",
+            {"request": "write a poem", "answer": "UNSAFE-MARKER verses"},
+            format="json",
+        )
+        .json()
+    )
+    assert body["decision"] == "refuse"
+
+
+def test_check_needs_sign_in(db: Any) -> None:
+    from rest_framework.test import APIClient
+
+    assert (
+        APIClient().post("/api/v1/guard/check", {"request": "x"}, format="json").status_code == 401
+    )

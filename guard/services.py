@@ -199,3 +199,48 @@ def record(result: ChainResult) -> None:
             judge=result.judge, verdict=result.verdict, category=category
         )
         JudgeDecision.objects.filter(pk=row.pk).update(count=F("count") + 1)
+
+
+def cluster_shape() -> tuple[list[int], dict[str, int]]:
+    """Return the ready nodes' core counts and each GPU class's largest memory (MiB)."""
+    from cluster.choices import NodeHealth
+    from cluster.models import Card, Node
+
+    cores = list(Node.objects.filter(health=NodeHealth.READY).values_list("cpu_cores", flat=True))
+    classes: dict[str, int] = {}
+    for gpu_class, memory in Card.objects.filter(node__health=NodeHealth.READY).values_list(
+        "gpu_class", "memory_mb"
+    ):
+        classes[gpu_class] = max(classes.get(gpu_class, 0), memory)
+    return cores, classes
+
+
+def enable_judge(name: str | None, *, gpu: bool, sim: bool, actor: Any) -> tuple[str, bool]:
+    """Add a known judge to the catalog (or update it), served as asked; return its name
+    and whether anything changed. Safe to run again."""
+    from catalog import codec
+    from catalog import services as catalog_services
+
+    cores, classes = cluster_shape()
+    spec = known.enable_spec(name, gpu=gpu, node_cores=cores, gpu_classes=classes, sim=sim)
+    existing = ServedModel.objects.filter(name=spec.name).first()
+    if existing is not None:
+        before = codec.encode_model(rules.normalize(existing.to_spec()))
+        if before == codec.encode_model(rules.normalize(spec)):
+            return spec.name, False
+    catalog_services.save_model(spec, actor, replacing=spec.name if existing else None)
+    return spec.name, True
+
+
+def use_judges(
+    names: Sequence[str], *, user: Any = None, surface: str, name: str = ""
+) -> list[str]:
+    """Set the policy's judges in order; return lines saying which categories were replaced."""
+    reports: dict[str, list[str]] = {}
+    for served in ServedModel.objects.filter(name__in=list(names)):
+        spec = served.to_spec()
+        if spec.guard and spec.guard.categories:
+            reports[spec.name] = list(spec.guard.categories)
+    new, replaced = known.use(current_policy(), list(names), reports=reports)
+    set_policy(policy_rules.to_data(new), user=user, surface=surface, name=name)
+    return [r.line() for r in replaced]

@@ -37,15 +37,26 @@ class PolicyRefused(Exception):
         self.problems = list(problems)
 
 
+_parsed: tuple[Any, policy_rules.Policy] | None = None
+
+
 def current_policy() -> policy_rules.Policy:
-    """Return the policy in force: the stored one, or the built-in baseline."""
-    row = GuardPolicy.objects.order_by("pk").first()
-    if row is None:
+    """Return the policy in force: the stored one, or the built-in baseline.
+
+    One query; the stored data is parsed again only when it changed (every check asks).
+    """
+    global _parsed
+    data = GuardPolicy.objects.order_by("pk").values_list("data", flat=True).first()
+    if data is None:
         return policy_rules.BASELINE
-    parsed, problems = policy_rules.validate(row.data)
+    if _parsed is not None and _parsed[0] == data:
+        return _parsed[1]
+    parsed, problems = policy_rules.validate(data)
     # A stored policy was valid when written; one that no longer reads (an older
     # release's keys) falls back to the baseline rather than judging with nothing.
-    return parsed if parsed is not None and not problems else policy_rules.BASELINE
+    result = parsed if parsed is not None and not problems else policy_rules.BASELINE
+    _parsed = (data, result)
+    return result
 
 
 @transaction.atomic
@@ -95,10 +106,15 @@ class Judge:
 
 
 def judges(names: Sequence[str]) -> list[Judge]:
-    """Return the named judges in order, each with a ready replica's endpoint if any."""
-    models = {
-        m.name: m
-        for m in ServedModel.objects.filter(name__in=list(names)).prefetch_related("profiles")
+    """Return the named judges in order, each with a ready replica's endpoint if any.
+
+    Two queries, reading only the columns a check needs (every check asks).
+    """
+    rows = {
+        r["name"]: r
+        for r in ServedModel.objects.filter(name__in=list(names)).values(
+            "name", "role", "guard_format", "guard_categories", "context_length"
+        )
     }
     endpoints: dict[str, str] = {}
     for name, endpoint in (
@@ -110,17 +126,16 @@ def judges(names: Sequence[str]) -> list[Judge]:
         endpoints.setdefault(name, endpoint)
     out = []
     for name in names:
-        served = models.get(name)
-        spec = served.to_spec() if served else None
+        row = rows.get(name)
         kj = known.KNOWN.get(name)
-        fmt = spec.guard.format if spec and spec.guard and rules.is_guard(spec) else None
+        is_judge = bool(row and row["role"] == rules.ROLE_GUARD and row["guard_format"])
         out.append(
             Judge(
                 name=name,
-                format=fmt,
-                categories=tuple(spec.guard.categories) if spec and spec.guard else (),
+                format=row["guard_format"] if is_judge and row else None,
+                categories=tuple(row["guard_categories"] or ()) if row else (),
                 variant=kj.variant if kj else None,
-                context_length=(spec.context_length if spec and spec.context_length else 0)
+                context_length=(row["context_length"] if row and row["context_length"] else 0)
                 or (kj.context_length if kj else DEFAULT_CONTEXT),
                 endpoint=endpoints.get(name),
             )
@@ -139,25 +154,42 @@ def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> 
     chain_judges = judges(pol.judge_models)
     by_name = {j.name: j for j in chain_judges}
 
-    # One HTTP client for the whole chain: making one costs tens of milliseconds.
-    with httpx.Client() as http:
+    # One client for every check: making one costs tens of milliseconds.
+    http = _http()
 
-        def ask(ref: JudgeRef) -> Any:
-            j = by_name[ref.name]
-            kwargs: dict[str, Any] = {
-                "context_length": j.context_length,
-                "categories": j.categories or None,
-                "variant": j.variant,
-                "timeout": timeout,
-                "model": j.name,
-                "controversial": pol.controversial,
-                "client": http,
-            }
-            return client.ask_judge(j.endpoint or "", j.format or "", request, answer, **kwargs)
+    def ask(ref: JudgeRef) -> Any:
+        j = by_name[ref.name]
+        return client.ask_judge(
+            j.endpoint or "",
+            j.format or "",
+            request,
+            answer,
+            context_length=j.context_length,
+            categories=j.categories or None,
+            variant=j.variant,
+            timeout=timeout,
+            model=j.name,
+            controversial=pol.controversial,
+            client=http,
+        )
 
-        result = run_chain(pol, [j.ref for j in chain_judges], ask, direction=direction)
+    result = run_chain(pol, [j.ref for j in chain_judges], ask, direction=direction)
     record(result)
     return as_json(result)
+
+
+_client: httpx.Client | None = None
+
+
+def _http() -> httpx.Client:
+    """Return the process's HTTP client for judges (made once; httpx clients are
+    thread-safe and pool their connections, so every check reuses them)."""
+    global _client
+    if _client is None:
+        _client = httpx.Client(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
+        )
+    return _client
 
 
 def as_json(result: ChainResult) -> dict[str, Any]:
@@ -179,10 +211,13 @@ def as_json(result: ChainResult) -> dict[str, Any]:
 
 
 def record(result: ChainResult) -> None:
-    """Count failures against their judges and the decider's verdict per category."""
+    """Count failures against their judges and the decider's verdict per category.
+
+    An update first and an insert only the first time: a query or two per check.
+    """
     for f in result.failures:
-        obj, _ = JudgeHealth.objects.get_or_create(judge=f.judge)
-        JudgeHealth.objects.filter(pk=obj.pk).update(
+        _bump_health(
+            f.judge,
             failures=F("failures") + 1,
             last_error=f.message[:2000],
             last_error_kind=f.kind,
@@ -190,15 +225,23 @@ def record(result: ChainResult) -> None:
         )
     if result.judge is None or result.verdict is None:
         return
-    obj, _ = JudgeHealth.objects.get_or_create(judge=result.judge)
-    JudgeHealth.objects.filter(pk=obj.pk).update(
-        answers=F("answers") + 1, last_good_at=timezone.now(), last_latency_ms=result.latency_ms
+    _bump_health(
+        result.judge,
+        answers=F("answers") + 1,
+        last_good_at=timezone.now(),
+        last_latency_ms=result.latency_ms,
     )
     for category in result.categories or ("",):
-        row, _ = JudgeDecision.objects.get_or_create(
-            judge=result.judge, verdict=result.verdict, category=category
-        )
-        JudgeDecision.objects.filter(pk=row.pk).update(count=F("count") + 1)
+        key = {"judge": result.judge, "verdict": result.verdict, "category": category}
+        if not JudgeDecision.objects.filter(**key).update(count=F("count") + 1):
+            JudgeDecision.objects.get_or_create(**key)
+            JudgeDecision.objects.filter(**key).update(count=F("count") + 1)
+
+
+def _bump_health(judge: str, **changes: Any) -> None:
+    if not JudgeHealth.objects.filter(judge=judge).update(**changes):
+        JudgeHealth.objects.get_or_create(judge=judge)
+        JudgeHealth.objects.filter(judge=judge).update(**changes)
 
 
 def cluster_shape() -> tuple[list[int], dict[str, int]]:

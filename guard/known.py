@@ -327,18 +327,20 @@ def use(
         raise ValueError("name at least one judge")
     reports = reports or {}
     reportable: set[str] = set()
+    per_judge: list[set[str]] = []
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ValueError(f'judge "{name}" is listed twice: list each once')
         if name in reports:
-            reportable |= {c.casefold() for c in reports[name]}
+            per_judge.append({c.casefold() for c in reports[name]})
         elif name in KNOWN:
-            reportable |= {c.casefold() for c in KNOWN[name].categories}
+            per_judge.append({c.casefold() for c in KNOWN[name].categories})
         else:
             raise ValueError(
                 f'no judge "{name}" in the catalog or known: one of '
                 f"{', '.join(sorted({*reports, *KNOWN}))}"
             )
+        reportable |= per_judge[-1]
     kept: list[str] = []
     replaced: list[Replacement] = []
     for category in policy.refuse_categories:
@@ -348,6 +350,14 @@ def use(
         by = tuple(c for c in equivalents(category) if c.casefold() in reportable)
         replaced.append(Replacement(category, by))
         kept += by
+    # A judge that cannot name a kept category must still refuse its equivalent: in a
+    # chain of a Qwen3Guard and a Llama Guard, "Violent" alone would let the Llama
+    # Guard's "Violent Crimes" through whenever it decides. Its equivalents in each
+    # judge's own names are added (not reported as replacements: nothing was lost).
+    for category in list(kept):
+        for names_of_judge in per_judge:
+            if category.casefold() not in names_of_judge:
+                kept += [c for c in equivalents(category) if c.casefold() in names_of_judge]
     categories: list[str] = []
     for c in kept:
         if all(c.casefold() != have.casefold() for have in categories):

@@ -243,3 +243,34 @@ def _agent_running(tmp_path: Path) -> bool:
         if "-m agent" in text and str(tmp_path) in text:
             return True
     return False
+
+
+def test_guard_chain_with_sim_judges_on_real_agents(
+    control_plane: ControlPlane, agents: Callable[..., Agent]
+) -> None:
+    """Judges enabled on the sim engine run on real agents; the chain uses their replicas."""
+    from guard import services as guard_services
+
+    agents("a", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
+    from catalog.choices import Surface
+    from catalog.services import Actor
+
+    actor = Actor(None, Surface.CLI, name="e2e")
+    guard_services.enable_judge("qwen3guard-0.6b", gpu=False, sim=True, actor=actor)
+    guard_services.enable_judge("llamaguard3-1b", gpu=False, sim=True, actor=actor)
+    guard_services.use_judges(["llamaguard3-1b", "qwen3guard-0.6b"], surface="cli", name="e2e")
+    wait_for(ready("qwen3guard-0.6b"), 90, "the qwen judge ready")
+    wait_for(ready("llamaguard3-1b"), 90, "the llama judge ready")
+
+    body = guard_services.check("continue the code above")
+    assert (body["decision"], body["judge"], body["failures"]) == ("allow", "llamaguard3-1b", [])
+    body = guard_services.check("please UNSAFE-MARKER")
+    assert body["decision"] == "refuse" and body["verdict"] == "unsafe", (body, guard_services.current_policy())
+
+    # The first judge's replica goes away: the second decides, the failure recorded.
+    Replica.objects.filter(model_name="llamaguard3-1b").update(state="failed")
+    body = guard_services.check("continue")
+    assert body["judge"] == "qwen3guard-0.6b"
+    assert body["failures"][0]["judge"] == "llamaguard3-1b"
+    assert body["failures"][0]["kind"] == "no_replica"

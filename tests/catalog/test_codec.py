@@ -561,7 +561,12 @@ def test_every_spec_block_is_covered_by_the_codec() -> None:
 def test_nul_characters_are_refused_wherever_text_goes():
     """PostgreSQL cannot store NUL in text: refused with its path, not a 500 later."""
     model, problems = decode_model(
-        {"name": "a", "description": "x\x00", "aliases": ["b\x00"], "profiles": [{"env": {"A\x00": "1"}}]}
+        {
+            "name": "a",
+            "description": "x\x00",
+            "aliases": ["b\x00"],
+            "profiles": [{"env": {"A\x00": "1"}}],
+        }
     )
     assert model is None
     assert {(p.field, p.code) for p in problems} == {

@@ -266,7 +266,10 @@ def test_guard_chain_with_sim_judges_on_real_agents(
     body = guard_services.check("continue the code above")
     assert (body["decision"], body["judge"], body["failures"]) == ("allow", "llamaguard3-1b", [])
     body = guard_services.check("please UNSAFE-MARKER")
-    assert body["decision"] == "refuse" and body["verdict"] == "unsafe", (body, guard_services.current_policy())
+    assert body["decision"] == "refuse" and body["verdict"] == "unsafe", (
+        body,
+        guard_services.current_policy(),
+    )
 
     # The first judge's replica goes away: the second decides, the failure recorded.
     Replica.objects.filter(model_name="llamaguard3-1b").update(state="failed")

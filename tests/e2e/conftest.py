@@ -135,11 +135,14 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
     def start(name: str, *extra: str) -> Agent:
         state = tmp_path / f"agent-{name}"
         log = (tmp_path / f"agent-{name}.log").open("ab")  # noqa: SIM115
+        # Engines inherit the agent's environment: the marker finds them at the end, even
+        # those of an agent killed on purpose, whose replicas the control plane forgot.
+        env = dict(os.environ, LLMGW_E2E_RUN=str(tmp_path))
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "--server", control_plane.url, "--join-token", secret,
              "--name", name, "--state-dir", str(state), "--heartbeat", "1s", "--grace", "3s",
              *extra],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         agent = Agent(name, proc, state)
         started.append(agent)
@@ -159,3 +162,8 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
     for pid in Assignment.objects.exclude(pid=None).values_list("pid", flat=True):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    marker = f"LLMGW_E2E_RUN={tmp_path}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError, ValueError):
+            if marker in environ.read_bytes().split(b"\0"):
+                os.kill(int(environ.parent.name), signal.SIGKILL)

@@ -106,8 +106,7 @@ def test_agents_run_sim_replicas_multi_node_and_drain(
 def test_faults_engine_killed_agent_lost_web_restarted(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
-    a = agents("a", "--simulate", f"2x {H100}")
-    agents("b", "--simulate", f"2x {H100}")
+    started = {name: agents(name, "--simulate", f"2x {H100}") for name in ("a", "b")}
     wait_for(lambda: Node.objects.filter(health="ready").count() == 2, 60, "two nodes")
     store(sim_model("chat"))
     (replica,) = wait_for(ready("chat"), 90, "chat ready")
@@ -132,12 +131,10 @@ def test_faults_engine_killed_agent_lost_web_restarted(
 
     # Stop the agent that runs it: the node is lost and the replica placed elsewhere.
     holder = Assignment.objects.get(pk=assignment.pk).node.name
-    victim = a if holder == "a" else None
-    if victim is None:
-        pytest.fail("the replica was expected on the first agent's node")
-    victim.kill()
+    other = "b" if holder == "a" else "a"
+    started[holder].kill()
     wait_for(lambda: Node.objects.get(name=holder).health == "lost", 30, "the node lost")
-    wait_for(lambda: nodes_of("chat") == {"b"} and ready("chat")(), 60, "chat ready on b")
+    wait_for(lambda: nodes_of("chat") == {other} and ready("chat")(), 60, f"chat ready on {other}")
 
 
 def _operator_token() -> dict[str, str]:

@@ -45,7 +45,8 @@ class Command(BaseCommand):
         CommandLineInterface().run(
             [
                 "--bind", options["bind"], "--port", str(options["port"]),
-                "--verbosity", "1", "llmgw_admin.asgi:application",
+                # Access lines for every agent call would bury what a person needs to read.
+                "--verbosity", "0", "llmgw_admin.asgi:application",
             ]
         )  # fmt: skip
 

@@ -75,3 +75,21 @@ class JudgeDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.judge} {self.verdict} {self.category}: {self.count}"
+
+
+class JudgeProbe(models.Model):
+    """The last health probe of a judge: an ordinary and a harmful text, and how it went."""
+
+    judge = models.CharField(max_length=200, unique=True)
+    at = models.DateTimeField()
+    ok = models.BooleanField(default=False)
+    ordinary_verdict = models.CharField(max_length=20, blank=True)
+    harmful_verdict = models.CharField(max_length=20, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ("judge",)
+
+    def __str__(self) -> str:
+        return f"{self.judge} probed at {self.at}"

@@ -120,6 +120,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(envint("RECONCILE_INTERVAL", 5)),
         "options": {"expires": max(1.0, envint("RECONCILE_INTERVAL", 5) * 0.9)},
     },
+    "probe-judge-health": {
+        "task": "guard.tasks.probe_judge_health",
+        "schedule": float(envint("PROBE_INTERVAL", 60)),
+        "options": {"expires": max(1.0, envint("PROBE_INTERVAL", 60) * 0.9)},
+    },
 }
 
 # The cluster (docs/configuration.md).
@@ -127,6 +132,7 @@ LLMGW_NODE_LOST_AFTER = envint("NODE_LOST_AFTER", 30)
 LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
+LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

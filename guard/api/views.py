@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from guard import policy as policy_rules
 from guard import services
-from guard.models import JudgeDecision, JudgeHealth
+from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
 from llmgw_admin.api import problems_response
 from llmgw_admin.roles import OPERATOR, VIEWER
 
@@ -92,7 +92,8 @@ def judges(request: Request) -> Response:
     out = []
     names = list(services.current_policy().judge_models)
     health = {h.judge: h for h in JudgeHealth.objects.all()}
-    for name in names + sorted(set(health) - set(names)):
+    probes = {p.judge: p for p in JudgeProbe.objects.all()}
+    for name in names + sorted((set(health) | set(probes)) - set(names)):
         h = health.get(name)
         out.append(
             {
@@ -106,6 +107,18 @@ def judges(request: Request) -> Response:
                 "last_good_at": h.last_good_at if h else None,
                 "last_latency_ms": h.last_latency_ms if h else None,
                 "decisions": decisions.get(name, []),
+                "probe": (
+                    {
+                        "at": probes[name].at,
+                        "ok": probes[name].ok,
+                        "ordinary_verdict": probes[name].ordinary_verdict,
+                        "harmful_verdict": probes[name].harmful_verdict,
+                        "latency_ms": probes[name].latency_ms,
+                        "error": probes[name].error,
+                    }
+                    if name in probes
+                    else None
+                ),
             }
         )
     return Response(out)

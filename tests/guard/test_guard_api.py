@@ -162,3 +162,22 @@ def test_check_needs_sign_in(db: Any) -> None:
     assert (
         APIClient().post("/api/v1/guard/check", {"request": "x"}, format="json").status_code == 401
     )
+
+
+def test_probe_keeps_each_judges_health(api_for: Any, viewer: Any, judge_url: str) -> None:
+    from guard import services
+
+    judge("qwen3guard-0.6b", judge_url)
+    judge("dead", None)
+    judge("gone", "http://127.0.0.1:9")
+    probes = {p.judge: p for p in services.probe_judges(timeout=2)}
+    ok = probes["qwen3guard-0.6b"]
+    assert ok.ok and ok.ordinary_verdict == "safe" and ok.latency_ms is not None
+    assert not probes["dead"].ok and probes["dead"].error == "no ready replica"
+    assert not probes["gone"].ok and probes["gone"].error.startswith("timeout")
+    health = {h.judge: h for h in JudgeHealth.objects.all()}
+    assert health["qwen3guard-0.6b"].last_good_at is not None
+    assert health["gone"].failures == 1 and health["gone"].last_error_kind == "timeout"
+    listed = {j["judge"]: j for j in api_for(viewer).get("/api/v1/guard/judges").json()}
+    assert listed["qwen3guard-0.6b"]["probe"]["ok"] is True
+    assert listed["dead"]["probe"]["error"] == "no ready replica"

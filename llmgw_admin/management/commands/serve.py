@@ -39,6 +39,12 @@ class Command(BaseCommand):
                 target=reconciler.run_forever, args=(interval,), name="reconciler", daemon=True
             ).start()
             self.stdout.write(f"reconciling in-process every {interval:g} s")
+            threading.Thread(
+                target=_every,
+                args=(float(settings.LLMGW_PROBE_INTERVAL), "guard.services", "probe_judges"),
+                name="judge-probe",
+                daemon=True,
+            ).start()
             if settings.LLMGW_LOCAL_AGENT:
                 self._start_local_agent(options["bind"], options["port"], Path(settings.DATA_DIR))
 
@@ -72,6 +78,24 @@ class Command(BaseCommand):
         )  # fmt: skip
         atexit.register(_stop, proc)
         self.stdout.write(f"local agent started (log: {log.name})")
+
+
+def _every(interval: float, module: str, function: str) -> None:
+    """Call ``module.function()`` every ``interval`` seconds (the embedded mode's beat)."""
+    import importlib
+    import logging
+    import time
+
+    from django.db import close_old_connections
+
+    target = getattr(importlib.import_module(module), function)
+    while True:
+        time.sleep(interval)
+        try:
+            close_old_connections()
+            target()
+        except Exception:
+            logging.getLogger(__name__).exception("%s.%s failed; trying again", module, function)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -92,11 +93,13 @@ def tick(now: datetime | None = None) -> TickResult:
         result = TickResult()
         with transaction.atomic():
             _mark_lost(now, result)
+        # The catalog is read once a tick; both steps work from the same view of it.
+        specs = {m.name: rules.normalize(m) for m in stored_specs()}
         with transaction.atomic():
-            _scale(now, result)
+            _scale(now, specs, result)
             _finish_rolls(result)
         with transaction.atomic():
-            _place(result)
+            _place(specs, result)
         return result
 
 
@@ -131,10 +134,9 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
         result.lost.append(node.name)
 
 
-def _scale(now: datetime, result: TickResult) -> None:
+def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> None:
     idle_default = int(float(getattr(settings, "LLMGW_IDLE_TIMEOUT", 900)) * SECOND)
     demands = dict(ModelDemand.objects.values_list("model_name", "last_demand"))
-    specs = {m.name: rules.normalize(m) for m in stored_specs()}
     wants = {
         name: plan.wanted(m, now, demands.get(name), idle_default) for name, m in specs.items()
     }
@@ -186,7 +188,7 @@ def _finish_rolls(result: TickResult) -> None:
         Replica.objects.filter(pk=new.pk).update(replaces=None)
 
 
-def _place(result: TickResult) -> None:
+def _place(specs: dict[str, Any], result: TickResult) -> None:
     nodes = list(Node.objects.prefetch_related("cards"))
     by_name = {n.name: n for n in nodes}
     p_nodes = [
@@ -208,7 +210,6 @@ def _place(result: TickResult) -> None:
         for n in nodes
     ]
     domains = [placement.Domain(b.level, b.name, b.cap_watts) for b in FacilityBudget.objects.all()]
-    specs = {m.name: rules.normalize(m) for m in stored_specs()}
     replicas = list(Replica.objects.prefetch_related("assignments__node"))
     running, requests = [], []
     profiles: dict[str, tuple[placement.PlacementProfile, ...]] = {}

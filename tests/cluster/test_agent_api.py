@@ -187,3 +187,18 @@ def test_operator_actions_and_roles(api_for: Any, operator: Any, viewer: Any) ->
         ("drain", "node a", "otto"),
         ("restart", f"replica {rid} of chat", "otto"),
     ]
+
+
+def test_replica_list_queries_do_not_grow_with_models(api_for: Any, viewer: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    api = api_for(viewer)
+    store(*[gpu_model(f"m{i}") for i in range(3)])
+    api.get("/api/v1/cluster/replicas/")
+    with CaptureQueriesContext(connection) as few:
+        api.get("/api/v1/cluster/replicas/")
+    store(*[gpu_model(f"n{i}") for i in range(20)])
+    with CaptureQueriesContext(connection) as many:
+        api.get("/api/v1/cluster/replicas/")
+    assert len(many) == len(few)

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from catalog import rules
+from catalog.convert import CHILD_GROUPS
 from catalog.models import ServedModel
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import (
@@ -187,6 +188,8 @@ def desired_list(node: Node) -> dict[str, Any]:
     assignments = (
         Assignment.objects.filter(node=node, replica__desired=True)
         .select_related("replica", "replica__model")
+        # The models' rows in a fixed few queries, however many replicas the node runs.
+        .prefetch_related(*(f"replica__model__{group}" for group in CHILD_GROUPS))
         .order_by("replica_id", "rank")
     )
     replicas = []

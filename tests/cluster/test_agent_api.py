@@ -202,3 +202,20 @@ def test_replica_list_queries_do_not_grow_with_models(api_for: Any, viewer: Any)
     with CaptureQueriesContext(connection) as many:
         api.get("/api/v1/cluster/replicas/")
     assert len(many) == len(few)
+
+
+def test_desired_list_queries_do_not_grow_with_replicas() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    a, _ = joined("a", [H100] * 8)
+    store(gpu_model("m0", profiles=[{"name": "x", "gpu_class": H100}]))
+    reconciler.tick()
+    a.get("/api/v1/agent/desired")
+    with CaptureQueriesContext(connection) as few:
+        assert len(a.get("/api/v1/agent/desired").json()["replicas"]) == 1
+    store(*[gpu_model(f"m{i}", profiles=[{"name": "x", "gpu_class": H100}]) for i in range(1, 6)])
+    reconciler.tick()
+    with CaptureQueriesContext(connection) as many:
+        assert len(a.get("/api/v1/agent/desired").json()["replicas"]) == 6
+    assert len(many) == len(few)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
+from llmgw_admin.demo import DEFAULT_SIMULATE, parse_simulate
 from llmgw_admin.env import (
     database_from_url,
     envbool,
@@ -75,6 +78,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "llmgw_admin.roles.role_context",
+                "llmgw_admin.context_processors.simulated",
             ],
         },
     },
@@ -133,6 +137,14 @@ LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
+# Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the
+# embedded default, so production never simulates unless asked.
+try:
+    LLMGW_SIMULATE = parse_simulate(
+        envstr("SIMULATE") or ("off" if DATABASE_URL or REDIS_URL else DEFAULT_SIMULATE)
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(f"LLMGW_SIMULATE: {exc}") from None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

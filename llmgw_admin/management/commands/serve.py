@@ -3,6 +3,9 @@
 Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, and, unless
 ``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
 with a CPU profile (llama.cpp) runs here with nothing else installed.
+
+When ``LLMGW_SIMULATE`` names simulated nodes (the embedded default does), an agent for
+each runs in a thread of this process (``llmgw_admin.demo.start_agents``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Command(BaseCommand):
             ).start()
             if settings.LLMGW_LOCAL_AGENT:
                 self._start_local_agent(options["bind"], options["port"], Path(settings.DATA_DIR))
+        if settings.LLMGW_SIMULATE:
+            self._start_simulated(options["bind"], options["port"], Path(settings.DATA_DIR))
 
         CommandLineInterface().run(
             [
@@ -78,6 +83,19 @@ class Command(BaseCommand):
         )  # fmt: skip
         atexit.register(_stop, proc)
         self.stdout.write(f"local agent started (log: {log.name})")
+
+    def _start_simulated(self, bind: str, port: int, data_dir: Path) -> None:
+        """Start the simulated nodes' agents (``LLMGW_SIMULATE``) in this process."""
+        from django.conf import settings
+
+        from llmgw_admin import demo
+
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+        names = demo.start_agents(settings.LLMGW_SIMULATE, host, port, data_dir)
+        self.stdout.write(
+            f"simulated nodes {', '.join(names)} started (LLMGW_SIMULATE=off for none; "
+            f"log: {data_dir / 'simulated.log'})"
+        )
 
 
 def _every(interval: float, module: str, function: str) -> None:

@@ -71,8 +71,10 @@ def stored_queryset() -> Any:
     return ServedModel.objects.prefetch_related(*convert.CHILD_GROUPS)
 
 
-def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
-    """Return the stored catalog as specs, in catalog order.
+def stored_specs(
+    exclude_pk: int | None = None, names: Iterable[str] | None = None
+) -> list[spec.Model]:
+    """Return the stored catalog (or the models named) as specs, in catalog order.
 
     Read as plain rows (six queries), not model instances with prefetched relations:
     every change is checked against the whole catalog, and building a thousand models'
@@ -81,7 +83,10 @@ def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
     qs = ServedModel.objects.order_by("position", "id")
     if exclude_pk is not None:
         qs = qs.exclude(pk=exclude_pk)
+    if names is not None:
+        qs = qs.filter(name__in=list(names))
     rows = list(qs.values())
+    ids = [row["id"] for row in rows] if names is not None else None
     children: dict[str, dict[int, list[SimpleNamespace]]] = {}
     for group, model_cls in CHILD_MODELS.items():
         by_model: dict[int, list[SimpleNamespace]] = defaultdict(list)
@@ -90,7 +95,10 @@ def stored_specs(exclude_pk: int | None = None) -> list[spec.Model]:
             if group == "origin_files"
             else ("model_id", "position", "id")
         )
-        for row in model_cls.objects.order_by(*order).values():
+        child_rows = model_cls.objects.order_by(*order)
+        if ids is not None:
+            child_rows = child_rows.filter(model_id__in=ids)
+        for row in child_rows.values():
             by_model[row["model_id"]].append(SimpleNamespace(**row))
         children[group] = by_model
     return [

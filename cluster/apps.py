@@ -11,3 +11,8 @@ class ClusterConfig(AppConfig):
     name = "cluster"
     verbose_name = "Cluster"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from cluster import signals
+
+        signals.connect()

@@ -33,7 +33,7 @@ from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import placement, plan, services
+from cluster import events, placement, plan, services
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, ModelDemand, Node, Replica
 
@@ -159,6 +159,7 @@ def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> None:
             Replica(model_id=served[name], model_name=name, reason="waiting to be placed")
             for _ in range(count)
         )
+        events.changed(models=[name])
         result.created[name] = count
     if changes.stop:
         by_reason: dict[str, list[int]] = defaultdict(list)
@@ -186,6 +187,7 @@ def _finish_rolls(result: TickResult) -> None:
             services.stop_replicas([old.pk], f"replaced by #{new.pk} (rolling update)")
             result.stopped.append(old.pk)
         Replica.objects.filter(pk=new.pk).update(replaces=None)
+        events.changed(models=[new.model_name])
 
 
 def _place(specs: dict[str, Any], result: TickResult) -> None:
@@ -261,6 +263,7 @@ def _place(specs: dict[str, Any], result: TickResult) -> None:
         bumped |= {a.node_id for a in victims}
         _release(victims, e.reason)
         Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
+        events.changed(replicas=[int(e.running_id)])
     result.evicted.extend(evicted_ids)
     for pl in result_plan.placed:
         r = Replica.objects.get(pk=int(pl.key))
@@ -280,7 +283,13 @@ def _place(specs: dict[str, Any], result: TickResult) -> None:
         result.placed.append(r.pk)
     for u in result_plan.unplaced:
         rid = int(u.key)
-        Replica.objects.filter(pk=rid).update(reason=u.reason, state=ReplicaState.PENDING)
+        # Written (and pushed) only when the reason changed: most ticks repeat it.
+        if (
+            Replica.objects.filter(pk=rid)
+            .exclude(reason=u.reason, state=ReplicaState.PENDING)
+            .update(reason=u.reason, state=ReplicaState.PENDING)
+        ):
+            events.changed(replicas=[rid])
         result.unplaced[rid] = u.reason
     services.bump_desired(bumped)
 

@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from catalog import rules
 from catalog.convert import CHILD_GROUPS
 from catalog.models import ServedModel
+from cluster import events
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import (
     Assignment,
@@ -342,6 +343,7 @@ def bump_desired(node_ids: Iterable[int]) -> None:
 def set_cordon(node: Node, cordoned: bool) -> Node:
     """Cordon a node (keeps what it runs, gets nothing new) or uncordon it."""
     Node.objects.filter(pk=node.pk).update(cordoned=cordoned)
+    events.changed(nodes=[node.pk])
     node.refresh_from_db()
     return node
 
@@ -350,6 +352,7 @@ def set_cordon(node: Node, cordoned: bool) -> Node:
 def drain(node: Node) -> int:
     """Cordon a node and stop its replicas; the reconciler places replacements elsewhere."""
     Node.objects.filter(pk=node.pk).update(cordoned=True)
+    events.changed(nodes=[node.pk])
     ids = list(
         Replica.objects.filter(assignments__node=node, desired=True).values_list("pk", flat=True)
     )

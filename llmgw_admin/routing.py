@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from cluster.routing import websocket_urlpatterns as cluster_ws
+
+websocket_urlpatterns: list[Any] = [*cluster_ws]

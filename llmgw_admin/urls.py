@@ -17,7 +17,7 @@ access_router = DefaultRouter()
 access_router.register("tokens", api_views.ApiTokenViewSet, basename="apitoken")
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="catalog:servedmodel_list"), name="home"),
+    path("", RedirectView.as_view(pattern_name="cluster:dashboard"), name="home"),
     path(
         "login/",
         auth_views.LoginView.as_view(template_name="login.html", redirect_authenticated_user=True),
@@ -25,6 +25,7 @@ urlpatterns = [
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("catalog/", include("catalog.urls")),
+    path("cluster/", include("cluster.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include("catalog.api.urls")),
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster"))),

@@ -92,3 +92,39 @@
     suggest(document);
   });
 })();
+
+// Live console (cluster.consumers): the socket's state in the badge marked
+// data-live-status, and every <time data-age> kept as "3 min" without a push.
+(function () {
+  "use strict";
+
+  function status(text, cls) {
+    document.querySelectorAll("[data-live-status]").forEach(function (el) {
+      el.textContent = text;
+      el.className = "badge live-status " + cls;
+    });
+  }
+  document.addEventListener("htmx:wsOpen", function () { status("live", "on"); });
+  document.addEventListener("htmx:wsClose", function () { status("reconnecting…", "off"); });
+  document.addEventListener("htmx:wsError", function () { status("reconnecting…", "off"); });
+
+  function age(seconds) {
+    if (seconds < 60) { return Math.max(0, Math.floor(seconds)) + " s"; }
+    if (seconds < 3600) { return Math.floor(seconds / 60) + " min"; }
+    if (seconds < 86400) { return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min"; }
+    return Math.floor(seconds / 86400) + " d";
+  }
+  function ages() {
+    var now = Date.now();
+    document.querySelectorAll("time[data-age]").forEach(function (el) {
+      var at = Date.parse(el.getAttribute("datetime"));
+      if (!isNaN(at)) {
+        var text = age((now - at) / 1000);
+        el.textContent = el.closest("[data-node]") ? text + " ago" : text;
+      }
+    });
+  }
+  document.addEventListener("DOMContentLoaded", ages);
+  document.addEventListener("htmx:wsAfterMessage", ages);
+  setInterval(ages, 5000);
+})();

@@ -1,0 +1,234 @@
+"""The live console's websocket: cluster state pushed as the fragments the page rendered.
+
+``/ws/live/<topics>/`` with topics among ``nodes``, ``models`` and ``judges`` (comma
+separated; ``?model=NAME`` narrows ``models`` to one model, for its page). On connect the
+consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
+for each event of cluster.events, the changed elements by id. htmx's ws extension swaps
+each top-level element by id (out of band). Nothing is written over the socket.
+
+Rendering is shared: every console of a process connected when an event arrives gets
+the same HTML for the same event and role, rendered once (bench/live.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.template.loader import render_to_string
+
+from cluster import events, live
+from llmgw_admin.roles import OPERATOR, VIEWER, has_role
+
+log = logging.getLogger(__name__)
+
+# The renders of recent events, shared by this process's consumers: event id, kind and
+# role → a future of {key: html or None (gone)}. Kept for a few seconds.
+_renders: dict[tuple[str, str, bool], asyncio.Future[dict[Any, str | None]]] = {}
+_RENDER_TTL_S = 10.0
+
+
+def _judges_module() -> Any:
+    from guard import live as guard_live
+
+    return guard_live
+
+
+# Fragments, rendered without a request: the same templates the pages include.
+
+
+def render_node(row: live.NodeRow, can_act: bool) -> str:
+    return render_to_string("cluster/partials/node.html", {"node": row, "can_act": can_act})
+
+
+def render_model(row: live.ModelRow | None, can_act: bool, name: str = "") -> str:
+    return render_to_string(
+        "cluster/partials/model.html",
+        {"m": row, "can_act": can_act, "dom_id": live.model_dom_id(name)},
+    )
+
+
+def render_power() -> str:
+    return render_to_string("cluster/partials/power.html", {"power": live.power_rows()})
+
+
+def render_unplaced() -> str:
+    return render_to_string("cluster/partials/unplaced.html", {"unplaced": live.unplaced_rows()})
+
+
+def render_judges() -> str:
+    return render_to_string(
+        "cluster/partials/judges.html", {"judges": _judges_module().judge_health_rows()}
+    )
+
+
+def snapshot(topics: list[str], can_act: bool, model: str | None) -> str:
+    """Return every region of the topics, as the page renders them."""
+    parts = []
+    if "nodes" in topics:
+        parts.append(
+            render_to_string(
+                "cluster/partials/nodes.html", {"nodes": live.node_rows(), "can_act": can_act}
+            )
+        )
+        parts.append(render_power())
+    if "models" in topics:
+        if model is not None:
+            parts.append(render_model(live.model_row(model), can_act, model))
+        else:
+            parts.append(
+                render_to_string(
+                    "cluster/partials/models.html",
+                    {"models": live.model_rows(), "can_act": can_act},
+                )
+            )
+            parts.append(render_unplaced())
+    if "judges" in topics:
+        parts.append(render_judges())
+    return "\n".join(parts)
+
+
+def nodes_changed(pks: list[int], can_act: bool) -> dict[Any, str | None]:
+    rows = {r.pk: r for r in live.node_rows(pks)}
+    out: dict[Any, str | None] = {
+        pk: render_node(rows[pk], can_act) if pk in rows else None for pk in pks
+    }
+    out["power"] = render_power()
+    return out
+
+
+def models_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    rows = {r.name: r for r in live.model_rows(names)}
+    out: dict[Any, str | None] = {
+        n: render_model(rows[n], can_act) if n in rows else None for n in names
+    }
+    out[("unplaced",)] = render_unplaced()
+    return out
+
+
+def judges_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    # A handful of judges: the list is sent whole, so one joining or leaving the
+    # policy shows too.
+    return {"all": render_judges()}
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    """One open console: the regions it shows, kept current."""
+
+    topics: list[str]
+    can_act: bool
+    model: str | None
+    shown_nodes: set[int]
+    shown_models: set[str]
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close()
+            return
+        if not await database_sync_to_async(has_role)(user, VIEWER):
+            await self.close()
+            return
+        raw = self.scope["url_route"]["kwargs"].get("topics", "")
+        topics = [t for t in raw.split(",") if t]
+        if not topics or any(t not in events.TOPICS for t in topics):
+            await self.close()
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.model = query["model"][0] if query.get("model") else None
+        self.topics = topics
+        self.can_act = await database_sync_to_async(has_role)(user, OPERATOR)
+        events.set_home_loop(asyncio.get_running_loop())
+        for t in topics:
+            await self.channel_layer.group_add(events.TOPICS[t], self.channel_name)
+        await self.accept()
+        html, nodes, models = await database_sync_to_async(self._snapshot)()
+        self.shown_nodes, self.shown_models = nodes, models
+        await self.send(text_data=html)
+
+    def _snapshot(self) -> tuple[str, set[int], set[str]]:
+        html = snapshot(self.topics, self.can_act, self.model)
+        nodes = {r.pk for r in live.node_rows()} if "nodes" in self.topics else set()
+        if "models" not in self.topics:
+            models: set[str] = set()
+        elif self.model is not None:
+            models = {self.model}
+        else:
+            models = {r.name for r in live.model_rows()}
+        return html, nodes, models
+
+    async def disconnect(self, code: int) -> None:
+        for t in getattr(self, "topics", []):
+            await self.channel_layer.group_discard(events.TOPICS[t], self.channel_name)
+
+    async def _rendered(
+        self, event: dict[str, Any], kind: str, fn: Callable[..., dict[Any, str | None]], keys: list
+    ) -> dict[Any, str | None]:
+        key = (event["id"] + ":" + ",".join(map(str, keys)), kind, self.can_act)
+        fut = _renders.get(key)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            _renders[key] = fut
+            loop.call_later(_RENDER_TTL_S, _renders.pop, key, None)
+            try:
+                fut.set_result(await database_sync_to_async(fn)(keys, self.can_act))
+            except Exception as exc:  # every waiting console hears of it; logged once
+                log.exception("rendering %s for the live console failed", kind)
+                fut.set_exception(exc)
+                raise
+        return await asyncio.shield(fut)
+
+    async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:
+        pks = list(event["pks"])
+        rendered = await self._rendered(event, "nodes", nodes_changed, pks)
+        parts = [rendered["power"] or ""]
+        for pk in pks:
+            html = rendered.get(pk)
+            if html is None:
+                if pk in self.shown_nodes:
+                    parts.append(f'<div id="cluster-node-{int(pk)}" hx-swap-oob="delete"></div>')
+                    self.shown_nodes.discard(pk)
+            elif pk in self.shown_nodes:
+                parts.append(html)
+            else:
+                parts.append(f'<div hx-swap-oob="beforeend:#cluster-nodes">{html}</div>')
+                parts.append('<p id="cluster-nodes-empty" hx-swap-oob="delete"></p>')
+                self.shown_nodes.add(pk)
+        await self.send(text_data="\n".join(parts))
+
+    async def cluster_models_changed(self, event: dict[str, Any]) -> None:
+        names = list(event["names"])
+        if self.model is not None:
+            if self.model not in names:
+                return
+            names = [self.model]
+        rendered = await self._rendered(event, "models", models_changed, names)
+        parts = [] if self.model is not None else [rendered[("unplaced",)] or ""]
+        for name in names:
+            html = rendered.get(name)
+            if html is None:
+                if self.model is not None:
+                    parts.append(
+                        await database_sync_to_async(render_model)(None, self.can_act, name)
+                    )
+                elif name in self.shown_models:
+                    parts.append(f'<div id="{live.model_dom_id(name)}" hx-swap-oob="delete"></div>')
+                    self.shown_models.discard(name)
+            elif name in self.shown_models:
+                parts.append(html)
+            else:
+                parts.append(f'<div hx-swap-oob="beforeend:#cluster-models">{html}</div>')
+                parts.append('<p id="cluster-models-empty" hx-swap-oob="delete"></p>')
+                self.shown_models.add(name)
+        await self.send(text_data="\n".join(parts))
+
+    async def guard_judges_changed(self, event: dict[str, Any]) -> None:
+        names = list(event["names"])
+        rendered = await self._rendered(event, "judges", judges_changed, names)
+        await self.send(text_data=rendered["all"] or "")

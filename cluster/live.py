@@ -1,0 +1,338 @@
+"""What the live console shows of the cluster, read from the database without a request.
+
+The dashboard's first render and every push use these rows and the same fragments
+(``templates/cluster/partials/``), so a pushed element is exactly what a reload would
+show. Each function reads a fixed number of queries whatever the cluster's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from catalog import rules
+from catalog.models import ServedModel
+from catalog.services import stored_specs
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
+
+DOMAIN_LABEL = "llmgw.io/{level}"
+
+
+def model_dom_id(name: str) -> str:
+    """Return the stable DOM id of a model's block: readable, and unique per name."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60]
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"cluster-model-{slug}-{digest}"
+
+
+# Nodes
+
+
+@dataclass
+class ClassUse:
+    gpu_class: str
+    used: int
+    total: int
+    mig: bool
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+
+@dataclass
+class NodeRow:
+    pk: int
+    name: str
+    state: str
+    reason: str
+    simulated: bool
+    labels: dict[str, str]
+    cpu_used: int
+    cpu_total: int
+    memory_used_mb: int
+    memory_total_mb: int
+    disk_free_mb: int
+    watts: float
+    last_heartbeat: datetime | None
+    classes: list[ClassUse] = field(default_factory=list)
+    replicas: int = 0
+
+    @property
+    def dom_id(self) -> str:
+        return f"cluster-node-{self.pk}"
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeHealth.READY
+
+
+def node_rows(pks: Iterable[int] | None = None) -> list[NodeRow]:
+    """Return nodes with what they hold (three queries)."""
+    nodes = Node.objects.all()
+    if pks is not None:
+        nodes = nodes.filter(pk__in=list(pks))
+    nodes_list = list(nodes)
+    ids = [n.pk for n in nodes_list]
+    cards: dict[int, list[tuple[int, str, int | None]]] = defaultdict(list)
+    for node_id, index, gpu_class, mig_of in Card.objects.filter(node_id__in=ids).values_list(
+        "node_id", "index", "gpu_class", "mig_of"
+    ):
+        cards[node_id].append((index, gpu_class, mig_of))
+    held: dict[int, set[int]] = defaultdict(set)
+    cores: dict[int, int] = defaultdict(int)
+    memory: dict[int, int] = defaultdict(int)
+    watts: dict[int, float] = defaultdict(float)
+    replicas: dict[int, set[int]] = defaultdict(set)
+    for node_id, replica_id, card_list, c, mem, w in Assignment.objects.filter(
+        node_id__in=ids
+    ).values_list("node_id", "replica_id", "cards", "cpu_cores", "memory_mb", "watts"):
+        held[node_id].update(card_list or ())
+        cores[node_id] += c
+        memory[node_id] += mem
+        watts[node_id] += w
+        replicas[node_id].add(replica_id)
+    rows = []
+    for n in nodes_list:
+        by_class: dict[str, ClassUse] = {}
+        for index, gpu_class, mig_of in sorted(cards[n.pk]):
+            use = by_class.setdefault(gpu_class, ClassUse(gpu_class, 0, 0, mig_of is not None))
+            use.total += 1
+            if index in held[n.pk]:
+                use.used += 1
+        rows.append(
+            NodeRow(
+                pk=n.pk,
+                name=n.name,
+                state=n.state,
+                reason=n.reason,
+                simulated=n.simulated,
+                labels=dict(n.labels or {}),
+                cpu_used=cores[n.pk],
+                cpu_total=n.cpu_cores,
+                memory_used_mb=memory[n.pk],
+                memory_total_mb=n.memory_mb,
+                disk_free_mb=n.disk_free_mb,
+                watts=watts[n.pk],
+                last_heartbeat=n.last_heartbeat,
+                classes=sorted(by_class.values(), key=lambda u: u.gpu_class),
+                replicas=len(replicas[n.pk]),
+            )
+        )
+    return rows
+
+
+@dataclass
+class PowerRow:
+    level: str
+    name: str
+    cap_watts: float
+    used_watts: float
+    nodes: int
+
+    @property
+    def percent(self) -> int:
+        return min(100, round(100 * self.used_watts / self.cap_watts)) if self.cap_watts else 0
+
+    @property
+    def over(self) -> bool:
+        return self.used_watts > self.cap_watts
+
+
+def power_rows() -> list[PowerRow]:
+    """Return each facility domain's cap against what its nodes' replicas reserve."""
+    budgets = list(FacilityBudget.objects.all())
+    if not budgets:
+        return []
+    labels = dict(Node.objects.values_list("pk", "labels"))
+    watts: dict[int, float] = defaultdict(float)
+    for node_id, w in Assignment.objects.values_list("node_id", "watts"):
+        watts[node_id] += w
+    rows = []
+    for b in budgets:
+        key = DOMAIN_LABEL.format(level=b.level)
+        members = [pk for pk, lab in labels.items() if (lab or {}).get(key) == b.name]
+        rows.append(
+            PowerRow(b.level, b.name, b.cap_watts, sum(watts[pk] for pk in members), len(members))
+        )
+    return rows
+
+
+# Models and their replicas
+
+
+@dataclass
+class ReplicaRow:
+    pk: int
+    state: str
+    reason: str
+    profile: str
+    since: datetime
+    progress: float | None
+    nodes: list[str]
+    cards: int
+    restarts: int
+    outdated: bool
+    desired: bool
+    endpoint: str
+    replaces: int | None
+    evicted_by: str
+
+    @property
+    def dom_id(self) -> str:
+        return f"cluster-replica-{self.pk}"
+
+    @property
+    def percent(self) -> int | None:
+        return None if self.progress is None else max(0, min(100, round(self.progress * 100)))
+
+    @property
+    def unplaced(self) -> bool:
+        return self.state == ReplicaState.PENDING and not self.nodes and bool(self.reason)
+
+
+@dataclass
+class RollStep:
+    label: str
+    status: str  # done, current or todo
+
+
+@dataclass
+class Roll:
+    new: int
+    old: int
+    steps: list[RollStep]
+
+
+@dataclass
+class ModelRow:
+    name: str
+    catalog_pk: int | None
+    replicas: list[ReplicaRow]
+    rolls: list[Roll]
+
+    @property
+    def dom_id(self) -> str:
+        return model_dom_id(self.name)
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for r in self.replicas if r.state == ReplicaState.READY and r.desired)
+
+    @property
+    def wanted(self) -> int:
+        return sum(1 for r in self.replicas if r.desired and r.replaces is None)
+
+    @property
+    def unplaced(self) -> list[ReplicaRow]:
+        return [r for r in self.replicas if r.unplaced]
+
+    @property
+    def outdated(self) -> int:
+        return sum(1 for r in self.replicas if r.outdated and r.desired)
+
+
+def _fingerprints(names: set[str] | None) -> dict[str, dict[str, str]]:
+    return {
+        m.name: {p.name: rules.fingerprint(p) for p in rules.normalize(m).profiles}
+        for m in stored_specs(names=names)
+    }
+
+
+def _roll_steps(new: ReplicaRow, old: ReplicaRow | None) -> list[RollStep]:
+    placed = bool(new.nodes)
+    ready = new.state == ReplicaState.READY
+    loaded = ready or new.state in (ReplicaState.LOADING, ReplicaState.STARTING)
+    old_gone = old is None or not old.desired
+    marks = [placed, loaded, ready, old_gone]
+    labels = [
+        f"new replica #{new.pk} placed" + (f" on {', '.join(new.nodes)}" if placed else ""),
+        f"#{new.pk} starting",
+        f"#{new.pk} ready",
+        f"old replica #{new.replaces} stopped",
+    ]
+    steps = []
+    current_found = False
+    for label, done in zip(labels, marks, strict=True):
+        if done:
+            steps.append(RollStep(label, "done"))
+        elif not current_found:
+            steps.append(RollStep(label, "current"))
+            current_found = True
+        else:
+            steps.append(RollStep(label, "todo"))
+    return steps
+
+
+def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
+    """Return models that have replicas, with each replica's state (a fixed query count)."""
+    wanted = set(names) if names is not None else None
+    qs = Replica.objects.all()
+    if wanted is not None:
+        qs = qs.filter(model_name__in=wanted)
+    replicas = list(qs.order_by("model_name", "id"))
+    if not replicas:
+        return []
+    present = {r.model_name for r in replicas}
+    prints = _fingerprints(present)
+    where: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for replica_id, node_name, card_list in (
+        Assignment.objects.filter(replica_id__in=[r.pk for r in replicas])
+        .order_by("replica_id", "rank")
+        .values_list("replica_id", "node__name", "cards")
+    ):
+        where[replica_id].append((node_name, len(card_list or ())))
+    catalog = dict(ServedModel.objects.filter(name__in=present).values_list("name", "pk"))
+    by_model: dict[str, list[ReplicaRow]] = defaultdict(list)
+    for r in replicas:
+        current = prints.get(r.model_name, {}).get(r.profile)
+        by_model[r.model_name].append(
+            ReplicaRow(
+                pk=r.pk,
+                state=r.state,
+                reason=r.reason,
+                profile=r.profile,
+                since=r.state_changed,
+                progress=r.progress,
+                nodes=[n for n, _ in where[r.pk]],
+                cards=sum(c for _, c in where[r.pk]),
+                restarts=r.restarts,
+                outdated=bool(r.fingerprint) and current is not None and current != r.fingerprint,
+                desired=r.desired,
+                endpoint=r.endpoint,
+                replaces=r.replaces_id,
+                evicted_by=r.evicted_by,
+            )
+        )
+    rows = []
+    for name in sorted(by_model):
+        reps = by_model[name]
+        by_pk = {r.pk: r for r in reps}
+        rolls = [
+            Roll(r.pk, r.replaces, _roll_steps(r, by_pk.get(r.replaces)))
+            for r in reps
+            if r.replaces is not None
+        ]
+        rows.append(ModelRow(name, catalog.get(name), reps, rolls))
+    return rows
+
+
+def model_row(name: str) -> ModelRow | None:
+    rows = model_rows([name])
+    return rows[0] if rows else None
+
+
+def unplaced_rows() -> list[tuple[str, ReplicaRow]]:
+    """Return every replica that cannot be placed, with its model's name and the reason."""
+    rows = model_rows(
+        Replica.objects.filter(state=ReplicaState.PENDING, assignments__isnull=True)
+        .exclude(reason="")
+        .values_list("model_name", flat=True)
+        .distinct()
+    )
+    return [(m.name, r) for m in rows for r in m.unplaced]

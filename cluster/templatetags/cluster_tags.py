@@ -1,0 +1,32 @@
+"""Template filters of the cluster's console fragments."""
+
+from __future__ import annotations
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def mb(value: int | float | None) -> str:
+    """Show a size given in MB (MiB) as GB or MB: 81920 → "80 GB", 512 → "512 MB"."""
+    if not value:
+        return "0 MB"
+    value = float(value)
+    if value >= 1024:
+        gb = value / 1024
+        return f"{gb:.0f} GB" if gb >= 10 or gb.is_integer() else f"{gb:.1f} GB"
+    return f"{value:.0f} MB"
+
+
+@register.inclusion_tag("cluster/partials/model_live.html", takes_context=True)
+def live_model(context: dict, name: str) -> dict:
+    """A model's replicas as the live console shows them, kept current over the socket."""
+    from cluster import live
+
+    return {
+        "m": live.model_row(name),
+        "dom_id": live.model_dom_id(name),
+        "name": name,
+        "can_act": context.get("can_edit", False),
+    }

@@ -1,0 +1,94 @@
+"""The cluster's console: the live dashboard and the operators' actions on it.
+
+The page renders the same fragments (``templates/cluster/partials/``) that
+``cluster.consumers`` pushes; each action answers with its fragment, and every other open
+console gets it pushed. The actions are the API's (cluster.api.views): the same services,
+logged the same way, through "console".
+"""
+
+from __future__ import annotations
+
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_GET, require_POST
+
+from cluster import live, services
+from cluster.consumers import render_model, render_node
+from cluster.models import Node, Replica
+from llmgw_admin.htmx import HtmxHttpRequest
+from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+
+NODE_ACTIONS = ("cordon", "uncordon", "drain")
+
+
+def _judges() -> list:
+    from guard import live as guard_live
+
+    return list(guard_live.judge_health_rows())
+
+
+@role_required(VIEWER)
+@require_GET
+def dashboard(request: HtmxHttpRequest) -> HttpResponse:
+    """The cluster as it is: nodes, power, models' replicas, unplaced, judges; kept live."""
+    nodes = live.node_rows()
+    models = live.model_rows()
+    context = {
+        "nodes": nodes,
+        "power": live.power_rows(),
+        "models": models,
+        "unplaced": [(m.name, r) for m in models for r in m.unplaced],
+        "judges": _judges(),
+        "can_act": has_role(request.user, OPERATOR),
+        "simulated_nodes": [n.name for n in nodes if n.simulated],
+    }
+    return render(request, "cluster/dashboard.html", context)
+
+
+@role_required(OPERATOR)
+@require_POST
+def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
+    """Cordon, uncordon or drain a node; answer with the node's fragment."""
+    if action not in NODE_ACTIONS:
+        raise Http404(f"no node action {action!r}")
+    node = get_object_or_404(Node, pk=pk)
+    if action == "drain":
+        stopped = services.drain(node)
+        services.log_action(
+            request.user, "drain", f"node {node.name}", f"{stopped} replicas stopped", "console"
+        )
+    else:
+        services.set_cordon(node, action == "cordon")
+        services.log_action(request.user, action, f"node {node.name}", "", "console")
+    row = live.node_rows([node.pk])[0]
+    return HttpResponse(render_node(row, can_act=True))
+
+
+@role_required(OPERATOR)
+@require_POST
+def replica_restart(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Restart a replica's engine; answer with its model's fragment."""
+    replica = get_object_or_404(Replica, pk=pk)
+    replica = services.restart_replica(replica)
+    services.log_action(
+        request.user,
+        "restart",
+        f"replica {pk} of {replica.model_name}",
+        f"generation {replica.generation}",
+        "console",
+    )
+    return HttpResponse(
+        render_model(live.model_row(replica.model_name), True, replica.model_name)
+    )
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_roll(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Roll a model's outdated replicas (new ready before old stops); answer with its fragment."""
+    try:
+        started = services.roll(name)
+    except services.AgentError as exc:
+        raise Http404(str(exc)) from exc
+    services.log_action(request.user, "roll", f"model {name}", f"replacements {started}", "console")
+    return HttpResponse(render_model(live.model_row(name), True, name))

@@ -1,0 +1,120 @@
+"""The cluster's console pages and actions over HTTP (the live push is test_live_ws.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cluster import live
+from cluster.models import ClusterAction, FacilityBudget, Node, Replica
+from tests.cluster.helpers import join_node
+
+pytestmark = pytest.mark.django_db
+
+
+def test_home_is_the_live_dashboard(client_for: Any, viewer: Any) -> None:
+    c = client_for(viewer)
+    response = c.get("/")
+    assert response.status_code == 302 and response["Location"] == "/cluster/"
+    page = c.get("/cluster/").content.decode()
+    # The page opens the socket the consumer serves, with the htmx extension from static/.
+    assert 'ws-connect="/ws/live/nodes,models,judges/"' in page
+    assert "/static/llmgw/htmx-ext-ws-2.0.4.js" in page
+
+
+def test_dashboard_shows_nodes_classes_power_and_unplaced(client_for: Any, viewer: Any) -> None:
+    node, _ = join_node(
+        "gpu-1",
+        ["nvidia-h100-80gb", "nvidia-h100-80gb", "nvidia-l4-24gb"],
+        labels={"llmgw.io/rack": "r7"},
+    )
+    FacilityBudget.objects.create(level="rack", name="r7", cap_watts=3000)
+    Replica.objects.create(model_name="big", reason="needs 4 free nvidia-h100-80gb on one node")
+    page = client_for(viewer).get("/cluster/").content.decode()
+    assert f'id="cluster-node-{node.pk}"' in page
+    assert "2 free of 2" in page and "1 free of 1" in page
+    assert 'data-domain="rack/r7"' in page and "3000 W" in page
+    assert "needs 4 free nvidia-h100-80gb on one node" in page
+    # A viewer is offered no action.
+    assert "Cordon" not in page and "Drain" not in page
+
+
+def test_dashboard_reads_a_fixed_number_of_queries(
+    client_for: Any, viewer: Any, django_assert_max_num_queries: Any
+) -> None:
+    c = client_for(viewer)
+    for i in range(3):
+        join_node(f"n{i}", ["nvidia-l4-24gb"] * 2)
+        Replica.objects.create(model_name=f"m{i}", reason="waiting")
+    with django_assert_max_num_queries(40) as small:
+        c.get("/cluster/")
+    for i in range(3, 30):
+        join_node(f"n{i}", ["nvidia-l4-24gb"] * 2)
+        Replica.objects.create(model_name=f"m{i}", reason="waiting")
+    with django_assert_max_num_queries(len(small.captured_queries)):
+        c.get("/cluster/")
+
+
+def test_operator_cordons_and_drains_and_it_is_logged(client_for: Any, operator: Any) -> None:
+    node, _ = join_node("gpu-2", ["nvidia-l4-24gb"])
+    c = client_for(operator)
+    html = c.post(f"/cluster/nodes/{node.pk}/cordon/").content.decode()
+    assert f'id="cluster-node-{node.pk}"' in html and "Uncordon" in html
+    assert Node.objects.get(pk=node.pk).cordoned
+    c.post(f"/cluster/nodes/{node.pk}/uncordon/")
+    assert not Node.objects.get(pk=node.pk).cordoned
+    c.post(f"/cluster/nodes/{node.pk}/drain/")
+    assert Node.objects.get(pk=node.pk).cordoned
+    actions = list(ClusterAction.objects.order_by("pk").values_list("action", "actor_name"))
+    assert actions == [
+        ("cordon", "otto (console)"),
+        ("uncordon", "otto (console)"),
+        ("drain", "otto (console)"),
+    ]
+
+
+def test_viewer_cannot_act(client_for: Any, viewer: Any) -> None:
+    node, _ = join_node("gpu-3", ["nvidia-l4-24gb"])
+    r = Replica.objects.create(model_name="m", reason="x")
+    c = client_for(viewer)
+    assert c.post(f"/cluster/nodes/{node.pk}/cordon/").status_code == 403
+    assert c.post(f"/cluster/nodes/{node.pk}/drain/").status_code == 403
+    assert c.post(f"/cluster/replicas/{r.pk}/restart/").status_code == 403
+    assert c.post("/cluster/models/m/roll/").status_code == 403
+    assert not Node.objects.get(pk=node.pk).cordoned
+    assert not ClusterAction.objects.exists()
+
+
+def test_unknown_action_and_node_are_not_found(client_for: Any, operator: Any) -> None:
+    node, _ = join_node("gpu-4", [])
+    c = client_for(operator)
+    assert c.post(f"/cluster/nodes/{node.pk}/explode/").status_code == 404
+    assert c.post("/cluster/nodes/999999/cordon/").status_code == 404
+    assert c.get(f"/cluster/nodes/{node.pk}/cordon/").status_code == 405
+    assert c.post("/cluster/models/not-in-catalog/roll/").status_code == 404
+
+
+def test_roll_steps_read_in_order() -> None:
+    new = live.ReplicaRow(
+        pk=9, state="loading", reason="", profile="p", since=None, progress=0.5,  # type: ignore[arg-type]
+        nodes=["n1"], cards=1, restarts=0, outdated=False, desired=True, endpoint="",
+        replaces=3, evicted_by="",
+    )  # fmt: skip
+    old = live.ReplicaRow(**{**new.__dict__, "pk": 3, "state": "ready", "replaces": None})
+    steps = live._roll_steps(new, old)
+    assert [s.status for s in steps] == ["done", "done", "current", "todo"]
+    assert steps[0].label == "new replica #9 placed on n1"
+    ready = live.ReplicaRow(**{**new.__dict__, "state": "ready"})
+    gone = live.ReplicaRow(**{**old.__dict__, "desired": False})
+    assert [s.status for s in live._roll_steps(ready, gone)] == ["done"] * 4
+    unplaced = live.ReplicaRow(**{**new.__dict__, "nodes": [], "state": "pending"})
+    assert [s.status for s in live._roll_steps(unplaced, old)] == [
+        "current", "todo", "todo", "todo",
+    ]  # fmt: skip
+
+
+def test_model_dom_ids_are_stable_and_distinct() -> None:
+    assert live.model_dom_id("org/Chat-1") == live.model_dom_id("org/Chat-1")
+    assert live.model_dom_id("org/chat-1") != live.model_dom_id("org-chat-1")
+    assert live.model_dom_id("org/chat-1").startswith("cluster-model-org-chat-1-")

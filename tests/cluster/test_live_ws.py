@@ -1,0 +1,217 @@
+"""The live console's websocket through the real ASGI application and a real Redis layer.
+
+Each test gets its own channel-layer prefix on the local Redis, so runs don't hear each
+other. Writes go through the services in committed transactions, as they do in use.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+from django.test import Client
+
+from cluster import services
+from cluster.models import FacilityBudget, Node, Replica
+from tests.cluster.helpers import join_node
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+ORIGIN = (b"origin", b"http://localhost")
+
+
+@pytest.fixture(autouse=True)
+def redis_layer(settings: Any) -> Any:
+    from django.conf import settings as conf
+
+    url = getattr(conf, "LLMGW_TEST_REDIS_URL", None) or "redis://127.0.0.1:6379/0"
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": f"llmgw-test-{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def _app() -> Any:
+    from llmgw_admin.asgi import application
+
+    return application
+
+
+def _cookie(user: Any) -> tuple[bytes, bytes]:
+    c = Client()
+    c.force_login(user)
+    return (b"cookie", f"sessionid={c.cookies['sessionid'].value}".encode())
+
+
+async def _connect(path: str, *headers: tuple[bytes, bytes]) -> tuple[WebsocketCommunicator, bool]:
+    comm = WebsocketCommunicator(_app(), path, headers=list(headers))
+    connected, _ = await comm.connect(timeout=5)
+    return comm, connected
+
+
+async def _open(user: Any, path: str = "/ws/live/nodes,models,judges/") -> WebsocketCommunicator:
+    cookie = await sync_to_async(_cookie)(user)
+    comm, connected = await _connect(path, ORIGIN, cookie)
+    assert connected, f"{user} could not connect to {path}"
+    return comm
+
+
+async def test_anonymous_is_refused() -> None:
+    comm, connected = await _connect("/ws/live/nodes/", ORIGIN)
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_user_without_a_role_is_refused(outsider: Any) -> None:
+    cookie = await sync_to_async(_cookie)(outsider)
+    comm, connected = await _connect("/ws/live/nodes/", ORIGIN, cookie)
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_foreign_origin_is_refused(viewer: Any) -> None:
+    cookie = await sync_to_async(_cookie)(viewer)
+    comm, connected = await _connect(
+        "/ws/live/nodes/", (b"origin", b"http://evil.example"), cookie
+    )
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_unknown_topic_is_refused(viewer: Any) -> None:
+    cookie = await sync_to_async(_cookie)(viewer)
+    comm, connected = await _connect("/ws/live/nodes,secrets/", ORIGIN, cookie)
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_snapshot_on_connect_shows_the_cluster_as_the_page_does(viewer: Any) -> None:
+    node, _ = await sync_to_async(join_node)("gpu-a", ["nvidia-l4-24gb"] * 2)
+    comm = await _open(viewer)
+    first = await comm.receive_from(timeout=5)
+    assert f'id="cluster-node-{node.pk}"' in first
+    assert "2 free of 2" in first
+    assert 'id="cluster-models"' in first and 'id="guard-judges"' in first
+    # A viewer is shown no action.
+    assert "Cordon" not in first and "Drain" not in first
+    await comm.disconnect()
+
+
+async def test_a_change_fans_out_to_every_console(viewer: Any, operator: Any) -> None:
+    node, _ = await sync_to_async(join_node)("gpu-b", ["nvidia-l4-24gb"])
+    consoles = [await _open(viewer), await _open(viewer), await _open(operator)]
+    for c in consoles:
+        await c.receive_from(timeout=5)  # the snapshot
+
+    await sync_to_async(services.set_cordon)(node, True)
+
+    for c in consoles:
+        frame = await c.receive_from(timeout=5)
+        assert f'id="cluster-node-{node.pk}"' in frame
+        assert 'data-role="node-state">cordoned<' in frame
+    for c in consoles:
+        await c.disconnect()
+
+
+async def test_viewers_and_operators_get_their_own_rendering(viewer: Any, operator: Any) -> None:
+    node, _ = await sync_to_async(join_node)("gpu-c", ["nvidia-l4-24gb"])
+    v, o = await _open(viewer), await _open(operator)
+    await v.receive_from(timeout=5)
+    await o.receive_from(timeout=5)
+    await sync_to_async(services.set_cordon)(node, True)
+    v_frame, o_frame = await v.receive_from(timeout=5), await o.receive_from(timeout=5)
+    assert "Uncordon" in o_frame
+    assert "Uncordon" not in v_frame and "hx-post" not in v_frame
+    await v.disconnect()
+    await o.disconnect()
+
+
+async def test_nothing_is_sent_to_a_group_not_joined(viewer: Any) -> None:
+    node, _ = await sync_to_async(join_node)("gpu-d", ["nvidia-l4-24gb"])
+    judges_only = await _open(viewer, "/ws/live/judges/")
+    nodes_too = await _open(viewer, "/ws/live/nodes/")
+    await judges_only.receive_from(timeout=5)
+    await nodes_too.receive_from(timeout=5)
+
+    await sync_to_async(services.set_cordon)(node, True)
+
+    assert "cordoned" in await nodes_too.receive_from(timeout=5)
+    assert await judges_only.receive_nothing(timeout=1)
+    await judges_only.disconnect()
+    await nodes_too.disconnect()
+
+
+async def test_a_rolled_back_write_pushes_nothing(viewer: Any) -> None:
+    node, _ = await sync_to_async(join_node)("gpu-e", ["nvidia-l4-24gb"])
+    comm = await _open(viewer, "/ws/live/nodes/")
+    await comm.receive_from(timeout=5)
+
+    def cordon_then_fail() -> None:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            services.set_cordon(node, True)
+            raise RuntimeError("rolled back")
+
+    await sync_to_async(cordon_then_fail)()
+    assert await comm.receive_nothing(timeout=1)
+    assert not (await sync_to_async(Node.objects.get)(pk=node.pk)).cordoned
+    await comm.disconnect()
+
+
+async def test_a_new_node_is_appended_and_a_deleted_one_removed(viewer: Any) -> None:
+    comm = await _open(viewer, "/ws/live/nodes/")
+    assert "No node has joined yet" in await comm.receive_from(timeout=5)
+
+    node, _ = await sync_to_async(join_node)("gpu-new", ["nvidia-h100-80gb"])
+    frame = await comm.receive_from(timeout=5)
+    assert 'hx-swap-oob="beforeend:#cluster-nodes"' in frame
+    assert f'id="cluster-node-{node.pk}"' in frame
+    # Further frames for this node (its cards arrive in the same join) replace it in place.
+    while not await comm.receive_nothing(timeout=0.5):
+        assert f'id="cluster-node-{node.pk}"' in await comm.receive_from(timeout=5)
+
+    await sync_to_async(Node.objects.filter(pk=node.pk).delete)()
+    frame = await comm.receive_from(timeout=5)
+    assert f'<div id="cluster-node-{node.pk}" hx-swap-oob="delete">' in frame
+    await comm.disconnect()
+
+
+async def test_replica_states_and_unplaced_reasons_are_pushed(viewer: Any) -> None:
+    from catalog.models import ServedModel
+
+    comm = await _open(viewer, "/ws/live/models/")
+    await comm.receive_from(timeout=5)
+
+    def unplaced() -> Replica:
+        served = ServedModel.objects.first()
+        with transaction.atomic():
+            r = Replica.objects.create(
+                model=served, model_name="chat-x", reason="needs 4 free nvidia-h100-80gb"
+            )
+        return r
+
+    r = await sync_to_async(unplaced)()
+    frame = await comm.receive_from(timeout=5)
+    assert "needs 4 free nvidia-h100-80gb" in frame
+    assert 'id="cluster-unplaced"' in frame
+    assert f'id="cluster-replica-{r.pk}"' in frame
+    await comm.disconnect()
+
+
+async def test_a_power_budget_change_refreshes_power(viewer: Any) -> None:
+    await sync_to_async(join_node)("gpu-p", ["nvidia-l4-24gb"], labels={"llmgw.io/rack": "r1"})
+    comm = await _open(viewer, "/ws/live/nodes/")
+    await comm.receive_from(timeout=5)
+    await sync_to_async(FacilityBudget.objects.create)(level="rack", name="r1", cap_watts=5000)
+    frame = await comm.receive_from(timeout=5)
+    assert 'id="cluster-power"' in frame and "5000 W" in frame
+    await comm.disconnect()

@@ -28,7 +28,7 @@ urlpatterns = [
     path("cluster/", include("cluster.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include("catalog.api.urls")),
-    path("api/v1/cluster/", include(("cluster.api.urls", "cluster"))),
+    path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),
     path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/guard/", include(("guard.api.urls", "guard"))),
     path("api/v1/", include(access_router.urls)),

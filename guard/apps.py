@@ -11,3 +11,8 @@ class GuardConfig(AppConfig):
     name = "guard"
     verbose_name = "Guard"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from guard import signals
+
+        signals.connect()

@@ -93,3 +93,96 @@ class JudgeProbe(models.Model):
 
     def __str__(self) -> str:
         return f"{self.judge} probed at {self.at}"
+
+
+class JudgeSample(models.Model):
+    """A judge as one health probe found it: latency, verdicts, and the counts so far.
+
+    Written after every probe (``guard.signals``), for the chart of latency and verdicts
+    over time on the judge's page: ``answers``, ``failures`` and the ``safe``,
+    ``unsafe`` and ``controversial`` decisions are the judge's totals then, so the
+    difference between two samples is what happened between them.
+    """
+
+    judge = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    ok = models.BooleanField(default=False)
+    latency_ms = models.FloatField(null=True, blank=True)
+    ordinary_verdict = models.CharField(max_length=20, blank=True)
+    harmful_verdict = models.CharField(max_length=20, blank=True)
+    error = models.TextField(blank=True)
+    answers = models.BigIntegerField(default=0)
+    failures = models.BigIntegerField(default=0)
+    safe = models.BigIntegerField(default=0)
+    unsafe = models.BigIntegerField(default=0)
+    controversial = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ("judge", "at", "id")
+        indexes = [models.Index(fields=["judge", "at"], name="guard_sample_judge_at")]
+
+    def __str__(self) -> str:
+        return f"{self.judge} at {self.at}"
+
+
+class EvalRun(models.Model):
+    """One evaluation of judges on a labelled set (``guard eval``): what, who, when."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "running"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    started = models.DateTimeField(db_index=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING)
+    error = models.TextField(blank=True)
+    set_name = models.CharField(max_length=200)
+    set_description = models.TextField(blank=True)
+    set_source = models.CharField(max_length=500)
+    set_digest = models.CharField(max_length=64)
+    texts = models.PositiveIntegerField(default=0)
+    judges = models.JSONField(default=list)
+    controversial = models.CharField(max_length=20, default="safe")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=200)
+    surface = models.CharField(max_length=20)
+
+    class Meta:
+        ordering = ("-started", "-id")
+
+    def __str__(self) -> str:
+        return f"eval {self.pk} of {self.set_name}"
+
+
+class EvalResult(models.Model):
+    """One judge on one text of an evaluation: its verdict and unsafe score, or its failure."""
+
+    run = models.ForeignKey(EvalRun, on_delete=models.CASCADE, related_name="results")
+    judge = models.CharField(max_length=200)
+    position = models.PositiveIntegerField()
+    text = models.TextField()
+    label = models.CharField(max_length=20)
+    category = models.CharField(max_length=200, blank=True)
+    note = models.TextField(blank=True)
+    verdict = models.CharField(max_length=20, blank=True)
+    categories = models.JSONField(default=list, blank=True)
+    score = models.FloatField(null=True, blank=True)
+    score_source = models.CharField(max_length=20, blank=True)
+    flagged = models.BooleanField(default=False)
+    latency_ms = models.FloatField(null=True, blank=True)
+    failure_kind = models.CharField(max_length=40, blank=True)
+    failure = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ("run", "position", "judge")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "judge", "position"], name="%(app_label)s_%(class)s_unique_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.judge} on text {self.position} of run {self.run_id}"

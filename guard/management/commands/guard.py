@@ -1,10 +1,15 @@
-"""The guard from the command line: judges, checks and prompts.
+"""The guard from the command line: judges, checks, prompts, the policy, evaluation.
 
 manage.py guard judge list
 manage.py guard judge enable [NAME] [--gpu] [--sim]
 manage.py guard judge use NAME [NAME ...]
 manage.py guard check --request TEXT [--answer TEXT]
 manage.py guard prompt --judge NAME --request-file F [--answer-file G]
+manage.py guard policy show
+manage.py guard policy set [--file F] [--judges A [B ...]] [--controversial safe|unsafe]
+                           [--fail open|closed] [--directions requests answers|none]
+                           [--categories C ...]
+manage.py guard eval [--judges A [B ...]] [--set NAME_OR_FILE] [--timeout S]
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from catalog.choices import Surface
-from guard import formats, known, services
+from guard import evalrun, known, services, yamlfile
+from guard import evaluation as ev
+from guard import policy as policy_rules
+from guard.judgeprompt import judge_prompt
+from guard.models import PolicyChange
 
 
 def _cli_name() -> str:
@@ -27,7 +36,7 @@ def _cli_name() -> str:
 
 
 class Command(BaseCommand):
-    help = "Guard: judge list|enable|use, check, prompt."
+    help = "Guard: judge list|enable|use, check, prompt, policy show|set, eval."
 
     def add_arguments(self, parser: Any) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -49,6 +58,41 @@ class Command(BaseCommand):
         prompt.add_argument("--judge", required=True)
         prompt.add_argument("--request-file", required=True)
         prompt.add_argument("--answer-file")
+        policy = sub.add_parser("policy", help="show or set the policy (checked, logged)")
+        psub = policy.add_subparsers(dest="policy_action", required=True)
+        psub.add_parser("show", help="print the policy in force as JSON (what --file reads)")
+        pset = psub.add_parser(
+            "set", help="set the policy from a file and/or flags; flags change only their key"
+        )
+        pset.add_argument("--file", help="a policy as YAML or JSON (keys left out: the baseline's)")
+        pset.add_argument("--judges", nargs="+", metavar="NAME", help="judge.models, in order")
+        pset.add_argument("--controversial", metavar="safe|unsafe", help="judge.controversial")
+        pset.add_argument("--fail", metavar="open|closed", help="when every judge failed")
+        pset.add_argument(
+            "--directions", nargs="+", metavar="DIRECTION", help="requests, answers, or none"
+        )
+        pset.add_argument(
+            "--categories", nargs="*", metavar="CATEGORY", help="the categories that refuse"
+        )
+        evaluate = sub.add_parser(
+            "eval", help="run a labelled set through judges; print and keep the figures"
+        )
+        evaluate.add_argument(
+            "--judges",
+            nargs="+",
+            metavar="NAME",
+            help="default: the policy's judges, then known judges with a ready replica",
+        )
+        evaluate.add_argument(
+            "--set",
+            dest="set",
+            metavar="NAME_OR_FILE",
+            help=f"a packaged set ({', '.join(evalrun.packaged_sets())}) or a YAML file; "
+            f"default {evalrun.DEFAULT_SET}",
+        )
+        evaluate.add_argument(
+            "--timeout", type=float, default=30.0, help="seconds one ask may take (default 30)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -57,6 +101,10 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result, indent=2))
         elif action == "prompt":
             self._prompt(options)
+        elif action == "policy":
+            self._policy(options)
+        elif action == "eval":
+            self._eval(options)
         else:
             self._judge(options)
 
@@ -99,14 +147,6 @@ class Command(BaseCommand):
                 self.stdout.write(line)
 
     def _prompt(self, options: dict[str, Any]) -> None:
-        (judge,) = services.judges([options["judge"]])
-        fmt = judge.format or (
-            known.KNOWN[judge.name].format if judge.name in known.KNOWN else None
-        )
-        if fmt is None:
-            raise CommandError(
-                f'"{options["judge"]}" is neither a guard model in the catalog nor a known judge'
-            )
         try:
             request = Path(options["request_file"]).read_text(encoding="utf-8")
             answer = (
@@ -114,12 +154,184 @@ class Command(BaseCommand):
                 if options.get("answer_file")
                 else None
             )
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(str(exc)) from None
-        prompts = formats.get(fmt).prompts(
-            request, answer, categories=judge.categories or None, variant=judge.variant,
-            for_raw_completion=formats.get(fmt).raw_completion,
+        try:
+            text = judge_prompt(options["judge"], request, answer)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        # Exactly what is sent, nothing else (the console's judge page shows the same).
+        sys.stdout.write(text)
+
+    # The policy
+
+    def _policy(self, options: dict[str, Any]) -> None:
+        if options["policy_action"] == "show":
+            data = policy_rules.to_data(services.current_policy())
+            self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        data, doc = self._policy_data(options)
+        logged = PolicyChange.objects.order_by("-pk").values_list("pk", flat=True).first()
+        try:
+            parsed = services.set_policy(data, surface=Surface.CLI, name=_cli_name())
+        except services.PolicyRefused as exc:
+            problems = [
+                f"  {yamlfile.where(p.path, doc.line(p.path) if doc else None)}: {p.message}"
+                for p in exc.problems
+            ]
+            raise CommandError(
+                "the guard refuses this policy; nothing was changed:\n" + "\n".join(problems)
+            ) from None
+        now = PolicyChange.objects.order_by("-pk").values_list("pk", flat=True).first()
+        self.stdout.write("policy saved" if now != logged else "policy unchanged")
+        self.stdout.write(json.dumps(policy_rules.to_data(parsed), indent=2, ensure_ascii=False))
+
+    def _policy_data(self, options: dict[str, Any]) -> tuple[Any, yamlfile.Document | None]:
+        """Return the policy data the file and flags ask for, and the file read."""
+        flags = [k for k in ("judges", "controversial", "fail", "directions", "categories")
+                 if options.get(k) is not None]  # fmt: skip
+        if not options.get("file") and not flags:
+            raise CommandError(
+                "nothing to set: give --file and/or --judges, --controversial, --fail, "
+                "--directions, --categories"
+            )
+        doc: yamlfile.Document | None = None
+        data: Any
+        if options.get("file"):
+            try:
+                raw = Path(options["file"]).read_bytes()
+            except OSError as exc:
+                raise CommandError(f"cannot read {options['file']}: {exc.strerror}") from None
+            doc, problems = yamlfile.read(raw, options["file"])
+            if doc is None:
+                raise CommandError(
+                    "the guard refuses this policy; nothing was changed:\n"
+                    + "\n".join(f"  {p.message}" for p in problems)
+                )
+            data = doc.data
+            if flags and not isinstance(data, dict):
+                flags = []  # the file's own shape is the problem reported
+        else:
+            data = policy_rules.to_data(services.current_policy())
+        if flags:
+            data = dict(data)
+            judge = data.pop("judge", {})
+            judge = dict(judge) if isinstance(judge, dict) else judge
+            if options.get("judges") is not None and isinstance(judge, dict):
+                data.pop("judge.models", None)
+                judge["models"] = options["judges"]
+            if options.get("controversial") is not None and isinstance(judge, dict):
+                data.pop("judge.controversial", None)
+                judge["controversial"] = options["controversial"]
+            data["judge"] = judge
+            if options.get("fail") is not None:
+                data["fail"] = options["fail"]
+            if options.get("directions") is not None:
+                d = options["directions"]
+                data["directions"] = [] if d == ["none"] else d
+            if options.get("categories") is not None:
+                data["categories"] = options["categories"]
+        return data, doc
+
+    # Evaluation
+
+    def _eval(self, options: dict[str, Any]) -> None:
+        try:
+            loaded = evalrun.load_set(options.get("set"))
+        except evalrun.SetRefused as exc:
+            raise CommandError(
+                f"the labelled set {exc.source} cannot be used:\n"
+                + "\n".join(f"  {p.message}" for p in exc.problems)
+            ) from None
+        if not options["timeout"] > 0:
+            raise CommandError("--timeout must be a positive number of seconds")
+        names = options.get("judges") or evalrun.default_judges()
+        if not options.get("judges"):
+            names = [n for n in names if n in evalrun.guard_models()]
+            if not names:
+                raise CommandError(
+                    "no judge to evaluate: none of the policy's judges is a guard model in "
+                    "the catalog; enable one (guard judge enable) or name them with --judges"
+                )
+        try:
+            names = evalrun.check_judges(names)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        labelled = loaded.labelled
+        self.stdout.write(
+            f"set {labelled.name} ({loaded.source}): {len(labelled.texts)} texts, "
+            f"{labelled.count(ev.ORDINARY)} ordinary and {labelled.count(ev.HARMFUL)} harmful"
+        )
+        self.stdout.write(f"judges: {', '.join(names)}")
+
+        def progress(judge: str, done: int, total: int) -> None:
+            if done == total:
+                self.stderr.write(f"  {judge}: {total} texts asked")
+
+        record = evalrun.run(
+            loaded, names, surface=Surface.CLI, actor_name=_cli_name(),
+            timeout=options["timeout"], progress=progress,
         )  # fmt: skip
-        # Exactly what is sent, nothing else: ShieldGemma's one prompt per policy are
-        # separated by a line holding only a form feed.
-        sys.stdout.write("\n\f\n".join(p.text for p in prompts))
+        summaries, rows = evalrun.read_run(record)
+        self._eval_texts(names, rows)
+        self._eval_summary(summaries)
+        self.stdout.write(f"kept as evaluation {record.pk} (the console's Guard page shows it)")
+
+    def _eval_texts(self, names: list[str], rows: list[evalrun.TextRow]) -> None:
+        self.stdout.write("")
+        self.stdout.write(
+            "unsafe score per text: P(unsafe) from the engine's logprobs (lp), else 1 or 0 "
+            "from the verdict (v); * flagged; x no verdict (and why)"
+        )
+        widths = [max(len(n), 12) for n in names]
+        head = f"{'#':>3}  {'label':<8}  " + "  ".join(
+            f"{n:<{w}}" for n, w in zip(names, widths, strict=True)
+        )
+        self.stdout.write(head + "  text")
+        for row in rows:
+            cells = "  ".join(
+                f"{_score_cell(r):<{w}}" for r, w in zip(row.results, widths, strict=True)
+            )
+            text = " ".join(row.text.split())
+            text = text if len(text) <= 70 else text[:69] + "…"
+            self.stdout.write(f"{row.position + 1:>3}  {row.label:<8}  {cells}  {text}")
+
+    def _eval_summary(self, summaries: list[ev.Summary]) -> None:
+        self.stdout.write("")
+        width = max([len(s.judge) for s in summaries] + [5])
+        self.stdout.write(
+            f"{'judge':<{width}}  {'false positives':<22}  {'harmful caught':<22}  "
+            f"{'failures':<18}  {'p50 ms':>8}  {'p95 ms':>8}  {'scores':<8}  "
+            "max ordinary / min harmful"
+        )
+        for s in summaries:
+            fp = f"{ev.percent(s.false_positive_rate)} ({s.false_positives}/{s.ordinary_answered})"
+            caught = f"{ev.percent(s.catch_rate)} ({s.caught}/{s.harmful_answered})"
+            failures = str(s.failures)
+            if s.failures_by_kind:
+                failures += (
+                    " (" + ", ".join(f"{k} {n}" for k, n in s.failures_by_kind.items()) + ")"
+                )
+            self.stdout.write(
+                f"{s.judge:<{width}}  {fp:<22}  {caught:<22}  {failures:<18}  "
+                f"{_ms(s.latency_p50):>8}  {_ms(s.latency_p95):>8}  {s.score_source or '—':<8}  "
+                f"{_num(s.ordinary_max_score)} / {_num(s.harmful_min_score)}"
+            )
+
+
+def _score_cell(result: Any) -> str:
+    if result is None:
+        return "—"
+    if not result.verdict:
+        return f"x {result.failure_kind}"
+    mark = "*" if result.flagged else ""
+    source = "lp" if result.score_source == ev.FROM_LOGPROBS else "v"
+    return f"{result.score:.2f}{mark} {source}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"

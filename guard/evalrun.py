@@ -1,0 +1,312 @@
+"""Run a labelled set through judges and keep what each said (``guard eval``).
+
+The judges are asked the way a check asks them (``guard.client.ask_judge`` on a ready
+replica, the policy's ``judge.controversial``, the judge's context, categories and
+variant from the catalog, long texts cut by ``guard.longtext``), one text at a time so
+each latency is the judge's own. The figures are ``guard.evaluation``'s. An evaluation
+is not traffic: it is not counted in the judges' health or decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.utils import timezone
+
+from catalog import rules
+from catalog.models import ServedModel
+from catalog.problems import Problem
+from cluster.choices import ReplicaState
+from cluster.models import Replica
+from guard import client, known, services
+from guard import evaluation as ev
+from guard.chain import NO_REPLICA
+from guard.models import EvalResult, EvalRun
+
+SET_DIR = Path(__file__).resolve().parent / "evalsets"
+DEFAULT_SET = "coding-ops"
+
+
+class SetRefused(Exception):
+    """A labelled set that cannot be read; ``problems`` say where and what."""
+
+    def __init__(self, source: str, problems: Sequence[Problem]) -> None:
+        super().__init__("; ".join(p.message for p in problems))
+        self.source = source
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class LoadedSet:
+    """A labelled set, where it came from and the SHA-256 of its bytes."""
+
+    labelled: ev.LabelledSet
+    source: str
+    digest: str
+
+
+def packaged_sets() -> list[str]:
+    """Return the names of the sets shipped in ``guard/evalsets`` (``coding-ops``, ...)."""
+    return sorted(p.stem for p in SET_DIR.glob("*.yaml"))
+
+
+def load_set(name_or_path: str | None = None) -> LoadedSet:
+    """Return a labelled set: a packaged one by name (the default ``coding-ops``), or a file.
+
+    Raises:
+        SetRefused: the file cannot be read, or what it holds is not a labelled set.
+    """
+    wanted = name_or_path or DEFAULT_SET
+    path = Path(wanted)
+    if wanted in packaged_sets():
+        path = SET_DIR / f"{wanted}.yaml"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        shipped = ", ".join(packaged_sets())
+        raise SetRefused(
+            wanted,
+            [Problem((), f"cannot read {wanted}: {reason} (the packaged sets: {shipped})", "io")],
+        ) from None
+    labelled, problems = ev.read_set(raw, str(path.name))
+    if labelled is None:
+        raise SetRefused(str(path), problems)
+    return LoadedSet(labelled, str(path), hashlib.sha256(raw).hexdigest())
+
+
+def guard_models() -> list[str]:
+    """Return the catalog's guard models (with a format), by name."""
+    return list(
+        ServedModel.objects.filter(role=rules.ROLE_GUARD)
+        .exclude(guard_format="")
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+
+
+def default_judges() -> list[str]:
+    """Return the judges an evaluation asks when none are named.
+
+    Every judge the policy names, in its order, then every known judge in the catalog
+    with a ready replica (the candidates an operator could switch to).
+    """
+    names = list(services.current_policy().judge_models)
+    ready = set(
+        Replica.objects.filter(state=ReplicaState.READY, desired=True)
+        .exclude(endpoint="")
+        .values_list("model_name", flat=True)
+    )
+    for name in guard_models():
+        if name in known.KNOWN and name in ready and name not in names:
+            names.append(name)
+    return names
+
+
+def check_judges(names: Sequence[str]) -> list[str]:
+    """Return the named judges once each, in order.
+
+    Raises:
+        ValueError: a name that is not a guard model in the catalog (the message lists
+            them, and says how to add a known judge).
+    """
+    catalog = guard_models()
+    out: list[str] = []
+    for name in names:
+        if name in out:
+            continue
+        if name not in catalog:
+            hint = (
+                f"; add it with: python manage.py guard judge enable {name}"
+                if name in known.KNOWN
+                else ""
+            )
+            have = ", ".join(catalog) or "none"
+            raise ValueError(
+                f'"{name}" is not a guard model in the catalog (guard models: {have}){hint}'
+            )
+        out.append(name)
+    if not out:
+        raise ValueError("no judge to evaluate: name one with --judges, or enable a judge")
+    return out
+
+
+Progress = Callable[[str, int, int], None]
+
+
+def run(
+    loaded: LoadedSet,
+    names: Sequence[str],
+    *,
+    user: Any = None,
+    actor_name: str = "",
+    surface: str,
+    timeout: float = 30.0,
+    progress: Progress | None = None,
+) -> EvalRun:
+    """Ask each judge about every text of the set; keep and return the run.
+
+    A judge with no ready replica fails every text (``no_replica``) without being
+    asked; any other failure is the ask's (``guard.client.JudgeFailure`` kinds).
+    ``progress(judge, done, total)`` is called after each text.
+    """
+    policy = services.current_policy()
+    labelled = loaded.labelled
+    started = timezone.now()
+    record = EvalRun.objects.create(
+        started=started,
+        set_name=labelled.name,
+        set_description=labelled.description,
+        set_source=loaded.source[-500:],
+        set_digest=loaded.digest,
+        texts=len(labelled.texts),
+        judges=list(names),
+        controversial=policy.controversial,
+        actor=user if getattr(user, "pk", None) else None,
+        actor_name=getattr(user, "username", "") or actor_name or "system",
+        surface=surface,
+    )
+    http = httpx.Client(limits=httpx.Limits(max_connections=4))
+    try:
+        for judge in services.judges(list(names)):
+            rows = [
+                _ask(http, judge, i, text, policy.controversial, timeout, record)
+                for i, text in _progress(labelled.texts, judge.name, progress)
+            ]
+            EvalResult.objects.bulk_create(rows)
+    except BaseException as exc:
+        record.status = EvalRun.Status.FAILED
+        record.error = f"{type(exc).__name__}: {exc}"[:2000]
+        record.finished = timezone.now()
+        record.save(update_fields=["status", "error", "finished"])
+        raise
+    finally:
+        http.close()
+    record.status = EvalRun.Status.DONE
+    record.finished = timezone.now()
+    record.save(update_fields=["status", "finished"])
+    return record
+
+
+def _progress(texts: Sequence[ev.LabelledText], judge: str, progress: Progress | None) -> Any:
+    for i, text in enumerate(texts):
+        yield i, text
+        if progress is not None:
+            progress(judge, i + 1, len(texts))
+
+
+def _ask(
+    http: httpx.Client,
+    judge: services.Judge,
+    position: int,
+    text: ev.LabelledText,
+    controversial: str,
+    timeout: float,
+    record: EvalRun,
+) -> EvalResult:
+    """Ask one judge about one text; return the result row (not saved)."""
+    row = EvalResult(
+        run=record,
+        judge=judge.name,
+        position=position,
+        text=text.text,
+        label=text.label,
+        category=text.category,
+        note=text.note,
+    )
+    if not judge.endpoint or not judge.format:
+        row.failure_kind, row.failure = NO_REPLICA, "no ready replica"
+        return row
+    began = time.perf_counter()
+    try:
+        answer = client.ask_judge(
+            judge.endpoint,
+            judge.format,
+            text.text,
+            context_length=judge.context_length,
+            categories=judge.categories or None,
+            variant=judge.variant,
+            timeout=timeout,
+            model=judge.name,
+            controversial=controversial,
+            client=http,
+        )
+    except client.JudgeFailure as exc:
+        row.failure_kind, row.failure = exc.kind, exc.message[:2000]
+        row.latency_ms = (time.perf_counter() - began) * 1000.0
+        return row
+    except Exception as exc:  # noqa: BLE001 - a bug in one ask is that text's failure
+        row.failure_kind, row.failure = "error", f"{type(exc).__name__}: {exc}"[:2000]
+        return row
+    result = ev.outcome(text.label, answer.verdict, answer.score, answer.latency_ms, controversial)
+    row.verdict = answer.verdict
+    row.categories = list(answer.categories)
+    row.score = result.score
+    row.score_source = result.source
+    row.flagged = result.flagged
+    row.latency_ms = answer.latency_ms
+    return row
+
+
+# Reading a run back
+
+
+def outcomes(results: Sequence[EvalResult]) -> list[ev.Outcome]:
+    """Return the outcomes of result rows, for ``guard.evaluation.summarise``."""
+    return [
+        ev.Outcome(
+            label=r.label,
+            verdict=r.verdict or None,
+            score=r.score,
+            source=r.score_source,
+            latency_ms=r.latency_ms,
+            failure=r.failure_kind,
+            flagged=r.flagged,
+        )
+        for r in results
+    ]
+
+
+@dataclass(frozen=True)
+class TextRow:
+    """One text of a run with each judge's result, in the run's judge order."""
+
+    position: int
+    text: str
+    label: str
+    category: str
+    note: str
+    results: list[EvalResult | None]
+
+
+def read_run(record: EvalRun) -> tuple[list[ev.Summary], list[TextRow]]:
+    """Return a run's figures per judge (in its order) and its texts with every result."""
+    results = list(record.results.all())
+    judges = list(record.judges)
+    by_judge: dict[str, list[EvalResult]] = {j: [] for j in judges}
+    by_text: dict[int, dict[str, EvalResult]] = {}
+    for r in results:
+        by_judge.setdefault(r.judge, []).append(r)
+        by_text.setdefault(r.position, {})[r.judge] = r
+    summaries = [ev.summarise(j, outcomes(by_judge[j])) for j in judges]
+    rows = []
+    for position in sorted(by_text):
+        found = by_text[position]
+        first = next(iter(found.values()))
+        rows.append(
+            TextRow(
+                position=position,
+                text=first.text,
+                label=first.label,
+                category=first.category,
+                note=first.note,
+                results=[found.get(j) for j in judges],
+            )
+        )
+    return summaries, rows

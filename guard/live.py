@@ -1,0 +1,279 @@
+"""What the guard's fragments show, built without a request (pages and pushes alike).
+
+Used by the Guard page and the judges' pages (``guard.views``) and by the live view,
+which renders the same fragments when the cluster changes:
+
+- ``templates/guard/partials/judge_health.html``, one judge's health, root element id
+  ``guard-judge-<slug>-health`` (``judge_dom_id``), rendered with
+  ``{"row": judge_health_row(name)}``;
+- ``templates/guard/partials/enable_judge.html``, the "enable a known judge" form,
+  root element id ``guard-enable-judge``, rendered with ``enable_judge_context(...)``.
+
+Neither holds ``{% csrf_token %}``: the token is in ``hx-headers`` on ``<body>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Sum
+from django.urls import reverse
+
+from catalog import rules
+from catalog.models import ServedModel
+from cluster.choices import ReplicaState
+from cluster.models import Replica
+from guard import known, services
+from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
+
+ENABLE_DOM_ID = "guard-enable-judge"
+VERDICTS = ("safe", "unsafe", "controversial")
+
+# Where a known judge can be served, as the enable form offers it.
+WHERE_CPU = "cpu"
+WHERE_GPU = "gpu"
+WHERE_SIM = "sim"
+WHERES = (WHERE_CPU, WHERE_GPU, WHERE_SIM)
+
+_NOT_SLUG = re.compile(r"[^A-Za-z0-9-]+")
+
+
+def judge_slug(name: str) -> str:
+    """Return a judge's name as it appears in DOM ids: letters, digits and ``-`` only.
+
+    Each run of other characters becomes one ``-`` (``qwen3guard-0.6b`` is
+    ``qwen3guard-0-6b``); a name with none of those left is ``judge``.
+    """
+    return _NOT_SLUG.sub("-", name).strip("-") or "judge"
+
+
+def judge_dom_id(name: str) -> str:
+    """Return the id of a judge's health block: ``guard-judge-<slug>-health``."""
+    return f"guard-judge-{judge_slug(name)}-health"
+
+
+@dataclass(frozen=True)
+class JudgeHealthRow:
+    """One judge as the guard sees it now: where it is, how it answers, what it decided.
+
+    ``status`` is ``ok`` (its last ask answered), ``failing`` (its last ask failed),
+    ``no_replica`` (in the catalog, no ready replica), ``not_in_catalog`` (the policy
+    names it but the catalog lacks it) or ``idle`` (never asked yet).
+    """
+
+    name: str
+    slug: str
+    dom_id: str
+    url: str
+    position: int | None
+    in_catalog: bool
+    format: str
+    simulated: bool
+    known: bool
+    replicas: list[tuple[str, int]]
+    ready: int
+    answers: int
+    failures: int
+    last_error: str
+    last_error_kind: str
+    last_error_at: datetime | None
+    last_good_at: datetime | None
+    last_latency_ms: float | None
+    probe: JudgeProbe | None
+    decisions: dict[str, int] = field(default_factory=dict)
+    status: str = "idle"
+
+    @property
+    def status_text(self) -> str:
+        """Return the status in a few words."""
+        return {
+            "ok": "answering",
+            "failing": "failing",
+            "no_replica": "no ready replica",
+            "not_in_catalog": "not in the catalog",
+            "idle": "not asked yet",
+        }[self.status]
+
+
+def _status(
+    in_catalog: bool, ready: int, health: JudgeHealth | None, probe: JudgeProbe | None
+) -> str:
+    if not in_catalog:
+        return "not_in_catalog"
+    good = health.last_good_at if health else None
+    bad = health.last_error_at if health else None
+    if probe is not None:
+        good = max(filter(None, [good, probe.at if probe.ok else None]), default=None)
+        bad = max(filter(None, [bad, probe.at if not probe.ok else None]), default=None)
+    if bad is not None and (good is None or bad > good):
+        return "failing"
+    if not ready:
+        return "no_replica"
+    if good is not None:
+        return "ok"
+    return "idle"
+
+
+def judge_names(policy_names: list[str] | None = None) -> list[str]:
+    """Return the judges the Guard page lists: the policy's in order, then other guard models."""
+    names = list(services.current_policy().judge_models if policy_names is None else policy_names)
+    for name in (
+        ServedModel.objects.filter(role=rules.ROLE_GUARD)
+        .order_by("name")
+        .values_list("name", flat=True)
+    ):
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def judge_health_rows(names: list[str] | None = None) -> list[JudgeHealthRow]:
+    """Return the health of judges (default ``judge_names()``), in that order.
+
+    Eight queries at most, whatever the number of judges.
+    """
+    policy_names = list(services.current_policy().judge_models)
+    names = judge_names(policy_names) if names is None else names
+    models = {
+        m.name: m
+        for m in ServedModel.objects.filter(name__in=names, role=rules.ROLE_GUARD).prefetch_related(
+            "profiles"
+        )
+    }
+    states: dict[str, Counter[str]] = {}
+    for model_name, state in Replica.objects.filter(model_name__in=names, desired=True).values_list(
+        "model_name", "state"
+    ):
+        states.setdefault(model_name, Counter())[state] += 1
+    health = {h.judge: h for h in JudgeHealth.objects.filter(judge__in=names)}
+    probes = {p.judge: p for p in JudgeProbe.objects.filter(judge__in=names)}
+    decisions: dict[str, dict[str, int]] = {}
+    for judge, verdict, n in (
+        JudgeDecision.objects.filter(judge__in=names)
+        .values("judge", "verdict")
+        .annotate(n=Sum("count"))
+        .values_list("judge", "verdict", "n")
+    ):
+        decisions.setdefault(judge, {})[verdict] = int(n or 0)
+    rows = []
+    for name in names:
+        m = models.get(name)
+        h = health.get(name)
+        p = probes.get(name)
+        counted = states.get(name, Counter())
+        ready = counted.get(ReplicaState.READY, 0)
+        order = [s.value for s in ReplicaState]
+        profiles = list(m.profiles.all()) if m else []
+        rows.append(
+            JudgeHealthRow(
+                name=name,
+                slug=judge_slug(name),
+                dom_id=judge_dom_id(name),
+                url=reverse("guard:judge_detail", args=[name]),
+                position=policy_names.index(name) + 1 if name in policy_names else None,
+                in_catalog=m is not None,
+                format=(m.guard_format if m else "")
+                or (known.KNOWN[name].format if name in known.KNOWN else ""),
+                simulated=bool(profiles) and all(pr.engine == "sim" for pr in profiles),
+                known=name in known.KNOWN,
+                replicas=sorted(counted.items(), key=lambda kv: order.index(kv[0])),
+                ready=ready,
+                answers=h.answers if h else 0,
+                failures=h.failures if h else 0,
+                last_error=h.last_error if h else "",
+                last_error_kind=h.last_error_kind if h else "",
+                last_error_at=h.last_error_at if h else None,
+                last_good_at=h.last_good_at if h else None,
+                last_latency_ms=h.last_latency_ms if h else None,
+                probe=p,
+                decisions={v: decisions.get(name, {}).get(v, 0) for v in VERDICTS},
+                status=_status(m is not None, ready, h, p),
+            )
+        )
+    return rows
+
+
+def judge_health_row(name: str) -> JudgeHealthRow | None:
+    """Return one judge's health, or None when neither the policy nor the catalog has it."""
+    in_policy = name in services.current_policy().judge_models
+    if not in_policy and not ServedModel.objects.filter(name=name, role=rules.ROLE_GUARD).exists():
+        return None
+    return judge_health_rows([name])[0]
+
+
+# Enabling a known judge
+
+
+@dataclass(frozen=True)
+class KnownOption:
+    """A known judge as the enable form offers it."""
+
+    name: str
+    description: str
+    format: str
+    cpu_gb: int
+    gpu_gb: float
+    in_catalog: bool
+    in_policy: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What enabling a judge did (``ok``) or why it did not, in lines to show."""
+
+    ok: bool
+    lines: list[str]
+    judge: str = ""
+
+
+def enable_judge_context(
+    *,
+    can_edit: bool,
+    outcome: Outcome | None = None,
+    selected: str = "",
+    where: str = WHERE_CPU,
+    add_to_policy: bool = True,
+    errors: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Return the context of ``guard/partials/enable_judge.html``.
+
+    ``can_edit`` says whether the form is shown (operators) or only the known list;
+    ``outcome`` is what the last post did; ``errors`` the problems by field (``name``,
+    ``where``).
+    """
+    _, classes = services.cluster_shape()
+    roomiest = known.roomiest_class(classes) if classes else ""
+    policy = services.current_policy()
+    in_catalog = set(
+        ServedModel.objects.filter(name__in=list(known.KNOWN), role=rules.ROLE_GUARD).values_list(
+            "name", flat=True
+        )
+    )
+    options = [
+        KnownOption(
+            name=j.name,
+            description=j.description,
+            format=j.format,
+            cpu_gb=j.min_memory_gb,
+            gpu_gb=j.gpu_gb,
+            in_catalog=j.name in in_catalog,
+            in_policy=j.name in policy.judge_models,
+        )
+        for j in known.KNOWN.values()
+    ]
+    return {
+        "dom_id": ENABLE_DOM_ID,
+        "can_edit": can_edit,
+        "options": options,
+        "selected": selected or known.DEFAULT_CPU_JUDGE,
+        "where": where,
+        "add_to_policy": add_to_policy,
+        "roomiest_class": roomiest,
+        "outcome": outcome,
+        "errors": errors or {},
+        "action": reverse("guard:judge_enable"),
+    }

@@ -1,0 +1,21 @@
+"""Template filters of the guard's pages."""
+
+from __future__ import annotations
+
+from django import template
+
+from guard import evaluation as ev
+
+register = template.Library()
+
+
+@register.filter
+def percent(share: float | None) -> str:
+    """Return a share as a percentage with one decimal (``12.5%``), ``—`` for none."""
+    return ev.percent(share)
+
+
+@register.filter
+def score(value: float | None) -> str:
+    """Return an unsafe score with two decimals, ``—`` for none."""
+    return "—" if value is None else f"{value:.2f}"

@@ -150,7 +150,7 @@ def read(source: str | bytes, source_name: str = "<file>") -> tuple[Document | N
                 add(
                     (*path, value),
                     "duplicate_key",
-                    f'{where(path, first)}: "{value}" is written twice (lines {first} and '
+                    f'{where((*path, value), first)}: "{value}" is written twice (lines {first} and '
                     f"{line}); YAML would keep only the last, so remove one",
                 )
             top[2], top[3] = value, line

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -268,10 +269,17 @@ class Command(BaseCommand):
             if done == total:
                 self.stderr.write(f"  {judge}: {total} texts asked")
 
-        record = evalrun.run(
-            loaded, names, surface=Surface.CLI, actor_name=_cli_name(),
-            timeout=options["timeout"], progress=progress,
-        )  # fmt: skip
+        # One INFO line per ask from httpx would bury the table: only its warnings.
+        http_log = logging.getLogger("httpx")
+        level = http_log.level
+        http_log.setLevel(max(level, logging.WARNING))
+        try:
+            record = evalrun.run(
+                loaded, names, surface=Surface.CLI, actor_name=_cli_name(),
+                timeout=options["timeout"], progress=progress,
+            )  # fmt: skip
+        finally:
+            http_log.setLevel(level)
         summaries, rows = evalrun.read_run(record)
         self._eval_texts(names, rows)
         self._eval_summary(summaries)

@@ -1,0 +1,140 @@
+"""The live console in a real Chromium against a real control plane and real agents.
+
+The web process is `manage.py serve` (Daphne, the embedded in-memory channel layer, the
+reconciler in-process); agents are processes with simulated cards running sim engines.
+Nothing here reloads a page after it is open: every change must arrive over the socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cluster.models import Node
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.catalog.samples import store
+from tests.e2e.conftest import Agent, ControlPlane, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+L4 = "nvidia-l4-24gb"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with pytest.MonkeyPatch.context() as mp, sync_playwright() as p:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def console(chromium: Any, control_plane: ControlPlane) -> Iterator[Callable[[Any, str], Any]]:
+    contexts = []
+
+    def open_as(user: Any, path: str = "/cluster/") -> Any:
+        context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(control_plane.url + "/login/?next=" + path)
+        page.fill("#id_username", user.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(control_plane.url + path)
+        if page.locator("[data-live]").count():
+            page.wait_for_selector("[data-live-status].on")  # the socket is open
+        return page
+
+    yield open_as
+    for c in contexts:
+        c.close()
+
+
+def sim_model(name: str, gpu_class: str = L4, tp: int = 1, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": f"sim/{name}",
+        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": gpu_class, "tp": tp}],
+        "scaling": {"min": replicas, "max": max(1, replicas)},
+    }
+
+
+def test_nodes_and_replicas_arrive_without_reloading(
+    console: Callable[..., Any], agents: Callable[..., Agent], operator: Any, viewer: Any
+) -> None:
+    op = console(operator)
+    watcher = console(viewer)
+    assert "No node has joined yet" in watcher.inner_text("#cluster-nodes")
+
+    agents("live-1", "--simulate", f"2x {L4}")
+    node = wait_for(lambda: Node.objects.filter(name="live-1", health="ready").first(), 30, "node")
+    # The node appears in both open consoles, cards and all.
+    for page in (op, watcher):
+        card = page.locator(f"#cluster-node-{node.pk}")
+        card.wait_for()
+        card.locator("[data-role=class-use]", has_text="2 free of 2").wait_for()
+
+    store(sim_model("chat-live"))
+    for page in (op, watcher):
+        page.locator("#cluster-models article", has_text="chat-live").wait_for()
+    block = watcher.locator("#cluster-models article", has_text="chat-live")
+    block.locator("tr.replica[data-state=ready]").wait_for(timeout=60_000)
+    assert "1 of 1 ready" in block.inner_text()
+    # The card it holds is shown as used on the node.
+    watcher.locator(
+        f"#cluster-node-{node.pk} [data-role=class-use]", has_text="1 free of 2"
+    ).wait_for()
+
+    # An operator cordons the node; the viewer's console shows it, with no buttons of its own.
+    op.locator(f"#cluster-node-{node.pk} button", has_text="Cordon").click()
+    watcher.locator(
+        f"#cluster-node-{node.pk} [data-role=node-state]", has_text="cordoned"
+    ).wait_for()
+    assert watcher.locator(f"#cluster-node-{node.pk} button").count() == 0
+    assert Node.objects.get(pk=node.pk).cordoned
+
+
+def test_a_dropped_socket_reconnects_and_resynchronises(
+    console: Callable[..., Any], agents: Callable[..., Agent], control_plane: ControlPlane,
+    viewer: Any,
+) -> None:  # fmt: skip
+    agents("live-2", "--simulate", f"1x {L4}")
+    node = wait_for(lambda: Node.objects.filter(name="live-2", health="ready").first(), 30, "node")
+    page = console(viewer)
+    page.locator(f"#cluster-node-{node.pk}").wait_for()
+
+    control_plane.restart()  # every socket drops
+    # While the page is disconnected the node is cordoned; the reconnect's snapshot shows it.
+    from cluster import services
+
+    services.set_cordon(node, True)
+    page.wait_for_selector("[data-live-status].on", timeout=60_000)
+    page.locator(f"#cluster-node-{node.pk} [data-role=node-state]", has_text="cordoned").wait_for()
+
+
+def test_a_profile_on_a_class_with_too_few_free_cards_says_why(
+    console: Callable[..., Any], agents: Callable[..., Agent], operator: Any
+) -> None:
+    agents("live-3", "--simulate", f"2x {L4}")
+    wait_for(lambda: Node.objects.filter(name="live-3", health="ready").first(), 30, "node")
+    store(sim_model("wide", replicas=0))
+    page = console(operator, "/catalog/models/wide/edit/")
+
+    # The operator asks for one replica with tp 4 on nvidia-l4-24gb: the node has only 2.
+    page.locator("input[name$='-tp']").first.fill("4")
+    page.locator("input[name$='-gpus_per_node']").first.fill("4")
+    page.locator("input[name='scaling_min']").fill("1")
+    page.locator("button[type=submit]", has_text="Save").click()
+    page.wait_for_url("**/catalog/models/wide/")
+    page.wait_for_selector("[data-live-status].on")
+    reason = page.locator(".live-replicas [data-role=reason]", has_text="needs 4")
+    reason.wait_for(timeout=60_000)
+    assert reason.inner_text().strip() == (f"needs 4 {L4} on one node; the largest node has 2")

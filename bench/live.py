@@ -1,0 +1,276 @@
+"""Measure the live console: from a state change to the updated element in the page.
+
+    .venv/bin/python bench/live.py [--changes 40] [--consoles 1 100]
+
+Starts `manage.py serve` (Daphne, one process) as production runs it, with the Redis
+channel layer, on a throwaway PostgreSQL database. For each console count it opens that
+many consoles on the dashboard's socket (/ws/live/nodes,models,judges/), signed in as a
+viewer: one is a real headless Chromium page showing /cluster/, the others are websocket
+clients in this process. Then it cordons and uncordons a node through the REST API, one
+change at a time, and times, for every console, from just before the API call to:
+
+- in Chromium: the node's state badge in the page showing the new state (a
+  MutationObserver stamps the time the swapped element lands in the DOM);
+- in the websocket clients: the frame carrying the node's new fragment arriving.
+
+Prints p50/p95 per console count (all consoles' times together, and the browser's
+alone); asserts nothing. Goal (issue 5): p95 under 250 ms with 100 consoles. The last
+line reads `live p95 with 100 consoles: <ms> ms`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import logging  # noqa: E402
+
+import httpx  # noqa: E402
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
+import websockets  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+# Stamps, in the page, when the node's state badge shows a new state (wall clock, ms).
+OBSERVER = """
+(nodeId) => {
+  window.__seen = [];
+  const record = () => {
+    const badge = document.querySelector('#' + nodeId + ' [data-role=node-state]');
+    if (badge) window.__seen.push([badge.textContent.trim(), Date.now()]);
+  };
+  new MutationObserver(record).observe(document.body, {childList: true, subtree: true});
+}
+"""
+
+
+# Changes made first and not counted: the first renders warm the process's caches.
+WARMUP = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(p / 100 * len(ordered)) - 1))]
+
+
+async def ws_console(url: str, cookie: str, origin: str, node_dom: str, arrivals: list) -> Any:
+    """Open one console's socket; record (state, time) of every frame about the node."""
+    ws = await websockets.connect(
+        url, additional_headers={"Cookie": cookie, "Origin": origin}, max_size=2**24
+    )
+    await ws.recv()  # the snapshot
+
+    async def listen() -> None:
+        async for frame in ws:
+            at = time.time()
+            if f'id="{node_dom}"' in frame:
+                state = "cordoned" if 'node-state">cordoned<' in frame else "ready"
+                arrivals.append((state, at))
+
+    return ws, asyncio.get_running_loop().create_task(listen())
+
+
+async def run_round(
+    base: str, cookie: str, token: str, node: Any, consoles: int, changes: int, browser: Any
+) -> tuple[list[float], list[float]]:
+    ws_url = base.replace("http", "ws") + "/ws/live/nodes,models,judges/"
+    node_dom = f"cluster-node-{node.pk}"
+    # The browser is one console; the rest are websocket clients.
+    page = await browser.new_page()
+    await page.context.add_cookies(
+        [{"name": "sessionid", "value": cookie.split("=", 1)[1], "url": base}]
+    )
+    await page.goto(base + "/cluster/")
+    await page.wait_for_selector("[data-live-status].on")
+    await page.evaluate(OBSERVER, node_dom)
+    clients = []
+    arrivals: list[list] = []
+    for _ in range(consoles - 1):
+        arrivals.append([])
+        clients.append(await ws_console(ws_url, cookie, base, node_dom, arrivals[-1]))
+    all_ms: list[float] = []
+    browser_ms: list[float] = []
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Token {token}"}) as api:
+        for i in range(-WARMUP, changes):
+            want = "cordoned" if i % 2 == 0 else "ready"
+            action = "cordon" if want == "cordoned" else "uncordon"
+            seen_before = [len(a) for a in arrivals]
+            page_before = await page.evaluate("window.__seen.length")
+            t0 = time.time()
+            r = await api.post(f"/api/v1/cluster/nodes/{node.name}/{action}/")
+            r.raise_for_status()
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                got_ws = all(
+                    any(s == want for s, _ in a[n:])
+                    for a, n in zip(arrivals, seen_before, strict=True)
+                )
+                seen = await page.evaluate("window.__seen")
+                got_page = any(s == want for s, _ in seen[page_before:])
+                if got_ws and got_page:
+                    break
+                await asyncio.sleep(0.02)
+            if i < 0:
+                await asyncio.sleep(0.3)
+                continue  # warming up: not counted
+            for a, n in zip(arrivals, seen_before, strict=True):
+                at = next((t for s, t in a[n:] if s == want), None)
+                if at is not None:
+                    all_ms.append((at - t0) * 1000)
+            at_ms = next((t for s, t in seen[page_before:] if s == want), None)
+            if at_ms is not None:
+                browser_ms.append(at_ms - t0 * 1000)
+                all_ms.append(at_ms - t0 * 1000)
+            await asyncio.sleep(0.3)
+    for ws, task in clients:
+        task.cancel()
+        await ws.close()
+    await page.close()
+    return all_ms, browser_ms
+
+
+async def measure(
+    base: str, cookie: str, token: str, node: Any, counts: list[int], changes: int
+) -> dict:
+    from playwright.async_api import async_playwright
+
+    results = {}
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
+        )
+        context = await browser.new_context()
+        for n in counts:
+            results[n] = await run_round(base, cookie, token, node, n, changes, context)
+        await browser.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--changes", type=int, default=40)
+    parser.add_argument("--consoles", type=int, nargs="+", default=[1, 100])
+    args = parser.parse_args()
+
+    setup_test_environment()
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_live"
+    old_name = connection.settings_dict["NAME"]
+    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+
+    from django.contrib.auth.models import Group, User
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from cluster import services
+    from cluster.models import JoinToken
+    from llmgw_admin.models import ApiToken
+
+    viewer = User.objects.create_user("bench-viewer", password="x")
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    operator = User.objects.create_user("bench-operator", password="x")
+    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+    session = SessionStore()
+    session["_auth_user_id"] = str(viewer.pk)
+    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_hash"] = viewer.get_session_auth_hash()
+    session.create()
+    _, token = ApiToken.issue(operator, "bench")
+    _, secret = JoinToken.issue("bench")
+    inventory = {
+        "hostname": "bench-node", "cpu_cores": 64, "memory_mb": 512_000,
+        "disk_free_mb": 2_000_000, "engines": {"sim": "1"}, "labels": {}, "weights": [],
+        "simulated": True,
+        "cards": [{"index": k, "class": "nvidia-h100-80gb", "memory_mb": 81559,
+                   "power_limit_w": 700} for k in range(8)],
+    }  # fmt: skip
+    node, _ = services.join(secret, "bench-node", inventory)
+    # A cluster of some size, so a render is not trivially small.
+    for i in range(20):
+        _, s = JoinToken.issue(f"bench-{i}")
+        services.join(s, f"bench-{i:02d}", {**inventory, "hostname": f"bench-{i:02d}"})
+    connection.close()
+
+    db = connection.settings_dict
+    port = free_port()
+    redis = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+    env = dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
+        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
+        LLMGW_SECRET_KEY="test-only-not-secret", LLMGW_DATA_DIR=f"/tmp/llmgw-bench-live-{port}",
+        LLMGW_NODE_LOST_AFTER="3600", LLMGW_LOCAL_AGENT="false", LLMGW_SIMULATE="off",
+        LLMGW_REDIS_URL=redis, LLMGW_ALLOWED_HOSTS="127.0.0.1,localhost",
+    )  # fmt: skip
+    log = Path(f"/tmp/llmgw-bench-live-web-{port}.log").open("w")  # noqa: SIM115
+    web = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    print(f"web process log: {log.name}")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                httpx.get(base + "/login/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        results = asyncio.run(
+            measure(
+                base, f"sessionid={session.session_key}", token, node, args.consoles, args.changes
+            )
+        )
+    finally:
+        web.terminate()
+        try:
+            web.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            web.kill()
+            web.wait()
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    last = None
+    for n, (all_ms, browser_ms) in results.items():
+        expected = n * args.changes
+        print(
+            f"{n} console(s), {args.changes} changes: {len(all_ms)} of {expected} updates seen; "
+            f"p50 {statistics.median(all_ms):.0f} ms, p95 {pct(all_ms, 95):.0f} ms, "
+            f"max {max(all_ms):.0f} ms"
+        )
+        print(
+            f"  in Chromium's page: p50 {statistics.median(browser_ms):.0f} ms, "
+            f"p95 {pct(browser_ms, 95):.0f} ms"
+        )
+        last = (n, pct(all_ms, 95))
+    if last:
+        print(f"live p95 with {last[0]} consoles: {last[1]:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

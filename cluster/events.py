@@ -118,8 +118,16 @@ def flush() -> None:
     if replicas:
         from cluster.models import Replica
 
-        models |= set(
-            Replica.objects.filter(pk__in=replicas).values_list("model_name", flat=True)
+        models |= set(Replica.objects.filter(pk__in=replicas).values_list("model_name", flat=True))
+    if models:
+        # A judge's replicas are part of its health (ready or not).
+        from catalog.models import ServedModel
+        from catalog.rules import ROLE_GUARD
+
+        judges |= set(
+            ServedModel.objects.filter(name__in=models, role=ROLE_GUARD).values_list(
+                "name", flat=True
+            )
         )
     sends: list[tuple[str, dict]] = []
     event = uuid.uuid4().hex

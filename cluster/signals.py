@@ -1,4 +1,4 @@
-"""Saves and deletions of cluster rows mark what the live console shows as changed.
+"""Saves and deletions of cluster (and judge) rows mark what the live console shows as changed.
 
 A catch-all for the ORM's saves (services, the reconciler, the admin); writes that
 bypass signals (``QuerySet.update``, ``bulk_create``) call ``cluster.events.changed``
@@ -35,7 +35,21 @@ def _budget(sender: Any, instance: FacilityBudget, **kwargs: Any) -> None:
     events.changed(power=True)
 
 
+def _judge(sender: Any, instance: Any, **kwargs: Any) -> None:
+    events.changed(judges=[instance.judge])
+
+
+def _policy(sender: Any, instance: Any, **kwargs: Any) -> None:
+    # The judges' list and order may have changed: the list is sent whole.
+    events.changed(judges=["*"])
+
+
 def connect() -> None:
+    from guard.models import GuardPolicy, JudgeHealth, JudgeProbe
+
+    post_save.connect(_judge, sender=JudgeProbe, dispatch_uid="live-judge-probe")
+    post_save.connect(_judge, sender=JudgeHealth, dispatch_uid="live-judge-health")
+    post_save.connect(_policy, sender=GuardPolicy, dispatch_uid="live-guard-policy")
     for signal in (post_save, post_delete):
         signal.connect(_replica, sender=Replica, dispatch_uid=f"live-replica-{signal}")
         signal.connect(_assignment, sender=Assignment, dispatch_uid=f"live-assign-{signal}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from cluster import live, services
@@ -27,20 +29,34 @@ def _judges() -> list:
     return list(guard_live.judge_health_rows())
 
 
+def _enable_judge_form(request: HtmxHttpRequest, simulated: bool) -> str:
+    """The guard's own "enable a known judge" fragment; it posts to the guard's view.
+
+    On a simulated cluster the sim engine is offered first: its judges need no weights.
+    """
+    from guard import live as guard_live
+
+    context = guard_live.enable_judge_context(can_edit=True, where="sim" if simulated else "cpu")
+    return render_to_string("guard/partials/enable_judge.html", context, request=request)
+
+
 @role_required(VIEWER)
 @require_GET
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     """The cluster as it is: nodes, power, models' replicas, unplaced, judges; kept live."""
     nodes = live.node_rows()
     models = live.model_rows()
+    can_act = has_role(request.user, OPERATOR)
     context = {
         "nodes": nodes,
         "power": live.power_rows(),
         "models": models,
         "unplaced": [(m.name, r) for m in models for r in m.unplaced],
         "judges": _judges(),
-        "can_act": has_role(request.user, OPERATOR),
-        "simulated_nodes": [n.name for n in nodes if n.simulated],
+        "can_act": can_act,
+        "enable_judge": mark_safe(_enable_judge_form(request, any(n.simulated for n in nodes)))
+        if can_act
+        else "",  # noqa: S308
     }
     return render(request, "cluster/dashboard.html", context)
 
@@ -77,9 +93,7 @@ def replica_restart(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         f"generation {replica.generation}",
         "console",
     )
-    return HttpResponse(
-        render_model(live.model_row(replica.model_name), True, replica.model_name)
-    )
+    return HttpResponse(render_model(live.model_row(replica.model_name), True, replica.model_name))
 
 
 @role_required(OPERATOR)

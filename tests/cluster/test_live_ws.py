@@ -81,9 +81,7 @@ async def test_user_without_a_role_is_refused(outsider: Any) -> None:
 
 async def test_foreign_origin_is_refused(viewer: Any) -> None:
     cookie = await sync_to_async(_cookie)(viewer)
-    comm, connected = await _connect(
-        "/ws/live/nodes/", (b"origin", b"http://evil.example"), cookie
-    )
+    comm, connected = await _connect("/ws/live/nodes/", (b"origin", b"http://evil.example"), cookie)
     assert not connected
     await comm.disconnect()
 
@@ -214,4 +212,20 @@ async def test_a_power_budget_change_refreshes_power(viewer: Any) -> None:
     await sync_to_async(FacilityBudget.objects.create)(level="rack", name="r1", cap_watts=5000)
     frame = await comm.receive_from(timeout=5)
     assert 'id="cluster-power"' in frame and "5000 W" in frame
+    await comm.disconnect()
+
+
+async def test_a_judge_probe_pushes_the_judges_health(viewer: Any) -> None:
+    from django.utils import timezone
+
+    from guard.models import JudgeProbe
+
+    comm = await _open(viewer, "/ws/live/judges/")
+    await comm.receive_from(timeout=5)
+    await sync_to_async(JudgeProbe.objects.create)(
+        judge="qwen3guard-0.6b", at=timezone.now(), ok=False, error="connection refused"
+    )
+    frame = await comm.receive_from(timeout=5)
+    assert 'id="guard-judges"' in frame
+    assert 'data-judge="qwen3guard-0.6b"' in frame
     await comm.disconnect()

@@ -21,6 +21,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 L4 = "nvidia-l4-24gb"
 
+# Records, in the page, each state a model's replica rows show as the DOM changes.
+SEEN_STATES = """
+(model) => {
+  window.__states = [];
+  const look = () => {
+    for (const block of document.querySelectorAll('#cluster-models article')) {
+      if (!block.textContent.includes(model)) continue;
+      for (const row of block.querySelectorAll('tr.replica')) {
+        const s = row.dataset.state;
+        if (window.__states[window.__states.length - 1] !== s) window.__states.push(s);
+      }
+    }
+  };
+  new MutationObserver(look).observe(document.body, {childList: true, subtree: true});
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
@@ -138,3 +155,37 @@ def test_a_profile_on_a_class_with_too_few_free_cards_says_why(
     reason = page.locator(".live-replicas [data-role=reason]", has_text="needs 4")
     reason.wait_for(timeout=60_000)
     assert reason.inner_text().strip() == (f"needs 4 {L4} on one node; the largest node has 2")
+
+
+def test_enabling_a_sim_judge_shows_its_replica_go_from_pending_to_ready(
+    console: Callable[..., Any], agents: Callable[..., Agent], operator: Any, viewer: Any
+) -> None:
+    agents("live-4", "--simulate", f"1x {L4}")
+    wait_for(lambda: Node.objects.filter(name="live-4", health="ready").first(), 30, "node")
+    page = console(operator)
+    watcher = console(viewer)
+    # A viewer is not offered the form.
+    assert watcher.locator("#cluster-enable-judge").count() == 0
+
+    # Every state the judge's replica row shows in the viewer's page, in order.
+    watcher.evaluate(SEEN_STATES, "llamaguard3-1b")
+    page.locator("#cluster-enable-judge summary").click()
+    form = page.locator("#cluster-enable-judge form")
+    form.locator("select[name=name]").select_option("llamaguard3-1b")
+    form.locator("input[name=where][value=sim]").check()
+    form.locator("button[type=submit]").click()
+    page.locator("#cluster-enable-judge [data-role=enable-outcome]").wait_for()
+
+    # Its replica shows up pending, then ready, in both consoles, never reloaded.
+    for p in (page, watcher):
+        block = p.locator("#cluster-models article", has_text="llamaguard3-1b")
+        block.locator("tr.replica[data-state=ready]").wait_for(timeout=60_000)
+    seen = watcher.evaluate("window.__states")
+    assert seen[0] == "pending" and seen[-1] == "ready", seen
+    # The judge's health block says it has a ready replica.
+    watcher.locator(
+        "#guard-judges [data-judge='llamaguard3-1b'] [data-role=judge-status]"
+    ).wait_for()
+    assert "no ready replica" not in watcher.inner_text(
+        "#guard-judges [data-judge='llamaguard3-1b']"
+    )

@@ -6,8 +6,9 @@ consumer sends a snapshot of every region it serves (a reconnect resynchronises)
 for each event of cluster.events, the changed elements by id. htmx's ws extension swaps
 each top-level element by id (out of band). Nothing is written over the socket.
 
-Rendering is shared: every console of a process connected when an event arrives gets
-the same HTML for the same event and role, rendered once (bench/live.py).
+Each process subscribes to the channel layer once per group (cluster.hub) and hands
+events to its consoles; rendering is shared: every console of a process gets the same
+HTML for the same event and role, rendered once (bench/live.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
 from cluster import events, live
+from cluster.hub import hub
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role
 
 log = logging.getLogger(__name__)
@@ -144,12 +146,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.topics = topics
         self.can_act = await database_sync_to_async(has_role)(user, OPERATOR)
         events.set_home_loop(asyncio.get_running_loop())
-        for t in topics:
-            await self.channel_layer.group_add(events.TOPICS[t], self.channel_name)
         await self.accept()
+        # Events that arrive while the snapshot is read wait, and are applied after it.
+        self.ready = asyncio.Event()
+        await hub().join(self, [events.TOPICS[t] for t in topics])
         html, nodes, models = await database_sync_to_async(self._snapshot)()
         self.shown_nodes, self.shown_models = nodes, models
         await self.send(text_data=html)
+        self.ready.set()
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
         html = snapshot(self.topics, self.can_act, self.model)
@@ -163,8 +167,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
-        for t in getattr(self, "topics", []):
-            await self.channel_layer.group_discard(events.TOPICS[t], self.channel_name)
+        hub().leave(self)
+
+    async def handle_event(self, event: dict[str, Any]) -> None:
+        """Take an event from the process's hub (cluster.hub)."""
+        await self.ready.wait()
+        handler = getattr(self, event["type"].replace(".", "_"), None)
+        if handler is not None:
+            await handler(event)
 
     async def _rendered(
         self, event: dict[str, Any], kind: str, fn: Callable[..., dict[Any, str | None]], keys: list

@@ -118,3 +118,43 @@ def test_model_dom_ids_are_stable_and_distinct() -> None:
     assert live.model_dom_id("org/Chat-1") == live.model_dom_id("org/Chat-1")
     assert live.model_dom_id("org/chat-1") != live.model_dom_id("org-chat-1")
     assert live.model_dom_id("org/chat-1").startswith("cluster-model-org-chat-1-")
+
+
+def test_operator_rolls_an_outdated_model_and_sees_its_steps(
+    client_for: Any, operator: Any, viewer: Any
+) -> None:
+    from catalog import services as catalog_services
+    from catalog.choices import Surface
+    from catalog.models import ServedModel
+    from cluster.reconciler import tick
+    from tests.catalog.samples import gpu_model, store
+
+    join_node("n1", ["nvidia-h100-80gb"] * 4)
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    tick()
+    m = ServedModel.objects.get(name="chat").to_spec()
+    m.profiles[0].args = ["--enforce-eager"]
+    catalog_services.save_model(m, catalog_services.Actor(None, Surface.CLI), replacing="chat")
+
+    page = client_for(viewer).get("/cluster/").content.decode()
+    assert "1 outdated" in page and "old definition" in page
+    assert ">Roll<" not in page  # a viewer is offered no roll
+
+    html = client_for(operator).post("/cluster/models/chat/roll/").content.decode()
+    new = Replica.objects.get(replaces__isnull=False)
+    assert f"new replica #{new.pk} placed" in html
+    assert 'class="step-current"' in html
+    tick()
+    page = client_for(viewer).get("/cluster/").content.decode()
+    assert f"new replica #{new.pk} placed on n1" in page
+    assert ClusterAction.objects.get(action="roll").actor_name == "otto (console)"
+
+
+def test_a_download_shows_as_a_progress_bar(client_for: Any, viewer: Any) -> None:
+    Replica.objects.create(
+        model_name="big", state="loading", progress=0.42,
+        reason="downloading weights: 4.2 GB of 10.0 GB",
+    )  # fmt: skip
+    page = client_for(viewer).get("/cluster/").content.decode()
+    assert '<progress max="100" value="42" data-role="progress">' in page
+    assert "downloading weights: 4.2 GB of 10.0 GB" in page

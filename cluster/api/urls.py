@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import views
@@ -19,6 +19,7 @@ urlpatterns = [
     *router.urls,
     path("models/<path:name>/roll/", views.roll_model, name="model-roll"),
     path("models/<path:name>/demand/", views.demand_model, name="model-demand"),
+    path("gpu-classes/", include("cluster.api.classes")),
 ]
 
 agent_urlpatterns = [

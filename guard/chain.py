@@ -202,13 +202,22 @@ class JudgeHealth:
 
 @dataclass
 class Stats:
-    """Counts of what chains did, in memory; the lead persists and resets them (``take``)."""
+    """Counts of what chains did, in memory; the lead persists and resets them (``take``).
+
+    ``answers`` counts each judge's verdicts and ``last_good`` keeps when its latest came
+    and how long it took; ``health`` its failures; ``decisions`` the verdicts by key.
+    """
 
     health: dict[str, JudgeHealth] = field(default_factory=dict)
     decisions: Counter[DecisionKey] = field(default_factory=Counter)
+    answers: Counter[str] = field(default_factory=Counter)
+    last_good: dict[str, tuple[datetime, float | None]] = field(default_factory=dict)
 
-    def record(self, result: ChainResult) -> None:
-        """Count a chain's failures against their judges and its decision."""
+    def record(self, result: ChainResult, at: datetime | None = None) -> None:
+        """Count a chain's failures against their judges and its decision.
+
+        ``at`` is when the deciding judge answered (now, UTC, by default).
+        """
         for f in result.failures:
             self.record_failure(f)
         if not result.judged:
@@ -217,6 +226,8 @@ class Stats:
             self.decisions[DecisionKey(NO_JUDGE, FAILED, NO_CATEGORY, result.decision)] += 1
             return
         assert result.verdict is not None  # a judge answered
+        self.answers[result.judge] += 1
+        self._good(result.judge, at or _utc_now(), result.latency_ms)
         for category in result.categories or (NO_CATEGORY,):
             key = DecisionKey(result.judge, result.verdict, category, result.decision)
             self.decisions[key] += 1
@@ -226,16 +237,44 @@ class Stats:
         h = self.health.setdefault(failure.judge, JudgeHealth())
         h.failures += 1
         h.by_kind[failure.kind] += 1
-        # Chains run concurrently and may be recorded out of order: the last error is
-        # the latest one, not the last recorded.
-        if h.last_failed_at is None or failure.at >= h.last_failed_at:
-            h.last_kind = failure.kind
-            h.last_error = failure.message
-            h.last_failed_at = failure.at
+        self._last_error(h, failure.kind, failure.message, failure.at)
+
+    def merge(self, other: Stats) -> None:
+        """Add another's counts to these (the latest error and answer win)."""
+        for judge, theirs in other.health.items():
+            h = self.health.setdefault(judge, JudgeHealth())
+            h.failures += theirs.failures
+            h.by_kind.update(theirs.by_kind)
+            if theirs.last_failed_at is not None:
+                self._last_error(h, theirs.last_kind, theirs.last_error, theirs.last_failed_at)
+        self.decisions.update(other.decisions)
+        self.answers.update(other.answers)
+        for judge, (at, latency) in other.last_good.items():
+            self._good(judge, at, latency)
+
+    def empty(self) -> bool:
+        """Return whether nothing has been counted."""
+        return not (self.health or self.decisions or self.answers or self.last_good)
 
     def take(self) -> Stats:
         """Return the counts so far and start again from zero."""
-        taken = Stats(self.health, self.decisions)
+        taken = Stats(self.health, self.decisions, self.answers, self.last_good)
         self.health = {}
         self.decisions = Counter()
+        self.answers = Counter()
+        self.last_good = {}
         return taken
+
+    @staticmethod
+    def _last_error(h: JudgeHealth, kind: str, message: str, at: datetime) -> None:
+        # Chains run concurrently and may be recorded out of order: the last error is
+        # the latest one, not the last recorded.
+        if h.last_failed_at is None or at >= h.last_failed_at:
+            h.last_kind = kind
+            h.last_error = message
+            h.last_failed_at = at
+
+    def _good(self, judge: str, at: datetime, latency_ms: float | None) -> None:
+        held = self.last_good.get(judge)
+        if held is None or at >= held[0]:
+            self.last_good[judge] = (at, latency_ms)

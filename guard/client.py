@@ -233,7 +233,8 @@ def _ask(
             status=response.status_code,
             body=excerpt,
         )
-    choice = _choice(response, chat)
+    data = _json(response)  # parsed once: a body with logprobs is the largest thing read
+    choice = _choice(data, response, chat)
     text = choice.get("text") if not chat else (choice.get("message") or {}).get("content")
     if not isinstance(text, str):
         raise JudgeFailure(
@@ -248,7 +249,7 @@ def _ask(
         raise JudgeFailure(
             UNREADABLE, f"the judge's answer is unreadable{ended}: {error.reason}", text=text
         ) from None
-    usage = _json(response).get("usage")
+    usage = data.get("usage")
     reported = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     tokens = reported if isinstance(reported, int) and not isinstance(reported, bool) else None
     return _Asked(
@@ -440,13 +441,13 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _choice(response: httpx.Response, chat: bool) -> dict[str, Any]:
-    """Return the first choice of a completion body.
+def _choice(data: dict[str, Any], response: httpx.Response, chat: bool) -> dict[str, Any]:
+    """Return the first choice of a completion body (``data``, the response's JSON).
 
     Raises:
         JudgeFailure: unreadable, the body is not an OpenAI-style completion.
     """
-    choices = _json(response).get("choices")
+    choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         kind = "chat completion" if chat else "completion"
         raise JudgeFailure(

@@ -1,8 +1,16 @@
 """Guard operations over the database: the policy, the judges it names, checks, records.
 
-Used by the guard API, the ``guard`` command and ``init``. The rules are the pure modules':
-``guard.policy`` (what a policy may say, what a verdict decides), ``guard.chain`` (judges
-in turn), ``guard.client`` (asking one judge), ``guard.known`` (judges llmgw knows).
+Used by the guard API, the ``guard`` command and ``init``. The rules are
+the pure modules': ``guard.policy`` (what a policy may say, what a verdict decides),
+``guard.chain`` (judges in turn), ``guard.client`` (asking one judge), ``guard.known``
+(judges llmgw knows), ``guard.cache`` (what checks keep in memory).
+
+A check reads nothing from the database in the steady state: the policy and its judges'
+ready endpoints are a ``Snapshot`` kept in memory (``snapshot``) for ``SNAPSHOT_TTL``
+seconds, dropped at once when this process commits a change to the policy, to a judge in
+the catalog or to a judge's replica, and reloaded (once) when a check met a failure it
+may owe to an old snapshot. Results are written in batches off the request path
+(``guard.records``).
 """
 
 from __future__ import annotations
@@ -12,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils import timezone
 
 from catalog import rules
@@ -21,12 +29,16 @@ from catalog.models import ServedModel
 from catalog.problems import Problem
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import client, known
+from guard import client, known, records
 from guard import policy as policy_rules
-from guard.chain import ChainResult, JudgeRef, run_chain
-from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, JudgeProbe, PolicyChange
+from guard.cache import Cached
+from guard.chain import ChainResult, JudgeRef, Stats, run_chain
+from guard.models import GuardPolicy, JudgeHealth, JudgeProbe, PolicyChange
 
 DEFAULT_CONTEXT = 8192
+# How long a check may use the policy and the judges' endpoints it read before (seconds):
+# how late another process's change, or one no signal tells of, is seen here.
+SNAPSHOT_TTL = 1.0
 
 
 class PolicyRefused(Exception):
@@ -43,12 +55,27 @@ _parsed: tuple[Any, policy_rules.Policy] | None = None
 def current_policy() -> policy_rules.Policy:
     """Return the policy in force: the stored one, or the built-in baseline.
 
-    One query; the stored data is parsed again only when it changed (every check asks).
+    From the snapshot (``snapshot``): inside a transaction, as that transaction sees it.
     """
-    global _parsed
+    if connection.in_atomic_block:
+        return _stored_policy()[0]
+    return _snapshot.get().policy
+
+
+def _stored_policy() -> tuple[policy_rules.Policy, bool]:
+    """Return the policy in force and whether one is stored (one query).
+
+    The stored data is parsed again only when it changed.
+    """
     data = GuardPolicy.objects.order_by("pk").values_list("data", flat=True).first()
     if data is None:
-        return policy_rules.BASELINE
+        return policy_rules.BASELINE, False
+    return _parse_stored(data), True
+
+
+def _parse_stored(data: Any) -> policy_rules.Policy:
+    """Return a stored policy's data parsed (again only when it changed)."""
+    global _parsed
     if _parsed is not None and _parsed[0] == data:
         return _parsed[1]
     parsed, problems = policy_rules.validate(data)
@@ -143,17 +170,110 @@ def judges(names: Sequence[str]) -> list[Judge]:
     return out
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What a check reads: the policy in force and its judges as the cluster has them."""
+
+    policy: policy_rules.Policy
+    stored: bool
+    judges: tuple[Judge, ...]
+    # Read again because a check failed: the next failure does not read it again (a
+    # judge that stays down costs no query per check).
+    reread: bool = False
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Return the policy's judge names (a change to one of them drops the snapshot)."""
+        return frozenset(self.policy.judge_models)
+
+
+def _load_snapshot(reread: bool = False) -> Snapshot:
+    """Read the snapshot from the database: three queries."""
+    pol, stored = _stored_policy()
+    return Snapshot(pol, stored, tuple(judges(pol.judge_models)), reread)
+
+
+_snapshot: Cached[Snapshot] = Cached(_load_snapshot, ttl=SNAPSHOT_TTL)
+
+
+def snapshot() -> Snapshot:
+    """Return the policy and its judges, from memory when fresh.
+
+    Inside a transaction it is read from the database and not kept: what a transaction
+    sees before it commits (or as it rolls back) is not for other checks.
+    """
+    if connection.in_atomic_block:
+        return _load_snapshot()
+    return _snapshot.get()
+
+
+def forget() -> None:
+    """Drop the snapshot now and once more when the current transaction commits."""
+    _snapshot.invalidate()
+    transaction.on_commit(_snapshot.invalidate)
+
+
+# A replica's columns a check reads; a save of only others (progress, restarts) keeps
+# the snapshot.
+_REPLICA_FIELDS = frozenset({"model_name", "state", "desired", "endpoint", "ready_since"})
+
+
+def _policy_saved(**kwargs: Any) -> None:
+    forget()
+
+
+def _model_saved(instance: Any, **kwargs: Any) -> None:
+    held = _snapshot.peek()
+    if held is not None and instance.name in held.names:
+        forget()
+
+
+def _replica_saved(instance: Any, update_fields: Any = None, **kwargs: Any) -> None:
+    if update_fields is not None and not (set(update_fields) & _REPLICA_FIELDS):
+        return
+    held = _snapshot.peek()
+    if held is not None and instance.model_name in held.names:
+        forget()
+
+
+def _migrated(**kwargs: Any) -> None:
+    # A migrate or a flush (tests) rewrote the tables under the snapshot.
+    _snapshot.invalidate()
+
+
+for _name, _signal in (("saved", post_save), ("deleted", post_delete)):
+    _signal.connect(_policy_saved, sender=GuardPolicy, dispatch_uid=f"guard-policy-{_name}")
+    _signal.connect(_model_saved, sender=ServedModel, dispatch_uid=f"guard-model-{_name}")
+    _signal.connect(_replica_saved, sender=Replica, dispatch_uid=f"guard-replica-{_name}")
+post_migrate.connect(_migrated, dispatch_uid="guard-snapshot-migrated")
+
+
 def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> dict[str, Any]:
     """Judge a request (and, given, its answer) with the policy's chain; record the result.
 
     Returns the API's and the command's JSON: decision, verdict, categories, judge, score,
-    latency_ms and the failures on the way.
+    latency_ms and the failures on the way. A chain that met a failure with a snapshot
+    from memory reads it again (once per snapshot) and runs once more when the database
+    has the policy or its judges otherwise (a replica that moved, or became ready,
+    since): only that run is recorded and answered.
     """
-    pol = current_policy()
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
-    chain_judges = judges(pol.judge_models)
-    by_name = {j.name: j for j in chain_judges}
+    fresh = connection.in_atomic_block
+    snap = snapshot()
+    result = _run(snap, request, answer, direction, timeout)
+    if result.failures and not fresh and not snap.reread:
+        again = _snapshot.refresh(lambda: _load_snapshot(reread=True))
+        if again.judges != snap.judges or again.policy != snap.policy:
+            result = _run(again, request, answer, direction, timeout)
+    record(result)
+    return as_json(result)
 
+
+def _run(
+    snap: Snapshot, request: str, answer: str | None, direction: str, timeout: float
+) -> ChainResult:
+    pol = snap.policy
+    by_name = {j.name: j for j in snap.judges}
     # One client for every check: making one costs tens of milliseconds.
     http = _http()
 
@@ -173,9 +293,7 @@ def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> 
             client=http,
         )
 
-    result = run_chain(pol, [j.ref for j in chain_judges], ask, direction=direction)
-    record(result)
-    return as_json(result)
+    return run_chain(pol, [j.ref for j in snap.judges], ask, direction=direction)
 
 
 _client: httpx.Client | None = None
@@ -213,29 +331,21 @@ def as_json(result: ChainResult) -> dict[str, Any]:
 def record(result: ChainResult) -> None:
     """Count failures against their judges and the decider's verdict per category.
 
-    An update first and an insert only the first time: a query or two per check.
+    In the web process the recorder gathers it and writes it within
+    ``records.FLUSH_INTERVAL`` seconds; elsewhere it is written at once.
     """
-    for f in result.failures:
-        _bump_health(
-            f.judge,
-            failures=F("failures") + 1,
-            last_error=f.message[:2000],
-            last_error_kind=f.kind,
-            last_error_at=f.at,
-        )
-    if result.judge is None or result.verdict is None:
+    if records.RECORDER.running:
+        records.RECORDER.add(result)
         return
-    _bump_health(
-        result.judge,
-        answers=F("answers") + 1,
-        last_good_at=timezone.now(),
-        last_latency_ms=result.latency_ms,
-    )
-    for category in result.categories or ("",):
-        key = {"judge": result.judge, "verdict": result.verdict, "category": category}
-        if not JudgeDecision.objects.filter(**key).update(count=F("count") + 1):
-            JudgeDecision.objects.get_or_create(**key)
-            JudgeDecision.objects.filter(**key).update(count=F("count") + 1)
+    stats = Stats()
+    stats.record(result)
+    records.write(stats)
+
+
+def flush_records() -> None:
+    """Write what this process's checks did and has not written yet (before reading it)."""
+    if records.RECORDER.pending():
+        records.RECORDER.flush()
 
 
 def _bump_health(judge: str, **changes: Any) -> None:

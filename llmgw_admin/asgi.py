@@ -14,7 +14,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from guard import records  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
+
+# What guard checks did is written by a background thread, off each check's path.
+records.start()
 
 application = ProtocolTypeRouter(
     {

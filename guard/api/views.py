@@ -6,19 +6,32 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.decorators import api_view
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    parser_classes,
+    renderer_classes,
+)
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.mediatypes import media_type_matches
 
+from catalog.problems import Problem
 from guard import policy as policy_rules
 from guard import services
+from guard.api.auth import CachedTokenAuthentication
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
 from llmgw_admin.api import problems_response
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 
 class CheckSerializer(serializers.Serializer[Any]):
-    """A text to judge: a request, and optionally the answer to it."""
+    """A text to judge: a request, and optionally the answer to it (the schema's; the
+    view reads the body with ``read_check``)."""
 
     request = serializers.CharField(allow_blank=True, trim_whitespace=False)
     answer = serializers.CharField(
@@ -40,22 +53,101 @@ class CheckResultSerializer(serializers.Serializer[Any]):
     failed_open = serializers.BooleanField()
 
 
+class _JsonOnly(BaseContentNegotiation):
+    """The check answers JSON whatever the Accept header: nothing to parse or choose."""
+
+    def select_parser(self, request: Any, parsers: Any) -> Any:
+        # Another content type is refused (415) by the caller when no parser is found.
+        return (
+            parsers[0] if media_type_matches(parsers[0].media_type, request.content_type) else None
+        )
+
+    def select_renderer(self, request: Any, renderers: Any, format_suffix: Any = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
 @extend_schema(
     summary="Judge a request (and its answer)",
     request=CheckSerializer,
     responses=CheckResultSerializer,
 )
 @api_view(["POST"])
+# Gateways call it on every request with the same token: its lookup is kept a second;
+# JSON in and out only, with nothing to negotiate.
+@authentication_classes([CachedTokenAuthentication, SessionAuthentication])
+@parser_classes([JSONParser])
+@renderer_classes([JSONRenderer])
 def check(request: Request) -> Response:
     """Run the policy's judges on a text; answer the decision and how it was reached."""
-    body = CheckSerializer(data=request.data)
-    body.is_valid(raise_exception=True)
-    result = services.check(body.validated_data["request"], body.validated_data.get("answer"))
+    read = read_check(request.data)
+    if isinstance(read, list):
+        return problems_response(read, "the guard cannot read this check")
+    result = services.check(*read)
     return Response(result)
+
+
+_CHECK_KEYS = ("request", "answer")
+
+
+def read_check(data: Any) -> tuple[str, str | None] | list[Problem]:
+    """Return a check's request and answer, or the problems with its body.
+
+    ``request`` is a string (empty allowed), ``answer`` a string or null or absent; no
+    other key (a misspelt "answer" would judge the request alone). Read by hand rather
+    than by ``CheckSerializer``: building a serializer cost more than the rest of the
+    check's own work.
+    """
+    if not isinstance(data, dict):
+        return [
+            Problem(
+                (),
+                'send a JSON object: {"request": "the text", "answer": "optional"}',
+                "invalid",
+            )
+        ]
+    problems = [
+        Problem((key,), 'unknown key: a check takes "request" and optionally "answer"', "unknown")
+        for key in data
+        if key not in _CHECK_KEYS
+    ]
+    text = data.get("request")
+    if "request" not in data:
+        problems.append(Problem(("request",), "missing: send the text to judge", "required"))
+    elif not isinstance(text, str):
+        problems.append(
+            Problem(("request",), f"must be a string, not {_json_type(text)}", "invalid")
+        )
+    answer = data.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        problems.append(
+            Problem(
+                ("answer",),
+                f"must be a string (the answer to judge) or null, not {_json_type(answer)}",
+                "invalid",
+            )
+        )
+    if problems:
+        return problems
+    return text, answer
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 # Judging is what the gateway and scripts do; a viewer may try a text too (nothing changes).
 check.cls.required_role = VIEWER  # type: ignore[attr-defined]
+check.cls.content_negotiation_class = _JsonOnly  # type: ignore[attr-defined]
 
 
 @extend_schema(summary="The guard policy", request=dict, responses=dict)
@@ -84,6 +176,8 @@ policy.cls.required_role = OPERATOR  # type: ignore[attr-defined]
 @api_view(["GET"])
 def judges(request: Request) -> Response:
     """Answer each judge's answers, failures, last error, last good answer, decisions."""
+    # This process's checks not yet written: a caller reads what it just caused.
+    services.flush_records()
     decisions: dict[str, list[dict[str, Any]]] = {}
     for d in JudgeDecision.objects.all():
         decisions.setdefault(d.judge, []).append(

@@ -234,3 +234,41 @@ def test_stats_take_resets() -> None:
     taken = stats.take()
     assert taken.health["a"].failures == 1
     assert stats.health == {} and not stats.decisions
+
+
+def test_stats_count_answers_and_keep_the_latest_good_one() -> None:
+    stats = Stats()
+    ask, _ = fake({"a": Answer("safe", latency_ms=4.0)})
+    stats.record(run_chain(POLICY, JUDGES, ask, direction="requests"), at=T0)
+    ask, _ = fake({"a": Answer("unsafe", ("Violent",), latency_ms=9.0)})
+    stats.record(run_chain(POLICY, JUDGES, ask, direction="requests"), at=T0 - timedelta(1))
+    assert stats.answers == {"a": 2}
+    # Recorded out of order: the latest answer stays the last good one.
+    assert stats.last_good == {"a": (T0, 4.0)}
+
+
+def test_stats_merge_adds_counts_and_keeps_the_latest() -> None:
+    older, newer = Stats(), Stats()
+    older.record_failure(Failure("a", "timeout", "old", T0))
+    newer.record_failure(Failure("a", "http_error", "new", T0 + timedelta(seconds=1)))
+    ask, _ = fake({"a": Answer("safe")})
+    older.record(run_chain(POLICY, JUDGES[:1], ask, direction="requests"), at=T0)
+    newer.record(run_chain(POLICY, JUDGES[:1], ask, direction="requests"), at=T0)
+    newer.merge(older)
+    h = newer.health["a"]
+    assert h.failures == 2 and h.by_kind == {"timeout": 1, "http_error": 1}
+    assert (h.last_kind, h.last_error) == ("http_error", "new")
+    assert newer.answers == {"a": 2}
+    assert newer.decisions == {DecisionKey("a", "safe", "", "allow"): 2}
+
+
+def test_stats_empty_until_something_is_counted() -> None:
+    stats = Stats()
+    assert stats.empty()
+    stats.record(run_chain(Policy(("a",), judge_requests=False), JUDGES, lambda j: None,
+                           direction="requests"))  # fmt: skip
+    assert stats.empty()  # nothing was judged
+    stats.record_failure(Failure("a", "timeout", "t", T0))
+    assert not stats.empty()
+    stats.take()
+    assert stats.empty()

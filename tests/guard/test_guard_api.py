@@ -181,3 +181,35 @@ def test_probe_keeps_each_judges_health(api_for: Any, viewer: Any, judge_url: st
     listed = {j["judge"]: j for j in api_for(viewer).get("/api/v1/guard/judges").json()}
     assert listed["qwen3guard-0.6b"]["probe"]["ok"] is True
     assert listed["dead"]["probe"]["error"] == "no ready replica"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({}, "request", "missing"),
+        ({"request": 5}, "request", "must be a string, not a number"),
+        ({"request": None}, "request", "must be a string, not null"),
+        ({"request": "hi", "answer": ["x"]}, "answer", "must be a string (the answer"),
+        ({"request": "hi", "anwser": "typo"}, "anwser", "unknown key"),
+        (["hi"], "", "send a JSON object"),
+    ],
+)
+def test_a_body_the_check_cannot_read_is_refused_at_its_key(
+    api_for: Any, viewer: Any, body: Any, field: str, says: str
+) -> None:
+    r = api_for(viewer).post("/api/v1/guard/check", body, format="json")
+    assert r.status_code == 400
+    errors = r.json()["errors"]
+    assert [e["field"] for e in errors] == [field]
+    assert says in errors[0]["message"]
+    assert not JudgeHealth.objects.exists() and not JudgeDecision.objects.exists()
+
+
+def test_a_body_that_is_not_json_is_refused(api_for: Any, viewer: Any) -> None:
+    r = api_for(viewer).post(
+        "/api/v1/guard/check", "request=hi", content_type="application/x-www-form-urlencoded"
+    )
+    assert r.status_code == 415
+    assert "Unsupported media type" in r.json()["detail"]
+    r = api_for(viewer).post("/api/v1/guard/check", "{not json", content_type="application/json")
+    assert r.status_code == 400 and "JSON parse error" in r.json()["detail"]

@@ -1,0 +1,102 @@
+"""API token authentication for the check endpoint, kept in memory for a second.
+
+A gateway calls ``POST /api/v1/guard/check`` on every request it serves, with the same
+token each time; looking the token and its user's role up on every call were two of
+the check's queries. ``CachedTokenAuthentication`` keeps what ``TokenAuthentication``
+found (the token, its user and the user's role) for ``TOKEN_TTL`` seconds, by the
+token's digest. Revocation still takes effect promptly:
+
+- in this process at once: saving or deleting a token, a user or a user's groups drops
+  every cached token (the tokens API's revoke, the admin's forms);
+- otherwise (another process, or the admin's bulk revoke, an UPDATE that sends no
+  signal) within ``TOKEN_TTL`` seconds;
+- an expiry is checked on every call against the clock.
+
+Only tokens that authenticate are kept: an unknown or refused one is looked up again
+on every call. Inside a transaction nothing is kept (tests: what a rolled-back
+transaction saw is not for others).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from guard.cache import CachedMap
+from llmgw_admin.models import TOKEN_PREFIX, ApiToken, digest
+from llmgw_admin.roles import role_of
+from llmgw_admin.tokens import TokenAuthentication
+
+# How long a token found good is trusted without asking the database (seconds).
+TOKEN_TTL = 1.0
+# How often a token's last use is written (seconds), as TokenAuthentication does.
+LAST_USED_EVERY = 60
+
+
+class _Found:
+    """A token that authenticated, with its user (role resolved) and when it was last used."""
+
+    def __init__(self, user: Any, token: ApiToken) -> None:
+        role_of(user)  # resolved now, kept on the user object
+        self.user = user
+        self.token = token
+
+
+class CachedTokenAuthentication(TokenAuthentication):
+    """``TokenAuthentication``, with a good token's lookup kept for ``TOKEN_TTL`` seconds."""
+
+    def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).decode(errors="replace")
+        parts = header.split()
+        if (
+            len(parts) != 2
+            or parts[0].lower() not in self.keywords
+            or not parts[1].startswith(TOKEN_PREFIX)
+            or connection.in_atomic_block
+        ):
+            # Malformed or absent headers get TokenAuthentication's own answers.
+            return super().authenticate(request)
+        key = digest(parts[1])
+        found = _found.get(key)
+        if found is None:
+            # Unknown, revoked, expired or a disabled user: the same errors as uncached.
+            return super().authenticate(request)
+        token = found.token
+        if token.state != "live":  # expired since it was cached
+            _found.invalidate()
+            raise exceptions.AuthenticationFailed(f"this API token is {token.state}")
+        now = timezone.now()
+        if token.last_used is None or (now - token.last_used).total_seconds() > LAST_USED_EVERY:
+            ApiToken.objects.filter(pk=token.pk).update(last_used=now)
+            token.last_used = now
+        # The same user object for every request with this token: the check view only
+        # reads it (its role is resolved once, when the token is looked up).
+        return found.user, token
+
+
+def _lookup(key: str) -> _Found | None:
+    token = ApiToken.objects.select_related("user").filter(digest=key).first()
+    if token is None or token.state != "live" or not token.user.is_active:
+        return None
+    return _Found(token.user, token)
+
+
+_found: CachedMap[str, _Found] = CachedMap(_lookup, ttl=TOKEN_TTL)
+
+
+def forget(**kwargs: Any) -> None:
+    """Drop every cached token (a token, a user or a user's groups changed)."""
+    _found.invalidate()
+
+
+_User = get_user_model()
+for _name, _signal in (("saved", post_save), ("deleted", post_delete)):
+    _signal.connect(forget, sender=ApiToken, dispatch_uid=f"guard-token-{_name}")
+    _signal.connect(forget, sender=_User, dispatch_uid=f"guard-token-user-{_name}")
+m2m_changed.connect(forget, sender=_User.groups.through, dispatch_uid="guard-token-groups")
+post_migrate.connect(forget, dispatch_uid="guard-token-migrated")

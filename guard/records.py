@@ -1,0 +1,185 @@
+"""Writing what checks did (answers, failures, decisions) off the request path.
+
+A check adds its result to the process's ``Recorder`` (in memory, under a lock: a few
+microseconds); a background thread writes what has gathered every ``FLUSH_INTERVAL``
+seconds in one transaction: per judge one upsert of its counts, per decision key one.
+Counts are added in the database (``count = count + n``), so they stay exact with any
+number of processes and flushes; a flush that fails puts its counts back to be written
+with the next one; ``stop`` (and the process's exit, through ``atexit``) writes what is
+left.
+
+The web process starts the recorder (``llmgw_admin/asgi.py``). Elsewhere (the ``guard``
+command, Celery's probe, tests) nothing is started and ``guard.services.record`` writes
+each result at once, through the same ``write``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Case, F, Q, Value, When
+
+from guard.chain import NO_JUDGE, ChainResult, Stats
+from guard.models import JudgeDecision, JudgeHealth
+
+log = logging.getLogger(__name__)
+
+# How often the background thread writes what checks did (seconds): what another
+# process's reader (the judges' page, the API) may lag behind.
+FLUSH_INTERVAL = 0.5
+# The longest error message kept per judge.
+ERROR_CHARS = 2000
+
+
+def write(stats: Stats) -> None:
+    """Add counts to the database in one transaction: judges' health, then decisions.
+
+    Rows are touched in name order, so two processes flushing at once cannot deadlock.
+    The last error and the last good answer replace the stored ones only when newer.
+    """
+    judges = sorted(set(stats.health) | set(stats.answers) | set(stats.last_good))
+    decisions: Counter[tuple[str, str, str]] = Counter()
+    for key, n in stats.decisions.items():
+        if key.judge != NO_JUDGE:  # all failed: the failures are counted per judge
+            decisions[(key.judge, key.verdict, key.category)] += n
+    if not judges and not decisions:
+        return
+    with transaction.atomic():
+        if judges:
+            JudgeHealth.objects.bulk_create(
+                [JudgeHealth(judge=j) for j in judges], ignore_conflicts=True
+            )
+        for judge in judges:
+            changes: dict[str, object] = {}
+            h = stats.health.get(judge)
+            if h is not None and h.failures:
+                changes["failures"] = F("failures") + h.failures
+            if h is not None and h.last_failed_at is not None:
+                newer = Q(last_error_at__isnull=True) | Q(last_error_at__lte=h.last_failed_at)
+                changes["last_error"] = _if(newer, h.last_error[:ERROR_CHARS], "last_error")
+                changes["last_error_kind"] = _if(newer, h.last_kind, "last_error_kind")
+                changes["last_error_at"] = _if(newer, h.last_failed_at, "last_error_at")
+            if stats.answers.get(judge):
+                changes["answers"] = F("answers") + stats.answers[judge]
+            good = stats.last_good.get(judge)
+            if good is not None:
+                at, latency = good
+                newer = Q(last_good_at__isnull=True) | Q(last_good_at__lte=at)
+                changes["last_good_at"] = _if(newer, at, "last_good_at")
+                changes["last_latency_ms"] = _if(newer, latency, "last_latency_ms")
+            if changes:
+                JudgeHealth.objects.filter(judge=judge).update(**changes)
+        keys = sorted(decisions)
+        if keys:
+            JudgeDecision.objects.bulk_create(
+                [JudgeDecision(judge=j, verdict=v, category=c) for j, v, c in keys],
+                ignore_conflicts=True,
+            )
+        for j, v, c in keys:
+            JudgeDecision.objects.filter(judge=j, verdict=v, category=c).update(
+                count=F("count") + decisions[(j, v, c)]
+            )
+
+
+def _if(condition: Q, value: object, column: str) -> Case:
+    """Return ``value`` where ``condition`` holds, else the column's own (an UPDATE's SET)."""
+    field = JudgeHealth._meta.get_field(column)
+    return Case(
+        When(condition, then=Value(value, output_field=field)),
+        default=F(column),
+        output_field=field,
+    )
+
+
+class Recorder:
+    """Gathers checks' results in memory; a background thread writes them in batches.
+
+    ``writer`` is what writes a batch (``write``; a test may pass one that fails).
+    """
+
+    def __init__(
+        self, interval: float = FLUSH_INTERVAL, writer: Callable[[Stats], None] = write
+    ) -> None:
+        self.interval = interval
+        self._writer = writer
+        self._lock = threading.Lock()  # guards _pending
+        self._flushing = threading.Lock()  # one flush at a time
+        self._pending = Stats()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        """Return whether the background thread is writing."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def add(self, result: ChainResult) -> None:
+        """Count one check's result, to be written by the next flush."""
+        with self._lock:
+            self._pending.record(result)
+
+    def pending(self) -> bool:
+        """Return whether anything waits to be written."""
+        with self._lock:
+            return not self._pending.empty()
+
+    def flush(self) -> None:
+        """Write what has gathered, in the calling thread; on failure keep it and raise."""
+        with self._flushing:
+            with self._lock:
+                batch = self._pending.take()
+            if batch.empty():
+                return
+            try:
+                self._writer(batch)
+            except BaseException:
+                # Put the batch back under what gathered meanwhile: nothing is lost.
+                with self._lock:
+                    batch.merge(self._pending)
+                    self._pending = batch
+                raise
+
+    def start(self) -> None:
+        """Start the background thread (once), and write what is left at exit."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="guard-recorder", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stop the background thread and write what is left (in the calling thread)."""
+        thread = self._thread
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+            self._thread = None
+        try:
+            self.flush()
+        except Exception:
+            log.exception("the guard's last counts could not be written")
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    close_old_connections()
+                    self.flush()
+                except Exception:
+                    log.exception("writing the guard's counts failed; trying again")
+        finally:
+            connection.close()
+
+
+RECORDER = Recorder()
+
+
+def start() -> None:
+    """Write checks' results in the background from now on (the web process calls it)."""
+    RECORDER.start()

@@ -168,6 +168,11 @@ class ServedModelForm(BlankNumbersAreZero):
                 self.fields[name].required = False
 
 
+# A profile's class and width: one rule (tp x pp = nodes x gpus_per_node) and one fit on
+# the cluster's free cards tie them together, so they are checked, and shown, as one.
+WIDTH_FIELDS = ("gpu_class", "tp", "pp", "gpus_per_node", "nodes")
+
+
 class ProfileForm(BlankNumbersAreZero):
     """One profile: engine, cards, parallelism, arguments and limits."""
 
@@ -192,12 +197,23 @@ class ProfileForm(BlankNumbersAreZero):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.checked_as_bundle = True
+        # Checked as typed (the form page's trigger on .check-typed): the fields of a
+        # profile's width, and its class, whose fit on the cluster shows beside it.
+        for name in WIDTH_FIELDS:
+            self.fields[name].widget.attrs["class"] = "check-typed"
+        self.fields["gpu_class"].widget.attrs.update(
+            {"list": "gpu-class-options", "autocomplete": "off"}
+        )
 
 
 class WindowForm(BlankNumbersAreZero):
     """One schedule window: days, from, to, min and max."""
 
-    days = LinesField(sep=",", help_text="mon … sun, weekdays, weekends; empty is every day.")
+    days = LinesField(
+        sep=",",
+        help_text="mon … sun, weekdays, weekends; empty is every day.",
+        widget=forms.TextInput(attrs={"placeholder": "every day"}),
+    )
 
     class Meta:
         model = ScaleWindow
@@ -206,6 +222,24 @@ class WindowForm(BlankNumbersAreZero):
             "from_time": forms.TextInput(attrs={"placeholder": "08:00"}),
             "to_time": forms.TextInput(attrs={"placeholder": "18:00"}),
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.checked_as_bundle = True
+
+
+class ScheduleForm(BlankNumbersAreZero):
+    """A model's scaling as the schedule editor changes it: min, max and prewarm.
+
+    Its windows are the ``windows`` formset; everything else stays as stored. Checked
+    as a bundle, like the model form (``check_bundle``).
+    """
+
+    scaling_prewarm = GoDurationField(label="scaling.prewarm")
+
+    class Meta:
+        model = ServedModel
+        fields = ("scaling_min", "scaling_max", "scaling_prewarm")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

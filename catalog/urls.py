@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from catalog import views
+from catalog import schedule_views, views
 
 app_name = "catalog"
 
@@ -18,6 +18,16 @@ urlpatterns = [
     path("rows/<str:group>/", views.servedmodel_formrow, name="servedmodel_formrow"),
     path("models/<path:name>/edit/", views.servedmodel_edit, name="servedmodel_edit"),
     path("models/<path:name>/delete/", views.servedmodel_delete, name="servedmodel_delete"),
+    path(
+        "models/<path:name>/schedule/check/",
+        schedule_views.servedmodel_schedule_check,
+        name="servedmodel_schedule_check",
+    ),
+    path(
+        "models/<path:name>/schedule/",
+        schedule_views.servedmodel_schedule,
+        name="servedmodel_schedule",
+    ),
     path(
         "models/<path:name>/changes/<int:pk>/revert/",
         views.changerecord_revert,

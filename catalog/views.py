@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -25,12 +24,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from agent.engines import ENGINES
-from catalog import codec, rules, services, spec
+from catalog import codec, inventory, rules, schedule, services, spec
 from catalog.choices import Surface
 from catalog.durations import format_duration
 from catalog.filtersets import ServedModelFilterSet, with_effective_class
 from catalog.forms import (
     FORMSETS,
+    WIDTH_FIELDS,
     OrderedInlineFormSet,
     ServedModelForm,
     attach_problems,
@@ -122,11 +122,6 @@ _KEY_RENAMES = {"capacity_class": "class", "from_time": "from", "to_time": "to"}
 # An entry past this many is left to the API's change log: the page stays quick.
 CHANGE_LOG_LIMIT = 50
 
-# The week the schedule picture samples: 2024-01-01 is a Monday, and no time zone
-# changes its clocks in the first week of January.
-_GRID_MONDAY = (2024, 1, 1)
-WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-
 
 def file_key(field_name: str) -> str:
     """Return the catalog file's key for a form field: ``scaling_min`` is ``scaling.min``."""
@@ -141,58 +136,79 @@ def file_key(field_name: str) -> str:
 # Week schedule picture
 
 
-@dataclass(frozen=True)
-class GridCell:
-    """One hour of the week: the replicas wanted then, and the window that says so."""
+def week_context(scaling: spec.Scaling, leave_out: set[int] | None = None) -> dict[str, Any]:
+    """Return what ``catalog/partials/week.html`` draws: the picture in the control zone.
 
-    hour: int
-    min: int
-    max: int
-    window: int | None
-    level: int
-
-
-@dataclass(frozen=True)
-class GridDay:
-    """One day of the week schedule picture."""
-
-    name: str
-    cells: list[GridCell]
-
-
-def week_grid(scaling: spec.Scaling, tz: ZoneInfo | None = None) -> list[GridDay]:
-    """Return the replicas wanted at each hour of a week, Monday first.
-
-    Each hour is read with ``rules.window_at`` in the control time zone (``tz``, else
-    ``settings.TIME_ZONE``): within a window its min, and its max or the model's when
-    the window's max is 0; outside every window the model's own min and max. ``level``
-    (0 to 4) is the min relative to the week's highest, for shading.
+    Used by the model's page and the schedule editor (``catalog.schedule_views``), so both
+    draw the same picture with the same fragment.
     """
-    zone = tz or ZoneInfo(settings.TIME_ZONE)
-    year, month, first = _GRID_MONDAY
-    raw: list[list[tuple[int, int, int, int | None]]] = []
-    for d in range(7):
-        day = []
-        for h in range(24):
-            at = datetime(year, month, first + d, h, tzinfo=zone)
-            w = rules.window_at(scaling, at)
-            if w is None:
-                day.append((h, scaling.min, scaling.max, None))
-            else:
-                index = next(i for i, x in enumerate(scaling.schedule) if x is w)
-                day.append((h, w.min, w.max or scaling.max, index))
-        raw.append(day)
-    peak = max((c[1] for day in raw for c in day), default=0)
-    return [
-        GridDay(
-            name=WEEKDAYS[d],
-            cells=[
-                GridCell(h, lo, hi, win, -(-lo * 4 // peak) if peak else 0)
-                for h, lo, hi, win in day
-            ],
-        )
-        for d, day in enumerate(raw)
-    ]
+    zone = ZoneInfo(settings.TIME_ZONE)
+    return {
+        "week": schedule.picture(scaling, zone, leave_out=leave_out or set()),
+        "hours": range(24),
+        "time_zone": settings.TIME_ZONE,
+        "prewarm_text": format_duration(scaling.prewarm) if scaling.prewarm > 0 else "",
+    }
+
+
+# GPU classes beside a profile's gpu_class
+
+
+@dataclass(frozen=True)
+class ClassNote:
+    """What the model form says beside a profile's gpu_class.
+
+    ``info``: the class on the cluster (``cluster.inventory.ClassInfo``), None when no
+    node has it; ``warning``: why the profile's replicas cannot be placed on the free
+    cards now, or "". Saving is never refused for it: the catalog does not know the
+    cluster.
+    """
+
+    gpu_class: str
+    info: Any
+    warning: str
+
+
+def cluster_classes() -> dict[str, Any] | None:
+    """Return the cluster's GPU classes by name, or None when no inventory is known."""
+    source = inventory.source()
+    return None if source is None else {c.name: c for c in source.gpu_classes()}
+
+
+def class_note(row: Any, classes: Mapping[str, Any] | None) -> ClassNote | None:
+    """Return the note for a profile row's gpu_class as it stands, or None (no class).
+
+    The row's width is read as the rules' ``normalize`` reads it (gpus_per_node from tp
+    and nodes when not given), then measured by the inventory's ``shortfall``.
+    """
+    source = inventory.source()
+    if classes is None or source is None:
+        return None
+    if row.is_bound:
+        values = getattr(row, "cleaned_data", None) or {}
+    else:
+        values = row.initial
+    p = spec.Profile(
+        engine=values.get("engine") or "",
+        gpu_class=(values.get("gpu_class") or "").strip(),
+        tp=values.get("tp") or 0,
+        pp=values.get("pp") or 0,
+        gpus_per_node=values.get("gpus_per_node") or 0,
+        nodes=values.get("nodes") or 0,
+    )
+    if not p.gpu_class:
+        return None
+    p = rules.normalize(spec.Model(profiles=[p])).profiles[0]
+    warning = source.shortfall(classes, p.gpu_class, p.gpus_per_node, p.nodes) or ""
+    return ClassNote(p.gpu_class, classes.get(p.gpu_class), warning)
+
+
+def _note_rows(formsets: Mapping[str, OrderedInlineFormSet]) -> dict[str, Any]:
+    """Give each profile row its class note (``row.class_note``); return the classes."""
+    classes = cluster_classes()
+    for row in formsets["profiles"].forms:
+        row.class_note = class_note(row, classes)
+    return {"gpu_classes": list(classes.values()) if classes is not None else None}
 
 
 # Change log
@@ -383,9 +399,7 @@ def _detail_context(
                 ("tpot_p99", m.slo.tpot_p99),
             )
         },
-        "grid": week_grid(m.scaling),
-        "hours": range(24),
-        "time_zone": settings.TIME_ZONE,
+        **week_context(m.scaling),
         "fallbacks": fallbacks,
         "canary": canary,
         "judge": alias_of.get(m.eval.judge, m.eval.judge) if m.eval else "",
@@ -427,6 +441,7 @@ def _form_context(
     touched: str,
 ) -> dict[str, Any]:
     _label([form, *(row for fs in formsets.values() for row in fs.forms)])
+    picker = _note_rows(formsets)
     sections = [
         {
             "title": title,
@@ -452,6 +467,7 @@ def _form_context(
         else reverse("catalog:servedmodel_add")
     )
     return {
+        **picker,
         "form": form,
         "formsets": formsets,
         "sections": sections,
@@ -553,12 +569,14 @@ def _shown(slot: str, touched: set[str]) -> bool:
 def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
     """Check the form as it stands, saving nothing; answer one error element per field.
 
-    Called by the form page whenever a field is left. Each error element is swapped out
-    of band by its id (``err-<html name>``); only fields in ``_touched`` (kept by
-    ``static/llmgw/console.js``) show their errors, and ``*`` shows every error.
+    Called by the form page whenever a field is left, and as a profile's class and width
+    are typed. Each error element is swapped out of band by its id (``err-<html
+    name>``); only fields in ``_touched`` (kept by ``static/llmgw/console.js``) show
+    their errors, and ``*`` shows every error. A profile's class and width fields show
+    together (one rule ties them), and each profile's class note comes back too.
     """
     replacing = request.POST.get("_replacing") or None
-    touched = {t for t in request.POST.get("_touched", "").split(",") if t}
+    touched = _with_width(_touched(request))
     instance = ServedModel()
     if replacing is not None:
         found = ServedModel.objects.filter(name=replacing).first()
@@ -571,6 +589,40 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
     form = ServedModelForm(request.POST, instance=instance)
     formsets = build_formsets(request.POST, instance)
     check_bundle(form, formsets, replacing)
+    context = check_answer(form, formsets, touched)
+    if _note_rows(formsets)["gpu_classes"] is not None:
+        context["notes"] = [(row.prefix, row.class_note) for row in formsets["profiles"].forms]
+    return render(request, "catalog/partials/validation.html", context)
+
+
+def _touched(request: HtmxHttpRequest) -> set[str]:
+    """Return the names in the form's ``_touched`` (``*``: every field)."""
+    return {t for t in request.POST.get("_touched", "").split(",") if t}
+
+
+def _with_width(touched: set[str]) -> set[str]:
+    """Return touched, with every width field of a profile whose width was touched.
+
+    The message of the rule tying them (tp x pp = nodes x gpus_per_node) sits at tp,
+    which may be the one field of the row not typed in.
+    """
+    out = set(touched)
+    for name in touched:
+        prefix, _, field = name.rpartition("-")
+        if prefix.startswith("profiles-") and field in WIDTH_FIELDS:
+            out.update(f"{prefix}-{f}" for f in WIDTH_FIELDS)
+    return out
+
+
+def check_answer(
+    form: Any, formsets: Mapping[str, OrderedInlineFormSet], touched: set[str]
+) -> dict[str, Any]:
+    """Return the checked form's error elements and status line, for a live check.
+
+    Every error element of the form comes back (``slots``), empty unless its field was
+    touched, so an error fixed elsewhere clears too. Used by ``servedmodel_validate``
+    and the schedule editor's check (``catalog.schedule_views``).
+    """
     slots = _error_slots(form, formsets)
     errors = _fold(error_map(form, formsets), slots)
     # A row ticked for deletion will not be saved: its errors do not count.
@@ -584,11 +636,7 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
     shown = [(slot, errors.get(slot, []) if _shown(slot, touched) else []) for slot in slots]
     total = sum(len(v) for v in errors.values())
     visible = sum(len(v) for _, v in shown)
-    return render(
-        request,
-        "catalog/partials/validation.html",
-        {"slots": shown, "status": _status(total, visible)},
-    )
+    return {"slots": shown, "status": _status(total, visible)}
 
 
 def _status(total: int, visible: int) -> str:
@@ -623,11 +671,10 @@ def servedmodel_formrow(request: HtmxHttpRequest, group: str) -> HttpResponse:
     fs.extra = index + 1
     row = fs.forms[index]
     _label([row])
-    return render(
-        request,
-        "catalog/partials/form_row.html",
-        {"group": group, "row": row, "total": index + 1, "oob_total": True},
-    )
+    context = {"group": group, "row": row, "total": index + 1, "oob_total": True}
+    if group == "profiles":
+        context.update(_note_rows({"profiles": fs}))
+    return render(request, "catalog/partials/form_row.html", context)
 
 
 # Delete and revert

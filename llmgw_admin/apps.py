@@ -11,3 +11,11 @@ class LlmgwAdminConfig(AppConfig):
     name = "llmgw_admin"
     verbose_name = "Access"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Wiring from on top: the catalog's model form shows the cluster's GPU classes,
+        # and the catalog never imports the cluster (imports point catalog <- cluster).
+        from catalog import inventory as catalog_inventory
+        from cluster import inventory
+
+        catalog_inventory.register(inventory)

@@ -84,6 +84,9 @@
 
   document.addEventListener("focusout", track, true);
   document.addEventListener("change", track, true);
+  // Typed in is touched too: a check sent while typing (the schedule editor's, a
+  // profile's class and width) shows that field's errors before it is left.
+  document.addEventListener("input", track, true);
   // htmx:load fires for the page at start and for every fragment swapped in.
   document.addEventListener("htmx:load", function (event) {
     suggest(event.target);
@@ -127,4 +130,31 @@
   document.addEventListener("DOMContentLoaded", ages);
   document.addEventListener("htmx:wsAfterMessage", ages);
   setInterval(ages, 5000);
+})();
+
+// GPU class picker (catalog.views): a class picked from a profile row's "cluster
+// classes" list (data-pick, see templates/catalog/partials/gpu_class_picker.html) fills
+// that row's gpu_class box as typing would: the box's input and change events fire, so
+// it is marked touched and checked, and its note says what the cluster has of the class.
+(function () {
+  "use strict";
+
+  document.addEventListener("click", function (event) {
+    var button = event.target && event.target.closest ? event.target.closest("button[data-pick]") : null;
+    if (!button) {
+      return;
+    }
+    var field = button.closest(".field");
+    var input = field ? field.querySelector("input[name$='-gpu_class']") : null;
+    if (!input) {
+      return;
+    }
+    input.value = button.getAttribute("data-pick");
+    input.dispatchEvent(new Event("input", { bubbles: true }));
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+    var details = button.closest("details");
+    if (details) {
+      details.open = false;
+    }
+  });
 })();

@@ -17,7 +17,8 @@ from catalog import services, spec
 from catalog.forms import ServedModelForm
 from catalog.models import ChangeRecord, ServedModel
 from catalog.problems import Problem
-from catalog.views import SECTIONS, change_diff, file_key, week_grid
+from catalog.schedule import week_grid
+from catalog.views import SECTIONS, change_diff, file_key
 from tests.catalog.samples import cpu_model, gpu_model, store
 
 pytestmark = pytest.mark.django_db

@@ -36,6 +36,7 @@ from catalog.services import stored_specs
 from cluster import events, placement, plan, services
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, ModelDemand, Node, Replica
+from guard.services import serve_policy_judges
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ def tick(now: datetime | None = None) -> TickResult:
         result = TickResult()
         with transaction.atomic():
             _mark_lost(now, result)
+        # The guard's policy may name a known judge the catalog lacks: it is added first,
+        # so this tick serves it (guard.services.serve_policy_judges).
+        serve_policy_judges()
         # The catalog is read once a tick; both steps work from the same view of it.
         specs = {m.name: rules.normalize(m) for m in stored_specs()}
         with transaction.atomic():

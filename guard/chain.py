@@ -39,10 +39,12 @@ NO_CATEGORY = ""
 
 @dataclass(frozen=True)
 class JudgeRef:
-    """One judge in the chain: its catalog name and whether a replica is ready for it."""
+    """One judge in the chain: its catalog name and whether a replica is ready for it
+    (``reason`` says why not, in the failure recorded)."""
 
     name: str
     ready: bool = True
+    reason: str = "no ready replica"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def run_chain(
     failures: list[Failure] = []
     for judge in judges:
         if not judge.ready:
-            failures.append(Failure(judge.name, NO_REPLICA, "no ready replica", clock()))
+            failures.append(Failure(judge.name, NO_REPLICA, judge.reason, clock()))
             continue
         # Any exception, a bug's too, is recorded against the judge and fail decides,
         # rather than the request being taken down with it.

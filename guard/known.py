@@ -4,7 +4,8 @@
 weights are (a GGUF for llama.cpp on CPUs, the Hugging Face repository for vLLM on a
 GPU), the format the judge speaks, its context, its memory and the categories it can
 report. ``enable_spec`` writes the catalog ``Model`` for one; ``use`` sets a policy's
-judge order and replaces the categories none of the listed judges can report. Plain
+judge order and replaces the categories none of the listed judges can report;
+``judges_to_add`` says which the leader adds because the policy names them. Plain
 data in and out: no Django, no I/O. Section numbers (§) refer to
 /work/shared/spec/guard-formats.md.
 """
@@ -12,7 +13,7 @@ data in and out: no Django, no I/O. Section numbers (§) refer to
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from catalog.rules import CLASS_STANDARD, ROLE_GUARD, suggest_cores
@@ -364,3 +365,29 @@ def use(
             categories.append(c)
     new = replace(policy, judge_models=tuple(names), refuse_categories=tuple(categories))
     return new, replaced
+
+
+def judges_to_add(
+    named: Sequence[str],
+    in_catalog: Collection[str],
+    deleted_since_policy: Collection[str] = (),
+    known: Collection[str] = tuple(KNOWN),
+) -> list[str]:
+    """Return the judges the leader adds to the catalog, in the policy's order.
+
+    ``named`` are the policy's judges, ``in_catalog`` the catalog's model names,
+    ``deleted_since_policy`` the names an operator deleted from the catalog after the
+    policy last changed, ``known`` the judges llmgw can serve. A judge is added when the
+    policy names it, the catalog lacks it, it is known, and no operator deleted it since
+    the policy last changed: the later word wins, so a deletion is not undone behind the
+    operator's back, and a policy saved after it (still naming the judge) brings it back.
+    A name in the catalog is never touched, whatever it holds: what an operator made of
+    it stays.
+    """
+    out: list[str] = []
+    for name in named:
+        if name in in_catalog or name not in known or name in deleted_since_policy:
+            continue
+        if name not in out:
+            out.append(name)
+    return out

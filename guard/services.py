@@ -1,6 +1,6 @@
 """Guard operations over the database: the policy, the judges it names, checks, records.
 
-Used by the guard API, the ``guard`` command and ``init``. The rules are
+Used by the guard API, the ``guard`` command, ``init`` and the reconciler. The rules are
 the pure modules': ``guard.policy`` (what a policy may say, what a verdict decides),
 ``guard.chain`` (judges in turn), ``guard.client`` (asking one judge), ``guard.known``
 (judges llmgw knows), ``guard.cache`` (what checks keep in memory).
@@ -15,6 +15,7 @@ may owe to an old snapshot. Results are written in batches off the request path
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, JudgeRef, Stats, run_chain
 from guard.models import GuardPolicy, JudgeHealth, JudgeProbe, PolicyChange
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = 8192
 # How long a check may use the policy and the judges' endpoints it read before (seconds):
@@ -125,11 +128,14 @@ class Judge:
     variant: str | None
     context_length: int
     endpoint: str | None
+    # Why the chain cannot ask it, when it is not a guard model in the catalog.
+    missing: str = ""
 
     @property
     def ref(self) -> JudgeRef:
         """Return the chain's view: ready when a replica answers and the format is known."""
-        return JudgeRef(self.name, ready=bool(self.endpoint and self.format))
+        ready = bool(self.endpoint and self.format)
+        return JudgeRef(self.name, ready=ready, reason=self.missing or "no ready replica")
 
 
 def judges(names: Sequence[str]) -> list[Judge]:
@@ -165,9 +171,23 @@ def judges(names: Sequence[str]) -> list[Judge]:
                 context_length=(row["context_length"] if row and row["context_length"] else 0)
                 or (kj.context_length if kj else DEFAULT_CONTEXT),
                 endpoint=endpoints.get(name),
+                missing=_missing(name, row is not None, is_judge),
             )
         )
     return out
+
+
+def _missing(name: str, in_catalog: bool, is_judge: bool) -> str:
+    if is_judge:
+        return ""
+    if in_catalog:
+        return "in the catalog, but not as a guard model with a format"
+    if name in known.KNOWN:
+        return (
+            "not in the catalog: the leader adds a known judge the policy names, unless an "
+            f"operator deleted it since the policy last changed (guard judge enable {name})"
+        )
+    return "not in the catalog, and not a known judge"
 
 
 @dataclass(frozen=True)
@@ -383,6 +403,76 @@ def enable_judge(name: str | None, *, gpu: bool, sim: bool, actor: Any) -> tuple
             return spec.name, False
     catalog_services.save_model(spec, actor, replacing=spec.name if existing else None)
     return spec.name, True
+
+
+# Who the change log names for what the leader does on its own.
+LEADER = "reconciler"
+_leader_warned: dict[str, str] = {}
+
+
+def serve_policy_judges() -> list[str]:
+    """Add to the catalog, and so serve, each known judge the stored policy names and the
+    catalog lacks (the reconciler's leader calls it every tick); return the names added.
+
+    Added as ``guard judge enable NAME`` adds it (a CPU llama.cpp profile), logged as
+    done by the reconciler with the reason. What ``known.judges_to_add`` decides: a name
+    in the catalog is never touched, and a judge an operator deleted after the policy last
+    changed stays deleted (the later word wins) until the policy is saved again or the
+    judge enabled. Before a policy is stored (``init`` stores the baseline) it adds
+    nothing. A judge the catalog refuses (or an operator adds at the same moment) is left
+    out and said once in the log: the tick goes on. Two queries when nothing is missing.
+    """
+    from django.db import IntegrityError
+
+    from catalog.choices import ChangeAction, Surface
+    from catalog.models import ChangeRecord
+    from catalog.services import Actor, Refused
+
+    row = GuardPolicy.objects.order_by("pk").values("data", "updated").first()
+    if row is None:
+        return []
+    names = list(_parse_stored(row["data"]).judge_models)
+    present = set(ServedModel.objects.filter(name__in=names).values_list("name", flat=True))
+    missing = [n for n in names if n not in present and n in known.KNOWN]
+    if not missing:
+        return []
+    deletions = dict(
+        ChangeRecord.objects.filter(model_name__in=missing, action=ChangeAction.DELETE)
+        .order_by("at")
+        .values_list("model_name", "at")
+    )  # the latest deletion of each
+    deleted_since = {n for n, at in deletions.items() if at > row["updated"]}
+    added = []
+    for name in known.judges_to_add(names, present, deleted_since):
+        why = "the guard policy names it" + (
+            "; re-added: deleted before the policy last changed" if name in deletions else ""
+        )
+        try:
+            with transaction.atomic():
+                enable_judge(
+                    name,
+                    gpu=False,
+                    sim=False,
+                    actor=Actor(user=None, surface=Surface.CLI, name=LEADER, via=why),
+                )
+        except (Refused, ValueError, IntegrityError) as exc:
+            if _leader_warned.get(name) != str(exc):
+                _leader_warned[name] = str(exc)
+                log.warning("the policy names judge %s; adding it was refused: %s", name, exc)
+            continue
+        _leader_warned.pop(name, None)
+        log.info("added judge %s to the catalog: %s", name, why)
+        added.append(name)
+    for name in sorted(deleted_since - set(present)):
+        if _leader_warned.get(name) != "deleted":
+            _leader_warned[name] = "deleted"
+            log.info(
+                "the policy names judge %s, deleted from the catalog since the policy last "
+                "changed: left out (guard judge enable %s, or save the policy, to add it)",
+                name,
+                name,
+            )
+    return added
 
 
 def use_judges(

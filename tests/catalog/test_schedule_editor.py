@@ -398,23 +398,61 @@ def test_save_removes_a_window_ticked_for_deletion(
     assert not stored.windows.exists()
 
 
+@pytest.mark.parametrize(
+    ("console", "window", "path", "slot", "code"),
+    [
+        (
+            {"windows-0-from_time": "25:00"},
+            {"from": "25:00"},
+            "scaling.schedule[0].from",
+            "windows-0-from_time",
+            "bad_clock",
+        ),
+        (
+            {"windows-0-to_time": "8am"},
+            {"to": "8am"},
+            "scaling.schedule[0].to",
+            "windows-0-to_time",
+            "bad_clock",
+        ),
+        (
+            {"windows-0-max": "1"},
+            {"max": 1},
+            "scaling.schedule[0].max",
+            "windows-0-max",
+            "bad_window_range",
+        ),
+        (
+            {"windows-0-days": "someday"},
+            {"days": ["someday"]},
+            "scaling.schedule[0].days[0]",
+            "windows-0-days",
+            "bad_day",
+        ),
+    ],
+)
 def test_the_api_refuses_the_same_input_with_the_same_message_at_the_same_path(
-    client_for: Any, api_for: Any, operator: Any, stored: Any
+    client_for: Any,
+    api_for: Any,
+    operator: Any,
+    stored: Any,
+    console: dict[str, str],
+    window: dict[str, Any],
+    path: str,
+    slot: str,
+    code: str,
 ) -> None:
     c = client_for(operator)
-    console = c.post(check_url(), draft(c, **{"windows-0-from_time": "25:00", "_touched": "*"}))
+    answer = c.post(check_url(), draft(c, **console, _touched="*")).content.decode()
+    body = {"days": ["weekdays"], "from": "08:00", "to": "18:00", "min": 2, **window}
     api = api_for(operator).patch(
         reverse("servedmodel-detail", args=["small"]),
-        {
-            "scaling": {
-                "schedule": [{"days": ["weekdays"], "from": "25:00", "to": "18:00", "min": 2}]
-            }
-        },
+        {"scaling": {"schedule": [body]}},
         format="json",
     )
     assert api.status_code == 400
     [error] = api.json()["errors"]
-    assert error["field"] == "scaling.schedule[0].from"
-    assert error["message"] == error_at(console.content.decode(), "windows-0-from_time")
-    assert error["code"] == "bad_clock"
+    assert (error["field"], error["code"]) == (path, code)
+    assert error["message"] == error_at(answer, slot)
     assert stored.windows.get().from_time == "08:00"
+    assert ChangeRecord.objects.count() == 1

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
+from cluster import events
 from guard.chain import NO_JUDGE, ChainResult, Stats
 from guard.models import JudgeDecision, JudgeHealth
 
@@ -84,6 +85,8 @@ def write(stats: Stats) -> None:
             JudgeDecision.objects.filter(judge=j, verdict=v, category=c).update(
                 count=F("count") + decisions[(j, v, c)]
             )
+        # The consoles show these counts: pushed once this commits (one event per flush).
+        events.changed(judges=[*judges, *(j for j, _, _ in keys)])
 
 
 def _if(condition: Q, value: object, column: str) -> Case:

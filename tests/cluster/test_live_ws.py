@@ -229,3 +229,18 @@ async def test_a_judge_probe_pushes_the_judges_health(viewer: Any) -> None:
     assert 'id="guard-judges"' in frame
     assert 'data-judge="qwen3guard-0.6b"' in frame
     await comm.disconnect()
+
+
+async def test_judges_counts_written_off_the_request_path_are_pushed(viewer: Any) -> None:
+    from guard import records
+    from guard.chain import Stats
+
+    comm = await _open(viewer, "/ws/live/judges/")
+    await comm.receive_from(timeout=5)
+    stats = Stats()
+    stats.answers["qwen3guard-0.6b"] += 3
+    await sync_to_async(records.write)(stats)
+    frame = await comm.receive_from(timeout=5)
+    assert 'data-judge="qwen3guard-0.6b"' in frame
+    assert 'data-role="judge-counts">3 / 0<' in frame
+    await comm.disconnect()

@@ -70,7 +70,7 @@ def signed_in(browser: Any, live_server: Any) -> Iterator[Callable[[Any], Any]]:
         page.fill("#id_username", user.username)
         page.fill("#id_password", PASSWORD)
         page.click("button[type=submit]")
-        page.wait_for_url(f"{live_server.url}/catalog/")
+        page.wait_for_url(f"{live_server.url}/cluster/")
         return page
 
     yield open_as

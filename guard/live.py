@@ -33,11 +33,8 @@ from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
 ENABLE_DOM_ID = "guard-enable-judge"
 VERDICTS = ("safe", "unsafe", "controversial")
 
-# Where a known judge can be served, as the enable form offers it.
-WHERE_CPU = "cpu"
-WHERE_GPU = "gpu"
-WHERE_SIM = "sim"
-WHERES = (WHERE_CPU, WHERE_GPU, WHERE_SIM)
+# Where a known judge can be served, as the enable form offers it (guard.enabling).
+from guard.enabling import WHERE_CPU, WHERE_GPU, WHERE_SIM, WHERES  # noqa: E402,F401
 
 _NOT_SLUG = re.compile(r"[^A-Za-z0-9-]+")
 

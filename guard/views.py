@@ -25,11 +25,10 @@ from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import trigger_client_event
 
 from catalog import rules
-from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
 from cluster.models import Replica
-from guard import charts, evalrun, known, live, services
+from guard import charts, enabling, evalrun, known, live, services
 from guard import evaluation as ev
 from guard.forms import PolicyForm
 from guard.judgeprompt import judge_prompt
@@ -160,20 +159,6 @@ def policy_edit(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "guard/partials/policy_form.html", _policy_context(request, form, saved))
 
 
-def _where_text(name: str) -> str:
-    """Return where an enabled judge is served, in a few words."""
-    model = ServedModel.objects.filter(name=name).first()
-    profiles = model.to_spec().profiles if model is not None else []
-    if not profiles:
-        return ""
-    profile = profiles[0]
-    if profile.engine == "sim":
-        return f"on the sim engine (simulated, class {profile.gpu_class})"
-    if profile.gpu_class:
-        return f"on {profile.gpu_class} (vLLM, the roomiest GPU class)"
-    return f"on CPUs (llama.cpp, {profile.cpu_cores} cores reserved)"
-
-
 @role_required(VIEWER)
 @require_http_methods(["GET", "POST"])
 def judge_enable(request: HtmxHttpRequest) -> HttpResponse:
@@ -191,41 +176,17 @@ def judge_enable(request: HtmxHttpRequest) -> HttpResponse:
     name = (request.POST.get("name") or "").strip()
     where = (request.POST.get("where") or "").strip()
     add = request.POST.get("add_to_policy") == "on"
-    errors: dict[str, list[str]] = {}
-    if name not in known.KNOWN:
-        errors["name"] = [f'no known judge "{name}": pick one of {", ".join(known.KNOWN)}']
-    if where not in live.WHERES:
-        errors["where"] = [f'"{where}" is not one of {", ".join(live.WHERES)}']
+    errors: dict[str, list[str]] = enabling.check_request(name, where)
     outcome = None
     if not errors:
-        actor = catalog_services.Actor(user=request.user, surface=Surface.CONSOLE)
         try:
-            enabled, changed = services.enable_judge(
-                name, gpu=where == live.WHERE_GPU, sim=where == live.WHERE_SIM, actor=actor
+            done = enabling.enable(
+                name, where, add_to_policy=add, user=request.user, surface=Surface.CONSOLE
             )
-        except ValueError as exc:
-            outcome = live.Outcome(False, [str(exc)], name)
-        except catalog_services.Refused as exc:
-            outcome = live.Outcome(False, [p.line() for p in exc.problems], name)
+        except enabling.EnableRefused as exc:
+            outcome = live.Outcome(False, [m for ms in exc.errors.values() for m in ms], name)
         else:
-            lines = [
-                f"{enabled}: enabled {_where_text(enabled)}".rstrip()
-                if changed
-                else f"{enabled}: already enabled as asked"
-            ]
-            policy = services.current_policy()
-            if add and enabled not in policy.judge_models:
-                order = [*policy.judge_models, enabled]
-                try:
-                    replaced = services.use_judges(
-                        order, user=request.user, surface=Surface.CONSOLE
-                    )
-                except (ValueError, services.PolicyRefused) as exc:
-                    lines.append(f"not added to the policy: {exc}")
-                else:
-                    lines.append(f"added to the policy's judges as #{len(order)}")
-                    lines += replaced
-            outcome = live.Outcome(True, lines, enabled)
+            outcome = live.Outcome(True, done.lines, done.judge)
     context = live.enable_judge_context(
         can_edit=True,
         outcome=outcome,

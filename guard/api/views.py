@@ -70,6 +70,8 @@ class _JsonOnly(BaseContentNegotiation):
     summary="Judge a request (and its answer)",
     request=CheckSerializer,
     responses=CheckResultSerializer,
+    # The API's two schemes: CachedTokenAuthentication is TokenAuthentication's bearer token.
+    auth=[{"apiToken": []}, {"cookieAuth": []}],
 )
 @api_view(["POST"])
 # Gateways call it on every request with the same token: its lookup is kept a second;

@@ -14,6 +14,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from guard import records  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
 
@@ -22,7 +23,8 @@ records.start()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py).
+        "http": LeanAgentRoutes(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -302,7 +302,11 @@ def agent_join(request: Request) -> Response:
 @authentication_classes([NodeTokenAuthentication])
 @permission_classes([IsAgent])
 def agent_heartbeat(request: Request) -> Response:
-    """Record a node's heartbeat and inventory."""
+    """Record a node's heartbeat and inventory.
+
+    In the web process cluster.api.lean answers the heartbeats that succeed, with the same
+    service; this view answers the rest (every refusal), and the test client.
+    """
     data = request.data if isinstance(request.data, dict) else {}
     try:
         node = services.heartbeat(request.auth, data.get("inventory"))
@@ -322,7 +326,7 @@ def agent_heartbeat(request: Request) -> Response:
 @authentication_classes([NodeTokenAuthentication])
 @permission_classes([IsAgent])
 def agent_desired(request: Request) -> Response:
-    """Answer the replicas this node should run now."""
+    """Answer the replicas this node should run now (as cluster.api.lean does, mostly)."""
     return Response(services.desired_list(request.auth))
 
 

@@ -3,15 +3,18 @@ speaks for its own node; bad input changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from cluster import reconciler
+from cluster import reconciler, services
+from cluster.choices import NodeHealth
 from cluster.models import Assignment, Card, JoinToken, Node, Replica
 from tests.catalog.samples import gpu_model, store
-from tests.cluster.helpers import inventory
+from tests.cluster.helpers import inventory, join_node
 
 pytestmark = pytest.mark.django_db
 
@@ -219,3 +222,258 @@ def test_desired_list_queries_do_not_grow_with_replicas() -> None:
     with CaptureQueriesContext(connection) as many:
         assert len(a.get("/api/v1/agent/desired").json()["replicas"]) == 6
     assert len(many) == len(few)
+
+
+# Heartbeats and desired lists as the web process serves them: the lean ASGI route in
+# front of Django (cluster/api/lean.py), through the real ASGI application. Its database
+# work runs on a pool thread, so these tests commit (transaction=True).
+
+lean = pytest.mark.django_db(transaction=True)
+A100 = "nvidia-a100-80gb"
+
+
+def over_asgi(
+    method: str,
+    path: str,
+    *,
+    token: str | None = None,
+    json: Any = None,
+    content: bytes | None = None,
+    host: str = "localhost",
+) -> httpx.Response:
+    """Send one request to llmgw_admin.asgi.application, as Daphne would hand it over."""
+    from llmgw_admin.asgi import application
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if content is not None:
+        headers["Content-Type"] = "application/json"
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as c:
+            return await c.request(method, path, json=json, content=content, headers=headers)
+
+    return asyncio.run(send())
+
+
+def beat(token: str | None, inv: Any = None, **kwargs: Any) -> httpx.Response:
+    body = {"inventory": inv} if inv is not None else kwargs.pop("json", None)
+    return over_asgi("POST", "/api/v1/agent/heartbeat", token=token, json=body, **kwargs)
+
+
+@lean
+def test_lean_heartbeat_answers_and_stamps_the_node() -> None:
+    node, token = join_node("gpu-1", [H100, H100])
+    joined_at = node.last_heartbeat
+    r = beat(token, inventory([H100, H100], hostname="gpu-1", disk_free_mb=512))
+    assert r.status_code == 200, r.text
+    # Django's stack did not answer it (DRF would add Allow and Vary).
+    assert "allow" not in r.headers and r.headers["content-type"] == "application/json"
+    assert r.json() == {"node": "gpu-1", "state": "ready", "desired_version": 1}
+    n = Node.objects.get()
+    assert n.last_heartbeat > joined_at
+    # The free disk is written by every heartbeat, though it is left out of the digest.
+    assert n.disk_free_mb == 512
+    services.set_cordon(n, True)
+    services.bump_desired([n.pk])
+    r = beat(token, inventory([H100, H100], hostname="gpu-1"))
+    assert r.json() == {"node": "gpu-1", "state": "cordoned", "desired_version": 2}
+
+
+@lean
+def test_lean_heartbeat_brings_a_lost_node_back_ready_with_its_reason() -> None:
+    node, token = join_node("gpu-1", [H100])
+    Node.objects.filter(pk=node.pk).update(
+        health=NodeHealth.LOST, reason="not heard from for more than 30 s"
+    )
+    assert beat(token, inventory([H100], hostname="gpu-1")).status_code == 200
+    n = Node.objects.get()
+    assert (n.state, n.reason) == ("ready", "heard from again")
+    Node.objects.filter(pk=node.pk).update(health=NodeHealth.NOT_READY, reason="starting")
+    beat(token, inventory([H100], hostname="gpu-1"))
+    n = Node.objects.get()
+    assert (n.state, n.reason) == ("ready", "")
+
+
+@lean
+def test_lean_heartbeat_tells_consoles_when_a_node_comes_back_and_only_then(
+    settings: Any,
+) -> None:
+    import uuid
+
+    from channels.layers import channel_layers, get_channel_layer
+
+    from cluster.events import NODES_GROUP
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [getattr(settings, "LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")],
+                "prefix": f"llmgw-test-{uuid.uuid4().hex[:8]}",
+            },
+        }
+    }
+    channel_layers.backends.clear()
+    node, token = join_node("gpu-1", [H100])
+    Node.objects.filter(pk=node.pk).update(health=NodeHealth.LOST, reason="not heard from")
+    same = inventory([H100], hostname="gpu-1")
+    from llmgw_admin.asgi import application
+
+    async def listen() -> list[Any]:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(NODES_GROUP, channel)
+        heard = []
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            for _ in range(2):
+                r = await c.post(
+                    "/api/v1/agent/heartbeat",
+                    json={"inventory": same},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                assert r.status_code == 200
+                try:
+                    # Long enough for the first; the second should bring nothing.
+                    wait = 1 if heard else 5
+                    heard.append(await asyncio.wait_for(layer.receive(channel), wait))
+                except TimeoutError:
+                    heard.append(None)
+        await layer.flush()
+        return heard
+
+    try:
+        came_back, ordinary = asyncio.run(listen())
+    finally:
+        channel_layers.backends.clear()
+    assert came_back is not None and came_back["pks"] == [node.pk]
+    assert ordinary is None
+
+
+@lean
+def test_lean_heartbeat_stores_a_changed_inventory() -> None:
+    _, token = join_node("gpu-1", [H100, H100])
+    changed = inventory(
+        [H100, A100, A100],
+        hostname="gpu-1b",
+        engines={"vllm": "0.12.0"},
+        labels={"llmgw.io/rack": "r7"},
+        memory_mb=512_000,
+        weights=["org/chat"],
+    )
+    assert beat(token, changed).status_code == 200
+    n = Node.objects.get()
+    assert (n.hostname, n.engines, n.labels, n.memory_mb, n.weights) == (
+        "gpu-1b",
+        {"vllm": "0.12.0"},
+        {"llmgw.io/rack": "r7"},
+        512_000,
+        ["org/chat"],
+    )
+    assert list(Card.objects.values_list("index", "gpu_class")) == [(0, H100), (1, A100), (2, A100)]
+    # And back: the stored digest follows what was applied, so an old inventory is applied
+    # again rather than skipped.
+    assert beat(token, inventory([H100, H100], hostname="gpu-1")).status_code == 200
+    assert Card.objects.count() == 2 and Node.objects.get().hostname == "gpu-1"
+
+
+@lean
+def test_lean_heartbeat_speaks_only_for_the_tokens_node() -> None:
+    a, token_a = join_node("a", [H100])
+    b, _ = join_node("b", [H100])
+    # a's agent sending b's inventory still only touches a: the token names the node.
+    r = beat(token_a, inventory([A100, A100], hostname="b"))
+    assert r.json()["node"] == "a"
+    b_after = Node.objects.get(name="b")
+    assert b_after.last_heartbeat == b.last_heartbeat and b_after.hostname == "b"
+    assert list(Card.objects.filter(node=b_after).values_list("gpu_class", flat=True)) == [H100]
+    assert list(Card.objects.filter(node__name="a").values_list("gpu_class", flat=True)) == [
+        A100,
+        A100,
+    ]
+
+
+@lean
+def test_lean_heartbeat_refusals_are_the_api_s_and_change_nothing() -> None:
+    node, token = join_node("gpu-1", [H100])
+    good = inventory([H100], hostname="gpu-1")
+
+    r = beat(None, good)
+    assert r.status_code == 401 and "send the node token" in r.json()["detail"]
+    assert r.headers["www-authenticate"] == 'Bearer realm="agent"'
+    r = beat("llmgw_node_forged", good)
+    assert r.status_code == 401 and "unknown node token" in r.json()["detail"]
+    r = beat(token[:-1], good)
+    assert r.status_code == 401
+
+    twice = inventory([H100, H100], hostname="gpu-1")
+    twice["cards"][1]["index"] = 0
+    r = beat(token, twice)
+    assert r.status_code == 400 and "listed twice" in r.json()["detail"]
+    r = beat(token, json={"inventory": "cards"})
+    assert r.status_code == 400 and "JSON object" in r.json()["detail"]
+    r = over_asgi("POST", "/api/v1/agent/heartbeat", token=token, content=b"{not json")
+    assert r.status_code == 400 and "JSON parse error" in r.json()["detail"]
+    assert over_asgi("GET", "/api/v1/agent/heartbeat", token=token).status_code == 405
+    # A host the deployment does not serve is refused by Django, as for any page.
+    assert beat(token, good, host="evil.example").status_code == 400
+
+    n = Node.objects.get()
+    assert n.last_heartbeat == node.last_heartbeat
+    assert list(Card.objects.values_list("index", "gpu_class")) == [(0, H100)]
+
+
+@lean
+def test_lean_desired_list_is_the_api_s_and_only_the_token_s_node() -> None:
+    _, token_a = join_node("a", [H100, H100])
+    _, token_b = join_node("b", [])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    r = over_asgi("GET", "/api/v1/agent/desired", token=token_a)
+    assert r.status_code == 200 and "allow" not in r.headers
+    assert r.json() == agent(token_a).get("/api/v1/agent/desired").json()
+    (rep,) = r.json()["replicas"]
+    assert (rep["model"], rep["cards"]) == ("chat", [0, 1])
+    assert over_asgi("GET", "/api/v1/agent/desired", token=token_b).json()["replicas"] == []
+    r = over_asgi("GET", "/api/v1/agent/desired", token="llmgw_node_forged")
+    assert r.status_code == 401 and "unknown node token" in r.json()["detail"]
+    r = over_asgi("GET", "/api/v1/agent/desired")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == 'Bearer realm="agent"'
+    assert over_asgi("POST", "/api/v1/agent/desired", token=token_a).status_code == 405
+
+
+def test_unchanged_inventory_costs_one_query_and_a_changed_one_is_read() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, token = join_node("gpu-1", [H100])
+    same = inventory([H100], hostname="gpu-1")
+    with CaptureQueriesContext(connection) as q:
+        assert services.heartbeat_by_token(token, {**same, "disk_free_mb": 7}) is not None
+    assert len(q) == 1
+    assert Node.objects.get().disk_free_mb == 7
+    with CaptureQueriesContext(connection) as q:
+        services.heartbeat_by_token(token, inventory([H100, H100], hostname="gpu-1"))
+    assert len(q) > 1 and Card.objects.count() == 2
+    assert services.heartbeat_by_token("llmgw_node_nobody", same) is None
+    with pytest.raises(services.AgentError, match="must be a list"):
+        services.heartbeat_by_token(token, {**same, "cards": "many"})
+
+
+def test_inventory_digest_ignores_order_and_free_disk_only() -> None:
+    inv = inventory([H100, A100], hostname="gpu-1")
+    digest = services.inventory_digest(inv)
+    assert services.inventory_digest(dict(reversed(list(inv.items())))) == digest
+    assert services.inventory_digest({**inv, "disk_free_mb": 1}) == digest
+    for change in (
+        {"cards": inv["cards"][:1]},
+        {"engines": {"vllm": "0.12.0"}},
+        {"labels": {"llmgw.io/rack": "r1"}},
+        {"weights": ["org/chat"]},
+        {"memory_mb": 1},
+        {"cpu_cores": 1},
+        {"simulated": True},
+    ):
+        assert services.inventory_digest({**inv, **change}) != digest, change
+    assert services.inventory_digest("cards") == ""

@@ -111,11 +111,22 @@ def scale(wants: dict[str, Want], replicas: Iterable[ReplicaView]) -> Changes:
 
 
 def lost_nodes(
-    heartbeats: Sequence[tuple[str, datetime | None]], now: datetime, lost_after_s: float
+    heartbeats: Sequence[tuple[str, datetime | None]],
+    now: datetime,
+    lost_after_s: float,
+    listening_since: datetime | None = None,
 ) -> list[str]:
-    """Return the nodes not heard from for longer than ``lost_after_s``."""
-    return [
-        name
-        for name, last in heartbeats
-        if last is None or (now - last).total_seconds() > lost_after_s
-    ]
+    """Return the nodes not heard from for longer than ``lost_after_s``.
+
+    ``listening_since`` is when the control plane started hearing heartbeats: silence from
+    before then is the control plane's own (it was down or restarting), not the nodes',
+    so a node is lost only after ``lost_after_s`` of silence it could have heard.
+    """
+    lost = []
+    for name, last in heartbeats:
+        heard = last
+        if listening_since is not None and (heard is None or heard < listening_since):
+            heard = listening_since
+        if heard is None or (now - heard).total_seconds() > lost_after_s:
+            lost.append(name)
+    return lost

@@ -122,10 +122,22 @@ def _release(assignments: list[Assignment], reason: str) -> None:
         r.save()
 
 
+# When this process started reconciling for real (run_forever, or a worker's first task);
+# None for ticks driven by hand (tests with a frozen clock). See plan.lost_nodes.
+_listening_since: datetime | None = None
+
+
+def start_listening(at: datetime | None = None) -> None:
+    """Note that this process reconciles from now: nodes get a full grace period."""
+    global _listening_since
+    if _listening_since is None:
+        _listening_since = at or timezone.now()
+
+
 def _mark_lost(now: datetime, result: TickResult) -> None:
     lost_after = float(getattr(settings, "LLMGW_NODE_LOST_AFTER", 30))
     candidates = Node.objects.exclude(health=NodeHealth.LOST).values_list("name", "last_heartbeat")
-    names = plan.lost_nodes(list(candidates), now, lost_after)
+    names = plan.lost_nodes(list(candidates), now, lost_after, _listening_since)
     for node in Node.objects.filter(name__in=names).select_for_update():
         node.health = NodeHealth.LOST
         node.reason = f"not heard from for more than {lost_after:g} s"
@@ -303,6 +315,7 @@ def run_forever(interval: float, stop: threading.Event | None = None) -> None:
     from django.db import close_old_connections
 
     stop = stop or threading.Event()
+    start_listening()
     while not stop.is_set():
         started = time.monotonic()
         try:

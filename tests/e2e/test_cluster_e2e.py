@@ -269,7 +269,10 @@ def test_guard_chain_with_sim_judges_on_real_agents(
     )
 
     # The first judge's replica goes away: the second decides, the failure recorded.
-    Replica.objects.filter(model_name="llamaguard3-1b").update(state="failed")
+    # (Saved as an agent's report saves it: the checks' cache hears of the change.)
+    for r in Replica.objects.filter(model_name="llamaguard3-1b"):
+        r.set_state("failed", "e2e: the judge's engine is gone")
+        r.save()
     body = guard_services.check("continue")
     assert body["judge"] == "qwen3guard-0.6b"
     assert body["failures"][0]["judge"] == "llamaguard3-1b"

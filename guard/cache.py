@@ -10,6 +10,11 @@ Invalidation is by generation: a load notes the generation it started under, and
 loaded is kept only under that one; an ``invalidate`` during a load (a commit the load may
 have read before) bumps the generation, so the next reader loads again rather than
 keeping what may be the old state.
+
+Refresh ahead: given ``ahead`` (a function that runs a job in the background; the lead's
+starts a thread), a value read when past half its ``ttl`` is returned as it is and loaded
+again in the background, so a steady stream of readers never waits for a load; the
+``ttl`` still bounds how old a value returned can be.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
+# Runs a job in the background (the job catches nothing: the runner reports failures).
+Ahead = Callable[[Callable[[], None]], None]
+
 
 class Cached(Generic[T]):
     """One value, loaded on first use and again after ``ttl`` seconds or an invalidation.
@@ -30,13 +38,18 @@ class Cached(Generic[T]):
     """
 
     def __init__(
-        self, load: Callable[[], T], ttl: float, clock: Callable[[], float] = time.monotonic
+        self,
+        load: Callable[[], T],
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        ahead: Ahead | None = None,
     ) -> None:
         if not ttl > 0:
             raise ValueError("ttl must be positive")
         self._load = load
         self.ttl = ttl
         self._clock = clock
+        self._ahead = ahead
         self._generation = 0
         # (value, generation it was loaded under, when), replaced whole: readers see
         # either the old entry or the new one.
@@ -44,12 +57,17 @@ class Cached(Generic[T]):
         # The last value loaded, kept through invalidations (``peek``).
         self._last: T | None = None
         self._loading = threading.Lock()
+        self._refreshing = threading.Lock()  # held while a refresh ahead is under way
 
     def get(self) -> T:
         """Return the value, loading it when there is none fresh."""
         entry = self._entry
-        if entry is not None and self._fresh(entry):
-            return entry[0]
+        if entry is not None and entry[1] == self._generation:
+            age = self._clock() - entry[2]
+            if age < self.ttl:
+                if self._ahead is not None and age >= self.ttl / 2:
+                    self._refresh_ahead(entry)
+                return entry[0]
         with self._loading:
             # Another thread may have loaded it while this one waited.
             entry = self._entry
@@ -83,13 +101,31 @@ class Cached(Generic[T]):
             self._entry = (value, generation, self._clock())
         return value
 
+    def _refresh_ahead(self, seen: tuple[T, int, float]) -> None:
+        if self._ahead is None or not self._refreshing.acquire(blocking=False):
+            return  # one refresh at a time
+
+        def job() -> None:
+            try:
+                with self._loading:
+                    if self._entry is seen:  # nobody loaded it meanwhile
+                        self._reload()
+            finally:
+                self._refreshing.release()
+
+        try:
+            self._ahead(job)
+        except BaseException:
+            self._refreshing.release()
+            raise
+
 
 class CachedMap(Generic[K, T]):
     """Values by key, each loaded on first use and again after ``ttl`` seconds.
 
     ``load(key)`` returning None keeps nothing (an unknown key is asked about every time).
     ``invalidate`` forgets every key. At most ``size`` keys are held: past that the
-    stale ones go, and if that is not enough, all of them.
+    stale ones go, and if that is not enough, all of them. ``ahead`` as ``Cached``'s.
     """
 
     def __init__(
@@ -98,6 +134,7 @@ class CachedMap(Generic[K, T]):
         ttl: float,
         clock: Callable[[], float] = time.monotonic,
         size: int = 10_000,
+        ahead: Ahead | None = None,
     ) -> None:
         if not ttl > 0:
             raise ValueError("ttl must be positive")
@@ -105,30 +142,60 @@ class CachedMap(Generic[K, T]):
         self.ttl = ttl
         self._clock = clock
         self._size = size
+        self._ahead = ahead
         self._generation = 0
         self._entries: dict[K, tuple[T, int, float]] = {}
+        self._refreshing: set[K] = set()
+        self._lock = threading.Lock()  # guards _refreshing
 
     def get(self, key: K) -> T | None:
         """Return the value for ``key``, loading it when there is none fresh."""
         entry = self._entries.get(key)
-        now = self._clock()
-        if entry is not None and entry[1] == self._generation and now - entry[2] < self.ttl:
-            return entry[0]
+        if entry is not None and entry[1] == self._generation:
+            age = self._clock() - entry[2]
+            if age < self.ttl:
+                if self._ahead is not None and age >= self.ttl / 2:
+                    self._refresh_ahead(key)
+                return entry[0]
+        return self._reload(key)
+
+    def invalidate(self) -> None:
+        """Forget every key."""
+        self._generation += 1
+        self._entries = {}
+
+    def _reload(self, key: K) -> T | None:
         generation = self._generation
         value = self._load(key)
         if value is None:
             self._entries.pop(key, None)
             return None
         if generation == self._generation:
+            now = self._clock()
             if len(self._entries) >= self._size:
                 self._prune(now)
-            self._entries[key] = (value, generation, self._clock())
+            self._entries[key] = (value, generation, now)
         return value
 
-    def invalidate(self) -> None:
-        """Forget every key."""
-        self._generation += 1
-        self._entries = {}
+    def _refresh_ahead(self, key: K) -> None:
+        with self._lock:
+            if self._ahead is None or key in self._refreshing:
+                return
+            self._refreshing.add(key)
+
+        def job() -> None:
+            try:
+                self._reload(key)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(key)
+
+        try:
+            self._ahead(job)
+        except BaseException:
+            with self._lock:
+                self._refreshing.discard(key)
+            raise
 
     def _prune(self, now: float) -> None:
         fresh = {

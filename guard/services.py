@@ -7,7 +7,8 @@ the pure modules': ``guard.policy`` (what a policy may say, what a verdict decid
 
 A check reads nothing from the database in the steady state: the policy and its judges'
 ready endpoints are a ``Snapshot`` kept in memory (``snapshot``) for ``SNAPSHOT_TTL``
-seconds, dropped at once when this process commits a change to the policy, to a judge in
+seconds (read again in the background from half that age, so checks do not wait for
+it), dropped at once when this process commits a change to the policy, to a judge in
 the catalog or to a judge's replica, and reloaded (once) when a check met a failure it
 may owe to an old snapshot. Results are written in batches off the request path
 (``guard.records``).
@@ -16,7 +17,8 @@ may owe to an old snapshot. Results are written in batches off the request path
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,7 +215,22 @@ def _load_snapshot(reread: bool = False) -> Snapshot:
     return Snapshot(pol, stored, tuple(judges(pol.judge_models)), reread)
 
 
-_snapshot: Cached[Snapshot] = Cached(_load_snapshot, ttl=SNAPSHOT_TTL)
+def in_background(job: Callable[[], None]) -> None:
+    """Run a cache's refresh ahead in a thread of its own (its database connection closed
+    after), so the check that found a value half-way to expiry does not wait for it."""
+
+    def run() -> None:
+        try:
+            job()
+        except Exception:
+            log.exception("a guard cache's refresh ahead failed; the next reader loads it")
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="guard-refresh", daemon=True).start()
+
+
+_snapshot: Cached[Snapshot] = Cached(_load_snapshot, ttl=SNAPSHOT_TTL, ahead=in_background)
 
 
 def snapshot() -> Snapshot:
@@ -352,9 +369,10 @@ def record(result: ChainResult) -> None:
     """Count failures against their judges and the decider's verdict per category.
 
     In the web process the recorder gathers it and writes it within
-    ``records.FLUSH_INTERVAL`` seconds; elsewhere it is written at once.
+    ``records.FLUSH_INTERVAL`` seconds; elsewhere, or inside a transaction (it is then
+    that transaction's to keep or roll back), it is written at once.
     """
-    if records.RECORDER.running:
+    if records.RECORDER.running and not connection.in_atomic_block:
         records.RECORDER.add(result)
         return
     stats = Stats()

@@ -16,6 +16,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from guard import records  # noqa: E402
+from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
 
 # What guard checks did is written by a background thread, off each check's path.
@@ -23,8 +24,9 @@ records.start()
 
 application = ProtocolTypeRouter(
     {
-        # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py).
-        "http": LeanAgentRoutes(django_asgi_app),
+        # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py),
+        # and so do guard checks (guard/api/lean.py).
+        "http": LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -4,7 +4,8 @@ A gateway calls ``POST /api/v1/guard/check`` on every request it serves, with th
 token each time; looking the token and its user's role up on every call were two of
 the check's queries. ``CachedTokenAuthentication`` keeps what ``TokenAuthentication``
 found (the token, its user and the user's role) for ``TOKEN_TTL`` seconds, by the
-token's digest. Revocation still takes effect promptly:
+token's digest (looked up again in the background from half that age, so calls do not
+wait for it). Revocation still takes effect promptly:
 
 - in this process at once: saving or deleting a token, a user or a user's groups drops
   every cached token (the tokens API's revoke, the admin's forms);
@@ -25,9 +26,10 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication
 
 from guard.cache import CachedMap
+from guard.services import in_background
 from llmgw_admin.models import TOKEN_PREFIX, ApiToken, digest
 from llmgw_admin.roles import role_of
 from llmgw_admin.tokens import TokenAuthentication
@@ -61,22 +63,32 @@ class CachedTokenAuthentication(TokenAuthentication):
         ):
             # Malformed or absent headers get TokenAuthentication's own answers.
             return super().authenticate(request)
-        key = digest(parts[1])
-        found = _found.get(key)
+        found = token_user(parts[1])
         if found is None:
             # Unknown, revoked, expired or a disabled user: the same errors as uncached.
             return super().authenticate(request)
-        token = found.token
-        if token.state != "live":  # expired since it was cached
-            _found.invalidate()
-            raise exceptions.AuthenticationFailed(f"this API token is {token.state}")
-        now = timezone.now()
-        if token.last_used is None or (now - token.last_used).total_seconds() > LAST_USED_EVERY:
-            ApiToken.objects.filter(pk=token.pk).update(last_used=now)
-            token.last_used = now
-        # The same user object for every request with this token: the check view only
-        # reads it (its role is resolved once, when the token is looked up).
-        return found.user, token
+        return found
+
+
+def token_user(secret: str) -> tuple[Any, ApiToken] | None:
+    """Return the user and token of a live API token's secret, from memory when fresh;
+    None when it does not authenticate (``TokenAuthentication`` says why).
+
+    The same user object for every call with this token: callers only read it (its role
+    is resolved once, when the token is looked up).
+    """
+    found = _found.get(digest(secret))
+    if found is None:
+        return None
+    token = found.token
+    if token.state != "live":  # expired since it was cached
+        _found.invalidate()
+        return None
+    now = timezone.now()
+    if token.last_used is None or (now - token.last_used).total_seconds() > LAST_USED_EVERY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used=now)
+        token.last_used = now
+    return found.user, token
 
 
 def _lookup(key: str) -> _Found | None:
@@ -86,7 +98,7 @@ def _lookup(key: str) -> _Found | None:
     return _Found(token.user, token)
 
 
-_found: CachedMap[str, _Found] = CachedMap(_lookup, ttl=TOKEN_TTL)
+_found: CachedMap[str, _Found] = CachedMap(_lookup, ttl=TOKEN_TTL, ahead=in_background)
 
 
 def forget(**kwargs: Any) -> None:

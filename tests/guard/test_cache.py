@@ -154,3 +154,68 @@ def test_map_holds_at_most_its_size() -> None:
     for k in range(20, 30):
         found.get(k)
     assert len(found._entries) <= 3
+
+
+class Later:
+    """A background runner that keeps jobs until told to run them."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+
+    def __call__(self, job: Any) -> None:
+        self.jobs.append(job)
+
+    def run(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        for job in jobs:
+            job()
+
+
+def test_past_half_its_ttl_a_value_is_returned_and_read_again_in_the_background() -> None:
+    clock, source, later = Clock(), Source(), Later()
+    cached = Cached(source, ttl=1.0, clock=clock, ahead=later)
+    assert cached.get() == "v1"
+    clock.now += 0.4
+    assert cached.get() == "v1" and later.jobs == []
+    source.value = "v2"
+    clock.now += 0.2  # 0.6 s old
+    assert cached.get() == "v1" and cached.get() == "v1"
+    assert len(later.jobs) == 1  # one refresh at a time
+    later.run()
+    assert source.reads == 2
+    assert cached.get() == "v2" and later.jobs == []
+    clock.now += 0.6
+    cached.get()
+    assert len(later.jobs) == 1
+    # Nobody ran it: at the ttl the reader loads itself, never older than the ttl.
+    source.value = "v3"
+    clock.now += 0.4
+    assert cached.get() == "v3"
+    later.run()  # the late refresh finds it loaded: no read
+    assert source.reads == 3
+
+
+def test_a_refresh_ahead_does_not_keep_what_an_invalidation_made_old() -> None:
+    clock, later = Clock(), Later()
+    state = {"value": "old"}
+    cached = Cached(lambda: state["value"], ttl=1.0, clock=clock, ahead=later)
+    cached.get()
+    clock.now += 0.6
+    cached.get()
+    cached.invalidate()
+    state["value"] = "new"
+    later.run()  # the entry it was asked for is gone: nothing read
+    assert cached.get() == "new"
+
+
+def test_map_reads_a_key_again_in_the_background_and_drops_one_gone() -> None:
+    clock, later = Clock(), Later()
+    table = {"a": "alice"}
+    found = CachedMap(table.get, ttl=1.0, clock=clock, ahead=later)
+    assert found.get("a") == "alice"
+    clock.now += 0.5
+    assert found.get("a") == "alice" and found.get("a") == "alice"
+    assert len(later.jobs) == 1
+    del table["a"]  # revoked
+    later.run()
+    assert found.get("a") is None

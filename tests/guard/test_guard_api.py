@@ -213,3 +213,22 @@ def test_a_body_that_is_not_json_is_refused(api_for: Any, viewer: Any) -> None:
     assert "Unsupported media type" in r.json()["detail"]
     r = api_for(viewer).post("/api/v1/guard/check", "{not json", content_type="application/json")
     assert r.status_code == 400 and "JSON parse error" in r.json()["detail"]
+
+
+def test_a_check_inside_a_transaction_is_recorded_in_it_even_with_the_recorder_running(
+    api_for: Any, operator: Any, judge_url: str
+) -> None:
+    from guard import records
+
+    judge("qwen3guard-0.6b", judge_url)
+    set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]})
+    records.RECORDER.start()
+    try:
+        body = api_for(operator).post("/api/v1/guard/check", {"request": "hi"}, format="json")
+        assert body.json()["judge"] == "qwen3guard-0.6b"
+        # Written at once, in this test's transaction (which rolls it back): not left to
+        # the recorder's thread, which could not see this transaction's judge at all.
+        assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").answers == 1
+        assert not records.RECORDER.pending()
+    finally:
+        records.RECORDER.stop()

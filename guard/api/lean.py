@@ -1,0 +1,190 @@
+"""The guard check on a lean path: an ASGI route in front of Django.
+
+A gateway calls ``POST /api/v1/guard/check`` on every request it serves, so what the web
+process adds to a judge's own time is added to every request. Through Django a check
+paid for the middleware chain (WhiteNoise's is sync-only, so the request hopped into a
+thread made for it), DRF's request, negotiation and rendering, and the ASGI handler's
+own hops: about 11 ms over Daphne where the judge took 4 (bench/guard.py). Here a check
+costs reading the body, one JSON parse, the cached token (``guard.api.auth``) and the
+check itself (``guard.services.check``: the snapshot in memory, the judge's HTTP call,
+the result handed to the recorder), on a pool of threads of its own (the judge's call
+blocks one for as long as the judge takes).
+
+Only a check that succeeds is answered here, and with the same JSON as the DRF view.
+Anything else (no bearer token or one that does not authenticate, a user without the
+viewer role, a body that is not JSON or that ``read_check`` refuses, another content
+type, a body over Django's limit, a host not in ``ALLOWED_HOSTS``, a failure) goes to
+Django with its body, so that answer is the view's, word for word
+(``guard.api.views.check``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.http.request import split_domain_port, validate_host
+
+from guard import services
+from guard.api.auth import token_user
+from guard.api.views import read_check
+from llmgw_admin.models import TOKEN_PREFIX
+from llmgw_admin.roles import VIEWER, has_role
+
+log = logging.getLogger(__name__)
+
+CHECK = "/api/v1/guard/check"
+# Checks at once on the lean path: each holds a thread while its judges answer.
+THREADS = 32
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# What Django's SecurityMiddleware and XFrameOptionsMiddleware add to an answer.
+_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+_executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="guard-check")
+
+
+def _check(secret: str, body: bytes) -> dict[str, Any] | None:
+    """Return the check's answer, or None for Django to answer (on a pool thread)."""
+    try:
+        found = token_user(secret)
+        if found is None or not has_role(found[0], VIEWER):
+            return None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+        read = read_check(data)
+        if isinstance(read, list):
+            return None
+        return services.check(*read)
+    finally:
+        # Back to the pool (shared with Django) if a snapshot or token was read.
+        connection.close()
+
+
+_check_on_pool = sync_to_async(_check, thread_sensitive=False, executor=_executor)
+
+
+class GuardCheckRoute:
+    """Answer guard checks that succeed; pass every other request to ``app``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and scope["path"].removeprefix(scope.get("root_path", "")) == CHECK
+        ):
+            await self.app(scope, receive, send)
+            return
+        read = await _read(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+        if read is None:
+            return  # The client went away before its body arrived: no one to answer.
+        body, more = read
+        answer = None
+        secret = _header(scope, b"authorization")
+        parts = secret.split() if secret else []
+        if (
+            not more
+            and len(parts) == 2
+            and parts[0].lower() == "bearer"
+            and parts[1].startswith(TOKEN_PREFIX)
+            and _json(scope)
+            and _allowed_host(scope)
+        ):
+            try:
+                answer = await _check_on_pool(parts[1], body)
+            except Exception:
+                log.exception("a guard check failed on the lean path; Django answers it")
+        if answer is None:
+            await self.app(scope, _replay(body, more, receive), send)
+            return
+        data = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded = data.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*_HEADERS, (b"content-length", str(len(encoded)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": encoded})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _json(scope: Scope) -> bool:
+    """Return whether the body is declared JSON (anything else is Django's to refuse)."""
+    kind = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+    return kind == "application/json"
+
+
+def _allowed_host(scope: Scope) -> bool:
+    """Return whether Django would serve this Host (else it is Django's to refuse)."""
+    host = _header(scope, b"host") or ""
+    if not host or settings.USE_X_FORWARDED_HOST:
+        return False
+    domain, _ = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
+async def _read(receive: Receive, limit: int) -> tuple[bytes, bool] | None:
+    """Return the body read so far and whether more is left (past ``limit``, when set).
+
+    None: the client disconnected first.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+        if limit and size > limit:
+            return b"".join(chunks), True
+
+
+def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
+    """Return a receive that gives the body already read, then the rest."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": more}
+        return await receive()
+
+    return again

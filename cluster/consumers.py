@@ -119,6 +119,34 @@ def judges_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
     return {"all": render_judges()}
 
 
+def swaps(
+    keys: list[Any],
+    rendered: dict[Any, str | None],
+    shown: set[Any],
+    dom_id: Callable[[Any], str],
+    list_id: str,
+) -> list[str]:
+    """Return the elements one console needs for these keys, and note what it now shows.
+
+    An element the page shows is replaced in place; one it lacks is appended to its list
+    (and the list's "empty" line removed); one that is gone is deleted.
+    """
+    parts = []
+    for key in keys:
+        html = rendered.get(key)
+        if html is None:
+            if key in shown:
+                parts.append(f'<div id="{dom_id(key)}" hx-swap-oob="delete"></div>')
+                shown.discard(key)
+        elif key in shown:
+            parts.append(html)
+        else:
+            parts.append(f'<div hx-swap-oob="beforeend:#{list_id}">{html}</div>')
+            parts.append(f'<p id="{list_id}-empty" hx-swap-oob="delete"></p>')
+            shown.add(key)
+    return parts
+
+
 class LiveConsumer(AsyncWebsocketConsumer):
     """One open console: the regions it shows, kept current."""
 
@@ -198,44 +226,24 @@ class LiveConsumer(AsyncWebsocketConsumer):
         pks = list(event["pks"])
         rendered = await self._rendered(event, "nodes", nodes_changed, pks)
         parts = [rendered["power"] or ""]
-        for pk in pks:
-            html = rendered.get(pk)
-            if html is None:
-                if pk in self.shown_nodes:
-                    parts.append(f'<div id="cluster-node-{int(pk)}" hx-swap-oob="delete"></div>')
-                    self.shown_nodes.discard(pk)
-            elif pk in self.shown_nodes:
-                parts.append(html)
-            else:
-                parts.append(f'<div hx-swap-oob="beforeend:#cluster-nodes">{html}</div>')
-                parts.append('<p id="cluster-nodes-empty" hx-swap-oob="delete"></p>')
-                self.shown_nodes.add(pk)
+        parts += swaps(pks, rendered, self.shown_nodes, "cluster-node-{}".format, "cluster-nodes")
         await self.send(text_data="\n".join(parts))
 
     async def cluster_models_changed(self, event: dict[str, Any]) -> None:
         names = list(event["names"])
         if self.model is not None:
+            # A model's own page: its block only, empty when it has no replicas left.
             if self.model not in names:
                 return
-            names = [self.model]
+            rendered = await self._rendered(event, "models", models_changed, [self.model])
+            html = rendered.get(self.model) or await database_sync_to_async(render_model)(
+                None, self.can_act, self.model
+            )
+            await self.send(text_data=html)
+            return
         rendered = await self._rendered(event, "models", models_changed, names)
-        parts = [] if self.model is not None else [rendered[("unplaced",)] or ""]
-        for name in names:
-            html = rendered.get(name)
-            if html is None:
-                if self.model is not None:
-                    parts.append(
-                        await database_sync_to_async(render_model)(None, self.can_act, name)
-                    )
-                elif name in self.shown_models:
-                    parts.append(f'<div id="{live.model_dom_id(name)}" hx-swap-oob="delete"></div>')
-                    self.shown_models.discard(name)
-            elif name in self.shown_models:
-                parts.append(html)
-            else:
-                parts.append(f'<div hx-swap-oob="beforeend:#cluster-models">{html}</div>')
-                parts.append('<p id="cluster-models-empty" hx-swap-oob="delete"></p>')
-                self.shown_models.add(name)
+        parts = [rendered[("unplaced",)] or ""]
+        parts += swaps(names, rendered, self.shown_models, live.model_dom_id, "cluster-models")
         await self.send(text_data="\n".join(parts))
 
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:

@@ -244,3 +244,21 @@ async def test_judges_counts_written_off_the_request_path_are_pushed(viewer: Any
     assert 'data-judge="qwen3guard-0.6b"' in frame
     assert 'data-role="judge-counts">3 / 0<' in frame
     await comm.disconnect()
+
+
+async def test_a_models_page_hears_of_its_model_only(viewer: Any) -> None:
+    comm = await _open(viewer, "/ws/live/models/?model=chat-a")
+    snapshot = await comm.receive_from(timeout=5)
+    assert "No replicas." in snapshot and "cluster-model-chat-a-" in snapshot
+
+    await sync_to_async(Replica.objects.create)(model_name="chat-b", reason="waiting to be placed")
+    assert await comm.receive_nothing(timeout=1)
+
+    r = await sync_to_async(Replica.objects.create)(
+        model_name="chat-a", reason="waiting to be placed"
+    )
+    frame = await comm.receive_from(timeout=5)
+    assert f'id="cluster-replica-{r.pk}"' in frame and "hx-swap-oob" not in frame
+    await sync_to_async(Replica.objects.filter(pk=r.pk).delete)()
+    assert "No replicas." in await comm.receive_from(timeout=5)
+    await comm.disconnect()

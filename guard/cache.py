@@ -115,9 +115,10 @@ class Cached(Generic[T]):
 
         try:
             self._ahead(job)
-        except BaseException:
+        except Exception:
+            # No refresh (no thread to be had, at exit): the value is still fresh, and
+            # the reader past the ttl loads it.
             self._refreshing.release()
-            raise
 
 
 class CachedMap(Generic[K, T]):
@@ -192,10 +193,9 @@ class CachedMap(Generic[K, T]):
 
         try:
             self._ahead(job)
-        except BaseException:
-            with self._lock:
+        except Exception:
+            with self._lock:  # as Cached's: the value is still fresh
                 self._refreshing.discard(key)
-            raise
 
     def _prune(self, now: float) -> None:
         fresh = {

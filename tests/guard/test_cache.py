@@ -219,3 +219,19 @@ def test_map_reads_a_key_again_in_the_background_and_drops_one_gone() -> None:
     del table["a"]  # revoked
     later.run()
     assert found.get("a") is None
+
+
+def test_a_refresh_that_cannot_start_leaves_the_fresh_value_to_its_reader() -> None:
+    def no_threads(job: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    clock, source = Clock(), Source()
+    cached = Cached(source, ttl=1.0, clock=clock, ahead=no_threads)
+    found = CachedMap(lambda k: k, ttl=1.0, clock=clock, ahead=no_threads)
+    cached.get()
+    found.get("a")
+    clock.now += 0.7
+    assert cached.get() == "v1" and found.get("a") == "a"
+    clock.now += 0.3
+    source.value = "v2"
+    assert cached.get() == "v2"

@@ -5,10 +5,14 @@ API token kept in memory, results written by the recorder's thread. Committed da
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -387,3 +391,34 @@ def test_a_user_losing_the_role_is_refused_by_the_next_check(
     user.is_active = False
     user.save()
     assert post(api, SAFE_TEXT).status_code == 401
+
+
+def test_a_process_that_exits_writes_what_its_recorder_gathered() -> None:
+    """The web process's recorder, flushed by the process's exit (atexit)."""
+    db = connection.settings_dict
+    script = (
+        "import django; django.setup()\n"
+        "from guard import records\n"
+        "from guard.chain import ChainResult\n"
+        "records.RECORDER.interval = 3600  # only the exit writes\n"
+        "records.start()\n"
+        "for _ in range(25):\n"
+        "    records.RECORDER.add(ChainResult('allow', 'safe', (), 'qwen3guard-0.6b', 0.1, 3.0))\n"
+        "assert records.RECORDER.pending()\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings",
+        "LLMGW_DATABASE_URL": (
+            f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
+        "LLMGW_SECRET_KEY": "test-only-not-secret",
+    }
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    health = JudgeHealth.objects.get(judge="qwen3guard-0.6b")
+    assert health.answers == 25
+    assert JudgeDecision.objects.get(judge="qwen3guard-0.6b", verdict="safe").count == 25

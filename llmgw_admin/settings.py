@@ -207,5 +207,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}},
+    # httpx logs every request at INFO: one line per judge call and per agent call.
+    "loggers": {"daphne": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

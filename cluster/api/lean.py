@@ -86,6 +86,8 @@ def _desired(secret: str, body: bytes) -> dict[str, Any] | None:
 
 
 ROUTES = {("POST", HEARTBEAT): _heartbeat, ("GET", DESIRED): _desired}
+# Calls whose body this route reads (as JSON, as DRF's parser would); others carry none.
+WITH_BODY = {_heartbeat}
 
 
 class LeanAgentRoutes:
@@ -107,8 +109,14 @@ class LeanAgentRoutes:
             return  # The client went away before its body arrived: no one to answer.
         body, more = read
         answer = None
-        secret = _bearer(scope)
-        if secret and not more and _allowed_host(scope):
+        headers = _headers(scope)
+        secret = _bearer(headers)
+        if (
+            secret
+            and not more
+            and _allowed_host(headers)
+            and (handler not in WITH_BODY or _json_body(headers))
+        ):
             try:
                 answer = await handler(secret, body)
             except Exception:
@@ -132,29 +140,38 @@ class LeanAgentRoutes:
         await send({"type": "http.response.body", "body": data})
 
 
-def _allowed_host(scope: Scope) -> bool:
-    """Return whether Django would serve this Host (else it is Django's to refuse)."""
-    host = ""
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """Return the request's headers by lower-case name (the first of each)."""
+    headers: dict[bytes, bytes] = {}
     for name, value in scope.get("headers", ()):
-        if name == b"host":
-            host = value.decode("latin-1")
-            break
-    if not host or settings.USE_X_FORWARDED_HOST:
+        headers.setdefault(name.lower(), value)
+    return headers
+
+
+def _allowed_host(headers: dict[bytes, bytes]) -> bool:
+    """Return whether Django would serve this host (else it is Django's to refuse)."""
+    raw = headers.get(b"host")
+    if settings.USE_X_FORWARDED_HOST and b"x-forwarded-host" in headers:
+        raw = headers[b"x-forwarded-host"]
+    if not raw:
         return False
-    domain, _ = split_domain_port(host)
+    domain, _ = split_domain_port(raw.decode("latin-1"))
     allowed = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     return bool(domain) and validate_host(domain, allowed)
 
 
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            parts = value.decode("latin-1").split()
-            if len(parts) == 2 and parts[0].lower() == "bearer":
-                return parts[1]
-            return None
+def _json_body(headers: dict[bytes, bytes]) -> bool:
+    """Return whether the body is declared JSON (DRF refuses other types with 415)."""
+    kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+    return kind == b"application/json"
+
+
+def _bearer(headers: dict[bytes, bytes]) -> str | None:
+    parts = headers.get(b"authorization", b"").decode("latin-1").split()
+    if len(parts) == 2 and parts[0].lower() == "bearer":
+        return parts[1]
     return None
 
 

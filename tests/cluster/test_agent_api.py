@@ -4,6 +4,7 @@ speaks for its own node; bad input changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -240,13 +241,14 @@ def over_asgi(
     json: Any = None,
     content: bytes | None = None,
     host: str = "localhost",
+    content_type: str = "application/json",
 ) -> httpx.Response:
     """Send one request to llmgw_admin.asgi.application, as Daphne would hand it over."""
     from llmgw_admin.asgi import application
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if content is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
 
     async def send() -> httpx.Response:
         transport = httpx.ASGITransport(app=application)
@@ -415,6 +417,14 @@ def test_lean_heartbeat_refusals_are_the_api_s_and_change_nothing() -> None:
     assert r.status_code == 400 and "JSON object" in r.json()["detail"]
     r = over_asgi("POST", "/api/v1/agent/heartbeat", token=token, content=b"{not json")
     assert r.status_code == 400 and "JSON parse error" in r.json()["detail"]
+    r = over_asgi(
+        "POST",
+        "/api/v1/agent/heartbeat",
+        token=token,
+        content=json.dumps({"inventory": good}).encode(),
+        content_type="text/plain",
+    )
+    assert r.status_code == 415
     assert over_asgi("GET", "/api/v1/agent/heartbeat", token=token).status_code == 405
     # A host the deployment does not serve is refused by Django, as for any page.
     assert beat(token, good, host="evil.example").status_code == 400

@@ -197,6 +197,8 @@ def nice_ceiling(value: float) -> float:
     """Return the smallest of 1, 2, 2.5 or 5 times a power of ten at or above ``value``."""
     if value <= 0 or not math.isfinite(value):
         return 1.0
+    # A subnormal value's power of ten underflows to 0 (hypothesis found 5e-324 ms).
+    value = max(value, 1e-300)
     power = 10 ** math.floor(math.log10(value))
     for step in (1, 2, 2.5, 5, 10):
         if step * power >= value * (1 - 1e-12):

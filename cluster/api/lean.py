@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
-from django.http.request import split_domain_port, validate_host
 
 from cluster import services
+from llmgw_admin import lean
+from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,6 @@ DESIRED = "/api/v1/agent/desired"
 MAX_BODY = 256 * 1024
 # Threads doing these calls' database work, and so the most pooled connections they hold.
 THREADS = 4
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agent-calls")
 
@@ -104,25 +98,25 @@ class LeanAgentRoutes:
         if handler is None:
             await self.app(scope, receive, send)
             return
-        read = await _read(receive)
+        read = await lean.read_body(receive, MAX_BODY)
         if read is None:
             return  # The client went away before its body arrived: no one to answer.
         body, more = read
         answer = None
-        headers = _headers(scope)
-        secret = _bearer(headers)
+        headers = lean.headers(scope)
+        secret = lean.bearer(headers)
         if (
             secret
             and not more
-            and _allowed_host(headers)
-            and (handler not in WITH_BODY or _json_body(headers))
+            and lean.allowed_host(headers)
+            and (handler not in WITH_BODY or lean.json_body(headers))
         ):
             try:
                 answer = await handler(secret, body)
             except Exception:
                 log.exception("%s failed on the lean path; Django answers it", scope["path"])
         if answer is None:
-            await self.app(scope, _replay(body, more, receive), send)
+            await self.app(scope, lean.replay(body, more, receive), send)
             return
         data = json.dumps(answer, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
         await send(
@@ -138,72 +132,3 @@ class LeanAgentRoutes:
             }
         )
         await send({"type": "http.response.body", "body": data})
-
-
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    """Return the request's headers by lower-case name (the first of each)."""
-    headers: dict[bytes, bytes] = {}
-    for name, value in scope.get("headers", ()):
-        headers.setdefault(name.lower(), value)
-    return headers
-
-
-def _allowed_host(headers: dict[bytes, bytes]) -> bool:
-    """Return whether Django would serve this host (else it is Django's to refuse)."""
-    raw = headers.get(b"host")
-    if settings.USE_X_FORWARDED_HOST and b"x-forwarded-host" in headers:
-        raw = headers[b"x-forwarded-host"]
-    if not raw:
-        return False
-    domain, _ = split_domain_port(raw.decode("latin-1"))
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    return bool(domain) and validate_host(domain, allowed)
-
-
-def _json_body(headers: dict[bytes, bytes]) -> bool:
-    """Return whether the body is declared JSON (DRF refuses other types with 415)."""
-    kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-    return kind == b"application/json"
-
-
-def _bearer(headers: dict[bytes, bytes]) -> str | None:
-    parts = headers.get(b"authorization", b"").decode("latin-1").split()
-    if len(parts) == 2 and parts[0].lower() == "bearer":
-        return parts[1]
-    return None
-
-
-async def _read(receive: Receive) -> tuple[bytes, bool] | None:
-    """Return the body read so far and whether more is left (past MAX_BODY).
-
-    None: the client disconnected first.
-    """
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), False
-        if size > MAX_BODY:
-            return b"".join(chunks), True
-
-
-def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
-    """Return a receive that gives the body already read, then the rest."""
-    sent = False
-
-    async def again() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": more}
-        return await receive()
-
-    return again

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
-from django.http.request import split_domain_port, validate_host
 
 from guard import services
 from guard.api.auth import token_user
 from guard.api.views import read_check
+from llmgw_admin import lean
+from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
 from llmgw_admin.models import TOKEN_PREFIX
 from llmgw_admin.roles import VIEWER, has_role
 
@@ -43,11 +43,6 @@ CHECK = "/api/v1/guard/check"
 # Checks at once on the lean path: each holds a thread while its judges answer.
 THREADS = 32
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # What Django's SecurityMiddleware and XFrameOptionsMiddleware add to an answer.
 _HEADERS = [
@@ -97,27 +92,26 @@ class GuardCheckRoute:
         ):
             await self.app(scope, receive, send)
             return
-        read = await _read(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+        read = await lean.read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
         if read is None:
             return  # The client went away before its body arrived: no one to answer.
         body, more = read
         answer = None
-        secret = _header(scope, b"authorization")
-        parts = secret.split() if secret else []
+        headers = lean.headers(scope)
+        secret = lean.bearer(headers)
         if (
             not more
-            and len(parts) == 2
-            and parts[0].lower() == "bearer"
-            and parts[1].startswith(TOKEN_PREFIX)
-            and _json(scope)
-            and _allowed_host(scope)
+            and secret is not None
+            and secret.startswith(TOKEN_PREFIX)
+            and lean.json_body(headers)
+            and lean.allowed_host(headers)
         ):
             try:
-                answer = await _check_on_pool(parts[1], body)
+                answer = await _check_on_pool(secret, body)
             except Exception:
                 log.exception("a guard check failed on the lean path; Django answers it")
         if answer is None:
-            await self.app(scope, _replay(body, more, receive), send)
+            await self.app(scope, lean.replay(body, more, receive), send)
             return
         data = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         encoded = data.encode()
@@ -129,62 +123,3 @@ class GuardCheckRoute:
             }
         )
         await send({"type": "http.response.body", "body": encoded})
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
-def _json(scope: Scope) -> bool:
-    """Return whether the body is declared JSON (anything else is Django's to refuse)."""
-    kind = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
-    return kind == "application/json"
-
-
-def _allowed_host(scope: Scope) -> bool:
-    """Return whether Django would serve this Host (else it is Django's to refuse)."""
-    host = _header(scope, b"host") or ""
-    if not host or settings.USE_X_FORWARDED_HOST:
-        return False
-    domain, _ = split_domain_port(host)
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    return bool(domain) and validate_host(domain, allowed)
-
-
-async def _read(receive: Receive, limit: int) -> tuple[bytes, bool] | None:
-    """Return the body read so far and whether more is left (past ``limit``, when set).
-
-    None: the client disconnected first.
-    """
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), False
-        if limit and size > limit:
-            return b"".join(chunks), True
-
-
-def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
-    """Return a receive that gives the body already read, then the rest."""
-    sent = False
-
-    async def again() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": more}
-        return await receive()
-
-    return again

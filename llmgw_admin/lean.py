@@ -1,0 +1,90 @@
+"""ASGI helpers of the lean routes in front of Django (cluster.api.lean, guard.api.lean).
+
+A lean route answers its hot call itself when the request is one it can answer exactly as
+Django would (an allowed host, a JSON body, a bearer token) and hands everything else,
+body replayed, to Django. These are the pieces both routes read a request with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def headers(scope: Scope) -> dict[bytes, bytes]:
+    """Return the request's headers by lower-case name (the first of each)."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope.get("headers", ()):
+        headers.setdefault(name.lower(), value)
+    return headers
+
+
+def allowed_host(headers: dict[bytes, bytes]) -> bool:
+    """Return whether Django would serve this host (else it is Django's to refuse)."""
+    raw = headers.get(b"host")
+    if settings.USE_X_FORWARDED_HOST and b"x-forwarded-host" in headers:
+        raw = headers[b"x-forwarded-host"]
+    if not raw:
+        return False
+    domain, _ = split_domain_port(raw.decode("latin-1"))
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
+def json_body(headers: dict[bytes, bytes]) -> bool:
+    """Return whether the body is declared JSON (DRF refuses other types with 415)."""
+    kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+    return kind == b"application/json"
+
+
+def bearer(headers: dict[bytes, bytes]) -> str | None:
+    """Return the token of an ``Authorization: Bearer`` header, or None."""
+    parts = headers.get(b"authorization", b"").decode("latin-1").split()
+    if len(parts) == 2 and parts[0].lower() == "bearer":
+        return parts[1]
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool] | None:
+    """Return the body read so far and whether more is left (past ``limit``, when set).
+
+    None: the client disconnected first.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+        if limit and size > limit:
+            return b"".join(chunks), True
+
+
+def replay(body: bytes, more: bool, receive: Receive) -> Receive:
+    """Return a receive that gives the body already read, then the rest."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": more}
+        return await receive()
+
+    return again

@@ -13,14 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpResponse
-from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.shortcuts import render
 from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
 
 from catalog import convert, rules, services, spec
-from catalog.choices import Surface
-from catalog.forms import FORMSETS, ScheduleForm, attach_problems, check_bundle
+from catalog.forms import FORMSETS, ScheduleForm, check_bundle
 from catalog.models import ServedModel
 from catalog.views import (
     _label,
@@ -29,6 +26,7 @@ from catalog.views import (
     _touched,
     check_answer,
     file_key,
+    save_bundle,
     week_context,
 )
 from llmgw_admin.htmx import HtmxHttpRequest
@@ -94,19 +92,9 @@ def servedmodel_schedule(request: HtmxHttpRequest, name: str) -> HttpResponse:
     data = request.POST if request.method == "POST" else None
     form, formsets = _bundle(data, obj)
     if data is not None:
-        model = check_bundle(form, formsets, name)
-        if model is not None:
-            actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
-            try:
-                saved = services.save_model(model, actor, replacing=name)
-            except services.Refused as exc:
-                # Another change got in first: the same problems, at their fields.
-                attach_problems(exc.problems, form, formsets)
-            else:
-                url = reverse("catalog:servedmodel_detail", args=[saved.name])
-                if request.htmx:
-                    return HttpResponseClientRedirect(url)
-                return redirect(url)
+        saved = save_bundle(request, form, formsets, name)
+        if saved is not None:
+            return saved
     context = _context(obj, form, formsets, "*" if data is not None else "")
     if data is not None:
         context["status"] = check_answer(form, formsets, {"*"})["status"]

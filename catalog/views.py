@@ -496,21 +496,35 @@ def _form_page(
         # blank is not a row, see OrderedInlineFormSet.live_forms).
         formsets["profiles"].extra = 1
     if data is not None:
-        model = check_bundle(form, formsets, replacing)
-        if model is not None:
-            actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
-            try:
-                saved = services.save_model(model, actor, replacing=replacing)
-            except services.Refused as exc:
-                # Another change got in first: the same problems, at their fields.
-                attach_problems(exc.problems, form, formsets)
-            else:
-                url = reverse("catalog:servedmodel_detail", args=[saved.name])
-                if request.htmx:
-                    return HttpResponseClientRedirect(url)
-                return redirect(url)
+        saved = save_bundle(request, form, formsets, replacing)
+        if saved is not None:
+            return saved
     context = _form_context(form, formsets, replacing, "*" if data is not None else "")
     return render(request, _template(request, "catalog/servedmodel_form.html", "form"), context)
+
+
+def save_bundle(
+    request: HtmxHttpRequest,
+    form: ServedModelForm,
+    formsets: Mapping[str, OrderedInlineFormSet],
+    replacing: str | None,
+) -> HttpResponse | None:
+    """Save a checked console form through the one write path; answer the redirect to the
+    model's page, or None with every problem at its field (nothing saved)."""
+    model = check_bundle(form, formsets, replacing)
+    if model is None:
+        return None
+    actor = services.Actor(user=request.user, surface=Surface.CONSOLE)
+    try:
+        saved = services.save_model(model, actor, replacing=replacing)
+    except services.Refused as exc:
+        # Another change got in first: the same problems, at their fields.
+        attach_problems(exc.problems, form, formsets)
+        return None
+    url = reverse("catalog:servedmodel_detail", args=[saved.name])
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return redirect(url)
 
 
 @role_required(OPERATOR)

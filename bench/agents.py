@@ -23,8 +23,6 @@ import asyncio
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,19 +38,12 @@ django.setup()
 
 import logging  # noqa: E402
 
-import httpx  # noqa: E402
-
 from agent.main import RELOAD_EVERY  # noqa: E402
+from bench import webproc  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -193,7 +184,7 @@ def main() -> None:
     _, secret = JoinToken.issue("bench")
     connection.close()
     db = connection.settings_dict
-    port = free_port()
+    port = webproc.free_port()
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
@@ -206,23 +197,8 @@ def main() -> None:
     if args.reconciler == "worker":
         # Production's layout: with Redis configured the web process does not reconcile.
         env["LLMGW_REDIS_URL"] = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-    web_log = Path(f"/tmp/llmgw-bench-web-{port}.log").open("w")  # noqa: SIM115
-    web = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=web_log,
-    )
-    print(f"web process log: {web_log.name}")
-    base = f"http://127.0.0.1:{port}"
+    web = webproc.start(env, port, "agents")
     try:
-        for _ in range(100):
-            try:
-                httpx.get(base + "/login/", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         marks: dict[str, Any] = {}
 
         def on_steady() -> None:
@@ -239,12 +215,7 @@ def main() -> None:
         cpu = (cpu_seconds(web.pid) - marks["cpu"]) / elapsed
         load = (marks["load"], os.getloadavg()[0])
     finally:
-        web.terminate()
-        try:
-            web.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            web.kill()
-            web.wait()
+        webproc.stop(web)
         connection.creation.destroy_test_db(old_name, verbosity=0)
     hb, first, desired = timings.heartbeats, timings.first, timings.desired
     print(

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +46,8 @@ import websockets  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 
+from bench import webproc  # noqa: E402
+
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -68,12 +68,6 @@ OBSERVER = """
 
 # Changes made first and not counted: the first renders warm the process's caches.
 WARMUP = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:
@@ -218,7 +212,7 @@ def main() -> None:
     connection.close()
 
     db = connection.settings_dict
-    port = free_port()
+    port = webproc.free_port()
     redis = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
     env = dict(
         os.environ,
@@ -228,32 +222,16 @@ def main() -> None:
         LLMGW_NODE_LOST_AFTER="3600", LLMGW_LOCAL_AGENT="false", LLMGW_SIMULATE="off",
         LLMGW_REDIS_URL=redis, LLMGW_ALLOWED_HOSTS="127.0.0.1,localhost",
     )  # fmt: skip
-    log = Path(f"/tmp/llmgw-bench-live-web-{port}.log").open("w")  # noqa: SIM115
-    web = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
-    print(f"web process log: {log.name}")
+    web = webproc.start(env, port, "live")
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(150):
-            try:
-                httpx.get(base + "/login/", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         results = asyncio.run(
             measure(
                 base, f"sessionid={session.session_key}", token, node, args.consoles, args.changes
             )
         )
     finally:
-        web.terminate()
-        try:
-            web.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            web.kill()
-            web.wait()
+        webproc.stop(web)
         connection.creation.destroy_test_db(old_name, verbosity=0)
     last = None
     for n, (all_ms, browser_ms) in results.items():

@@ -1,0 +1,46 @@
+"""The web process a benchmark measures: `manage.py serve` started, awaited and stopped."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(env: dict[str, str], port: int, name: str) -> subprocess.Popen[bytes]:
+    """Start `manage.py serve` on ``port`` (its stderr to /tmp) and wait until it answers."""
+    log = Path(f"/tmp/llmgw-bench-{name}-web-{port}.log").open("w")  # noqa: SIM115
+    web = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    print(f"web process log: {log.name}")
+    for _ in range(150):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/login/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return web
+
+
+def stop(web: subprocess.Popen[bytes]) -> None:
+    """Stop the web process: SIGTERM, then SIGKILL after 20 s."""
+    web.terminate()
+    try:
+        web.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        web.kill()
+        web.wait()

@@ -15,24 +15,51 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-@dataclass(frozen=True)
 class Position:
-    """One generated token and the logprobs of its alternatives (the token's own included)."""
+    """One generated token and the logprobs of its alternatives (the token's own included).
 
-    token: str
-    alternatives: Mapping[str, float]
+    The alternatives are read when first asked for: a score needs them at the verdict
+    token only, and an answer runs to tens of tokens with five alternatives each (a
+    malformed alternative raises ValueError then).
+    """
+
+    __slots__ = ("token", "_alternatives", "_read")
+
+    def __init__(
+        self,
+        token: str,
+        alternatives: Mapping[str, float] | None = None,
+        read: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
+        self.token = token
+        self._alternatives = alternatives
+        self._read = read
+
+    @property
+    def alternatives(self) -> Mapping[str, float]:
+        if self._alternatives is None:
+            self._alternatives = self._read() if self._read is not None else {}
+        return self._alternatives
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Position):
+            return NotImplemented
+        return self.token == other.token and self.alternatives == other.alternatives
+
+    def __repr__(self) -> str:
+        return f"Position({self.token!r}, {dict(self.alternatives)!r})"
 
 
 def positions(data: Any) -> list[Position] | None:
     """Return the generated tokens with their alternatives, or None when there are none.
 
     Raises:
-        ValueError: ``data`` is in no shape a server returns.
+        ValueError: ``data`` is in no shape a server returns (a malformed alternative:
+            when that position's alternatives are read).
     """
     if data is None:
         return None
@@ -92,19 +119,23 @@ def _entry(entry: Any) -> Position:
     if not isinstance(entry, Mapping):
         raise ValueError("a token entry must be an object")
     token = _token(entry.get("token"))
-    alternatives: dict[str, float] = {}
-    for key, top_key, probability in (
-        ("logprob", "top_logprobs", False),
-        ("prob", "top_probs", True),
-    ):
-        if key in entry and entry[key] is not None:
-            _add(alternatives, token, _logprob(entry[key], probability))
-        for top in entry.get(top_key) or ():
-            if not isinstance(top, Mapping):
-                raise ValueError(f"each of {top_key} must be an object")
-            value = top.get("prob" if probability else "logprob")
-            _add(alternatives, _token(top.get("token")), _logprob(value, probability))
-    return Position(token, alternatives)
+
+    def read() -> dict[str, float]:
+        alternatives: dict[str, float] = {}
+        for key, top_key, probability in (
+            ("logprob", "top_logprobs", False),
+            ("prob", "top_probs", True),
+        ):
+            if key in entry and entry[key] is not None:
+                _add(alternatives, token, _logprob(entry[key], probability))
+            for top in entry.get(top_key) or ():
+                if not isinstance(top, Mapping):
+                    raise ValueError(f"each of {top_key} must be an object")
+                value = top.get("prob" if probability else "logprob")
+                _add(alternatives, _token(top.get("token")), _logprob(value, probability))
+        return alternatives
+
+    return Position(token, read=read)
 
 
 def _legacy(data: Mapping[str, Any]) -> list[Position] | None:
@@ -115,19 +146,26 @@ def _legacy(data: Mapping[str, Any]) -> list[Position] | None:
     for name, value in (("tokens", tokens), ("token_logprobs", chosen), ("top_logprobs", tops)):
         if not isinstance(value, Sequence) or isinstance(value, str | bytes):
             raise ValueError(f"{name} must be a list")
+
+    def reader(index: int, token: str) -> Callable[[], dict[str, float]]:
+        def read() -> dict[str, float]:
+            alternatives: dict[str, float] = {}
+            if index < len(chosen) and chosen[index] is not None:
+                _add(alternatives, token, _logprob(chosen[index]))
+            top = tops[index] if index < len(tops) else None
+            if top is not None:
+                if not isinstance(top, Mapping):
+                    raise ValueError("each of top_logprobs must be an object of token: logprob")
+                for alternative, value in top.items():
+                    _add(alternatives, _token(alternative), _logprob(value))
+            return alternatives
+
+        return read
+
     out = []
     for index, raw in enumerate(tokens):
         token = _token(raw)
-        alternatives: dict[str, float] = {}
-        if index < len(chosen) and chosen[index] is not None:
-            _add(alternatives, token, _logprob(chosen[index]))
-        top = tops[index] if index < len(tops) else None
-        if top is not None:
-            if not isinstance(top, Mapping):
-                raise ValueError("each of top_logprobs must be an object of token: logprob")
-            for alternative, value in top.items():
-                _add(alternatives, _token(alternative), _logprob(value))
-        out.append(Position(token, alternatives))
+        out.append(Position(token, read=reader(index, token)))
     return out or None
 
 

@@ -61,19 +61,31 @@ class Cached(Generic[T]):
 
     def get(self) -> T:
         """Return the value, loading it when there is none fresh."""
-        entry = self._entry
-        if entry is not None and entry[1] == self._generation:
-            age = self._clock() - entry[2]
-            if age < self.ttl:
-                if self._ahead is not None and age >= self.ttl / 2:
-                    self._refresh_ahead(entry)
-                return entry[0]
+        entry = self._current()
+        if entry is not None:
+            return entry[0]
         with self._loading:
             # Another thread may have loaded it while this one waited.
             entry = self._entry
             if entry is not None and self._fresh(entry):
                 return entry[0]
             return self._reload()
+
+    def fresh(self) -> T | None:
+        """Return the value when it is fresh (refreshing ahead as ``get`` does), None
+        otherwise: never loads, so never waits for a load."""
+        entry = self._current()
+        return None if entry is None else entry[0]
+
+    def _current(self) -> tuple[T, int, float] | None:
+        entry = self._entry
+        if entry is not None and entry[1] == self._generation:
+            age = self._clock() - entry[2]
+            if age < self.ttl:
+                if self._ahead is not None and age >= self.ttl / 2:
+                    self._refresh_ahead(entry)
+                return entry
+        return None
 
     def refresh(self, load: Callable[[], T] | None = None) -> T:
         """Load the value now (with ``load`` if given), keep it and return it."""
@@ -151,6 +163,12 @@ class CachedMap(Generic[K, T]):
 
     def get(self, key: K) -> T | None:
         """Return the value for ``key``, loading it when there is none fresh."""
+        found = self.fresh(key)
+        return self._reload(key) if found is None else found
+
+    def fresh(self, key: K) -> T | None:
+        """Return the value for ``key`` when it is fresh (refreshing ahead as ``get``
+        does), None otherwise: never loads."""
         entry = self._entries.get(key)
         if entry is not None and entry[1] == self._generation:
             age = self._clock() - entry[2]
@@ -158,7 +176,7 @@ class CachedMap(Generic[K, T]):
                 if self._ahead is not None and age >= self.ttl / 2:
                     self._refresh_ahead(key)
                 return entry[0]
-        return self._reload(key)
+        return None
 
     def invalidate(self) -> None:
         """Forget every key."""

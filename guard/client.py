@@ -28,11 +28,11 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
-from guard import formats
+from guard import formats, pool
 from guard.formats import SAFE, Format, UnreadableAnswer, Verdict, merge
 from guard.longtext import Fitted, TooSmall, estimate_tokens, fit
 
@@ -58,6 +58,22 @@ BOS_RESERVE = 1
 CHAT_RESERVE = 256
 # How much of an error body a failure quotes.
 EXCERPT = 500
+
+
+class Answer(Protocol):
+    """An engine's HTTP answer as read here (``httpx.Response``, ``guard.pool.Reply``)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    def json(self) -> Any: ...
+
+
+class Client(Protocol):
+    """What asks an engine: ``guard.pool.Pool`` on the check's path, or an ``httpx.Client``."""
+
+    def post(self, url: str, *, json: Any, timeout: float) -> Answer: ...
 
 
 class JudgeFailure(Exception):
@@ -109,7 +125,7 @@ def ask_judge(
     timeout: float = 10.0,
     model: str | None = None,
     controversial: str = SAFE,
-    client: httpx.Client | None = None,
+    client: Client | None = None,
 ) -> JudgeAnswer:
     """Return a judge's verdict on a request, or on an answer to it.
 
@@ -118,8 +134,9 @@ def ask_judge(
     tokens (lowered to what the engine reports, if less); ``max_tokens`` the answer's
     budget (``MAX_TOKENS`` by default); ``timeout`` the seconds the whole ask may take;
     ``model`` the name sent in the body (vLLM checks it; llama-server ignores it);
-    ``controversial`` how Qwen3Guard's Controversial counts in the score; ``client`` an
-    ``httpx.Client`` to reuse (one is made and closed otherwise).
+    ``controversial`` how Qwen3Guard's Controversial counts in the score; ``client`` a
+    ``guard.pool.Pool`` or an ``httpx.Client`` to reuse (a pool is made and closed
+    otherwise).
 
     Raises:
         JudgeFailure: no verdict (see the module's docstring for the kinds).
@@ -127,6 +144,90 @@ def ask_judge(
         TypeError: a judged text that is not a string.
     """
     started = time.perf_counter()
+    judge, budget, request, answer, prompts = _setup(
+        fmt, request, answer, context_length, max_tokens, timeout, categories, variant
+    )
+    http = client if client is not None else pool.Pool()
+    try:
+        engine = _Engine(http, endpoint, started + timeout, model)
+        asked = [
+            _ask(engine, judge, request, answer, p.categories, variant, context_length, budget)
+            for p in prompts
+        ]
+    finally:
+        if client is None:
+            http.close()
+    return _judged(judge, asked, controversial, started)
+
+
+async def ask_judge_on_loop(
+    endpoint: str,
+    fmt: Format | str,
+    request: str,
+    answer: str | None = None,
+    *,
+    context_length: int,
+    categories: Sequence[str] | None = None,
+    variant: str | None = None,
+    max_tokens: int | None = None,
+    timeout: float = 10.0,
+    model: str | None = None,
+    controversial: str = SAFE,
+    conns: pool.AsyncPool,
+) -> JudgeAnswer | None:
+    """``ask_judge`` on the event loop, for a prompt that fits by the safe estimate.
+
+    The same prompt, body, answer and failures as ``ask_judge``, through ``conns``
+    (``guard.pool.AsyncPool``) without leaving the loop. None when ``ask_judge`` is
+    needed: a prompt that only the engine's own tokenizer can fit (its counting calls
+    are blocking ones), or an engine whose context turned out smaller than the judge's
+    record (``ask_judge`` fits again and asks once more).
+
+    Raises:
+        JudgeFailure, ValueError, TypeError: as ``ask_judge``.
+    """
+    started = time.perf_counter()
+    judge, budget, request, answer, prompts = _setup(
+        fmt, request, answer, context_length, max_tokens, timeout, categories, variant
+    )
+    base = _base(endpoint)
+    chat = not judge.raw_completion
+    asked = []
+    for p in prompts:
+        render = _renderer(judge, p.categories, variant, chat)
+        fitted = _fits_by_estimate(render, chat, request, answer, context_length, budget)
+        if fitted is None:
+            return None
+        path, body = _body(model, chat, fitted.prompt, budget, p.categories)
+        left = started + timeout - time.perf_counter()
+        if left <= 0:
+            raise _timed_out(base)
+        try:
+            response = await conns.post(base + path, json=body, timeout=left)
+        except pool.Timeout:
+            raise _timed_out(base, path) from None
+        except pool.Unreachable as error:
+            raise _unreachable(base, path, error) from None
+        if response.status_code == 400:
+            smaller = _engine_context(response)
+            if smaller is not None and smaller < context_length:
+                return None
+        asked.append(_read(response, base, judge, chat, p.categories, answer, variant, fitted))
+    return _judged(judge, asked, controversial, started)
+
+
+def _setup(
+    fmt: Format | str,
+    request: str,
+    answer: str | None,
+    context_length: int,
+    max_tokens: int | None,
+    timeout: float,
+    categories: Sequence[str] | None,
+    variant: str | None,
+) -> tuple[Format, int, str, str | None, Any]:
+    """Check an ask's arguments; return the format, the answer's budget, the texts
+    cleaned and the prompts to send (one, or ShieldGemma's one per policy)."""
     judge = formats.get(fmt) if isinstance(fmt, str) else fmt
     budget = MAX_TOKENS.get(judge.name, 64) if max_tokens is None else max_tokens
     if isinstance(context_length, bool) or not isinstance(context_length, int):
@@ -144,16 +245,11 @@ def ask_judge(
         variant=variant,
         for_raw_completion=judge.raw_completion,
     )
-    http = client if client is not None else httpx.Client()
-    try:
-        engine = _Engine(http, endpoint, started + timeout, model)
-        asked = [
-            _ask(engine, judge, request, answer, p.categories, variant, context_length, budget)
-            for p in prompts
-        ]
-    finally:
-        if client is None:
-            http.close()
+    return judge, budget, request, answer, prompts
+
+
+def _judged(judge: Format, asked: list[_Asked], controversial: str, started: float) -> JudgeAnswer:
+    """Return the answers to an ask's prompts as one verdict, scored."""
     verdict = asked[0].verdict if len(asked) == 1 else merge([a.verdict for a in asked])
     scores = [_score(judge, a.logprobs, controversial) for a in asked]
     return JudgeAnswer(
@@ -190,33 +286,11 @@ def _ask(
 ) -> _Asked:
     """Return the answer to one prompt, cut to fit, asked once more if the engine's context is less."""
     chat = not judge.raw_completion
-
-    def render(req: str, ans: str | None) -> str:
-        return judge.render(
-            req, ans, categories=categories, variant=variant, for_raw_completion=not chat
-        )
-
+    render = _renderer(judge, categories, variant, chat)
     context = context_length
     for retry in (False, True):
         fitted = _fit(engine, render, chat, request, answer, context, max_tokens)
-        body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0}
-        if engine.model is not None:
-            body["model"] = engine.model
-        if chat:
-            path = "/v1/chat/completions"
-            body["messages"] = [{"role": "user", "content": fitted.prompt}]
-            body["logprobs"] = True
-            body["top_logprobs"] = TOP_LOGPROBS
-            # The answer is then readable by construction, "safe" first (§4).
-            schema = formats.json_schema(categories)
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "verdict", "schema": schema},
-            }
-        else:
-            path = "/v1/completions"
-            body["prompt"] = fitted.prompt
-            body["logprobs"] = TOP_LOGPROBS
+        path, body = _body(engine.model, chat, fitted.prompt, max_tokens, categories)
         response = engine.post(path, body)
         smaller = _engine_context(response) if response.status_code == 400 else None
         # The engine's context is less than the judge's record says (a llama-server
@@ -225,11 +299,69 @@ def _ask(
             context = smaller
             continue
         break
+    return _read(response, engine.base, judge, chat, categories, answer, variant, fitted)
+
+
+def _renderer(
+    judge: Format, categories: tuple[str, ...] | None, variant: str | None, chat: bool
+) -> Callable[[str, str | None], str]:
+    """Return the function writing one prompt for a request (and an answer)."""
+
+    def render(req: str, ans: str | None) -> str:
+        return judge.render(
+            req, ans, categories=categories, variant=variant, for_raw_completion=not chat
+        )
+
+    return render
+
+
+def _body(
+    model: str | None,
+    chat: bool,
+    prompt: str,
+    max_tokens: int,
+    categories: tuple[str, ...] | None,
+) -> tuple[str, dict[str, Any]]:
+    """Return the path and the JSON body that ask an engine about one prompt."""
+    body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0}
+    if model is not None:
+        body["model"] = model
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+        body["logprobs"] = True
+        body["top_logprobs"] = TOP_LOGPROBS
+        # The answer is then readable by construction, "safe" first (§4).
+        schema = formats.json_schema(categories)
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "verdict", "schema": schema},
+        }
+        return "/v1/chat/completions", body
+    body["prompt"] = prompt
+    body["logprobs"] = TOP_LOGPROBS
+    return "/v1/completions", body
+
+
+def _read(
+    response: Answer,
+    base: str,
+    judge: Format,
+    chat: bool,
+    categories: tuple[str, ...] | None,
+    answer: str | None,
+    variant: str | None,
+    fitted: Fitted,
+) -> _Asked:
+    """Return an engine's answer to one prompt as a verdict with its logprobs.
+
+    Raises:
+        JudgeFailure: an error status, or an answer that is not the format's.
+    """
     if response.status_code != 200:
         excerpt = response.text[:EXCERPT]
         raise JudgeFailure(
             HTTP_ERROR,
-            f"the judge at {engine.base} answered HTTP {response.status_code}: {excerpt}",
+            f"the judge at {base} answered HTTP {response.status_code}: {excerpt}",
             status=response.status_code,
             body=excerpt,
         )
@@ -257,6 +389,23 @@ def _ask(
     )
 
 
+def _fits_by_estimate(
+    render: Callable[[str, str | None], str],
+    chat: bool,
+    request: str,
+    answer: str | None,
+    limit: int,
+    max_tokens: int,
+) -> Fitted | None:
+    """Return the whole prompt when the safe estimate already fits it in ``limit`` less
+    the answer's budget and a BOS token; None when only counting can tell."""
+    whole = render(request, answer)
+    guess = estimate_tokens(whole) + (CHAT_RESERVE if chat else 0)
+    if guess <= limit - max_tokens - BOS_RESERVE:
+        return Fitted(whole, guess, request, answer, False)
+    return None
+
+
 def _fit(
     engine: _Engine,
     render: Callable[[str, str | None], str],
@@ -268,18 +417,20 @@ def _fit(
 ) -> Fitted:
     """Return the prompt cut to fit the context less the answer's budget and a BOS token."""
 
+    def limit() -> int:
+        return context if engine.context is None else min(context, engine.context)
+
     def budget() -> int:
-        limit = context if engine.context is None else min(context, engine.context)
-        return limit - max_tokens - BOS_RESERVE
+        return limit() - max_tokens - BOS_RESERVE
 
     def estimate(text: str) -> int:
         return estimate_tokens(text) + (CHAT_RESERVE if chat else 0)
 
+    # An upper bound that fits needs no asking the engine.
+    fitted = _fits_by_estimate(render, chat, request, answer, limit(), max_tokens)
+    if fitted is not None:
+        return fitted
     whole = render(request, answer)
-    guess = estimate(whole)
-    if guess <= budget():
-        # An upper bound fits: no need to ask the engine.
-        return Fitted(whole, guess, request, answer, False)
     exact = engine.count_chat if chat else engine.count
     # The first count also learns the engine's /tokenize form and context.
     known = exact(whole) is not None
@@ -303,9 +454,7 @@ def _fit(
 class _Engine:
     """One replica as one ask sees it: its URL, the time left, what it tokenizes with."""
 
-    def __init__(
-        self, client: httpx.Client, endpoint: str, deadline: float, model: str | None
-    ) -> None:
+    def __init__(self, client: Client, endpoint: str, deadline: float, model: str | None) -> None:
         self.client = client
         self.base = _base(endpoint)
         self.deadline = deadline
@@ -320,7 +469,7 @@ class _Engine:
         self.counts: dict[str, int | None] = {}
         self.chat_counts: dict[str, int | None] = {}
 
-    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    def post(self, path: str, body: dict[str, Any]) -> Answer:
         """POST a JSON body within the time left.
 
         Raises:
@@ -328,17 +477,13 @@ class _Engine:
         """
         left = self.deadline - time.perf_counter()
         if left <= 0:
-            raise JudgeFailure(TIMEOUT, f"the judge at {self.base} did not answer in time")
+            raise _timed_out(self.base)
         try:
             return self.client.post(self.base + path, json=body, timeout=left)
-        except httpx.TimeoutException:
-            raise JudgeFailure(
-                TIMEOUT, f"the judge at {self.base} did not answer in time ({path})"
-            ) from None
-        except httpx.TransportError as error:
-            raise JudgeFailure(
-                TIMEOUT, f"the judge at {self.base} cannot be reached ({path}): {error!r}"
-            ) from None
+        except (httpx.TimeoutException, pool.Timeout):
+            raise _timed_out(self.base, path) from None
+        except (httpx.TransportError, pool.Unreachable) as error:
+            raise _unreachable(self.base, path, error) from None
 
     def count(self, text: str) -> int | None:
         """Return the engine's count of a raw prompt's tokens, None when it cannot tell."""
@@ -398,7 +543,7 @@ class _Engine:
         self.chat_form = "none"
         return None
 
-    def _read_count(self, response: httpx.Response, text: str, *, needs_count: bool) -> int | None:
+    def _read_count(self, response: Answer, text: str, *, needs_count: bool) -> int | None:
         """Return the count in a /tokenize answer, None if it holds none that can be true."""
         if response.status_code != 200:
             return None
@@ -418,10 +563,19 @@ class _Engine:
         return count
 
 
+def _timed_out(base: str, path: str | None = None) -> JudgeFailure:
+    where = "" if path is None else f" ({path})"
+    return JudgeFailure(TIMEOUT, f"the judge at {base} did not answer in time{where}")
+
+
+def _unreachable(base: str, path: str, error: Exception) -> JudgeFailure:
+    return JudgeFailure(TIMEOUT, f"the judge at {base} cannot be reached ({path}): {error!r}")
+
+
 _CONTEXT_RE = re.compile(r"maximum context length is (\d+)")
 
 
-def _engine_context(response: httpx.Response) -> int | None:
+def _engine_context(response: Answer) -> int | None:
     """Return the context an overflow error names: llama-server's n_ctx, vLLM's message."""
     error = _json(response).get("error")
     if isinstance(error, dict):
@@ -432,7 +586,7 @@ def _engine_context(response: httpx.Response) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _json(response: Answer) -> dict[str, Any]:
     """Return a response's JSON object, or an empty one when it is not one."""
     try:
         data = response.json()
@@ -441,7 +595,7 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _choice(data: dict[str, Any], response: httpx.Response, chat: bool) -> dict[str, Any]:
+def _choice(data: dict[str, Any], response: Answer, chat: bool) -> dict[str, Any]:
     """Return the first choice of a completion body (``data``, the response's JSON).
 
     Raises:

@@ -16,13 +16,14 @@ may owe to an old snapshot. Results are written in batches off the request path
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils import timezone
@@ -32,7 +33,7 @@ from catalog.models import ServedModel
 from catalog.problems import Problem
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import client, known, records
+from guard import client, known, pool, records
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, JudgeRef, Stats, run_chain
@@ -285,7 +286,18 @@ for _name, _signal in (("saved", post_save), ("deleted", post_delete)):
 post_migrate.connect(_migrated, dispatch_uid="guard-snapshot-migrated")
 
 
-def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Asked:
+    """A judge already asked for this check on the event loop: its answer, or the
+    exception it failed with. The chain takes it in that judge's turn, not asking again."""
+
+    judge: str
+    outcome: Any
+
+
+def check(
+    request: str, answer: str | None = None, *, timeout: float = 10.0, asked: Asked | None = None
+) -> dict[str, Any]:
     """Judge a request (and, given, its answer) with the policy's chain; record the result.
 
     Returns the API's and the command's JSON: decision, verdict, categories, judge, score,
@@ -297,7 +309,7 @@ def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> 
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
     fresh = connection.in_atomic_block
     snap = snapshot()
-    result = _run(snap, request, answer, direction, timeout)
+    result = _run(snap, request, answer, direction, timeout, asked)
     if result.failures and not fresh and not snap.reread:
         again = _snapshot.refresh(lambda: _load_snapshot(reread=True))
         if again.judges != snap.judges or again.policy != snap.policy:
@@ -306,44 +318,116 @@ def check(request: str, answer: str | None = None, *, timeout: float = 10.0) -> 
     return as_json(result)
 
 
+async def check_on_loop(
+    request: str, answer: str | None = None, *, timeout: float = 10.0
+) -> dict[str, Any] | Asked | None:
+    """``check`` without leaving the event loop, when it needs no query and no blocking call.
+
+    That is: the recorder is running, the policy and its judges are fresh in memory, the
+    first ready judge in the policy's order comes first in it and fits the text by the
+    safe estimate (``guard.client.ask_judge_on_loop``), and it answers. Returns
+    ``check``'s JSON then, recorded. Returns ``Asked`` when that judge was asked and the
+    chain must go on (it failed): pass it to ``check`` on a thread, which does not ask
+    it again. Returns None when nothing was asked and ``check`` is to do it all.
+    """
+    if not records.RECORDER.running:
+        return None  # each result would be written at once: a query
+    snap = _snapshot.fresh()
+    if snap is None:
+        return None
+    direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
+    if not snap.judges or not snap.judges[0].ref.ready or not snap.policy.judges(direction):
+        return None
+    first = snap.judges[0]
+    try:
+        outcome = await client.ask_judge_on_loop(
+            first.endpoint or "", first.format or "", request, answer,
+            **_ask_options(first, snap.policy, timeout), conns=_http_on_loop(),
+        )  # fmt: skip
+    except Exception as error:  # a failure of the judge's (or a bug): the chain goes on
+        return Asked(first.name, error)
+    if outcome is None:
+        return None
+    asked = Asked(first.name, outcome)
+    result = _run(snap, request, answer, direction, timeout, asked, blocking=False)
+    if result is None or result.failures:
+        return asked  # an unreadable verdict: the next judges are asked on a thread
+    record(result)
+    return as_json(result)
+
+
+def _ask_options(j: Judge, pol: Any, timeout: float) -> dict[str, Any]:
+    """Return what ``guard.client`` is told about a judge, beyond the texts."""
+    return {
+        "context_length": j.context_length,
+        "categories": j.categories or None,
+        "variant": j.variant,
+        "timeout": timeout,
+        "model": j.name,
+        "controversial": pol.controversial,
+    }
+
+
+class _Blocking(Exception):
+    """A judge the event loop cannot ask: the chain goes on on a thread."""
+
+
 def _run(
-    snap: Snapshot, request: str, answer: str | None, direction: str, timeout: float
-) -> ChainResult:
+    snap: Snapshot,
+    request: str,
+    answer: str | None,
+    direction: str,
+    timeout: float,
+    asked: Asked | None = None,
+    *,
+    blocking: bool = True,
+) -> ChainResult | None:
+    """Run the chain on a snapshot; None when ``blocking`` is false and a judge other
+    than ``asked``'s was to be asked."""
     pol = snap.policy
     by_name = {j.name: j for j in snap.judges}
     # One client for every check: making one costs tens of milliseconds.
     http = _http()
+    stopped = False
 
     def ask(ref: JudgeRef) -> Any:
+        nonlocal stopped
+        if asked is not None and ref.name == asked.judge:
+            if isinstance(asked.outcome, BaseException):
+                raise asked.outcome
+            return asked.outcome
+        if not blocking:
+            stopped = True
+            raise _Blocking
         j = by_name[ref.name]
         return client.ask_judge(
-            j.endpoint or "",
-            j.format or "",
-            request,
-            answer,
-            context_length=j.context_length,
-            categories=j.categories or None,
-            variant=j.variant,
-            timeout=timeout,
-            model=j.name,
-            controversial=pol.controversial,
-            client=http,
-        )
+            j.endpoint or "", j.format or "", request, answer,
+            **_ask_options(j, pol, timeout), client=http,
+        )  # fmt: skip
 
-    return run_chain(pol, [j.ref for j in snap.judges], ask, direction=direction)
+    result = run_chain(pol, [j.ref for j in snap.judges], ask, direction=direction)
+    return None if stopped else result
 
 
-_client: httpx.Client | None = None
+_client: pool.Pool | None = None
+_loop_pools: weakref.WeakKeyDictionary[Any, pool.AsyncPool] = weakref.WeakKeyDictionary()
 
 
-def _http() -> httpx.Client:
-    """Return the process's HTTP client for judges (made once; httpx clients are
-    thread-safe and pool their connections, so every check reuses them)."""
+def _http_on_loop() -> pool.AsyncPool:
+    """Return the running event loop's connections to judges (made once per loop)."""
+    loop = asyncio.get_running_loop()
+    found = _loop_pools.get(loop)
+    if found is None:
+        found = _loop_pools[loop] = pool.AsyncPool()
+    return found
+
+
+def _http() -> pool.Pool:
+    """Return the process's connections to judges (made once; thread-safe, kept alive,
+    so every check reuses them: ``guard.pool``)."""
     global _client
     if _client is None:
-        _client = httpx.Client(
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
-        )
+        _client = pool.Pool()
     return _client
 
 
@@ -369,7 +453,7 @@ def record(result: ChainResult) -> None:
     """Count failures against their judges and the decider's verdict per category.
 
     In the web process the recorder gathers it and writes it within
-    ``records.FLUSH_INTERVAL`` seconds; elsewhere, or inside a transaction (it is then
+    ``LLMGW_GUARD_FLUSH_MS``; elsewhere, or inside a transaction (it is then
     that transaction's to keep or roll back), it is written at once.
     """
     if records.RECORDER.running and not connection.in_atomic_block:

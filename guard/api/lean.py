@@ -4,11 +4,12 @@ A gateway calls ``POST /api/v1/guard/check`` on every request it serves, so what
 process adds to a judge's own time is added to every request. Through Django a check
 paid for the middleware chain (WhiteNoise's is sync-only, so the request hopped into a
 thread made for it), DRF's request, negotiation and rendering, and the ASGI handler's
-own hops: about 11 ms over Daphne where the judge took 4 (bench/guard.py). Here a check
+own hops: about 11 ms where the judge took 4 (bench/guard.py). Here a check
 costs reading the body, one JSON parse, the cached token (``guard.api.auth``) and the
-check itself (``guard.services.check``: the snapshot in memory, the judge's HTTP call,
-the result handed to the recorder), on a pool of threads of its own (the judge's call
-blocks one for as long as the judge takes).
+check itself: on the event loop when the token, the policy and its judges are in memory
+and the first judge answers (``guard.services.check_on_loop``), else on a pool of
+threads of its own (``guard.services.check``: each judge's call blocks a thread for as
+long as the judge takes), where a judge the loop asked is not asked again.
 
 Only a check that succeeds is answered here, and with the same JSON as the DRF view.
 Anything else (no bearer token or one that does not authenticate, a user without the
@@ -30,7 +31,7 @@ from django.conf import settings
 from django.db import connection
 
 from guard import services
-from guard.api.auth import token_user
+from guard.api.auth import token_user, token_user_in_memory
 from guard.api.views import read_check
 from llmgw_admin import lean
 from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
@@ -56,26 +57,49 @@ _HEADERS = [
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="guard-check")
 
 
-def _check(secret: str, body: bytes) -> dict[str, Any] | None:
+def _check(secret: str, body: bytes, asked: services.Asked | None = None) -> dict[str, Any] | None:
     """Return the check's answer, or None for Django to answer (on a pool thread)."""
     try:
         found = token_user(secret)
         if found is None or not has_role(found[0], VIEWER):
             return None
-        try:
-            data = json.loads(body)
-        except ValueError:
+        read = _read(body)
+        if read is None:
             return None
-        read = read_check(data)
-        if isinstance(read, list):
-            return None
-        return services.check(*read)
+        return services.check(*read, asked=asked)
     finally:
         # Back to the pool (shared with Django) if a snapshot or token was read.
         connection.close()
 
 
 _check_on_pool = sync_to_async(_check, thread_sensitive=False, executor=_executor)
+
+
+async def _answer(secret: str, body: bytes) -> dict[str, Any] | None:
+    """Return the check's answer, or None for Django to answer.
+
+    On the event loop when everything it needs is in memory and the first judge answers
+    (``guard.services.check_on_loop``); otherwise on a pool thread, where a judge
+    already asked on the loop is not asked again.
+    """
+    found = token_user_in_memory(secret)
+    read = _read(body) if found is not None and has_role(found[0], VIEWER) else None
+    if read is None:
+        return await _check_on_pool(secret, body)
+    done = await services.check_on_loop(*read)
+    if isinstance(done, dict):
+        return done
+    return await _check_on_pool(secret, body, done)
+
+
+def _read(body: bytes) -> tuple[str, str | None] | None:
+    """Return the texts a check's body asks about; None for what Django must refuse."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    read = read_check(data)
+    return None if isinstance(read, list) else read
 
 
 class GuardCheckRoute:
@@ -107,7 +131,7 @@ class GuardCheckRoute:
             and lean.allowed_host(headers)
         ):
             try:
-                answer = await _check_on_pool(secret, body)
+                answer = await _answer(secret, body)
             except Exception:
                 log.exception("a guard check failed on the lean path; Django answers it")
         if answer is None:

@@ -1,0 +1,167 @@
+"""A check answered on the web process's event loop (``guard.services.check_on_loop``),
+and how it hands over to a thread: the answer is the thread's, every judge is asked
+once, and what it did is counted. Real judges: the sim engine, and small servers
+(tests.guard.test_pool) for a judge that errs or never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cluster.models import Replica
+from guard import records, services
+from guard.models import JudgeDecision, JudgeHealth
+from llmgw_admin.models import ApiToken
+from tests.catalog.samples import store
+from tests.guard.test_lean import answered_by_django, fresh_memory, judge_url, send
+from tests.guard.test_pool import Server, answering, servers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["fresh_memory", "judge_url", "servers"]  # fixtures from other modules
+
+HARMFUL = "help me UNSAFE-MARKER now"
+
+
+@pytest.fixture
+def recorder() -> Iterator[records.Recorder]:
+    """The recorder running, as in the web process; stopped (and flushed) after."""
+    records.RECORDER.start()
+    yield records.RECORDER
+    records.RECORDER.stop()
+
+
+def judge(name: str, endpoint: str, context_length: int = 8192) -> None:
+    store(
+        {
+            "name": name,
+            "source": f"sim/{name}",
+            "role": "guard",
+            "guard": {"format": "qwen3guard"},
+            "context_length": context_length,
+            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
+            "scaling": {"min": 1, "max": 1},
+        }
+    )
+    Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
+
+
+def policy(*names: str) -> None:
+    services.set_policy({"judge": {"models": list(names)}}, surface="cli", name="t")
+
+
+def erring(servers: list[Server]) -> tuple[Server, list[bytes]]:
+    """A judge that answers every ask with HTTP 500; the requests it was sent."""
+    seen: list[bytes] = []
+    server = answering(b"500 Internal Server Error", b'{"error": "out of memory"}', seen)
+    servers.append(server)
+    return server, seen
+
+
+def test_a_check_with_everything_in_memory_is_answered_on_the_loop(
+    judge_url: str, recorder: records.Recorder
+) -> None:
+    judge("qwen3guard-0.6b", judge_url)
+    policy("qwen3guard-0.6b")
+    assert asyncio.run(services.check_on_loop(HARMFUL)) is None  # nothing in memory yet
+    threaded = services.check(HARMFUL)  # loads the policy and its judges
+    # On the loop a query would raise (Django refuses them there): none is made.
+    on_loop = asyncio.run(services.check_on_loop(HARMFUL))
+    assert isinstance(on_loop, dict)
+    for answer in (threaded, on_loop):
+        answer.pop("latency_ms")
+    assert on_loop == threaded
+    assert on_loop["decision"] == "refuse" and on_loop["categories"] == ["Violent"]
+    recorder.flush()
+    assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").answers == 2
+    assert JudgeDecision.objects.get(judge="qwen3guard-0.6b", verdict="unsafe").count == 2
+
+
+def test_without_the_recorder_nothing_is_asked_on_the_loop(judge_url: str) -> None:
+    judge("qwen3guard-0.6b", judge_url)
+    policy("qwen3guard-0.6b")
+    services.check("x")
+    # Each result would be written at once, with a query: the thread does it all.
+    assert asyncio.run(services.check_on_loop("x")) is None
+
+
+def test_a_first_judge_that_fails_is_asked_once_and_the_next_decides(
+    judge_url: str, recorder: records.Recorder, servers: list[Server], make_user: Any
+) -> None:
+    bad, seen = erring(servers)
+    judge("broken-judge", bad.url)
+    judge("qwen3guard-0.6b", judge_url)
+    policy("broken-judge", "qwen3guard-0.6b")
+    token = ApiToken.issue(make_user("gw", "viewer"), "gateway")[1]
+    # The policy, its judges and the token in memory.
+    assert send("POST", token=token, body={"request": "warm up"}).status_code == 200
+    recorder.flush()
+    failures = JudgeHealth.objects.get(judge="broken-judge").failures
+    asked = len(seen)
+
+    r = send("POST", token=token, body={"request": HARMFUL})
+    assert r.status_code == 200 and not answered_by_django(r)
+    got = r.json()
+    assert (got["judge"], got["verdict"], got["decision"]) == (
+        "qwen3guard-0.6b",
+        "unsafe",
+        "refuse",
+    )
+    assert [(f["judge"], f["kind"]) for f in got["failures"]] == [("broken-judge", "http_error")]
+    assert "HTTP 500" in got["failures"][0]["message"]
+    assert len(seen) == asked + 1  # asked once: the thread went on from the next judge
+    recorder.flush()
+    assert JudgeHealth.objects.get(judge="broken-judge").failures == failures + 1
+
+
+def test_a_first_judge_that_times_out_is_not_waited_for_twice(
+    judge_url: str, recorder: records.Recorder, servers: list[Server]
+) -> None:
+    quiet = threading.Event()
+    silent = Server(lambda conn: quiet.wait(10))
+    servers.append(silent)
+    judge("silent-judge", silent.url)
+    judge("qwen3guard-0.6b", judge_url)
+    policy("silent-judge", "qwen3guard-0.6b")
+    services.snapshot()
+
+    asked = asyncio.run(services.check_on_loop("how do I list files?", timeout=0.5))
+    assert isinstance(asked, services.Asked) and asked.judge == "silent-judge"
+    assert silent.accepted == 1
+    result = services.check("how do I list files?", timeout=0.5, asked=asked)
+    quiet.set()
+    assert silent.accepted == 1  # the thread took the loop's answer, and did not ask again
+    assert result["judge"] == "qwen3guard-0.6b" and result["decision"] == "allow"
+    assert [(f["judge"], f["kind"]) for f in result["failures"]] == [("silent-judge", "timeout")]
+
+
+def test_a_text_longer_than_the_estimate_allows_is_judged_on_a_thread(
+    judge_url: str, recorder: records.Recorder, make_user: Any
+) -> None:
+    judge("qwen3guard-0.6b", judge_url, context_length=1024)
+    policy("qwen3guard-0.6b")
+    services.check("warm up")
+    long_text = "please list the files in this folder " * 400 + HARMFUL
+    assert asyncio.run(services.check_on_loop(long_text)) is None  # nothing asked on the loop
+    token = ApiToken.issue(make_user("gw", "viewer"), "gateway")[1]
+    r = send("POST", token=token, body={"request": long_text})
+    assert r.status_code == 200 and not answered_by_django(r)
+    # The end is kept when a long text is cut: the marker near it still decides.
+    assert r.json()["verdict"] == "unsafe" and r.json()["failures"] == []
+
+
+def test_a_judge_ready_only_second_in_line_is_left_to_the_thread(
+    judge_url: str, recorder: records.Recorder
+) -> None:
+    judge("qwen3guard-0.6b", judge_url)
+    policy("qwen3guard-4b", "qwen3guard-0.6b")  # the first is not in the catalog
+    services.snapshot()
+    # Its "no replica" failure may mean the snapshot is stale: the thread reads it again.
+    assert asyncio.run(services.check_on_loop("x")) is None
+    result = services.check("x")
+    assert result["judge"] == "qwen3guard-0.6b"
+    assert [f["judge"] for f in result["failures"]] == ["qwen3guard-4b"]

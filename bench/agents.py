@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/agents.py [--agents 200] [--interval 5] [--seconds 60]
 
-Starts `manage.py serve` (Daphne, one process) on a throwaway PostgreSQL database, joins
+Starts `manage.py serve` (uvicorn, one process) on a throwaway PostgreSQL database, joins
 the agents through the real API, then has each heartbeat on its own schedule (spread over
 the interval, as real agents drift) and read its desired list as `llmgw-agent` does: when
 the heartbeat's desired_version changed and every RELOAD_EVERY heartbeats. The agents'

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/live.py [--changes 40] [--consoles 1 100]
 
-Starts `manage.py serve` (Daphne, one process) as production runs it, with the Redis
+Starts `manage.py serve` (uvicorn, one process) as production runs it, with the Redis
 channel layer, on a throwaway PostgreSQL database. For each console count it opens that
 many consoles on the dashboard's socket (/ws/live/nodes,models,judges/), signed in as a
 viewer: one is a real headless Chromium page showing /cluster/, the others are websocket

@@ -1,8 +1,8 @@
 """Writing what checks did (answers, failures, decisions) off the request path.
 
 A check adds its result to the process's ``Recorder`` (in memory, under a lock: a few
-microseconds); a background thread writes what has gathered every ``FLUSH_INTERVAL``
-seconds in one transaction: per judge one upsert of its counts, per decision key one.
+microseconds); a background thread writes what has gathered every ``LLMGW_GUARD_FLUSH_MS``
+milliseconds (500) in one transaction: per judge one upsert of its counts, per decision key one.
 Counts are added in the database (``count = count + n``), so they stay exact with any
 number of processes and flushes; a flush that fails puts its counts back to be written
 with the next one; ``stop`` (and the process's exit, through ``atexit``) writes what is
@@ -21,6 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
@@ -184,5 +185,7 @@ RECORDER = Recorder()
 
 
 def start() -> None:
-    """Write checks' results in the background from now on (the web process calls it)."""
+    """Write checks' results in the background from now on (the web process calls it),
+    every ``LLMGW_GUARD_FLUSH_MS``."""
+    RECORDER.interval = max(1, settings.LLMGW_GUARD_FLUSH_MS) / 1000.0
     RECORDER.start()

@@ -31,7 +31,6 @@ ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -137,6 +136,8 @@ LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
+# How often a web process writes the guard checks' counts (guard/records.py).
+LLMGW_GUARD_FLUSH_MS = envint("GUARD_FLUSH_MS", 500)
 # Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the
 # embedded default, so production never simulates unless asked.
 try:
@@ -208,5 +209,5 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     # httpx logs every request at INFO: one line per judge call and per agent call.
-    "loggers": {"daphne": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    "loggers": {"httpx": {"level": "WARNING"}},
 }

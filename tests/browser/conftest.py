@@ -72,7 +72,7 @@ def signed_in(browser: Any, live_server: Any) -> Iterator[Callable[[Any], Any]]:
         page.click("button[type=submit]")
         page.wait_for_url(f"{live_server.url}/cluster/")  # signing in lands on the dashboard
         # The catalog's tests start from its list. live_server serves HTTP only (WSGI): the
-        # dashboard's socket is tested against Daphne in tests/e2e and tests/cluster.
+        # dashboard's socket is tested against the real server in tests/e2e and tests/cluster.
         page.goto(f"{live_server.url}/catalog/")
         return page
 

@@ -243,7 +243,7 @@ def over_asgi(
     host: str = "localhost",
     content_type: str = "application/json",
 ) -> httpx.Response:
-    """Send one request to llmgw_admin.asgi.application, as Daphne would hand it over."""
+    """Send one request to llmgw_admin.asgi.application, as the web server hands it over."""
     from llmgw_admin.asgi import application
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -1,4 +1,4 @@
-"""A real control plane (Daphne, `manage.py serve`) and real agents, as processes.
+"""A real control plane (`manage.py serve`: uvicorn) and real agents, as processes.
 
 The web process uses the test database (transactional tests, so both sides see committed
 rows) and reconciles in-process every second. Agents are `python -m agent` processes with

@@ -1,6 +1,6 @@
 """The live console in a real Chromium against a real control plane and real agents.
 
-The web process is `manage.py serve` (Daphne, the embedded in-memory channel layer, the
+The web process is `manage.py serve` (uvicorn, the embedded in-memory channel layer, the
 reconciler in-process); agents are processes with simulated cards running sim engines.
 Nothing here reloads a page after it is open: every change must arrive over the socket.
 """

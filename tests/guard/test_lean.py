@@ -1,6 +1,6 @@
 """The guard check's lean ASGI route: a check that succeeds is answered there, with the
 DRF view's JSON; anything else is the view's to answer, word for word. Through the ASGI
-application as Daphne hands requests over; its work runs on a pool thread, so these
+application as the web server hands requests over; its work runs on a pool thread, so these
 tests commit (transaction=True).
 """
 
@@ -74,7 +74,7 @@ def send(
     content_type: str = "application/json",
     host: str = "localhost",
 ) -> httpx.Response:
-    """One request to the lean route in front of Django, as Daphne hands it over."""
+    """One request to the lean route in front of Django, as the web server hands it over."""
     app = GuardCheckRoute(get_asgi_application())
     headers = {"Content-Type": content_type}
     if token:

@@ -1,4 +1,4 @@
-"""Serve the ASGI application (console, API, admin, websockets) with Daphne.
+"""Serve the ASGI application (console, API, admin, websockets): ``llmgw_admin.server``.
 
 Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, and, unless
 ``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
@@ -30,10 +30,10 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from daphne.cli import CommandLineInterface
         from django.conf import settings
 
         from cluster import reconciler
+        from llmgw_admin import server
 
         if not settings.REDIS_URL:
             # Embedded: no worker or beat, so the periodic work runs in this process.
@@ -53,13 +53,7 @@ class Command(BaseCommand):
         if settings.LLMGW_SIMULATE:
             self._start_simulated(options["bind"], options["port"], Path(settings.DATA_DIR))
 
-        CommandLineInterface().run(
-            [
-                "--bind", options["bind"], "--port", str(options["port"]),
-                # Access lines for every agent call would bury what a person needs to read.
-                "--verbosity", "0", "llmgw_admin.asgi:application",
-            ]
-        )  # fmt: skip
+        server.run(options["bind"], options["port"])
 
     def _start_local_agent(self, bind: str, port: int, data_dir: Path) -> None:
         """Start this machine's agent, joined with a one-use token made for it."""

@@ -1,0 +1,65 @@
+"""The web process's server (uvicorn, llmgw_admin/server.py, what `manage.py serve`
+runs): a stop asked for with SIGTERM ends it cleanly and writes what it held in memory.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from guard import services
+from guard.models import JudgeHealth
+from llmgw_admin.models import ApiToken
+from tests.e2e.conftest import ROOT, ControlPlane, wait_for
+from tests.guard.test_check_on_loop import judge
+from tests.guard.test_client import launch, stop
+
+
+class WebProcess(ControlPlane):
+    """One of production's web processes: the server alone (``python -m
+    llmgw_admin.server``, what ``serve`` runs), with no reconciler beside it (the
+    judge's replica here has no node, which a reconciler would take away)."""
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.tmp / f"web-{self.starts}.log").open("wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw_admin.server", "--port", str(self.port)],
+            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_for(self._up, 60, "the web process to answer")
+
+
+def test_sigterm_stops_the_web_process_cleanly_and_writes_the_last_counts(
+    transactional_db: Any, tmp_path: Path, make_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim, url = launch("--model", "qwen3guard-0.6b", "--guard-format", "qwen3guard")
+    judge("qwen3guard-0.6b", url)
+    services.set_policy({"judge": {"models": ["qwen3guard-0.6b"]}}, surface="cli", name="t")
+    token = ApiToken.issue(make_user("gateway", "viewer"), "gateway")[1]
+    # Counts are written only at the stop: a minute between the recorder's writes.
+    monkeypatch.setenv("LLMGW_GUARD_FLUSH_MS", "60000")
+    monkeypatch.setenv("LLMGW_SIMULATE", "off")
+    web = WebProcess(tmp_path)
+    web.start()
+    try:
+        with httpx.Client(base_url=web.url, headers={"Authorization": f"Bearer {token}"}) as c:
+            for text in ("how do I list files?", "how do I kill all child processes in bash"):
+                r = c.post("/api/v1/guard/check", json={"request": text})
+                assert r.status_code == 200 and r.json()["judge"] == "qwen3guard-0.6b", r.text
+        assert not JudgeHealth.objects.filter(judge="qwen3guard-0.6b", answers__gt=0).exists()
+        assert web.proc is not None
+        web.proc.send_signal(signal.SIGTERM)
+        assert web.proc.wait(timeout=20) == 0
+    finally:
+        web.stop()
+        stop(sim)
+    assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").answers == 2
+    log = (tmp_path / "web-1.log").read_text()
+    assert "Traceback" not in log, log

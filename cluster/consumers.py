@@ -1,7 +1,8 @@
 """The live console's websocket: cluster state pushed as the fragments the page rendered.
 
-``/ws/live/<topics>/`` with topics among ``nodes``, ``models`` and ``judges`` (comma
-separated; ``?model=NAME`` narrows ``models`` to one model, for its page). On connect the
+``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges`` and ``evals``
+(comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
+``evals`` needs ``?eval=ID``, the evaluation whose page is open). On connect the
 consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
 for each event of cluster.events, the changed elements by id. htmx's ws extension swaps
 each top-level element by id (out of band). Nothing is written over the socket.
@@ -69,7 +70,19 @@ def render_judges() -> str:
     )
 
 
-def snapshot(topics: list[str], can_act: bool, model: str | None) -> str:
+def render_eval(pk: int, *_: Any) -> str:
+    """Return an evaluation's body as its page renders it; empty when it is gone."""
+    from guard.models import EvalRun
+
+    run = EvalRun.objects.filter(pk=pk).first()
+    if run is None:
+        return ""
+    return render_to_string("guard/partials/eval_body.html", _judges_module().eval_context(run))
+
+
+def snapshot(
+    topics: list[str], can_act: bool, model: str | None, evaluation: int | None = None
+) -> str:
     """Return every region of the topics, as the page renders them."""
     parts = []
     if "nodes" in topics:
@@ -92,6 +105,8 @@ def snapshot(topics: list[str], can_act: bool, model: str | None) -> str:
             parts.append(render_unplaced())
     if "judges" in topics:
         parts.append(render_judges())
+    if "evals" in topics and evaluation is not None:
+        parts.append(render_eval(evaluation))
     return "\n".join(parts)
 
 
@@ -153,6 +168,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     topics: list[str]
     can_act: bool
     model: str | None
+    evaluation: int | None
     shown_nodes: set[int]
     shown_models: set[str]
 
@@ -171,6 +187,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.model = query["model"][0] if query.get("model") else None
+        wanted = query.get("eval", [""])[0]
+        self.evaluation = int(wanted) if wanted.isdigit() else None
+        if "evals" in topics and self.evaluation is None:
+            await self.close()  # the evaluations' topic is one evaluation's page
+            return
         self.topics = topics
         self.can_act = await database_sync_to_async(has_role)(user, OPERATOR)
         events.set_home_loop(asyncio.get_running_loop())
@@ -184,7 +205,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.ready.set()
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
-        html = snapshot(self.topics, self.can_act, self.model)
+        html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
         nodes = {r.pk for r in live.node_rows()} if "nodes" in self.topics else set()
         if "models" not in self.topics:
             models: set[str] = set()
@@ -250,3 +271,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         names = list(event["names"])
         rendered = await self._rendered(event, "judges", judges_changed, names)
         await self.send(text_data=rendered["all"] or "")
+
+    async def guard_evals_changed(self, event: dict[str, Any]) -> None:
+        if self.evaluation not in event["pks"]:
+            return
+        html = await database_sync_to_async(render_eval)(self.evaluation)
+        await self.send(text_data=html)

@@ -9,7 +9,8 @@ Groups, one per kind of thing a console shows:
 
 - ``cluster.nodes``: nodes (their cards, reservations, power);
 - ``cluster.models``: models' replicas (states, reasons, progress, rolls, unplaced);
-- ``guard.judges``: judges' health.
+- ``guard.judges``: judges' health;
+- ``guard.evals``: evaluations (results as they are written, the run's end).
 
 This module is the only code that calls ``group_send``.
 """
@@ -32,7 +33,13 @@ log = logging.getLogger(__name__)
 NODES_GROUP = "cluster.nodes"
 MODELS_GROUP = "cluster.models"
 JUDGES_GROUP = "guard.judges"
-TOPICS = {"nodes": NODES_GROUP, "models": MODELS_GROUP, "judges": JUDGES_GROUP}
+EVALS_GROUP = "guard.evals"
+TOPICS = {
+    "nodes": NODES_GROUP,
+    "models": MODELS_GROUP,
+    "judges": JUDGES_GROUP,
+    "evals": EVALS_GROUP,
+}
 
 
 class NodesChanged(TypedDict):
@@ -53,12 +60,19 @@ class JudgesChanged(TypedDict):
     names: list[str]
 
 
+class EvalsChanged(TypedDict):
+    type: Literal["guard.evals_changed"]
+    id: str
+    pks: list[int]
+
+
 class _Pending(threading.local):
     def __init__(self) -> None:
         self.nodes: set[int] = set()
         self.models: set[str] = set()
         self.replicas: set[int] = set()
         self.judges: set[str] = set()
+        self.evals: set[int] = set()
         self.power = False
 
 
@@ -82,6 +96,7 @@ def changed(
     models: Iterable[str] = (),
     replicas: Iterable[int] = (),
     judges: Iterable[str] = (),
+    evals: Iterable[int] = (),
     power: bool = False,
 ) -> None:
     """Mark things changed; they are published once the current transaction commits.
@@ -95,8 +110,9 @@ def changed(
     p.models.update(m for m in models if m)
     p.replicas.update(replicas)
     p.judges.update(judges)
+    p.evals.update(evals)
     p.power = p.power or power
-    if not (p.nodes or p.models or p.replicas or p.judges or p.power):
+    if not (p.nodes or p.models or p.replicas or p.judges or p.evals or p.power):
         return
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
@@ -112,9 +128,9 @@ def flush() -> None:
     """Publish what gathered in this thread (called after commit)."""
     p = _pending
     nodes, models, replicas, judges = p.nodes, p.models, p.replicas, p.judges
-    power = p.power
+    evals, power = p.evals, p.power
     p.nodes, p.models, p.replicas, p.judges = set(), set(), set(), set()
-    p.power = False
+    p.evals, p.power = set(), False
     if replicas:
         from cluster.models import Replica
 
@@ -145,6 +161,10 @@ def flush() -> None:
     if judges:
         sends.append(
             (JUDGES_GROUP, {"type": "guard.judges_changed", "id": event, "names": sorted(judges)})
+        )
+    if evals:
+        sends.append(
+            (EVALS_GROUP, {"type": "guard.evals_changed", "id": event, "pks": sorted(evals)})
         )
     for group, message in sends:
         send(group, message)

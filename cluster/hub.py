@@ -26,6 +26,7 @@ GROUP_OF_TYPE = {
     "cluster.nodes_changed": events.NODES_GROUP,
     "cluster.models_changed": events.MODELS_GROUP,
     "guard.judges_changed": events.JUDGES_GROUP,
+    "guard.evals_changed": events.EVALS_GROUP,
 }
 
 

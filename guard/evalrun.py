@@ -10,6 +10,8 @@ is not traffic: it is not counted in the judges' health or decisions.
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog import rules
 from catalog.models import ServedModel
 from catalog.problems import Problem
+from cluster import events
 from cluster.choices import ReplicaState
 from cluster.models import Replica
 from guard import client, known, services
@@ -29,7 +34,11 @@ from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
 
+log = logging.getLogger(__name__)
+
 SET_DIR = Path(__file__).resolve().parent / "evalsets"
+# Texts asked between two writes of results (each pushed to the consoles showing the run).
+BATCH = 5
 DEFAULT_SET = "coding-ops"
 
 
@@ -156,42 +165,119 @@ def run(
     asked; any other failure is the ask's (``guard.client.JudgeFailure`` kinds).
     ``progress(judge, done, total)`` is called after each text.
     """
-    policy = services.current_policy()
+    record = begin(loaded, names, user=user, actor_name=actor_name, surface=surface)
+    execute(record, loaded, timeout=timeout, progress=progress)
+    return record
+
+
+def begin(
+    loaded: LoadedSet, names: Sequence[str], *, user: Any = None, actor_name: str = "", surface: str
+) -> EvalRun:
+    """Keep a new run of ``names`` on the set, not yet asked (status running)."""
     labelled = loaded.labelled
-    started = timezone.now()
-    record = EvalRun.objects.create(
-        started=started,
+    return EvalRun.objects.create(
+        started=timezone.now(),
         set_name=labelled.name,
         set_description=labelled.description,
         set_source=loaded.source[-500:],
         set_digest=loaded.digest,
         texts=len(labelled.texts),
         judges=list(names),
-        controversial=policy.controversial,
+        controversial=services.current_policy().controversial,
         actor=user if getattr(user, "pk", None) else None,
         actor_name=getattr(user, "username", "") or actor_name or "system",
         surface=surface,
     )
+
+
+def execute(
+    record: EvalRun,
+    loaded: LoadedSet,
+    *,
+    timeout: float = 30.0,
+    progress: Progress | None = None,
+) -> None:
+    """Ask the run's judges about every text and keep the results, a few texts at a
+    time (each batch pushed to the consoles showing the run); mark it done or failed."""
+    texts = loaded.labelled.texts
     http = httpx.Client(limits=httpx.Limits(max_connections=4))
     try:
-        for judge in services.judges(list(names)):
-            rows = [
-                _ask(http, judge, i, text, policy.controversial, timeout, record)
-                for i, text in _progress(labelled.texts, judge.name, progress)
-            ]
-            EvalResult.objects.bulk_create(rows)
+        for judge in services.judges(list(record.judges)):
+            rows = []
+            for i, text in _progress(texts, judge.name, progress):
+                rows.append(_ask(http, judge, i, text, record.controversial, timeout, record))
+                if len(rows) == BATCH or i == len(texts) - 1:
+                    EvalResult.objects.bulk_create(rows)
+                    rows = []
+                    events.changed(evals=[record.pk])
     except BaseException as exc:
-        record.status = EvalRun.Status.FAILED
-        record.error = f"{type(exc).__name__}: {exc}"[:2000]
-        record.finished = timezone.now()
-        record.save(update_fields=["status", "error", "finished"])
+        _finish(record, EvalRun.Status.FAILED, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         http.close()
-    record.status = EvalRun.Status.DONE
+    _finish(record, EvalRun.Status.DONE)
+
+
+def _finish(record: EvalRun, status: str, error: str = "") -> None:
+    record.status = status
+    record.error = error[:2000]
     record.finished = timezone.now()
-    record.save(update_fields=["status", "finished"])
+    record.save(update_fields=["status", "error", "finished"])
+    events.changed(evals=[record.pk])
+
+
+def start(set_name: str, names: Sequence[str], *, user: Any, surface: str) -> EvalRun:
+    """Keep a new run and have it asked in the background; return it at once.
+
+    In production a Celery worker asks (``guard.tasks.run_evaluation``); embedded, a
+    thread of this process. The set is read again there and must be the same bytes.
+
+    Raises:
+        SetRefused: the set cannot be read.
+        ValueError: a judge that is not a guard model in the catalog (``check_judges``).
+    """
+    loaded = load_set(set_name)
+    record = begin(loaded, check_judges(names), user=user, surface=surface)
+    if settings.REDIS_URL:
+        from guard.tasks import run_evaluation
+
+        transaction.on_commit(lambda: run_evaluation.delay(record.pk))
+    else:
+        transaction.on_commit(
+            lambda: threading.Thread(
+                target=_in_thread, args=(record.pk,), name=f"eval-{record.pk}", daemon=True
+            ).start()
+        )
     return record
+
+
+def execute_kept(pk: int) -> None:
+    """Ask the judges of a run ``start`` kept (the worker's or the thread's part)."""
+    record = EvalRun.objects.get(pk=pk)
+    if record.status != EvalRun.Status.RUNNING or record.results.exists():
+        return  # asked already (a task delivered twice)
+    try:
+        loaded = load_set(record.set_source)
+    except SetRefused as exc:
+        _finish(record, EvalRun.Status.FAILED, f"the set cannot be read now: {exc}")
+        return
+    if loaded.digest != record.set_digest:
+        _finish(
+            record,
+            EvalRun.Status.FAILED,
+            f"{record.set_source} changed after the evaluation was started: start it again",
+        )
+        return
+    execute(record, loaded)
+
+
+def _in_thread(pk: int) -> None:
+    try:
+        execute_kept(pk)
+    except Exception:
+        log.exception("evaluation %s failed", pk)
+    finally:
+        connection.close()
 
 
 def _progress(texts: Sequence[ev.LabelledText], judge: str, progress: Progress | None) -> Any:

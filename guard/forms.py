@@ -160,3 +160,18 @@ def initial_for(policy: policy_rules.Policy) -> dict[str, Any]:
         "directions": list(policy.directions),
         "categories": "\n".join(policy.refuse_categories),
     }
+
+
+class EvalStartForm(forms.Form):
+    """Start an evaluation from the console: which judges, on which packaged set."""
+
+    judges = forms.MultipleChoiceField(
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "choose at least one judge to evaluate"},
+    )
+    set_name = forms.ChoiceField(label="set")
+
+    def __init__(self, *args: Any, judges: list[str], sets: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["judges"].choices = [(j, j) for j in judges]
+        self.fields["set_name"].choices = [(s, s) for s in sets]

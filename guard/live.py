@@ -7,7 +7,9 @@ which renders the same fragments when the cluster changes:
   ``guard-judge-<slug>-health`` (``judge_dom_id``), rendered with
   ``{"row": judge_health_row(name)}``;
 - ``templates/guard/partials/enable_judge.html``, the "enable a known judge" form,
-  root element id ``guard-enable-judge``, rendered with ``enable_judge_context(...)``.
+  root element id ``guard-enable-judge``, rendered with ``enable_judge_context(...)``;
+- ``templates/guard/partials/eval_body.html``, an evaluation's state, figures, chart
+  and texts, root element id ``guard-eval-body``, rendered with ``eval_context(run)``.
 
 Neither holds ``{% csrf_token %}``: the token is in ``hx-headers`` on ``<body>``.
 """
@@ -27,8 +29,9 @@ from catalog import rules
 from catalog.models import ServedModel
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import known, services
-from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
+from guard import charts, evalrun, known, services
+from guard import evaluation as ev
+from guard.models import EvalRun, JudgeDecision, JudgeHealth, JudgeProbe
 
 ENABLE_DOM_ID = "guard-enable-judge"
 VERDICTS = ("safe", "unsafe", "controversial")
@@ -273,4 +276,39 @@ def enable_judge_context(
         "outcome": outcome,
         "errors": errors or {},
         "action": reverse("guard:judge_enable"),
+    }
+
+
+def _figures(s: ev.Summary) -> str:
+    return f"FP {ev.percent(s.false_positive_rate)} · caught {ev.percent(s.catch_rate)}" + (
+        f" · {s.failures} failed" if s.failures else ""
+    )
+
+
+def eval_context(run: EvalRun) -> dict[str, Any]:
+    """Return what an evaluation's page shows: its figures per judge, the scores' chart,
+    every text's scores, and how far a running one has got."""
+    summaries, rows = evalrun.read_run(run)
+    points = [
+        charts.ScorePoint(
+            judge=r.judge,
+            position=row.position,
+            label=row.label,
+            score=r.score if r.verdict else None,
+            flagged=r.flagged,
+            text=row.text,
+        )
+        for row in rows
+        for r in row.results
+        if r is not None
+    ]
+    chart = charts.score_chart(run.judges, points, {s.judge: _figures(s) for s in summaries})
+    asked = sum(1 for row in rows for r in row.results if r is not None)
+    return {
+        "run": run,
+        "summaries": summaries,
+        "rows": rows,
+        "chart": chart,
+        "asked": asked,
+        "to_ask": run.texts * len(run.judges),
     }

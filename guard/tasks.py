@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from guard import services
+from guard import evalrun, services
 
 
 @shared_task(ignore_result=True)
 def probe_judge_health() -> None:
     """Probe every judge with an ordinary and a harmful text; keep how each did."""
     services.probe_judges()
+
+
+@shared_task(ignore_result=True, time_limit=3600)
+def run_evaluation(pk: int) -> None:
+    """Ask the judges of an evaluation started from the console (``evalrun.start``)."""
+    evalrun.execute_kept(pk)

@@ -16,6 +16,7 @@ urlpatterns = [
     path("policy/", views.policy_edit, name="policy_edit"),
     path("enable/", views.judge_enable, name="judge_enable"),
     path("evals/", views.eval_list, name="eval_list"),
+    path("evals/run/", views.eval_start, name="eval_start"),
     path("evals/<int:pk>/", views.eval_detail, name="eval_detail"),
     path("judges/<path:name>/health/", views.judge_health, name="judge_health"),
     path("judges/<path:name>/prompt.txt", views.judge_prompt_raw, name="judge_prompt_raw"),

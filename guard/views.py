@@ -29,8 +29,7 @@ from catalog.choices import Surface
 from catalog.models import ServedModel
 from cluster.models import Replica
 from guard import charts, enabling, evalrun, known, live, services
-from guard import evaluation as ev
-from guard.forms import PolicyForm
+from guard.forms import EvalStartForm, PolicyForm
 from guard.judgeprompt import judge_prompt
 from guard.models import EvalRun, JudgeDecision, JudgeSample, PolicyChange
 from llmgw_admin.htmx import HtmxHttpRequest
@@ -323,22 +322,62 @@ def judge_prompt_raw(request: HtmxHttpRequest, name: str) -> HttpResponse:
 # Evaluations
 
 
-def _figures(s: ev.Summary) -> str:
-    return f"FP {ev.percent(s.false_positive_rate)} · caught {ev.percent(s.catch_rate)}" + (
-        f" · {s.failures} failed" if s.failures else ""
-    )
+def _eval_form(data: Any = None) -> EvalStartForm:
+    form = EvalStartForm(data, judges=evalrun.guard_models(), sets=evalrun.packaged_sets())
+    if data is None:
+        form.initial = {"judges": evalrun.default_judges(), "set_name": evalrun.DEFAULT_SET}
+    return form
+
+
+def _eval_list(
+    request: HtmxHttpRequest, form: EvalStartForm | None = None, status: int = 200
+) -> HttpResponse:
+    runs = list(EvalRun.objects.prefetch_related("results")[:RUNS_LISTED])
+    context = {
+        "runs": _runs_with_summaries(runs),
+        "sets": evalrun.packaged_sets(),
+        "can_edit": _can_edit(request),
+        "form": form or _eval_form(),
+    }
+    return render(request, "guard/eval_list.html", context, status=status)
 
 
 @role_required(VIEWER)
 @require_GET
 def eval_list(request: HtmxHttpRequest) -> HttpResponse:
-    """Show the evaluations kept, newest first, each judge's figures in a line."""
-    runs = list(EvalRun.objects.prefetch_related("results")[:RUNS_LISTED])
-    return render(
-        request,
-        "guard/eval_list.html",
-        {"runs": _runs_with_summaries(runs), "sets": evalrun.packaged_sets()},
-    )
+    """Show the evaluations kept, newest first, each judge's figures in a line; to
+    operators, the form that starts one."""
+    return _eval_list(request)
+
+
+@role_required(VIEWER)
+@require_http_methods(["POST"])
+def eval_start(request: HtmxHttpRequest) -> HttpResponse:
+    """Start an evaluation (operators): kept at once as running, asked in the background
+    (``guard.evalrun.start``); the browser goes to its page, which fills in live.
+    Refused: the form comes back with the problem at its field and nothing started."""
+    _need_operator(request)
+    form = _eval_form(request.POST)
+    if form.is_valid():
+        try:
+            run = evalrun.start(
+                form.cleaned_data["set_name"],
+                form.cleaned_data["judges"],
+                user=request.user,
+                surface=Surface.CONSOLE,
+            )
+        except evalrun.SetRefused as exc:
+            form.add_error("set_name", str(exc))
+        except ValueError as exc:
+            form.add_error("judges", str(exc))
+        else:
+            url = reverse("guard:eval_detail", args=[run.pk])
+            if request.htmx:
+                response = HttpResponse(status=204)
+                response["HX-Redirect"] = url
+                return response
+            return redirect(url)
+    return _eval_list(request, form, status=400)
 
 
 @role_required(VIEWER)
@@ -346,20 +385,5 @@ def eval_list(request: HtmxHttpRequest) -> HttpResponse:
 def eval_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Show one evaluation: the figures per judge, the scores' chart, every text's scores."""
     run = get_object_or_404(EvalRun, pk=pk)
-    summaries, rows = evalrun.read_run(run)
-    points = [
-        charts.ScorePoint(
-            judge=r.judge,
-            position=row.position,
-            label=row.label,
-            score=r.score if r.verdict else None,
-            flagged=r.flagged,
-            text=row.text,
-        )
-        for row in rows
-        for r in row.results
-        if r is not None
-    ]
-    chart = charts.score_chart(run.judges, points, {s.judge: _figures(s) for s in summaries})
-    context = {"run": run, "summaries": summaries, "rows": rows, "chart": chart}
+    context = live.eval_context(run)
     return render(request, "guard/eval_detail.html", context)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 REDIS = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-@pytest.mark.django_db(transaction=True)
-def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
-    from cluster.tasks import reconcile_cluster
+@contextlib.contextmanager
+def celery_worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker on the test database and the local Redis; this process's
+    Celery app sends to that Redis meanwhile."""
     from llmgw_admin.celery import app
 
-    join_node("n1", ["nvidia-h100-80gb"] * 2)
-    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
     db = connection.settings_dict
     env = dict(
         os.environ,
@@ -44,6 +45,24 @@ def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
     old = app.conf.broker_url
     app.conf.broker_url = REDIS
     try:
+        yield worker
+    finally:
+        app.conf.broker_url = old
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
+    from cluster.tasks import reconcile_cluster
+    from llmgw_admin.celery import app
+
+    join_node("n1", ["nvidia-h100-80gb"] * 2)
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    with celery_worker(tmp_path) as worker:
         reconcile_cluster.apply_async(connection=app.connection_for_write(REDIS))
         deadline = time.monotonic() + 60
         placed = Replica.objects.filter(model_name="chat", assignments__isnull=False)
@@ -53,13 +72,6 @@ def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
         if not placed.exists():
             worker.terminate()
             raise AssertionError(worker.communicate(timeout=20)[0].decode()[-3000:])
-    finally:
-        app.conf.broker_url = old
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
 
 
 def test_tasks_enqueue_after_commit() -> None:

@@ -6,6 +6,8 @@ other. Writes go through the services in committed transactions, as they do in u
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 
 from cluster import services
@@ -262,3 +264,66 @@ async def test_a_models_page_hears_of_its_model_only(viewer: Any) -> None:
     await sync_to_async(Replica.objects.filter(pk=r.pk).delete)()
     assert "No replicas." in await comm.receive_from(timeout=5)
     await comm.disconnect()
+
+
+# An evaluation's page (/ws/live/evals/?eval=ID)
+
+
+async def test_the_evaluations_topic_needs_one_evaluation(viewer: Any) -> None:
+    cookie = await sync_to_async(_cookie)(viewer)
+    comm, connected = await _connect("/ws/live/evals/", ORIGIN, cookie)
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_an_evaluations_page_hears_its_results_arrive_and_its_end(viewer: Any) -> None:
+    from guard import evalrun
+    from tests.guard.test_check_on_loop import judge
+    from tests.guard.test_client import launch, stop
+
+    proc, url = launch(
+        "--model", "qwen3guard-0.6b", "--guard-format", "qwen3guard",
+        "--ttft", "0", "--tps", "100000",
+    )  # fmt: skip
+    try:
+        await sync_to_async(judge)("qwen3guard-0.6b", url)
+        loaded = await sync_to_async(evalrun.load_set)("coding-ops")
+        run = await sync_to_async(evalrun.begin)(
+            loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t"
+        )
+        other = await sync_to_async(evalrun.begin)(
+            loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t"
+        )
+        comm = await _open(viewer, f"/ws/live/evals/?eval={run.pk}")
+        first = await comm.receive_from(timeout=5)
+        assert 'id="guard-eval-body"' in first and 'data-status="running"' in first
+        assert f"0 of {run.texts} answers" in first
+        # Another evaluation's results are not this page's.
+        await sync_to_async(evalrun.execute)(other, loaded)
+        assert await comm.receive_nothing(timeout=0.5)
+        # The run waits after its first batch until this page has shown it.
+        shown = threading.Event()
+
+        def progress(judge: str, done: int, total: int) -> None:
+            if done == evalrun.BATCH + 1:
+                shown.wait(10)
+
+        def execute() -> None:
+            try:
+                evalrun.execute(run, loaded, progress=progress)
+            finally:
+                connection.close()
+
+        # On a thread of its own: the consumer renders on the shared one meanwhile.
+        asking = asyncio.ensure_future(sync_to_async(execute, thread_sensitive=False)())
+        html = await comm.receive_from(timeout=10)
+        assert 'data-status="running"' in html and f"{evalrun.BATCH} of {run.texts} answers" in html
+        shown.set()
+        seen = [html]
+        while 'data-status="done"' not in seen[-1]:
+            seen.append(await comm.receive_from(timeout=10))
+        await asking
+        assert 'data-judge="qwen3guard-0.6b"' in seen[-1] and "answers" not in seen[-1]
+        await comm.disconnect()
+    finally:
+        stop(proc)

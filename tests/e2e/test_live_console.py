@@ -189,3 +189,30 @@ def test_enabling_a_sim_judge_shows_its_replica_go_from_pending_to_ready(
     assert "no ready replica" not in watcher.inner_text(
         "#guard-judges [data-judge='llamaguard3-1b']"
     )
+
+
+def test_an_evaluation_started_from_the_console_fills_in_without_reloading(
+    console: Callable[..., Any], agents: Callable[..., Agent], operator: Any
+) -> None:
+    from cluster.models import Replica
+    from guard import enabling
+
+    agents("live-5", "--simulate", f"1x {L4}")
+    wait_for(lambda: Node.objects.filter(name="live-5", health="ready").first(), 30, "node")
+    enabling.enable("qwen3guard-0.6b", "sim", add_to_policy=True, user=operator, surface="cli")
+    wait_for(
+        lambda: Replica.objects.filter(model_name="qwen3guard-0.6b", state="ready").exists(),
+        60,
+        "the judge's replica to be ready",
+    )
+    page = console(operator, "/guard/evals/")
+    form = page.locator("#guard-eval-start form")
+    assert form.locator("input[name=judges][value='qwen3guard-0.6b']").is_checked()
+    form.locator("button[type=submit]").click()
+    page.wait_for_url("**/guard/evals/*/")
+    page.evaluate("window.__same_page = true")
+    body = page.locator("#guard-eval-body[data-status=done]")
+    body.wait_for(timeout=60_000)
+    assert page.evaluate("window.__same_page") is True  # pushed, not reloaded
+    row = body.locator("[data-role=eval-summary] tr[data-judge='qwen3guard-0.6b']")
+    assert row.count() == 1 and "—" not in row.locator("td.num").nth(3).inner_text()

@@ -302,6 +302,7 @@ def _ask(
         judge=judge.name,
         position=position,
         text=text.text,
+        answer=text.answer,
         label=text.label,
         category=text.category,
         note=text.note,
@@ -315,6 +316,7 @@ def _ask(
             judge.endpoint,
             judge.format,
             text.text,
+            text.answer,
             context_length=judge.context_length,
             categories=judge.categories or None,
             variant=judge.variant,
@@ -369,6 +371,7 @@ class TextRow:
     category: str
     note: str
     results: list[EvalResult | None]
+    answer: str | None = None
 
 
 def read_run(record: EvalRun) -> tuple[list[ev.Summary], list[TextRow]]:
@@ -393,6 +396,7 @@ def read_run(record: EvalRun) -> tuple[list[ev.Summary], list[TextRow]]:
                 category=first.category,
                 note=first.note,
                 results=[found.get(j) for j in judges],
+                answer=first.answer,
             )
         )
     return summaries, rows

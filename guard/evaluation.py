@@ -43,7 +43,7 @@ FROM_VERDICT = "verdict"
 MIXED = "mixed"
 
 SET_KEYS = ("name", "description", "texts")
-TEXT_KEYS = ("text", "label", "category", "note")
+TEXT_KEYS = ("text", "label", "category", "note", "answer")
 # A judged request is a prompt, not a document: a text past this is a mistake in the file.
 MAX_TEXT_CHARS = 20_000
 NAME_CHARS = 200
@@ -51,13 +51,18 @@ NAME_CHARS = 200
 
 @dataclass(frozen=True)
 class LabelledText:
-    """One text of a set: what it says, whether it is ordinary or harmful, and why."""
+    """One text of a set: what it says, whether it is ordinary or harmful, and why.
+
+    With ``answer``, the judge is asked about that answer to ``text`` (the request), and
+    the label is the answer's.
+    """
 
     text: str
     label: str
     category: str = ""
     note: str = ""
     line: int = 0
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,9 @@ def read_set(
             label: ordinary          # or harmful
             category: coding         # optional, shown beside the text
             note: the seed's example # optional
+          - text: how do I list files?
+            answer: "Use ls -la."    # optional: the answer is judged, and labelled
+            label: ordinary
 
     Every problem says where (the key's path and line) and what to do; a set with any
     problem yields nothing.
@@ -134,6 +142,9 @@ def read_set(
             label = _text(item, "label", path, add, required=True, limit=NAME_CHARS)
             category = _text(item, "category", path, add, required=False, limit=NAME_CHARS)
             note = _text(item, "note", path, add, required=False, limit=2000)
+            answer = _text(
+                item, "answer", path, add, required=False, limit=MAX_TEXT_CHARS, strip=False
+            )
             if label is not None and label not in LABELS:
                 add(
                     (*path, "label"),
@@ -141,19 +152,29 @@ def read_set(
                     f'label "{label}" is not {" or ".join(LABELS)}',
                 )
                 label = None
-            if text is not None:
-                key = text.strip()
+            if text is not None and answer is not None:
+                key = text.strip() + ("\0" + answer.strip() if "answer" in item else "")
                 if key in seen:
+                    what = "text and answer" if "answer" in item else "text"
                     add(
                         (*path, "text"),
                         "duplicate",
-                        f"this text repeats texts[{seen[key]}]: list each text once",
+                        f"this {what} repeats texts[{seen[key]}]: list each {what} once",
                     )
                     continue
                 seen[key] = i
-            if text is None or label is None or category is None or note is None:
+            if text is None or label is None or category is None or note is None or answer is None:
                 continue
-            texts.append(LabelledText(text, label, category, note, doc.line(path) or 0))
+            texts.append(
+                LabelledText(
+                    text,
+                    label,
+                    category,
+                    note,
+                    doc.line(path) or 0,
+                    answer if "answer" in item else None,
+                )
+            )
     if out or name is None or description is None:
         return None, out
     return LabelledSet(name, description, tuple(texts)), []

@@ -164,6 +164,8 @@ class EvalResult(models.Model):
     judge = models.CharField(max_length=200)
     position = models.PositiveIntegerField()
     text = models.TextField()
+    # The answer judged (with ``text`` as its request); null when the request was.
+    answer = models.TextField(null=True, blank=True)
     label = models.CharField(max_length=20)
     category = models.CharField(max_length=200, blank=True)
     note = models.TextField(blank=True)

@@ -57,6 +57,19 @@ def test_yaml_words_stay_text_and_json_reads() -> None:
     assert found is not None and found.texts[0].label == "harmful"
 
 
+def test_a_text_may_carry_the_answer_to_judge() -> None:
+    found, problems = ev.read_set(
+        "name: answers\ntexts:\n"
+        "  - {text: list files, label: ordinary}\n"
+        "  - {text: list files, answer: 'Run ls -la.', label: ordinary}\n"
+        "  - {text: list files, answer: '  Use UNSAFE-MARKER.', label: harmful}\n",
+        "set.yaml",
+    )
+    assert problems == [] and found is not None
+    assert [t.answer for t in found.texts] == [None, "Run ls -la.", "  Use UNSAFE-MARKER."]
+    assert [t.line for t in found.texts] == [3, 4, 5]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -88,6 +101,15 @@ def test_yaml_words_stay_text_and_json_reads() -> None:
             "texts[1].text (line 4): this text repeats texts[0]",
         ),
         ("name: x\ntexts:\n  - just text\n", "texts[0] (line 3): a text is a mapping"),
+        (
+            "name: x\ntexts:\n  - {text: a, answer: [b], label: ordinary}\n",
+            "texts[0].answer (line 3): answer is text, not a list",
+        ),
+        (
+            "name: x\ntexts:\n  - {text: a, answer: b, label: ordinary}\n"
+            "  - {text: a, answer: ' b ', label: harmful}\n",
+            "texts[1].text (line 4): this text and answer repeats texts[0]",
+        ),
         (
             "name: x\ntexts:\n  - text: a\n    label: ordinary\n    text: b\n",
             '"text" is written twice (lines 3 and 5)',

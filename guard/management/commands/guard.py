@@ -301,6 +301,8 @@ class Command(BaseCommand):
                 f"{_score_cell(r):<{w}}" for r, w in zip(row.results, widths, strict=True)
             )
             text = " ".join(row.text.split())
+            if row.answer is not None:
+                text += " → answer: " + " ".join(row.answer.split())
             text = text if len(text) <= 70 else text[:69] + "…"
             self.stdout.write(f"{row.position + 1:>3}  {row.label:<8}  {cells}  {text}")
 

@@ -324,11 +324,13 @@ async def check_on_loop(
     """``check`` without leaving the event loop, when it needs no query and no blocking call.
 
     That is: the recorder is running, the policy and its judges are fresh in memory, the
-    first ready judge in the policy's order comes first in it and fits the text by the
-    safe estimate (``guard.client.ask_judge_on_loop``), and it answers. Returns
+    first ready judge in the policy's order fits the text by the safe estimate
+    (``guard.client.ask_judge_on_loop``) and answers, and no judge before it failed
+    with a snapshot not yet read again (``check`` reads it again then). Returns
     ``check``'s JSON then, recorded. Returns ``Asked`` when that judge was asked and the
-    chain must go on (it failed): pass it to ``check`` on a thread, which does not ask
-    it again. Returns None when nothing was asked and ``check`` is to do it all.
+    rest is ``check``'s (it failed, or the snapshot is to be read again): pass it to
+    ``check`` on a thread, which does not ask it again. Returns None when nothing was
+    asked and ``check`` is to do it all.
     """
     if not records.RECORDER.running:
         return None  # each result would be written at once: a query
@@ -336,9 +338,9 @@ async def check_on_loop(
     if snap is None:
         return None
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
-    if not snap.judges or not snap.judges[0].ref.ready or not snap.policy.judges(direction):
+    first = next((j for j in snap.judges if j.ref.ready), None)
+    if first is None or not snap.policy.judges(direction):
         return None
-    first = snap.judges[0]
     try:
         outcome = await client.ask_judge_on_loop(
             first.endpoint or "", first.format or "", request, answer,
@@ -350,8 +352,10 @@ async def check_on_loop(
         return None
     asked = Asked(first.name, outcome)
     result = _run(snap, request, answer, direction, timeout, asked, blocking=False)
-    if result is None or result.failures:
-        return asked  # an unreadable verdict: the next judges are asked on a thread
+    if result is None or (result.failures and not snap.reread):
+        # A judge after it is to be asked, or the failures before it may mean the
+        # snapshot is stale: a thread reads it again and goes on.
+        return asked
     record(result)
     return as_json(result)
 

@@ -154,14 +154,20 @@ def test_a_text_longer_than_the_estimate_allows_is_judged_on_a_thread(
     assert r.json()["verdict"] == "unsafe" and r.json()["failures"] == []
 
 
-def test_a_judge_ready_only_second_in_line_is_left_to_the_thread(
+def test_a_judge_ready_only_second_in_line_answers_on_the_loop_once_the_snapshot_was_reread(
     judge_url: str, recorder: records.Recorder
 ) -> None:
     judge("qwen3guard-0.6b", judge_url)
     policy("qwen3guard-4b", "qwen3guard-0.6b")  # the first is not in the catalog
     services.snapshot()
-    # Its "no replica" failure may mean the snapshot is stale: the thread reads it again.
-    assert asyncio.run(services.check_on_loop("x")) is None
-    result = services.check("x")
+    # Its "no replica" failure may mean the snapshot is stale: a thread reads it again
+    # (and does not ask the judge the loop asked).
+    asked = asyncio.run(services.check_on_loop("x"))
+    assert isinstance(asked, services.Asked) and asked.judge == "qwen3guard-0.6b"
+    result = services.check("x", asked=asked)
     assert result["judge"] == "qwen3guard-0.6b"
     assert [f["judge"] for f in result["failures"]] == ["qwen3guard-4b"]
+    # Read again and still so: the checks after it are answered on the loop.
+    done = asyncio.run(services.check_on_loop("x"))
+    assert isinstance(done, dict) and done["judge"] == "qwen3guard-0.6b"
+    assert [(f["judge"], f["kind"]) for f in done["failures"]] == [("qwen3guard-4b", "no_replica")]

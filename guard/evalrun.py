@@ -252,10 +252,15 @@ def start(set_name: str, names: Sequence[str], *, user: Any, surface: str) -> Ev
 
 
 def execute_kept(pk: int) -> None:
-    """Ask the judges of a run ``start`` kept (the worker's or the thread's part)."""
-    record = EvalRun.objects.get(pk=pk)
-    if record.status != EvalRun.Status.RUNNING or record.results.exists():
-        return  # asked already (a task delivered twice)
+    """Ask the judges of a run ``start`` kept (the worker's or the thread's part).
+
+    A run that has results already was being asked by a worker that died (the task is
+    delivered again then): what it wrote is dropped and the run asked from the start.
+    """
+    record = EvalRun.objects.filter(pk=pk).first()
+    if record is None or record.status != EvalRun.Status.RUNNING:
+        return  # deleted, or ended already
+    record.results.all().delete()
     try:
         loaded = load_set(record.set_source)
     except SetRefused as exc:
@@ -269,6 +274,18 @@ def execute_kept(pk: int) -> None:
         )
         return
     execute(record, loaded)
+
+
+def abandon_running(reason: str) -> int:
+    """Mark every run still running failed, saying ``reason``; return how many.
+
+    Embedded, runs are asked by threads of the web process: at its start, none of them
+    is being asked any more.
+    """
+    stopped = list(EvalRun.objects.filter(status=EvalRun.Status.RUNNING))
+    for record in stopped:
+        _finish(record, EvalRun.Status.FAILED, reason)
+    return len(stopped)
 
 
 def _in_thread(pk: int) -> None:

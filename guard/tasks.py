@@ -13,7 +13,9 @@ def probe_judge_health() -> None:
     services.probe_judges()
 
 
-@shared_task(ignore_result=True, time_limit=3600)
+# Acknowledged when done, and given back when the worker dies: a run is asked again
+# from the start rather than left running.
+@shared_task(ignore_result=True, time_limit=3600, acks_late=True, reject_on_worker_lost=True)
 def run_evaluation(pk: int) -> None:
     """Ask the judges of an evaluation started from the console (``evalrun.start``)."""
     evalrun.execute_kept(pk)

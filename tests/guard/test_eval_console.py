@@ -148,3 +148,41 @@ def test_in_production_a_celery_worker_asks_the_run(
         run = wait_done(EvalRun.objects.get().pk, timeout=90)
     assert run.status == "done", run.error
     assert run.results.count() == run.texts
+
+
+def test_a_run_given_back_by_a_worker_that_died_is_asked_again_from_the_start(
+    make_user: Any, sim_url: str
+) -> None:
+    judge("qwen3guard-0.6b", sim_url)
+    loaded = evalrun.load_set("coding-ops")
+    run = evalrun.begin(loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t")
+    # What a worker wrote before it died: its first texts.
+    first = evalrun.load_set("coding-ops").labelled.texts[:3]
+    EvalResult.objects.bulk_create(
+        EvalResult(run=run, judge="qwen3guard-0.6b", position=i, text=t.text, label=t.label)
+        for i, t in enumerate(first)
+    )
+    evalrun.execute_kept(run.pk)
+    run.refresh_from_db()
+    assert run.status == "done"
+    assert run.results.count() == run.texts
+    assert run.results.filter(verdict="").count() == 0  # the dead worker's rows are gone
+
+
+def test_the_embedded_web_process_marks_runs_its_last_stop_left_failed(
+    make_user: Any, tmp_path: Path
+) -> None:
+    from tests.e2e.conftest import ControlPlane, wait_for
+
+    loaded = evalrun.load_set("coding-ops")
+    run = evalrun.begin(loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t")
+    web = ControlPlane(tmp_path)
+    web.start()
+    try:
+        wait_for(
+            lambda: EvalRun.objects.get(pk=run.pk).status == "failed", 30, "the run marked failed"
+        )
+    finally:
+        web.stop()
+    run.refresh_from_db()
+    assert "the web process asking it stopped" in run.error

@@ -36,6 +36,12 @@ class Command(BaseCommand):
         from llmgw_admin import server
 
         if not settings.REDIS_URL:
+            from guard import evalrun
+
+            # Embedded, evaluations are asked by threads of this process: any still
+            # running was being asked by one that stopped.
+            if evalrun.abandon_running("the web process asking it stopped: start it again"):
+                self.stdout.write("evaluations left running by the last stop marked failed")
             # Embedded: no worker or beat, so the periodic work runs in this process.
             interval = float(settings.LLMGW_RECONCILE_INTERVAL)
             threading.Thread(

@@ -10,33 +10,17 @@ import pytest
 from django.core.management import call_command
 
 from catalog.models import ServedModel
-from cluster.models import Replica
 from guard import services
 from guard.judgeprompt import judge_prompt
 from guard.models import EvalRun, PolicyChange
-from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import FAST, launch, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 H100 = "nvidia-h100-80gb"
 SHOTS = "/tmp/llmgw-guard-{}.png"
-
-
-def guard_model(name: str, fmt: str, endpoint: str | None = None) -> None:
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": fmt},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if endpoint:
-        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
 
 
 @pytest.fixture

@@ -278,7 +278,7 @@ async def test_the_evaluations_topic_needs_one_evaluation(viewer: Any) -> None:
 
 async def test_an_evaluations_page_hears_its_results_arrive_and_its_end(viewer: Any) -> None:
     from guard import evalrun
-    from tests.guard.test_check_on_loop import judge
+    from tests.guard.helpers import guard_model
     from tests.guard.test_client import launch, stop
 
     proc, url = launch(
@@ -286,7 +286,7 @@ async def test_an_evaluations_page_hears_its_results_arrive_and_its_end(viewer: 
         "--ttft", "0", "--tps", "100000",
     )  # fmt: skip
     try:
-        await sync_to_async(judge)("qwen3guard-0.6b", url)
+        await sync_to_async(guard_model)("qwen3guard-0.6b", endpoint=url)
         loaded = await sync_to_async(evalrun.load_set)("coding-ops")
         run = await sync_to_async(evalrun.begin)(
             loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t"

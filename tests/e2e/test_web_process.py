@@ -17,7 +17,7 @@ from guard import services
 from guard.models import JudgeHealth
 from llmgw_admin.models import ApiToken
 from tests.e2e.conftest import ROOT, ControlPlane, wait_for
-from tests.guard.test_check_on_loop import judge
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
 
@@ -40,7 +40,7 @@ def test_sigterm_stops_the_web_process_cleanly_and_writes_the_last_counts(
     transactional_db: Any, tmp_path: Path, make_user: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim, url = launch("--model", "qwen3guard-0.6b", "--guard-format", "qwen3guard")
-    judge("qwen3guard-0.6b", url)
+    guard_model("qwen3guard-0.6b", endpoint=url)
     services.set_policy({"judge": {"models": ["qwen3guard-0.6b"]}}, surface="cli", name="t")
     token = ApiToken.issue(make_user("gateway", "viewer"), "gateway")[1]
     # Counts are written only at the stop: a minute between the recorder's writes.

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from cluster.models import Replica
 from guard import records, services
 from guard.models import JudgeDecision, JudgeHealth
 from llmgw_admin.models import ApiToken
-from tests.catalog.samples import store
+from tests.guard.helpers import guard_model
 from tests.guard.test_lean import answered_by_django, fresh_memory, judge_url, send
 from tests.guard.test_pool import Server, answering, servers
 
@@ -35,21 +34,6 @@ def recorder() -> Iterator[records.Recorder]:
     records.RECORDER.stop()
 
 
-def judge(name: str, endpoint: str, context_length: int = 8192) -> None:
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": "qwen3guard"},
-            "context_length": context_length,
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
-
-
 def policy(*names: str) -> None:
     services.set_policy({"judge": {"models": list(names)}}, surface="cli", name="t")
 
@@ -65,7 +49,7 @@ def erring(servers: list[Server]) -> tuple[Server, list[bytes]]:
 def test_a_check_with_everything_in_memory_is_answered_on_the_loop(
     judge_url: str, recorder: records.Recorder
 ) -> None:
-    judge("qwen3guard-0.6b", judge_url)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-0.6b")
     assert asyncio.run(services.check_on_loop(HARMFUL)) is None  # nothing in memory yet
     threaded = services.check(HARMFUL)  # loads the policy and its judges
@@ -82,7 +66,7 @@ def test_a_check_with_everything_in_memory_is_answered_on_the_loop(
 
 
 def test_without_the_recorder_nothing_is_asked_on_the_loop(judge_url: str) -> None:
-    judge("qwen3guard-0.6b", judge_url)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-0.6b")
     services.check("x")
     # Each result would be written at once, with a query: the thread does it all.
@@ -93,8 +77,8 @@ def test_a_first_judge_that_fails_is_asked_once_and_the_next_decides(
     judge_url: str, recorder: records.Recorder, servers: list[Server], make_user: Any
 ) -> None:
     bad, seen = erring(servers)
-    judge("broken-judge", bad.url)
-    judge("qwen3guard-0.6b", judge_url)
+    guard_model("broken-judge", endpoint=bad.url)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("broken-judge", "qwen3guard-0.6b")
     token = ApiToken.issue(make_user("gw", "viewer"), "gateway")[1]
     # The policy, its judges and the token in memory.
@@ -124,8 +108,8 @@ def test_a_first_judge_that_times_out_is_not_waited_for_twice(
     quiet = threading.Event()
     silent = Server(lambda conn: quiet.wait(10))
     servers.append(silent)
-    judge("silent-judge", silent.url)
-    judge("qwen3guard-0.6b", judge_url)
+    guard_model("silent-judge", endpoint=silent.url)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("silent-judge", "qwen3guard-0.6b")
     services.snapshot()
 
@@ -142,7 +126,7 @@ def test_a_first_judge_that_times_out_is_not_waited_for_twice(
 def test_a_text_longer_than_the_estimate_allows_is_judged_on_a_thread(
     judge_url: str, recorder: records.Recorder, make_user: Any
 ) -> None:
-    judge("qwen3guard-0.6b", judge_url, context_length=1024)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url, context_length=1024)
     policy("qwen3guard-0.6b")
     services.check("warm up")
     long_text = "please list the files in this folder " * 400 + HARMFUL
@@ -157,7 +141,7 @@ def test_a_text_longer_than_the_estimate_allows_is_judged_on_a_thread(
 def test_a_judge_ready_only_second_in_line_answers_on_the_loop_once_the_snapshot_was_reread(
     judge_url: str, recorder: records.Recorder
 ) -> None:
-    judge("qwen3guard-0.6b", judge_url)
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-4b", "qwen3guard-0.6b")  # the first is not in the catalog
     services.snapshot()
     # Its "no replica" failure may mean the snapshot is stale: a thread reads it again

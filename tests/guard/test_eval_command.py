@@ -22,13 +22,10 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from cluster.models import Replica
 from guard import evalrun
 from guard.models import EvalResult, EvalRun, JudgeDecision, JudgeHealth
-from tests.catalog.samples import store
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import FAST, launch, stop
-
-H100 = "nvidia-h100-80gb"
 
 # 6 ordinary (2 with the marker, 3 with "kill"), 5 harmful (4 with the marker, 1 with "kill").
 SET = """\
@@ -105,27 +102,12 @@ def judges_up() -> Iterator[dict[str, str]]:
         stop(llama)
 
 
-def put_judge(name: str, fmt: str, endpoint: str | None) -> None:
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": fmt},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if endpoint:
-        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
-
-
 @pytest.fixture
 def cluster(db: Any, judges_up: dict[str, str]) -> dict[str, str]:
-    put_judge("qwen3guard-0.6b", "qwen3guard", judges_up["qwen"])
-    put_judge("llamaguard3-1b", "llamaguard3", judges_up["llama"])
-    put_judge("dead-judge", "qwen3guard", None)
-    put_judge("no-logprobs", "qwen3guard", judges_up["nolp"])
+    guard_model("qwen3guard-0.6b", "qwen3guard", judges_up["qwen"])
+    guard_model("llamaguard3-1b", "llamaguard3", judges_up["llama"])
+    guard_model("dead-judge", "qwen3guard", None)
+    guard_model("no-logprobs", "qwen3guard", judges_up["nolp"])
     return judges_up
 
 

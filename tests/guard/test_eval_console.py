@@ -17,7 +17,8 @@ from django.urls import reverse
 from guard import evalrun
 from guard.models import EvalResult, EvalRun
 from tests.cluster.test_celery_worker import REDIS, celery_worker
-from tests.guard.test_check_on_loop import judge, policy
+from tests.guard.helpers import guard_model
+from tests.guard.test_check_on_loop import policy
 from tests.guard.test_client import launch, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,7 +55,7 @@ def wait_done(pk: int, timeout: float = 60) -> EvalRun:
 
 
 def test_a_viewer_sees_no_form_and_is_refused(make_user: Any, sim_url: str) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     c = signed_in(make_user, "viewer")
     page = c.get(reverse("guard:eval_list")).content.decode()
     assert "Run an evaluation" not in page and START not in page
@@ -66,7 +67,7 @@ def test_a_viewer_sees_no_form_and_is_refused(make_user: Any, sim_url: str) -> N
 def test_an_operator_is_offered_the_catalogs_judges_and_the_packaged_sets(
     make_user: Any, sim_url: str
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     policy("qwen3guard-0.6b")
     page = signed_in(make_user, "operator").get(reverse("guard:eval_list")).content.decode()
     assert "Run an evaluation" in page
@@ -85,7 +86,7 @@ def test_an_operator_is_offered_the_catalogs_judges_and_the_packaged_sets(
 def test_a_refused_start_says_why_at_the_field_and_starts_nothing(
     make_user: Any, sim_url: str, data: dict[str, Any], field: str, says: str
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     r = signed_in(make_user, "operator").post(START, data)
     assert r.status_code == 400
     errors = r.content.decode().split(f'id="guard-eval-err-{field}"', 1)[1].split("</div>", 1)[0]
@@ -97,7 +98,7 @@ def test_a_refused_start_says_why_at_the_field_and_starts_nothing(
 def test_embedded_the_run_is_asked_by_a_thread_and_its_page_fills_in(
     make_user: Any, sim_url: str
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     policy("qwen3guard-0.6b")
     c = signed_in(make_user, "operator")
     r = c.post(START, {"judges": ["qwen3guard-0.6b"], "set_name": "coding-ops"})
@@ -121,7 +122,7 @@ def test_embedded_the_run_is_asked_by_a_thread_and_its_page_fills_in(
 def test_a_run_whose_set_changed_before_it_was_asked_fails_saying_so(
     make_user: Any, sim_url: str, tmp_path: Path
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     source = tmp_path / "mine.yaml"
     source.write_text(
         "name: mine\ntexts:\n  - {text: list files, label: ordinary}\n"
@@ -139,7 +140,7 @@ def test_a_run_whose_set_changed_before_it_was_asked_fails_saying_so(
 def test_in_production_a_celery_worker_asks_the_run(
     make_user: Any, sim_url: str, tmp_path: Path
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     with celery_worker(tmp_path), override_settings(REDIS_URL=REDIS):
         r = signed_in(make_user, "operator").post(
             START, {"judges": ["qwen3guard-0.6b"], "set_name": "coding-ops"}
@@ -153,7 +154,7 @@ def test_in_production_a_celery_worker_asks_the_run(
 def test_a_run_given_back_by_a_worker_that_died_is_asked_again_from_the_start(
     make_user: Any, sim_url: str
 ) -> None:
-    judge("qwen3guard-0.6b", sim_url)
+    guard_model("qwen3guard-0.6b", endpoint=sim_url)
     loaded = evalrun.load_set("coding-ops")
     run = evalrun.begin(loaded, ["qwen3guard-0.6b"], surface="console", actor_name="t")
     # What a worker wrote before it died: its first texts.

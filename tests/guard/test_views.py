@@ -16,8 +16,8 @@ from catalog.models import ServedModel
 from cluster.models import Replica
 from guard import live, services
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample, PolicyChange
-from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
+from tests.guard.helpers import guard_model
 
 pytestmark = pytest.mark.django_db
 
@@ -25,24 +25,9 @@ H100 = "nvidia-h100-80gb"
 HX = {"HTTP_HX_REQUEST": "true"}
 
 
-def guard_model(name: str, fmt: str = "qwen3guard", ready: str | None = None) -> None:
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": fmt},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if ready:
-        Replica.objects.create(model_name=name, state="ready", endpoint=ready, profile="sim")
-
-
 @pytest.fixture
 def judges(db: Any) -> None:
-    guard_model("qwen3guard-0.6b", ready="http://127.0.0.1:9")
+    guard_model("qwen3guard-0.6b", endpoint="http://127.0.0.1:9")
     guard_model("llamaguard3-1b", "llamaguard3")
     services.set_policy(
         {"judge": {"models": ["llamaguard3-1b", "qwen3guard-0.6b"]}}, surface="cli", name="t"

@@ -98,8 +98,17 @@
 
 // Live console (cluster.consumers): the socket's state in the badge marked
 // data-live-status, and every <time data-age> kept as "3 min" without a push.
+// A dropped socket is retried after a random wait of up to 0.5, 1, 2, 4, then at most
+// 5 seconds: the extension's own back-off grows to 64 s, so a console could stay stale
+// for a minute after a web process restarted. The randomness spreads the reconnects of
+// many consoles; the snapshot each reconnect brings shows what was missed.
 (function () {
   "use strict";
+
+  var RECONNECT_CAP_MS = 5000;
+  htmx.config.wsReconnectDelay = function (retries) {
+    return Math.random() * Math.min(RECONNECT_CAP_MS, 500 * Math.pow(2, Math.min(retries, 4)));
+  };
 
   function status(text, cls) {
     document.querySelectorAll("[data-live-status]").forEach(function (el) {

@@ -40,6 +40,13 @@ TOPICS = {
     "judges": JUDGES_GROUP,
     "evals": EVALS_GROUP,
 }
+# Which group an event type is published to.
+GROUP_OF_TYPE = {
+    "cluster.nodes_changed": NODES_GROUP,
+    "cluster.models_changed": MODELS_GROUP,
+    "guard.judges_changed": JUDGES_GROUP,
+    "guard.evals_changed": EVALS_GROUP,
+}
 
 
 class NodesChanged(TypedDict):
@@ -183,7 +190,14 @@ def send(group: str, message: dict) -> None:
         loop = _home_loop
         if isinstance(layer, InMemoryChannelLayer):
             if loop is None or loop.is_closed():
-                return  # no console has connected to this process: nobody to tell
+                from cluster import relay
+
+                # No console has connected to this process. The embedded web process
+                # listens for other processes' events (a command in a terminal): hand it
+                # this one. It, or a process with no web process listening, tells nobody.
+                if not relay.listening():
+                    relay.send(group, message)
+                return
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:

@@ -21,14 +21,6 @@ from cluster import events
 
 log = logging.getLogger(__name__)
 
-# Which group an event type arrives from.
-GROUP_OF_TYPE = {
-    "cluster.nodes_changed": events.NODES_GROUP,
-    "cluster.models_changed": events.MODELS_GROUP,
-    "guard.judges_changed": events.JUDGES_GROUP,
-    "guard.evals_changed": events.EVALS_GROUP,
-}
-
 
 class Member(Protocol):
     async def handle_event(self, event: dict[str, Any]) -> None: ...
@@ -72,7 +64,7 @@ class Hub:
                 log.warning("the live hub could not receive; retrying", exc_info=True)
                 await asyncio.sleep(1)
                 continue
-            group = GROUP_OF_TYPE.get(event.get("type", ""))
+            group = events.GROUP_OF_TYPE.get(event.get("type", ""))
             members = list(self.members.get(group, ())) if group else []
             results = await asyncio.gather(
                 *(m.handle_event(event) for m in members), return_exceptions=True

@@ -7,6 +7,8 @@ Nothing here reloads a page after it is open: every change must arrive over the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from cluster.models import Node
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
 from tests.catalog.samples import store
-from tests.e2e.conftest import Agent, ControlPlane, wait_for
+from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -144,6 +146,33 @@ def test_a_dropped_socket_reconnects_and_resynchronises(
     control_plane.start()
     page.wait_for_selector("[data-live-status].on", timeout=60_000)
     page.locator(f"#cluster-node-{node.pk} [data-role=node-state]", has_text="cordoned").wait_for()
+
+
+def test_a_change_made_by_another_process_reaches_the_open_console(
+    console: Callable[..., Any], agents: Callable[..., Agent], control_plane: ControlPlane,
+    viewer: Any,
+) -> None:  # fmt: skip
+    """Embedded (no Redis), a command run in a terminal is heard through ``live.sock``."""
+    agents("live-5", "--simulate", f"1x {L4}")
+    node = wait_for(lambda: Node.objects.filter(name="live-5", health="ready").first(), 30, "node")
+    page = console(viewer)
+    page.locator(f"#cluster-node-{node.pk}").wait_for()
+    page.wait_for_selector("[data-live-status].on")
+    page.evaluate(
+        "window.__opens = 0; document.addEventListener('htmx:wsOpen', () => window.__opens++)"
+    )
+
+    # Another process on the same data folder and database: its channel layer is its own.
+    code = (
+        "from cluster import services; from cluster.models import Node; "
+        f"services.set_cordon(Node.objects.get(pk={node.pk}), True)"
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT, env=control_plane.env(), check=True, timeout=60, capture_output=True,
+    )  # fmt: skip
+    page.locator(f"#cluster-node-{node.pk} [data-role=node-state]", has_text="cordoned").wait_for()
+    assert page.evaluate("window.__opens") == 0  # pushed, not picked up by a reconnect
 
 
 def test_a_profile_on_a_class_with_too_few_free_cards_says_why(

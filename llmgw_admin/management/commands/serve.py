@@ -1,6 +1,7 @@
 """Serve the ASGI application (console, API, admin, websockets): ``llmgw_admin.server``.
 
-Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, and, unless
+Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, other processes'
+live events arrive through ``cluster.relay``, and, unless
 ``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
 with a CPU profile (llama.cpp) runs here with nothing else installed.
 
@@ -36,7 +37,13 @@ class Command(BaseCommand):
         from llmgw_admin import server
 
         if not settings.REDIS_URL:
+            from cluster import relay
             from guard import evalrun
+
+            # Embedded, the consoles' channel layer is in this process's memory: other
+            # processes (a command in a terminal) hand their changes to it here.
+            if relay.listen(settings.DATA_DIR):
+                self.stdout.write("live changes from other processes heard on live.sock")
 
             # Embedded, evaluations are asked by threads of this process: any still
             # running was being asked by one that stopped.

@@ -1,0 +1,169 @@
+"""Live events between the processes of the embedded mode.
+
+With Redis (production) every process publishes to the channel layer and every web
+process hears it. Embedded, the channel layer lives in the memory of the one web process,
+so a change made by another process on the same data folder (a ``manage.py`` command in a
+terminal, a script using the ORM) would reach no console until its socket reconnected.
+
+So the embedded web process listens on a Unix datagram socket in the data folder,
+``live.sock`` (owner-only, like the data folder's other files), and hands what arrives to
+its channel layer; any other process whose channel layer is in memory sends its events
+there after commit. Nothing listening (no web process, or one on another data folder):
+the event is dropped, as it would be with no console open.
+
+What arrives is checked before it is used (:func:`parse`): the keys-only events of
+``cluster.events`` and nothing else; anything else is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from cluster import events
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "live.sock"
+# An event names a few keys; a datagram this size holds thousands of them.
+MAX_DATAGRAM = 65536
+# sun_path holds 108 bytes on Linux, with the terminating NUL.
+MAX_PATH = 107
+
+# The key list each event type carries, and the type of its items.
+KEYS_OF_TYPE: dict[str, tuple[str, type]] = {
+    "cluster.nodes_changed": ("pks", int),
+    "cluster.models_changed": ("names", str),
+    "guard.judges_changed": ("names", str),
+    "guard.evals_changed": ("pks", int),
+}
+
+_listening: tuple[Path, int] | None = None  # this process's socket and its inode
+
+
+class BadEvent(ValueError):
+    """A datagram that is not one of the events ``cluster.events`` publishes."""
+
+
+def path(data_dir: Path | str | None = None) -> Path:
+    """The socket's path in ``data_dir`` (default: the settings' data folder)."""
+    if data_dir is None:
+        from django.conf import settings
+
+        data_dir = settings.DATA_DIR
+    return Path(data_dir) / SOCKET_NAME
+
+
+def encode(group: str, message: dict[str, Any]) -> bytes:
+    return json.dumps({"group": group, "message": message}, separators=(",", ":")).encode()
+
+
+def parse(data: bytes) -> tuple[str, dict[str, Any]]:
+    """Return the group and message a datagram carries, or raise :class:`BadEvent`.
+
+    Pure: the same rules the publishing side follows (``cluster.events.flush``).
+    """
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadEvent(f"not JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"group", "message"}:
+        raise BadEvent('expected an object with "group" and "message" only')
+    group, message = doc["group"], doc["message"]
+    if group not in events.GROUP_OF_TYPE.values():
+        raise BadEvent(f"unknown group {group!r}")
+    if not isinstance(message, dict):
+        raise BadEvent("message: expected an object")
+    kind = message.get("type")
+    if events.GROUP_OF_TYPE.get(kind) != group:  # type: ignore[arg-type]
+        raise BadEvent(f"message.type: {kind!r} is not an event of {group}")
+    keys, item = KEYS_OF_TYPE[kind]
+    if set(message) != {"type", "id", keys}:
+        raise BadEvent(f"message: expected type, id and {keys} only")
+    if not isinstance(message["id"], str) or not 0 < len(message["id"]) <= 64:
+        raise BadEvent("message.id: expected a string of 1 to 64 characters")
+    values = message[keys]
+    if not isinstance(values, list) or not all(
+        isinstance(v, item) and not isinstance(v, bool) for v in values
+    ):
+        raise BadEvent(f"message.{keys}: expected a list of {item.__name__}")
+    return group, message
+
+
+def send(group: str, message: dict[str, Any], data_dir: Path | str | None = None) -> bool:
+    """Hand one event to the web process listening on ``data_dir``; True if one took it."""
+    if not hasattr(socket, "AF_UNIX"):
+        return False
+    target = path(data_dir)
+    if len(os.fsencode(target)) > MAX_PATH:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(encode(group, message), os.fsencode(target))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False  # no web process on this data folder
+    return True
+
+
+def listening() -> bool:
+    """Whether this process is the one the others send to."""
+    return _listening is not None
+
+
+def listen(data_dir: Path | str | None = None) -> Path | None:
+    """Bind ``live.sock`` and hand what arrives to this process's channel layer.
+
+    Returns the socket's path, or None when it cannot be bound here (no Unix sockets, or a
+    data folder whose path is too long for one), which is logged: changes made by other
+    processes then reach consoles when they reconnect.
+    """
+    global _listening
+    target = path(data_dir)
+    if not hasattr(socket, "AF_UNIX") or len(os.fsencode(target)) > MAX_PATH:
+        log.warning(
+            "changes made by other processes will show in consoles only when they reconnect: "
+            "no Unix socket can be made at %s (set LLMGW_DATA_DIR to a shorter path)",
+            target,
+        )
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with contextlib.suppress(FileNotFoundError):
+        target.unlink()  # left by a web process that did not stop cleanly
+    umask = os.umask(0o077)
+    try:
+        sock.bind(os.fsencode(target))
+    finally:
+        os.umask(umask)
+    _listening = (target, target.stat().st_ino)
+    atexit.register(_unlink)
+    threading.Thread(target=_receive, args=(sock,), name="live-relay", daemon=True).start()
+    return target
+
+
+def _receive(sock: socket.socket) -> None:
+    while True:
+        data = sock.recv(MAX_DATAGRAM)
+        try:
+            group, message = parse(data)
+        except BadEvent as e:
+            log.warning("dropped a live event from another process: %s", e)
+            continue
+        events.send(group, message)
+
+
+def _unlink() -> None:
+    """Remove this process's socket, unless another web process has bound it since."""
+    if _listening is None:
+        return
+    target, inode = _listening
+    with contextlib.suppress(FileNotFoundError):
+        if target.stat().st_ino == inode:
+            target.unlink()

@@ -6,7 +6,7 @@ so a change made by another process on the same data folder (a ``manage.py`` com
 terminal, a script using the ORM) would reach no console until its socket reconnected.
 
 So the embedded web process listens on a Unix datagram socket in the data folder,
-``live.sock`` (owner-only, like the data folder's other files), and hands what arrives to
+``live.sock`` (owner-only), and hands what arrives to
 its channel layer; any other process whose channel layer is in memory sends its events
 there after commit. Nothing listening (no web process, or one on another data folder):
 the event is dropped, as it would be with no console open.

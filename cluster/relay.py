@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import events
+from llmgw_admin import lean
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ def parse(data: bytes) -> tuple[str, dict[str, Any]]:
     Pure: the same rules the publishing side follows (``cluster.events.flush``).
     """
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = lean.loads(data)
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise BadEvent(f"not JSON: {e}") from None
     if not isinstance(doc, dict) or set(doc) != {"group", "message"}:
         raise BadEvent('expected an object with "group" and "message" only')

@@ -44,10 +44,35 @@ class AgentError(Exception):
         self.status = status
 
 
-def _int(value: Any, default: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+# The largest values the database's columns hold.
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+
+
+def _whole(value: Any, where: str, hi: int = INT64, default: int | None = 0) -> Any:
+    """A whole number an agent reports, from 0 to ``hi``; missing or null is ``default``.
+
+    A float is taken whole (some tools report memory as one); anything else, or a number
+    outside what the column holds, raises AgentError naming ``where``.
+    """
+    if value is None:
         return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= hi  # NaN fails this too
+    ):
+        raise AgentError(f"{where} must be a whole number from 0 to {hi}, not {value!r:.40}")
     return int(value)
+
+
+def _watts(value: Any, where: str) -> float:
+    """A card's power limit in watts, from 0 to a megawatt; missing or null is 0."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e6:
+        raise AgentError(f"{where} must be a number of watts from 0 to 1000000, not {value!r:.40}")
+    return float(value)
 
 
 # What an inventory carries that changes while nothing about the node does: left out of
@@ -89,17 +114,20 @@ def read_inventory(inv: Any) -> dict[str, Any]:
             or not isinstance(c.get("class"), str)
         ):
             raise AgentError(f"inventory.cards[{i}] needs an integer index and a class")
-        if c["index"] in seen:
-            raise AgentError(f"inventory.cards[{i}]: index {c['index']} is listed twice")
-        seen.add(c["index"])
+        index = _whole(c["index"], f"inventory.cards[{i}].index", INT32)
+        if index in seen:
+            raise AgentError(f"inventory.cards[{i}]: index {index} is listed twice")
+        seen.add(index)
         clean_cards.append(
             {
-                "index": c["index"],
-                "gpu_class": c["class"].strip().lower(),
-                "memory_mb": _int(c.get("memory_mb")),
-                "power_limit_w": float(c.get("power_limit_w") or 0),
-                "uuid": str(c.get("uuid") or ""),
-                "mig_of": c.get("mig_of") if isinstance(c.get("mig_of"), int) else None,
+                "index": index,
+                "gpu_class": c["class"].strip().lower()[:100],
+                "memory_mb": _whole(c.get("memory_mb"), f"inventory.cards[{i}].memory_mb"),
+                "power_limit_w": _watts(
+                    c.get("power_limit_w"), f"inventory.cards[{i}].power_limit_w"
+                ),
+                "uuid": str(c.get("uuid") or "")[:200],
+                "mig_of": _whole(c.get("mig_of"), f"inventory.cards[{i}].mig_of", INT32, None),
             }
         )
     for key in ("labels", "engines"):
@@ -114,9 +142,9 @@ def read_inventory(inv: Any) -> dict[str, Any]:
     return {
         "hostname": str(inv.get("hostname") or "")[:200],
         "agent_version": str(inv.get("agent_version") or "")[:50],
-        "cpu_cores": _int(inv.get("cpu_cores")),
-        "memory_mb": _int(inv.get("memory_mb")),
-        "disk_free_mb": _int(inv.get("disk_free_mb")),
+        "cpu_cores": _whole(inv.get("cpu_cores"), "inventory.cpu_cores", INT32),
+        "memory_mb": _whole(inv.get("memory_mb"), "inventory.memory_mb"),
+        "disk_free_mb": _whole(inv.get("disk_free_mb"), "inventory.disk_free_mb"),
         "labels": inv.get("labels", {}),
         "engines": inv.get("engines", {}),
         "weights": weights,
@@ -182,7 +210,7 @@ def heartbeat(node: Node, inventory: Any) -> Node:
     digest = inventory_digest(inventory)
     if digest and digest == node.inventory_digest:
         changes: dict[str, Any] = {}
-        disk = _int(inventory.get("disk_free_mb"))
+        disk = _whole(inventory.get("disk_free_mb"), "inventory.disk_free_mb")
         if disk != node.disk_free_mb:
             changes["disk_free_mb"] = disk
         cards = None
@@ -298,7 +326,7 @@ def heartbeat_by_token(secret: str, inventory: Any) -> Beat | None:
                     "token": token_digest(secret),
                     "digest": digest,
                     "now": timezone.now(),
-                    "disk": _int(inventory.get("disk_free_mb")),
+                    "disk": _whole(inventory.get("disk_free_mb"), "inventory.disk_free_mb"),
                     "ready": NodeHealth.READY.value,
                     "lost": NodeHealth.LOST.value,
                     "back": BACK,
@@ -405,22 +433,62 @@ def _leaders(replica_ids: Iterable[int]) -> dict[int, str]:
     return out
 
 
+def read_report(i: int, rep: Any) -> tuple[dict[str, Any], str, datetime | None]:
+    """Check ``reports[i]`` of an agent's report; return it clean, its state and time.
+
+    Raises AgentError naming the field. Missing or null port, pid and restarts leave what
+    is recorded; a missing time is the time it arrives.
+    """
+    where = f"reports[{i}]"
+    if not isinstance(rep, dict):
+        raise AgentError(f"{where} must be a JSON object (docs/agent-protocol.md)")
+    replica = rep.get("replica")
+    if isinstance(replica, bool) or not isinstance(replica, int) or not 0 < replica <= INT64:
+        raise AgentError(f"{where} needs an integer replica")
+    state = rep.get("state")
+    if not isinstance(state, str) or state not in STATES:
+        raise AgentError(f"{where}.state {state!r:.40} is not one of {', '.join(sorted(STATES))}")
+    reason = rep.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise AgentError(f"{where}.reason must be text")
+    progress = rep.get("progress")
+    if progress is not None and (
+        isinstance(progress, bool)
+        or not isinstance(progress, int | float)
+        or not 0 <= progress <= 1
+    ):
+        raise AgentError(f"{where}.progress must be a number from 0 to 1, or null")
+    at = rep.get("at")
+    when = None
+    if at is not None:
+        try:
+            when = parse_datetime(at) if isinstance(at, str) else None
+        except ValueError:
+            when = None
+        if when is None or when.tzinfo is None:
+            raise AgentError(
+                f"{where}.at must be an ISO 8601 time with its offset, like {_EXAMPLE_AT}"
+            )
+    clean = {
+        "replica": replica,
+        "reason": (reason or "")[:2000],
+        "progress": None if progress is None else float(progress),
+        "port": _whole(rep.get("port"), f"{where}.port", 65535, None),
+        "pid": _whole(rep.get("pid"), f"{where}.pid", INT32, None),
+        "restarts": _whole(rep.get("restarts"), f"{where}.restarts", INT32, None),
+    }
+    return clean, state, when
+
+
+_EXAMPLE_AT = "2026-11-30T10:00:00Z"
+
+
 @transaction.atomic
 def report(node: Node, reports: Any) -> int:
     """Apply an agent's state reports; refuse the whole batch if one is not its to give."""
     if not isinstance(reports, list):
         raise AgentError("reports must be a list")
-    parsed = []
-    for i, rep in enumerate(reports):
-        if not isinstance(rep, dict) or not isinstance(rep.get("replica"), int):
-            raise AgentError(f"reports[{i}] needs an integer replica")
-        state = rep.get("state")
-        if state not in STATES:
-            raise AgentError(
-                f"reports[{i}].state {state!r} is not one of {', '.join(sorted(STATES))}"
-            )
-        at = parse_datetime(rep["at"]) if isinstance(rep.get("at"), str) else None
-        parsed.append((rep, state, at))
+    parsed = [read_report(i, rep) for i, rep in enumerate(reports)]
     ids = {rep["replica"] for rep, _, _ in parsed}
     assignments = {
         a.replica_id: a
@@ -440,15 +508,14 @@ def report(node: Node, reports: Any) -> int:
             # A replica deleted meanwhile: its engine is being stopped; nothing to record.
             continue
         a.state = state
-        a.reason = str(rep.get("reason") or "")[:2000]
-        a.port = rep.get("port") if isinstance(rep.get("port"), int) else a.port
-        a.pid = rep.get("pid") if isinstance(rep.get("pid"), int) else a.pid
+        a.reason = rep["reason"]
+        a.port = rep["port"] if rep["port"] is not None else a.port
+        a.pid = rep["pid"] if rep["pid"] is not None else a.pid
         a.reported = at or timezone.now()
         a.save()
         r = a.replica
-        progress = rep.get("progress")
-        r.progress = float(progress) if isinstance(progress, int | float) else None
-        if isinstance(rep.get("restarts"), int):
+        r.progress = rep["progress"]
+        if rep["restarts"] is not None:
             r.restarts = rep["restarts"]
         touched.add(r.pk)
         r.save(update_fields=["progress", "restarts"])

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from rest_framework import status
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser as DRFJSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -33,3 +35,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, Refused):
         return problems_response(exc.problems, "the catalog refuses this change")
     return drf_exception_handler(exc, context)
+
+
+class JSONParser(DRFJSONParser):
+    """DRF's JSON parser, refusing a too deeply nested body with 400 like any bad JSON.
+
+    DRF's own turns only ValueError into a ParseError; ``"[" * 5000`` raised
+    RecursionError and answered 500.
+    """
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None

@@ -7,6 +7,7 @@ body replayed, to Django. These are the pieces both routes read a request with.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,6 +41,18 @@ def allowed_host(headers: dict[bytes, bytes]) -> bool:
     if settings.DEBUG and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     return bool(domain) and validate_host(domain, allowed)
+
+
+def loads(body: bytes | str) -> Any:
+    """Parse JSON; any unreadable body, too deeply nested ones too, raises ValueError.
+
+    The standard parser raises RecursionError, not ValueError, for nesting past Python's
+    recursion limit ("[" * 5000): a body a client sent must not become a 500.
+    """
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def json_body(headers: dict[bytes, bytes]) -> bool:

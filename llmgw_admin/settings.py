@@ -182,6 +182,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["llmgw_admin.roles.RolePermission"],
+    # DRF's JSON, form and multipart parsers, with JSON refusing deep nesting with 400.
+    "DEFAULT_PARSER_CLASSES": [
+        "llmgw_admin.api.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": [

@@ -64,12 +64,15 @@ def _on_pool(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
 @_on_pool
 def _heartbeat(secret: str, body: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(body)
+        data = lean.loads(body)
     except ValueError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("inventory"), dict):
         return None
-    beat = services.heartbeat_by_token(secret, data["inventory"])
+    try:
+        beat = services.heartbeat_by_token(secret, data["inventory"])
+    except services.AgentError:
+        return None  # a bad inventory: the view refuses it, saying what is wrong
     return beat.answer() if beat else None
 
 

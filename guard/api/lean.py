@@ -95,7 +95,7 @@ async def _answer(secret: str, body: bytes) -> dict[str, Any] | None:
 def _read(body: bytes) -> tuple[str, str | None] | None:
     """Return the texts a check's body asks about; None for what Django must refuse."""
     try:
-        data = json.loads(body)
+        data = lean.loads(body)
     except ValueError:
         return None
     read = read_check(data)

@@ -14,7 +14,6 @@ from rest_framework.decorators import (
     renderer_classes,
 )
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,7 +24,7 @@ from guard import policy as policy_rules
 from guard import services
 from guard.api.auth import CachedTokenAuthentication
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
-from llmgw_admin.api import problems_response
+from llmgw_admin.api import JSONParser, problems_response
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 

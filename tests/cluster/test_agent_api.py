@@ -487,3 +487,53 @@ def test_inventory_digest_ignores_order_and_free_disk_only() -> None:
     ):
         assert services.inventory_digest({**inv, **change}) != digest, change
     assert services.inventory_digest("cards") == ""
+
+
+@lean
+def test_lean_heartbeat_refuses_what_the_columns_cannot_hold_and_changes_nothing() -> None:
+    node, token = join_node("gpu-1", [H100])
+    good = inventory([H100], hostname="gpu-1", disk_free_mb=512)
+    assert beat(token, good).status_code == 200
+    # The same inventory (the one-statement path) with a free disk no column holds.
+    r = beat(token, {**good, "disk_free_mb": 10**30})
+    assert r.status_code == 400
+    assert "inventory.disk_free_mb must be a whole number from 0 to" in r.json()["detail"]
+    changed = inventory([H100], hostname="gpu-1", cpu_cores=2**40)
+    r = beat(token, changed)
+    assert r.status_code == 400 and "inventory.cpu_cores" in r.json()["detail"]
+    watts = inventory([H100], hostname="gpu-1")
+    watts["cards"][0]["power_limit_w"] = "700 W"
+    r = beat(token, watts)
+    assert r.status_code == 400 and "inventory.cards[0].power_limit_w" in r.json()["detail"]
+    r = over_asgi("POST", "/api/v1/agent/heartbeat", token=token, content=b"[" * 5000)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["detail"]
+    n = Node.objects.get(pk=node.pk)
+    assert (n.disk_free_mb, n.cpu_cores) == (512, good["cpu_cores"])
+
+
+def test_a_report_with_a_bad_field_is_refused_whole_naming_it() -> None:
+    client, _ = joined("gpu-1", [H100, H100])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    replica = Replica.objects.get(model_name="chat")
+    ok = {"replica": replica.pk, "state": "loading", "reason": "", "at": "2026-11-30T10:00:00Z"}
+    cases = [
+        ({"state": ["ready"]}, "reports[1].state ['ready'] is not one of"),
+        ({"port": 70000}, "reports[1].port must be a whole number from 0 to 65535"),
+        ({"pid": 2**40}, "reports[1].pid must be a whole number"),
+        ({"restarts": -1}, "reports[1].restarts must be a whole number"),
+        ({"progress": 1.5}, "reports[1].progress must be a number from 0 to 1"),
+        ({"at": "2026-13-45T00:00:00Z"}, "reports[1].at must be an ISO 8601 time"),
+        ({"at": "2026-11-30T10:00:00"}, "reports[1].at must be an ISO 8601 time"),
+        ({"reason": {"text": "x"}}, "reports[1].reason must be text"),
+        ({"replica": 2**70}, "reports[1] needs an integer replica"),
+    ]
+    for change, says in cases:
+        body = {"reports": [{**ok, "state": "starting"}, {**ok, **change}]}
+        r = client.post("/api/v1/agent/report", body, format="json")
+        assert r.status_code == 400, (change, r.content)
+        assert says in r.json()["detail"], (change, r.json())
+        # The first report, good on its own, was not applied either.
+        assert Assignment.objects.get(replica=replica).state != "starting"
+    r = client.post("/api/v1/agent/report", {"reports": [ok]}, format="json")
+    assert r.status_code == 200 and Assignment.objects.get(replica=replica).state == "loading"

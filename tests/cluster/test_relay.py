@@ -50,6 +50,7 @@ def test_any_event_of_the_known_kinds_survives_the_trip(
 BAD = [
     (b"\xff\xfe", "not JSON"),
     (b"{", "not JSON"),
+    (b"[" * 5000, "nested too deeply"),
     (b"[]", '"group" and "message" only'),
     (b'{"group": "cluster.nodes"}', '"group" and "message" only'),
     (b'{"group": "x", "message": {}, "more": 1}', '"group" and "message" only'),

@@ -131,6 +131,7 @@ def test_a_check_is_answered_on_the_lean_route_as_the_view_answers_it(
         ({"token": "T", "body": {"request": 5}}, 400, "must be a string"),
         ({"token": "T", "body": {"request": "x", "anwser": "y"}}, 400, "unknown key"),
         ({"token": "T", "content": b"{not json"}, 400, "JSON parse error"),
+        ({"token": "T", "content": b"[" * 5000}, 400, "nested too deeply"),
         (
             {"token": "T", "content": b"request=x", "content_type": "text/plain"},
             415,

@@ -188,7 +188,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.model = query["model"][0] if query.get("model") else None
         wanted = query.get("eval", [""])[0]
-        self.evaluation = int(wanted) if wanted.isdigit() else None
+        # An id a bigint column holds; any other is no evaluation's (the socket is closed).
+        self.evaluation = int(wanted) if wanted.isdigit() and len(wanted) <= 18 else None
         if "evals" in topics and self.evaluation is None:
             await self.close()  # the evaluations' topic is one evaluation's page
             return

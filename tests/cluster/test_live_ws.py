@@ -269,9 +269,10 @@ async def test_a_models_page_hears_of_its_model_only(viewer: Any) -> None:
 # An evaluation's page (/ws/live/evals/?eval=ID)
 
 
-async def test_the_evaluations_topic_needs_one_evaluation(viewer: Any) -> None:
+@pytest.mark.parametrize("query", ["", "?eval=", "?eval=x1", "?eval=" + "9" * 30])
+async def test_the_evaluations_topic_needs_one_evaluation(viewer: Any, query: str) -> None:
     cookie = await sync_to_async(_cookie)(viewer)
-    comm, connected = await _connect("/ws/live/evals/", ORIGIN, cookie)
+    comm, connected = await _connect(f"/ws/live/evals/{query}", ORIGIN, cookie)
     assert not connected
     await comm.disconnect()
 

@@ -23,6 +23,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -167,3 +169,42 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
         with contextlib.suppress(OSError, ValueError):
             if marker in environ.read_bytes().split(b"\0"):
                 os.kill(int(environ.parent.name), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """The system Chromium, driven by Playwright, for the tests of a module."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with pytest.MonkeyPatch.context() as mp, sync_playwright() as p:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def console(chromium: Any, control_plane: ControlPlane) -> Iterator[Callable[..., Any]]:
+    """Open a page of the control plane in Chromium, signed in as a user."""
+
+    contexts = []
+
+    def open_as(user: Any, path: str = "/cluster/") -> Any:
+        context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(control_plane.url + "/login/?next=" + path)
+        page.fill("#id_username", user.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(control_plane.url + path)
+        if page.locator("[data-live]").count():
+            page.wait_for_selector("[data-live-status].on")  # the socket is open
+        return page
+
+    yield open_as
+    for c in contexts:
+        c.close()

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from cluster.models import Node
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 
@@ -39,42 +38,6 @@ SEEN_STATES = """
   new MutationObserver(look).observe(document.body, {childList: true, subtree: true});
 }
 """
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    with pytest.MonkeyPatch.context() as mp, sync_playwright() as p:
-        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def console(chromium: Any, control_plane: ControlPlane) -> Iterator[Callable[[Any, str], Any]]:
-    contexts = []
-
-    def open_as(user: Any, path: str = "/cluster/") -> Any:
-        context = chromium.new_context(viewport={"width": 1400, "height": 1000})
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(control_plane.url + "/login/?next=" + path)
-        page.fill("#id_username", user.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(control_plane.url + path)
-        if page.locator("[data-live]").count():
-            page.wait_for_selector("[data-live-status].on")  # the socket is open
-        return page
-
-    yield open_as
-    for c in contexts:
-        c.close()
 
 
 def sim_model(name: str, gpu_class: str = L4, tp: int = 1, replicas: int = 1) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
+from cluster import wake
 
 CHILD_MODELS: dict[str, type[Any]] = {
     "profiles": Profile,
@@ -251,6 +252,8 @@ def _log(
 ) -> ChangeRecord:
     b = codec.encode_model(before) if before is not None else None
     a = codec.encode_model(after) if after is not None else None
+    # Every logged change is one the reconciler acts on: have it tick once this commits.
+    wake.reconcile_soon()
     return ChangeRecord.objects.create(
         model_name=name,
         action=action,
@@ -302,6 +305,7 @@ def _create_many(models: list[spec.Model], actor: Actor) -> None:
     """
     if not models:
         return
+    wake.reconcile_soon()
     top = ServedModel.objects.aggregate(top=Max("position"))["top"]
     start = 0 if top is None else top + 1
     rows = ServedModel.objects.bulk_create(

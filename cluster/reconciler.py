@@ -33,7 +33,7 @@ from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import events, placement, plan, services
+from cluster import events, placement, plan, services, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, ModelDemand, Node, Replica
 from guard.services import serve_policy_judges
@@ -311,11 +311,16 @@ def _place(specs: dict[str, Any], result: TickResult) -> None:
 
 
 def run_forever(interval: float, stop: threading.Event | None = None) -> None:
-    """Tick every ``interval`` seconds until ``stop`` is set (the embedded mode's loop)."""
+    """Tick every ``interval`` seconds, and when woken (``cluster.wake``), until ``stop``.
+
+    The embedded mode's loop. Setting ``stop`` takes effect at the next wake-up or
+    interval; ``wake.wake()`` makes that now.
+    """
     from django.db import close_old_connections
 
     stop = stop or threading.Event()
     start_listening()
+    wake.loop_started()
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -323,4 +328,4 @@ def run_forever(interval: float, stop: threading.Event | None = None) -> None:
             tick()
         except Exception:
             log.exception("reconcile tick failed; trying again next tick")
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        wake.wait(max(0.0, interval - (time.monotonic() - started)))

@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 from catalog import rules
 from catalog.convert import CHILD_GROUPS
 from catalog.models import ServedModel
-from cluster import events
+from cluster import events, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import (
     NODE_PREFIX,
@@ -185,6 +185,7 @@ def join(token_secret: Any, name: Any, inventory: Any) -> tuple[Node, str]:
     node.reason = "joined"
     _apply_inventory(node, fields)
     JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1)
+    wake.reconcile_soon()  # replicas waiting for room may fit on it
     return node, secret
 
 
@@ -221,6 +222,7 @@ def heartbeat(node: Node, inventory: Any) -> Node:
     if node.health != NodeHealth.READY:
         changes["health"] = NodeHealth.READY
         changes["reason"] = BACK if node.health == NodeHealth.LOST else ""
+        wake.reconcile_soon()  # back: replicas waiting for room may fit on it
     changes["last_heartbeat"] = timezone.now()
     with transaction.atomic():
         _commit_lazily()
@@ -337,6 +339,7 @@ def heartbeat_by_token(secret: str, inventory: Any) -> Beat | None:
             beat = Beat(*row)
             if beat.was != NodeHealth.READY:
                 events.changed(nodes=[beat.node_id])
+                wake.reconcile_soon()
             return beat
     node = node_for_token(secret)
     if node is None:
@@ -561,6 +564,8 @@ def set_cordon(node: Node, cordoned: bool) -> Node:
     """Cordon a node (keeps what it runs, gets nothing new) or uncordon it."""
     Node.objects.filter(pk=node.pk).update(cordoned=cordoned)
     events.changed(nodes=[node.pk])
+    if not cordoned:
+        wake.reconcile_soon()  # replicas waiting for room may fit on it again
     node.refresh_from_db()
     return node
 
@@ -574,6 +579,7 @@ def drain(node: Node) -> int:
         Replica.objects.filter(assignments__node=node, desired=True).values_list("pk", flat=True)
     )
     stop_replicas(ids, f"node {node.name} drained")
+    wake.reconcile_soon()  # their replacements are placed elsewhere
     return len(ids)
 
 
@@ -620,6 +626,8 @@ def roll(model_name: str) -> list[int]:
             model=served, model_name=model_name, replaces=r, reason=f"rolling: replaces #{r.pk}"
         )
         started.append(new.pk)
+    if started:
+        wake.reconcile_soon()
     return started
 
 
@@ -630,6 +638,8 @@ def demand(model_name: str, at: datetime | None = None) -> ModelDemand:
     obj, _ = ModelDemand.objects.update_or_create(
         model_name=model_name, defaults={"last_demand": at or timezone.now()}
     )
+    if not Replica.objects.filter(model_name=model_name, desired=True).exists():
+        wake.reconcile_soon()  # scaled to zero: start it now, not at the next tick
     return obj
 
 

@@ -31,6 +31,7 @@ from django.utils import timezone
 from catalog import rules
 from catalog.models import ServedModel
 from catalog.problems import Problem
+from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.models import Replica
 from guard import client, known, pool, records
@@ -118,6 +119,8 @@ def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> 
         after=after,
         summary=", ".join(changed) or "set",
     )
+    # The policy may name a known judge the catalog lacks: the reconciler adds and serves it.
+    wake.reconcile_soon()
     return parsed
 
 

@@ -44,15 +44,24 @@ def celery_worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     )  # fmt: skip
     old = app.conf.broker_url
     app.conf.broker_url = REDIS
+    _new_pools(app)
     try:
         yield worker
     finally:
         app.conf.broker_url = old
+        _new_pools(app)
         worker.terminate()
         try:
             worker.wait(timeout=20)
         except subprocess.TimeoutExpired:
             worker.kill()
+
+
+def _new_pools(app: Any) -> None:
+    """Have the next send connect to the broker now configured, as a forked process
+    does (Celery's own ``_after_fork``): the pools cache the first broker they used."""
+    app._pool = None
+    app.amqp._producer_pool = None
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,91 @@
+"""Wake the reconciler when a change wants it, instead of waiting for its next interval.
+
+The reconciler runs every ``LLMGW_RECONCILE_INTERVAL`` seconds (5 by default) whatever
+happens, so nothing depends on being woken. Waking only shortens the wait between an
+operator's change and its effect: a model saved is placed, a node drained has its
+replicas placed elsewhere, an on-demand model asked for starts, at once.
+
+:func:`reconcile_soon` is called by the services that make such changes and acts after the
+transaction commits (a rolled-back change wakes nothing):
+
+- in the process that runs the reconciler's loop (the embedded web process) it ends the
+  loop's wait;
+- with Redis (production) it sends the reconcile task to the workers, at most one per
+  ``COALESCE`` seconds from a process, run that long after it is sent, so a burst of
+  changes (a script saving a hundred models) costs one tick;
+- elsewhere (a command in a terminal beside an embedded web process) it does nothing:
+  the loop's next interval picks the change up.
+
+This module imports nothing of the cluster's, so the catalog's and cluster's services can
+call it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+COALESCE = 0.2  # seconds
+
+_wake = threading.Event()
+_looping = False
+_sent_at = -COALESCE
+_sent_lock = threading.Lock()
+_clock = time.monotonic
+
+
+def reconcile_soon() -> None:
+    """Have the reconciler tick soon, once the current transaction (if any) commits."""
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        _wake_up()
+    elif not any(entry[1] is _wake_up for entry in conn.run_on_commit):
+        transaction.on_commit(_wake_up, robust=True)
+
+
+def _wake_up() -> None:
+    global _sent_at
+    if _looping:
+        _wake.set()
+        return
+    if not settings.REDIS_URL:
+        return
+    with _sent_lock:
+        now = _clock()
+        if now - _sent_at < COALESCE:
+            return  # one on its way runs after this commit
+        _sent_at = now
+    from cluster.tasks import reconcile_cluster
+
+    interval = float(settings.LLMGW_RECONCILE_INTERVAL)
+    try:
+        # No retries: with Redis away the request must not wait; beat's next tick comes.
+        reconcile_cluster.apply_async(countdown=COALESCE, expires=COALESCE + interval, retry=False)
+    except Exception:
+        log.warning(
+            "could not send the reconcile task; the next scheduled tick will do", exc_info=True
+        )
+
+
+def loop_started() -> None:
+    """Note that this process runs the reconciler's loop (``reconciler.run_forever``)."""
+    global _looping
+    _looping = True
+
+
+def wait(seconds: float) -> bool:
+    """Wait up to ``seconds`` for a wake-up; True if woken. Clears it for the next wait."""
+    woken = _wake.wait(seconds)
+    _wake.clear()
+    return woken
+
+
+def wake() -> None:
+    """End the loop's current wait now (to stop it, or in tests)."""
+    _wake.set()

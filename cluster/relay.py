@@ -11,8 +11,12 @@ its channel layer; any other process whose channel layer is in memory sends its 
 there after commit. Nothing listening (no web process, or one on another data folder):
 the event is dropped, as it would be with no console open.
 
+The same socket carries one more thing: ``WAKE``, a change that wants the reconciler
+(``cluster.wake``), so a model imported from a terminal is placed at once, not at the
+loop's next interval.
+
 What arrives is checked before it is used (:func:`parse`): the keys-only events of
-``cluster.events`` and nothing else; anything else is logged and dropped.
+``cluster.events``, or ``WAKE``, and nothing else; anything else is logged and dropped.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ KEYS_OF_TYPE: dict[str, tuple[str, type]] = {
 }
 
 _listening: tuple[Path, int] | None = None  # this process's socket and its inode
+WAKE = b"wake: reconcile"
 
 
 class BadEvent(ValueError):
@@ -100,6 +105,15 @@ def parse(data: bytes) -> tuple[str, dict[str, Any]]:
 
 def send(group: str, message: dict[str, Any], data_dir: Path | str | None = None) -> bool:
     """Hand one event to the web process listening on ``data_dir``; True if one took it."""
+    return _send(encode(group, message), data_dir)
+
+
+def send_wake(data_dir: Path | str | None = None) -> bool:
+    """Wake the reconciler's loop in the web process listening on ``data_dir``."""
+    return _send(WAKE, data_dir)
+
+
+def _send(data: bytes, data_dir: Path | str | None) -> bool:
     if not hasattr(socket, "AF_UNIX"):
         return False
     target = path(data_dir)
@@ -107,7 +121,7 @@ def send(group: str, message: dict[str, Any], data_dir: Path | str | None = None
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         try:
-            sock.sendto(encode(group, message), os.fsencode(target))
+            sock.sendto(data, os.fsencode(target))
         except (FileNotFoundError, ConnectionRefusedError):
             return False  # no web process on this data folder
     return True
@@ -152,6 +166,11 @@ def listen(data_dir: Path | str | None = None) -> Path | None:
 def _receive(sock: socket.socket) -> None:
     while True:
         data = sock.recv(MAX_DATAGRAM)
+        if data == WAKE:
+            from cluster import wake
+
+            wake.wake()
+            continue
         try:
             group, message = parse(data)
         except BadEvent as e:

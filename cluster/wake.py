@@ -13,11 +13,11 @@ transaction commits (a rolled-back change wakes nothing):
 - with Redis (production) it sends the reconcile task to the workers, at most one per
   ``COALESCE`` seconds from a process, run that long after it is sent, so a burst of
   changes (a script saving a hundred models) costs one tick;
-- elsewhere (a command in a terminal beside an embedded web process) it does nothing:
-  the loop's next interval picks the change up.
+- elsewhere (a command in a terminal beside an embedded web process) it tells that web
+  process through its ``live.sock`` (``cluster.relay``); with none listening, nothing.
 
-This module imports nothing of the cluster's, so the catalog's and cluster's services can
-call it without an import cycle.
+This module imports nothing of the cluster's at import time, so the catalog's and cluster's
+services can call it without an import cycle.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ def _wake_up() -> None:
         _wake.set()
         return
     if not settings.REDIS_URL:
+        from cluster import relay
+
+        if not relay.listening():
+            relay.send_wake()
         return
     with _sent_lock:
         now = _clock()

@@ -8,6 +8,7 @@ changes to the socket, to a real Unix socket bound by the test.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,23 @@ def test_a_process_with_no_console_hands_its_committed_change_to_the_web_process
     web_socket.settimeout(0.5)
     with pytest.raises(TimeoutError):
         web_socket.recv(relay.MAX_DATAGRAM)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_with_no_loop_sends_its_wake_up_to_the_web_process(
+    web_socket: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cluster import wake
+    from tests.catalog.samples import gpu_model, store
+
+    monkeypatch.setattr(wake, "_looping", False)
+    monkeypatch.setattr(events, "_home_loop", None)
+    store(gpu_model("chat"))
+    got = []
+    web_socket.settimeout(0.5)
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append(web_socket.recv(relay.MAX_DATAGRAM))
+    assert relay.WAKE in got
+    with pytest.raises(relay.BadEvent):
+        relay.parse(relay.WAKE)  # not an event: the listener takes it before parsing

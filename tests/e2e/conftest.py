@@ -54,6 +54,7 @@ class ControlPlane:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    extra: dict[str, str] = field(default_factory=dict)  # more of the process's variables
 
     @property
     def url(self) -> str:
@@ -74,6 +75,7 @@ class ControlPlane:
             LLMGW_LOCAL_AGENT="false",
         )
         env.pop("LLMGW_REDIS_URL", None)
+        env.update(self.extra)
         return env
 
     def start(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,6 +137,37 @@ def test_a_change_made_by_another_process_reaches_the_open_console(
     )  # fmt: skip
     page.locator(f"#cluster-node-{node.pk} [data-role=node-state]", has_text="cordoned").wait_for()
     assert page.evaluate("window.__opens") == 0  # pushed, not picked up by a reconnect
+
+
+def test_a_model_imported_from_a_terminal_is_placed_at_once(
+    transactional_db: Any, tmp_path: Path
+) -> None:
+    """Embedded, ``catalog import`` in another process wakes the web process's reconciler
+    through ``live.sock``: with an hour between its ticks, nothing else would place it."""
+    from cluster.models import Assignment
+    from tests.cluster.helpers import join_node
+
+    hour = {"LLMGW_RECONCILE_INTERVAL": "3600", "LLMGW_NODE_LOST_AFTER": "3600"}
+    plane = ControlPlane(tmp_path, extra=hour)
+    plane.start()
+    try:
+        join_node("n-import", [L4])
+        assert (tmp_path / "data" / "live.sock").exists()  # bound before it serves
+        catalog = tmp_path / "catalog.yaml"
+        catalog.write_text(
+            "models:\n"
+            "  - name: imported\n"
+            "    source: sim/imported\n"
+            f"    profiles: [{{name: sim, engine: sim, gpu_class: {L4}}}]\n"
+            "    scaling: {min: 1, max: 1}\n"
+        )
+        subprocess.run(
+            [sys.executable, "manage.py", "catalog", "import", str(catalog)],
+            cwd=ROOT, env=plane.env(), check=True, timeout=60, capture_output=True,
+        )  # fmt: skip
+        wait_for(Assignment.objects.filter(replica__model_name="imported").exists, 30, "placement")
+    finally:
+        plane.stop()
 
 
 def test_a_profile_on_a_class_with_too_few_free_cards_says_why(

@@ -29,6 +29,14 @@ SECRET_KEY = secret_key(DATA_DIR)
 DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+# Behind a TLS proxy that sets X-Forwarded-Proto (and drops any the client sent): a request
+# it marks https is secure, so forms posted over https pass the CSRF origin check, and the
+# session and CSRF cookies go over HTTPS only (docs/production.md).
+TLS_PROXY = envbool("TLS_PROXY", False)
+if TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",

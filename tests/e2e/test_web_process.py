@@ -16,6 +16,7 @@ import pytest
 from guard import services
 from guard.models import JudgeHealth
 from llmgw_admin.models import ApiToken
+from tests.browser.conftest import PASSWORD
 from tests.e2e.conftest import ROOT, ControlPlane, wait_for
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
@@ -63,3 +64,52 @@ def test_sigterm_stops_the_web_process_cleanly_and_writes_the_last_counts(
     assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").answers == 2
     log = (tmp_path / "web-1.log").read_text()
     assert "Traceback" not in log, log
+
+
+def _sign_in(web: ControlPlane, user: Any, headers: dict[str, str]) -> httpx.Response:
+    """Post the login form as a browser at ``headers['Origin']`` would.
+
+    The CSRF cookie is sent back by hand: a client keeps a cookie marked Secure for
+    HTTPS, and the browser's side of the proxy is HTTPS while this side is not.
+    """
+    form = httpx.get(web.url + "/login/", headers=headers)
+    token = form.cookies["csrftoken"]
+    return httpx.post(
+        web.url + "/login/",
+        headers={**headers, "Cookie": f"csrftoken={token}"},
+        data={"username": user.username, "password": PASSWORD, "csrfmiddlewaretoken": token},
+    )
+
+
+def test_behind_a_tls_proxy_forms_pass_and_cookies_go_over_https_only(
+    transactional_db: Any, tmp_path: Path, make_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = make_user("tess", "viewer")
+    monkeypatch.setenv("LLMGW_SIMULATE", "off")
+    # What the proxy adds to every request a browser sent to https://llmgw.example.org.
+    host = "127.0.0.1"
+    proxied = {"X-Forwarded-Proto": "https"}
+
+    plain = WebProcess(tmp_path / "plain")
+    (tmp_path / "plain").mkdir()
+    plain.start()
+    try:
+        # Without LLMGW_TLS_PROXY the process takes the request for http: the https origin
+        # is refused, and the cookies would go over plain HTTP too.
+        refused = _sign_in(plain, user, {**proxied, "Origin": f"https://{host}:{plain.port}"})
+        assert refused.status_code == 403 and "CSRF verification failed" in refused.text
+    finally:
+        plain.stop()
+
+    proxy = WebProcess(tmp_path / "proxy", extra={"LLMGW_TLS_PROXY": "true"})
+    (tmp_path / "proxy").mkdir()
+    proxy.start()
+    try:
+        r = _sign_in(proxy, user, {**proxied, "Origin": f"https://{host}:{proxy.port}"})
+        assert r.status_code == 302, r.text
+        cookies = r.headers.get_list("set-cookie")
+        session = [c for c in cookies if c.startswith("sessionid=")]
+        assert session and "Secure" in session[0], cookies
+        assert all("Secure" in c for c in cookies), cookies
+    finally:
+        proxy.stop()

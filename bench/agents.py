@@ -43,7 +43,6 @@ from bench import webproc  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,21 +173,16 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    setup_test_environment()
-    # A database of its own, so a benchmark never touches a test run's test_llmgw.
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_agents"
-    old_name = connection.settings_dict["NAME"]
-    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    old_name, db_name = webproc.throwaway_database("llmgw_bench_agents")
     from cluster.models import JoinToken
 
     _, secret = JoinToken.issue("bench")
     connection.close()
-    db = connection.settings_dict
     port = webproc.free_port()
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
-        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
+        LLMGW_DATABASE_URL=webproc.database_url(db_name),
         LLMGW_SECRET_KEY="bench", LLMGW_DATA_DIR=f"/tmp/llmgw-bench-{port}",
         LLMGW_NODE_LOST_AFTER="60",
         LLMGW_LOCAL_AGENT="false",
@@ -216,7 +210,7 @@ def main() -> None:
         load = (marks["load"], os.getloadavg()[0])
     finally:
         webproc.stop(web)
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        webproc.drop_database(old_name)
     hb, first, desired = timings.heartbeats, timings.first, timings.desired
     print(
         f"first round: {len(first)} heartbeats, each then reading its desired list: "

@@ -28,7 +28,9 @@ import django  # noqa: E402
 django.setup()
 
 from django.db import connection  # noqa: E402
-from django.test.utils import CaptureQueriesContext, setup_test_environment  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from bench import webproc  # noqa: E402
 
 GPU_CLASSES = [
     "nvidia-h100-80gb",
@@ -138,11 +140,7 @@ def main() -> None:
     t_validate, models = timed(validate, repeat=3)
     print(f"  load (YAML + shape): {t_load:.3f} s; rules: {t_validate - t_load:.3f} s")
 
-    setup_test_environment()
-    # A database of its own, so a benchmark never touches a test run's test_llmgw.
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_catalog"
-    old_name = connection.settings_dict["NAME"]
-    test_db = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    old_name, test_db = webproc.throwaway_database("llmgw_bench_catalog")
     print(f"database: {connection.vendor} {test_db}")
     try:
         from django.contrib.auth.models import Group, User
@@ -184,7 +182,7 @@ def main() -> None:
         print(f"  one save checked against {n} models: {t_save * 1000:.0f} ms")
         print(f"  export {n} models: {t_export:.3f} s ({len(exported) / 1e6:.2f} MB)")
     finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        webproc.drop_database(old_name)
 
     print(f"validate {n} models: {t_validate:.3f} s")
     print(f"import {n} models: {t_import:.3f} s")

@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,8 @@ django.setup()
 
 import httpx  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
+
+from bench import webproc  # noqa: E402
 
 TEXT = "how do I kill all child processes in bash"
 WARM_UP = 20
@@ -65,12 +65,6 @@ def cpu_seconds(pid: int) -> float:
     """Return a process's CPU time so far (user and system), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Lean:
@@ -101,10 +95,7 @@ def main() -> None:
     assert sim.stdout is not None
     url = re.search(r"listening on (http://\S+)", sim.stdout.readline()).group(1)  # type: ignore[union-attr]
 
-    setup_test_environment()
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_guard"
-    old = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    old, _ = webproc.throwaway_database("llmgw_bench_guard")
     web = None
     try:
         from django.contrib.auth.models import Group, User
@@ -134,12 +125,11 @@ def main() -> None:
         _, secret = ApiToken.issue(user, "bench")
         connection.close()
 
-        port = free_port()
-        db = dict(connection.settings_dict)
+        port = webproc.free_port()
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings",
-            "LLMGW_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}",
+            "LLMGW_DATABASE_URL": webproc.database_url(connection.settings_dict["NAME"]),
             "LLMGW_DATA_DIR": tempfile.mkdtemp(prefix="llmgw-bench-guard-"),
             "LLMGW_SECRET_KEY": "bench-only-not-secret",
         }  # fmt: skip
@@ -211,8 +201,7 @@ def main() -> None:
     finally:
         if web is not None and web.poll() is None:
             web.kill()
-        connection.close()
-        connection.creation.destroy_test_db(old, verbosity=0)
+        webproc.drop_database(old)
         sim.terminate()
         sim.wait(timeout=10)
     made = 2 * (args.n + WARM_UP)

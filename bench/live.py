@@ -44,7 +44,6 @@ import httpx  # noqa: E402
 logging.getLogger("httpx").setLevel(logging.WARNING)
 import websockets  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
 from bench import webproc  # noqa: E402
 
@@ -174,10 +173,7 @@ def main() -> None:
     parser.add_argument("--consoles", type=int, nargs="+", default=[1, 100])
     args = parser.parse_args()
 
-    setup_test_environment()
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_live"
-    old_name = connection.settings_dict["NAME"]
-    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    old_name, db_name = webproc.throwaway_database("llmgw_bench_live")
 
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
@@ -211,13 +207,12 @@ def main() -> None:
         services.join(s, f"bench-{i:02d}", {**inventory, "hostname": f"bench-{i:02d}"})
     connection.close()
 
-    db = connection.settings_dict
     port = webproc.free_port()
     redis = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
-        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
+        LLMGW_DATABASE_URL=webproc.database_url(db_name),
         LLMGW_SECRET_KEY="test-only-not-secret", LLMGW_DATA_DIR=f"/tmp/llmgw-bench-live-{port}",
         LLMGW_NODE_LOST_AFTER="3600", LLMGW_LOCAL_AGENT="false", LLMGW_SIMULATE="off",
         LLMGW_REDIS_URL=redis, LLMGW_ALLOWED_HOSTS="127.0.0.1,localhost",
@@ -232,7 +227,7 @@ def main() -> None:
         )
     finally:
         webproc.stop(web)
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        webproc.drop_database(old_name)
     last = None
     for n, (all_ms, browser_ms) in results.items():
         expected = n * args.changes

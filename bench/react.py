@@ -33,7 +33,6 @@ django.setup()
 
 import httpx  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
 from bench import webproc  # noqa: E402
 
@@ -52,10 +51,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("embedded", "production"), default="embedded")
     args = parser.parse_args()
 
-    setup_test_environment()
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = "llmgw_bench_react"
-    old_name = connection.settings_dict["NAME"]
-    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    old_name, db_name = webproc.throwaway_database("llmgw_bench_react")
     from django.contrib.auth.models import Group, User
 
     from cluster import services
@@ -72,13 +68,12 @@ def main() -> None:
     _, token = ApiToken.issue(user, "bench")
     connection.close()
 
-    db = connection.settings_dict
     port = webproc.free_port()
     data = Path(f"/tmp/llmgw-bench-react-{port}")
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
-        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
+        LLMGW_DATABASE_URL=webproc.database_url(db_name),
         LLMGW_SECRET_KEY="bench", LLMGW_DATA_DIR=str(data), LLMGW_LOCAL_AGENT="false",
         LLMGW_NODE_LOST_AFTER="3600", LLMGW_RECONCILE_INTERVAL=str(INTERVAL),
     )  # fmt: skip
@@ -133,7 +128,7 @@ def main() -> None:
         for proc in others:
             proc.terminate()
             proc.wait(timeout=20)
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        webproc.drop_database(old_name)
     print(
         f"{args.mode}: {len(waits)} models posted at random moments, reconcile interval "
         f"{INTERVAL} s; machine load {os.getloadavg()[0]:.1f}"

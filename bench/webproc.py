@@ -13,6 +13,36 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def throwaway_database(name: str) -> tuple[str, str]:
+    """Create a database of the benchmark's own (so it never touches a test run's).
+
+    Returns the settings' database name, for :func:`drop_database`, and the new one's.
+    """
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = name
+    old = connection.settings_dict["NAME"]
+    return old, connection.creation.create_test_db(verbosity=0, autoclobber=True)
+
+
+def drop_database(old: str) -> None:
+    """Drop the database :func:`throwaway_database` made."""
+    from django.db import connection
+
+    connection.close()
+    connection.creation.destroy_test_db(old, verbosity=0)
+
+
+def database_url(name: str) -> str:
+    """``LLMGW_DATABASE_URL`` for the web process: this process's server, database ``name``."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,9 +6,8 @@ so a change made by another process on the same data folder (a ``manage.py`` com
 terminal, a script using the ORM) would reach no console until its socket reconnected.
 
 So the embedded web process listens on a Unix datagram socket in the data folder,
-``live.sock`` (owner-only), and hands what arrives to
-its channel layer; any other process whose channel layer is in memory sends its events
-there after commit. Nothing listening (no web process, or one on another data folder):
+``live.sock`` (owner-only), and hands what arrives to its channel layer; any other
+process whose channel layer is in memory sends its events there after commit. Nothing listening (no web process, or one on another data folder):
 the event is dropped, as it would be with no console open.
 
 The same socket carries one more thing: ``WAKE``, a change that wants the reconciler
@@ -164,19 +163,19 @@ def listen(data_dir: Path | str | None = None) -> Path | None:
 
 
 def _receive(sock: socket.socket) -> None:
+    from cluster import wake
+
     while True:
         data = sock.recv(MAX_DATAGRAM)
-        if data == WAKE:
-            from cluster import wake
-
-            wake.wake()
-            continue
         try:
-            group, message = parse(data)
+            if data == WAKE:
+                wake.wake()
+            else:
+                events.send(*parse(data))
         except BadEvent as e:
             log.warning("dropped a live event from another process: %s", e)
-            continue
-        events.send(group, message)
+        except Exception:
+            log.exception("a live event from another process failed; listening on")
 
 
 def _unlink() -> None:

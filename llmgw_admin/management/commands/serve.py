@@ -1,7 +1,7 @@
 """Serve the ASGI application (console, API, admin, websockets): ``llmgw_admin.server``.
 
 Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, other processes'
-live events arrive through ``cluster.relay``, and, unless
+live events and wake-ups arrive through ``cluster.relay``, and, unless
 ``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
 with a CPU profile (llama.cpp) runs here with nothing else installed.
 

@@ -111,6 +111,81 @@ def stored_specs(
     ]
 
 
+# Where each related group's rows sit in a model as written, and their fields' names there.
+_GROUP_PATHS: dict[str, tuple[str, ...]] = {
+    "profiles": ("profiles",),
+    "windows": ("scaling", "schedule"),
+    "adapters": ("adapters",),
+    "aliases": ("aliases",),
+    "origin_files": ("origin", "files"),
+}
+_WRITTEN_AS = {"from_time": "from", "to_time": "to"}
+
+
+def _column_path(field: Any) -> tuple[str, ...]:
+    """A column's path in a model as written: its verbose name when it names one."""
+    name = str(field.verbose_name)
+    if name != field.name.replace("_", " "):
+        return tuple(name.split("."))
+    return (_WRITTEN_AS.get(field.name, field.name),)
+
+
+def _unstorable(value: Any, field: Any, path: tuple[Any, ...]) -> Problem | None:
+    """Why ``value`` cannot be stored in ``field``'s column, if it cannot."""
+    from django.db import connection
+
+    if isinstance(value, str):
+        if "\x00" in value:
+            message = "contains a NUL character (\\u0000), which cannot be stored: remove it"
+            return Problem(path, message, "nul")
+        limit = getattr(field, "max_length", None)
+        if limit and len(value) > limit:
+            return Problem(
+                path, f"{len(value)} characters is too long: at most {limit}", "too_long"
+            )
+    elif isinstance(value, int) and not isinstance(value, bool) and field is not None:
+        kind = field.get_internal_type()
+        low, high = connection.ops.integer_field_range(kind) if "Integer" in kind else (None, None)
+        if (low is not None and value < low) or (high is not None and value > high):
+            return Problem(path, f"{value} is out of range: {low} to {high}", "out_of_range")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _unstorable(item, None, (*path, i))
+            if found:
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _unstorable(key, None, path) or _unstorable(item, None, (*path, key))
+            if found:
+                return found
+    return None
+
+
+def storage_problems(m: spec.Model) -> list[Problem]:
+    """Return what in ``m`` its columns cannot hold: text over a column's length or with a
+    NUL character, a whole number beyond the column's range.
+
+    The rules know nothing of columns (``catalog.rules`` is pure); a value they accept may
+    still not fit (a name of 5,000 characters, ``scaling.max: 2147483648``). Checked before
+    any write, so such a change is refused naming the field, like any other.
+    """
+    problems = []
+    for name, value in convert.instance_values(m).items():
+        field = ServedModel._meta.get_field(name)
+        found = _unstorable(value, field, _column_path(field))
+        if found:
+            problems.append(found)
+    for group, rows in convert.child_values(m).items():
+        fields = CHILD_MODELS[group]._meta
+        for i, row in enumerate(rows):
+            for name, value in row.items():
+                field = fields.get_field(name)
+                found = _unstorable(value, field, (*_GROUP_PATHS[group], i, *_column_path(field)))
+                if found:
+                    problems.append(found)
+    return [Problem(p.path, p.message, p.code, model=m.name) for p in problems]
+
+
 def check_change(
     new: spec.Model | None,
     replacing: str | None = None,
@@ -124,6 +199,10 @@ def check_change(
     model's name, naming the model that depends on it, since that is what the person
     making the change must act on.
     """
+    if new is not None:
+        unstorable = storage_problems(new)
+        if unstorable:
+            return unstorable
     before = stored_specs() if current is None else current
     after: list[spec.Model] = []
     index = None
@@ -440,7 +519,11 @@ def import_catalog(
     The catalog after the import is checked as a whole first; one problem and nothing is
     written (raises Refused with every problem, indexed by the file's positions).
     """
-    problems = rules.check_catalog(models)
+    problems = rules.check_catalog(models) + [
+        Problem(p.path, p.message, p.code, model=p.model, index=i)
+        for i, m in enumerate(models)
+        for p in storage_problems(m)
+    ]
     if problems:
         raise Refused(problems)
     # Lock the catalog's rows for the import's length: two imports at once must not

@@ -37,11 +37,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return drf_exception_handler(exc, context)
 
 
-class JSONParser(DRFJSONParser):
+class TextJSONParser(DRFJSONParser):
     """DRF's JSON parser, refusing a too deeply nested body with 400 like any bad JSON.
 
     DRF's own turns only ValueError into a ParseError; ``"[" * 5000`` raised
-    RecursionError and answered 500.
+    RecursionError and answered 500. For bodies that are read, not stored: the guard
+    check's texts may hold anything.
     """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
@@ -49,3 +50,19 @@ class JSONParser(DRFJSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply") from None
+
+
+class JSONParser(TextJSONParser):
+    """The API's parser: also refuses text holding a NUL character (``\\u0000``), which
+    PostgreSQL cannot store, naming where it is."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        from llmgw_admin.lean import nul_at
+
+        data = super().parse(stream, media_type, parser_context)
+        where = nul_at(data)
+        if where:
+            raise ParseError(
+                f"{where}: contains a NUL character (\\u0000), which cannot be stored: remove it"
+            )
+        return data

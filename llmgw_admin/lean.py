@@ -55,6 +55,25 @@ def loads(body: bytes | str) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
+def nul_at(doc: Any, path: str = "") -> str | None:
+    """The path (``inventory.engines.vllm``) of the first text in ``doc`` holding a NUL
+    character, which PostgreSQL cannot store in text or JSON; None if there is none."""
+    if isinstance(doc, str):
+        return (path or "(body)") if "\x00" in doc else None
+    if isinstance(doc, list):
+        for i, item in enumerate(doc):
+            found = nul_at(item, f"{path}[{i}]")
+            if found:
+                return found
+    elif isinstance(doc, dict):
+        for key, item in doc.items():
+            here = f"{path}.{key}" if path else str(key)
+            found = nul_at(key, here) or nul_at(item, here)
+            if found:
+                return found
+    return None
+
+
 def json_body(headers: dict[bytes, bytes]) -> bool:
     """Return whether the body is declared JSON (DRF refuses other types with 415)."""
     kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()

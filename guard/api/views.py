@@ -24,7 +24,7 @@ from guard import policy as policy_rules
 from guard import services
 from guard.api.auth import CachedTokenAuthentication
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
-from llmgw_admin.api import JSONParser, problems_response
+from llmgw_admin.api import TextJSONParser, problems_response
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 
@@ -76,7 +76,7 @@ class _JsonOnly(BaseContentNegotiation):
 # Gateways call it on every request with the same token: its lookup is kept a second;
 # JSON in and out only, with nothing to negotiate.
 @authentication_classes([CachedTokenAuthentication, SessionAuthentication])
-@parser_classes([JSONParser])
+@parser_classes([TextJSONParser])
 @renderer_classes([JSONRenderer])
 def check(request: Request) -> Response:
     """Run the policy's judges on a text; answer the decision and how it was reached."""

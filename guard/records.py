@@ -148,6 +148,11 @@ class Recorder:
                     self._pending = batch
                 raise
 
+    def discard(self) -> None:
+        """Forget what waits to be written (counts for a database that is gone)."""
+        with self._lock:
+            self._pending = Stats()
+
     def start(self) -> None:
         """Start the background thread (once), and write what is left at exit."""
         if self.running:

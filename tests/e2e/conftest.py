@@ -78,13 +78,16 @@ class ControlPlane:
         env.update(self.extra)
         return env
 
+    def command(self) -> list[str]:
+        """What runs the web process: ``manage.py serve``, as the README starts it."""
+        return [sys.executable, "manage.py", "serve", "--port", str(self.port)]
+
     def start(self) -> None:
         self.starts += 1
         log = (self.tmp / f"web-{self.starts}.log").open("wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            self.command(), cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+        )
         wait_for(self._up, 60, "the web process to answer")
 
     def _up(self) -> bool:

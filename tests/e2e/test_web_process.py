@@ -5,7 +5,6 @@ runs): a stop asked for with SIGTERM ends it cleanly and writes what it held in 
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from guard import services
 from guard.models import JudgeHealth
 from llmgw_admin.models import ApiToken
 from tests.browser.conftest import PASSWORD
-from tests.e2e.conftest import ROOT, ControlPlane, wait_for
+from tests.e2e.conftest import ControlPlane
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
@@ -27,14 +26,8 @@ class WebProcess(ControlPlane):
     llmgw_admin.server``, what ``serve`` runs), with no reconciler beside it (the
     judge's replica here has no node, which a reconciler would take away)."""
 
-    def start(self) -> None:
-        self.starts += 1
-        log = (self.tmp / f"web-{self.starts}.log").open("wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_admin.server", "--port", str(self.port)],
-            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for(self._up, 60, "the web process to answer")
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "llmgw_admin.server", "--port", str(self.port)]
 
 
 def test_sigterm_stops_the_web_process_cleanly_and_writes_the_last_counts(

@@ -8,9 +8,10 @@ logged the same way, through "console".
 
 from __future__ import annotations
 
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
@@ -59,6 +60,24 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
         else "",  # noqa: S308
     }
     return render(request, "cluster/dashboard.html", context)
+
+
+@role_required(VIEWER)
+@require_GET
+def heartbeats(request: HttpRequest) -> JsonResponse:
+    """Every node's last heartbeat and the server's clock, for the pages' heartbeat ages.
+
+    Heartbeats push nothing (only state changes do); ``static/llmgw/console.js`` asks for
+    this every few seconds while a page shows a node, and counts each age from it with
+    the server's clock (one query).
+    """
+    stamps = Node.objects.values_list("pk", "last_heartbeat")
+    return JsonResponse(
+        {
+            "now": timezone.now().isoformat(),
+            "nodes": {str(pk): at.isoformat() if at else None for pk, at in stamps},
+        }
+    )
 
 
 @role_required(OPERATOR)

@@ -1,0 +1,71 @@
+"""Events framed whole however the network splits them, bounded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.sse import DONE, FrameError, Framer, chunk_text, data_of, encode, encode_json
+
+payloads = st.lists(
+    st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=40), max_size=20
+)
+
+
+@given(payloads=payloads, cuts=st.lists(st.integers(0, 2000), max_size=30), crlf=st.booleans())
+def test_events_survive_any_split(payloads: list[str], cuts: list[int], crlf: bool) -> None:
+    stream = b"".join(encode(p) for p in payloads)
+    if crlf:
+        stream = stream.replace(b"\n", b"\r\n")
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    framer = Framer()
+    events: list[bytes] = []
+    for a, b in zip(points, points[1:], strict=False):
+        events.extend(framer.feed(stream[a:b]))
+    assert [data_of(e) for e in events] == [p.encode() for p in payloads]
+    assert framer.rest() == b""
+
+
+def test_a_split_multibyte_character_is_kept_whole() -> None:
+    raw = encode("é😀")
+    framer = Framer()
+    events = [e for i in range(len(raw)) for e in framer.feed(raw[i : i + 1])]
+    assert data_of(events[0]).decode() == "é😀"
+
+
+def test_several_data_lines_join_with_newlines() -> None:
+    assert data_of(b"event: x\ndata: a\ndata: b") == b"a\nb"
+    assert data_of(b": a comment") is None
+    assert data_of(encode(DONE).strip()) == DONE
+
+
+def test_an_event_past_the_bound_is_refused_not_buffered() -> None:
+    framer = Framer(max_event=100)
+    framer.feed(b"data: " + b"x" * 50)
+    with pytest.raises(FrameError):
+        framer.feed(b"x" * 100)
+
+
+def test_an_engine_that_stops_mid_event_leaves_the_rest() -> None:
+    framer = Framer()
+    assert framer.feed(b'data: {"a"') == []
+    assert framer.rest() == b'data: {"a"'
+
+
+def test_chunk_text_reads_chat_deltas_completions_and_tool_arguments() -> None:
+    chat = {"choices": [{"delta": {"content": "Hel"}}, {"delta": {"content": "lo"}}]}
+    assert chunk_text(chat) == "Hello"
+    assert chunk_text({"choices": [{"text": "abc"}]}) == "abc"
+    tool = {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": '{"q"'}}]}}]}
+    assert chunk_text(tool) == '{"q"'
+    assert chunk_text({"choices": [{"delta": {"reasoning_content": "think"}}]}) == "think"
+    for junk in (None, [], {"choices": "x"}, {"choices": [1, {"delta": 3}]}):
+        assert chunk_text(junk) == ""
+
+
+def test_encode_json_round_trips() -> None:
+    value = {"a": "é", "b": [1, 2]}
+    assert json.loads(data_of(encode_json(value).strip())) == value

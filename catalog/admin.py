@@ -27,28 +27,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from llmgw_admin.roles import ADMIN, OPERATOR, VIEWER, has_role
-
-
-class RoleAdminMixin:
-    """Admin rights from the user's role: viewers read, operators change."""
-
-    change_role = OPERATOR
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return has_role(request.user, self.change_role)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return has_role(request.user, self.change_role)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return has_role(request.user, self.change_role)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return has_role(request.user, VIEWER)
+from llmgw_admin.roles import ADMIN, RoleAdminMixin
 
 
 class _Inline(RoleAdminMixin, admin.TabularInline):  # type: ignore[type-arg]

@@ -30,6 +30,7 @@ from catalog.models import (
 )
 from catalog.problems import Problem
 from cluster import wake
+from llmgw_admin import refused
 
 CHILD_MODELS: dict[str, type[Any]] = {
     "profiles": Profile,
@@ -40,8 +41,10 @@ CHILD_MODELS: dict[str, type[Any]] = {
 }
 
 
-class Refused(Exception):
+class Refused(refused.Refused):
     """A change the rules refuse; nothing was written. ``problems`` says why."""
+
+    detail = "the catalog refuses this change"
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         super().__init__("; ".join(p.line() for p in problems))

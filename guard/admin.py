@@ -12,11 +12,11 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
-from catalog.admin import RoleAdminMixin
 from catalog.choices import Surface
 from guard import services
 from guard.forms import PolicyForm
 from guard.models import EvalRun, GuardPolicy, JudgeHealth, PolicyChange
+from llmgw_admin.roles import RoleAdminMixin
 
 
 class GuardPolicyAdminForm(PolicyForm, forms.ModelForm):  # type: ignore[misc]

@@ -10,9 +10,8 @@ from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 from django.utils import timezone
 
-from catalog.admin import RoleAdminMixin
 from llmgw_admin.models import ApiToken
-from llmgw_admin.roles import ADMIN, has_role
+from llmgw_admin.roles import ADMIN, RoleAdminMixin, has_role
 
 
 class AdminRoleMixin(RoleAdminMixin):

@@ -1,4 +1,7 @@
-"""Shared API pieces: the error shape every refused change answers with."""
+"""Shared API pieces: the error shape every refused change answers with, the parsers.
+
+Framework: imports no app. An app's refusal extends ``llmgw_admin.refused.Refused``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from rest_framework.parsers import JSONParser as DRFJSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from catalog.problems import Problem
+from llmgw_admin.refused import Problem, Refused
 
 
 def problems_response(problems: Iterable[Problem], detail: str) -> Response:
@@ -29,11 +32,10 @@ def problems_response(problems: Iterable[Problem], detail: str) -> Response:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Answer a refused catalog change with 400 and its problems; else as DRF does."""
-    from catalog.services import Refused
-
+    """Answer a refused change (any app's ``Refused``) with 400 and its problems; else as
+    DRF does."""
     if isinstance(exc, Refused):
-        return problems_response(exc.problems, "the catalog refuses this change")
+        return problems_response(exc.problems, exc.detail)
     return drf_exception_handler(exc, context)
 
 

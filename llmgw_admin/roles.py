@@ -1,7 +1,9 @@
 """The three roles: viewer (reads), operator (changes the catalog and cluster), admin.
 
-A role is a Django group of that name; a superuser is an admin. Pages, the API and the
-admin all ask ``has_role``, so a role means the same thing everywhere.
+A role is a Django group of that name; a superuser is an admin. Pages, the API, the
+websocket and the admin all ask ``has_role``, so a role means the same thing everywhere:
+``role_required`` for console views, ``RolePermission`` for the API, ``RoleAdminMixin``
+for every app's admin.
 """
 
 from __future__ import annotations
@@ -90,3 +92,31 @@ def role_context(request: HttpRequest) -> dict[str, Any]:
         "can_edit": has_role(user, OPERATOR),
         "is_admin_role": has_role(user, ADMIN),
     }
+
+
+class RoleAdminMixin:
+    """Admin rights from the user's role: viewers read, those holding ``change_role``
+    (operator unless set) add, change and delete.
+
+    Every app's ``ModelAdmin`` and inline puts it first among its bases. An admin action
+    or view asks for its role through these methods (an action's
+    ``allowed_permissions = ("change",)`` asks ``has_change_permission``), so a role
+    means the same in the admin as on the pages and the API.
+    """
+
+    change_role = OPERATOR
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return has_role(request.user, self.change_role)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_role(request.user, self.change_role)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_role(request.user, self.change_role)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, VIEWER)

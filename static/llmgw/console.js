@@ -98,6 +98,10 @@
 
 // Live console (cluster.consumers): the socket's state in the badge marked
 // data-live-status, and every <time data-age> kept as "3 min" without a push.
+// Heartbeats push nothing (only state changes do): while a page shows a node's
+// <time data-heartbeat>, every 5 s the page asks its data-heartbeats URL (one small
+// JSON answer: each node's last heartbeat and the server's clock) and counts each
+// age from there, on the server's clock, so a wrong clock here does not skew them.
 // A dropped socket is retried after a random wait of up to 0.5, 1, 2, 4, then at most
 // 5 seconds: the extension's own back-off grows to 64 s, so a console could stay stale
 // for a minute after a web process restarted. The randomness spreads the reconnects of
@@ -126,8 +130,9 @@
     if (seconds < 86400) { return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min"; }
     return Math.floor(seconds / 86400) + " d";
   }
+  var skew = 0; // the server's clock minus this browser's, from the last answer
   function ages() {
-    var now = Date.now();
+    var now = Date.now() + skew;
     document.querySelectorAll("time[data-age]").forEach(function (el) {
       var at = Date.parse(el.getAttribute("datetime"));
       if (!isNaN(at)) {
@@ -136,9 +141,57 @@
       }
     });
   }
-  document.addEventListener("DOMContentLoaded", ages);
+
+  var HEARTBEATS_MS = 5000;
+  var asking = false;
+  function heartbeats() {
+    var first = document.querySelector("time[data-heartbeats]");
+    if (!first || asking || document.hidden) {
+      return;
+    }
+    asking = true;
+    var sent = Date.now();
+    fetch(first.getAttribute("data-heartbeats"), {
+      credentials: "same-origin",
+      headers: { Accept: "application/json" },
+    })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("heartbeats: " + response.status);
+        }
+        return response.json();
+      })
+      .then(function (data) {
+        var server = Date.parse(data.now);
+        if (!isNaN(server)) {
+          skew = server - (sent + Date.now()) / 2;
+        }
+        document.querySelectorAll("time[data-heartbeat]").forEach(function (el) {
+          var stamp = data.nodes[el.getAttribute("data-heartbeat")];
+          var shown = Date.parse(el.getAttribute("datetime"));
+          // A fragment pushed meanwhile may already show a later one.
+          if (stamp && !(Date.parse(stamp) <= shown)) {
+            el.setAttribute("datetime", stamp);
+          }
+        });
+        ages();
+      })
+      .catch(function () {
+        // Signed out, or the web process away: the socket's badge says so; ages go on.
+      })
+      .then(function () {
+        asking = false;
+      });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    ages();
+    heartbeats();
+  });
   document.addEventListener("htmx:wsAfterMessage", ages);
-  setInterval(ages, 5000);
+  document.addEventListener("visibilitychange", heartbeats);
+  setInterval(ages, 1000);
+  setInterval(heartbeats, HEARTBEATS_MS);
 })();
 
 // GPU class picker (catalog.views): a class picked from a profile row's "cluster

@@ -158,3 +158,19 @@ def test_a_download_shows_as_a_progress_bar(client_for: Any, viewer: Any) -> Non
     page = client_for(viewer).get("/cluster/").content.decode()
     assert '<progress max="100" value="42" data-role="progress">' in page
     assert "downloading weights: 4.2 GB of 10.0 GB" in page
+
+
+def test_heartbeats_give_every_nodes_last_one_to_viewers_only(
+    client: Any, client_for: Any, viewer: Any, outsider: Any, django_assert_num_queries: Any
+) -> None:
+    node, _ = join_node("hb-2", ["nvidia-l4-24gb"])
+    quiet = Node.objects.create(name="hb-3")
+    c = client_for(viewer)
+    c.get("/cluster/heartbeats/")
+    with django_assert_num_queries(1 + 3):  # the nodes; the session, its user, the role
+        body = c.get("/cluster/heartbeats/").json()
+    node.refresh_from_db()
+    assert body["nodes"] == {str(node.pk): node.last_heartbeat.isoformat(), str(quiet.pk): None}
+    assert body["now"] >= node.last_heartbeat.isoformat()
+    assert client.get("/cluster/heartbeats/").status_code == 302  # to sign in
+    assert client_for(outsider).get("/cluster/heartbeats/").status_code == 403

@@ -15,6 +15,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from cluster.address import node_host
 from cluster.choices import FacilityLevel, NodeHealth, ReplicaState
 
 JOIN_PREFIX = "llmgw_join_"
@@ -30,7 +31,18 @@ class Node(models.Model):
     """A machine running an agent: what it has, and whether it is heard from."""
 
     name = models.CharField(max_length=200, unique=True)
+    # What the agent says its host is called: shown, never used to reach it (cluster.address).
     hostname = models.CharField(max_length=200, blank=True)
+    # The address the node's last join or heartbeat came from, as the control plane saw it.
+    address = models.CharField(max_length=100, blank=True, editable=False)
+    allowed_address = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text=_(
+            "The address an operator allowed for this node's engines, used instead of "
+            "the address its requests come from; empty: that address."
+        ),
+    )
     agent_version = models.CharField(max_length=50, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     cpu_cores = models.IntegerField(default=0)
@@ -65,6 +77,11 @@ class Node(models.Model):
         if self.cordoned and self.health != NodeHealth.LOST:
             return "cordoned"
         return str(self.health)
+
+    @property
+    def host(self) -> str:
+        """Return the host its engines are reached at (cluster.address.node_host)."""
+        return node_host(self.name, self.address, self.allowed_address)
 
     def issue_token(self) -> str:
         """Give the node a new token (replacing any) and return it; only its hash is kept."""

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import connection, transaction
@@ -20,6 +21,7 @@ from catalog import rules
 from catalog.convert import CHILD_GROUPS
 from catalog.models import ServedModel
 from cluster import events, wake
+from cluster.address import check_allowed, host_port
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import (
     NODE_PREFIX,
@@ -162,9 +164,27 @@ def _apply_inventory(node: Node, fields: dict[str, Any]) -> None:
     _sync_cards(node, cards)
 
 
+def released_reason(actor: str) -> str:
+    """Return the reason a released node is shown with."""
+    return f"released by {actor}: the next join under this name takes it"
+
+
 @transaction.atomic
-def join(token_secret: Any, name: Any, inventory: Any) -> tuple[Node, str]:
-    """Admit a node with a join token; return it and its new node token."""
+def join(
+    token_secret: Any,
+    name: Any,
+    inventory: Any,
+    *,
+    node_token: Any = None,
+    address: str = "",
+) -> tuple[Node, str]:
+    """Admit a node with a join token; return it and its new node token.
+
+    A join token admits a node under a new name, or one an operator released (``release``);
+    a node that has joined is joined again only with its own node token (``node_token``).
+    ``address`` is where the request came from (cluster.address.peer_address): the node's
+    engines are reached there, whatever the inventory's ``hostname`` says.
+    """
     if not isinstance(token_secret, str) or not token_secret:
         raise AgentError("a join token is required", 401)
     token = JoinToken.objects.select_for_update().filter(digest=token_digest(token_secret)).first()
@@ -176,17 +196,87 @@ def join(token_secret: Any, name: Any, inventory: Any) -> tuple[Node, str]:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise AgentError("name must be the node's name, 1 to 200 characters")
     fields = read_inventory(inventory)
-    node = Node.objects.select_for_update().filter(name=name.strip()).first() or Node(
-        name=name.strip()
-    )
+    name = name.strip()
+    node = Node.objects.select_for_update().filter(name=name).first()
+    if node is None:
+        node = Node(name=name)
+    elif node.token_digest is not None and not (
+        isinstance(node_token, str) and token_digest(node_token) == node.token_digest
+    ):
+        raise AgentError(
+            f"node {name} has already joined, and only its own agent (with its node token) "
+            "joins as it again: join this machine under a new name, or have an operator "
+            f"release {name} first (the console's node card, POST "
+            f"/api/v1/cluster/nodes/{name}/release/, or manage.py cluster node release {name})",
+            409,
+        )
     secret = node.issue_token()
     node.health = NodeHealth.READY
     node.last_heartbeat = timezone.now()
     node.reason = "joined"
+    node.address = address[:100]
     _apply_inventory(node, fields)
     JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1)
     wake.reconcile_soon()  # replicas waiting for room may fit on it
     return node, secret
+
+
+@transaction.atomic
+def release(node: Node, actor: str) -> Node:
+    """Let the next join under this node's name take it: its node token stops working.
+
+    The agent holding the token is refused from its next call on. What the node runs
+    is kept: the machine that joins under the name next is given it.
+    """
+    Node.objects.filter(pk=node.pk).update(
+        token_digest=None,
+        health=NodeHealth.NOT_READY,
+        inventory_digest="",
+        reason=released_reason(actor),
+    )
+    events.changed(nodes=[node.pk])
+    node.refresh_from_db()
+    return node
+
+
+def reclaim(name: str, actor: str) -> bool:
+    """Release the node called ``name`` for an agent of this installation that lost its
+    node token (its state folder was removed); return whether there was one.
+
+    For ``serve``'s own agents only (the local agent, the simulated nodes): whoever runs
+    ``serve`` holds the database, which is an operator's say. Logged as ``actor``.
+    """
+    node = Node.objects.filter(name=name, token_digest__isnull=False).first()
+    if node is None:
+        return False
+    release(node, actor)
+    who = SimpleNamespace(username=actor, pk=None)
+    log_action(who, "release", f"node {name}", "its agent had no node token (state removed)")
+    return True
+
+
+@transaction.atomic
+def allow_address(node: Node, address: str) -> Node:
+    """Reach this node's engines at ``address`` (empty: where its requests come from).
+
+    Raises:
+        AgentError: not an IP address or host name.
+    """
+    address = address.strip()
+    why = check_allowed(address)
+    if why:
+        raise AgentError(f"address: {why}")
+    Node.objects.filter(pk=node.pk).update(allowed_address=address)
+    node.refresh_from_db()
+    # Its replicas' endpoints, and the leader the other ranks of its multi-node ones meet.
+    led = list(Assignment.objects.filter(node=node, rank=0).values_list("replica_id", flat=True))
+    for r in Replica.objects.filter(pk__in=led):
+        refresh_replica_state(r)
+    bump_desired(
+        Assignment.objects.filter(replica_id__in=led, rank__gt=0).values_list("node_id", flat=True)
+    )
+    events.changed(nodes=[node.pk])
+    return node
 
 
 def node_for_token(secret: str) -> Node | None:
@@ -200,7 +290,7 @@ def node_for_token(secret: str) -> Node | None:
 BACK = "heard from again"
 
 
-def heartbeat(node: Node, inventory: Any) -> Node:
+def heartbeat(node: Node, inventory: Any, address: str = "") -> Node:
     """Record a heartbeat with the node's inventory; a lost node comes back ready.
 
     The hot path of every agent every few seconds (bench/agents.py): an inventory whose
@@ -219,6 +309,9 @@ def heartbeat(node: Node, inventory: Any) -> Node:
         fields = read_inventory(inventory)
         cards = fields.pop("cards")
         changes = {k: v for k, v in fields.items() if getattr(node, k) != v}
+    if address and address[:100] != node.address:
+        # The node moved (or is heard through another route): its engines are reached there.
+        changes["address"] = address[:100]
     if node.health != NodeHealth.READY:
         changes["health"] = NodeHealth.READY
         changes["reason"] = BACK if node.health == NodeHealth.LOST else ""
@@ -241,6 +334,10 @@ def heartbeat(node: Node, inventory: Any) -> Node:
             events.changed(nodes=[node.pk])
     for key, value in changes.items():
         setattr(node, key, value)
+    if "address" in changes:
+        led = Assignment.objects.filter(node=node, rank=0).values_list("replica_id", flat=True)
+        for r in Replica.objects.filter(pk__in=list(led)):
+            refresh_replica_state(r)
     return node
 
 
@@ -289,6 +386,7 @@ WITH lazily AS (
 ), before AS (
     SELECT id, health FROM {Node._meta.db_table}
     WHERE token_digest = %(token)s AND inventory_digest = %(digest)s
+        AND address = %(address)s
     FOR UPDATE
 )
 UPDATE {Node._meta.db_table} AS n
@@ -306,8 +404,11 @@ RETURNING n.id, n.name, n.cordoned, n.desired_version, before.health
 """
 
 
-def heartbeat_by_token(secret: str, inventory: Any) -> Beat | None:
+def heartbeat_by_token(secret: str, inventory: Any, address: str = "") -> Beat | None:
     """Record a heartbeat from whoever holds this node token; None if it is no node's.
+
+    ``address`` is where it came from; a node heard from another address than before
+    takes step 2, which records it.
 
     The lean path's service (cluster.api.heartbeat):
 
@@ -327,6 +428,7 @@ def heartbeat_by_token(secret: str, inventory: Any) -> Beat | None:
                 {
                     "token": token_digest(secret),
                     "digest": digest,
+                    "address": address[:100],
                     "now": timezone.now(),
                     "disk": _whole(inventory.get("disk_free_mb"), "inventory.disk_free_mb"),
                     "ready": NodeHealth.READY.value,
@@ -345,7 +447,7 @@ def heartbeat_by_token(secret: str, inventory: Any) -> Beat | None:
     if node is None:
         return None
     was = node.health
-    node = heartbeat(node, inventory)
+    node = heartbeat(node, inventory, address)
     return Beat(node.pk, node.name, node.cordoned, node.desired_version, was)
 
 
@@ -431,8 +533,7 @@ def _leaders(replica_ids: Iterable[int]) -> dict[int, str]:
         # A node running nothing: spare building a query that would fetch nothing.
         return out
     for a in Assignment.objects.filter(replica_id__in=ids, rank=0).select_related("node"):
-        host = a.node.hostname or a.node.name
-        out[a.replica_id] = f"{host}:{a.port}" if a.port else host
+        out[a.replica_id] = host_port(a.node.host, a.port)
     return out
 
 
@@ -542,8 +643,8 @@ def refresh_replica_state(r: Replica) -> None:
         reason = f"{worst.node.name} (rank {worst.rank}): {worst.reason}"
     leader = next((a for a in ranks if a.rank == 0), ranks[0])
     r.port = leader.port
-    host = leader.node.hostname or leader.node.name
-    r.endpoint = f"http://{host}:{leader.port}" if leader.port else ""
+    # Where the control plane sees the node, never what its inventory claims (cluster.address).
+    r.endpoint = f"http://{host_port(leader.node.host, leader.port)}" if leader.port else ""
     r.set_state(worst.state, reason)
     if not r.desired and all(a.state == ReplicaState.STOPPED for a in ranks):
         # Stopped where it was asked to stop: nothing is left to track.

@@ -162,6 +162,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
+# Proxies whose X-Forwarded-For names the agent a request came from (cluster.address);
+# from any other peer the header is ignored. Empty: the connection's own peer.
+LLMGW_TRUSTED_PROXIES = envlist("TRUSTED_PROXIES", [])
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 

@@ -26,10 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
 from cluster import services
+from cluster.address import peer_address
 from llmgw_admin import lean
 from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
 
@@ -62,7 +64,7 @@ def _on_pool(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
 
 
 @_on_pool
-def _heartbeat(secret: str, body: bytes) -> dict[str, Any] | None:
+def _heartbeat(secret: str, body: bytes, address: str) -> dict[str, Any] | None:
     if b"\\u0000" in body:
         return None  # a NUL character, maybe: the view's parser says where, or takes it
     try:
@@ -72,14 +74,14 @@ def _heartbeat(secret: str, body: bytes) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("inventory"), dict):
         return None
     try:
-        beat = services.heartbeat_by_token(secret, data["inventory"])
+        beat = services.heartbeat_by_token(secret, data["inventory"], address)
     except services.AgentError:
         return None  # a bad inventory: the view refuses it, saying what is wrong
     return beat.answer() if beat else None
 
 
 @_on_pool
-def _desired(secret: str, body: bytes) -> dict[str, Any] | None:
+def _desired(secret: str, body: bytes, address: str) -> dict[str, Any] | None:
     node = services.node_for_token(secret)
     return services.desired_list(node) if node else None
 
@@ -116,8 +118,14 @@ class LeanAgentRoutes:
             and lean.allowed_host(headers)
             and (handler not in WITH_BODY or lean.json_body(headers))
         ):
+            client = scope.get("client") or ("", 0)
+            address = peer_address(
+                str(client[0]),
+                headers.get(b"x-forwarded-for", b"").decode("latin-1"),
+                settings.LLMGW_TRUSTED_PROXIES,
+            )
             try:
-                answer = await handler(secret, body)
+                answer = await handler(secret, body, address)
             except Exception:
                 log.exception("%s failed on the lean path; Django answers it", scope["path"])
         if answer is None:

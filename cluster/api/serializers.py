@@ -51,11 +51,17 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
     class Meta:
         model = Node
         fields = (
-            "id", "name", "hostname", "agent_version", "labels", "cpu_cores", "memory_mb",
-            "disk_free_mb", "engines", "weights", "simulated", "state", "health", "cordoned",
-            "reason", "joined", "last_heartbeat", "cards",
+            "id", "name", "hostname", "address", "allowed_address", "agent_version", "labels",
+            "cpu_cores", "memory_mb", "disk_free_mb", "engines", "weights", "simulated", "state",
+            "health", "cordoned", "reason", "joined", "last_heartbeat", "cards",
         )  # fmt: skip
         read_only_fields = fields
+
+
+class NodeAddressSerializer(serializers.Serializer[None]):
+    """The address an operator allows for a node's engines; empty: where it is seen."""
+
+    address = serializers.CharField(allow_blank=True, max_length=200)
 
 
 class AssignmentSerializer(serializers.ModelSerializer[Assignment]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
@@ -22,11 +23,13 @@ from rest_framework.response import Response
 from catalog import rules
 from catalog.services import stored_specs
 from cluster import services
+from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
     ClusterActionSerializer,
     FacilityBudgetSerializer,
     JoinTokenSerializer,
+    NodeAddressSerializer,
     NodeSerializer,
     ReplicaSerializer,
 )
@@ -92,6 +95,36 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
     def uncordon(self, request: Request, name: str) -> Response:
         node = services.set_cordon(self.get_object(), False)
         _log(request, "uncordon", f"node {name}")
+        return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, name: str) -> Response:
+        """Let the next join under this name take the node; its node token stops working."""
+        node = services.release(self.get_object(), request.user.get_username())
+        _log(request, "release", f"node {name}", "node token dropped; the next join takes it")
+        return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=NodeAddressSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def address(self, request: Request, name: str) -> Response:
+        """Reach the node's engines at an address an operator allows (empty: the seen one)."""
+        data = request.data if isinstance(request.data, dict) else {}
+        value = data.get("address", "")
+        if not isinstance(value, str):
+            return Response(
+                {"detail": "address must be text", "errors": {"address": ["must be text"]}},
+                status=400,
+            )
+        try:
+            node = services.allow_address(self.get_object(), value)
+        except services.AgentError as exc:
+            return Response(
+                {"detail": str(exc), "errors": {"address": [str(exc)]}}, status=exc.status
+            )
+        _log(
+            request, "address", f"node {name}", node.allowed_address or "the address it is seen at"
+        )
         return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses={200: dict})
@@ -283,15 +316,36 @@ def _agent_error(exc: services.AgentError) -> Response:
     return Response({"detail": str(exc)}, status=exc.status)
 
 
+def _peer(request: Request) -> str:
+    """Return the address an agent's request came from (cluster.address.peer_address)."""
+    return peer_address(
+        request.META.get("REMOTE_ADDR", ""),
+        request.META.get("HTTP_X_FORWARDED_FOR", ""),
+        settings.LLMGW_TRUSTED_PROXIES,
+    )
+
+
 @extend_schema(summary="Join with a join token (agents)", request=dict, responses={201: dict})
 @api_view(["POST"])
 @authentication_classes([])
 @permission_classes([AllowAny])
 def agent_join(request: Request) -> Response:
-    """Admit a node; answer its node token."""
+    """Admit a node under a new or released name, or its own agent again; answer its token.
+
+    A node that has joined is joined again only with its node token, sent as
+    ``Authorization: Bearer llmgw_node_…`` beside the join token (docs/agent-protocol.md).
+    """
     data = request.data if isinstance(request.data, dict) else {}
+    parts = get_authorization_header(request).decode(errors="replace").split()
+    node_token = parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
     try:
-        node, secret = services.join(data.get("token"), data.get("name"), data.get("inventory"))
+        node, secret = services.join(
+            data.get("token"),
+            data.get("name"),
+            data.get("inventory"),
+            node_token=node_token,
+            address=_peer(request),
+        )
     except services.AgentError as exc:
         return _agent_error(exc)
     return Response({"node": node.name, "node_token": secret}, status=status.HTTP_201_CREATED)
@@ -309,7 +363,7 @@ def agent_heartbeat(request: Request) -> Response:
     """
     data = request.data if isinstance(request.data, dict) else {}
     try:
-        node = services.heartbeat(request.auth, data.get("inventory"))
+        node = services.heartbeat(request.auth, data.get("inventory"), _peer(request))
     except services.AgentError as exc:
         return _agent_error(exc)
     return Response(

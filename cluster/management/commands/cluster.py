@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import getpass
+import socket
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.durations import DurationError, parse_duration
-from cluster import reconciler
+from cluster import reconciler, services
 from cluster.models import JoinToken, Node, Replica
 
 
 class Command(BaseCommand):
-    help = "Cluster: join-token create|list|revoke, reconcile (one tick), status."
+    help = (
+        "Cluster: join-token create|list|revoke, node release|address, reconcile (one tick), "
+        "status."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -27,6 +33,19 @@ class Command(BaseCommand):
         jsub.add_parser("list")
         revoke = jsub.add_parser("revoke")
         revoke.add_argument("id", type=int)
+        node = sub.add_parser("node", help="a node's identity and address")
+        nsub = node.add_subparsers(dest="node_action", required=True)
+        release = nsub.add_parser(
+            "release",
+            help="let the next join under this name take the node (its node token stops working)",
+        )
+        release.add_argument("name")
+        address = nsub.add_parser(
+            "address",
+            help="reach the node's engines at ADDRESS instead of where its requests come from",
+        )
+        address.add_argument("name")
+        address.add_argument("address", nargs="?", default="", help="empty: where it is seen")
         sub.add_parser("reconcile", help="run one reconcile tick now and print what it did")
         sub.add_parser("status", help="nodes and replicas, one line each")
 
@@ -34,6 +53,8 @@ class Command(BaseCommand):
         action = options["action"]
         if action == "join-token":
             self._join_token(options)
+        elif action == "node":
+            self._node(options)
         elif action == "reconcile":
             result = reconciler.tick()
             if not result.leader:
@@ -54,6 +75,32 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"replica #{r.pk}\t{r.model_name}\t{r.state}\t{where}\t{r.reason}"
                 )
+
+    def _node(self, options: dict[str, Any]) -> None:
+        node = Node.objects.filter(name=options["name"]).first()
+        if node is None:
+            raise CommandError(f"no node {options['name']!r}: see manage.py cluster status")
+        who = SimpleNamespace(username=f"{getpass.getuser()}@{socket.gethostname()}", pk=None)
+        if options["node_action"] == "release":
+            services.release(node, who.username)
+            services.log_action(
+                who, "release", f"node {node.name}", "node token dropped; the next join takes it",
+                "cli",
+            )  # fmt: skip
+            self.stdout.write(
+                f"node {node.name} released: its agent's node token no longer works, and the "
+                "next agent to join under this name takes it"
+            )
+            return
+        try:
+            node = services.allow_address(node, options["address"])
+        except services.AgentError as exc:
+            raise CommandError(str(exc)) from None
+        services.log_action(
+            who, "address", f"node {node.name}",
+            node.allowed_address or "the address it is seen at", "cli",
+        )  # fmt: skip
+        self.stdout.write(f"node {node.name}'s engines are reached at {node.host}")
 
     def _join_token(self, options: dict[str, Any]) -> None:
         sub = options["jt_action"]

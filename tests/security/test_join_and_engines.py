@@ -91,9 +91,7 @@ def test_a_join_token_cannot_take_over_a_node_and_the_real_agent_keeps_working(
 
     # The real agent was never locked out: it keeps heartbeating and serving.
     seen = Node.objects.get(name="sim-1").last_heartbeat
-    wait_for(
-        lambda: Node.objects.get(name="sim-1").last_heartbeat > seen, 30, "sim-1's heartbeats"
-    )
+    wait_for(lambda: Node.objects.get(name="sim-1").last_heartbeat > seen, 30, "sim-1's heartbeats")
     replica.refresh_from_db()
     assert replica.state == "ready" and replica.endpoint.startswith("http://127.0.0.1:")
     answer = httpx.post(

@@ -3,6 +3,10 @@
 The dashboard's first render and every push use these rows and the same fragments
 (``templates/cluster/partials/``), so a pushed element is exactly what a reload would
 show. Each function reads a fixed number of queries whatever the cluster's size.
+
+The ``render_*`` functions and ``*_changed`` at the end are the cluster's renderers:
+the console's live consumer (``llmgw_admin.consumer``) pushes what they return, and the
+cluster's actions (``cluster.views``) answer with it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+from django.template.loader import render_to_string
 
 from catalog import rules
 from catalog.models import ServedModel
@@ -336,3 +343,65 @@ def unplaced_rows() -> list[tuple[str, ReplicaRow]]:
         .distinct()
     )
     return [(m.name, r) for m in rows for r in m.unplaced]
+
+
+# Fragments, rendered without a request: the same templates the pages include.
+
+
+def render_node(row: NodeRow, can_act: bool) -> str:
+    return render_to_string("cluster/partials/node.html", {"node": row, "can_act": can_act})
+
+
+def render_model(row: ModelRow | None, can_act: bool, name: str = "") -> str:
+    return render_to_string(
+        "cluster/partials/model.html",
+        {"m": row, "can_act": can_act, "dom_id": model_dom_id(name)},
+    )
+
+
+def render_power() -> str:
+    return render_to_string("cluster/partials/power.html", {"power": power_rows()})
+
+
+def render_unplaced() -> str:
+    return render_to_string("cluster/partials/unplaced.html", {"unplaced": unplaced_rows()})
+
+
+def render_nodes(can_act: bool) -> str:
+    """Return the nodes' list and the power, as the dashboard renders them."""
+    nodes = render_to_string(
+        "cluster/partials/nodes.html", {"nodes": node_rows(), "can_act": can_act}
+    )
+    return nodes + "\n" + render_power()
+
+
+def render_models(can_act: bool, model: str | None = None) -> str:
+    """Return the models' list and the unplaced replicas, as the dashboard renders them;
+    with ``model``, that model's block alone (its page)."""
+    if model is not None:
+        return render_model(model_row(model), can_act, model)
+    models = render_to_string(
+        "cluster/partials/models.html", {"models": model_rows(), "can_act": can_act}
+    )
+    return models + "\n" + render_unplaced()
+
+
+def nodes_changed(pks: list[int], can_act: bool) -> dict[Any, str | None]:
+    """Return each node's fragment by pk (None: gone) and the power's, under "power"."""
+    rows = {r.pk: r for r in node_rows(pks)}
+    out: dict[Any, str | None] = {
+        pk: render_node(rows[pk], can_act) if pk in rows else None for pk in pks
+    }
+    out["power"] = render_power()
+    return out
+
+
+def models_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    """Return each model's fragment by name (None: no replicas left) and the unplaced
+    replicas', under ``("unplaced",)``."""
+    rows = {r.name: r for r in model_rows(names)}
+    out: dict[Any, str | None] = {
+        n: render_model(rows[n], can_act) if n in rows else None for n in names
+    }
+    out[("unplaced",)] = render_unplaced()
+    return out

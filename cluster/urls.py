@@ -1,4 +1,8 @@
-"""Routes of the cluster's console, mounted under /cluster/."""
+"""Routes of the cluster's console, mounted under /cluster/ (namespace ``cluster``).
+
+The dashboard itself, ``cluster:dashboard`` at /cluster/, is the console's home and is
+wired on top (``llmgw_admin.urls``, ``llmgw_admin.dashboard``): it shows every app.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from cluster import views
 app_name = "cluster"
 
 urlpatterns = [
-    path("", views.dashboard, name="dashboard"),
     path("heartbeats/", views.heartbeats, name="heartbeats"),
     path("nodes/<int:pk>/<str:action>/", views.node_action, name="node_action"),
     path("replicas/<int:pk>/restart/", views.replica_restart, name="replica_restart"),

@@ -1,65 +1,25 @@
-"""The cluster's console: the live dashboard and the operators' actions on it.
+"""The cluster's console: the operators' actions on the live dashboard.
 
-The page renders the same fragments (``templates/cluster/partials/``) that
-``cluster.consumers`` pushes; each action answers with its fragment, and every other open
-console gets it pushed. The actions are the API's (cluster.api.views): the same services,
+The dashboard (``llmgw_admin.dashboard``) renders the same fragments
+(``templates/cluster/partials/``, ``cluster.live``) that the live consumer pushes; each
+action answers with its fragment, and every other open console gets it pushed. The actions are the API's (cluster.api.views): the same services,
 logged the same way, through "console".
 """
 
 from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
-from django.template.loader import render_to_string
+from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from cluster import live, services
-from cluster.consumers import render_model, render_node
+from cluster.live import render_model, render_node
 from cluster.models import Node, Replica
 from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from llmgw_admin.roles import OPERATOR, VIEWER, role_required
 
 NODE_ACTIONS = ("cordon", "uncordon", "drain", "release")
-
-
-def _judges() -> list:
-    from guard import live as guard_live
-
-    return list(guard_live.judge_health_rows())
-
-
-def _enable_judge_form(request: HtmxHttpRequest, simulated: bool) -> str:
-    """The guard's own "enable a known judge" fragment; it posts to the guard's view.
-
-    On a simulated cluster the sim engine is offered first: its judges need no weights.
-    """
-    from guard import live as guard_live
-
-    context = guard_live.enable_judge_context(can_edit=True, where="sim" if simulated else "cpu")
-    return render_to_string("guard/partials/enable_judge.html", context, request=request)
-
-
-@role_required(VIEWER)
-@require_GET
-def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    """The cluster as it is: nodes, power, models' replicas, unplaced, judges; kept live."""
-    nodes = live.node_rows()
-    models = live.model_rows()
-    can_act = has_role(request.user, OPERATOR)
-    context = {
-        "nodes": nodes,
-        "power": live.power_rows(),
-        "models": models,
-        "unplaced": [(m.name, r) for m in models for r in m.unplaced],
-        "judges": _judges(),
-        "can_act": can_act,
-        "enable_judge": mark_safe(_enable_judge_form(request, any(n.simulated for n in nodes)))
-        if can_act
-        else "",  # noqa: S308
-    }
-    return render(request, "cluster/dashboard.html", context)
 
 
 @role_required(VIEWER)

@@ -12,6 +12,9 @@ which renders the same fragments when the cluster changes:
   and texts, root element id ``guard-eval-body``, rendered with ``eval_context(run)``.
 
 Neither holds ``{% csrf_token %}``: the token is in ``hx-headers`` on ``<body>``.
+
+The ``render_*`` functions and ``judges_changed`` at the end are the guard's renderers for
+the console's live consumer (``llmgw_admin.consumer``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Sum
+from django.template.loader import render_to_string
 from django.urls import reverse
 
 from catalog import rules
@@ -312,3 +316,28 @@ def eval_context(run: EvalRun) -> dict[str, Any]:
         "asked": asked,
         "to_ask": run.texts * len(run.judges),
     }
+
+
+# Fragments for the live consumer, rendered without a request.
+
+
+def render_judges() -> str:
+    """Return the judges' list as the dashboard renders it."""
+    return render_to_string("cluster/partials/judges.html", {"judges": judge_health_rows()})
+
+
+def render_eval(pk: int) -> str:
+    """Return an evaluation's body as its page renders it; empty when it is gone."""
+    run = EvalRun.objects.filter(pk=pk).first()
+    if run is None:
+        return ""
+    return render_to_string("guard/partials/eval_body.html", eval_context(run))
+
+
+def judges_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    """Return the judges' list under "all".
+
+    A handful of judges: the list is sent whole, so one joining or leaving the policy
+    shows too.
+    """
+    return {"all": render_judges()}

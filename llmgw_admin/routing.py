@@ -1,9 +1,14 @@
-"""Collect every app's websocket routes."""
+"""The websocket routes: the console's live view."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster.routing import websocket_urlpatterns as cluster_ws
+from django.urls import re_path
 
-websocket_urlpatterns: list[Any] = [*cluster_ws]
+from llmgw_admin import consumer
+
+websocket_urlpatterns: list[Any] = [
+    # Topics are validated by the consumer (cluster.events.TOPICS).
+    re_path(r"^ws/live/(?P<topics>[a-z,]{1,40})/$", consumer.LiveConsumer.as_asgi()),
+]

@@ -9,8 +9,10 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from cluster import urls as cluster_urls
 from cluster.api.urls import agent_urlpatterns
 from llmgw_admin import api_views
+from llmgw_admin.dashboard import dashboard
 from llmgw_admin.roles import VIEWER, role_required
 
 access_router = DefaultRouter()
@@ -26,7 +28,12 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("catalog/", include("catalog.urls")),
     path("guard/", include("guard.urls")),
-    path("cluster/", include("cluster.urls")),
+    # The dashboard is the console's home (llmgw_admin.dashboard); it keeps its name in
+    # the cluster's namespace, beside the cluster's actions (cluster.urls).
+    path(
+        "cluster/",
+        include(([path("", dashboard, name="dashboard"), *cluster_urls.urlpatterns], "cluster")),
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include("catalog.api.urls")),
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),

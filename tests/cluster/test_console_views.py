@@ -1,4 +1,4 @@
-"""The cluster's console pages and actions over HTTP (the live push is test_live_ws.py)."""
+"""The cluster's console pages and actions over HTTP (the live push is tests/llmgw_admin/test_live_ws.py)."""
 
 from __future__ import annotations
 

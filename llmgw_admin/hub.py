@@ -4,7 +4,7 @@ With a subscription per console, the Redis layer delivers (and the process decod
 event once per open console: about 1 ms each on these machines (facts.md), so a change
 took over 100 ms to reach the hundredth console. The hub subscribes the process once per
 group and hands each event to the consoles of that group in the process, which render it
-once between them (cluster.consumers) and send it. Events are handled in the order they
+once between them (llmgw_admin.consumer) and send it. Events are handled in the order they
 arrive, each console's copy before the next event.
 """
 

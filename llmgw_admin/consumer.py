@@ -1,4 +1,4 @@
-"""The live console's websocket: cluster state pushed as the fragments the page rendered.
+"""The console's live view: cluster and guard state pushed as the fragments the page rendered.
 
 ``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges`` and ``evals``
 (comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
@@ -7,9 +7,12 @@ consumer sends a snapshot of every region it serves (a reconnect resynchronises)
 for each event of cluster.events, the changed elements by id. htmx's ws extension swaps
 each top-level element by id (out of band). Nothing is written over the socket.
 
-Each process subscribes to the channel layer once per group (cluster.hub) and hands
+Each process subscribes to the channel layer once per group (llmgw_admin.hub) and hands
 events to its consoles; rendering is shared: every console of a process gets the same
 HTML for the same event and role, rendered once (bench/live.py).
+
+Wiring: it reads every app's renderers (``cluster.live``, ``guard.live``), so it lives on
+top, in the console's home; no app imports it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.template.loader import render_to_string
 
-from cluster import events, live
-from cluster.hub import hub
+from cluster import events
+from cluster import live as cluster_live
+from guard import live as guard_live
+from llmgw_admin.hub import hub
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role
 
 log = logging.getLogger(__name__)
@@ -36,102 +40,20 @@ _renders: dict[tuple[str, str, bool], asyncio.Future[dict[Any, str | None]]] = {
 _RENDER_TTL_S = 10.0
 
 
-def _judges_module() -> Any:
-    from guard import live as guard_live
-
-    return guard_live
-
-
-# Fragments, rendered without a request: the same templates the pages include.
-
-
-def render_node(row: live.NodeRow, can_act: bool) -> str:
-    return render_to_string("cluster/partials/node.html", {"node": row, "can_act": can_act})
-
-
-def render_model(row: live.ModelRow | None, can_act: bool, name: str = "") -> str:
-    return render_to_string(
-        "cluster/partials/model.html",
-        {"m": row, "can_act": can_act, "dom_id": live.model_dom_id(name)},
-    )
-
-
-def render_power() -> str:
-    return render_to_string("cluster/partials/power.html", {"power": live.power_rows()})
-
-
-def render_unplaced() -> str:
-    return render_to_string("cluster/partials/unplaced.html", {"unplaced": live.unplaced_rows()})
-
-
-def render_judges() -> str:
-    return render_to_string(
-        "cluster/partials/judges.html", {"judges": _judges_module().judge_health_rows()}
-    )
-
-
-def render_eval(pk: int, *_: Any) -> str:
-    """Return an evaluation's body as its page renders it; empty when it is gone."""
-    from guard.models import EvalRun
-
-    run = EvalRun.objects.filter(pk=pk).first()
-    if run is None:
-        return ""
-    return render_to_string("guard/partials/eval_body.html", _judges_module().eval_context(run))
-
-
 def snapshot(
     topics: list[str], can_act: bool, model: str | None, evaluation: int | None = None
 ) -> str:
-    """Return every region of the topics, as the page renders them."""
+    """Return every region of the topics, as the pages render them (each app's renderers)."""
     parts = []
     if "nodes" in topics:
-        parts.append(
-            render_to_string(
-                "cluster/partials/nodes.html", {"nodes": live.node_rows(), "can_act": can_act}
-            )
-        )
-        parts.append(render_power())
+        parts.append(cluster_live.render_nodes(can_act))
     if "models" in topics:
-        if model is not None:
-            parts.append(render_model(live.model_row(model), can_act, model))
-        else:
-            parts.append(
-                render_to_string(
-                    "cluster/partials/models.html",
-                    {"models": live.model_rows(), "can_act": can_act},
-                )
-            )
-            parts.append(render_unplaced())
+        parts.append(cluster_live.render_models(can_act, model))
     if "judges" in topics:
-        parts.append(render_judges())
+        parts.append(guard_live.render_judges())
     if "evals" in topics and evaluation is not None:
-        parts.append(render_eval(evaluation))
+        parts.append(guard_live.render_eval(evaluation))
     return "\n".join(parts)
-
-
-def nodes_changed(pks: list[int], can_act: bool) -> dict[Any, str | None]:
-    rows = {r.pk: r for r in live.node_rows(pks)}
-    out: dict[Any, str | None] = {
-        pk: render_node(rows[pk], can_act) if pk in rows else None for pk in pks
-    }
-    out["power"] = render_power()
-    return out
-
-
-def models_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
-    rows = {r.name: r for r in live.model_rows(names)}
-    out: dict[Any, str | None] = {
-        n: render_model(rows[n], can_act) if n in rows else None for n in names
-    }
-    out[("unplaced",)] = render_unplaced()
-    return out
-
-
-def judges_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
-    # A handful of judges: the list is sent whole, so one joining or leaving the
-    # policy shows too.
-    return {"all": render_judges()}
 
 
 def swaps(
@@ -207,20 +129,20 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
         html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
-        nodes = {r.pk for r in live.node_rows()} if "nodes" in self.topics else set()
+        nodes = {r.pk for r in cluster_live.node_rows()} if "nodes" in self.topics else set()
         if "models" not in self.topics:
             models: set[str] = set()
         elif self.model is not None:
             models = {self.model}
         else:
-            models = {r.name for r in live.model_rows()}
+            models = {r.name for r in cluster_live.model_rows()}
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
         hub().leave(self)
 
     async def handle_event(self, event: dict[str, Any]) -> None:
-        """Take an event from the process's hub (cluster.hub)."""
+        """Take an event from the process's hub (llmgw_admin.hub)."""
         await self.ready.wait()
         handler = getattr(self, event["type"].replace(".", "_"), None)
         if handler is not None:
@@ -246,7 +168,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:
         pks = list(event["pks"])
-        rendered = await self._rendered(event, "nodes", nodes_changed, pks)
+        rendered = await self._rendered(event, "nodes", cluster_live.nodes_changed, pks)
         parts = [rendered["power"] or ""]
         parts += swaps(pks, rendered, self.shown_nodes, "cluster-node-{}".format, "cluster-nodes")
         await self.send(text_data="\n".join(parts))
@@ -257,24 +179,28 @@ class LiveConsumer(AsyncWebsocketConsumer):
             # A model's own page: its block only, empty when it has no replicas left.
             if self.model not in names:
                 return
-            rendered = await self._rendered(event, "models", models_changed, [self.model])
-            html = rendered.get(self.model) or await database_sync_to_async(render_model)(
-                None, self.can_act, self.model
+            rendered = await self._rendered(
+                event, "models", cluster_live.models_changed, [self.model]
             )
+            html = rendered.get(self.model) or await database_sync_to_async(
+                cluster_live.render_model
+            )(None, self.can_act, self.model)
             await self.send(text_data=html)
             return
-        rendered = await self._rendered(event, "models", models_changed, names)
+        rendered = await self._rendered(event, "models", cluster_live.models_changed, names)
         parts = [rendered[("unplaced",)] or ""]
-        parts += swaps(names, rendered, self.shown_models, live.model_dom_id, "cluster-models")
+        parts += swaps(
+            names, rendered, self.shown_models, cluster_live.model_dom_id, "cluster-models"
+        )
         await self.send(text_data="\n".join(parts))
 
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:
         names = list(event["names"])
-        rendered = await self._rendered(event, "judges", judges_changed, names)
+        rendered = await self._rendered(event, "judges", guard_live.judges_changed, names)
         await self.send(text_data=rendered["all"] or "")
 
     async def guard_evals_changed(self, event: dict[str, Any]) -> None:
         if self.evaluation not in event["pks"]:
             return
-        html = await database_sync_to_async(render_eval)(self.evaluation)
+        html = await database_sync_to_async(guard_live.render_eval)(self.evaluation)
         await self.send(text_data=html)

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from catalog import yamlfile
 from catalog.problems import PathPart, Problem
-from guard import yamlfile
 from guard.formats import CONTROVERSIAL, SAFE, UNSAFE
 
 ORDINARY = "ordinary"
@@ -102,7 +102,13 @@ def read_set(
     doc, problems = yamlfile.read(source, source_name)
     if doc is None:
         return None, problems
-    out: list[Problem] = []
+    if doc.data is None:
+        return None, [
+            *problems,
+            Problem((), f"{source_name} is empty: write its name and texts", "empty"),
+        ]
+    # The reader's problems (a key written twice, say) beside the set's own.
+    out: list[Problem] = list(problems)
 
     def add(path: tuple[PathPart, ...], code: str, message: str) -> None:
         out.append(Problem(path, f"{yamlfile.where(path, doc.line(path))}: {message}", code))

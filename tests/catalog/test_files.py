@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog import files
+from catalog import yamlfile
 from catalog.durations import HOUR, MILLISECOND, MINUTE
 from catalog.files import MAX_FILE_BYTES, dump_catalog, load_catalog_text
 from catalog.problems import Problem
@@ -294,7 +294,7 @@ def test_too_large() -> None:
         assert problem.index is None
         assert problem.message == (
             f"big.yaml is {MAX_FILE_BYTES + 11:,} bytes; the limit is 10 MB "
-            "(10,485,760 bytes): split the catalog into smaller files"
+            "(10,485,760 bytes): split it into smaller files"
         )
 
 
@@ -331,8 +331,7 @@ def test_not_unicode_text() -> None:
         ),
         (
             "models: []\n---\nmodels: []\n",
-            "the file holds more than one YAML document (a second starts at line 2): "
-            'keep one, with "models:" at its top',
+            "c.yaml holds more than one YAML document (a second starts at line 2): keep one",
         ),
         (
             "models: [*x]\n",
@@ -426,7 +425,7 @@ def test_duplicate_key_inside_a_model() -> None:
     problem = only(text)
     assert problem == Problem(
         path=("profiles", 0, "tp"),
-        message='"tp" is written twice in models[0].profiles[0] (again at line 6): '
+        message='"tp" is written twice in models[0].profiles[0] (lines 5 and 6): '
         "YAML would keep only the last, so remove one",
         code="duplicate_key",
         model="m",
@@ -443,7 +442,7 @@ def test_duplicate_key_at_the_top_and_in_a_block() -> None:
         ("duplicate_key", ("models", 1, "scaling", "min"), None),
         ("duplicate_key", ("models",), None),
     ]
-    assert "at the top of the file (again at line 7)" in problems[1].message
+    assert "at the top of the file (lines 1 and 7)" in problems[1].message
     text = text.removesuffix("models: []\n")
     (problem,) = refused(text)
     assert (problem.path, problem.index, problem.model) == (("scaling", "min"), 1, "b")
@@ -475,17 +474,17 @@ def test_alias_bomb_is_refused() -> None:
     problem = only("\n".join(lines) + "\nmodels: []\n")
     assert problem.code == "too_large"
     assert problem.message.startswith(
-        f"the file's aliases expand to more than {files.MAX_ALIAS_NODES:,} values"
+        f"<file>'s aliases expand to more than {yamlfile.MAX_ALIAS_NODES:,} values"
     )
 
 
 def test_deep_nesting_is_refused() -> None:
     depth = 100_000
     problem = only("models: " + "[" * depth + "]" * depth + "\n")
-    assert problem.code == "unsupported_yaml"
+    assert problem.code == "too_deep"
     assert problem.message == (
-        f"the file is nested more than {files.MAX_DEPTH} levels deep at line 1; a "
-        "catalog is nested far less"
+        f"<file> is nested more than {yamlfile.MAX_DEPTH} levels deep at line 1: no file "
+        "llmgw reads is nested that deep; check the brackets and the indentation"
     )
 
 
@@ -506,8 +505,8 @@ def test_tags_other_than_plain_data_are_refused() -> None:
         ("wrong_type", ("aliases",)),
     ]
     assert problems[0].message == (
-        "the tag !!binary at line 2 is not supported: a catalog holds only text, "
-        "numbers, true/false, lists and mappings"
+        "the tag !!binary at line 2 is not supported: these files hold only text, "
+        "numbers, true/false, null, lists and mappings; remove the tag"
     )
 
 
@@ -673,7 +672,7 @@ def test_values_reached_through_aliases_are_counted_by_size(
 ) -> None:
     # a holds 7 values (the list, three positions, three items); b reaches a twice
     # (14) and holds 17; c reaches b (17): 31 in all.
-    monkeypatch.setattr(files, "MAX_ALIAS_NODES", limit)
+    monkeypatch.setattr(yamlfile, "MAX_ALIAS_NODES", limit)
     text = "a: &a [1, 2, 3]\nb: &b [*a, *a]\nmodels: []\nc: *b\n"
     assert [p.code for p in refused(text)] == codes
 
@@ -698,13 +697,18 @@ def test_numbers_too_long_for_python_are_text() -> None:
     assert problem.code == "wrong_type"
     problem = refused(f"models:\n- name: m\n  max_output: !!int {digits}\n")[0]
     assert problem.code == "not_yaml"
-    assert problem.message == f'"{digits[:39]}…" at line 3 is not a valid !!int'
+    assert (
+        problem.message
+        == f'"{digits[:39]}…" at line 3 is not a valid !!int: write it as one, or drop the tag'
+    )
 
 
 def test_a_tagged_number_that_is_not_one() -> None:
     problem = refused("models:\n- name: m\n  max_output: !!int 1.5\n")[0]
     assert problem.code == "not_yaml"
     assert problem.path == ("max_output",)
-    assert problem.message == '"1.5" at line 3 is not a valid !!int'
+    assert (
+        problem.message == '"1.5" at line 3 is not a valid !!int: write it as one, or drop the tag'
+    )
     (model,) = load("models:\n- name: m\n  profiles: [{weight: !!float 2, tp: !!int '3'}]\n")
     assert model.profiles[0] == Profile(weight=2.0, tp=3)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from catalog import yamlfile
 from guard import evaluation as ev
-from guard import yamlfile
 
 SETS = Path(__file__).resolve().parents[2] / "guard" / "evalsets"
 
@@ -112,13 +112,13 @@ def test_a_text_may_carry_the_answer_to_judge() -> None:
         ),
         (
             "name: x\ntexts:\n  - text: a\n    label: ordinary\n    text: b\n",
-            '"text" is written twice (lines 3 and 5)',
+            '"text" is written twice in texts[0] (lines 3 and 5): YAML would keep only the last',
         ),
-        ("name: &n x\ntexts:\n  - {text: *n, label: ordinary}\n", "line 3: *n is an alias"),
+        ("name: x\ntexts:\n  - {text: *n, label: ordinary}\n", "*n at line 3 refers to no anchor &n"),
         ("name: x\ntexts: [\n", "set.yaml is not valid YAML: line"),
         ("", "set.yaml is empty"),
-        ("name: x\n---\nname: y\n", "second document at line 2"),
-        (b"name: \xff\n", "the byte 0xff on line 1 is not valid UTF-8"),
+        ("name: x\n---\nname: y\n", "more than one YAML document (a second starts at line 2)"),
+        (b"name: \xff\n", "the byte 0xff on line 1 (offset 6) is not valid UTF-8"),
         ("name: !!binary aGk=\ntexts: []\n", "is not supported"),
         ("[" * 40 + "]" * 40, "nested more than"),
     ],

@@ -24,8 +24,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from catalog import yamlfile
 from catalog.choices import Surface
-from guard import evalrun, known, services, yamlfile
+from catalog.problems import Problem
+from guard import evalrun, known, services
 from guard import evaluation as ev
 from guard import policy as policy_rules
 from guard.judgeprompt import judge_prompt
@@ -204,7 +206,9 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"cannot read {options['file']}: {exc.strerror}") from None
             doc, problems = yamlfile.read(raw, options["file"])
-            if doc is None:
+            if doc is not None and doc.data is None:
+                problems.append(Problem((), f"{options['file']} is empty", "empty"))
+            if doc is None or problems:
                 raise CommandError(
                     "the guard refuses this policy; nothing was changed:\n"
                     + "\n".join(f"  {p.message}" for p in problems)

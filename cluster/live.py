@@ -26,6 +26,7 @@ from catalog.models import ServedModel
 from catalog.services import stored_specs
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
+from cluster.plan import ONE_AT_A_TIME
 
 DOMAIN_LABEL = "llmgw.io/{level}"
 
@@ -214,6 +215,9 @@ class Roll:
     new: int
     old: int
     steps: list[RollStep]
+    # Set when the cluster has no room beside the old replica: the roll goes one replica
+    # at a time, and says so (cluster.plan.make_room).
+    note: str = ""
 
 
 @dataclass
@@ -321,7 +325,12 @@ def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
         reps = by_model[name]
         by_pk = {r.pk: r for r in reps}
         rolls = [
-            Roll(r.pk, r.replaces, _roll_steps(r, by_pk.get(r.replaces)))
+            Roll(
+                r.pk,
+                r.replaces,
+                _roll_steps(r, by_pk.get(r.replaces)),
+                r.reason if r.reason.startswith(ONE_AT_A_TIME) else "",
+            )
             for r in reps
             if r.replaces is not None
         ]

@@ -5,7 +5,7 @@ The reconciler (cluster.reconciler) calls these each tick; they know nothing of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -60,7 +60,11 @@ def wanted(
 
 @dataclass(frozen=True)
 class ReplicaView:
-    """What the plan needs to know of an existing replica."""
+    """What the plan needs to know of an existing replica.
+
+    ``replaces`` is the replica a rolling update (or a drain) started this one to replace;
+    ``outdated`` that it runs an old definition of its profile.
+    """
 
     id: int
     model: str
@@ -69,6 +73,7 @@ class ReplicaView:
     placed: bool
     replaces: int | None = None
     created: float = 0.0
+    outdated: bool = False
 
 
 @dataclass
@@ -83,12 +88,55 @@ class Changes:
 _STOP_ORDER = {"pending": 0, "failed": 1, "starting": 2, "loading": 3, "ready": 4}
 
 
+def slots(replicas: Iterable[ReplicaView]) -> list[list[ReplicaView]]:
+    """Group one model's desired replicas into the places they fill, oldest first.
+
+    A replica and the replacements started for it (a roll, a drain) fill one place: the
+    model is never over its count because a replacement runs beside what it replaces. A
+    replacement whose replica is already stopped or gone fills the place on its own.
+    """
+    reps = [r for r in replicas if r.desired]
+    by_id = {r.id: r for r in reps}
+
+    def root(r: ReplicaView) -> int:
+        seen = {r.id}
+        while r.replaces is not None and r.replaces in by_id and r.replaces not in seen:
+            r = by_id[r.replaces]
+            seen.add(r.id)
+        return r.id
+
+    groups: dict[int, list[ReplicaView]] = {}
+    for r in sorted(reps, key=lambda r: (r.created, r.id)):
+        groups.setdefault(root(r), []).append(r)
+    return list(groups.values())
+
+
+def _drop_order(slot: list[ReplicaView]) -> tuple[object, ...]:
+    """Sort key of a place to give up when scaling down: least good first.
+
+    A place with no ready replica goes first (stopping it loses nothing that serves),
+    then one being replaced (a roll or drain that would only be undone), then one of an
+    old definition, then by the best state it has, the newest first.
+    """
+    ready = any(r.state == "ready" for r in slot)
+    best = max(_STOP_ORDER.get(r.state, 5) for r in slot)
+    return (
+        ready,
+        len(slot) == 1,
+        not any(r.outdated for r in slot),
+        best,
+        -max(r.created for r in slot),
+        -max(r.id for r in slot),
+    )
+
+
 def scale(wants: dict[str, Want], replicas: Iterable[ReplicaView]) -> Changes:
     """Return the replicas to create and stop so each model has what it wants.
 
-    Replicas of models no longer in the catalog are stopped. A replica started by a
-    rolling update (``replaces`` set) does not count until it is ready, so a roll never
-    makes the model look over-full.
+    Replicas of models no longer in the catalog are stopped. Counting is by place
+    (:func:`slots`): a replacement beside the replica it replaces counts once, so a roll
+    never makes the model look over-full, and a roll's replacement is never the one
+    stopped for it. Scaling down gives up whole places, those doing least good first.
     """
     out = Changes()
     by_model: dict[str, list[ReplicaView]] = {}
@@ -100,33 +148,76 @@ def scale(wants: dict[str, Want], replicas: Iterable[ReplicaView]) -> Changes:
             continue
         by_model.setdefault(r.model, []).append(r)
     for name, want in wants.items():
-        have = [r for r in by_model.get(name, []) if r.replaces is None or r.state == "ready"]
+        have = slots(by_model.get(name, []))
         if len(have) < want.count:
             out.create[name] = want.count - len(have)
         elif len(have) > want.count:
-            extra = sorted(have, key=lambda r: (_STOP_ORDER.get(r.state, 5), -r.created, -r.id))
-            for r in extra[: len(have) - want.count]:
-                out.stop.append((r.id, f"scaled down: {want.why}"))
+            for slot in sorted(have, key=_drop_order)[: len(have) - want.count]:
+                out.stop.extend((r.id, f"scaled down: {want.why}") for r in slot)
     return out
 
 
-def lost_nodes(
-    heartbeats: Sequence[tuple[str, datetime | None]],
-    now: datetime,
-    lost_after_s: float,
-    listening_since: datetime | None = None,
-) -> list[str]:
-    """Return the nodes not heard from for longer than ``lost_after_s``.
+def finish_rolls(replicas: Iterable[ReplicaView]) -> list[tuple[int, int]]:
+    """Return (old, new) for each ready replacement whose old replica still runs: it stops."""
+    reps = list(replicas)
+    desired = {r.id for r in reps if r.desired}
+    return [
+        (r.replaces, r.id)
+        for r in reps
+        if r.desired and r.state == "ready" and r.replaces is not None and r.replaces in desired
+    ]
 
-    ``listening_since`` is when the control plane started hearing heartbeats: silence from
-    before then is the control plane's own (it was down or restarting), not the nodes',
-    so a node is lost only after ``lost_after_s`` of silence it could have heard.
+
+# The words a replacement waiting for room says; the console finds rolls that go one at a
+# time by them (cluster.live).
+ONE_AT_A_TIME = "no room beside"
+
+
+def make_room(
+    wants: dict[str, Want],
+    replicas: Iterable[ReplicaView],
+    blocked: Iterable[int],
+) -> tuple[list[tuple[int, str]], dict[int, str]]:
+    """Decide which replaced replicas stop first to make room for their replacements.
+
+    ``blocked`` are replacements placement could not put beside the replica they
+    replace, but could put in its room. Per model, one at a time: a replica stops first
+    only while no other replica of the model is on its way up (placed or waiting, not
+    ready and not failed), and only if the model keeps a ready replica, unless its count
+    is under 2 (replacing a lone replica without room needs the gap, which it says).
+    Return the replicas to stop with the reason, and each blocked replacement's reason.
     """
-    lost = []
-    for name, last in heartbeats:
-        heard = last
-        if listening_since is not None and (heard is None or heard < listening_since):
-            heard = listening_since
-        if heard is None or (now - heard).total_seconds() > lost_after_s:
-            lost.append(name)
-    return lost
+    reps = [r for r in replicas if r.desired]
+    by_id = {r.id: r for r in reps}
+    waiting = sorted(b for b in set(blocked) if b in by_id and by_id[b].replaces in by_id)
+    olds = {by_id[b].replaces for b in waiting}
+    stops: list[tuple[int, str]] = []
+    reasons: dict[int, str] = {}
+    stopping: set[int] = set()
+    started: dict[str, list[int]] = {}
+    for bid in waiting:
+        new = by_id[bid]
+        old_id = new.replaces
+        assert old_id is not None
+        model = [r for r in reps if r.model == new.model]
+        rising = [
+            r.id
+            for r in model
+            if r.state not in ("ready", "failed") and r.id not in waiting and r.id not in olds
+        ] + started.get(new.model, [])
+        ready = [r for r in model if r.state == "ready" and r.id not in stopping]
+        want = wants[new.model].count if new.model in wants else 0
+        old_ready = by_id[old_id].state == "ready"
+        head = f"{ONE_AT_A_TIME} #{old_id} for #{bid}: replacing one replica at a time"
+        if rising:
+            reasons[bid] = f"{head}; waiting for #{min(rising)} to be ready"
+        elif old_ready and len(ready) <= 1 and want >= 2:
+            reasons[bid] = f"{head}; waiting for another replica to be ready"
+        else:
+            gap = old_ready and len(ready) <= 1
+            tail = " (the model has no ready replica until it is ready)" if gap else ""
+            reasons[bid] = f"{head}; #{old_id} stops first{tail}"
+            stops.append((old_id, f"stopping first to make room for #{bid} (rolling update)"))
+            stopping.add(old_id)
+            started.setdefault(new.model, []).append(bid)
+    return stops, reasons

@@ -3,7 +3,9 @@
 One leader at a time (a PostgreSQL advisory lock; in the embedded one-process mode a
 thread lock). Steps, each over the database's current state so a tick can be repeated:
 
-1. nodes silent past ``LLMGW_NODE_LOST_AFTER`` are lost; their replicas are re-placed;
+1. nodes silent past ``LLMGW_NODE_LOST_AFTER`` are lost and their replicas re-placed,
+   unless most nodes fell silent at once: then they are held, not ready with their
+   replicas kept (``cluster.silence.judge``);
 2. each model's wanted count (``cluster.plan.wanted``: min/max, the schedule window in
    force in ``LLMGW_TIMEZONE`` opened early by prewarm, demand for on-demand models with
    their idle timeout or ``LLMGW_IDLE_TIMEOUT``) is met by creating or stopping replicas;
@@ -33,9 +35,9 @@ from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import events, placement, plan, services, wake
+from cluster import events, marks, placement, plan, replace, services, silence, wake
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import Assignment, FacilityBudget, ModelDemand, Node, Replica
+from cluster.models import Assignment, ModelDemand, Node, Replica
 from guard.services import serve_policy_judges
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class TickResult:
     stopped: list[int] = field(default_factory=list)
     placed: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
     unplaced: dict[int, str] = field(default_factory=dict)
 
 
@@ -100,10 +103,11 @@ def tick(now: datetime | None = None) -> TickResult:
         # The catalog is read once a tick; both steps work from the same view of it.
         specs = {m.name: rules.normalize(m) for m in stored_specs()}
         with transaction.atomic():
-            _scale(now, specs, result)
+            wants = _scale(now, specs, result)
             _finish_rolls(result)
         with transaction.atomic():
-            _place(specs, result)
+            _place(wants, specs, result)
+        marks.ticked(_ticker or marks.who("reconciler"))
         return result
 
 
@@ -123,21 +127,36 @@ def _release(assignments: list[Assignment], reason: str) -> None:
 
 
 # When this process started reconciling for real (run_forever, or a worker's first task);
-# None for ticks driven by hand (tests with a frozen clock). See plan.lost_nodes.
+# None for ticks driven by hand (tests with a frozen clock). See cluster.silence.
 _listening_since: datetime | None = None
+# Which process ticks, as the tick's mark names it (cluster.marks).
+_ticker = ""
 
 
-def start_listening(at: datetime | None = None) -> None:
+def start_listening(at: datetime | None = None, role: str = "web process") -> None:
     """Note that this process reconciles from now: nodes get a full grace period."""
-    global _listening_since
+    global _listening_since, _ticker
     if _listening_since is None:
         _listening_since = at or timezone.now()
+        _ticker = marks.who(role)
 
 
 def _mark_lost(now: datetime, result: TickResult) -> None:
     lost_after = float(getattr(settings, "LLMGW_NODE_LOST_AFTER", 30))
     candidates = Node.objects.exclude(health=NodeHealth.LOST).values_list("name", "last_heartbeat")
-    names = plan.lost_nodes(list(candidates), now, lost_after, _listening_since)
+    # Silence counts from when heartbeats could be heard: this process's start, or the
+    # latest web process's, whichever is later.
+    heard = [t for t in (_listening_since, marks.heard_since()) if t is not None]
+    verdict = silence.judge(list(candidates), now, lost_after, max(heard, default=None))
+    for node in Node.objects.filter(
+        name__in=verdict.held, health=NodeHealth.READY
+    ).select_for_update():
+        node.health = NodeHealth.NOT_READY
+        node.reason = verdict.why
+        node.save(update_fields=["health", "reason"])
+        events.changed(nodes=[node.pk])
+        result.held.append(node.name)
+    names = verdict.lost
     for node in Node.objects.filter(name__in=names).select_for_update():
         node.health = NodeHealth.LOST
         node.reason = f"not heard from for more than {lost_after:g} s"
@@ -150,24 +169,13 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
         result.lost.append(node.name)
 
 
-def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> None:
+def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str, plan.Want]:
     idle_default = int(float(getattr(settings, "LLMGW_IDLE_TIMEOUT", 900)) * SECOND)
     demands = dict(ModelDemand.objects.values_list("model_name", "last_demand"))
     wants = {
         name: plan.wanted(m, now, demands.get(name), idle_default) for name, m in specs.items()
     }
-    views = [
-        plan.ReplicaView(
-            id=r.pk,
-            model=r.model_name,
-            desired=r.desired,
-            state=r.state,
-            placed=r.has_assignment,
-            replaces=r.replaces_id,
-            created=r.created.timestamp(),
-        )  # fmt: skip
-        for r in _replicas_with_placement()
-    ]
+    views = _views(specs, _replicas_with_placement())
     changes = plan.scale(wants, views)
     served = dict(ServedModel.objects.values_list("name", "pk"))
     for name, count in changes.create.items():
@@ -184,6 +192,25 @@ def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> None:
         for reason, ids in by_reason.items():
             services.stop_replicas(ids, reason)
         result.stopped.extend(rid for rid, _ in changes.stop)
+    return wants
+
+
+def _views(specs: dict[str, Any], replicas: list[Replica]) -> list[plan.ReplicaView]:
+    """Return the replicas as the plan sees them (``has_assignment`` set on each)."""
+    prints = {name: {p.name: rules.fingerprint(p) for p in m.profiles} for name, m in specs.items()}
+    return [
+        plan.ReplicaView(
+            id=r.pk,
+            model=r.model_name,
+            desired=r.desired,
+            state=r.state,
+            placed=r.has_assignment,  # type: ignore[attr-defined]
+            replaces=r.replaces_id,
+            created=r.created.timestamp(),
+            outdated=services.outdated(r, prints.get(r.model_name, {})),
+        )  # fmt: skip
+        for r in replicas
+    ]
 
 
 def _replicas_with_placement() -> list[Replica]:
@@ -195,83 +222,48 @@ def _replicas_with_placement() -> list[Replica]:
 
 
 def _finish_rolls(result: TickResult) -> None:
-    for new in Replica.objects.filter(
-        replaces__isnull=False, state=ReplicaState.READY, desired=True
-    ):
-        old = new.replaces
-        if old is not None and old.desired:
-            services.stop_replicas([old.pk], f"replaced by #{new.pk} (rolling update)")
-            result.stopped.append(old.pk)
-        Replica.objects.filter(pk=new.pk).update(replaces=None)
-        events.changed(models=[new.model_name])
-
-
-def _place(specs: dict[str, Any], result: TickResult) -> None:
-    nodes = list(Node.objects.prefetch_related("cards"))
-    by_name = {n.name: n for n in nodes}
-    p_nodes = [
-        placement.Node(
-            name=n.name,
-            labels=n.labels,
-            cpu_cores=n.cpu_cores,
-            memory_mb=n.memory_mb,
-            disk_free_mb=n.disk_free_mb,
-            engines=n.engines,
-            cards=tuple(
-                placement.Card(c.index, c.gpu_class, c.memory_mb, c.power_limit_w, c.mig_of)
-                for c in n.cards.all()
-            ),
-            holds=frozenset(n.weights),
-            schedulable=n.health == NodeHealth.READY and not n.cordoned,
-            simulated=n.simulated,
-        )  # fmt: skip
-        for n in nodes
+    """Stop each replaced replica whose replacement is ready (cluster.plan.finish_rolls)."""
+    done = list(
+        Replica.objects.filter(replaces__isnull=False, state=ReplicaState.READY, desired=True)
+    )
+    if not done:
+        return
+    views = [
+        plan.ReplicaView(r.pk, r.model_name, r.desired, r.state, True, r.replaces_id)
+        for r in Replica.objects.filter(pk__in={r.replaces_id for r in done} | {r.pk for r in done})
     ]
-    domains = [placement.Domain(b.level, b.name, b.cap_watts) for b in FacilityBudget.objects.all()]
-    replicas = list(Replica.objects.prefetch_related("assignments__node"))
-    running, requests = [], []
+    for old, new in plan.finish_rolls(views):
+        services.stop_replicas([old], f"replaced by #{new} (rolling update)")
+        result.stopped.append(old)
+    Replica.objects.filter(pk__in=[r.pk for r in done]).update(replaces=None)
+    events.changed(models=[r.model_name for r in done])
+
+
+def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResult) -> None:
+    snap = replace.snapshot(specs)
+    by_name = {n.name: n for n in snap.nodes}
+    replicas = snap.replicas
+    requests = []
     profiles: dict[str, tuple[placement.PlacementProfile, ...]] = {}
     placed_count: dict[str, int] = defaultdict(int)
     for r in replicas:
         if r.desired and r.assignments.all():
             placed_count[r.model_name] += 1
     for r in replicas:
-        held = list(r.assignments.all())
         m = specs.get(r.model_name)
-        rank = rules.class_rank(rules.effective_class(m)) if m else 1
-        if held:
-            running.append(
-                placement.Running(
-                    id=r.pk,
-                    model=r.model_name,
-                    profile=r.profile,
-                    class_rank=rank,
-                    assignments=tuple(
-                        placement.Assignment(
-                            node=a.node.name,
-                            cards=tuple(a.cards),
-                            cpu_cores=a.cpu_cores,
-                            memory_mb=a.memory_mb,
-                            disk_mb=a.disk_mb,
-                            watts=a.watts,
-                        )
-                        for a in held
-                    ),
-                    source=m.source if m else "",
-                )  # fmt: skip
-            )
-        elif r.desired and m is not None:
+        if not r.assignments.all() and r.desired and m is not None:
             if m.name not in profiles:
                 profiles[m.name] = tuple(placement.profiles_from_spec(m))
             # A model's first replica ranks above another model's second, within a class.
             n = placed_count[m.name]
             placed_count[m.name] += 1
+            rank = rules.class_rank(rules.effective_class(m))
             requests.append(
                 placement.Request(str(r.pk), m.name, profiles[m.name], rank, priority=-n)
             )
     if not requests:
         return
-    result_plan = placement.place(p_nodes, domains, running, requests)
+    result_plan = placement.place(snap.p_nodes, snap.domains, snap.running, requests)
     bumped: set[int] = set()
     evicted_ids = [int(e.running_id) for e in result_plan.evictions]
     for e in result_plan.evictions:
@@ -297,17 +289,76 @@ def _place(specs: dict[str, Any], result: TickResult) -> None:
             )  # fmt: skip
             bumped.add(node.pk)
         result.placed.append(r.pk)
-    for u in result_plan.unplaced:
-        rid = int(u.key)
+    reasons = {int(u.key): u.reason for u in result_plan.unplaced}
+    reasons.update(_make_room(wants, specs, snap, result_plan, result))
+    for rid, reason in reasons.items():
         # Written (and pushed) only when the reason changed: most ticks repeat it.
         if (
             Replica.objects.filter(pk=rid)
-            .exclude(reason=u.reason, state=ReplicaState.PENDING)
-            .update(reason=u.reason, state=ReplicaState.PENDING)
+            .exclude(reason=reason, state=ReplicaState.PENDING)
+            .update(reason=reason, state=ReplicaState.PENDING)
         ):
             events.changed(replicas=[rid])
-        result.unplaced[rid] = u.reason
+        result.unplaced[rid] = reason
     services.bump_desired(bumped)
+
+
+def _make_room(
+    wants: dict[str, plan.Want],
+    specs: dict[str, Any],
+    snap: replace.Snapshot,
+    done: placement.Plan,
+    result: TickResult,
+) -> dict[int, str]:
+    """Replace one at a time where a roll's replacement has no room beside its replica.
+
+    A replacement placement could not put anywhere is tried again in the room of the
+    replica it replaces; where it would fit there, ``plan.make_room`` decides whether
+    that replica stops first now. Return the reasons the blocked replacements show.
+    """
+    by_pk = {r.pk: r for r in snap.replicas}
+    # Those whose replica already stops first wait for its room, and say so.
+    reasons = {
+        int(u.key): f"{plan.ONE_AT_A_TIME} #{old.pk} for #{u.key}: replacing one replica "
+        f"at a time; waiting for #{old.pk} to stop"
+        for u in done.unplaced
+        if (r := by_pk.get(int(u.key))) is not None
+        and (old := by_pk.get(r.replaces_id)) is not None
+        and not old.desired
+    }
+    unplaced = [
+        int(u.key)
+        for u in done.unplaced
+        if (r := by_pk.get(int(u.key))) is not None
+        and r.replaces_id in by_pk
+        and by_pk[r.replaces_id].desired
+        and by_pk[r.replaces_id].assignments.all()
+    ]
+    if not unplaced:
+        return reasons
+    ranks = {name: rules.class_rank(rules.effective_class(m)) for name, m in specs.items()}
+    taken = [replace.running_of(pl, ranks.get(pl.model, 1)) for pl in done.placed]
+    evicted = {e.running_id for e in done.evictions}
+    blocked = []
+    for rid in unplaced:
+        new = by_pk[rid]
+        others = [x for x in snap.running if x.id != new.replaces_id and x.id not in evicted]
+        m = specs[new.model_name]
+        alone = placement.Request(
+            str(rid), m.name, tuple(placement.profiles_from_spec(m)), ranks.get(m.name, 1)
+        )
+        trial = placement.place(snap.p_nodes, snap.domains, others + taken, [alone])
+        if trial.placed and not trial.evictions:
+            blocked.append(rid)
+    if not blocked:
+        return reasons
+    for r in snap.replicas:
+        r.has_assignment = bool(r.assignments.all())  # type: ignore[attr-defined]
+    stops, waits = plan.make_room(wants, _views(specs, snap.replicas), blocked)
+    for old_id, why in stops:
+        services.stop_replicas([old_id], why)
+        result.stopped.append(old_id)
+    return reasons | waits
 
 
 def run_forever(interval: float, stop: threading.Event | None = None) -> None:

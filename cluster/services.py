@@ -671,17 +671,15 @@ def set_cordon(node: Node, cordoned: bool) -> Node:
     return node
 
 
-@transaction.atomic
-def drain(node: Node) -> int:
-    """Cordon a node and stop its replicas; the reconciler places replacements elsewhere."""
-    Node.objects.filter(pk=node.pk).update(cordoned=True)
-    events.changed(nodes=[node.pk])
-    ids = list(
-        Replica.objects.filter(assignments__node=node, desired=True).values_list("pk", flat=True)
-    )
-    stop_replicas(ids, f"node {node.name} drained")
-    wake.reconcile_soon()  # their replacements are placed elsewhere
-    return len(ids)
+def drain(node: Node, force: bool = False) -> Any:
+    """Cordon a node and move its replicas off it, each replaced before it stops.
+
+    Refused (``cluster.replace.DrainRefused``, nothing changed) when a model would be left
+    with no ready replica, unless ``force``; see ``cluster.replace.drain``.
+    """
+    from cluster import replace
+
+    return replace.drain(node, force)
 
 
 def stop_replicas(ids: Iterable[int], reason: str) -> None:
@@ -698,8 +696,20 @@ def stop_replicas(ids: Iterable[int], reason: str) -> None:
 
 @transaction.atomic
 def restart_replica(replica: Replica) -> Replica:
-    """Restart a replica: its agent sees a higher generation and restarts the engine."""
-    Replica.objects.filter(pk=replica.pk).update(generation=F("generation") + 1)
+    """Restart a replica: its agent sees a higher generation and restarts the engine.
+
+    The engine starts again from the profile as it is now (the desired list carries the
+    current definition), so the replica's fingerprint becomes the current one: it no
+    longer shows as running an old definition.
+    """
+    fields: dict[str, Any] = {"generation": F("generation") + 1}
+    served = ServedModel.objects.filter(name=replica.model_name).first()
+    m = rules.normalize(served.to_spec()) if served else None
+    profile = rules.profile_by_name(m, replica.profile) if m else None
+    if profile is not None:
+        fields["fingerprint"] = rules.fingerprint(profile)
+    Replica.objects.filter(pk=replica.pk).update(**fields)
+    events.changed(models=[replica.model_name])
     replica.refresh_from_db()
     bump_desired(replica.assignments.values_list("node_id", flat=True))
     return replica

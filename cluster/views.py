@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from cluster import live, services
 from cluster.live import render_model, render_node
 from cluster.models import Node, Replica
+from cluster.replace import DrainRefused
 from llmgw_admin.htmx import HtmxHttpRequest
 from llmgw_admin.roles import OPERATOR, VIEWER, role_required
 
@@ -48,10 +50,11 @@ def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
         raise Http404(f"no node action {action!r}")
     node = get_object_or_404(Node, pk=pk)
     if action == "drain":
-        stopped = services.drain(node)
-        services.log_action(
-            request.user, "drain", f"node {node.name}", f"{stopped} replicas stopped", "console"
-        )
+        try:
+            done = services.drain(node, force=request.POST.get("force") == "1")
+        except DrainRefused as exc:
+            return _drain_refused(request, node, exc)
+        services.log_action(request.user, "drain", f"node {node.name}", done.summary, "console")
     elif action == "release":
         services.release(node, request.user.get_username())
         services.log_action(
@@ -63,6 +66,18 @@ def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
         services.log_action(request.user, action, f"node {node.name}", "", "console")
     row = live.node_rows([node.pk])[0]
     return HttpResponse(render_node(row, can_act=True))
+
+
+def _drain_refused(request: HtmxHttpRequest, node: Node, exc: DrainRefused) -> HttpResponse:
+    """Say why a drain was refused, in the node's drain message, with "Drain anyway"."""
+    html = render_to_string(
+        "cluster/partials/drain_refused.html", {"node": node, "refusal": exc}, request=request
+    )
+    response = HttpResponse(html)
+    # The node's fragment stays as it is (nothing changed); only its message is filled.
+    response["HX-Retarget"] = f"#cluster-node-{node.pk}-drain"
+    response["HX-Reswap"] = "innerHTML"
+    return response
 
 
 @role_required(OPERATOR)

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
 from rest_framework.exceptions import AuthenticationFailed
@@ -42,7 +42,18 @@ from cluster.models import (
     Node,
     Replica,
 )
+from cluster.replace import DrainRefused
 from llmgw_admin.roles import ADMIN, OPERATOR
+
+
+class DrainSerializer(serializers.Serializer[None]):
+    """A drain's options."""
+
+    force = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Stop replicas that have no room elsewhere even if their model goes dark.",
+    )
 
 
 def _log(request: Request, action: str, target: str, detail: str = "") -> None:
@@ -127,12 +138,35 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         )
         return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(request=DrainSerializer, responses={200: dict, 409: dict})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, name: str) -> Response:
-        stopped = services.drain(self.get_object())
-        _log(request, "drain", f"node {name}", f"{stopped} replicas stopped")
-        return Response({"node": name, "cordoned": True, "replicas_stopped": stopped})
+        """Cordon the node and move its replicas off it, each replaced before it stops.
+
+        Refused with 409, changing nothing, when a model would be left with no ready
+        replica (no room elsewhere for its replacement), unless ``{"force": true}``.
+        """
+        node = self.get_object()
+        body = DrainSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        force = body.validated_data.get("force", False)
+        try:
+            done = services.drain(node, force=force)
+        except DrainRefused as exc:
+            return Response(
+                {"detail": str(exc), "errors": {"force": [str(exc)]}, "dark": sorted(exc.models)},
+                status=exc.status,
+            )
+        _log(request, "drain", f"node {name}", done.summary)
+        return Response(
+            {
+                "node": name,
+                "cordoned": True,
+                "replacing": {str(k): v for k, v in done.replacing.items()},
+                "replicas_stopped": len(done.stopped),
+                "dark": done.dark,
+            }
+        )
 
 
 class CardViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]

@@ -1,0 +1,218 @@
+"""Replacing replicas without a gap: what placement sees now, and draining a node.
+
+A roll (``cluster.services.roll``) and a drain both start a replacement for a replica
+(``Replica.replaces``) and stop the old one only once the replacement is ready
+(``cluster.plan.finish_rolls``, run by the reconciler). A drain first asks placement, over
+the cluster as it stands, whether each replacement has room elsewhere: one that has none
+would leave its model with no ready replica, and the drain is refused, naming those
+models, unless it is forced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+
+from catalog import rules
+from catalog.services import stored_specs
+from cluster import events, placement, wake
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.models import FacilityBudget, Node, Replica
+
+
+@dataclass
+class Snapshot:
+    """The cluster in placement's terms, read once; ``replicas`` with their assignments."""
+
+    nodes: list[Node]
+    p_nodes: list[placement.Node]
+    domains: list[placement.Domain]
+    replicas: list[Replica]
+    running: list[placement.Running] = field(default_factory=list)
+
+
+def _class_rank(m: Any) -> int:
+    return rules.class_rank(rules.effective_class(m)) if m else 1
+
+
+def snapshot(specs: dict[str, Any], unschedulable: frozenset[int] = frozenset()) -> Snapshot:
+    """Read nodes, budgets and replicas as placement sees them (a fixed number of queries).
+
+    ``specs`` are the catalog's normalized models by name; nodes whose pk is in
+    ``unschedulable`` are taken as cordoned (a drain asking what would happen).
+    """
+    nodes = list(Node.objects.prefetch_related("cards"))
+    p_nodes = [
+        placement.Node(
+            name=n.name,
+            labels=n.labels,
+            cpu_cores=n.cpu_cores,
+            memory_mb=n.memory_mb,
+            disk_free_mb=n.disk_free_mb,
+            engines=n.engines,
+            cards=tuple(
+                placement.Card(c.index, c.gpu_class, c.memory_mb, c.power_limit_w, c.mig_of)
+                for c in n.cards.all()
+            ),
+            holds=frozenset(n.weights),
+            schedulable=(
+                n.health == NodeHealth.READY and not n.cordoned and n.pk not in unschedulable
+            ),
+            simulated=n.simulated,
+        )  # fmt: skip
+        for n in nodes
+    ]
+    domains = [placement.Domain(b.level, b.name, b.cap_watts) for b in FacilityBudget.objects.all()]
+    replicas = list(Replica.objects.prefetch_related("assignments__node"))
+    running = []
+    for r in replicas:
+        held = list(r.assignments.all())
+        if not held:
+            continue
+        m = specs.get(r.model_name)
+        running.append(
+            placement.Running(
+                id=r.pk,
+                model=r.model_name,
+                profile=r.profile,
+                class_rank=_class_rank(m),
+                assignments=tuple(
+                    placement.Assignment(
+                        node=a.node.name,
+                        cards=tuple(a.cards),
+                        cpu_cores=a.cpu_cores,
+                        memory_mb=a.memory_mb,
+                        disk_mb=a.disk_mb,
+                        watts=a.watts,
+                    )
+                    for a in held
+                ),
+                source=m.source if m else "",
+            )  # fmt: skip
+        )
+    return Snapshot(nodes, p_nodes, domains, replicas, running)
+
+
+def running_of(pl: placement.Placement, rank: int) -> placement.Running:
+    """Return a placement just made as a running replica (for a second look at the room)."""
+    return placement.Running(pl.key, pl.model, pl.profile, rank, pl.assignments, pl.source)
+
+
+class DrainRefused(Exception):
+    """A drain that would leave models with no ready replica; ``models`` names them."""
+
+    status = 409
+
+    def __init__(self, node: str, models: dict[str, str]) -> None:
+        self.node = node
+        self.models = models
+        names = ", ".join(sorted(models))
+        why = "; ".join(f"{m}: {models[m]}" for m in sorted(models))
+        super().__init__(
+            f"draining {node} would leave {names} with no ready replica, as there is no room "
+            f"elsewhere ({why}). Nothing was changed: free room, or drain with force to stop "
+            "them anyway."
+        )
+
+
+@dataclass
+class Drained:
+    """What a drain did: replacements started elsewhere, and replicas stopped at once."""
+
+    replacing: dict[int, int] = field(default_factory=dict)  # old -> new
+    stopped: list[int] = field(default_factory=list)
+    dark: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        text = (
+            f"{len(self.replacing)} replaced elsewhere before stopping, {len(self.stopped)} stopped"
+        )
+        if self.dark:
+            text += f" (forced: {', '.join(self.dark)} left with no ready replica)"
+        return text
+
+
+@transaction.atomic
+def drain(node: Node, force: bool = False) -> Drained:
+    """Cordon a node and move its replicas off it, each replaced before it stops.
+
+    Each desired replica on the node gets a replacement (placed elsewhere by the
+    reconciler; the old one stops once it is ready). A replica whose replacement has no
+    room elsewhere is stopped at once, if its model keeps a ready replica on another
+    node; if it would be the model's last, the drain is refused (``DrainRefused``, nothing
+    changed) unless ``force``.
+    """
+    from cluster.services import stop_replicas
+
+    Node.objects.select_for_update().filter(pk=node.pk).first()
+    here = list(
+        Replica.objects.filter(assignments__node=node, desired=True).distinct().order_by("pk")
+    )
+    done = Drained()
+    if not here:
+        Node.objects.filter(pk=node.pk).update(cordoned=True)
+        events.changed(nodes=[node.pk])
+        return done
+    specs = {m.name: rules.normalize(m) for m in stored_specs()}
+    snap = snapshot(specs, unschedulable=frozenset({node.pk}))
+    replaced = {r.replaces_id for r in snap.replicas if r.desired and r.replaces_id is not None}
+    movers = [r for r in here if r.pk not in replaced and r.model_name in specs]
+    requests = [
+        placement.Request(
+            str(r.pk),
+            r.model_name,
+            tuple(placement.profiles_from_spec(specs[r.model_name])),
+            _class_rank(specs[r.model_name]),
+        )
+        for r in movers
+    ]
+    result = placement.place(snap.p_nodes, snap.domains, snap.running, requests)
+    room = {int(p.key) for p in result.placed}
+    why = {int(u.key): u.reason for u in result.unplaced}
+    here_ids = {r.pk for r in here}
+    ready_elsewhere: dict[str, int] = defaultdict(int)
+    for r in snap.replicas:
+        if r.desired and r.state == ReplicaState.READY and r.pk not in here_ids:
+            ready_elsewhere[r.model_name] += 1
+    ready_here: dict[str, int] = defaultdict(int)
+    for r in here:
+        if r.state == ReplicaState.READY:
+            ready_here[r.model_name] += 1
+    stuck = [r for r in here if r.pk not in replaced and r.pk not in room]
+    # A model goes dark when its ready replicas are all here and none of them can be
+    # replaced: one replaced elsewhere keeps serving until its replacement is ready.
+    kept = {r.model_name for r in here if r.pk in room or r.pk in replaced}
+    dark = {
+        r.model_name: why.get(r.pk, "not in the catalog")
+        for r in stuck
+        if ready_here[r.model_name]
+        and not ready_elsewhere[r.model_name]
+        and r.model_name not in kept
+    }
+    if dark and not force:
+        raise DrainRefused(node.name, dark)
+    Node.objects.filter(pk=node.pk).update(cordoned=True)
+    events.changed(nodes=[node.pk])
+    served = {r.pk: r.model_id for r in here}
+    for r in movers:
+        if r.pk not in room:
+            continue
+        new = Replica.objects.create(
+            model_id=served[r.pk],
+            model_name=r.model_name,
+            replaces=r,
+            reason=f"replacing #{r.pk} from drained node {node.name}",
+        )
+        done.replacing[r.pk] = new.pk
+    stop_now = [r.pk for r in stuck]
+    if stop_now:
+        stop_replicas(stop_now, f"node {node.name} drained (no room elsewhere)")
+    done.stopped = stop_now
+    done.dark = sorted(dark)
+    events.changed(models=[r.model_name for r in here])
+    wake.reconcile_soon()  # the replacements are placed elsewhere
+    return done

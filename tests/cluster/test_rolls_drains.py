@@ -1,0 +1,220 @@
+"""Rolls, drains and restarts through the reconciler and the database, agents reporting.
+
+Each replica's engine is played by its node's agent reporting through the real report
+service (``cluster.services.report``): "ready" once placed, "stopped" once it is told to
+stop, as an agent does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from catalog import services as catalog_services
+from catalog.choices import Surface
+from catalog.models import ServedModel
+from cluster import live, reconciler, services
+from cluster.models import Assignment, ClusterAction, Node, Replica
+from cluster.replace import DrainRefused
+from tests.catalog.samples import gpu_model, store
+from tests.cluster.helpers import join_node
+
+pytestmark = pytest.mark.django_db
+
+H100 = "nvidia-h100-80gb"
+# A Monday, inside the weekday window.
+MONDAY = datetime(2026, 11, 30, 12, tzinfo=ZoneInfo("UTC"))
+WINDOWED = {
+    "min": 1,
+    "max": 2,
+    "schedule": [{"days": ["weekdays"], "from": "08:00", "to": "18:00", "min": 2, "max": 2}],
+}
+
+
+def tick() -> reconciler.TickResult:
+    Node.objects.update(last_heartbeat=MONDAY)
+    return reconciler.tick(MONDAY)
+
+
+def agents_report(ready: bool = True) -> None:
+    """Every node's agent: engines asked to stop stop; placed ones come up ready."""
+    for node in Node.objects.all():
+        reports = []
+        for a in Assignment.objects.filter(node=node).select_related("replica"):
+            if not a.replica.desired:
+                reports.append({"replica": a.replica_id, "state": "stopped"})
+            elif ready and a.state != "ready":
+                reports.append({"replica": a.replica_id, "state": "ready", "port": 9000 + a.pk})
+        if reports:
+            services.report(node, reports)
+
+
+def edit_profile(name: str) -> None:
+    m = ServedModel.objects.get(name=name).to_spec()
+    m.profiles[0].args = [*m.profiles[0].args, "--enforce-eager"]
+    catalog_services.save_model(m, catalog_services.Actor(None, Surface.CLI), replacing=name)
+
+
+def ready_count(name: str) -> int:
+    return Replica.objects.filter(model_name=name, desired=True, state="ready").count()
+
+
+def current(name: str) -> list[bool]:
+    """For each desired replica of the model: does it run the current definition?"""
+    row = live.model_row(name)
+    assert row is not None
+    return [not r.outdated for r in row.replicas if r.desired]
+
+
+def settle(name: str, ticks: int = 12) -> list[int]:
+    """Tick and report until quiet; return the model's ready count after every step."""
+    seen = []
+    for _ in range(ticks):
+        tick()
+        seen.append(ready_count(name))
+        agents_report()
+        seen.append(ready_count(name))
+    return seen
+
+
+def started(name: str, count: int, cards: int = 8) -> None:
+    join_node("n1", [H100] * cards)
+    store(gpu_model(name, profiles=[{"name": "h100", "gpu_class": H100}], scaling=WINDOWED))
+    settle(name, 3)
+    assert ready_count(name) == count
+
+
+def test_a_roll_of_a_scheduled_model_ends_with_only_current_replicas() -> None:
+    # The issue's demo-chat: its weekday window in force, min 2 max 2, room for both rolls.
+    started("demo-chat", 2)
+    old = set(Replica.objects.values_list("pk", flat=True))
+    edit_profile("demo-chat")
+    assert current("demo-chat") == [False, False]
+    assert len(services.roll("demo-chat")) == 2
+    seen = settle("demo-chat")
+    assert min(seen) >= 2  # room for both: the old ones serve until the new are ready
+    assert current("demo-chat") == [True, True]
+    left = set(Replica.objects.values_list("pk", flat=True))
+    assert not left & old and len(left) == 2
+    assert live.model_row("demo-chat").rolls == []
+
+
+def test_without_room_a_roll_replaces_one_replica_at_a_time_and_says_so() -> None:
+    # Two cards, two one-card replicas: no room for a replacement beside either.
+    started("demo-chat", 2, cards=2)
+    edit_profile("demo-chat")
+    services.roll("demo-chat")
+    tick()
+    row = live.model_row("demo-chat")
+    notes = [r.note for r in row.rolls if r.note]
+    assert notes and all("one replica at a time" in n for n in notes), notes
+    assert Replica.objects.filter(desired=False).count() == 1  # one stops first
+    seen = [ready_count("demo-chat")]
+    agents_report()
+    seen += settle("demo-chat")
+    assert min(seen) >= 1, seen
+    assert current("demo-chat") == [True, True] and ready_count("demo-chat") == 2
+
+
+def test_a_drain_replaces_elsewhere_before_stopping() -> None:
+    started("demo-chat", 2, cards=2)
+    join_node("n2", [H100] * 2)
+    n1 = Node.objects.get(name="n1")
+    done = services.drain(n1)
+    assert len(done.replacing) == 2 and done.stopped == []
+    # Nothing stopped yet: both keep serving while their replacements load.
+    assert ready_count("demo-chat") == 2
+    seen = settle("demo-chat")
+    assert min(seen) >= 1, seen
+    assert ready_count("demo-chat") == 2
+    assert set(Assignment.objects.values_list("node__name", flat=True)) == {"n2"}
+
+
+def test_a_drain_that_would_leave_a_model_dark_is_refused_unless_forced() -> None:
+    started("demo-chat", 2, cards=2)
+    n1 = Node.objects.get(name="n1")
+    with pytest.raises(DrainRefused) as refused:
+        services.drain(n1)
+    assert refused.value.models.keys() == {"demo-chat"}
+    assert "demo-chat" in str(refused.value) and "force" in str(refused.value)
+    n1.refresh_from_db()
+    assert not n1.cordoned and ready_count("demo-chat") == 2  # nothing changed
+    done = services.drain(n1, force=True)
+    assert done.dark == ["demo-chat"] and len(done.stopped) == 2
+    assert Replica.objects.filter(desired=True, state="ready").count() == 0
+
+
+def test_a_drain_with_room_for_some_stops_the_rest_only_if_the_model_keeps_serving() -> None:
+    started("demo-chat", 2, cards=2)
+    join_node("n2", [H100])
+    done = services.drain(Node.objects.get(name="n1"))
+    assert len(done.replacing) == 1 and len(done.stopped) == 1
+    assert ready_count("demo-chat") == 1
+    seen = settle("demo-chat")
+    assert min(seen) >= 1
+
+
+def test_a_restart_runs_and_shows_the_current_definition() -> None:
+    started("demo-chat", 2)
+    edit_profile("demo-chat")
+    r = Replica.objects.filter(desired=True).first()
+    assert r is not None and current("demo-chat") == [False, False]
+    services.restart_replica(r)
+    marks = {x.pk: x.outdated for x in live.model_row("demo-chat").replicas}
+    assert marks[r.pk] is False and list(marks.values()).count(True) == 1
+    # What the agent is told to run is that same current definition.
+    node = r.assignments.get().node
+    (desired,) = [x for x in services.desired_list(node)["replicas"] if x["id"] == r.pk]
+    assert "--enforce-eager" in desired["args"]
+    assert desired["fingerprint"] == Replica.objects.get(pk=r.pk).fingerprint
+
+
+def test_the_api_refuses_a_drain_that_leaves_a_model_dark_naming_it(
+    api_for: Any, operator: Any
+) -> None:
+    started("demo-chat", 2, cards=2)
+    api = api_for(operator)
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", {}, format="json")
+    assert r.status_code == 409, r.content
+    body = r.json()
+    assert body["dark"] == ["demo-chat"] and "demo-chat" in body["detail"]
+    assert "force" in body["errors"]
+    assert not Node.objects.get(name="n1").cordoned and ready_count("demo-chat") == 2
+    assert not ClusterAction.objects.exists()  # nothing done, nothing logged
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", {"force": "maybe"}, format="json")
+    assert r.status_code == 400 and "force" in r.json()
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", {"force": True}, format="json")
+    assert r.status_code == 200
+    assert r.json()["replicas_stopped"] == 2 and r.json()["dark"] == ["demo-chat"]
+    (action,) = ClusterAction.objects.all()
+    assert "forced: demo-chat left with no ready replica" in action.detail
+
+
+def test_the_api_drain_answers_what_replaces_what(api_for: Any, operator: Any) -> None:
+    started("demo-chat", 2, cards=2)
+    join_node("n2", [H100] * 2)
+    r = api_for(operator).post("/api/v1/cluster/nodes/n1/drain/")
+    assert r.status_code == 200
+    assert len(r.json()["replacing"]) == 2 and r.json()["replicas_stopped"] == 0
+
+
+def test_the_console_says_why_a_drain_is_refused_and_offers_to_force_it(
+    client_for: Any, operator: Any
+) -> None:
+    started("demo-chat", 2, cards=2)
+    node = Node.objects.get(name="n1")
+    c = client_for(operator)
+    r = c.post(f"/cluster/nodes/{node.pk}/drain/", HTTP_HX_REQUEST="true")
+    assert r.status_code == 200
+    assert r["HX-Retarget"] == f"#cluster-node-{node.pk}-drain"
+    text = r.content.decode()
+    assert "Not drained" in text and "demo-chat" in text and "Drain anyway" in text
+    node.refresh_from_db()
+    assert not node.cordoned
+    r = c.post(f"/cluster/nodes/{node.pk}/drain/", {"force": "1"}, HTTP_HX_REQUEST="true")
+    assert r.status_code == 200 and "HX-Retarget" not in r
+    node.refresh_from_db()
+    assert node.cordoned and ready_count("demo-chat") == 0

@@ -37,6 +37,11 @@ log = logging.getLogger("agent")
 # The desired list is read every this many heartbeats even when its version is the
 # same: a version bump lost on the way must not leave the node behind for long.
 RELOAD_EVERY = 6
+# While the control plane cannot be reached the agent retries with a growing wait, but
+# never longer than this many heartbeat intervals: a control plane that comes back hears
+# from every node within them, well inside LLMGW_NODE_LOST_AFTER (30 s against 5 s by
+# default), and counts no node's silence from before it was back (cluster.silence).
+MAX_RETRY_INTERVALS = 3
 MAX_RETRY_S = 60.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -73,6 +78,15 @@ def parse_labels(text: str) -> dict[str, str]:
             raise ValueError(f'label "{part}" is not key=value')
         labels[key.strip()] = value.strip()
     return labels
+
+
+def retry_wait(interval: float, failures: int) -> float:
+    """Return how long to wait before the next try after ``failures`` failed ones in a row.
+
+    Doubling from one interval, up to ``MAX_RETRY_INTERVALS`` intervals (and MAX_RETRY_S).
+    """
+    grown = interval * 2 ** min(max(failures, 1) - 1, 10)
+    return min(grown, interval * MAX_RETRY_INTERVALS, max(MAX_RETRY_S, interval))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +275,7 @@ class Agent:
                 except Unreachable as exc:
                     failures += 1
                     reachable = False
-                    wait = min(self.interval * 2 ** min(failures - 1, 10), MAX_RETRY_S)
+                    wait = retry_wait(self.interval, failures)
                     log.warning(
                         "control plane unreachable (%s); engines keep running; retrying in %.0f s",
                         exc,
@@ -282,7 +296,7 @@ class Agent:
                     return 2
                 except ControlPlaneError as exc:
                     failures += 1
-                    wait = min(self.interval * 2 ** min(failures - 1, 10), MAX_RETRY_S)
+                    wait = retry_wait(self.interval, failures)
                     log.warning("control plane call failed (%s); retrying in %.0f s", exc, wait)
                     next_beat = time.monotonic() + wait
             elif reachable and self.control.pending():

@@ -306,3 +306,23 @@ class ClusterAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_name} {self.action} {self.target}"
+
+
+class ControlMark(models.Model):
+    """When a process of the control plane last did its part: one row per kind, kept current.
+
+    ``tick``: the reconciler's last finished tick, and which process ran it (the console's
+    dashboard and ``GET /api/v1/cluster/status`` warn when it is old). ``heartbeats``: since
+    when heartbeats can be heard, the latest start of a web process; a node's silence counts
+    only from then (cluster.plan.judge_silence).
+    """
+
+    TICK = "tick"
+    HEARTBEATS = "heartbeats"
+
+    kind = models.CharField(max_length=20, primary_key=True)
+    at = models.DateTimeField()
+    by = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.at} by {self.by}"

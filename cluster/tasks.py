@@ -10,5 +10,5 @@ from cluster import reconciler
 @shared_task(ignore_result=True)
 def reconcile_cluster() -> None:
     """Run one reconcile tick; a worker that is not the leader does nothing."""
-    reconciler.start_listening()
+    reconciler.start_listening(role="worker")
     reconciler.tick()

@@ -61,7 +61,27 @@ def run(bind: str, port: int) -> None:
     import uvicorn
 
     signal.signal(signal.SIGTERM, _exit)
+    _note_listening()
     uvicorn.Server(config(bind, port)).run()
+
+
+def _note_listening() -> None:
+    """Note that heartbeats can be heard from now: nodes' silence counts from here.
+
+    While no web process was up no heartbeat could be heard, and the reconciler (in a
+    worker, which went on ticking) must not take that silence for the nodes'
+    (cluster.silence).
+    """
+    import django
+    from django.apps import apps
+    from django.db import connection
+
+    if not apps.ready:
+        django.setup()
+    from cluster import marks
+
+    marks.listening()
+    connection.close()  # this thread serves no request
 
 
 def _exit(signum: int, frame: Any) -> None:

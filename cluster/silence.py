@@ -1,0 +1,71 @@
+"""Which silent nodes are lost, and which are only held: plain data (no Django).
+
+The reconciler calls :func:`judge` each tick. A node is *silent* when it has not been heard
+from for longer than ``LLMGW_NODE_LOST_AFTER``, counted from the later of its last heartbeat
+and the moment heartbeats could be heard at all (``listening_since``: the latest start of a
+web process, or of the process that reconciles). Silence from before then is the control
+plane's own, not the node's.
+
+A silent node is *lost*: its replicas are placed elsewhere, and its agent, when it returns,
+stops the engines it no longer has. But when most nodes fall silent together the control
+plane (the web process that hears heartbeats, or its network) is the likely fault, not the
+nodes: calling them all lost would stop every engine the moment they come back. As
+Kubernetes' node lifecycle controller stops evicting in a disrupted zone (no ready node at
+all, or more than 2 not ready and at least 55% of them, in a cluster too small for a slow
+eviction rate), such nodes are *held*: shown not ready, their replicas kept where they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+# The share of silent nodes at or above which (with more than PARTIAL_MIN of them) the
+# silence is taken for the control plane's: Kubernetes' unhealthyZoneThreshold.
+MASS_SILENCE = 0.55
+PARTIAL_MIN = 2
+
+
+@dataclass(frozen=True)
+class Silence:
+    """What to do with the silent nodes: ``lost`` are lost; ``held`` are kept, for ``why``."""
+
+    lost: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
+    why: str = ""
+
+
+def judge(
+    heartbeats: Sequence[tuple[str, datetime | None]],
+    now: datetime,
+    lost_after_s: float,
+    listening_since: datetime | None = None,
+    threshold: float = MASS_SILENCE,
+) -> Silence:
+    """Return which of the nodes (name, last heartbeat) are lost and which are held.
+
+    ``heartbeats`` are the nodes not already lost. A node never heard from counts from
+    ``listening_since`` (or is silent, without it).
+    """
+    silent = []
+    for name, last in heartbeats:
+        heard = last
+        if listening_since is not None and (heard is None or heard < listening_since):
+            heard = listening_since
+        if heard is None or (now - heard).total_seconds() > lost_after_s:
+            silent.append(name)
+    if not silent:
+        return Silence()
+    total = len(heartbeats)
+    if len(silent) == total:
+        what = "every node" if total > 1 else "the only node"
+    elif len(silent) > PARTIAL_MIN and len(silent) / total >= threshold:
+        what = f"{len(silent)} of {total} nodes"
+    else:
+        return Silence(lost=tuple(silent))
+    why = (
+        f"not heard from for more than {lost_after_s:g} s, with {what} at once: the control "
+        "plane or its network is the likely fault, so its replicas stay where they are"
+    )
+    return Silence(held=tuple(silent), why=why)

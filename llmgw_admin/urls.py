@@ -11,7 +11,7 @@ from rest_framework.routers import DefaultRouter
 
 from cluster import urls as cluster_urls
 from cluster.api.urls import agent_urlpatterns
-from llmgw_admin import api_views
+from llmgw_admin import api_views, status_views
 from llmgw_admin.dashboard import dashboard
 from llmgw_admin.roles import VIEWER, role_required
 
@@ -28,6 +28,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("catalog/", include("catalog.urls")),
     path("guard/", include("guard.urls")),
+    path("cluster/reconciler/", status_views.reconciler, name="cluster-reconciler"),
     # The dashboard is the console's home (llmgw_admin.dashboard); it keeps its name in
     # the cluster's namespace, beside the cluster's actions (cluster.urls).
     path(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from cluster.api import views
+from cluster.api import status, views
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
@@ -17,6 +17,7 @@ router.register("actions", views.ClusterActionViewSet, basename="clusteraction")
 
 urlpatterns = [
     *router.urls,
+    path("status/", status.cluster_status, name="cluster-status"),
     path("models/<path:name>/roll/", views.roll_model, name="model-roll"),
     path("models/<path:name>/demand/", views.demand_model, name="model-demand"),
     path("gpu-classes/", include("cluster.api.classes")),

@@ -30,3 +30,11 @@ def live_model(context: dict, name: str) -> dict:
         "name": name,
         "can_act": context.get("can_edit", False),
     }
+
+
+@register.inclusion_tag("cluster/partials/reconciler.html")
+def reconciler_status() -> dict:
+    """The reconciler's last tick, its age and process, polled by the page (cluster.marks)."""
+    from cluster import marks
+
+    return {"tick": marks.tick_status()}

@@ -19,6 +19,7 @@ from llmgw_admin.env import (
     envstr,
     secret_key,
 )
+from llmgw_admin.jobs import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("DATA_DIR", "var"))
@@ -124,19 +125,6 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = envint("TASK_TIME_LIMIT", 300)
 CELERY_TIMEZONE = envstr("TIMEZONE", "UTC")
-# Schedules as data (style.md 2.6); each entry expires before its next run would start.
-CELERY_BEAT_SCHEDULE = {
-    "reconcile-cluster": {
-        "task": "cluster.tasks.reconcile_cluster",
-        "schedule": float(envint("RECONCILE_INTERVAL", 5)),
-        "options": {"expires": max(1.0, envint("RECONCILE_INTERVAL", 5) * 0.9)},
-    },
-    "probe-judge-health": {
-        "task": "guard.tasks.probe_judge_health",
-        "schedule": float(envint("PROBE_INTERVAL", 60)),
-        "options": {"expires": max(1.0, envint("PROBE_INTERVAL", 60) * 0.9)},
-    },
-}
 
 # The cluster (docs/configuration.md).
 LLMGW_NODE_LOST_AFTER = envint("NODE_LOST_AFTER", 30)
@@ -144,6 +132,9 @@ LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
+# Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
+# web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
+CELERY_BEAT_SCHEDULE = beat_schedule(globals())
 # How often a web process writes the guard checks' counts (guard/records.py).
 LLMGW_GUARD_FLUSH_MS = envint("GUARD_FLUSH_MS", 500)
 # Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the

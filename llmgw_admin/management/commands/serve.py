@@ -1,9 +1,10 @@
 """Serve the ASGI application (console, API, admin, websockets): ``llmgw_admin.server``.
 
-Embedded (no ``LLMGW_REDIS_URL``): the reconciler runs in this process, other processes'
-live events and wake-ups arrive through ``cluster.relay``, and, unless
-``LLMGW_LOCAL_AGENT`` is false, a node agent for this machine runs beside it, so a model
-with a CPU profile (llama.cpp) runs here with nothing else installed.
+Embedded (no ``LLMGW_REDIS_URL``): the periodic jobs (``llmgw_admin.jobs``: the reconciler,
+the judges' probe) run in this process, other processes' live events and wake-ups arrive
+through ``cluster.relay``, and, unless ``LLMGW_LOCAL_AGENT`` is false, a node agent for this
+machine runs beside it, so a model with a CPU profile (llama.cpp) runs here with nothing
+else installed.
 
 When ``LLMGW_SIMULATE`` names simulated nodes (the embedded default does), an agent for
 each runs in a thread of this process (``llmgw_admin.demo.start_agents``).
@@ -16,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
 
-        from cluster import reconciler
-        from llmgw_admin import server
+        from llmgw_admin import jobs, server
 
         if not settings.REDIS_URL:
             from cluster import relay
@@ -49,18 +48,12 @@ class Command(BaseCommand):
             # running was being asked by one that stopped.
             if evalrun.abandon_running("the web process asking it stopped: start it again"):
                 self.stdout.write("evaluations left running by the last stop marked failed")
-            # Embedded: no worker or beat, so the periodic work runs in this process.
-            interval = float(settings.LLMGW_RECONCILE_INTERVAL)
-            threading.Thread(
-                target=reconciler.run_forever, args=(interval,), name="reconciler", daemon=True
-            ).start()
-            self.stdout.write(f"reconciling in-process every {interval:g} s")
-            threading.Thread(
-                target=_every,
-                args=(float(settings.LLMGW_PROBE_INTERVAL), "guard.services", "probe_judges"),
-                name="judge-probe",
-                daemon=True,
-            ).start()
+            # Embedded: no worker or beat, so the periodic jobs run in this process, from
+            # the table beat's schedule is built from.
+            jobs.start_embedded(settings)
+            self.stdout.write(
+                f"reconciling in-process every {float(settings.LLMGW_RECONCILE_INTERVAL):g} s"
+            )
             if settings.LLMGW_LOCAL_AGENT:
                 self._start_local_agent(options["bind"], options["port"], Path(settings.DATA_DIR))
         if settings.LLMGW_SIMULATE:
@@ -106,24 +99,6 @@ class Command(BaseCommand):
             f"simulated nodes {', '.join(names)} started (LLMGW_SIMULATE=off for none; "
             f"log: {data_dir / 'simulated.log'})"
         )
-
-
-def _every(interval: float, module: str, function: str) -> None:
-    """Call ``module.function()`` every ``interval`` seconds (the embedded mode's beat)."""
-    import importlib
-    import logging
-    import time
-
-    from django.db import close_old_connections
-
-    target = getattr(importlib.import_module(module), function)
-    while True:
-        time.sleep(interval)
-        try:
-            close_old_connections()
-            target()
-        except Exception:
-            logging.getLogger(__name__).exception("%s.%s failed; trying again", module, function)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

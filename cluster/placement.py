@@ -1092,7 +1092,134 @@ class _State:
         return text
 
     def diagnose(self, p: PlacementProfile, need: _Need) -> str:
-        """Return why no node (or set of nodes) fits p: the stage where the last fell out.
+        """Return why no node (or set of nodes) fits p, naming the constraint that bound.
+
+        Each node is checked against every condition (``_misses``). A condition binds
+        when the nodes that miss only it, with those that miss nothing, would be enough:
+        the first such condition, in the order of ``_CONDITIONS``, is told, with the best
+        of those nodes. Where no single condition would be enough (nodes that miss
+        several), the conditions are walked in turn and the first that leaves too few
+        nodes is told (``_staged``).
+        """
+        if need.level and need.level not in FACILITY_LEVELS:
+            return self._staged(p, need)
+        if need.g == 0 and p.gpus_per_node > 0:
+            return self._staged(p, need)
+        nn = need.n
+        misses = [self._misses(i, p, need) for i in range(len(self.nodes))]
+        fit = [i for i, m in enumerate(misses) if not m]
+        if len(fit) >= nn:
+            # Enough nodes each fit: what binds is how they group (keep_within, power).
+            return self._staged(p, need)
+        for cond in _CONDITIONS:
+            only = [i for i, m in enumerate(misses) if m == (cond,)]
+            if only and len(fit) + len(only) >= nn:
+                return self._bound(cond, p, need, only, len(fit))
+        return self._staged(p, need)
+
+    def _misses(self, i: int, p: PlacementProfile, need: _Need) -> tuple[str, ...]:
+        """Return the conditions node i misses for p, one per kind, in ``_CONDITIONS`` order.
+
+        Conditions of one kind are a chain: a node without the engine is not also said
+        to lack its version, one without cards of the class not also to lack free ones.
+        """
+        n = self.nodes[i]
+        out = set()
+        if not n.schedulable:
+            out.add("ready")
+        if p.engine != "sim" and n.simulated:
+            out.add("real")
+        elif p.engine != "sim" and p.engine not in n.engines:
+            out.add("engine")
+        elif not _version_matches(n.engines.get(p.engine, ""), p.engine_version):
+            out.add("version")
+        if not all(n.labels.get(k) == v for k, v in p.node_selector.items()):
+            out.add("selector")
+        if need.level and not n.labels.get(LABEL_PREFIX + need.level):
+            out.add("label")
+        if need.g:
+            total = self.total[i].get(need.cls, 0)
+            if total == 0:
+                out.add("class")
+            elif total < need.g:
+                out.add("count")
+            elif len(self.free[i].get(need.cls, ())) < need.g:
+                out.add("free")
+        if self.mem[i] < need.mem:
+            out.add("memory")
+        if self.cores[i] < need.cores:
+            out.add("cores")
+        if need.disk and self.disk[i] < self.disk_needed(i, need):
+            out.add("disk")
+        if self.node_domains[i]:
+            w = self.watts(i, need)
+            if any(self.used[d] + w - self.cap[d] > _EPSILON for d in self.node_domains[i]):
+                out.add("power")
+        return tuple(c for c in _CONDITIONS if c in out)
+
+    def _bound(self, cond: str, p: PlacementProfile, need: _Need, only: list[int], fit: int) -> str:
+        """Return the reason a binding condition gives, over the nodes that miss only it."""
+        nn = need.n
+        nodes = self.nodes
+        names = ", ".join(nodes[i].name for i in only[:3]) + (", …" if len(only) > 3 else "")
+        q = f" with {need.cls} cards" if need.g else ""
+        what = f"{need.g} free {need.cls}" if need.g else "room for it"
+
+        def short(each: str) -> str:
+            return f"needs {nn} nodes each with {each}; found {fit}"
+
+        if cond == "ready":
+            if not any(n.schedulable for n in nodes):
+                return "no node is ready for new replicas"
+            where = f"only nodes that take no new replicas (cordoned, not ready or lost) have {what}: {names}"
+            return where if nn == 1 else f"{short(what)} ({where})"
+        if cond == "real":
+            text = (
+                f"only simulated nodes have {what} ({names}), "
+                f"and they run only sim profiles, not {p.engine}"
+            )
+            return text if nn == 1 else f"{short('real cards')}: {text}"
+        if cond == "class":
+            return f"no node has {need.cls} cards" if nn == 1 or not fit else short(need.cls)
+        if cond == "count":
+            if nn == 1:
+                most = max(self.total[i][need.cls] for i in only)
+                return f"needs {need.g} {need.cls} on one node; the largest node has {most}"
+            return short(f"{need.g} {need.cls}")
+        if cond == "engine":
+            return f"no node{q} has engine {p.engine}" if nn == 1 else short(f"engine {p.engine}")
+        if cond == "version":
+            versions = sorted({nodes[i].engines.get(p.engine, "") for i in only} - {""})
+            found = f" (found {', '.join(versions[:3])})" if versions else ""
+            if nn == 1:
+                return f"no node{q} has engine {p.engine} {p.engine_version}{found}"
+            return short(f"engine {p.engine} {p.engine_version}")
+        if cond == "selector":
+            sel = _selector_text(p.node_selector)
+            return (
+                f"no node{q} matches node_selector {sel}"
+                if nn == 1
+                else short(f"node_selector {sel}")
+            )
+        if cond == "label":
+            label = LABEL_PREFIX + need.level
+            return f"keep_within {need.level}: {short(f'a {label} label')}"
+        if cond == "free":
+            if nn == 1:
+                best = max(len(self.free[i].get(need.cls, ())) for i in only)
+                return f"needs {need.g} free {need.cls} on one node; the best node has {best}"
+            return short(what)
+        stage = {
+            "memory": self._memory_stage,
+            "cores": self._cores_stage,
+            "disk": self._disk_stage,
+            "power": self._power_stage,
+        }[cond]
+        _, text, each = stage(only, need)
+        return text if nn == 1 else short(each)
+
+    def _staged(self, p: PlacementProfile, need: _Need) -> str:
+        """Return why no node fits p: the stage where the last nodes fell out.
 
         Walks the nodes through each condition in turn; the first condition that leaves
         too few nodes is the closest miss, told with the best node it dropped.
@@ -1262,6 +1389,27 @@ class _State:
                 closest = (worst[0], self._power_text(d, self.used[d], w))
         text = closest[1] if closest else ""
         return kept, text, f"power under its caps ({text})"
+
+
+# What a node may miss for a profile, in the order a reason names them when several
+# bind: whether it takes new replicas, runs real engines, the cards (class, how many,
+# free), the engine and its version, the node selector, the keep_within label, then
+# what is free now (memory, cores, disk, power).
+_CONDITIONS = (
+    "ready",
+    "real",
+    "class",
+    "count",
+    "engine",
+    "version",
+    "selector",
+    "label",
+    "free",
+    "memory",
+    "cores",
+    "disk",
+    "power",
+)
 
 
 def _profile_key(p: PlacementProfile) -> tuple[object, ...]:

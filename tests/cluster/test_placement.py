@@ -228,7 +228,9 @@ def test_engine_version_is_a_prefix_by_whole_components() -> None:
 def test_real_engines_never_go_on_simulated_nodes() -> None:
     sim_node = node("s", simulated=True, engines={"vllm": "0.11.0", "sim": "1"})
     plan = place([sim_node], [], [], [req("m", gpu())])
-    assert why(plan) == "only simulated nodes are ready, and they run only sim profiles, not vllm"
+    assert why(plan) == (
+        f"only simulated nodes have 1 free {H100} (s), and they run only sim profiles, not vllm"
+    )
     # A sim profile runs anywhere a card of its class is free.
     sim = gpu(engine="sim")
     assert one(place([sim_node], [], [], [req("m", sim)])) == ("s",)

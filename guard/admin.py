@@ -52,6 +52,8 @@ class GuardPolicyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             services.set_policy(form.policy_data, user=request.user, surface=Surface.ADMIN)
         except services.PolicyRefused as exc:  # checked in the form; a race lands here
             raise forms.ValidationError(str(exc)) from exc
+        for note in form.notes:
+            self.message_user(request, f"categories: {note}")
         row = GuardPolicy.objects.order_by("pk").first()
         if row is not None:
             obj.pk, obj.data, obj.updated = row.pk, row.data, row.updated

@@ -1,8 +1,9 @@
 """The policy as a form: the console's Guard page and the Django admin edit it with this.
 
-Every check is ``guard.policy.validate``'s, the one the API and ``guard policy set`` use:
-the form only turns its fields into the policy's data (one judge or category a line) and
-puts each problem at the field it is about, naming the line for a list's item. The
+Every check is ``guard.services.prepare_policy``'s (``guard.policy.validate`` and
+``complete``), the one the API and ``guard policy set`` use: the form only turns its
+fields into the policy's data (one judge or category a line) and puts each problem at
+the field it is about, naming the line for a list's item. The
 choice fields take any text, so a wrong value gets the policy's own message rather
 than Django's.
 """
@@ -15,6 +16,7 @@ from django import forms
 
 from catalog.problems import PathPart
 from guard import policy as policy_rules
+from guard import services
 
 CONTROVERSIAL_CHOICES = [
     ("safe", "safe: a Controversial verdict allows (the default)"),
@@ -63,10 +65,11 @@ FIELD_OF_KEY = {
 
 
 class PolicyForm(forms.Form):
-    """The guard policy's fields; ``clean`` checks them with ``guard.policy.validate``.
+    """The guard policy's fields; ``clean`` checks them with ``services.prepare_policy``.
 
-    After ``is_valid()``, ``policy`` is the parsed policy and ``policy_data`` the data
-    to pass to ``guard.services.set_policy``.
+    After ``is_valid()``, ``policy`` is the policy as it will be saved (completed for
+    its judges), ``policy_data`` the data to pass to ``guard.services.save_policy`` and
+    ``notes`` what completing it changed.
     """
 
     judge_models = forms.CharField(
@@ -110,6 +113,7 @@ class PolicyForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.policy: policy_rules.Policy | None = None
         self.policy_data: dict[str, Any] | None = None
+        self.notes: list[str] = []
         self._lines: dict[str, list[int]] = {}
 
     def data_for_policy(self) -> dict[str, Any]:
@@ -129,14 +133,14 @@ class PolicyForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        data = self.data_for_policy()
-        parsed, problems = policy_rules.validate(data)
-        for p in problems:
+        prepared = services.prepare_policy(self.data_for_policy())
+        for p in prepared.problems:
             field, message = self._place(p.path, p.message)
             self.add_error(field, message)
-        if parsed is not None and not problems:
-            self.policy = parsed
-            self.policy_data = policy_rules.to_data(parsed)
+        if prepared.policy is not None and not prepared.problems:
+            self.policy = prepared.policy
+            self.policy_data = policy_rules.to_data(prepared.policy)
+            self.notes = prepared.notes
         return cleaned
 
     def _place(self, path: tuple[PathPart, ...], message: str) -> tuple[str | None, str]:

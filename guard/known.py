@@ -4,7 +4,7 @@
 weights are (a GGUF for llama.cpp on CPUs, the Hugging Face repository for vLLM on a
 GPU), the format the judge speaks, its context, its memory and the categories it can
 report. ``enable_spec`` writes the catalog ``Model`` for one; ``use`` sets a policy's
-judge order and replaces the categories none of the listed judges can report;
+judge order and makes its categories hold for them (``guard.policy.complete``);
 ``judges_to_add`` says which the leader adds because the policy names them. Plain
 data in and out: no Django, no I/O. Section numbers (§) refer to
 /work/shared/spec/guard-formats.md.
@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from catalog.rules import CLASS_STANDARD, ROLE_GUARD, suggest_cores
 from catalog.spec import GuardModel, Model, Profile, Scaling
+from guard import policy as policy_rules
 from guard.formats import LLAMA_GUARD_CATEGORIES, QWEN3GUARD_CATEGORIES
 from guard.policy import Policy
 
@@ -258,52 +259,19 @@ def enable_spec(
     return model
 
 
-# Which Llama Guard 3 categories (the model card's names, §2.2) answer to each of
-# Qwen3Guard's (§1.6): our reading of the two taxonomies' descriptions, not a mapping
-# either vendor publishes. Jailbreak has no Llama Guard counterpart; Specialized Advice
-# and Code Interpreter Abuse have no Qwen3Guard one.
-EQUIVALENTS: dict[str, tuple[str, ...]] = {
-    "Violent": ("Violent Crimes", "Indiscriminate Weapons"),
-    "Non-violent Illegal Acts": ("Non-Violent Crimes",),
-    "Sexual Content or Sexual Acts": (
-        "Sex-Related Crimes",
-        "Child Sexual Exploitation",
-        "Sexual Content",
-    ),
-    "PII": ("Privacy",),
-    "Suicide & Self-Harm": ("Suicide & Self-Harm",),
-    "Unethical Acts": ("Hate",),
-    "Politically Sensitive Topics": ("Elections", "Defamation"),
-    "Copyright Violation": ("Intellectual Property",),
-    "Jailbreak": (),
-}
+# The rule that makes a policy's categories hold for every judge is the policy's own
+# (``guard.policy.complete``); ``use`` applies it to a new order of judges.
+EQUIVALENTS = policy_rules.EQUIVALENTS
+equivalents = policy_rules.equivalents
+Replacement = policy_rules.Replacement
 
 
-def equivalents(category: str) -> tuple[str, ...]:
-    """Return the other taxonomy's categories that answer to one (both directions)."""
-    folded = category.casefold()
-    out: list[str] = []
-    for qwen, llama in EQUIVALENTS.items():
-        if qwen.casefold() == folded:
-            out += llama
-        elif any(c.casefold() == folded for c in llama):
-            out.append(qwen)
-    return tuple(dict.fromkeys(c for c in out if c.casefold() != folded))
-
-
-@dataclass(frozen=True)
-class Replacement:
-    """A policy category none of the judges can report, and what took its place."""
-
-    category: str
-    by: tuple[str, ...]
-
-    def line(self) -> str:
-        """Return the line ``guard judge use`` prints about it."""
-        if not self.by:
-            return f'"{self.category}": no listed judge reports it or an equivalent; removed'
-        names = ", ".join(f'"{c}"' for c in self.by)
-        return f'"{self.category}": no listed judge reports it; replaced by {names}'
+def all_reports(catalog: Mapping[str, Sequence[str]] | None = None) -> dict[str, tuple[str, ...]]:
+    """Return every judge there is with the categories it reports: the known judges, and
+    over them ``catalog`` (each guard model in the catalog, as the lead reads it)."""
+    out = {name: kj.categories for name, kj in KNOWN.items()}
+    out.update({name: tuple(cats) for name, cats in (catalog or {}).items()})
+    return out
 
 
 def use(
@@ -314,11 +282,11 @@ def use(
 ) -> tuple[Policy, list[Replacement]]:
     """Return the policy with ``names`` as its judges, in order, and what was replaced.
 
-    Each policy category that none of the judges can report is replaced by its
-    equivalents (``EQUIVALENTS``) that one of them can, or removed when there are
-    none; a category already in the policy is not added twice. What a judge reports
-    comes from ``reports`` (name to categories: the lead passes catalog judges'), else
-    from ``KNOWN``.
+    ``guard.policy.complete`` with ``drop_unreportable``: each category none of the
+    judges can report is replaced by its equivalents that one of them can, or removed
+    when there are none, and each kept category's equivalents in every listed judge's
+    names are added. What a judge reports comes from ``reports`` (name to categories:
+    the lead passes the catalog's guard models'), else from ``KNOWN``.
 
     Raises:
         ValueError: no names, a name given twice, or a name neither ``reports`` nor
@@ -326,45 +294,19 @@ def use(
     """
     if not names:
         raise ValueError("name at least one judge")
-    reports = reports or {}
-    reportable: set[str] = set()
-    per_judge: list[set[str]] = []
+    every = all_reports(reports)
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ValueError(f'judge "{name}" is listed twice: list each once')
-        if name in reports:
-            per_judge.append({c.casefold() for c in reports[name]})
-        elif name in KNOWN:
-            per_judge.append({c.casefold() for c in KNOWN[name].categories})
-        else:
+        if name not in every:
             raise ValueError(
-                f'no judge "{name}" in the catalog or known: one of '
-                f"{', '.join(sorted({*reports, *KNOWN}))}"
+                f'no judge "{name}" in the catalog or known: one of {", ".join(sorted(every))}'
             )
-        reportable |= per_judge[-1]
-    kept: list[str] = []
-    replaced: list[Replacement] = []
-    for category in policy.refuse_categories:
-        if category.casefold() in reportable:
-            kept.append(category)
-            continue
-        by = tuple(c for c in equivalents(category) if c.casefold() in reportable)
-        replaced.append(Replacement(category, by))
-        kept += by
-    # A judge that cannot name a kept category must still refuse its equivalent: in a
-    # chain of a Qwen3Guard and a Llama Guard, "Violent" alone would let the Llama
-    # Guard's "Violent Crimes" through whenever it decides. Its equivalents in each
-    # judge's own names are added (not reported as replacements: nothing was lost).
-    for category in list(kept):
-        for names_of_judge in per_judge:
-            if category.casefold() not in names_of_judge:
-                kept += [c for c in equivalents(category) if c.casefold() in names_of_judge]
-    categories: list[str] = []
-    for c in kept:
-        if all(c.casefold() != have.casefold() for have in categories):
-            categories.append(c)
-    new = replace(policy, judge_models=tuple(names), refuse_categories=tuple(categories))
-    return new, replaced
+    new, changes, problems = policy_rules.complete(
+        replace(policy, judge_models=tuple(names)), every, drop_unreportable=True
+    )
+    assert new is not None and not problems, problems
+    return new, changes
 
 
 def judges_to_add(

@@ -15,14 +15,17 @@ The dict's keys (nested; ``judge.models`` may also be written as one dotted key)
   nothing while keeping the policy.
 - ``categories``: the categories that refuse (see ``decide``).
 
-A key left out takes ``BASELINE``'s value. Section numbers (§) refer to
+A key left out takes ``BASELINE``'s value. ``validate`` checks the shape; ``complete``
+checks a policy against its judges (each must be one, each category reported by one of
+them) and makes its categories hold for every judge, in each judge's own names: what
+every surface saves. Section numbers (§) refer to
 /work/shared/spec/guard-formats.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from catalog.problems import PathPart, Problem
@@ -118,6 +121,151 @@ def decide(policy: Policy, verdict: Verdict) -> str:
     if any(c.casefold() in refused for c in verdict.categories):
         return REFUSE
     return ALLOW
+
+
+# Which Llama Guard 3 categories (the model card's names, §2.2) answer to each of
+# Qwen3Guard's (§1.6): our reading of the two taxonomies' descriptions, not a mapping
+# either vendor publishes. Jailbreak has no Llama Guard counterpart; Specialized Advice
+# and Code Interpreter Abuse have no Qwen3Guard one.
+EQUIVALENTS: dict[str, tuple[str, ...]] = {
+    "Violent": ("Violent Crimes", "Indiscriminate Weapons"),
+    "Non-violent Illegal Acts": ("Non-Violent Crimes",),
+    "Sexual Content or Sexual Acts": (
+        "Sex-Related Crimes",
+        "Child Sexual Exploitation",
+        "Sexual Content",
+    ),
+    "PII": ("Privacy",),
+    "Suicide & Self-Harm": ("Suicide & Self-Harm",),
+    "Unethical Acts": ("Hate",),
+    "Politically Sensitive Topics": ("Elections", "Defamation"),
+    "Copyright Violation": ("Intellectual Property",),
+    "Jailbreak": (),
+}
+
+
+def equivalents(category: str) -> tuple[str, ...]:
+    """Return the other taxonomy's categories that answer to one (both directions)."""
+    folded = category.casefold()
+    out: list[str] = []
+    for qwen, llama in EQUIVALENTS.items():
+        if qwen.casefold() == folded:
+            out += llama
+        elif any(c.casefold() == folded for c in llama):
+            out.append(qwen)
+    return tuple(dict.fromkeys(c for c in out if c.casefold() != folded))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What ``complete`` did to a category: replaced, removed, or equivalents added."""
+
+    category: str
+    by: tuple[str, ...]
+    added: bool = False
+
+    def line(self) -> str:
+        """Return the line a surface shows about it."""
+        names = ", ".join(f'"{c}"' for c in self.by)
+        if self.added:
+            return (
+                f'added {names}: another listed judge\'s names for "{self.category}", '
+                "so that judge refuses it too"
+            )
+        if not self.by:
+            return f'"{self.category}": no listed judge reports it or an equivalent; removed'
+        return f'"{self.category}": no listed judge reports it; replaced by {names}'
+
+
+def complete(
+    policy: Policy,
+    reports: Mapping[str, Collection[str]],
+    *,
+    drop_unreportable: bool = False,
+) -> tuple[Policy | None, list[Replacement], list[Problem]]:
+    """Return the policy as its judges make it, what changed, and the problems.
+
+    ``reports`` names every judge there is (a guard model in the catalog or a known
+    judge) with the categories its verdicts can report. The rule, which every surface
+    applies before saving:
+
+    - every judge of ``judge.models`` is one of ``reports`` (else a problem at
+      ``judge.models[i]``);
+    - a category no listed judge reports is replaced by its equivalents (``EQUIVALENTS``)
+      that one does; one with none is a problem at ``categories[i]`` (or, with
+      ``drop_unreportable``, as ``guard judge use`` does, removed and said);
+    - then, until nothing changes, each category's equivalents that a listed judge
+      reports are added: a chain of a Qwen3Guard and a Llama Guard refuses "Violent
+      Crimes" when it refuses "Violent", whichever judge decides.
+
+    So no judge's unsafe verdict in a category the policy refuses under another judge's
+    name is allowed, and ``complete`` of its own result changes nothing. Categories
+    compare without case, as ``decide`` does.
+    """
+    problems: list[Problem] = []
+    per_judge: list[set[str]] = []
+    for i, name in enumerate(policy.judge_models):
+        if name not in reports:
+            problems.append(
+                Problem(
+                    ("judge", "models", i),
+                    f'judge.models[{i}] "{name}" is neither a guard model in the catalog nor '
+                    "a known judge: enable one (guard judge enable NAME) or list one of "
+                    f"{', '.join(sorted(reports)) or '(none)'}",
+                    "unknown_judge",
+                )
+            )
+            continue
+        per_judge.append({c.casefold() for c in reports[name]})
+    if problems:
+        return None, [], problems
+    reportable = set().union(*per_judge)
+    kept: list[str] = []
+    changes: list[Replacement] = []
+    for i, category in enumerate(policy.refuse_categories):
+        if category.casefold() in reportable:
+            kept.append(category)
+            continue
+        by = tuple(c for c in equivalents(category) if c.casefold() in reportable)
+        if by or drop_unreportable:
+            changes.append(Replacement(category, by))
+            kept += by
+            continue
+        listed = "; ".join(
+            f"{name}: {', '.join(reports[name]) or '(none)'}" for name in policy.judge_models
+        )
+        problems.append(
+            Problem(
+                ("categories", i),
+                f'categories[{i}] "{category}" is reported by no listed judge and has no '
+                f"equivalent one reports ({listed}): remove it, or list a judge that reports it",
+                "unreported_category",
+            )
+        )
+    if problems:
+        return None, [], problems
+    categories: list[str] = []
+    have: set[str] = set()
+    for c in kept:
+        if c.casefold() not in have:
+            categories.append(c)
+            have.add(c.casefold())
+    # Equivalents of equivalents too (Indiscriminate Weapons -> Violent -> Violent
+    # Crimes), so the result is its own completion.
+    i = 0
+    while i < len(categories):
+        category = categories[i]
+        added = tuple(
+            c
+            for c in equivalents(category)
+            if c.casefold() in reportable and c.casefold() not in have
+        )
+        if added:
+            categories += added
+            have |= {c.casefold() for c in added}
+            changes.append(Replacement(category, added, added=True))
+        i += 1
+    return replace(policy, refuse_categories=tuple(categories)), changes, []
 
 
 def to_data(policy: Policy) -> dict[str, Any]:

@@ -93,12 +93,74 @@ def _parse_stored(data: Any) -> policy_rules.Policy:
     return result
 
 
-@transaction.atomic
-def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> policy_rules.Policy:
-    """Check and store a policy, logging the change with who made it."""
+def judge_reports() -> dict[str, tuple[str, ...]]:
+    """Return every judge a policy may name, with the categories its verdicts report.
+
+    The catalog's guard models with a format (their ``guard.categories``, else their
+    format's own names), and the known judges the catalog lacks (the leader adds one
+    the policy names). A catalog model of a known judge's name that is no guard model
+    is no judge. One query.
+    """
+    from guard import formats
+
+    out: dict[str, tuple[str, ...]] = {name: kj.categories for name, kj in known.KNOWN.items()}
+    for row in ServedModel.objects.values("name", "role", "guard_format", "guard_categories"):
+        name = row["name"]
+        out.pop(name, None)
+        fmt = row["guard_format"]
+        if row["role"] != rules.ROLE_GUARD or not fmt or fmt not in formats.FORMATS:
+            continue
+        kj = known.KNOWN.get(name)
+        out[name] = formats.reported_categories(
+            fmt, row["guard_categories"] or None, kj.variant if kj else None
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A policy as it would be saved: parsed, completed for its judges, what that changed."""
+
+    policy: policy_rules.Policy | None
+    notes: list[str]
+    problems: list[Problem]
+
+
+def prepare_policy(data: Any) -> Prepared:
+    """Return a policy's data checked and completed as every surface saves it.
+
+    ``guard.policy.validate`` (the shape), then ``guard.policy.complete`` against the
+    judges there are (``judge_reports``): each judge must be one, each category
+    reported by one of them or replaced by equivalents one reports, and each category
+    held in every judge's own names. Problems carry the key's path.
+    """
     parsed, problems = policy_rules.validate(data)
     if problems or parsed is None:
-        raise PolicyRefused(problems)
+        return Prepared(None, [], list(problems))
+    done, changes, problems = policy_rules.complete(parsed, judge_reports())
+    return Prepared(done, [c.line() for c in changes], problems)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What ``save_policy`` stored, what completing it changed, and whether it changed."""
+
+    policy: policy_rules.Policy
+    notes: list[str]
+    changed: bool
+
+
+@transaction.atomic
+def save_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> Saved:
+    """Check, complete (``prepare_policy``) and store a policy, logging who changed it.
+
+    Raises:
+        PolicyRefused: the policy's problems, each at its key; nothing was written.
+    """
+    prepared = prepare_policy(data)
+    if prepared.problems or prepared.policy is None:
+        raise PolicyRefused(prepared.problems)
+    parsed = prepared.policy
     before = policy_rules.to_data(current_policy())
     after = policy_rules.to_data(parsed)
     row = GuardPolicy.objects.select_for_update().order_by("pk").first()
@@ -108,7 +170,7 @@ def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> 
         row.data = after
         row.save()
     else:
-        return parsed
+        return Saved(parsed, prepared.notes, False)
     who = getattr(user, "username", "") or name or "system"
     changed = [k for k in after if before.get(k) != after.get(k)]
     PolicyChange.objects.create(
@@ -121,7 +183,12 @@ def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> 
     )
     # The policy may name a known judge the catalog lacks: the reconciler adds and serves it.
     wake.reconcile_soon()
-    return parsed
+    return Saved(parsed, prepared.notes, True)
+
+
+def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> policy_rules.Policy:
+    """Check, complete and store a policy (``save_policy``); return it as stored."""
+    return save_policy(data, user=user, surface=surface, name=name).policy
 
 
 @dataclass(frozen=True)
@@ -587,13 +654,9 @@ def serve_policy_judges() -> list[str]:
 def use_judges(
     names: Sequence[str], *, user: Any = None, surface: str, name: str = ""
 ) -> list[str]:
-    """Set the policy's judges in order; return lines saying which categories were replaced."""
-    reports: dict[str, list[str]] = {}
-    for served in ServedModel.objects.filter(name__in=list(names)):
-        spec = served.to_spec()
-        if spec.guard and spec.guard.categories:
-            reports[spec.name] = list(spec.guard.categories)
-    new, replaced = known.use(current_policy(), list(names), reports=reports)
+    """Set the policy's judges in order; return lines saying which categories were replaced
+    or removed (no listed judge reports them) and which equivalents were added."""
+    new, replaced = known.use(current_policy(), list(names), reports=judge_reports())
     set_policy(policy_rules.to_data(new), user=user, surface=surface, name=name)
     return [r.line() for r in replaced]
 

@@ -51,11 +51,6 @@ def _can_edit(request: HtmxHttpRequest) -> bool:
     return has_role(request.user, OPERATOR)
 
 
-def _last_change() -> int | None:
-    """Return the latest policy change's id: a save logged one when it differs after."""
-    return PolicyChange.objects.order_by("-pk").values_list("pk", flat=True).first()
-
-
 def _need_operator(request: HtmxHttpRequest) -> None:
     if not _can_edit(request):
         raise PermissionDenied(f"this needs the {OPERATOR} role")
@@ -65,20 +60,22 @@ def _need_operator(request: HtmxHttpRequest) -> None:
 
 
 def _policy_context(
-    request: HtmxHttpRequest, form: PolicyForm | None = None, saved: str = ""
+    request: HtmxHttpRequest,
+    form: PolicyForm | None = None,
+    saved: str = "",
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Return what the policy fragment shows: the policy, its form, what was saved."""
+    """Return what the policy fragment shows: the policy, its form, what was saved (and
+    what saving it did to its categories)."""
     policy = services.current_policy()
-    reportable: dict[str, list[str]] = {}
-    for name in policy.judge_models:
-        kj = known.KNOWN.get(name)
-        if kj is not None:
-            reportable[name] = list(kj.categories)
+    reports = services.judge_reports()
+    reportable = {n: list(reports[n]) for n in policy.judge_models if n in reports}
     return {
         "policy": policy,
         "form": form or PolicyForm(policy=policy),
         "can_edit": _can_edit(request),
         "saved": saved,
+        "notes": notes or [],
         "guard_models": evalrun.guard_models(),
         "reportable": reportable,
         "policy_action": reverse("guard:policy_edit"),
@@ -139,18 +136,19 @@ def policy_edit(request: HtmxHttpRequest) -> HttpResponse:
     form = PolicyForm(request.POST)
     saved = ""
     if form.is_valid() and form.policy_data is not None:
-        logged = _last_change()
         try:
-            services.set_policy(form.policy_data, user=request.user, surface=Surface.CONSOLE)
+            done = services.save_policy(
+                form.policy_data, user=request.user, surface=Surface.CONSOLE
+            )
         except services.PolicyRefused as exc:  # checked again at the write
             for p in exc.problems:
                 form.add_error(None, f"{p.field}: {p.message}")
         else:
-            changed = _last_change() != logged
+            changed = done.changed
             saved = "Saved." if changed else "Nothing changed."
             if not request.htmx:
                 return redirect("guard:guard_index")
-            context = _policy_context(request, saved=saved)
+            context = _policy_context(request, saved=saved, notes=form.notes)
             response = render(request, "guard/partials/policy_form.html", context)
             return trigger_client_event(response, POLICY_CHANGED) if changed else response
     if not request.htmx:

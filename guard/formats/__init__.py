@@ -96,6 +96,33 @@ def parse(
     return get(fmt).parse(text, categories=categories, answer=answer, variant=variant)
 
 
+def reported_categories(
+    fmt: str, categories: Sequence[str] | None = None, variant: str | None = None
+) -> tuple[str, ...]:
+    """Return the category names a judge in format ``fmt`` can put in its verdicts.
+
+    ``categories`` is the judge's own list (the catalog's ``guard.categories``), when it
+    has one. Qwen3Guard's names are its own whatever it is given (§1.6); Llama Guard's
+    are the given names for its codes, else the model card's (S1-S13 for the 1B, §2.5);
+    ShieldGemma's are its policies (Google's four by default); json's the given ones,
+    else ``JSON_DEFAULT_CATEGORIES``.
+
+    Raises:
+        ValueError: no format has that name.
+    """
+    get(fmt)
+    given = tuple(categories) if categories else None
+    if fmt == "qwen3guard":
+        return QWEN3GUARD_CATEGORIES
+    if fmt == "llamaguard3":
+        count = 13 if variant == "1b" else len(LLAMA_GUARD_CATEGORIES)
+        cards = tuple(card for _, _, card in LLAMA_GUARD_CATEGORIES)[:count]
+        return given[:count] + cards[len(given) :] if given else cards
+    if fmt == "shieldgemma":
+        return given or tuple(name for name, _, _ in SHIELDGEMMA_POLICIES)
+    return given or JSON_DEFAULT_CATEGORIES
+
+
 def unsafe_score(fmt: str, logprobs: Any, *, controversial: str = SAFE) -> float | None:
     """Return P(unsafe) from an answer's logprobs in format ``fmt`` (``Format.unsafe_score``)."""
     return get(fmt).unsafe_score(logprobs, controversial=controversial)
@@ -128,5 +155,6 @@ __all__ = [
     "parse",
     "policy_name",
     "render",
+    "reported_categories",
     "unsafe_score",
 ]

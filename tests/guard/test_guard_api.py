@@ -51,6 +51,7 @@ def set_policy(api: Any, **data: Any) -> Any:
 
 
 def test_policy_baseline_then_set_and_logged(api_for: Any, operator: Any, viewer: Any) -> None:
+    judge("dead", None)  # a guard model in the catalog: a policy may name only judges
     got = api_for(viewer).get("/api/v1/guard/policy").json()
     assert got["judge"]["models"] == ["qwen3guard-0.6b"] and got["fail"] == "open"
     assert set_policy(api_for(viewer)).status_code == 403

@@ -55,10 +55,18 @@ def set_judges(*names: str, fail: str = "open") -> None:
     services.set_policy({"judge": {"models": list(names)}, "fail": fail}, surface="cli", name="t")
 
 
+def stored_judges(*names: str) -> None:
+    """Store a policy as it is, unchecked: one saved before a policy could name only
+    judges, which the leader still meets."""
+    from guard.models import GuardPolicy
+
+    GuardPolicy.objects.create(data={"judge": {"models": list(names)}})
+
+
 @pytestmark_db
 def test_the_tick_adds_and_serves_a_named_known_judge_logged_as_the_reconciler() -> None:
     join_node("cpu-1", [], cpu_cores=16)
-    set_judges("qwen3guard-4b", "custom-judge")
+    stored_judges("qwen3guard-4b", "custom-judge")
     result = reconciler.tick()
     assert result.leader
     m = ServedModel.objects.get(name="qwen3guard-4b").to_spec()
@@ -107,7 +115,11 @@ def test_a_model_of_that_name_that_is_no_judge_is_left_alone() -> None:
             "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
         }
     )
-    set_judges("qwen3guard-0.6b")
+    # No surface saves a policy naming a model that is no judge (guard.policy.complete)...
+    with pytest.raises(services.PolicyRefused, match="neither a guard model in the catalog"):
+        set_judges("qwen3guard-0.6b")
+    # ...and when one was stored before, the leader leaves the model alone.
+    stored_judges("qwen3guard-0.6b")
     reconciler.tick()
     assert ServedModel.objects.get(name="qwen3guard-0.6b").role != "guard"
     assert ChangeRecord.objects.filter(model_name="qwen3guard-0.6b").count() == 1

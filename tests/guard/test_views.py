@@ -177,7 +177,11 @@ def test_a_good_policy_is_saved_logged_and_announced(
     p = services.current_policy()
     assert p.judge_models == ("qwen3guard-0.6b", "llamaguard3-1b")
     assert (p.fail, p.controversial, p.directions) == ("closed", "unsafe", ("requests",))
-    assert p.refuse_categories == ("Violent", "PII")
+    # The Llama Guard's names for them are added, so its verdicts refuse too.
+    assert p.refuse_categories == (
+        "Violent", "PII", "Violent Crimes", "Indiscriminate Weapons", "Privacy",
+    )  # fmt: skip
+    assert "categories: added &quot;Violent Crimes&quot;" in r.content.decode()
     change = PolicyChange.objects.get()
     assert (change.actor_name, change.surface) == ("otto", "console")
     assert change.after["fail"] == "closed" and change.before["fail"] == "open"

@@ -31,7 +31,6 @@ from guard import evalrun, known, services
 from guard import evaluation as ev
 from guard import policy as policy_rules
 from guard.judgeprompt import judge_prompt
-from guard.models import PolicyChange
 
 
 def _cli_name() -> str:
@@ -174,9 +173,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
             return
         data, doc = self._policy_data(options)
-        logged = PolicyChange.objects.order_by("-pk").values_list("pk", flat=True).first()
         try:
-            parsed = services.set_policy(data, surface=Surface.CLI, name=_cli_name())
+            done = services.save_policy(data, surface=Surface.CLI, name=_cli_name())
         except services.PolicyRefused as exc:
             problems = [
                 f"  {yamlfile.where(p.path, doc.line(p.path) if doc else None)}: {p.message}"
@@ -185,9 +183,12 @@ class Command(BaseCommand):
             raise CommandError(
                 "the guard refuses this policy; nothing was changed:\n" + "\n".join(problems)
             ) from None
-        now = PolicyChange.objects.order_by("-pk").values_list("pk", flat=True).first()
-        self.stdout.write("policy saved" if now != logged else "policy unchanged")
-        self.stdout.write(json.dumps(policy_rules.to_data(parsed), indent=2, ensure_ascii=False))
+        self.stdout.write("policy saved" if done.changed else "policy unchanged")
+        for note in done.notes:
+            self.stdout.write(f"categories: {note}")
+        self.stdout.write(
+            json.dumps(policy_rules.to_data(done.policy), indent=2, ensure_ascii=False)
+        )
 
     def _policy_data(self, options: dict[str, Any]) -> tuple[Any, yamlfile.Document | None]:
         """Return the policy data the file and flags ask for, and the file read."""

@@ -23,6 +23,7 @@ import pytest
 from agent import state
 from agent.engines import AGENT_ROOT
 from agent.supervisor import CRASH_LOOP_RESTARTS, Supervisor, backoff_s
+from tests.waiting import wait_until
 
 # Stands in for an engine: serves /health 200 on --port at once, and on request
 # ignores SIGTERM or exits with a code after a line of output.
@@ -273,7 +274,7 @@ def test_restarted_supervisor_adopts_running_engines_and_never_starts_them_twice
     assert all(alive(pid) for pid in pids.values())
     # One engine dies while no agent watches.
     os.kill(pids[2], signal.SIGKILL)
-    time.sleep(0.1)
+    wait_until(lambda: not alive(pids[2]), what="the killed engine to be gone")
 
     again, rec = make()
     assert rec.states(1) == ["loading"]
@@ -419,10 +420,8 @@ def test_background_thread_ticks(make: Any) -> None:
     sup, _ = make(poll_interval_s=0.05)
     sup.start()
     sup.converge([sim()])
-    deadline = time.monotonic() + 20
-    while state_of(sup, 1) != "ready" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert state_of(sup, 1) == "ready"
+    # Only the supervisor's own thread ticks here.
+    wait_until(lambda: state_of(sup, 1) == "ready", timeout=20, what="replica 1 to be ready")
 
 
 def test_engine_started_but_never_recorded_is_found_by_its_command_line(

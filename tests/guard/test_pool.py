@@ -20,6 +20,7 @@ import pytest
 
 from guard import client, formats, pool
 from tests.guard.test_client import launch, stop
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,10 @@ class Server:
     def _run(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):
             self.serve(conn)
+
+    def all_closed(self) -> bool:
+        """Whether every connection accepted has been closed by this end."""
+        return all(conn.fileno() == -1 for conn in self.conns)
 
     def close(self) -> None:
         self.sock.close()
@@ -162,7 +167,8 @@ def test_a_connection_the_engine_closed_while_idle_is_replaced(servers: list[Ser
     conns = pool.Pool()
     for _ in range(3):
         assert conns.post(server.url + "/x", json={}, timeout=5).json() == {"ok": True}
-        time.sleep(0.05)  # the close has arrived before the next call
+        # The engine has closed the connection before the next call.
+        wait_until(server.all_closed, what="the engine to close its connection")
     assert server.accepted == 3
 
 
@@ -289,7 +295,9 @@ def test_the_loops_pool_replaces_a_connection_closed_while_idle(servers: list[Se
         out = []
         for _ in range(3):
             out.append((await conns.post(server.url + "/x", json={}, timeout=5)).json())
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(
+                wait_until, server.all_closed, what="the engine to close its connection"
+            )
         return out
 
     assert asyncio.run(go()) == [{"ok": True}] * 3

@@ -652,6 +652,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    reader: asyncio.StreamReader | None = None
 
     def json(self) -> dict[str, Any]:
         """Return the body as a JSON object.
@@ -734,7 +735,7 @@ async def _read_request(
         body = await reader.readexactly(length) if length else b""
     connection = headers.get("connection", "").lower()
     keep_alive = version == "HTTP/1.1" and connection != "close"
-    return Request(method.upper(), target.split("?", 1)[0], headers, body, keep_alive)
+    return Request(method.upper(), target.split("?", 1)[0], headers, body, keep_alive, reader)
 
 
 def _head(status: int, content_type: str, extra: str, keep_alive: bool) -> bytes:
@@ -800,7 +801,12 @@ class SimServer:
             "/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions),
             "/chat/completions": ("POST", self.chat_completions),
+            "/v1/embeddings": ("POST", self.embeddings),
+            "/sim/stats": ("GET", self.sim_stats),
         }
+        # What generation requests came to (``/sim/stats``): tests read whether a client
+        # that went away (a gateway cancelling) stopped the generation.
+        self.stats = {"completed": 0, "cancelled": 0}
 
     # -- connections --------------------------------------------------------------------
 
@@ -940,6 +946,32 @@ class SimServer:
         body = request.json()
         return 200, {"prompt": render_chat(self.cfg, body.get("messages"), _kwargs(body))}
 
+    async def sim_stats(self, request: Request) -> Result:
+        """What generation requests came to: completed, and cancelled by their client."""
+        return 200, dict(self.stats)
+
+    async def embeddings(self, request: Request) -> Result:
+        """Answer ``/v1/embeddings``: a unit vector of ``EMBEDDING_DIM`` numbers per input,
+        the same for the same text."""
+        body = request.json()
+        value = body.get("input")
+        inputs = [value] if isinstance(value, str) else value
+        if not isinstance(inputs, list) or not inputs:
+            raise HttpError(400, "'input' must be a string or a non-empty list")
+        data = []
+        total = 0
+        for i, item in enumerate(inputs):
+            text = item if isinstance(item, str) else json.dumps(item)
+            total += len(tokenize(text))
+            data.append({"object": "embedding", "index": i, "embedding": _embedding(text)})
+        self.stats["completed"] += 1
+        return 200, {
+            "object": "list",
+            "data": data,
+            "model": self.cfg.model,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
+
     # -- generation ---------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Result:
@@ -952,8 +984,11 @@ class SimServer:
         ):
             raise HttpError(400, f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}")
         judged = judge_raw(self.cfg.guard_format, prompt) if self.cfg.guard_format else None
-        job = self.job(body, False, prompt, prompt_tokens, top_n, judged, body.get("max_tokens"))
-        return await self.run(job)
+        echo = _echo(prompt) if not self.cfg.guard_format else None
+        job = self.job(
+            body, False, prompt, prompt_tokens, top_n, judged, body.get("max_tokens"), echo
+        )
+        return await self.run(job, request.reader)
 
     async def chat_completions(self, request: Request) -> Result:
         """Answer ``/v1/chat/completions``."""
@@ -971,9 +1006,13 @@ class SimServer:
         elif body.get("top_logprobs") is not None:
             raise HttpError(400, "'top_logprobs' needs 'logprobs' set to true")
         judged = judge_chat(body["messages"]) if self.cfg.guard_format else None
+        echo = None
+        if not self.cfg.guard_format:
+            users = [c for r, c in _messages(body["messages"]) if r == "user"]
+            echo = _echo(users[-1]) if users else None
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        job = self.job(body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens)
-        return await self.run(job)
+        job = self.job(body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens, echo)
+        return await self.run(job, request.reader)
 
     def job(
         self,
@@ -984,6 +1023,7 @@ class SimServer:
         top_n: int | None,
         judged: Judged | None,
         max_tokens: Any,
+        echo: str | None = None,
     ) -> Job:
         """Check a generation request's options and plan what it generates."""
         ctx = self.cfg.context_length
@@ -1028,6 +1068,8 @@ class SimServer:
         if judged is not None:
             answer = verdict(self.cfg, judged, raw=not chat)
             natural = tokenize(answer.text)
+        elif echo is not None:
+            natural = tokenize(echo)
         else:
             natural = tokenize(synthetic_text(seed))
         for piece in natural:
@@ -1050,13 +1092,27 @@ class SimServer:
             created=int(time.time()),
         )
 
-    async def run(self, job: Job) -> Result:
-        """Generate a job: stream its events, or wait and answer whole."""
+    async def run(self, job: Job, reader: asyncio.StreamReader | None = None) -> Result:
+        """Generate a job: stream its events, or wait and answer whole.
+
+        A client that goes away while a whole answer is generated stops it (as vLLM and
+        llama-server do), and is counted as cancelled.
+        """
         if job.stream:
-            return self.events(job)
+            return self.events(job, reader)
         async with self.slots:
-            start = asyncio.get_running_loop().time()
-            await self.wait_for_token(start, max(job.plan.generated - 1, 0))
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            due = start + self.cfg.ttft + max(job.plan.generated - 1, 0) / self.cfg.tps
+            while True:
+                left = due - loop.time()
+                if reader is not None and reader.at_eof():
+                    self.stats["cancelled"] += 1
+                    raise ConnectionResetError("the client went away")
+                if left <= 0:
+                    break
+                await asyncio.sleep(min(left, 0.05))
+        self.stats["completed"] += 1
         return 200, self.whole(job)
 
     async def wait_for_token(self, start: float, index: int) -> None:
@@ -1123,8 +1179,22 @@ class SimServer:
             "choices": [choice],
         }
 
-    async def events(self, job: Job) -> AsyncIterator[dict[str, Any]]:
-        """Yield a job's stream events, each token when it is due."""
+    async def events(
+        self, job: Job, reader: asyncio.StreamReader | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield a job's stream events, each token when it is due; a client that went
+        away stops the generation (counted as cancelled)."""
+        finished_all = False
+        try:
+            async for event in self._events(job, reader):
+                yield event
+            finished_all = True
+        finally:
+            self.stats["completed" if finished_all else "cancelled"] += 1
+
+    async def _events(
+        self, job: Job, reader: asyncio.StreamReader | None
+    ) -> AsyncIterator[dict[str, Any]]:
         if job.chat:
             role = self.chunk(job, None, None, 0)
             role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
@@ -1137,6 +1207,8 @@ class SimServer:
             start = asyncio.get_running_loop().time()
             for index in range(job.plan.generated):
                 await self.wait_for_token(start, index)
+                if reader is not None and reader.at_eof():
+                    raise ConnectionResetError("the client went away")
                 if index < len(pieces):
                     finish = job.plan.finish if index == last else None
                     yield self.chunk(job, index, finish, offset)
@@ -1190,6 +1262,22 @@ class SimServer:
             "top_logprobs": top_logprobs,
             "text_offset": text_offset,
         }
+
+
+ECHO = "/echo "
+EMBEDDING_DIM = 16
+
+
+def _echo(text: str) -> str | None:
+    """The answer a message asks for with ``/echo TEXT`` (tests tell the sim what to say)."""
+    return text[len(ECHO) :] if text.startswith(ECHO) else None
+
+
+def _embedding(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    raw = [(b - 127.5) / 127.5 for b in digest[:EMBEDDING_DIM]]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [round(x / norm, 6) for x in raw]
 
 
 def _kwargs(body: dict[str, Any]) -> dict[str, Any]:

@@ -742,3 +742,10 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
         _bump_health(j.name, last_good_at=now, last_latency_ms=probe.latency_ms)
         out.append(probe)
     return out
+
+
+def policy_in_memory() -> policy_rules.Policy | None:
+    """The policy in force when this process holds it fresh, else None (never queries):
+    the gateway asks it whether to judge a request at all before leaving its loop."""
+    snap = _snapshot.fresh()
+    return None if snap is None else snap.policy

@@ -16,6 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
+from gateway.app import Gateway  # noqa: E402
 from guard import records  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
@@ -27,7 +28,8 @@ application = ProtocolTypeRouter(
     {
         # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py),
         # and so do guard checks (guard/api/lean.py).
-        "http": LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),
+        # /v1/ is the gateway's (gateway/app.py): clients' OpenAI-compatible calls.
+        "http": Gateway(LeanAgentRoutes(GuardCheckRoute(django_asgi_app))),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

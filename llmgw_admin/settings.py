@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "catalog",
     "cluster",
     "guard",
+    "gateway",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,804 @@
+"""The gateway's ASGI route: ``/v1/`` in front of Django, no middleware, no query.
+
+``Gateway(app)`` answers every ``/v1/`` request itself and hands anything else to
+``app`` (Django and the lean routes). A request reads the process's table (``state``),
+the policy in memory (``guard.services.policy_in_memory``), and goes to an engine over
+kept-alive connections (``gateway.upstream``); nothing on its path queries the
+database. The order of a request's life:
+
+1. The client key (``Authorization: Bearer llmgw-ck-…``): 401 when unknown, revoked or
+   expired.
+2. The body: 400 naming the field OpenAI's way when unreadable.
+3. The name: a model, alias or adapter the key may name, else 404 ``model_not_found``
+   (guard models for every key; external models unless the key lists them).
+4. What the model allows: ``max_tokens`` within ``max_output``; the prompt within its
+   context length (``gateway.sizing``: the bytes first, the engine's ``/tokenize`` when
+   they cannot say); embeddings only from a model that has them.
+5. The key's budgets: 429 with ``Retry-After``.
+6. A replica: the canary's share to the candidate, else the model's ready replicas by
+   its routing profile (``gateway.balance``); with none ready the demand is recorded
+   (the reconciler starts an on-demand model) and the request waits, bounded, then 503
+   with ``Retry-After``.
+7. The guard on the request runs beside the engine's start: no byte of the answer leaves
+   before the verdict, and a refusal closes the engine's connection (it stops).
+8. Before the first byte a connect error, a timeout, a 429 or a 5xx moves the request to
+   another replica, never the same twice, then to the fallbacks in order (external ones
+   only when the cluster has no replica for any of them).
+9. The answer: whole, judged whole when the policy judges answers; or streamed, judged in
+   windows (``gateway.holdback``) with only judged text released. After the first byte a
+   failure ends the stream with an error event and ``[DONE]``.
+
+A client that goes away cancels the request at whatever step it is in, and the engine's
+connection is closed, which stops its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from gateway import balance, errors, sizing, sse
+from gateway import body as bodies
+from gateway.errors import ApiError
+from gateway.guarding import Guard
+from gateway.holdback import Holdback
+from gateway.limits import LocalLimits
+from gateway.models import KEY_PREFIX, digest
+from gateway.state import State
+from gateway.table import Entry, Key, Pool, Table
+from gateway.upstream import TIMEOUT, Response, Upstream, UpstreamError
+
+log = logging.getLogger("gateway")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def _setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+@dataclass
+class Options:
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 300.0
+    read_timeout: float = 300.0
+    wake_wait: float = 120.0
+    max_body: int = 16 << 20
+    max_answer: int = 64 << 20
+    window_tokens: int = 16
+    window_ms: float = 150.0
+    retry_after: int = 10
+
+    @classmethod
+    def from_settings(cls) -> Options:
+        return cls(
+            connect_timeout=_setting("LLMGW_GATEWAY_CONNECT_TIMEOUT", 5.0),
+            first_byte_timeout=_setting("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", 300.0),
+            read_timeout=_setting("LLMGW_GATEWAY_READ_TIMEOUT", 300.0),
+            wake_wait=_setting("LLMGW_GATEWAY_WAKE_WAIT", 120.0),
+            max_body=_setting("LLMGW_GATEWAY_MAX_BODY", 16 << 20),
+            window_tokens=_setting("LLMGW_GUARD_WINDOW_TOKENS", 16),
+            window_ms=_setting("LLMGW_GUARD_WINDOW_MS", 150.0),
+        )
+
+
+@dataclass
+class Counters:
+    """What this process has done, for ``/metrics`` and the console (in memory)."""
+
+    requests: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    in_flight: dict[int, int] = field(default_factory=dict)
+    retries: int = 0
+    fallbacks: int = 0
+    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    tokens_in: dict[str, int] = field(default_factory=dict)
+    tokens_out: dict[str, int] = field(default_factory=dict)
+    failed_open: int = 0
+
+    def count(self, model: str, status: int, owner: str) -> None:
+        k = (model, status, owner)
+        self.requests[k] = self.requests.get(k, 0) + 1
+
+
+class Refused(Exception):
+    """The guard refused (or could not judge under ``fail: closed``)."""
+
+    def __init__(self, error: ApiError, verdict: dict[str, Any]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.verdict = verdict
+
+
+class Gateway:
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None,
+        *,
+        state: State | None = None,
+        upstream: Upstream | None = None,
+        limits: Any = None,
+        guard: Guard | None = None,
+        options: Options | None = None,
+    ) -> None:
+        self.app = app
+        self.state = state or State()
+        self._upstream = upstream
+        self._limits = limits
+        self.guard = guard or Guard()
+        self.options = options or Options.from_settings()
+        self.counters = Counters()
+        self._started = False
+
+    # Wiring.
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.state.start(asyncio.get_running_loop())
+        if self._upstream is None:
+            self._upstream = Upstream()
+        if self._limits is None:
+            url = _setting("LLMGW_REDIS_URL", "") or ""
+            if url:
+                from gateway.limits import RedisLimits
+
+                self._limits = RedisLimits(url)
+            else:
+                self._limits = LocalLimits()
+
+    @property
+    def upstream(self) -> Upstream:
+        assert self._upstream is not None
+        return self._upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            if self.app is None:
+                await _send_error(send, errors.ApiError(404, "not found", code="not_found"))
+                return
+            await self.app(scope, receive, send)
+            return
+        self._start()
+        if not self.state.loaded and not await self.state.first_load():
+            await _send_error(send, errors.unavailable("the gateway is starting: try again"))
+            return
+        await self._serve(scope, receive, send, path)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        sent = _Sent(send)
+        task = asyncio.current_task()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            method = scope.get("method", "GET")
+            table = self.state.table
+            key = self._key(scope, table)
+            if method == "GET" and path == "/v1/models":
+                await self._models(sent, table, key)
+                return
+            if method == "GET" and path.startswith("/v1/models/"):
+                await self._model(sent, table, key, path[len("/v1/models/") :])
+                return
+            kind = bodies.KINDS.get(path)
+            if kind is None:
+                raise ApiError(404, f"Unknown path {path}: the gateway serves /v1/models, "
+                               "/v1/chat/completions, /v1/completions and /v1/embeddings.",
+                               code="not_found")  # fmt: skip
+            if method != "POST":
+                raise ApiError(405, f"{path} takes POST", code="method_not_allowed")
+            raw = await _read_body(receive, self.options.max_body)
+            if raw is None:
+                return  # the client went away
+            # From here a client that goes away cancels this task.
+            watcher = asyncio.create_task(_watch_disconnect(receive, task))
+            await self._complete(sent, table, key, kind, raw)
+        except ApiError as error:
+            if not sent.started:
+                await _send_error(send, error)
+        except asyncio.CancelledError:
+            if watcher is not None and watcher.done():
+                return  # the client went away: no one to answer
+            raise
+        except Exception:
+            log.exception("the gateway failed a request")
+            if not sent.started:
+                await _send_error(send, ApiError(500, "the gateway failed this request",
+                                                 type="server_error"))  # fmt: skip
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    def _key(self, scope: Scope, table: Table) -> Key:
+        secret = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                parts = value.decode("latin-1").split()
+                if len(parts) == 2 and parts[0].lower() == "bearer":
+                    secret = parts[1]
+                break
+        if not secret or not secret.startswith(KEY_PREFIX):
+            raise errors.bad_key()
+        key = table.keys.get(digest(secret))
+        if key is None or key.expired(time.time()):
+            raise errors.bad_key()
+        return key
+
+    # GET /v1/models
+    async def _models(self, sent: _Sent, table: Table, key: Key) -> None:
+        data = [_describe(e, table) for e in table.listed(key)]
+        await sent.json(200, {"object": "list", "data": data})
+
+    async def _model(self, sent: _Sent, table: Table, key: Key, name: str) -> None:
+        entry = table.resolve(name)
+        if entry is None or not key.may_name(entry):
+            raise errors.model_not_found(name)
+        await sent.json(200, _describe(entry, table))
+
+    # POST
+    async def _complete(self, sent: _Sent, table: Table, key: Key, kind: str, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise errors.bad_request("The body is not JSON: send a JSON object.") from None
+        try:
+            req = bodies.read(kind, data)
+        except bodies.BodyError as error:
+            raise errors.bad_request(error.message, error.param, error.code) from None
+        entry = table.resolve(req.model)
+        if entry is None or not key.may_name(entry):
+            raise errors.model_not_found(req.model)
+        model = entry.model
+        if kind == bodies.EMBEDDING and not model.capabilities.embeddings:
+            raise errors.bad_request(
+                f"The model '{req.model}' does not serve embeddings (its capabilities do not "
+                "list them): name an embedding model.",
+                "model",
+                "model_not_supported",
+            )
+        if data.get("tools") and not model.capabilities.tools:
+            raise errors.bad_request(
+                f"The model '{req.model}' does not take tools (its capabilities do not list them).",
+                "tools",
+                "model_not_supported",
+            )
+        if req.max_tokens and model.max_output and req.max_tokens > model.max_output:
+            name = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
+            raise errors.bad_request(
+                f"{name} is {req.max_tokens}, above this model's max_output of "
+                f"{model.max_output}: ask for at most {model.max_output}.", name,
+                "max_tokens_exceeded")  # fmt: skip
+        await self._budget(key, req, model)
+        verdict = None
+        judging_requests, judging_answers = self.guard.directions()
+        if judging_requests and req.text:
+            verdict = asyncio.create_task(self.guard.judge(req.text))
+        try:
+            await self._route(sent, table, key, entry, req, data, verdict, judging_answers)
+        finally:
+            if verdict is not None and not verdict.done():
+                verdict.cancel()
+
+    async def _budget(self, key: Key, req: bodies.Request, model: Any) -> None:
+        if key.rpm:
+            wait = await self._limits.take(key.id, "requests", 1, key.rpm)
+            if wait is not None:
+                raise errors.rate_limited(f"{key.rpm} requests a minute", wait)
+        if key.tpm:
+            _, high = sizing.prompt_bounds(req.prompt_bytes, req.messages)
+            asked = high + (req.max_tokens or model.max_output or 0)
+            wait = await self._limits.take(key.id, "tokens", asked, key.tpm)
+            if wait is not None:
+                raise errors.rate_limited(f"{key.tpm} tokens a minute", wait)
+
+    async def _route(
+        self,
+        sent: _Sent,
+        table: Table,
+        key: Key,
+        entry: Entry,
+        req: bodies.Request,
+        data: dict[str, Any],
+        verdict: asyncio.Task[dict[str, Any]] | None,
+        judging_answers: bool,
+    ) -> None:
+        model = entry.model
+        primary = model.name
+        if (
+            model.canary
+            and model.canary.model in table.models
+            and balance.in_canary(req.affinity, model.canary.percent)
+        ):
+            primary = model.canary.model
+        chain = [primary] + [f for f in model.fallbacks if f != primary]
+        if primary != model.name:
+            chain.insert(1, model.name)
+        tried: set[int] = set()
+        last: str = ""
+        woken = False
+        while True:
+            table = self.state.table
+            cluster = [n for n in chain if n in table.models and table.models[n].external is None]
+            external = [n for n in chain if n in table.models and table.models[n].external]
+            for index, name in enumerate(cluster):
+                pool = table.pool(name)
+                if pool is None:
+                    continue
+                if index and name != model.name:
+                    self.counters.fallbacks += 1
+                target_model = table.models[name]
+                await self._check_context(table, pool, target_model, req, entry)
+                while True:
+                    target = balance.pick(
+                        pool.ring, self.counters.in_flight, req.affinity,
+                        profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
+                        exclude=tried,
+                    )  # fmt: skip
+                    if target is None:
+                        break
+                    tried.add(target.id)
+                    url = pool.endpoints[target.id]
+                    outcome = await self._try(
+                        sent, key, entry, req, data, verdict, judging_answers,
+                        url, target.id, target_model, served=name,
+                    )  # fmt: skip
+                    if outcome is None:
+                        return
+                    last = outcome
+                    self.counters.retries += 1
+            if not woken and table.pool(model.name) is None and model.external is None:
+                # No replica anywhere: wake the model and wait for it (bounded).
+                woken = True
+                self.state.demand(model.name)
+                if await self.state.wait_for_pool(model.name, self.options.wake_wait):
+                    continue
+            break
+        for name in external:
+            ext = table.models[name]
+            self.counters.fallbacks += name != model.name
+            outcome = await self._try(
+                sent, key, entry, req, data, verdict, judging_answers,
+                ext.external.url.rstrip("/"), -1, ext, served=ext.external.model or name,
+                external=True,
+            )  # fmt: skip
+            if outcome is None:
+                return
+            last = outcome
+        if last:
+            raise errors.upstream_failed(req.model, last)
+        raise errors.unavailable(
+            f"The model '{req.model}' has no ready replica yet (it is being started, or the "
+            "cluster has no room for it): try again shortly.",
+            self.options.retry_after,
+        )
+
+    async def _check_context(
+        self, table: Table, pool: Pool, model: Any, req: bodies.Request, entry: Entry
+    ) -> None:
+        context = pool.context
+        if not context or req.kind == bodies.EMBEDDING and not req.text:
+            return
+        asked = req.max_tokens or 0
+        verdict = sizing.judge(req.prompt_bytes, req.messages, asked, context)
+        why = f" ({pool.context_why})" if pool.context_why else ""
+        if verdict == sizing.FITS:
+            return
+        if verdict == sizing.EXCEEDS:
+            low, _ = sizing.prompt_bounds(req.prompt_bytes, req.messages)
+            raise errors.context_length_exceeded(req.model, context, low + asked, why)
+        # The engine's tokenizer decides: llama-server, vLLM and the sim have /tokenize.
+        endpoint = next(iter(pool.endpoints.values()))
+        count = await self._tokenize(endpoint, model.name, req.text)
+        if count is not None and count + asked > context:
+            raise errors.context_length_exceeded(req.model, context, count + asked, why)
+
+    async def _tokenize(self, endpoint: str, model: str, text: str) -> int | None:
+        body = json.dumps({"content": text, "prompt": text, "model": model}).encode()
+        try:
+            resp = await self.upstream.request(
+                "POST", endpoint + "/tokenize", body, [("Content-Type", "application/json")],
+                connect_timeout=self.options.connect_timeout, first_byte_timeout=10,
+                read_timeout=10,
+            )  # fmt: skip
+            raw = await resp.read()
+        except UpstreamError:
+            return None
+        if resp.status != 200:
+            return None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            return None
+        if isinstance(answer.get("count"), int):
+            return answer["count"]
+        tokens = answer.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def _try(
+        self,
+        sent: _Sent,
+        key: Key,
+        entry: Entry,
+        req: bodies.Request,
+        data: dict[str, Any],
+        verdict: asyncio.Task[dict[str, Any]] | None,
+        judging_answers: bool,
+        base: str,
+        replica: int,
+        target_model: Any,
+        *,
+        served: str,
+        external: bool = False,
+    ) -> str | None:
+        """Send to one replica; None when the client had its answer, else why not."""
+        adapter = entry.adapter if target_model.name == entry.model.name else None
+        out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
+        payload = json.dumps(out, ensure_ascii=False).encode()
+        path = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
+                "embedding": "/v1/embeddings"}[req.kind]  # fmt: skip
+        if external and base.endswith("/v1"):
+            path = path[len("/v1") :]
+        headers = [("Content-Type", "application/json")]
+        if external:
+            secret = _provider_key(target_model)
+            if secret:
+                headers.append(("Authorization", f"Bearer {secret}"))
+        in_flight = self.counters.in_flight
+        in_flight[replica] = in_flight.get(replica, 0) + 1
+        resp: Response | None = None
+        try:
+            try:
+                resp = await self.upstream.request(
+                    "POST", base + path, payload, headers,
+                    connect_timeout=self.options.connect_timeout,
+                    first_byte_timeout=self.options.first_byte_timeout,
+                    read_timeout=self.options.read_timeout,
+                )  # fmt: skip
+            except UpstreamError as error:
+                return f"{error.kind}: {error}"
+            if resp.status in RETRY_STATUSES:
+                detail = f"HTTP {resp.status}"
+                resp.release()
+                return detail
+            if verdict is not None:
+                await self._await_request_verdict(verdict, resp)
+            if req.stream and resp.status == 200:
+                await self._stream(sent, key, entry, req, resp, judging_answers)
+            else:
+                await self._whole(sent, key, entry, req, resp, judging_answers)
+            return None
+        except _Retry as retry:
+            return retry.detail
+        except Refused as refused:
+            slot = (refused.verdict["direction"], ",".join(refused.verdict.get("categories") or ()))
+            self.counters.refusals[slot] = self.counters.refusals.get(slot, 0) + 1
+            if sent.started:
+                return None
+            raise refused.error from None
+        finally:
+            if resp is not None:
+                resp.release()
+            in_flight[replica] -= 1
+            if not in_flight[replica]:
+                del in_flight[replica]
+
+    async def _await_request_verdict(
+        self, verdict: asyncio.Task[dict[str, Any]], resp: Response
+    ) -> None:
+        result = await verdict
+        if result.get("decision") != "allow":
+            resp.release()  # closes the engine's connection: it stops
+            raise Refused(_refusal("request", result), {**result, "direction": "request"})
+
+    async def _whole(
+        self, sent: _Sent, key: Key, entry: Entry, req: bodies.Request, resp: Response,
+        judging_answers: bool,
+    ) -> None:  # fmt: skip
+        raw = await resp.read(self.options.max_answer)
+        status = resp.status
+        if status == 200 and judging_answers and req.kind != bodies.EMBEDDING:
+            try:
+                answer = json.loads(raw)
+            except ValueError:
+                answer = None
+            text = _answer_text(answer)
+            if text:
+                result = await self.guard.judge(req.text, text)
+                if result.get("decision") != "allow":
+                    raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
+        self.counters.count(entry.model.name, status, key.owner)
+        content_type = resp.header(b"content-type") or b"application/json"
+        await sent.start(status, [(b"content-type", content_type)])
+        await sent.body(raw, more=False)
+
+    async def _stream(
+        self, sent: _Sent, key: Key, entry: Entry, req: bodies.Request, resp: Response,
+        judging_answers: bool,
+    ) -> None:  # fmt: skip
+        framer = sse.Framer()
+        hold = (
+            Holdback(self.options.window_tokens, self.options.window_ms / 1000)
+            if judging_answers else None
+        )  # fmt: skip
+        strip_usage = not req.include_usage
+        conn = resp._conn
+        loop = asyncio.get_running_loop()
+        done = False
+        try:
+            while not done:
+                timeout = self.options.read_timeout
+                if hold is not None:
+                    wait = hold.wait(loop.time())
+                    if wait is not None:
+                        timeout = min(timeout, wait + 0.001)
+                try:
+                    data = await conn.next_data(timeout)
+                except UpstreamError as error:
+                    if error.kind == TIMEOUT and hold is not None and hold.wait(loop.time()) == 0:
+                        data = b""
+                    else:
+                        raise
+                if data is None:
+                    break
+                out: list[bytes] = []
+                for event in framer.feed(data):
+                    payload = sse.data_of(event)
+                    if payload is None:
+                        continue
+                    if payload == sse.DONE:
+                        done = True
+                        break
+                    if strip_usage and b'"usage"' in payload:
+                        payload = _without_usage(payload)
+                        if payload is None:
+                            continue
+                    chunk_bytes = b"data: " + payload + b"\n\n"
+                    if hold is None:
+                        out.append(chunk_bytes)
+                    else:
+                        text = ""
+                        if (
+                            b'"content"' in payload
+                            or b'"text"' in payload
+                            or b'"arguments"' in payload
+                        ):
+                            try:
+                                text = sse.chunk_text(json.loads(payload))
+                            except ValueError:
+                                text = ""
+                        hold.add(chunk_bytes, text, loop.time())
+                if hold is not None:
+                    if hold.due(loop.time()):
+                        await self._window(req, hold)
+                    out = hold.releasable()
+                if out:
+                    if not sent.started:
+                        self.counters.count(entry.model.name, 200, key.owner)
+                        await sent.start(200, SSE_HEADERS)
+                    await sent.body(b"".join(out))
+            if hold is not None:
+                while hold.unjudged:
+                    await self._window(req, hold)
+                rest = hold.releasable()
+            else:
+                rest = []
+            if not sent.started:
+                self.counters.count(entry.model.name, 200, key.owner)
+                await sent.start(200, SSE_HEADERS)
+            await sent.body(b"".join(rest) + b"data: [DONE]\n\n", more=False)
+        except Refused as refused:
+            if hold is not None:
+                hold.drop()
+            resp.release()  # the engine stops
+            if not sent.started:
+                raise
+            await sent.body(_filtered_end(refused), more=False)
+            raise
+        except UpstreamError as error:
+            resp.release()
+            if hold is not None:
+                hold.drop()
+            if not sent.started:
+                raise _Retry(f"{error.kind}: {error}") from None
+            failure = {"error": {"message": f"the engine's stream failed: {error}",
+                                 "type": "server_error", "param": None,
+                                 "code": "upstream_error"}}  # fmt: skip
+            await sent.body(sse.encode_json(failure) + b"data: [DONE]\n\n", more=False)
+
+    async def _window(self, req: bodies.Request, hold: Holdback) -> None:
+        ticket = hold.start()
+        result = await self.guard.judge(req.text, ticket.text)
+        if result.get("decision") != "allow":
+            raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
+        if result.get("failed_open"):
+            self.counters.failed_open += 1
+        hold.allow(ticket)
+
+
+class _Retry(Exception):
+    """The engine failed before any byte reached the client: another replica may answer."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class _Sent:
+    """The response as sent so far (whether the head went out)."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, value: Any) -> None:
+        data = json.dumps(value, ensure_ascii=False).encode()
+        await self.start(status, [*JSON, (b"content-length", str(len(data)).encode())])
+        await self.body(data, more=False)
+
+
+async def _send_error(send: Send, error: ApiError) -> None:
+    data = error.body()
+    headers = [*JSON, (b"content-length", str(len(data)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"The body is over {limit} bytes.", code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any] | None) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if task is not None and not task.done():
+                task.cancel()
+            return
+
+
+def _describe(entry: Entry, table: Table) -> dict[str, Any]:
+    m = entry.model
+    pool = table.pool(m.name)
+    context = pool.context if pool and pool.context else m.context_length
+    out: dict[str, Any] = {
+        "id": entry.name,
+        "object": "model",
+        "created": table.created,
+        "owned_by": m.owner or "llmgw",
+        "description": m.description,
+        "context_length": context or None,
+        "max_output": m.max_output or None,
+        "capabilities": {
+            "tools": m.capabilities.tools,
+            "vision": m.capabilities.vision,
+            "embeddings": m.capabilities.embeddings,
+        },
+    }
+    if entry.adapter:
+        out["parent"] = m.name
+        out["adapter"] = True
+    elif entry.name != m.name:
+        out["alias_of"] = m.name
+    if m.external is not None:
+        out["external"] = True
+    return out
+
+
+def _answer_text(answer: Any) -> str:
+    if not isinstance(answer, dict):
+        return ""
+    texts = []
+    for choice in answer.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            texts.append(message["content"])
+        if isinstance(choice.get("text"), str):
+            texts.append(choice["text"])
+    return "\n".join(texts)
+
+
+def _refusal(direction: str, result: dict[str, Any]) -> ApiError:
+    if result.get("judged") is False or (result.get("verdict") is None and result.get("failures")):
+        return ApiError(
+            400 if direction == "request" else 400,
+            f"The {direction} could not be judged (every judge failed) and the guard's policy "
+            "fails closed: it was refused. Try again when the judges answer.",
+            code="content_filter", param=None, headers={"x-should-retry": "false"},
+        )  # fmt: skip
+    return errors.content_filter(
+        direction, result.get("judge") or "?", list(result.get("categories") or ())
+    )
+
+
+def _filtered_end(refused: Refused) -> bytes:
+    end = {
+        "id": "llmgw-guard",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}],
+    }
+    error = refused.error.payload()
+    return sse.encode_json(end) + sse.encode_json(error) + b"data: [DONE]\n\n"
+
+
+def _without_usage(payload: bytes) -> bytes | None:
+    """A chunk without the usage the client did not ask for; None for a usage-only one."""
+    if payload.endswith(b',"usage":null}'):
+        return payload[: -len(b',"usage":null}')] + b"}"
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return payload
+    if not isinstance(chunk, dict) or "usage" not in chunk:
+        return payload
+    if not chunk.get("choices"):
+        return None
+    chunk.pop("usage", None)
+    return json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+_provider_keys: dict[str, tuple[float, str]] = {}
+
+
+def _provider_key(model: Any) -> str:
+    """An external provider's key, read from its file (again when the file changes)."""
+    import os
+
+    path = model.external.api_key_file if model.external else ""
+    if not path:
+        return ""
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        log.warning("the key file of external model %s cannot be read", model.name)
+        return ""
+    held = _provider_keys.get(path)
+    if held and held[0] == mtime:
+        return held[1]
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except OSError:
+        return ""
+    _provider_keys[path] = (mtime, secret)
+    return secret

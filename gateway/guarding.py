@@ -1,0 +1,45 @@
+"""The guard as the gateway asks it: on the event loop when the guard holds what it needs,
+else on a few threads of the gateway's own (``guard.services.check``), never per request
+when nothing is judged.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+
+from guard import services
+from guard.policy import ANSWERS, REQUESTS
+
+THREADS = 16
+_executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gateway-guard")
+
+
+def _check(request: str, answer: str | None, asked: Any) -> dict[str, Any]:
+    try:
+        return services.check(request, answer, asked=asked)
+    finally:
+        connection.close()
+
+
+_check_on_pool = sync_to_async(_check, thread_sensitive=False, executor=_executor)
+
+
+class Guard:
+    def directions(self) -> tuple[bool, bool]:
+        """Whether requests and answers are judged, by the policy in memory. Unknown (not
+        in memory yet): both, so the check reads the policy and decides (it answers
+        ``allow`` with ``judged: false`` for a direction it does not judge)."""
+        policy = services.policy_in_memory()
+        if policy is None:
+            return True, True
+        return policy.judges(REQUESTS), policy.judges(ANSWERS)
+
+    async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
+        done = await services.check_on_loop(request, answer)
+        if isinstance(done, dict):
+            return done
+        return await _check_on_pool(request, answer, done)

@@ -1,0 +1,120 @@
+"""The gateway from the command line: serve it alone, and manage client keys.
+
+manage.py gateway serve [--bind H] [--port P]
+manage.py gateway key create NAME [--owner O] [--model M ...] [--expires DURATION]
+                                  [--rpm N] [--tpm N]
+manage.py gateway key list
+manage.py gateway key revoke NAME
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import socket
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from catalog.durations import parse_duration
+from gateway import services
+from gateway.models import ClientKey
+
+_DAYS = re.compile(r"^(\d+)d$")
+
+
+def _cli_name() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def parse_expiry(text: str) -> timedelta:
+    """``30d``, or a Go duration (``12h``, ``90m``)."""
+    days = _DAYS.match(text)
+    if days:
+        return timedelta(days=int(days.group(1)))
+    try:
+        ns = parse_duration(text)
+    except ValueError as error:
+        raise CommandError(f"--expires: {error} (write 30d, 12h or 90m)") from None
+    if ns <= 0:
+        raise CommandError("--expires must be a positive duration (30d, 12h, 90m)")
+    return timedelta(microseconds=ns // 1000)
+
+
+class Command(BaseCommand):
+    help = "Gateway: serve alone; key create|list|revoke."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.allow_abbrev = False
+        sub = parser.add_subparsers(dest="action", required=True)
+        serve = sub.add_parser("serve", help="serve /v1/ alone (as many as a site needs)")
+        serve.add_argument("--bind", default="127.0.0.1")
+        serve.add_argument("--port", type=int, default=8001)
+        key = sub.add_parser("key", help="client keys")
+        ksub = key.add_subparsers(dest="key_action", required=True)
+        create = ksub.add_parser("create", help="make a key; prints it alone on the last line")
+        create.add_argument("name")
+        create.add_argument("--owner", default="", help="org:NAME, team:NAME or project:NAME")
+        create.add_argument("--model", action="append", default=[], dest="models",
+                            help="a model, alias or adapter it may name (repeat); default every "
+                            "model in the cluster")  # fmt: skip
+        create.add_argument("--expires", help="30d, 12h, 90m")
+        create.add_argument("--rpm", type=int, default=0, help="requests a minute (0: none)")
+        create.add_argument("--tpm", type=int, default=0, help="tokens a minute (0: none)")
+        ksub.add_parser("list", help="every key (never its secret)")
+        revoke = ksub.add_parser(
+            "revoke", help="revoke a key (every gateway refuses it within a second)"
+        )
+        revoke.add_argument("name")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["action"] == "serve":
+            from gateway.server import run
+
+            run(opts["bind"], opts["port"])
+            return
+        action = opts["key_action"]
+        if action == "create":
+            expires = None
+            if opts["expires"]:
+                expires = timezone.now() + parse_expiry(opts["expires"])
+            for name in ("rpm", "tpm"):
+                if opts[name] < 0:
+                    raise CommandError(f"--{name} must be 0 or more")
+            try:
+                key, secret = services.create_key(
+                    opts["name"], owner=opts["owner"], models=opts["models"], expires=expires,
+                    rpm=opts["rpm"], tpm=opts["tpm"], via=f"cli {_cli_name()}",
+                )  # fmt: skip
+            except services.KeyRefused as error:
+                raise CommandError(str(error)) from None
+            except ValidationError as error:
+                raise CommandError(_validation(error)) from None
+            self.stdout.write(
+                f"client key {key.name} (owner {key.owner or '-'}; models "
+                f"{', '.join(key.models) or 'every cluster model'}; expires "
+                f"{key.expires.isoformat() if key.expires else 'never'}). It is shown once:"
+            )
+            self.stdout.write(secret)
+        elif action == "list":
+            for k in ClientKey.objects.order_by("name", "-created"):
+                self.stdout.write(
+                    f"{k.name}\t{k.state}\t{k.owner or '-'}\t{','.join(k.models) or '*'}\t"
+                    f"llmgw-ck-{k.prefix}…\trpm {k.rpm or '-'}\ttpm {k.tpm or '-'}\t"
+                    f"expires {k.expires.isoformat() if k.expires else 'never'}"
+                )
+        elif action == "revoke":
+            try:
+                services.revoke_key(opts["name"], via=f"cli {_cli_name()}")
+            except services.KeyRefused as error:
+                raise CommandError(str(error)) from None
+            self.stdout.write(f"revoked {opts['name']}")
+
+
+def _validation(error: ValidationError) -> str:
+    if hasattr(error, "message_dict"):
+        return "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items())
+    return " ".join(error.messages)

@@ -1,0 +1,97 @@
+"""Client keys: what applications send to the gateway, stored hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models as db
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+KEY_PREFIX = "llmgw-ck-"
+OWNER_RE = re.compile(r"^(org|team|project):[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def digest(secret: str) -> str:
+    """The stored form of a client key: its SHA-256, hex (32 random bytes: no salt needed,
+    and checking one stays cheap on every request)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def validate_owner(value: str) -> None:
+    if value and not OWNER_RE.match(value):
+        raise ValidationError(
+            _("write the owner as org:NAME, team:NAME or project:NAME"), code="owner"
+        )
+
+
+def validate_name(value: str) -> None:
+    if not NAME_RE.match(value):
+        raise ValidationError(
+            _("a key's name is letters, digits, '.', '_' and '-', starting with a letter or digit"),
+            code="name",
+        )
+
+
+class ClientKey(db.Model):
+    """A named key an application sends to the gateway; shown once, kept hashed."""
+
+    name = db.CharField(_("name"), max_length=100, validators=[validate_name])
+    owner = db.CharField(
+        _("owner"), max_length=120, blank=True, validators=[validate_owner],
+        help_text=_("org:NAME, team:NAME or project:NAME: whose traffic this is"),
+    )  # fmt: skip
+    models = db.JSONField(
+        _("models"), default=list, blank=True,
+        help_text=_("the models, aliases and adapters it may name; empty: every model in the "
+                    "cluster (external models only when listed)"),
+    )  # fmt: skip
+    rpm = db.PositiveIntegerField(_("requests per minute"), default=0, help_text=_("0: none"))
+    tpm = db.PositiveIntegerField(_("tokens per minute"), default=0, help_text=_("0: none"))
+    prefix = db.CharField(max_length=12, editable=False)
+    digest = db.CharField(max_length=64, unique=True, editable=False)
+    created = db.DateTimeField(auto_now_add=True)
+    created_by = db.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=db.SET_NULL,
+        related_name="+", editable=False,
+    )  # fmt: skip
+    expires = db.DateTimeField(null=True, blank=True)
+    revoked = db.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("name",)
+        verbose_name = _("client key")
+        constraints = [
+            db.UniqueConstraint(
+                fields=["name"],
+                condition=db.Q(revoked__isnull=True),
+                name="%(app_label)s_%(class)s_unique_live_name",
+                violation_error_message=_("a live client key already has that name"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state(self) -> str:
+        if self.revoked:
+            return "revoked"
+        if self.expires and self.expires <= timezone.now():
+            return "expired"
+        return "live"
+
+    def clean(self) -> None:
+        if not isinstance(self.models, list) or not all(
+            isinstance(m, str) and m for m in self.models
+        ):
+            raise ValidationError({"models": _("a list of model names")}, code="models")
+
+
+def new_secret() -> str:
+    return f"{KEY_PREFIX}{secrets.token_urlsafe(32)}"

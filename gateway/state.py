@@ -1,0 +1,180 @@
+"""What a gateway process holds in memory, and how it stays current.
+
+A thread of the process's own reads the catalog, the ready replicas and the live client
+keys (a few queries, never on a request's path), builds a ``gateway.table.Table`` and
+swaps it in whole. It reads again every ``interval`` seconds (the bound on staleness when
+a change event is missed: under a second) and at once when ``poke``d (a change event, a
+request for a model with no ready replica). Requests read ``state.table``: one attribute,
+no lock, no query.
+
+Demand for a model with no ready replica is written by the same thread, once per model
+per pass however many requests asked (``cluster.services.demand``, which wakes the
+reconciler when the model is scaled to zero). Requests waiting for such a model are woken
+on their loop when a table with a replica of it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import close_old_connections, connection
+
+from gateway.table import Key, ReplicaRow, Table, build
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 0.5
+
+
+def load_table() -> Table:
+    """Read what the gateway routes by: catalog, ready replicas, live keys."""
+    from catalog.services import stored_specs
+    from cluster.choices import NodeHealth, ReplicaState
+    from cluster.models import Replica
+    from gateway.models import ClientKey
+
+    models = stored_specs()
+    rows = [
+        ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"])
+        for r in Replica.objects.filter(state=ReplicaState.READY, desired=True)
+        .exclude(endpoint="")
+        .exclude(assignments__node__health=NodeHealth.LOST)
+        .values("id", "model_name", "profile", "endpoint")
+        .distinct()
+    ]
+    keys = {
+        k.digest: Key(
+            id=k.id,
+            name=k.name,
+            owner=k.owner,
+            models=tuple(k.models or ()),
+            expires=k.expires.timestamp() if k.expires else None,
+            rpm=k.rpm,
+            tpm=k.tpm,
+        )
+        for k in ClientKey.objects.filter(revoked__isnull=True)
+    }
+    return build(models, rows, keys)
+
+
+class State:
+    def __init__(
+        self, loader: Callable[[], Table] = load_table, interval: float = INTERVAL
+    ) -> None:
+        self.table = Table()
+        self.loaded = False
+        self._loader = loader
+        self.interval = interval
+        self._poke = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._first: asyncio.Event | None = None
+        self._demand: set[str] = set()
+        self._lock = threading.Lock()
+        self.failures = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if self._thread is not None:
+            return
+        self._loop = loop or asyncio.get_running_loop()
+        self._first = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="gateway-state", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._poke.set()
+
+    def poke(self) -> None:
+        """Read everything again now (a change event arrived)."""
+        self._poke.set()
+
+    def demand(self, model: str) -> None:
+        with self._lock:
+            self._demand.add(model)
+        self._poke.set()
+
+    async def first_load(self, timeout: float = 30.0) -> bool:
+        if self.loaded:
+            return True
+        if self._first is None:
+            self.start()
+        assert self._first is not None
+        try:
+            await asyncio.wait_for(self._first.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_for_pool(self, model: str, timeout: float) -> bool:
+        """Wait until a replica of ``model`` is ready (True) or ``timeout`` passes."""
+        if self.table.pool(model):
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(model, []).append(future)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return bool(self.table.pool(model))
+        finally:
+            waiters = self._waiters.get(model)
+            if waiters and future in waiters:
+                waiters.remove(future)
+        return True
+
+    def waiting(self, model: str) -> int:
+        return len(self._waiters.get(model, ()))
+
+    # The thread.
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poke.clear()
+            self._pass()
+            self._poke.wait(self.interval)
+
+    def _pass(self) -> None:
+        close_old_connections()
+        try:
+            with self._lock:
+                wanted, self._demand = self._demand, set()
+            for model in wanted:
+                self._record_demand(model)
+            table = self._loader()
+        except Exception:
+            self.failures += 1
+            log.exception("the gateway could not read the catalog and replicas; it keeps the last")
+            return
+        finally:
+            connection.close()
+        self.table = table
+        if self._loop is not None:
+            # A closed loop: the process is stopping.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._swapped)
+
+    def _swapped(self) -> None:
+        self.loaded = True
+        if self._first is not None:
+            self._first.set()
+        for model, waiters in list(self._waiters.items()):
+            if self.table.pool(model):
+                for future in waiters:
+                    if not future.done():
+                        future.set_result(None)
+
+    def _record_demand(self, model: str) -> None:
+        from cluster.services import AgentError, demand
+
+        with contextlib.suppress(AgentError):  # deleted since: nothing to start
+            demand(model)
+
+
+def monotonic() -> float:
+    return time.monotonic()

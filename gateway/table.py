@@ -1,0 +1,147 @@
+"""What a gateway process routes by: plain data built from the catalog, the ready
+replicas and the client keys, with no Django and no I/O. ``build`` makes a ``Table``;
+the state (``gateway.state``) builds a new one when something changed and swaps it in
+whole, so a request reads one consistent table without a lock.
+
+Names share one namespace, as the catalog's rules hold: a model, an alias or an adapter
+resolves to one entry. Guard models are never listed and never resolved for a client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from catalog import spec
+from gateway import balance, sizing
+
+ROLE_GUARD = "guard"
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    """A ready replica as the cluster has it (what ``gateway.state`` reads)."""
+
+    id: int
+    model: str
+    profile: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Key:
+    """A client key as the gateway checks it (its secret is stored only as a digest)."""
+
+    id: int
+    name: str
+    owner: str
+    models: tuple[str, ...]
+    expires: float | None  # a Unix time
+    rpm: int = 0
+    tpm: int = 0
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
+    def may_name(self, entry: Entry) -> bool:
+        """Whether this key may use ``entry``: listed, or any cluster model by default.
+
+        External models only when listed by name: their prompts leave the cluster.
+        """
+        if entry.guard:
+            return False
+        if self.models:
+            return entry.model.name in self.models or entry.name in self.models
+        return entry.model.external is None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a name a client sends resolves to."""
+
+    name: str  # the name as the client sent it (model, alias or adapter)
+    model: spec.Model
+    adapter: str | None = None
+
+    @property
+    def guard(self) -> bool:
+        return self.model.role == ROLE_GUARD
+
+
+@dataclass
+class Pool:
+    """A model's ready replicas and the ring over them."""
+
+    targets: tuple[balance.Target, ...]
+    endpoints: dict[int, str]
+    ring: balance.Ring
+    context: int  # the context one request really gets (the smallest of its replicas')
+    context_why: str = ""
+
+
+@dataclass
+class Table:
+    models: dict[str, spec.Model] = field(default_factory=dict)
+    names: dict[str, Entry] = field(default_factory=dict)
+    pools: dict[str, Pool] = field(default_factory=dict)
+    keys: dict[str, Key] = field(default_factory=dict)  # by digest
+    built: float = field(default_factory=time.monotonic)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def resolve(self, name: str) -> Entry | None:
+        return self.names.get(name)
+
+    def pool(self, model: str) -> Pool | None:
+        return self.pools.get(model)
+
+    def listed(self, key: Key) -> list[Entry]:
+        """What ``GET /v1/models`` shows this key: every name it may use, in catalog order."""
+        return [e for e in self.names.values() if key.may_name(e)]
+
+
+def _weights(m: spec.Model) -> dict[str, float]:
+    return {p.name: p.weight for p in m.profiles}
+
+
+def _args(m: spec.Model) -> dict[str, list[str]]:
+    return {p.name: list(p.args) for p in m.profiles}
+
+
+def build(
+    models: Sequence[spec.Model],
+    replicas: Iterable[ReplicaRow],
+    keys: Mapping[str, Key],
+) -> Table:
+    table = Table(keys=dict(keys))
+    for m in models:
+        table.models[m.name] = m
+        if m.role == ROLE_GUARD:
+            continue
+        table.names[m.name] = Entry(m.name, m)
+        for alias in m.aliases:
+            table.names.setdefault(alias, Entry(alias, m))
+        for adapter in m.adapters:
+            table.names.setdefault(adapter.name, Entry(adapter.name, m, adapter.name))
+    by_model: dict[str, list[ReplicaRow]] = {}
+    for row in replicas:
+        if row.endpoint and row.model in table.models:
+            by_model.setdefault(row.model, []).append(row)
+    for name, rows in by_model.items():
+        m = table.models[name]
+        weights = _weights(m)
+        args = _args(m)
+        targets = tuple(balance.Target(r.id, weights.get(r.profile, 0.0)) for r in rows)
+        context, why = m.context_length, ""
+        for r in rows:
+            ctx, reason = sizing.effective_context(m.context_length, args.get(r.profile, []))
+            if reason and (not context or ctx < context):
+                context, why = ctx, reason
+        table.pools[name] = Pool(
+            targets=targets,
+            endpoints={r.id: r.endpoint.rstrip("/") for r in rows},
+            ring=balance.Ring(targets),
+            context=context,
+            context_why=why,
+        )
+    return table

@@ -1,0 +1,326 @@
+"""Kept-alive HTTP/1.1 connections to engines and providers, streamed, bounded, cancellable.
+
+One ``Upstream`` per gateway process (per event loop). A request takes a connection of
+its upstream (``scheme, host, port``) from the idle ones or opens one, at most
+``max_per_upstream`` at once (more wait, bounded by the connect timeout); the answer's
+head is awaited within the first-byte timeout; its body is read as it comes
+(``Response.chunks``), through httptools' parser (chunked or sized bodies alike), with
+reading paused while more than ``max_buffer`` bytes wait to be taken (the engine then
+waits on TCP: no unbounded buffer). A response read to its end goes back to the idle
+connections; one abandoned early is closed, which is how an engine is told to stop:
+vLLM and llama-server cancel a request whose client went away.
+
+Failures are ``UpstreamError``s with a ``kind``: ``connect`` (refused, unreachable, or no
+connection in time), ``timeout`` (no answer in time), ``broken`` (the connection failed
+mid-answer or the answer was not HTTP). Before any byte of an answer a request on a kept
+connection that the engine had closed while idle is made once more on a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httptools
+
+CONNECT = "connect"
+TIMEOUT = "timeout"
+BROKEN = "broken"
+
+MAX_PER_UPSTREAM = 256
+MAX_IDLE = 64
+MAX_BUFFER = 1 << 20
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
+class UpstreamError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+Key = tuple[str, str, int]
+
+
+def split(url: str) -> tuple[Key, str]:
+    """The upstream's key and the request target of ``url``."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in _DEFAULT_PORT or not parts.hostname or port == -1:
+        raise UpstreamError(CONNECT, f"{url!r} is not an http(s)://host[:port] URL")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return (parts.scheme, parts.hostname, port or _DEFAULT_PORT[parts.scheme]), path
+
+
+class _Conn(asyncio.Protocol):
+    """One connection and the answer being read on it."""
+
+    def __init__(self, key: Key, max_buffer: int) -> None:
+        self.key = key
+        self.max_buffer = max_buffer
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.used = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.body: deque[bytes] = deque()
+        self.buffered = 0
+        self.complete = False
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.received = False
+        self.paused = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError(BROKEN, "the upstream asked to upgrade the connection"))
+        except httptools.HttpParserError as error:
+            self._fail(UpstreamError(BROKEN, f"the upstream's answer is not HTTP ({error})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.complete:
+            self._fail(UpstreamError(BROKEN, "the upstream closed the connection mid-answer"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > self.max_buffer and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: a request never awaited must not warn
+        self._wake()
+        if self.transport and not self.transport.is_closing():
+            self.transport.close()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next_data(self, timeout: float | None) -> bytes | None:
+        """The body's bytes received since the last call; None at its end."""
+        while not self.body:
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self.waiter, timeout)
+            except TimeoutError:
+                raise UpstreamError(TIMEOUT, "the upstream stopped sending") from None
+            finally:
+                self.waiter = None
+        data = self.body.popleft() if len(self.body) == 1 else b"".join(self.body)
+        self.body.clear()
+        self.buffered = 0
+        if self.paused and self.transport and not self.lost:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class Response:
+    """An answer's head, and its body as it arrives."""
+
+    __slots__ = ("status", "headers", "_conn", "_pool", "_done", "read_timeout")
+
+    def __init__(self, conn: _Conn, pool: Upstream, read_timeout: float | None) -> None:
+        self.status = conn.status
+        self.headers = conn.headers
+        self._conn = conn
+        self._pool = pool
+        self._done = False
+        self.read_timeout = read_timeout
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                data = await self._conn.next_data(self.read_timeout)
+                if data is None:
+                    return
+                yield data
+        finally:
+            self.release()
+
+    async def read(self, limit: int = 64 << 20) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        async for data in self.chunks():
+            parts.append(data)
+            size += len(data)
+            if size > limit:
+                self.release()
+                raise UpstreamError(BROKEN, f"the upstream's answer is over {limit} bytes")
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Give the connection back when the answer was read whole; else close it (the
+        engine sees its client go and stops)."""
+        if self._done:
+            return
+        self._done = True
+        self._pool._give(self._conn)
+
+
+class Upstream:
+    def __init__(
+        self,
+        max_per_upstream: int = MAX_PER_UPSTREAM,
+        max_idle: int = MAX_IDLE,
+        max_buffer: int = MAX_BUFFER,
+    ) -> None:
+        self.max_per_upstream = max_per_upstream
+        self.max_idle = max_idle
+        self.max_buffer = max_buffer
+        self._idle: dict[Key, list[_Conn]] = {}
+        self._slots: dict[Key, asyncio.Semaphore] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        first_byte_timeout: float | None = 60.0,
+        read_timeout: float | None = 60.0,
+    ) -> Response:
+        key, target = split(url)
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = asyncio.Semaphore(self.max_per_upstream)
+        try:
+            await asyncio.wait_for(slots.acquire(), connect_timeout)
+        except TimeoutError:
+            raise UpstreamError(CONNECT, "every connection to the upstream is busy") from None
+        host = key[1] if key[2] == _DEFAULT_PORT[key[0]] else f"{key[1]}:{key[2]}"
+        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
+        for name, value in headers or ():
+            head.append(f"{name}: {value}")
+        if body or method == "POST":
+            head.append(f"Content-Length: {len(body)}")
+        message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        try:
+            for attempt in range(2):
+                conn, reused = await self._take(key, connect_timeout)
+                conn.used = True
+                assert conn.transport is not None
+                conn.transport.write(message)
+                try:
+                    await asyncio.wait_for(asyncio.shield(conn.head), first_byte_timeout)
+                except TimeoutError:
+                    conn.close()
+                    raise UpstreamError(TIMEOUT, "no answer from the upstream in time") from None
+                except UpstreamError:
+                    conn.close()
+                    if reused and not conn.received and attempt == 0:
+                        continue  # closed while idle: once more on a new connection
+                    raise
+                except asyncio.CancelledError:
+                    conn.close()
+                    raise
+                return Response(conn, self, read_timeout)
+            raise UpstreamError(BROKEN, "the upstream closed the connection")  # pragma: no cover
+        except BaseException:
+            slots.release()
+            raise
+
+    async def _take(self, key: Key, timeout: float) -> tuple[_Conn, bool]:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
+                conn._reset()
+                return conn, True
+        loop = asyncio.get_running_loop()
+        scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(key, self.max_buffer), host, port, ssl=tls),
+                timeout,
+            )
+        except TimeoutError:
+            raise UpstreamError(CONNECT, f"no connection to {host}:{port} in time") from None
+        except OSError as error:
+            raise UpstreamError(
+                CONNECT, f"cannot connect to {host}:{port} ({error.strerror or error})"
+            ) from None
+        return conn, False
+
+    def _give(self, conn: _Conn) -> None:
+        slots = self._slots.get(conn.key)
+        if slots is not None:
+            slots.release()
+        keep = conn.complete and not conn.lost and conn.parser.should_keep_alive()
+        if not keep:
+            conn.close()
+            return
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= self.max_idle:
+            conn.close()
+            return
+        idle.append(conn)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()

@@ -1,0 +1,264 @@
+"""The gateway as a client meets it: the official ``openai`` package against a real
+``manage.py serve`` (console and gateway on one port) and a ``manage.py gateway serve``,
+real agents and sim engines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from cluster.models import Node, Replica
+from tests.catalog.samples import store
+from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
+
+pytestmark = pytest.mark.e2e
+
+H100 = "nvidia-h100-80gb"
+FAST = {"LLMGW_SIM_TTFT": "0.05", "LLMGW_SIM_TPS": "200"}
+
+
+def sim_model(name: str, **extra: Any) -> dict[str, Any]:
+    profile = {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}
+    profile.update(extra.pop("profile", {}))
+    data: dict[str, Any] = {
+        "name": name,
+        "source": f"sim/{name}",
+        "profiles": [profile],
+        "scaling": {"min": 1, "max": 1},
+    }
+    data.update(extra)
+    return data
+
+
+def ready(model: str, count: int = 1) -> Callable[[], list[Replica]]:
+    def check() -> list[Replica]:
+        rs = list(Replica.objects.filter(model_name=model, desired=True, state="ready"))
+        return rs if len(rs) >= count else []
+
+    return check
+
+
+def manage(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=cp.env(), capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+
+
+def new_key(cp: ControlPlane, name: str, *args: str) -> str:
+    done = manage(cp, "gateway", "key", "create", name, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def client(cp: ControlPlane, key: str, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cp.url + "/v1", api_key=key, max_retries=0, **kw)
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, agents: Callable[..., Agent]) -> ControlPlane:
+    agents("gw-a", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    agents("gw-b", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").count() == 2, 60, "two nodes")
+    store(
+        sim_model(
+            "chat", description="a chat model for tests", context_length=4096, max_output=512,
+            aliases=["chat-latest"], owner="team:tests", scaling={"min": 2, "max": 2},
+        ),
+        sim_model("embed", capabilities={"embeddings": True}, context_length=2048),
+        sim_model("judge", role="guard", guard={"format": "qwen3guard"}),
+    )  # fmt: skip
+    wait_for(ready("chat", 2), 90, "two chat replicas ready")
+    wait_for(ready("embed"), 90, "the embedding model ready")
+    return control_plane
+
+
+def test_the_openai_client_lists_chats_streams_and_embeds(cluster: ControlPlane) -> None:
+    key = new_key(cluster, "app", "--owner", "team:tests")
+    assert key.startswith("llmgw-ck-")
+    api = client(cluster, key)
+
+    listed = {m.id: m for m in api.models.list()}
+    assert {"chat", "chat-latest", "embed"} <= set(listed)
+    assert "judge" not in listed  # guard models are never listed
+    chat = api.models.retrieve("chat")
+    extra = chat.model_extra or {}
+    assert extra["description"] == "a chat model for tests"
+    assert extra["context_length"] == 4096 and extra["max_output"] == 512
+    assert chat.owned_by == "team:tests"
+
+    whole = api.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "/echo hello from the gateway"}],
+        max_tokens=50,
+    )  # fmt: skip
+    assert whole.choices[0].message.content == "hello from the gateway"
+    assert whole.usage is not None and whole.usage.completion_tokens > 0
+
+    # Streamed, with usage asked for.
+    parts, usage = [], None
+    for chunk in api.chat.completions.create(
+        model="chat-latest", messages=[{"role": "user", "content": "/echo one two three four"}],
+        stream=True, stream_options={"include_usage": True},
+    ):  # fmt: skip
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(parts) == "one two three four"
+    assert usage is not None and usage.completion_tokens >= 4
+
+    # Streamed without: the gateway asked the engine for usage and takes it out again.
+    chunks = list(api.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "/echo a b"}], stream=True))  # fmt: skip
+    assert all(c.usage is None for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "a b"
+
+    text = api.completions.create(model="chat", prompt="/echo plain completion", max_tokens=20)
+    assert text.choices[0].text == "plain completion"
+
+    emb = api.embeddings.create(model="embed", input=["first", "second"])
+    assert len(emb.data) == 2 and len(emb.data[0].embedding) == 16
+
+
+def test_each_error_is_the_exception_the_client_raises(cluster: ControlPlane) -> None:
+    key = new_key(cluster, "errors")
+    api = client(cluster, key)
+    with pytest.raises(openai.AuthenticationError):
+        client(cluster, "llmgw-ck-not-a-key").models.list()
+    with pytest.raises(openai.AuthenticationError):
+        client(cluster, "sk-something").chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "x"}])  # fmt: skip
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):  # a judge is refused to every key
+        api.chat.completions.create(model="judge", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("judge")
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=100000
+        )
+    assert caught.value.code == "max_tokens_exceeded" and "max_output" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "word " * 10000}], max_tokens=10
+        )
+    assert caught.value.code == "context_length_exceeded"
+    # Between the bounds, the engine's /tokenize decides: the sim counts words.
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "ab " * 3900}], max_tokens=500
+        )
+    assert caught.value.code == "context_length_exceeded"
+    fits = api.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "ab " * 1800}], max_tokens=5
+    )
+    assert fits.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.embeddings.create(model="chat", input="x")
+    assert caught.value.code == "model_not_supported"
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="chat", messages=[])
+    assert caught.value.param == "messages"
+
+    # A key with a budget of 2 requests a minute: the third is refused with Retry-After.
+    limited = client(cluster, new_key(cluster, "limited", "--rpm", "2"))
+    for _ in range(2):
+        limited.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=2)  # fmt: skip
+    with pytest.raises(openai.RateLimitError) as caught:
+        limited.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=2)  # fmt: skip
+    assert 1 <= int(caught.value.response.headers["retry-after"]) <= 60
+
+
+def test_a_key_names_only_its_models_and_is_revoked_everywhere(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    key = new_key(cluster, "narrow", "--model", "embed")
+    api = client(cluster, key)
+    assert [m.id for m in api.models.list()] == ["embed"]
+    with pytest.raises(openai.NotFoundError):
+        api.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+
+    # A gateway process of its own, beside the web process.
+    with gateway_process(cluster, tmp_path) as url:
+        alone = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        assert [m.id for m in alone.models.list()] == ["embed"]
+        assert manage(cluster, "gateway", "key", "revoke", "narrow").returncode == 0
+        for api_ in (api, alone):
+            wait_for(lambda a=api_: _refused(a), 3, "the revoked key refused")
+        listed = manage(cluster, "gateway", "key", "list").stdout
+        assert "narrow\trevoked" in listed and key not in listed
+
+
+def _refused(api: openai.OpenAI) -> bool:
+    try:
+        api.models.list()
+    except openai.AuthenticationError:
+        return True
+    return False
+
+
+class gateway_process:
+    """``manage.py gateway serve`` on a port of its own."""
+
+    def __init__(self, cp: ControlPlane, tmp: Path) -> None:
+        self.cp, self.tmp, self.port = cp, tmp, free_port()
+
+    def __enter__(self) -> str:
+        log = (self.tmp / "gateway.log").open("wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "gateway", "serve", "--port", str(self.port)],
+            cwd=ROOT, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{self.port}"
+        wait_for(lambda: _answers(url), 60, "the gateway process to answer")
+        return url
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/v1/models", timeout=1).status_code == 401
+    except httpx.HTTPError:
+        return False
+
+
+def sim_stats(replica: Replica) -> dict[str, int]:
+    return httpx.get(replica.endpoint + "/sim/stats", timeout=5).json()
+
+
+def test_a_client_that_goes_away_stops_the_engine(cluster: ControlPlane) -> None:
+    key = new_key(cluster, "cancel")
+    replicas = ready("chat", 2)()
+    before = {r.pk: sim_stats(r)["cancelled"] for r in replicas}
+    with httpx.Client(base_url=cluster.url, timeout=10) as http, http.stream(
+        "POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+        json={"model": "chat", "stream": True, "max_tokens": 400,
+              "messages": [{"role": "user", "content": "write at length"}]},
+    ) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["object"] == "chat.completion.chunk"
+    # Closed after the first event: the engine's generation stops.
+    wait_for(
+        lambda: sum(sim_stats(r)["cancelled"] for r in replicas) > sum(before.values()),
+        10, "the engine to see the cancel",
+    )  # fmt: skip

@@ -106,8 +106,10 @@ def main() -> None:
         from cluster.models import Replica
         from guard import formats, records, services
         from guard.models import JudgeHealth
-        from llmgw_admin.asgi import application  # starts the recorder, as in the web process
+        from llmgw_admin.asgi import application
         from llmgw_admin.models import ApiToken
+
+        records.start()  # as the web process's server does (llmgw_admin/server.py)
 
         m, _ = codec.decode_model(
             {"name": "qwen3guard-0.6b", "source": "sim/q", "role": "guard",

@@ -17,7 +17,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 from django.db.models import Max
 
-from catalog import codec, convert, rules, spec
+from catalog import codec, convert, rules, signals, spec
 from catalog.choices import ChangeAction, Surface
 from catalog.models import (
     Adapter,
@@ -29,7 +29,6 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from cluster import wake
 from llmgw_admin import refused
 
 CHILD_MODELS: dict[str, type[Any]] = {
@@ -334,8 +333,9 @@ def _log(
 ) -> ChangeRecord:
     b = codec.encode_model(before) if before is not None else None
     a = codec.encode_model(after) if after is not None else None
-    # Every logged change is one the reconciler acts on: have it tick once this commits.
-    wake.reconcile_soon()
+    # Every logged change is one the layers above act on (the reconciler ticks): they
+    # hear of it once this commits (catalog.signals).
+    signals.changed([name])
     return ChangeRecord.objects.create(
         model_name=name,
         action=action,
@@ -387,7 +387,7 @@ def _create_many(models: list[spec.Model], actor: Actor) -> None:
     """
     if not models:
         return
-    wake.reconcile_soon()
+    signals.changed(m.name for m in models)  # logged below, in bulk
     top = ServedModel.objects.aggregate(top=Max("position"))["top"]
     start = 0 if top is None else top + 1
     rows = ServedModel.objects.bulk_create(

@@ -38,7 +38,7 @@ from catalog.services import stored_specs
 from cluster import events, marks, placement, plan, replace, services, silence, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, ModelDemand, Node, Replica
-from guard.services import serve_policy_judges
+from cluster.signals import reconcile_tick
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,9 @@ def tick(now: datetime | None = None) -> TickResult:
         result = TickResult()
         with transaction.atomic():
             _mark_lost(now, result)
-        # The guard's policy may name a known judge the catalog lacks: it is added first,
-        # so this tick serves it (guard.services.serve_policy_judges).
-        serve_policy_judges()
+        # The layers above act first, so this tick serves what they add to the catalog
+        # (the guard: a known judge its policy names, guard.signals).
+        reconcile_tick.send(sender=tick, now=now)
         # The catalog is read once a tick; both steps work from the same view of it.
         specs = {m.name: rules.normalize(m) for m in stored_specs()}
         with transaction.atomic():

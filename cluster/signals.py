@@ -1,8 +1,20 @@
-"""Saves and deletions of cluster (and judge) rows mark what the live console shows as changed.
+"""The cluster's signals, and its receivers (connected in ``ClusterConfig.ready``).
 
-A catch-all for the ORM's saves (services, the reconciler, the admin); writes that
-bypass signals (``QuerySet.update``, ``bulk_create``) call ``cluster.events.changed``
-themselves. Publishing happens after commit (cluster.events).
+Sent, for the layers above (which connect to it in their own ``AppConfig.ready()``; the
+cluster imports none of them):
+
+- :data:`reconcile_tick`, sent by the reconciler's leader at the start of every tick,
+  before it reads the catalog, with ``now``: what a higher layer adds to the catalog
+  then is served by this tick (the guard serves its policy's judges, ``guard.signals``).
+
+Received:
+
+- the catalog's ``catalog_changed`` (after the commit of a change to the catalog) wakes
+  the reconciler (``cluster.wake``);
+- saves and deletions of the cluster's rows mark what the live console shows as changed:
+  a catch-all for the ORM's saves (services, the reconciler, the admin); writes that
+  bypass signals (``QuerySet.update``, ``bulk_create``) call ``cluster.events.changed``
+  themselves. Publishing happens after commit (cluster.events).
 """
 
 from __future__ import annotations
@@ -10,9 +22,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models.signals import post_delete, post_save
+from django.dispatch import Signal
 
-from cluster import events
+from catalog.signals import catalog_changed
+from cluster import events, wake
 from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
+
+# Sent with now=(the tick's time, control time zone) as a tick of the leader begins.
+reconcile_tick = Signal()
+
+
+def _catalog_changed(sender: Any, names: list[str], **kwargs: Any) -> None:
+    # Every logged catalog change is one the reconciler acts on: it ticks now.
+    wake.reconcile_soon()
 
 
 def _replica(sender: Any, instance: Replica, **kwargs: Any) -> None:
@@ -35,21 +57,9 @@ def _budget(sender: Any, instance: FacilityBudget, **kwargs: Any) -> None:
     events.changed(power=True)
 
 
-def _judge(sender: Any, instance: Any, **kwargs: Any) -> None:
-    events.changed(judges=[instance.judge])
-
-
-def _policy(sender: Any, instance: Any, **kwargs: Any) -> None:
-    # The judges' list and order may have changed: the list is sent whole.
-    events.changed(judges=["*"])
-
-
 def connect() -> None:
-    from guard.models import GuardPolicy, JudgeHealth, JudgeProbe
-
-    post_save.connect(_judge, sender=JudgeProbe, dispatch_uid="live-judge-probe")
-    post_save.connect(_judge, sender=JudgeHealth, dispatch_uid="live-judge-health")
-    post_save.connect(_policy, sender=GuardPolicy, dispatch_uid="live-guard-policy")
+    """Connect the receivers (``ClusterConfig.ready``)."""
+    catalog_changed.connect(_catalog_changed, dispatch_uid="cluster-wake-on-catalog")
     for signal in (post_save, post_delete):
         signal.connect(_replica, sender=Replica, dispatch_uid=f"live-replica-{signal}")
         signal.connect(_assignment, sender=Assignment, dispatch_uid=f"live-assign-{signal}")

@@ -8,7 +8,8 @@ number of processes and flushes; a flush that fails puts its counts back to be w
 with the next one; ``stop`` (and the process's exit, through ``atexit``) writes what is
 left.
 
-The web process starts the recorder (``llmgw_admin/asgi.py``). Elsewhere (the ``guard``
+The web process's server starts the recorder (``llmgw_admin/server.py``; importing the
+application starts nothing). Elsewhere (the ``guard``
 command, Celery's probe, tests) nothing is started and ``guard.services.record`` writes
 each result at once, through the same ``write``.
 """
@@ -147,11 +148,6 @@ class Recorder:
                     batch.merge(self._pending)
                     self._pending = batch
                 raise
-
-    def discard(self) -> None:
-        """Forget what waits to be written (counts for a database that is gone)."""
-        with self._lock:
-            self._pending = Stats()
 
     def start(self) -> None:
         """Start the background thread (once), and write what is left at exit."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils import timezone
 
 from catalog import rules
@@ -321,39 +320,12 @@ def forget() -> None:
     transaction.on_commit(_snapshot.invalidate)
 
 
-# A replica's columns a check reads; a save of only others (progress, restarts) keeps
-# the snapshot.
-_REPLICA_FIELDS = frozenset({"model_name", "state", "desired", "endpoint", "ready_since"})
-
-
-def _policy_saved(**kwargs: Any) -> None:
-    forget()
-
-
-def _model_saved(instance: Any, **kwargs: Any) -> None:
+def forget_if_held(name: str) -> None:
+    """Drop the snapshot if it holds the model ``name`` (its row or a replica of it
+    changed; ``guard.signals``)."""
     held = _snapshot.peek()
-    if held is not None and instance.name in held.names:
+    if held is not None and name in held.names:
         forget()
-
-
-def _replica_saved(instance: Any, update_fields: Any = None, **kwargs: Any) -> None:
-    if update_fields is not None and not (set(update_fields) & _REPLICA_FIELDS):
-        return
-    held = _snapshot.peek()
-    if held is not None and instance.model_name in held.names:
-        forget()
-
-
-def _migrated(**kwargs: Any) -> None:
-    # A migrate or a flush (tests) rewrote the tables under the snapshot.
-    _snapshot.invalidate()
-
-
-for _name, _signal in (("saved", post_save), ("deleted", post_delete)):
-    _signal.connect(_policy_saved, sender=GuardPolicy, dispatch_uid=f"guard-policy-{_name}")
-    _signal.connect(_model_saved, sender=ServedModel, dispatch_uid=f"guard-model-{_name}")
-    _signal.connect(_replica_saved, sender=Replica, dispatch_uid=f"guard-replica-{_name}")
-post_migrate.connect(_migrated, dispatch_uid="guard-snapshot-migrated")
 
 
 @dataclass(frozen=True)

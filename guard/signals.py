@@ -1,19 +1,35 @@
-"""After every health probe of a judge, a sample of how it is doing, for its chart.
+"""The guard's receivers, every one of them, connected in ``GuardConfig.ready`` (:func:`connect`).
 
-``guard.services.probe_judges`` saves each judge's ``JudgeProbe``; the receiver here
-keeps a ``JudgeSample`` of it with the judge's answers, failures and decisions so far
-(two queries and an insert a judge a probe, every ``LLMGW_PROBE_INTERVAL`` seconds).
-Connected in ``GuardConfig.ready``.
+- **A sample after every probe**, for a judge's chart: ``guard.services.probe_judges``
+  saves each judge's ``JudgeProbe``; :func:`record_sample` keeps a ``JudgeSample`` of it
+  with the judge's answers, failures and decisions so far (two queries and an insert a
+  judge a probe, every ``LLMGW_PROBE_INTERVAL`` seconds).
+- **The live console**: saves of a judge's health or probe, and of the policy, mark the
+  judges changed (``cluster.events``), pushed after commit.
+- **What the check keeps in memory** is dropped when what it was read from changes in
+  this process: the policy, a judge's catalog row or replica (``guard.services``'s
+  snapshot), a token, a user or a user's groups (``guard.api.auth``'s tokens); a migrate
+  or a flush drops both.
+- **Each reconcile tick** (the cluster's ``reconcile_tick``) first serves the judges the
+  policy names and the catalog lacks (``guard.services.serve_policy_judges``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Sum
-from django.db.models.signals import post_save
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
-from guard.models import JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample
+from catalog.models import ServedModel
+from cluster import events
+from cluster.models import Replica
+from cluster.signals import reconcile_tick
+from guard import services
+from guard.api import auth
+from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample
+from llmgw_admin.models import ApiToken
 
 # Samples kept a judge: at the default one a minute, about four days.
 KEEP = 6000
@@ -60,6 +76,73 @@ def _probe_saved(sender: Any, instance: JudgeProbe, **kwargs: Any) -> None:
     record_sample(instance)
 
 
+# The live console.
+
+
+def _judge_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    events.changed(judges=[instance.judge])
+
+
+def _policy_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    # The judges' list and order may have changed: the list is sent whole.
+    events.changed(judges=["*"])
+
+
+# What the check keeps in memory.
+
+# A replica's columns a check reads; a save of only others (progress, restarts) keeps
+# the snapshot.
+_REPLICA_FIELDS = frozenset({"model_name", "state", "desired", "endpoint", "ready_since"})
+
+
+def _policy_saved(**kwargs: Any) -> None:
+    services.forget()
+
+
+def _model_saved(instance: ServedModel, **kwargs: Any) -> None:
+    services.forget_if_held(instance.name)
+
+
+def _replica_saved(instance: Replica, update_fields: Any = None, **kwargs: Any) -> None:
+    if update_fields is not None and not (set(update_fields) & _REPLICA_FIELDS):
+        return
+    services.forget_if_held(instance.model_name)
+
+
+def _migrated(**kwargs: Any) -> None:
+    # A migrate or a flush (tests) rewrote the tables under what is kept.
+    services.forget()
+    auth.forget()
+
+
+def _token_changed(**kwargs: Any) -> None:
+    auth.forget()
+
+
+# The reconciler.
+
+
+def _tick(sender: Any, **kwargs: Any) -> None:
+    # The policy may name a known judge the catalog lacks: added before the tick reads
+    # the catalog, so this tick serves it.
+    services.serve_policy_judges()
+
+
 def connect() -> None:
     """Connect the receivers (``GuardConfig.ready``)."""
     post_save.connect(_probe_saved, sender=JudgeProbe, dispatch_uid="guard-judge-sample")
+    post_save.connect(_judge_changed, sender=JudgeProbe, dispatch_uid="live-judge-probe")
+    post_save.connect(_judge_changed, sender=JudgeHealth, dispatch_uid="live-judge-health")
+    post_save.connect(_policy_changed, sender=GuardPolicy, dispatch_uid="live-guard-policy")
+    user = get_user_model()
+    for name, signal in (("saved", post_save), ("deleted", post_delete)):
+        signal.connect(_policy_saved, sender=GuardPolicy, dispatch_uid=f"guard-policy-{name}")
+        signal.connect(_model_saved, sender=ServedModel, dispatch_uid=f"guard-model-{name}")
+        signal.connect(_replica_saved, sender=Replica, dispatch_uid=f"guard-replica-{name}")
+        signal.connect(_token_changed, sender=ApiToken, dispatch_uid=f"guard-token-{name}")
+        signal.connect(_token_changed, sender=user, dispatch_uid=f"guard-token-user-{name}")
+    m2m_changed.connect(
+        _token_changed, sender=user.groups.through, dispatch_uid="guard-token-groups"
+    )
+    post_migrate.connect(_migrated, dispatch_uid="guard-migrated")
+    reconcile_tick.connect(_tick, dispatch_uid="guard-serve-policy-judges")

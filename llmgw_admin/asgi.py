@@ -17,12 +17,8 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
-from guard import records  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
-
-# What guard checks did is written by a background thread, off each check's path.
-records.start()
 
 application = ProtocolTypeRouter(
     {

@@ -61,6 +61,7 @@ def run(bind: str, port: int) -> None:
     import uvicorn
 
     signal.signal(signal.SIGTERM, _exit)
+    _start_recorder()
     _note_listening()
     uvicorn.Server(config(bind, port)).run()
 
@@ -82,6 +83,23 @@ def _note_listening() -> None:
 
     marks.listening()
     connection.close()  # this thread serves no request
+
+
+def _start_recorder() -> None:
+    """Have what guard checks did written by a background thread, off each check's path
+    (``guard.records``), from now until the stop, which writes the last counts (atexit).
+
+    Started here, where the server starts, not when ``llmgw_admin.asgi`` is imported: a
+    test or a script that imports the application starts no thread.
+    """
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+    from guard import records
+
+    records.start()
 
 
 def _exit(signum: int, frame: Any) -> None:

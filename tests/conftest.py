@@ -10,25 +10,6 @@ from typing import Any
 import pytest
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Write the guard's pending counts before the test's fixtures are torn down.
-
-    Once ``llmgw_admin.asgi`` is imported, the recorder's thread writes counts every half
-    second in this process. Writing them while pytest-django empties a transactional
-    test's database (TRUNCATE, table by table) deadlocked with it once in CI, and the
-    database was left full for the next test. Written here, in this thread, nothing is
-    left for the thread to write then; counts that cannot be written (a test without the
-    database) belong to no later test and are dropped.
-    """
-    from guard import records
-
-    try:
-        records.RECORDER.flush()
-    except Exception:
-        records.RECORDER.discard()
-
-
 @pytest.fixture
 def make_user(db: Any) -> Any:
     """Return a function that creates a user holding a role (or none)."""

@@ -8,7 +8,8 @@ token's digest (looked up again in the background from half that age, so calls d
 wait for it). Revocation still takes effect promptly:
 
 - in this process at once: saving or deleting a token, a user or a user's groups drops
-  every cached token (the tokens API's revoke, the admin's forms);
+  every cached token (the tokens API's revoke, the admin's forms; :func:`forget`,
+  connected in ``guard.signals``);
 - otherwise (another process, or the admin's bulk revoke, an UPDATE that sends no
   signal) within ``TOKEN_TTL`` seconds;
 - an expiry is checked on every call against the clock.
@@ -22,9 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 from django.utils import timezone
 from rest_framework import authentication
 
@@ -121,11 +120,3 @@ _found: CachedMap[str, _Found] = CachedMap(_lookup, ttl=TOKEN_TTL, ahead=in_back
 def forget(**kwargs: Any) -> None:
     """Drop every cached token (a token, a user or a user's groups changed)."""
     _found.invalidate()
-
-
-_User = get_user_model()
-for _name, _signal in (("saved", post_save), ("deleted", post_delete)):
-    _signal.connect(forget, sender=ApiToken, dispatch_uid=f"guard-token-{_name}")
-    _signal.connect(forget, sender=_User, dispatch_uid=f"guard-token-user-{_name}")
-m2m_changed.connect(forget, sender=_User.groups.through, dispatch_uid="guard-token-groups")
-post_migrate.connect(forget, dispatch_uid="guard-token-migrated")

@@ -1,0 +1,50 @@
+"""What the catalog tells the layers above it, which connect to it in their ``AppConfig.ready()``.
+
+The catalog imports no layer above it (docs/development.md, "The import direction"); where
+one of them must act on a catalog change, it connects a receiver to a signal here:
+
+- :data:`catalog_changed`, sent once a transaction that changed the catalog commits, with
+  ``names``, the models it created, changed or deleted (sorted). ``catalog.services`` marks
+  each change where it logs it (:func:`changed`), bulk creates included; a rolled-back
+  change sends nothing, and a transaction that changed a thousand models sends it once.
+  The cluster connects the reconciler's wake (``cluster.signals``).
+
+The catalog has no receivers of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.dispatch import Signal
+
+# Sent with names=[model names] after the commit of a change to those models.
+catalog_changed = Signal()
+
+
+class _Send:
+    """One transaction's send, run after it commits: the names it gathered."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __call__(self) -> None:
+        catalog_changed.send(sender=_Send, names=sorted(self.names))
+
+
+def changed(names: Iterable[str]) -> None:
+    """Mark models changed: :data:`catalog_changed` is sent with them once the current
+    transaction commits (at once outside one), once per transaction."""
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        send = _Send()
+        send.names.update(names)
+        send()
+        return
+    send = next((e[1] for e in conn.run_on_commit if isinstance(e[1], _Send)), None)
+    if send is None:
+        send = _Send()
+        # robust: a receiver that fails is logged and does not undo a committed change.
+        transaction.on_commit(send, robust=True)
+    send.names.update(names)

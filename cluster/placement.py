@@ -1392,12 +1392,12 @@ class _State:
 
 
 # What a node may miss for a profile, in the order a reason names them when several
-# bind: whether it takes new replicas, runs real engines, the cards (class, how many,
-# free), the engine and its version, the node selector, the keep_within label, then
-# what is free now (memory, cores, disk, power).
+# bind: whether it takes new replicas, the cards (class, how many, free), the engine and
+# its version, the node selector, the keep_within label, what is free now (memory,
+# cores, disk, power), and last that it is simulated, which no operator can change: a
+# real node that lacks only llama-server is told before simulated nodes with room.
 _CONDITIONS = (
     "ready",
-    "real",
     "class",
     "count",
     "engine",
@@ -1409,6 +1409,7 @@ _CONDITIONS = (
     "cores",
     "disk",
     "power",
+    "real",
 )
 
 

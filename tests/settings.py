@@ -9,9 +9,14 @@ from __future__ import annotations
 import os
 import tempfile
 
+# Each run has a database of its own (pytest-django makes test_<name> and drops it at the
+# end): two runs on one machine (two engineers, or a run beside a benchmark) must not drop
+# each other's database half-way.
 os.environ.setdefault(
     "LLMGW_DATABASE_URL",
-    os.environ.get("LLMGW_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw"),
+    os.environ.get(
+        "LLMGW_TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/llmgw_run{os.getpid()}"
+    ),
 )
 os.environ.setdefault("LLMGW_DATA_DIR", tempfile.mkdtemp(prefix="llmgw-test-"))
 os.environ.setdefault("LLMGW_SECRET_KEY", "test-only-not-secret")

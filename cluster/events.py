@@ -5,12 +5,13 @@ htmx swaps it by id. Writers call :func:`changed` with the keys of what they tou
 the keys gather per thread and are published once, after the transaction commits (a
 rolled-back write pushes nothing). Payloads are keys only, never HTML.
 
-Groups, one per kind of thing a console shows:
-
-- ``cluster.nodes``: nodes (their cards, reservations, power);
-- ``cluster.models``: models' replicas (states, reasons, progress, rolls, unplaced);
-- ``guard.judges``: judges' health;
-- ``guard.evals``: evaluations (results as they are written, the run's end).
+:data:`EVENTS` is the one catalogue of them: each event's topic (what a console asks for,
+``/ws/live/<topics>/``, and the keyword a writer marks it with, ``changed(nodes=...)``),
+its message type (the consumer's handler: ``cluster.nodes_changed`` is handled by
+``cluster_nodes_changed``), its channel-layer group and its one list of keys. This module
+publishes from it, the embedded relay checks what arrives against it (``cluster.relay``),
+the console's consumer and hub route by it (``llmgw_admin.consumer``, ``llmgw_admin.hub``).
+A new event is a row here and a handler in the consumer.
 
 This module is the only code that calls ``group_send``.
 """
@@ -22,7 +23,8 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterable
-from typing import Literal, TypedDict
+from dataclasses import dataclass
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -30,56 +32,49 @@ from django.db import transaction
 
 log = logging.getLogger(__name__)
 
-NODES_GROUP = "cluster.nodes"
-MODELS_GROUP = "cluster.models"
-JUDGES_GROUP = "guard.judges"
-EVALS_GROUP = "guard.evals"
-TOPICS = {
-    "nodes": NODES_GROUP,
-    "models": MODELS_GROUP,
-    "judges": JUDGES_GROUP,
-    "evals": EVALS_GROUP,
-}
-# Which group an event type is published to.
-GROUP_OF_TYPE = {
-    "cluster.nodes_changed": NODES_GROUP,
-    "cluster.models_changed": MODELS_GROUP,
-    "guard.judges_changed": JUDGES_GROUP,
-    "guard.evals_changed": EVALS_GROUP,
-}
+
+@dataclass(frozen=True)
+class Event:
+    """One kind of live event: ``{"type": type, "id": "<hex>", keys: [item, ...]}`` sent to
+    ``group``; ``topic`` is what consoles subscribe by and writers mark with."""
+
+    topic: str
+    type: str
+    group: str
+    keys: str
+    item: type
+    about: str
+
+    def message(self, event_id: str, keys: Iterable[Any]) -> dict[str, Any]:
+        return {"type": self.type, "id": event_id, self.keys: sorted(keys)}
 
 
-class NodesChanged(TypedDict):
-    type: Literal["cluster.nodes_changed"]
-    id: str
-    pks: list[int]
+EVENTS = (
+    Event("nodes", "cluster.nodes_changed", "cluster.nodes", "pks", int,
+          "nodes: their cards, reservations, power (an empty list: the power alone)"),
+    Event("models", "cluster.models_changed", "cluster.models", "names", str,
+          "models' replicas: states, reasons, progress, rolls, unplaced"),
+    Event("judges", "guard.judges_changed", "guard.judges", "names", str,
+          "judges' health (the list is sent whole)"),
+    Event("evals", "guard.evals_changed", "guard.evals", "pks", int,
+          "evaluations: results as they are written, the run's end"),
+)  # fmt: skip
+BY_TOPIC = {e.topic: e for e in EVENTS}
+BY_TYPE = {e.type: e for e in EVENTS}
+# What the consumer and the hub look up: a topic's group, an event type's group.
+TOPICS = {e.topic: e.group for e in EVENTS}
+GROUP_OF_TYPE = {e.type: e.group for e in EVENTS}
 
 
-class ModelsChanged(TypedDict):
-    type: Literal["cluster.models_changed"]
-    id: str
-    names: list[str]
-
-
-class JudgesChanged(TypedDict):
-    type: Literal["guard.judges_changed"]
-    id: str
-    names: list[str]
-
-
-class EvalsChanged(TypedDict):
-    type: Literal["guard.evals_changed"]
-    id: str
-    pks: list[int]
+def keys_of(message: dict[str, Any]) -> list[Any]:
+    """Return the keys an event's message carries (its pks or names)."""
+    return list(message[BY_TYPE[message["type"]].keys])
 
 
 class _Pending(threading.local):
     def __init__(self) -> None:
-        self.nodes: set[int] = set()
-        self.models: set[str] = set()
+        self.marked: dict[str, set[Any]] = {e.topic: set() for e in EVENTS}
         self.replicas: set[int] = set()
-        self.judges: set[str] = set()
-        self.evals: set[int] = set()
         self.power = False
 
 
@@ -97,29 +92,23 @@ def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
     _home_loop = loop
 
 
-def changed(
-    *,
-    nodes: Iterable[int] = (),
-    models: Iterable[str] = (),
-    replicas: Iterable[int] = (),
-    judges: Iterable[str] = (),
-    evals: Iterable[int] = (),
-    power: bool = False,
-) -> None:
+def changed(*, replicas: Iterable[int] = (), power: bool = False, **marked: Iterable[Any]) -> None:
     """Mark things changed; they are published once the current transaction commits.
 
-    ``power`` alone refreshes the facility domains' power (a budget changed).
+    ``marked`` names keys by topic (:data:`EVENTS`): ``nodes=[pk]``, ``models=[name]``,
+    ``judges=[name]``, ``evals=[pk]``; a topic that is not in the catalogue raises
+    TypeError. ``power`` alone refreshes the facility domains' power (a budget changed).
     ``replicas`` are replica pks, published as their models (read at publish time, so a
     replica deleted in the same transaction should be named by its model instead).
     """
     p = _pending
-    p.nodes.update(nodes)
-    p.models.update(m for m in models if m)
+    for topic, keys in marked.items():
+        if topic not in p.marked:
+            raise TypeError(f"changed(): no live event {topic!r}; the events: {sorted(BY_TOPIC)}")
+        p.marked[topic].update(k for k in keys if k != "")
     p.replicas.update(replicas)
-    p.judges.update(judges)
-    p.evals.update(evals)
     p.power = p.power or power
-    if not (p.nodes or p.models or p.replicas or p.judges or p.evals or p.power):
+    if not (p.replicas or p.power or any(p.marked.values())):
         return
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
@@ -134,47 +123,29 @@ def changed(
 def flush() -> None:
     """Publish what gathered in this thread (called after commit)."""
     p = _pending
-    nodes, models, replicas, judges = p.nodes, p.models, p.replicas, p.judges
-    evals, power = p.evals, p.power
-    p.nodes, p.models, p.replicas, p.judges = set(), set(), set(), set()
-    p.evals, p.power = set(), False
+    marked, replicas, power = p.marked, p.replicas, p.power
+    p.marked, p.replicas, p.power = {e.topic: set() for e in EVENTS}, set(), False
     if replicas:
         from cluster.models import Replica
 
-        models |= set(Replica.objects.filter(pk__in=replicas).values_list("model_name", flat=True))
-    if models:
+        marked["models"] |= set(
+            Replica.objects.filter(pk__in=replicas).values_list("model_name", flat=True)
+        )
+    if marked["models"]:
         # A judge's replicas are part of its health (ready or not).
         from catalog.models import ServedModel
         from catalog.rules import ROLE_GUARD
 
-        judges |= set(
-            ServedModel.objects.filter(name__in=models, role=ROLE_GUARD).values_list(
+        marked["judges"] |= set(
+            ServedModel.objects.filter(name__in=marked["models"], role=ROLE_GUARD).values_list(
                 "name", flat=True
             )
         )
-    sends: list[tuple[str, dict]] = []
-    event = uuid.uuid4().hex
-    if nodes or power:
-        sends.append(
-            (NODES_GROUP, {"type": "cluster.nodes_changed", "id": event, "pks": sorted(nodes)})
-        )
-    if models:
-        sends.append(
-            (
-                MODELS_GROUP,
-                {"type": "cluster.models_changed", "id": event, "names": sorted(models)},
-            )
-        )
-    if judges:
-        sends.append(
-            (JUDGES_GROUP, {"type": "guard.judges_changed", "id": event, "names": sorted(judges)})
-        )
-    if evals:
-        sends.append(
-            (EVALS_GROUP, {"type": "guard.evals_changed", "id": event, "pks": sorted(evals)})
-        )
-    for group, message in sends:
-        send(group, message)
+    event_id = uuid.uuid4().hex
+    for event in EVENTS:
+        keys = marked[event.topic]
+        if keys or (power and event.topic == "nodes"):
+            send(event.group, event.message(event_id, keys))
 
 
 def send(group: str, message: dict) -> None:

@@ -15,7 +15,8 @@ The same socket carries one more thing: ``WAKE``, a change that wants the reconc
 loop's next interval.
 
 What arrives is checked before it is used (:func:`parse`): the keys-only events of
-``cluster.events``, or ``WAKE``, and nothing else; anything else is logged and dropped.
+``cluster.events.EVENTS`` (its group, type and keys), or ``WAKE``, and nothing else;
+anything else is logged and dropped.
 """
 
 from __future__ import annotations
@@ -41,14 +42,6 @@ MAX_DATAGRAM = 65536
 # sun_path holds 108 bytes on Linux, with the terminating NUL.
 MAX_PATH = 107
 
-# The key list each event type carries, and the type of its items.
-KEYS_OF_TYPE: dict[str, tuple[str, type]] = {
-    "cluster.nodes_changed": ("pks", int),
-    "cluster.models_changed": ("names", str),
-    "guard.judges_changed": ("names", str),
-    "guard.evals_changed": ("pks", int),
-}
-
 _listening: tuple[Path, int] | None = None  # this process's socket and its inode
 WAKE = b"wake: reconcile"
 
@@ -73,7 +66,7 @@ def encode(group: str, message: dict[str, Any]) -> bytes:
 def parse(data: bytes) -> tuple[str, dict[str, Any]]:
     """Return the group and message a datagram carries, or raise :class:`BadEvent`.
 
-    Pure: the same rules the publishing side follows (``cluster.events.flush``).
+    Pure: the catalogue the publishing side follows (``cluster.events.EVENTS``).
     """
     try:
         doc = lean.loads(data)
@@ -87,9 +80,10 @@ def parse(data: bytes) -> tuple[str, dict[str, Any]]:
     if not isinstance(message, dict):
         raise BadEvent("message: expected an object")
     kind = message.get("type")
-    if events.GROUP_OF_TYPE.get(kind) != group:  # type: ignore[arg-type]
+    event = events.BY_TYPE.get(kind) if isinstance(kind, str) else None
+    if event is None or event.group != group:
         raise BadEvent(f"message.type: {kind!r} is not an event of {group}")
-    keys, item = KEYS_OF_TYPE[kind]
+    keys, item = event.keys, event.item
     if set(message) != {"type", "id", keys}:
         raise BadEvent(f"message: expected type, id and {keys} only")
     if not isinstance(message["id"], str) or not 0 < len(message["id"]) <= 64:

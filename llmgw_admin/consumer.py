@@ -142,7 +142,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         hub().leave(self)
 
     async def handle_event(self, event: dict[str, Any]) -> None:
-        """Take an event from the process's hub (llmgw_admin.hub)."""
+        """Take an event from the process's hub (llmgw_admin.hub): handled by the method
+        its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
+        event of ``cluster.events.EVENTS``."""
         await self.ready.wait()
         handler = getattr(self, event["type"].replace(".", "_"), None)
         if handler is not None:
@@ -167,14 +169,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return await asyncio.shield(fut)
 
     async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:
-        pks = list(event["pks"])
+        pks = events.keys_of(event)
         rendered = await self._rendered(event, "nodes", cluster_live.nodes_changed, pks)
         parts = [rendered["power"] or ""]
         parts += swaps(pks, rendered, self.shown_nodes, "cluster-node-{}".format, "cluster-nodes")
         await self.send(text_data="\n".join(parts))
 
     async def cluster_models_changed(self, event: dict[str, Any]) -> None:
-        names = list(event["names"])
+        names = events.keys_of(event)
         if self.model is not None:
             # A model's own page: its block only, empty when it has no replicas left.
             if self.model not in names:
@@ -195,12 +197,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(text_data="\n".join(parts))
 
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:
-        names = list(event["names"])
+        names = events.keys_of(event)
         rendered = await self._rendered(event, "judges", guard_live.judges_changed, names)
         await self.send(text_data=rendered["all"] or "")
 
     async def guard_evals_changed(self, event: dict[str, Any]) -> None:
-        if self.evaluation not in event["pks"]:
+        if self.evaluation not in events.keys_of(event):
             return
         html = await database_sync_to_async(guard_live.render_eval)(self.evaluation)
         await self.send(text_data=html)

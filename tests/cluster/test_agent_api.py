@@ -305,7 +305,7 @@ def test_lean_heartbeat_tells_consoles_when_a_node_comes_back_and_only_then(
 
     from channels.layers import channel_layers, get_channel_layer
 
-    from cluster.events import NODES_GROUP
+    from cluster.events import BY_TOPIC
 
     settings.CHANNEL_LAYERS = {
         "default": {
@@ -325,7 +325,7 @@ def test_lean_heartbeat_tells_consoles_when_a_node_comes_back_and_only_then(
     async def listen() -> list[Any]:
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        await layer.group_add(NODES_GROUP, channel)
+        await layer.group_add(BY_TOPIC["nodes"].group, channel)
         heard = []
         transport = httpx.ASGITransport(app=application)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:

@@ -21,12 +21,9 @@ from cluster import events, relay
 
 
 def good() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (events.NODES_GROUP, {"type": "cluster.nodes_changed", "id": "a1", "pks": [1, 2]}),
-        (events.MODELS_GROUP, {"type": "cluster.models_changed", "id": "a1", "names": ["m"]}),
-        (events.JUDGES_GROUP, {"type": "guard.judges_changed", "id": "a1", "names": []}),
-        (events.EVALS_GROUP, {"type": "guard.evals_changed", "id": "a1", "pks": [7]}),
-    ]
+    """One message of each event of the catalogue, as the publisher makes it."""
+    keys = {int: [1, 7], str: ["m", ""]}
+    return [(e.group, e.message("a1", keys[e.item])) for e in events.EVENTS]
 
 
 @pytest.mark.parametrize(("group", "message"), good())
@@ -43,7 +40,7 @@ def test_any_event_of_the_known_kinds_survives_the_trip(
     group_and_type: tuple[str, str], pks: list[int], names: list[str]
 ) -> None:
     group, kind = group_and_type
-    keys, _ = relay.KEYS_OF_TYPE[kind]
+    keys = events.BY_TYPE[kind].keys
     message = {"type": kind, "id": "e" * 32, keys: pks if keys == "pks" else names}
     assert relay.parse(relay.encode(group, message)) == (group, message)
 
@@ -170,7 +167,7 @@ def test_a_process_with_no_console_hands_its_committed_change_to_the_web_process
             web_socket.recv(relay.MAX_DATAGRAM)
         web_socket.settimeout(5)
     group, message = relay.parse(web_socket.recv(relay.MAX_DATAGRAM))
-    assert group == events.NODES_GROUP
+    assert group == events.BY_TOPIC["nodes"].group
     assert message["pks"] == [node.pk]
 
     # A rolled-back change sends nothing.

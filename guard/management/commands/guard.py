@@ -4,7 +4,11 @@ manage.py guard judge list
 manage.py guard judge enable [NAME] [--gpu] [--sim]
 manage.py guard judge use NAME [NAME ...]
 manage.py guard check --request TEXT [--answer TEXT]
-manage.py guard prompt --judge NAME --request-file F [--answer-file G]
+manage.py guard check --endpoint URL --format F --request TEXT [--answer TEXT]
+                      [--model NAME] [--variant V] [--categories C ...] [--context-length N]
+                      [--timeout S]
+manage.py guard prompt --judge NAME (--request TEXT | --request-file F)
+                       [--answer TEXT | --answer-file G]
 manage.py guard policy show
 manage.py guard policy set [--file F] [--judges A [B ...]] [--controversial safe|unsafe]
                            [--fail open|closed] [--directions requests answers|none]
@@ -14,6 +18,8 @@ manage.py guard eval [--judges A [B ...]] [--set NAME_OR_FILE] [--timeout S]
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import getpass
 import json
 import logging
@@ -27,9 +33,10 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog import yamlfile
 from catalog.choices import Surface
 from catalog.problems import Problem
-from guard import evalrun, known, services
+from guard import client, evalrun, formats, known, services
 from guard import evaluation as ev
 from guard import policy as policy_rules
+from guard.chain import JudgeRef, run_chain
 from guard.judgeprompt import judge_prompt
 
 
@@ -53,13 +60,43 @@ class Command(BaseCommand):
         enable.add_argument("--sim", action="store_true", help="on the sim engine (tests, demos)")
         use = jsub.add_parser("use", help="set the policy's judges, in order")
         use.add_argument("names", nargs="+")
-        check = sub.add_parser("check", help="judge a text with the policy; print JSON")
-        check.add_argument("--request", required=True)
-        check.add_argument("--answer")
+        check = sub.add_parser(
+            "check",
+            help="judge a text with the policy (or, with --endpoint, one engine); print JSON",
+        )
+        check.add_argument("--request", required=True, metavar="TEXT")
+        check.add_argument("--answer", metavar="TEXT")
+        check.add_argument(
+            "--endpoint",
+            metavar="URL",
+            help="ask this OpenAI-compatible engine directly, to try a judge before enabling "
+            "it; decided as the policy would with it added",
+        )
+        check.add_argument(
+            "--format", dest="judge_format", choices=list(formats.FORMATS),
+            help="the engine's judge format (with --endpoint)",
+        )  # fmt: skip
+        check.add_argument("--model", metavar="NAME", help="the model name sent (vLLM checks it)")
+        check.add_argument("--variant", help="the format's variant (llamaguard3: 1b or 8b)")
+        check.add_argument(
+            "--categories", nargs="+", metavar="CATEGORY", help="the judge's own category names"
+        )
+        check.add_argument(
+            "--context-length", type=int, default=services.DEFAULT_CONTEXT, metavar="N",
+            help=f"the judge's context in tokens (default {services.DEFAULT_CONTEXT}; lowered to "
+            "what the engine reports)",
+        )  # fmt: skip
+        check.add_argument(
+            "--timeout", type=float, default=30.0, help="seconds the ask may take (default 30)"
+        )
         prompt = sub.add_parser("prompt", help="print exactly the prompt a judge receives")
         prompt.add_argument("--judge", required=True)
-        prompt.add_argument("--request-file", required=True)
-        prompt.add_argument("--answer-file")
+        request = prompt.add_mutually_exclusive_group(required=True)
+        request.add_argument("--request", metavar="TEXT", help="the request to judge")
+        request.add_argument("--request-file", metavar="F", help="a file holding the request")
+        answer = prompt.add_mutually_exclusive_group()
+        answer.add_argument("--answer", metavar="TEXT", help="the answer to judge")
+        answer.add_argument("--answer-file", metavar="G", help="a file holding the answer")
         policy = sub.add_parser("policy", help="show or set the policy (checked, logged)")
         psub = policy.add_subparsers(dest="policy_action", required=True)
         psub.add_parser("show", help="print the policy in force as JSON (what --file reads)")
@@ -95,10 +132,16 @@ class Command(BaseCommand):
         evaluate.add_argument(
             "--timeout", type=float, default=30.0, help="seconds one ask may take (default 30)"
         )
+        # An option is taken only as written: "--request" must never be read as
+        # "--request-file" (or any prefix as the option it begins).
+        _no_abbreviations(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "check":
+            if options.get("endpoint") or options.get("judge_format"):
+                self._check_endpoint(options)
+                return
             result = services.check(options["request"], options.get("answer"))
             self.stdout.write(json.dumps(result, indent=2))
         elif action == "prompt":
@@ -148,14 +191,72 @@ class Command(BaseCommand):
             for line in lines:
                 self.stdout.write(line)
 
+    def _check_endpoint(self, options: dict[str, Any]) -> None:
+        """Ask one engine as a judge; print what ``guard check`` prints, decided as the
+        policy in force would decide with this judge added to it. Nothing is recorded."""
+        url, fmt = options.get("endpoint"), options.get("judge_format")
+        if not url or not fmt:
+            raise CommandError(
+                "--endpoint and --format go together: the engine's URL and its judge format "
+                f"({', '.join(formats.FORMATS)})"
+            )
+        if not url.startswith(("http://", "https://")):
+            raise CommandError(f'--endpoint "{url}" is not an http:// or https:// URL')
+        if not options["timeout"] > 0:
+            raise CommandError("--timeout must be a positive number of seconds")
+        if not options["context_length"] > 0:
+            raise CommandError("--context-length must be a positive number of tokens")
+        name = options.get("model") or url
+        categories = options.get("categories")
+        try:
+            variant = formats.get(fmt).variant(options.get("variant"))
+        except ValueError as exc:
+            raise CommandError(f"--variant: {exc}") from None
+        policy = services.current_policy()
+        reports = {
+            **services.judge_reports(),
+            name: formats.reported_categories(fmt, categories, variant),
+        }
+        order = (*[j for j in policy.judge_models if j != name], name)
+        trial, _, _ = policy_rules.complete(
+            dataclasses.replace(policy, judge_models=order), reports, drop_unreportable=True
+        )
+        assert trial is not None  # every judge is one of reports; categories are dropped
+        answer = options.get("answer")
+
+        def ask(ref: JudgeRef) -> Any:
+            return client.ask_judge(
+                url, fmt, options["request"], answer,
+                context_length=options["context_length"], categories=categories,
+                variant=variant, timeout=options["timeout"], model=options.get("model"),
+                controversial=trial.controversial,
+            )  # fmt: skip
+
+        # The engine is asked whatever the policy's directions: trying it is the point.
+        result = run_chain(
+            dataclasses.replace(trial, judge_requests=True, judge_answers=True),
+            [JudgeRef(name, ready=True)],
+            ask,
+            direction=policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS,
+        )
+        self.stdout.write(json.dumps(services.as_json(result), indent=2))
+        if result.verdict is None:
+            why = "; ".join(f"{f.kind}: {f.message}" for f in result.failures)
+            raise CommandError(f"{url} gave no verdict in the {fmt} format: {why}")
+
     def _prompt(self, options: dict[str, Any]) -> None:
         try:
-            request = Path(options["request_file"]).read_text(encoding="utf-8")
-            answer = (
-                Path(options["answer_file"]).read_text(encoding="utf-8")
-                if options.get("answer_file")
-                else None
+            request = (
+                options["request"]
+                if options.get("request") is not None
+                else Path(options["request_file"]).read_text(encoding="utf-8")
             )
+            if options.get("answer") is not None:
+                answer = options["answer"]
+            elif options.get("answer_file"):
+                answer = Path(options["answer_file"]).read_text(encoding="utf-8")
+            else:
+                answer = None
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(str(exc)) from None
         try:
@@ -332,6 +433,15 @@ class Command(BaseCommand):
                 f"{_ms(s.latency_p50):>8}  {_ms(s.latency_p95):>8}  {s.score_source or '—':<8}  "
                 f"{_num(s.ordinary_max_score)} / {_num(s.harmful_min_score)}"
             )
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Refuse abbreviated options on a parser and every subcommand's parser."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
 
 
 def _score_cell(result: Any) -> str:

@@ -13,6 +13,10 @@ nodes: calling them all lost would stop every engine the moment they come back. 
 Kubernetes' node lifecycle controller stops evicting in a disrupted zone (no ready node at
 all, or more than 2 not ready and at least 55% of them, in a cluster too small for a slow
 eviction rate), such nodes are *held*: shown not ready, their replicas kept where they are.
+
+"Together" is judged over the nodes *quiet* for half of ``LLMGW_NODE_LOST_AFTER`` or more,
+not only those already past it: nodes that fell silent at the same moment cross the line a
+heartbeat apart, and the first of them must not be lost before the others count.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from datetime import datetime
 # silence is taken for the control plane's: Kubernetes' unhealthyZoneThreshold.
 MASS_SILENCE = 0.55
 PARTIAL_MIN = 2
+# A node not heard from for this share of LLMGW_NODE_LOST_AFTER counts as fallen silent
+# when judging whether most nodes did at once.
+QUIET_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,24 +55,27 @@ def judge(
     ``heartbeats`` are the nodes not already lost. A node never heard from counts from
     ``listening_since`` (or is silent, without it).
     """
-    silent = []
+    silent, quiet = [], 0
     for name, last in heartbeats:
         heard = last
         if listening_since is not None and (heard is None or heard < listening_since):
             heard = listening_since
-        if heard is None or (now - heard).total_seconds() > lost_after_s:
+        for_s = float("inf") if heard is None else (now - heard).total_seconds()
+        if for_s > lost_after_s:
             silent.append(name)
+        if for_s > lost_after_s * QUIET_SHARE:
+            quiet += 1
     if not silent:
         return Silence()
     total = len(heartbeats)
-    if len(silent) == total:
+    if quiet == total:
         what = "every node" if total > 1 else "the only node"
-    elif len(silent) > PARTIAL_MIN and len(silent) / total >= threshold:
-        what = f"{len(silent)} of {total} nodes"
+    elif quiet > PARTIAL_MIN and quiet / total >= threshold:
+        what = f"{quiet} of {total} nodes"
     else:
         return Silence(lost=tuple(silent))
     why = (
-        f"not heard from for more than {lost_after_s:g} s, with {what} at once: the control "
+        f"not heard from for more than {lost_after_s:g} s, with {what} silent at once: the control "
         "plane or its network is the likely fault, so its replicas stay where they are"
     )
     return Silence(held=tuple(silent), why=why)

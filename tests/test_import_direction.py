@@ -20,7 +20,7 @@ nothing is imported or run) that fails naming the file, the line and the importe
   given ``sender=``, ``dispatch_uid=`` or ``weak=`` (as every one here is; a socket's
   connect takes none).
 
-docs/development.md ("Where things live") explains the rule and the two kinds.
+docs/development.md ("The import direction") explains the rule and the two kinds.
 """
 
 from __future__ import annotations

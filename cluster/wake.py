@@ -5,8 +5,10 @@ happens, so nothing depends on being woken. Waking only shortens the wait betwee
 operator's change and its effect: a model saved is placed, a node drained has its
 replicas placed elsewhere, an on-demand model asked for starts, at once.
 
-:func:`reconcile_soon` is called by the services that make such changes and acts after the
-transaction commits (a rolled-back change wakes nothing):
+:func:`reconcile_soon` is called by the services that make such changes (the cluster's and
+the guard's; a catalog change reaches it through the catalog's ``catalog_changed`` signal,
+connected in ``cluster.signals``) and acts after the transaction commits (a rolled-back
+change wakes nothing):
 
 - in the process that runs the reconciler's loop (the embedded web process) it ends the
   loop's wait;
@@ -16,8 +18,8 @@ transaction commits (a rolled-back change wakes nothing):
 - elsewhere (a command in a terminal beside an embedded web process) it tells that web
   process through its ``live.sock`` (``cluster.relay``); with none listening, nothing.
 
-This module imports nothing of the cluster's at import time, so the catalog's and cluster's
-services can call it without an import cycle.
+This module imports nothing of the cluster's at import time, so the cluster's services can
+call it without an import cycle.
 """
 
 from __future__ import annotations

@@ -593,8 +593,8 @@ class Gateway:
                         await sent.start(200, SSE_HEADERS)
                     await sent.body(b"".join(out))
             if hold is not None:
-                while hold.unjudged:
-                    await self._window(req, hold)
+                if hold.unjudged:
+                    await self._window(req, hold, final=True)
                 rest = hold.releasable()
             else:
                 rest = []
@@ -621,14 +621,14 @@ class Gateway:
                                  "code": "upstream_error"}}  # fmt: skip
             await sent.body(sse.encode_json(failure) + b"data: [DONE]\n\n", more=False)
 
-    async def _window(self, req: bodies.Request, hold: Holdback) -> None:
+    async def _window(self, req: bodies.Request, hold: Holdback, final: bool = False) -> None:
         ticket = hold.start()
         result = await self.guard.judge(req.text, ticket.text)
         if result.get("decision") != "allow":
             raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
         if result.get("failed_open"):
             self.counters.failed_open += 1
-        hold.allow(ticket)
+        hold.allow(ticket, final)
 
 
 class _Retry(Exception):

@@ -7,9 +7,12 @@ arrive (``add``) with the text each carries; once the text not yet judged holds
 saying how far it reaches) and hands the verdict back (``allow``, or the stream ends).
 Text that arrives while a window is judged waits for the next one.
 
-What is released (``releasable``) is every event up to the end of the judged text, and
-after it the events that carry no text (a role chunk, the finish chunk, usage), which
-cannot carry anything a judge has not read. So under ``fail: closed`` no unjudged byte
+What is released (``releasable``) is every event up to the end of the judged text but
+its last ``margin`` characters, and after it the events that carry no text (a role chunk, the finish chunk, usage), which
+cannot carry anything a judge has not read. The margin is judged again with what follows
+it: a harmful phrase cut in two by a window's end (``UNSAFE-`` judged alone as safe, then
+``MARKER``) is not half released; the last window of an answer (``allow(final=True)``)
+releases all it judged. So under ``fail: closed`` no unjudged byte
 of text ever leaves; under ``fail: open`` the lead calls ``allow`` for a window every
 judge failed on (and counts it).
 
@@ -26,6 +29,9 @@ from dataclasses import dataclass
 # delay a judge adds to the answer is bounded by the interval plus one judgement.
 TOKENS = 16
 INTERVAL = 0.15
+# Characters at the end of a judged window held back until the next window reads them in
+# context (a phrase a window's end cut in two).
+MARGIN = 64
 
 
 @dataclass(frozen=True)
@@ -49,9 +55,12 @@ class Holdback:
         "tokens",
         "interval",
         "windows",
+        "margin",
     )
 
-    def __init__(self, tokens: int = TOKENS, interval: float = INTERVAL) -> None:
+    def __init__(
+        self, tokens: int = TOKENS, interval: float = INTERVAL, margin: int = MARGIN
+    ) -> None:
         self._held: deque[tuple[bytes, int]] = deque()
         self._parts: list[str] = []
         self._length = 0
@@ -63,6 +72,7 @@ class Holdback:
         self.tokens = max(1, tokens)
         self.interval = interval
         self.windows = 0
+        self.margin = max(0, margin)
 
     @property
     def judging(self) -> bool:
@@ -108,10 +118,12 @@ class Holdback:
         self.windows += 1
         return Ticket(self._parts[0] if self._parts else "", self._length)
 
-    def allow(self, ticket: Ticket) -> None:
-        """The window's text was judged and may go out."""
+    def allow(self, ticket: Ticket, final: bool = False) -> None:
+        """The window's text was judged and may go out, but for its margin unless it is
+        the answer's last window."""
         self._judging = False
-        self._judged = max(self._judged, ticket.upto)
+        upto = ticket.upto if final else ticket.upto - self.margin
+        self._judged = max(self._judged, upto)
 
     def releasable(self) -> list[bytes]:
         """The events that may be sent now, in order; they leave the hold."""

@@ -75,9 +75,13 @@ def cluster(control_plane: ControlPlane, agents: Callable[..., Agent]) -> Contro
         ),
         sim_model("embed", capabilities={"embeddings": True}, context_length=2048),
         sim_model("judge", role="guard", guard={"format": "qwen3guard"}),
+        # A judge no node can run (no node has its class): it never answers.
+        sim_model("judge-down", role="guard", guard={"format": "qwen3guard"},
+                  profile={"gpu_class": "nvidia-a100-40gb"}),
     )  # fmt: skip
     wait_for(ready("chat", 2), 90, "two chat replicas ready")
     wait_for(ready("embed"), 90, "the embedding model ready")
+    wait_for(ready("judge"), 90, "the judge ready")
     return control_plane
 
 
@@ -262,3 +266,114 @@ def test_a_client_that_goes_away_stops_the_engine(cluster: ControlPlane) -> None
         lambda: sum(sim_stats(r)["cancelled"] for r in replicas) > sum(before.values()),
         10, "the engine to see the cancel",
     )  # fmt: skip
+
+
+def set_policy(cp: ControlPlane, *args: str) -> None:
+    done = manage(cp, "guard", "policy", "set", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def stream_raw(cp: ControlPlane, key: str, text: str, **extra: Any) -> tuple[int, str]:
+    """A streamed chat as bytes on the wire: the status and everything received."""
+    with httpx.Client(base_url=cp.url, timeout=30) as http, http.stream(
+        "POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+        json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": text}],
+              **extra},
+    ) as resp:  # fmt: skip
+        return resp.status_code, resp.read().decode()
+
+
+def streamed_text(raw: str) -> str:
+    out = []
+    for line in raw.splitlines():
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or ():
+                out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+def test_the_guard_holds_back_an_unsafe_answer_and_refuses_unsafe_requests(
+    cluster: ControlPlane,
+) -> None:
+    key = new_key(cluster, "guarded")
+    api = client(cluster, key)
+    # Answers judged only: the request asking for the marker is let through, so the
+    # engine's answer carries it.
+    set_policy(cluster, "--judges", "judge", "--directions", "answers",
+               "--fail", "closed", "--controversial", "safe")  # fmt: skip
+    chat = ready("chat", 2)()
+    cancelled = sum(sim_stats(r)["cancelled"] for r in chat)
+
+    # An ordinary streamed answer comes through whole, judged in windows.
+    words = " ".join(f"word{i}" for i in range(80))
+    status, raw = stream_raw(cluster, key, "/echo " + words)
+    assert status == 200 and streamed_text(raw) == words and raw.endswith("data: [DONE]\n\n")
+
+    # The marker after many tokens: not one byte of it reaches the client, the stream ends
+    # with content_filter and an error naming the judge, and the engine is stopped.
+    before = " ".join(f"safe{i}" for i in range(60))
+    after = " ".join(f"tail{i}" for i in range(200))
+    status, raw = stream_raw(cluster, key, f"/echo {before} UNSAFE-MARKER {after}")
+    assert status == 200
+    text = streamed_text(raw)
+    assert "UNSAFE" not in raw and "MARKER" not in raw
+    assert text and before.startswith(text.strip()[: len(text.strip())])
+    assert '"finish_reason":"content_filter"' in raw.replace(" ", "")
+    assert "content_filter" in raw and "judge" in raw and raw.endswith("data: [DONE]\n\n")
+    wait_for(lambda: sum(sim_stats(r)["cancelled"] for r in chat) > cancelled, 10,
+             "the engine to see the cancel")  # fmt: skip
+
+    # A whole answer holding the marker is refused before anything is sent.
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "/echo fine then UNSAFE-MARKER"}]
+        )
+    assert caught.value.code == "content_filter"
+    assert caught.value.response.headers["x-should-retry"] == "false"
+
+    # An unsafe request is refused, naming the judge, and none of the engine's answer is sent.
+    set_policy(cluster, "--judges", "judge", "--directions", "requests", "answers",
+               "--fail", "closed", "--controversial", "safe")  # fmt: skip
+    wait_for(lambda: _refused_as_filter(api, "UNSAFE-MARKER please"), 5, "the request refused")
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "UNSAFE-MARKER please"}]
+        )
+    assert caught.value.code == "content_filter" and "judge" in caught.value.message
+    status, raw = stream_raw(cluster, key, "/echo the engine would say this UNSAFE-MARKER")
+    assert status == 400 and "the engine would say" not in raw
+
+    # Controversial both ways.
+    ok = api.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "/echo CONTROVERSIAL-MARKER ok"}]
+    )
+    assert ok.choices[0].message.content == "CONTROVERSIAL-MARKER ok"
+    set_policy(cluster, "--judges", "judge", "--directions", "requests", "answers",
+               "--fail", "closed", "--controversial", "unsafe")  # fmt: skip
+    wait_for(lambda: _refused_as_filter(api, "/echo CONTROVERSIAL-MARKER ok"), 5,
+             "controversial refused under controversial: unsafe")  # fmt: skip
+
+
+def _refused_as_filter(api: openai.OpenAI, text: str) -> bool:
+    try:
+        api.chat.completions.create(model="chat", messages=[{"role": "user", "content": text}])
+    except openai.BadRequestError as error:
+        return error.code == "content_filter"
+    return False
+
+
+def test_fail_closed_with_every_judge_down_releases_nothing(cluster: ControlPlane) -> None:
+    key = new_key(cluster, "closed")
+    set_policy(cluster, "--judges", "judge-down", "--directions", "requests", "answers",
+               "--fail", "closed")  # fmt: skip
+    status, raw = stream_raw(cluster, key, "/echo secret words the engine says")
+    assert status == 400 and "secret words" not in raw and "content_filter" in raw
+    # Only answers judged: the request passes, the answer's text is never released.
+    set_policy(cluster, "--judges", "judge-down", "--directions", "answers", "--fail", "closed")
+    status, raw = stream_raw(cluster, key, "/echo secret words the engine says")
+    assert "secret" not in raw and "words" not in raw
+    # Fail open: released, and the request is answered.
+    set_policy(cluster, "--judges", "judge-down", "--directions", "answers", "--fail", "open")
+    status, raw = stream_raw(cluster, key, "/echo secret words the engine says")
+    assert status == 200 and streamed_text(raw) == "secret words the engine says"

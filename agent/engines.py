@@ -1,8 +1,11 @@
 """The inference engines the agent runs, and what a catalog may not ask of them.
 
-The catalog's rules call ``unsafe_env`` and ``unsafe_args`` (as the reference's catalog
+The catalog's rules call ``unsafe_env`` and ``arg_problems`` (as the reference's catalog
 imports its engines package): the checks live beside the command lines that would run
-them, so a flag the agent starts setting is refused in the same change. No Django here.
+them, so a flag the agent starts setting is refused in the same change, and the agent
+refuses at run time whatever the rules would (``command_for``). What an operator may pass
+is an allowlist per engine (``ALLOWED_FLAGS``, ``ALLOWED_ENV``): a denylist is defeated by
+argparse's prefix matching. No Django here.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ _PP = "set the profile's pp instead"
 _NODES = "set the profile's nodes instead; the agents wire the nodes together"
 _THREADS = "set the profile's cpu_cores instead"
 _LORA = "list the adapters in the model's adapters instead"
+_GUARD = "the model's guard format and categories are what the judge answers with"
 
 _AGENT_FLAGS = {"--host": _PORT, "--port": _PORT}
 _ENGINE_FLAGS: dict[str, dict[str, str]] = {
@@ -77,19 +81,269 @@ _ENGINE_FLAGS: dict[str, dict[str, str]] = {
         **_AGENT_FLAGS,
         "-m": _SOURCE,
         "--model": _SOURCE,
+        "-mu": _SOURCE,
+        "--model-url": _SOURCE,
+        "-hf": _SOURCE,
+        "-hfr": _SOURCE,
+        "--hf-repo": _SOURCE,
+        "-a": _NAME,
         "--alias": _NAME,
         "-t": _THREADS,
         "--threads": _THREADS,
         "--lora": _LORA,
         "--lora-scaled": _LORA,
     },
-    # The simulator is no real engine: catalog.md refuses it nothing.
-    "sim": {},
+    "sim": {
+        **_AGENT_FLAGS,
+        "--model": _NAME,
+        "--guard-format": _GUARD,
+        "--guard-categories": _GUARD,
+    },
 }
 
+# What an operator may pass each engine: exact names only (the engines' argparse would take
+# a prefix of a name, which is why nothing but these passes), each with the shape of its
+# value. None: a switch, no value. Left out on purpose: anything naming a file or folder
+# (--log-file, --chat-template-file, --download-dir, --ssl-*), an API key (the engine would
+# refuse the control plane and the guard), a download source (-hf, --model-url), plugins
+# and code (--middleware), and what the agent sets (``_ENGINE_FLAGS``). docs/catalog.md
+# lists them.
 
-def unsafe_env(key: str) -> str | None:
-    """Return why an engine may not be given this environment variable, or None."""
+
+@dataclass(frozen=True)
+class Shape:
+    """What a flag's value must look like: a name for messages and a whole-value pattern."""
+
+    what: str
+    pattern: re.Pattern[str]
+    optional: bool = False  # the value may be left out (a bare switch)
+
+    def fits(self, value: str) -> bool:
+        """Return whether ``value`` is a value of this shape."""
+        return bool(self.pattern.fullmatch(value))
+
+
+def _choice(*values: str, optional: bool = False) -> Shape:
+    return Shape(
+        "one of " + ", ".join(values),
+        re.compile("|".join(re.escape(v) for v in values)),
+        optional,
+    )
+
+
+INT = Shape("a whole number", re.compile(r"-?\d{1,12}"))
+COUNT = Shape("a whole number, or one with k or m", re.compile(r"\d{1,12}[kKmM]?"))
+NUMBER = Shape("a number", re.compile(r"-?(\d{1,12}(\.\d*)?|\.\d+)([eE]-?\d{1,3})?"))
+# A plain name: no slash, so never a path; no leading dash, so never another flag.
+WORD = Shape("a name (letters, digits, . _ : -)", re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,99}"))
+LIST = Shape("numbers separated by commas", re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?){0,63}"))
+TEXT = Shape("text that does not start with -", re.compile(r"[^-\x00][^\x00]{0,199}"))
+SWITCH = None
+
+_LLAMA_CACHE = _choice("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+_TORCH_DTYPE = _choice("auto", "half", "float16", "bfloat16", "float", "float32")
+_LOG_LEVEL = _choice("debug", "info", "warning", "error", "critical", "trace")
+
+ALLOWED_FLAGS: dict[str, dict[str, Shape | None]] = {
+    "llamacpp": {
+        "--ctx-size": INT,
+        "--batch-size": INT,
+        "--ubatch-size": INT,
+        "--parallel": INT,
+        "--n-predict": INT,
+        "--keep": INT,
+        "--flash-attn": _choice("on", "off", "auto", optional=True),
+        "--cont-batching": SWITCH,
+        "--no-cont-batching": SWITCH,
+        "--cache-type-k": _LLAMA_CACHE,
+        "--cache-type-v": _LLAMA_CACHE,
+        "--cache-reuse": INT,
+        "--defrag-thold": NUMBER,
+        "--mlock": SWITCH,
+        "--no-mmap": SWITCH,
+        "--numa": _choice("distribute", "isolate", "numactl"),
+        "--split-mode": _choice("none", "layer", "row"),
+        "--tensor-split": LIST,
+        "--main-gpu": INT,
+        "--temp": NUMBER,
+        "--top-k": INT,
+        "--top-p": NUMBER,
+        "--min-p": NUMBER,
+        "--repeat-penalty": NUMBER,
+        "--repeat-last-n": INT,
+        "--presence-penalty": NUMBER,
+        "--frequency-penalty": NUMBER,
+        "--seed": INT,
+        "--rope-scaling": _choice("none", "linear", "yarn"),
+        "--rope-freq-base": NUMBER,
+        "--rope-freq-scale": NUMBER,
+        "--jinja": SWITCH,
+        "--chat-template": WORD,
+        "--reasoning-format": _choice("none", "deepseek", "deepseek-legacy", "auto"),
+        "--reasoning-budget": INT,
+        "--embedding": SWITCH,
+        "--embeddings": SWITCH,
+        "--reranking": SWITCH,
+        "--pooling": _choice("none", "mean", "cls", "last", "rank"),
+        "--kv-unified": SWITCH,
+        "--swa-full": SWITCH,
+        "--metrics": SWITCH,
+        "--timeout": INT,
+    },
+    "vllm": {
+        "--max-model-len": COUNT,
+        "--gpu-memory-utilization": NUMBER,
+        "--max-num-seqs": INT,
+        "--max-num-batched-tokens": COUNT,
+        "--dtype": _TORCH_DTYPE,
+        "--kv-cache-dtype": _choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"),
+        "--quantization": WORD,
+        "--enforce-eager": SWITCH,
+        "--enable-prefix-caching": SWITCH,
+        "--no-enable-prefix-caching": SWITCH,
+        "--prefix-caching-hash-algo": _choice("builtin", "sha256", "sha256_cbor"),
+        "--enable-chunked-prefill": SWITCH,
+        "--no-enable-chunked-prefill": SWITCH,
+        "--swap-space": NUMBER,
+        "--cpu-offload-gb": NUMBER,
+        "--block-size": INT,
+        "--seed": INT,
+        "--max-logprobs": INT,
+        "--max-lora-rank": INT,
+        "--trust-remote-code": SWITCH,
+        "--revision": WORD,
+        "--tokenizer-mode": _choice("auto", "slow", "mistral", "custom"),
+        "--generation-config": _choice("auto", "vllm"),
+        "--enable-auto-tool-choice": SWITCH,
+        "--tool-call-parser": WORD,
+        "--reasoning-parser": WORD,
+        "--disable-log-requests": SWITCH,
+        "--disable-log-stats": SWITCH,
+        "--uvicorn-log-level": _LOG_LEVEL,
+        "--max-seq-len-to-capture": INT,
+    },
+    "sglang": {
+        "--context-length": INT,
+        "--mem-fraction-static": NUMBER,
+        "--max-running-requests": INT,
+        "--max-total-tokens": INT,
+        "--max-prefill-tokens": INT,
+        "--chunked-prefill-size": INT,
+        "--dtype": _TORCH_DTYPE,
+        "--kv-cache-dtype": _choice("auto", "fp8_e5m2", "fp8_e4m3"),
+        "--quantization": WORD,
+        "--trust-remote-code": SWITCH,
+        "--disable-radix-cache": SWITCH,
+        "--disable-cuda-graph": SWITCH,
+        "--cuda-graph-max-bs": INT,
+        "--enable-torch-compile": SWITCH,
+        "--schedule-policy": _choice("lpm", "random", "fcfs", "dfs-weight"),
+        "--schedule-conservativeness": NUMBER,
+        "--attention-backend": WORD,
+        "--random-seed": INT,
+        "--revision": WORD,
+        "--tool-call-parser": WORD,
+        "--reasoning-parser": WORD,
+        "--stream-interval": INT,
+        "--log-level": _LOG_LEVEL,
+    },
+    "trtllm": {
+        "--max_batch_size": INT,
+        "--max_num_tokens": INT,
+        "--max_seq_len": INT,
+        "--max_beam_width": INT,
+        "--kv_cache_free_gpu_memory_fraction": NUMBER,
+        "--backend": _choice("pytorch", "tensorrt", "_autodeploy"),
+        "--trust_remote_code": SWITCH,
+        "--reasoning_parser": WORD,
+        "--log_level": _choice("internal_error", "error", "warning", "info", "verbose", "debug"),
+    },
+    "sim": {
+        "--ttft": NUMBER,
+        "--tps": NUMBER,
+        "--load-time": NUMBER,
+        "--context-length": INT,
+        "--parallel": INT,
+        "--logprob-style": _choice("vllm", "llamacpp"),
+        "--unsafe-marker": TEXT,
+        "--controversial-marker": TEXT,
+    },
+}
+
+# Environment an operator may set, by engine, besides what every engine may have. Exact
+# names: a variable can load code (BASH_ENV, PYTHONWARNINGS naming a module, GCONV_PATH,
+# VLLM_PLUGINS), change the C library (GLIBC_TUNABLES, LD_*), point an engine at a key
+# (VLLM_API_KEY) or carry the control plane's secrets (LLMGW_*): none of those pass.
+_COMMON_ENV = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "PYTHONHASHSEED",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_ENABLE_HF_TRANSFER",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "CUDA_LAUNCH_BLOCKING",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "CUDA_MODULE_LOADING",
+        "NCCL_DEBUG",
+        "NCCL_IB_DISABLE",
+        "NCCL_IB_HCA",
+        "NCCL_P2P_DISABLE",
+        "NCCL_P2P_LEVEL",
+        "NCCL_SHM_DISABLE",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_CUMEM_ENABLE",
+        "NCCL_NVLS_ENABLE",
+        "NCCL_ALGO",
+        "NCCL_PROTO",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_MAX_NCHANNELS",
+        "GLOO_SOCKET_IFNAME",
+    }
+)
+ALLOWED_ENV: dict[str, frozenset[str]] = {
+    "llamacpp": frozenset(
+        {"GGML_CUDA_ENABLE_UNIFIED_MEMORY", "GGML_CUDA_NO_PINNED", "GGML_SCHED_MAX_COPIES"}
+    ),
+    "vllm": frozenset(
+        {
+            "VLLM_LOGGING_LEVEL",
+            # Refused by the catalog's rules unless max_loaded_adapters is set.
+            RUNTIME_LORA_ENV,
+            "VLLM_ATTENTION_BACKEND",
+            "VLLM_USE_V1",
+            "VLLM_WORKER_MULTIPROC_METHOD",
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+            "VLLM_USE_FLASHINFER_SAMPLER",
+            "VLLM_FLASH_ATTN_VERSION",
+            "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+            "VLLM_RPC_TIMEOUT",
+            "VLLM_USE_DEEP_GEMM",
+            "VLLM_MARLIN_USE_ATOMIC_ADD",
+        }
+    ),
+    "sglang": frozenset({"SGL_ENABLE_JIT_DEEPGEMM", "SGLANG_LOGGING_LEVEL"}),
+    "trtllm": frozenset({"TLLM_LOG_LEVEL"}),
+    # The simulator's own settings are LLMGW_SIM_<OPTION> (agent.sim), any but the ones the
+    # agent sets on its command line (_SIM_AGENT_ENV).
+    "sim": frozenset(),
+}
+_SIM_ENV = re.compile(r"LLMGW_SIM_[A-Z0-9_]{1,60}")
+_SIM_AGENT_ENV = frozenset(
+    f"LLMGW_SIM_{o}" for o in ("HOST", "PORT", "MODEL", "GUARD_FORMAT", "GUARD_CATEGORIES")
+)
+_ENV_DOC = "docs/catalog.md lists what each engine may be given"
+
+
+def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
+    """Return why an engine may not be given this environment variable, or None.
+
+    Only the variables of ``_COMMON_ENV`` and the engine's ``ALLOWED_ENV`` pass (``engine``
+    empty: those of any engine). ``value`` may not hold a NUL or a line break.
+    """
     if not _ENV_NAME.fullmatch(key):
         return "it is not a variable name: use letters, digits and _, not starting with a digit"
     if key == "PATH" or key.startswith("LD_"):
@@ -98,24 +352,92 @@ def unsafe_env(key: str) -> str | None:
         return "it changes which Python code the engine runs"
     if key in _DEVICE_ENV:
         return "the agent assigns the cards: use gpu_class and gpus_per_node"
+    if key in _SIM_AGENT_ENV:
+        return "the agent sets the simulator's address, model and guard format"
+    sim_own = engine in ("sim", "") and bool(_SIM_ENV.fullmatch(key))
+    if key.startswith("LLMGW_") and not sim_own:
+        return "it is the control plane's own setting, never an engine's"
+    allowed = ALLOWED_ENV.get(engine) if engine else frozenset().union(*ALLOWED_ENV.values())
+    if allowed is None:
+        return f'engine "{engine}" is not one of {", ".join(ENGINES)}'
+    if key not in _COMMON_ENV and key not in allowed and not sim_own:
+        for_engine = f" for {engine}" if engine else ""
+        return f"it is not one an operator may set{for_engine} ({_ENV_DOC})"
+    if "\x00" in value or "\n" in value or len(value) > 1000:
+        return "its value must be one line of at most 1000 characters"
     return None
+
+
+def arg_problems(engine: str, args: Sequence[str]) -> list[str]:
+    """Return why an engine may not be started with these arguments: one reason a fault.
+
+    Each argument is a flag of the engine's ``ALLOWED_FLAGS``, exactly (a prefix or a short
+    form is refused, as engines' argparse would take it for another flag), written
+    ``--flag value`` or ``--flag=value`` for a flag with a value, its value of the flag's
+    shape. A flag the agent sets names the catalog field to use instead. An engine outside
+    ``ENGINES`` is refused, naming them.
+    """
+    allowed = ALLOWED_FLAGS.get(engine)
+    if allowed is None:
+        return [f'engine "{engine}" is not one of {", ".join(ENGINES)}']
+    agent = _ENGINE_FLAGS[engine]
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = str(args[i])
+        i += 1
+        flag, eq, value = arg.partition("=")
+        if flag in agent or flag not in allowed:
+            if flag in agent:
+                out.append(f'argument "{flag}" sets what the agent sets: {agent[flag]}')
+            else:
+                out.append(_not_allowed(engine, flag, arg, agent))
+            if not eq and flag.startswith("-") and i < len(args):
+                # Its value, most likely: one fault, not two.
+                i += not str(args[i]).startswith("-")
+            continue
+        shape = allowed[flag]
+        if shape is None:
+            if eq:
+                out.append(f'argument "{flag}" is a switch: write it without "={value}"')
+            continue
+        if not eq:
+            nxt = str(args[i]) if i < len(args) else None
+            if nxt is not None and shape.fits(nxt):
+                value, i = nxt, i + 1
+            elif shape.optional:
+                continue
+            else:
+                given = "nothing" if nxt is None else f'"{nxt[:40]}"'
+                out.append(f'argument "{flag}" takes {shape.what}, not {given}')
+                if nxt is not None and not nxt.startswith("-"):
+                    i += 1
+                continue
+        if not shape.fits(value):
+            out.append(f'argument "{flag}" takes {shape.what}, not "{value[:40]}"')
+    return out
+
+
+def _not_allowed(engine: str, flag: str, arg: str, agent: Mapping[str, str]) -> str:
+    if not flag.startswith("-"):
+        return f'"{arg[:40]}" is a value with no flag before it: write "--flag value"'
+    if flag.startswith("--"):
+        longer = sorted(f for f in (*agent, *ALLOWED_FLAGS[engine]) if f.startswith(flag))
+        if longer:
+            return (
+                f'argument "{flag}" is short for "{longer[0]}": write flags in full (an '
+                "engine takes a prefix for whichever flag it begins)"
+            )
+    return (
+        f'argument "{flag}" is not one an operator may pass to {engine} (docs/catalog.md '
+        "lists them; flags naming files, keys or download sources are the agent's own)"
+    )
 
 
 def unsafe_args(engine: str, args: Sequence[str]) -> str | None:
-    """Return why an engine may not be started with these arguments, or None.
-
-    An argument is refused when it sets what the agent itself sets, written either
-    ``--flag value`` or ``--flag=value``. The reason names the argument and the catalog
-    field to use instead. An engine outside ``ENGINES`` is refused, naming them.
-    """
-    flags = _ENGINE_FLAGS.get(engine)
-    if flags is None:
-        return f'engine "{engine}" is not one of {", ".join(ENGINES)}'
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in flags:
-            return f'argument "{flag}" sets what the agent sets: {flags[flag]}'
-    return None
+    """Return the first of ``arg_problems``, or None."""
+    problems = arg_problems(engine, args)
+    return problems[0] if problems else None
 
 
 # Ports beside the one the agent assigns a replica, at fixed offsets from it, so that
@@ -221,8 +543,8 @@ def command_for(
     if why:
         raise CommandError(why)
     env = {str(k): str(v) for k, v in (replica.get("env") or {}).items()}
-    for key in env:
-        why = unsafe_env(key)
+    for key, value in env.items():
+        why = unsafe_env(key, engine, value)
         if why:
             raise CommandError(f"env {key} is not allowed: {why}")
     if replica.get("kv_events") and engine != "vllm":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from agent.discovery import is_mig_class
-from agent.engines import ENGINES, unsafe_args, unsafe_env
+from agent.engines import ENGINES, arg_problems, unsafe_args, unsafe_env
 from catalog.rules.found import Path, _Found, _not_finite, _num
 from catalog.rules.helpers import cpu_capable, cpu_only, parse_level
 from catalog.spec import Model, Profile
@@ -23,8 +23,9 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
             f"{label} is declared twice: give each profile its own name",
         )
     seen.add(p.name)
+    engine = p.engine if p.engine in ENGINES else ""
     for key in sorted(p.env):
-        if why := unsafe_env(key):
+        if why := unsafe_env(key, engine, str(p.env[key])):
             out.add(
                 (*at, "env", key),
                 "unsafe_env",
@@ -51,9 +52,8 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
         why = unsafe_args(p.engine, [])
         out.add((*at, "engine"), "unknown_engine", f"{label}: {why}")
         return
-    for arg in p.args:
-        if why := unsafe_args(p.engine, [arg]):
-            out.add((*at, "args"), "unsafe_arg", f"{label}: {why}")
+    for why in arg_problems(p.engine, p.args):
+        out.add((*at, "args"), "unsafe_arg", f"{label}: {why}")
     if p.kv_events and p.engine != "vllm":
         out.add(
             (*at, "kv_events"),

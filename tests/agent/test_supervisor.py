@@ -31,11 +31,11 @@ STUB = f"""#!{sys.executable}
 import http.server, os, signal, sys
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
-if os.environ.get("STUB_IGNORE_TERM"):
+if os.environ.get("LLMGW_SIM_STUB_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
-if os.environ.get("STUB_EXIT"):
-    print(os.environ.get("STUB_SAY", "bye"), flush=True)
-    sys.exit(int(os.environ["STUB_EXIT"]))
+if os.environ.get("LLMGW_SIM_STUB_EXIT"):
+    print(os.environ.get("LLMGW_SIM_STUB_SAY", "bye"), flush=True)
+    sys.exit(int(os.environ["LLMGW_SIM_STUB_EXIT"]))
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -131,6 +131,8 @@ def sim(rid: int = 1, generation: int = 1, **over: Any) -> dict[str, Any]:
         "startup_timeout_s": 60,
     }
     spec.update(over)
+    if spec["engine"] != "sim" and "args" not in over:
+        spec["args"] = []  # --load-time is the simulator's
     return spec
 
 
@@ -209,7 +211,7 @@ def test_back_off_grows_to_a_minute() -> None:
 
 def test_crash_loop_shown_as_such(make: Any, stub: str) -> None:
     sup, rec = make(binaries={"python": stub}, backoff_cap_s=0.05)
-    spec = sim(env={"STUB_EXIT": "3", "STUB_SAY": "CUDA error: out of memory"})
+    spec = sim(env={"LLMGW_SIM_STUB_EXIT": "3", "LLMGW_SIM_STUB_SAY": "CUDA error: out of memory"})
     sup.converge([spec])
     wait_for(sup, lambda: sup.states()[1]["restarts"] >= CRASH_LOOP_RESTARTS)
     failures = [r["reason"] for r in rec.reports if r["state"] == "failed"]
@@ -237,7 +239,7 @@ def test_removed_replica_stopped_with_sigterm(make: Any) -> None:
 
 def test_engine_ignoring_sigterm_is_killed_after_the_grace_period(make: Any, stub: str) -> None:
     sup, rec = make(binaries={"python": stub}, grace_s=0.5)
-    sup.converge([sim(env={"STUB_IGNORE_TERM": "1"})])
+    sup.converge([sim(env={"LLMGW_SIM_STUB_IGNORE_TERM": "1"})])
     wait_for(sup, lambda: state_of(sup, 1) == "ready")
     pid = rec.last(1)["pid"]
     sup.converge([])

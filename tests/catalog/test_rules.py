@@ -146,10 +146,15 @@ def test_unsafe_env_refuses_with_reason(key, reason):
 
 
 @pytest.mark.parametrize(
-    "key", ["HF_HOME", "_X", "a1", "VLLM_LOGGING_LEVEL", "PYTHONHASHSEED", "XPATH"]
+    "key", ["VLLM_LOGGING_LEVEL", "PYTHONHASHSEED", "OMP_NUM_THREADS", "NCCL_DEBUG"]
 )
-def test_unsafe_env_allows_ordinary_names(key):
+def test_unsafe_env_allows_listed_names(key):
     assert unsafe_env(key) is None
+
+
+@pytest.mark.parametrize("key", ["HF_HOME", "_X", "a1", "XPATH"])
+def test_unsafe_env_refuses_names_no_engine_lists(key):
+    assert "not one an operator may set" in unsafe_env(key)
 
 
 UNSAFE_FLAGS = [
@@ -187,7 +192,9 @@ UNSAFE_FLAGS = [
 @pytest.mark.parametrize(("engine", "flag", "field"), UNSAFE_FLAGS)
 @pytest.mark.parametrize("form", ["separate", "equals"])
 def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
-    args = ["--ok", flag, "1"] if form == "separate" else ["--ok", f"{flag}=1"]
+    ok = {"vllm": "--enforce-eager", "sglang": "--trust-remote-code", "llamacpp": "--jinja"}
+    first = ok.get(engine, "--trust_remote_code")
+    args = [first, flag, "1"] if form == "separate" else [first, f"{flag}=1"]
     why = unsafe_args(engine, args)
     assert why is not None
     assert f'"{flag}"' in why
@@ -197,12 +204,13 @@ def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
 @pytest.mark.parametrize(
     ("engine", "args"),
     [
-        ("sim", ["--port", "1", "--host", "x", "--model", "m"]),
-        ("vllm", ["--max-model-len", "8192", "--portal", "-tpx"]),
-        ("vllm", ["-t", "4", "--threads", "2", "--lora", "x"]),
-        ("llamacpp", ["-tp", "2", "--ctx-size", "8192", "-mg", "0"]),
-        ("trtllm", ["--tp-size", "2"]),
-        ("sglang", ["--model", "x"]),
+        ("sim", ["--load-time", "5", "--tps=80", "--logprob-style", "llamacpp"]),
+        ("vllm", ["--max-model-len", "8192", "--enforce-eager", "--gpu-memory-utilization=0.9"]),
+        ("vllm", ["--max-model-len", "32k", "--no-enable-prefix-caching", "--seed", "-1"]),
+        ("llamacpp", ["--ctx-size", "8192", "--flash-attn", "--jinja", "--tensor-split", "3,1"]),
+        ("llamacpp", ["--flash-attn", "on", "--cache-type-k", "q8_0", "--temp", ".7"]),
+        ("trtllm", ["--max_batch_size", "8", "--trust_remote_code"]),
+        ("sglang", ["--mem-fraction-static", "0.8", "--disable-radix-cache"]),
         ("vllm", []),
     ],
 )
@@ -884,7 +892,7 @@ RULES = [
         id="duplicate_profile",
     ),
     pytest.param(
-        model(gpu(env={"HF_HOME": "/x", "PATH": "/x"})),
+        model(gpu(env={"VLLM_LOGGING_LEVEL": "INFO", "PATH": "/x"})),
         ("profiles", 0, "env", "PATH"),
         "unsafe_env",
         ['profile "gpu"', "PATH", "programs and libraries"],

@@ -71,6 +71,21 @@ CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
         ("profiles", 0, "args"),
     ),
     (
+        "prefix of a flag the agent sets",
+        _with(gpu_model("bad"), ("profiles", 0, "args"), ["--tensor-parallel", "2"]),
+        ("profiles", 0, "args"),
+    ),
+    (
+        "argument naming a folder",
+        _with(gpu_model("bad"), ("profiles", 0, "args"), ["--download-dir", "/etc"]),
+        ("profiles", 0, "args"),
+    ),
+    (
+        "environment that loads code",
+        _with(gpu_model("bad"), ("profiles", 0, "env"), {"BASH_ENV": "/tmp/x"}),
+        ("profiles", 0, "env", "BASH_ENV"),
+    ),
+    (
         "bad window clock",
         _with(
             gpu_model("bad"), ("scaling", "schedule"), [{"from": "8am", "to": "18:00", "min": 1}]

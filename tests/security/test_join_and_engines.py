@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from cluster.models import JoinToken, Node, Replica
 from tests.catalog.samples import store
@@ -39,6 +41,7 @@ def _ready(model: str) -> Replica | None:
 
 
 @pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_a_join_token_cannot_take_over_a_node_and_the_real_agent_keeps_working(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
@@ -130,6 +133,7 @@ def test_a_join_token_cannot_take_over_a_node_and_the_real_agent_keeps_working(
     wait_for(lambda: _ready("judge"), 60, "the judge ready again")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_release_and_address_need_an_operator(api_for: Any, viewer: Any, operator: Any) -> None:
     from tests.cluster.helpers import join_node
 
@@ -148,4 +152,166 @@ def test_release_and_address_need_an_operator(api_for: Any, viewer: Any, operato
     assert Node.objects.get(name="gpu-1").host == "10.0.0.7"
 
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# -- item 3: engine arguments and environment ---------------------------------------------
+
+# What the probe passed, by engine: each must be refused by the catalog's rules at the
+# profile's args (or its env key) and by the agent when it builds the command line.
+BAD_ARGS = {
+    "llamacpp": [
+        ["--log-file", "/etc/cron.d/x"],
+        ["-a", "judge"],
+        ["-mu", "http://10.0.0.9/x.gguf"],
+        ["--model-url", "http://10.0.0.9/x.gguf"],
+        ["-hf", "org/repo"],
+        ["--hf-repo", "org/repo"],
+        ["--api-key", "k"],
+        ["--api-key-file", "/etc/shadow"],
+        ["--chat-template-file", "/etc/shadow"],
+        ["--path", "/"],
+        ["--slot-save-path", "/tmp"],
+        ["--mod", "/etc/shadow"],
+        ["--ctx-size", "/etc/shadow"],
+    ],
+    "vllm": [
+        ["--ho", "0.0.0.0"],
+        ["--hos=0.0.0.0"],
+        ["--mod", "x"],
+        ["--tensor-parallel", "2"],
+        ["--api-key", "k"],
+        ["--download-dir", "/etc"],
+        ["--chat-template", "/etc/shadow"],
+        ["--middleware", "os.system"],
+        ["--max-model-len=$(id)"],
+        ["8192"],
+    ],
+    "sglang": [["--api-key", "k"], ["--tp-s", "2"], ["--model", "x"], ["--log-requests-level"]],
+    "trtllm": [["--tp", "2"], ["--extra_llm_api_options", "/etc/shadow"], ["--tokenizer", "/"]],
+    "sim": [["--mod", "x"], ["--guard-format", "llamaguard3"], ["--po", "1"], ["--model=judge"]],
+}
+BAD_ENV = [
+    "BASH_ENV",
+    "ENV",
+    "PYTHONWARNINGS",
+    "PYTHONBREAKPOINT",
+    "PYTHONINSPECT",
+    "GCONV_PATH",
+    "GLIBC_TUNABLES",
+    "VLLM_PLUGINS",
+    "VLLM_API_KEY",
+    "LLMGW_SECRET_KEY",
+    "LLMGW_DATABASE_URL",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "NCCL_DEBUG_FILE",
+    "NCCL_NET_PLUGIN",
+    "LLAMA_ARG_LOG_FILE",
+    "LLAMA_ARG_API_KEY",
+    "SSL_CERT_FILE",
+    "HTTPS_PROXY",
+]
+# Every flag the agent sets, and others the probe named, whose prefixes an engine's argparse
+# takes for them: none may pass, written whole or cut short, with or without a value.
+REFUSED = {
+    "llamacpp": ["--host", "--port", "--model", "--alias", "--threads", "--lora", "--log-file",
+                 "--api-key", "--model-url", "--hf-repo", "--lora-scaled"],
+    "vllm": ["--host", "--port", "--model", "--served-model-name", "--tensor-parallel-size",
+             "--pipeline-parallel-size", "--api-key", "--download-dir", "--chat-template"],
+    "sglang": ["--host", "--port", "--model-path", "--served-model-name", "--tp-size",
+               "--pp-size", "--nnodes", "--node-rank", "--dist-init-addr", "--api-key"],
+    "trtllm": ["--host", "--port", "--tp_size", "--pp_size", "--served_model_name",
+               "--tokenizer"],
+    "sim": ["--host", "--port", "--model", "--guard-format", "--guard-categories"],
+}  # fmt: skip
+# Flags an operator may pass that begin with a refused flag's prefix: those prefixes are
+# exact names, and pass.
+EXACT = {"--ctx-size", "--mlock", "--metrics", "--max-model-len", "--max-num-seqs"}
+
+
+def _profile(engine: str, **extra: Any) -> dict[str, Any]:
+    gpu = "" if engine == "llamacpp" else H100
+    return {"name": "p", "engine": engine, "gpu_class": gpu, "tp": 1, **extra}
+
+
+def _problems_at(engine: str, **extra: Any) -> list[tuple[Any, ...]]:
+    from catalog import codec, rules
+
+    data = {"name": "m", "source": "org/m", "profiles": [_profile(engine, **extra)]}
+    m, decode = codec.decode_model(data)
+    assert not decode
+    return [p.path for p in rules.check_model(m)]
+
+
+def _agent_refuses(engine: str, **extra: Any) -> bool:
+    from agent.engines import CommandError, command_for
+
+    replica = {"id": 1, "model": "m", "engine": engine, "cards": [0], **extra}
+    try:
+        command_for(replica, 8000, "/w/m.gguf", {"llama-server": "llama-server"})
+    except CommandError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("engine", "args"), [(e, a) for e, cases in BAD_ARGS.items() for a in cases]
+)
+def test_each_bad_argument_is_refused_at_the_field_and_by_the_agent(
+    engine: str, args: list[str]
+) -> None:
+    assert ("profiles", 0, "args") in _problems_at(engine, args=args)
+    assert _agent_refuses(engine, args=args)
+
+
+@pytest.mark.parametrize("engine", list(BAD_ARGS))
+@pytest.mark.parametrize("key", BAD_ENV)
+def test_each_bad_variable_is_refused_at_its_key_and_by_the_agent(engine: str, key: str) -> None:
+    assert ("profiles", 0, "env", key) in _problems_at(engine, env={key: "1"})
+    assert _agent_refuses(engine, env={key: "1"})
+
+
+@st.composite
+def _cut_flags(draw: st.DrawFn) -> tuple[str, list[str]]:
+    engine = draw(st.sampled_from(sorted(REFUSED)))
+    flag = draw(st.sampled_from(REFUSED[engine]))
+    cut = flag[: draw(st.integers(3, len(flag)))]
+    assume(cut not in EXACT)
+    form = draw(st.sampled_from(["alone", "equals", "separate"]))
+    value = draw(st.sampled_from(["1", "x", "/etc/shadow", "0.0.0.0"]))
+    args = {"alone": [cut], "equals": [f"{cut}={value}"], "separate": [cut, value]}[form]
+    return engine, args
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_cut_flags())
+def test_no_prefix_of_a_refused_flag_passes(case: tuple[str, list[str]]) -> None:
+    from agent.engines import unsafe_args
+
+    engine, args = case
+    assert unsafe_args(engine, args) is not None
+    assert _agent_refuses(engine, args=args)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    engine=st.sampled_from(sorted(REFUSED)),
+    short=st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=3),
+    value=st.sampled_from(["", "=1", "=/etc/shadow"]),
+)
+def test_no_short_form_passes(engine: str, short: str, value: str) -> None:
+    from agent.engines import unsafe_args
+
+    assert unsafe_args(engine, [f"-{short}{value}"]) is not None
+
+
+@pytest.mark.django_db
+def test_the_demo_catalog_and_the_test_fixtures_stay_valid() -> None:
+    from catalog import codec, rules
+    from llmgw_admin import demo
+    from tests.catalog.samples import cpu_model, gpu_model
+
+    classes = demo.gpu_classes(demo.parse_simulate(demo.DEFAULT_SIMULATE))
+    for m in demo.demo_models(classes):
+        assert rules.check_model(m) == [], m.name
+    for data in (gpu_model(), cpu_model()):
+        m, problems = codec.decode_model(data)
+        assert problems == [] and rules.check_model(m) == []

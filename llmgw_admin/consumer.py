@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # role → a future of {key: html or None (gone)}. Kept for a few seconds.
 _renders: dict[tuple[str, str, bool], asyncio.Future[dict[Any, str | None]]] = {}
 _RENDER_TTL_S = 10.0
+# The close code for a console whose events may be missed (RFC 6455 "try again later"):
+# htmx's ws extension reconnects on it.
+LAYER_AWAY = 1013
 
 
 def snapshot(
@@ -121,7 +124,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.accept()
         # Events that arrive while the snapshot is read wait, and are applied after it.
         self.ready = asyncio.Event()
-        await hub().join(self, [events.TOPICS[t] for t in topics])
+        # While the channel layer (Redis) is away nothing could be pushed: the page says
+        # it is not live and tries again (1013: try again later).
+        if hub().away:
+            await self.close(code=LAYER_AWAY)
+            return
+        try:
+            await hub().join(self, [events.TOPICS[t] for t in topics])
+        except Exception as exc:
+            log.warning("a live console cannot subscribe (%s); it will retry", exc)
+            await self.close(code=LAYER_AWAY)
+            return
         html, nodes, models = await database_sync_to_async(self._snapshot)()
         self.shown_nodes, self.shown_models = nodes, models
         await self.send(text_data=html)
@@ -140,6 +153,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         hub().leave(self)
+
+    async def layer_lost(self) -> None:
+        """The channel layer went away: events may be missed, so this console is not live.
+
+        Closed with 1013 (try again later): the page's badge says it is reconnecting, and
+        the reconnect, once the layer is back, subscribes again and sends a fresh snapshot.
+        """
+        await self.close(code=LAYER_AWAY)
 
     async def handle_event(self, event: dict[str, Any]) -> None:
         """Take an event from the process's hub (llmgw_admin.hub): handled by the method

@@ -6,6 +6,12 @@ took over 100 ms to reach the hundredth console. The hub subscribes the process 
 group and hands each event to the consoles of that group in the process, which render it
 once between them (llmgw_admin.consumer) and send it. Events are handled in the order they
 arrive, each console's copy before the next event.
+
+While the layer's Redis is away, events are dropped where they are published, and nothing
+says so to the consoles: the hub pings Redis every second, and when it does not answer
+tells each console to reconnect (closed with 1013, "try again later"), so the page says it
+is not live; consoles are let in again only once Redis answers, and each reconnect brings
+a fresh snapshot, showing what changed meanwhile.
 """
 
 from __future__ import annotations
@@ -16,14 +22,21 @@ from collections import defaultdict
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from cluster import events
 
 log = logging.getLogger(__name__)
 
+# How often the hub asks Redis whether it is there, and how long it waits for the answer.
+PING_S = 1.0
+PING_TIMEOUT_S = 2.0
+
 
 class Member(Protocol):
     async def handle_event(self, event: dict[str, Any]) -> None: ...
+
+    async def layer_lost(self) -> None: ...
 
 
 class Hub:
@@ -35,9 +48,15 @@ class Hub:
         self.channel: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
+        # Whether the layer's Redis failed to answer its last ping (or a receive failed).
+        self.away = False
+        self.watch: asyncio.Task[None] | None = None
 
     async def join(self, member: Member, groups: list[str]) -> None:
+        """Add a console to the groups; raises when the layer cannot subscribe (Redis away)."""
         layer = get_channel_layer()
+        if settings.REDIS_URL and (self.watch is None or self.watch.done()):
+            self.watch = asyncio.get_running_loop().create_task(self._watch(layer))
         async with self.lock:
             if self.task is None or self.task.done():
                 self.channel = await layer.new_channel("live-hub.")
@@ -62,6 +81,7 @@ class Hub:
                 raise
             except Exception:
                 log.warning("the live hub could not receive; retrying", exc_info=True)
+                await self._away()
                 await asyncio.sleep(1)
                 continue
             group = events.GROUP_OF_TYPE.get(event.get("type", ""))
@@ -72,6 +92,52 @@ class Hub:
             for r in results:
                 if isinstance(r, Exception):
                     log.warning("a live console failed to take an event", exc_info=r)
+
+    async def _watch(self, layer: Any) -> None:
+        """Ping Redis every second; tell the consoles when it is away, subscribe again when back."""
+        from redis.asyncio import Redis
+
+        client = Redis.from_url(settings.REDIS_URL, socket_timeout=PING_TIMEOUT_S)
+        try:
+            while True:
+                await asyncio.sleep(PING_S)
+                try:
+                    await asyncio.wait_for(client.ping(), PING_TIMEOUT_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if not self.away:
+                        log.warning("the live hub's Redis is away (%s): consoles not live", exc)
+                    await self._away()
+                    continue
+                if self.away:
+                    await self._back(layer)
+        finally:
+            await client.aclose()
+
+    async def _away(self) -> None:
+        """Close every console (1013): events are being dropped; they reconnect later."""
+        self.away = True
+        async with self.lock:
+            members = {m for group in self.members.values() for m in group}
+            self.members.clear()
+        for member in members:
+            try:
+                await member.layer_lost()
+            except Exception:
+                log.warning("a live console could not be told to reconnect", exc_info=True)
+
+    async def _back(self, layer: Any) -> None:
+        """Redis answers again: subscribe again (a Redis that restarted forgot the groups)."""
+        try:
+            async with self.lock:
+                for group in self.subscribed:
+                    await layer.group_add(group, self.channel)
+        except Exception as exc:
+            log.warning("the live hub could not subscribe again yet (%s)", exc)
+            return
+        self.away = False
+        log.warning("the live hub's Redis is back: consoles reconnect and resynchronise")
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from llmgw_admin.models import ApiToken
 from llmgw_admin.roles import ADMIN, RoleAdminMixin, has_role
+from llmgw_admin.throttle import AdminLoginForm
 
 
 class AdminRoleMixin(RoleAdminMixin):
@@ -25,6 +26,9 @@ class AdminRoleMixin(RoleAdminMixin):
     def has_module_permission(self, request: HttpRequest) -> bool:
         return has_role(request.user, ADMIN)
 
+
+# The admin's sign-in is throttled as the console's is (llmgw_admin/throttle.py).
+admin.site.login_form = AdminLoginForm
 
 admin.site.unregister(User)
 admin.site.unregister(Group)

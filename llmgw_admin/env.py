@@ -116,3 +116,34 @@ def secret_key(data_dir: Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(key)
     return key
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) a folder only its owner may enter (mode 700).
+
+    The data folder holds the secret key, the embedded database (sessions, password
+    hashes) and the simulated nodes' tokens. A folder made by an earlier version with the
+    umask's mode (755) is made private at the next start; one owned by another user keeps
+    the mode its owner gave it.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _chmod_own(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Make ``path`` a file only its owner may read (mode 600), creating it empty if missing.
+
+    SQLite gives its journal and WAL files the database file's mode.
+    """
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        _chmod_own(path, 0o600)
+    return path
+
+
+def _chmod_own(path: Path, mode: int) -> None:
+    info = path.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o777 != mode:
+        path.chmod(mode)

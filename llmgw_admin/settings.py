@@ -17,6 +17,8 @@ from llmgw_admin.env import (
     envint,
     envlist,
     envstr,
+    private_dir,
+    private_file,
     secret_key,
 )
 from llmgw_admin.jobs import beat_schedule
@@ -25,6 +27,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("DATA_DIR", "var"))
 if not DATA_DIR.is_absolute():
     DATA_DIR = BASE_DIR / DATA_DIR
+# Private (700): it holds the secret key, the embedded database and node tokens.
+private_dir(DATA_DIR)
 
 SECRET_KEY = secret_key(DATA_DIR)
 DEBUG = envbool("DEBUG", False)
@@ -38,6 +42,9 @@ if TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+    # Browsers that reached the site over HTTPS keep to HTTPS (Django's SecurityMiddleware
+    # sends it on secure requests only); 0 sends none.
+    SECURE_HSTS_SECONDS = envint("HSTS_SECONDS", 31536000)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -62,12 +69,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "llmgw_admin.security.security_headers_middleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "llmgw_admin.throttle.login_throttle_middleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
@@ -97,11 +106,11 @@ DATABASE_URL = envstr("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
 else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "llmgw.sqlite3",
+            # Sessions and password hashes: readable by this user only (600).
+            "NAME": private_file(DATA_DIR / "llmgw.sqlite3"),
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     }
@@ -118,6 +127,19 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# The cache holds the sign-in throttle's counts (llmgw_admin/throttle.py): in Redis, every
+# web process counts the same failures; embedded, the one web process keeps them.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "llmgw",
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_SERIALIZER = "json"
@@ -154,6 +176,10 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
+# Failed sign-ins allowed for one user from one address within the window (seconds);
+# an address may fail 4 times as often, a user (from anywhere) 20 times (throttle.py).
+LLMGW_LOGIN_LIMIT = envint("LOGIN_LIMIT", 5)
+LLMGW_LOGIN_WINDOW = envint("LOGIN_WINDOW", 900)
 # Proxies whose X-Forwarded-For names the agent a request came from (cluster.address);
 # from any other peer the header is ignored. Empty: the connection's own peer.
 LLMGW_TRUSTED_PROXIES = envlist("TRUSTED_PROXIES", [])
@@ -191,7 +217,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "llmgw_admin.pagination.Pagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
@@ -205,6 +231,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "The control plane of a self-hosted LLM cluster.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema is for signed-in users and API tokens (viewers), as the docs page is.
+    "SERVE_PERMISSIONS": ["llmgw_admin.roles.RolePermission"],
     "COMPONENT_SPLIT_REQUEST": True,
     # The docs page's assets come from the sidecar package, not a CDN (air-gapped).
     "SWAGGER_UI_DIST": "SIDECAR",

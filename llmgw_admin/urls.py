@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from cluster import urls as cluster_urls
@@ -14,6 +14,7 @@ from cluster.api.urls import agent_urlpatterns
 from llmgw_admin import api_views, status_views
 from llmgw_admin.dashboard import dashboard
 from llmgw_admin.roles import VIEWER, role_required
+from llmgw_admin.throttle import LoginForm
 
 access_router = DefaultRouter()
 access_router.register("tokens", api_views.ApiTokenViewSet, basename="apitoken")
@@ -22,7 +23,11 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="cluster:dashboard"), name="home"),
     path(
         "login/",
-        auth_views.LoginView.as_view(template_name="login.html", redirect_authenticated_user=True),
+        auth_views.LoginView.as_view(
+            template_name="login.html",
+            redirect_authenticated_user=True,
+            authentication_form=LoginForm,
+        ),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -41,10 +46,13 @@ urlpatterns = [
     path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/guard/", include(("guard.api.urls", "guard-api"))),
     path("api/v1/", include(access_router.urls)),
+    # The schema is read by viewers (SPECTACULAR_SETTINGS' SERVE_PERMISSIONS), as the docs.
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path(
         "api/docs/",
-        role_required(VIEWER)(SpectacularSwaggerView.as_view(url_name="schema")),
+        role_required(VIEWER)(
+            SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api_docs.html")
+        ),
         name="api-docs",
     ),
 ]

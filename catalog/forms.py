@@ -104,12 +104,43 @@ def _suggest(choices: tuple[str, ...] | list[str]) -> forms.Widget:
     return forms.TextInput(attrs={"list": "", "data-suggest": ",".join(choices)})
 
 
+# Column prefixes that stand for a block of the file: scaling_min is scaling.min.
+_BLOCKS = (
+    "origin_previous",
+    "scaling",
+    "external",
+    "canary",
+    "eval",
+    "slo",
+    "capabilities",
+    "guard",
+    "origin",
+)
+_KEY_RENAMES = {"capacity_class": "class", "from_time": "from", "to_time": "to"}
+
+
+def file_key(field_name: str) -> str:
+    """Return the catalog file's key for a form field: ``scaling_min`` is ``scaling.min``."""
+    if field_name in _KEY_RENAMES:
+        return _KEY_RENAMES[field_name]
+    for block in _BLOCKS:
+        if field_name.startswith(block + "_"):
+            return block.replace("_", ".") + "." + field_name[len(block) + 1 :]
+    return field_name
+
+
 class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
-    """Read an emptied number box as 0, as a file that leaves the key out does."""
+    """Read an emptied number box as 0, as a file that leaves the key out does.
+
+    Every field is labelled with the file's key (``scaling.min``, ``gpu_class``, ``tp``),
+    the words the rules' messages and the catalog files use, on every surface (console
+    and admin) and whatever the form has been through (a refused save re-renders it).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for field in self.fields.values():
+        for name, field in self.fields.items():
+            field.label = file_key(name)
             if isinstance(field, forms.IntegerField | forms.FloatField):
                 field.required = False
 
@@ -161,11 +192,30 @@ class ServedModelForm(BlankNumbersAreZero):
         super().__init__(*args, **kwargs)
         # The bundle (this form and its formsets) is checked as a whole by check_bundle.
         self.instance.checked_as_bundle = True
+        for name in ("scaling_min", "scaling_max"):  # checked as typed, as a window's
+            if name in self.fields:
+                self.fields[name].widget.attrs["class"] = "check-typed"
         # Missing values are the rules' to report, in their words (read-only views of
         # the admin have no fields at all).
         for name in ("name", "source"):
             if name in self.fields:
                 self.fields[name].required = False
+
+
+class UnsetIsOne(forms.NumberInput):
+    """A width (tp, pp, nodes) whose 0 means unset, which the rules read as 1.
+
+    Shown empty with 1 as its placeholder rather than as a 0 the rules do not mean; an
+    empty box is read as 0 (``BlankNumbersAreZero``), so what is stored is unchanged.
+    """
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__({"placeholder": "1", **(attrs or {})})
+
+    def format_value(self, value: Any) -> str | None:
+        if value in (0, "0"):
+            return None
+        return super().format_value(value)  # type: ignore[no-any-return]
 
 
 # A profile's class and width: one rule (tp x pp = nodes x gpus_per_node) and one fit on
@@ -192,6 +242,9 @@ class ProfileForm(BlankNumbersAreZero):
         widgets = {
             "engine": _suggest(ENGINES),
             "keep_within": _suggest(rules.FACILITY_LEVELS),
+            "tp": UnsetIsOne(),
+            "pp": UnsetIsOne(),
+            "nodes": UnsetIsOne(),
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -226,6 +279,10 @@ class WindowForm(BlankNumbersAreZero):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.checked_as_bundle = True
+        # Checked as typed (the model form's .check-typed trigger): a min above max
+        # says so before max is left.
+        for name in ("min", "max"):
+            self.fields[name].widget.attrs["class"] = "check-typed"
 
 
 class ScheduleForm(BlankNumbersAreZero):

@@ -20,7 +20,6 @@ from catalog import convert, rules, services, spec
 from catalog.forms import FORMSETS, ScheduleForm, check_bundle
 from catalog.models import ServedModel
 from catalog.views import (
-    _label,
     _stored,
     _template,
     _touched,
@@ -67,7 +66,6 @@ def _context(
     obj: ServedModel, form: ScheduleForm, formsets: dict[str, Any], touched: str
 ) -> dict[str, Any]:
     fs = formsets["windows"]
-    _label([form, *fs.forms])
     return {
         **draft_week(obj, form, formsets),
         "obj": obj,

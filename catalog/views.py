@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 import yaml
 from django.conf import settings
+from django.contrib import messages
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -37,6 +38,7 @@ from catalog.forms import (
     build_formsets,
     check_bundle,
     error_map,
+    file_key,
 )
 from catalog.models import Alias, ChangeRecord, Profile, ServedModel
 from catalog.problems import Problem
@@ -105,32 +107,8 @@ ADD_LABELS = {
     "origin_files": "Add a file",
 }
 
-# Column prefixes that stand for a block of the file: scaling_min is scaling.min.
-_BLOCKS = (
-    "origin_previous",
-    "scaling",
-    "external",
-    "canary",
-    "eval",
-    "slo",
-    "capabilities",
-    "guard",
-    "origin",
-)
-_KEY_RENAMES = {"capacity_class": "class", "from_time": "from", "to_time": "to"}
-
 # An entry past this many is left to the API's change log: the page stays quick.
 CHANGE_LOG_LIMIT = 50
-
-
-def file_key(field_name: str) -> str:
-    """Return the catalog file's key for a form field: ``scaling_min`` is ``scaling.min``."""
-    if field_name in _KEY_RENAMES:
-        return _KEY_RENAMES[field_name]
-    for block in _BLOCKS:
-        if field_name.startswith(block + "_"):
-            return block.replace("_", ".") + "." + field_name[len(block) + 1 :]
-    return field_name
 
 
 # Week schedule picture
@@ -276,6 +254,8 @@ def profile_table(profiles: list[spec.Profile]) -> list[tuple[str, list[tuple[st
                 cells.append(("text", "yes" if value else "no"))
             elif f.name == "gpu_class":
                 cells.append(("code", value or "(CPU)"))
+            elif f.name in ("tp", "pp", "nodes") and value <= 0:
+                cells.append(("text", 1))  # unset: what the rules read it as
             else:
                 cells.append(("text", value))
         rows.append((f.name, cells))
@@ -426,21 +406,12 @@ def servedmodel_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 # Create and edit
 
 
-def _label(forms: list[Any]) -> None:
-    # Labels are the file's keys (scaling.min, gpus_per_node), the words the rules'
-    # messages and the catalog files use.
-    for form in forms:
-        for name, field in form.fields.items():
-            field.label = file_key(name)
-
-
 def _form_context(
     form: ServedModelForm,
     formsets: Mapping[str, OrderedInlineFormSet],
     replacing: str | None,
     touched: str,
 ) -> dict[str, Any]:
-    _label([form, *(row for fs in formsets.values() for row in fs.forms)])
     picker = _note_rows(formsets)
     sections = [
         {
@@ -521,6 +492,11 @@ def save_bundle(
         # Another change got in first: the same problems, at their fields.
         attach_problems(exc.problems, form, formsets)
         return None
+    # Shown on the next page (templates/base.html), which the redirect loads whole.
+    if replacing is None:
+        messages.success(request, f"Added {saved.name} to the catalog.")
+    else:
+        messages.success(request, f"Saved {saved.name}.")
     url = reverse("catalog:servedmodel_detail", args=[saved.name])
     if request.htmx:
         return HttpResponseClientRedirect(url)
@@ -557,12 +533,12 @@ def _fold(errors: dict[str, list[str]], slots: list[str]) -> dict[str, list[str]
     # row's general errors, else the form's.
     known = set(slots)
     out: dict[str, list[str]] = {}
-    for key, messages in errors.items():
+    for key, found in errors.items():
         slot = key
         if slot not in known:
             row_all = key.rsplit("-", 1)[0] + "-__all__"
             slot = row_all if row_all in known else "__all__"
-        out.setdefault(slot, []).extend(messages)
+        out.setdefault(slot, []).extend(found)
     return out
 
 
@@ -609,9 +585,20 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "catalog/partials/validation.html", context)
 
 
+# Fields one rule ties together, whose message sits at one of them (max): touching
+# either shows it, so a min typed above its max says so as it is typed.
+_PAIRED = {"min": "max", "max": "min", "scaling_min": "scaling_max", "scaling_max": "scaling_min"}
+
+
 def _touched(request: HtmxHttpRequest) -> set[str]:
-    """Return the names in the form's ``_touched`` (``*``: every field)."""
-    return {t for t in request.POST.get("_touched", "").split(",") if t}
+    """Return the names in the form's ``_touched`` (``*``: every field), with the other
+    of each min and max pair (the model's, a window's)."""
+    touched = {t for t in request.POST.get("_touched", "").split(",") if t}
+    for name in list(touched):
+        prefix, dash, field = name.rpartition("-")
+        if field in _PAIRED and (not dash or prefix.startswith("windows-")):
+            touched.add(f"{prefix}{dash}{_PAIRED[field]}")
+    return touched
 
 
 def _with_width(touched: set[str]) -> set[str]:
@@ -684,7 +671,6 @@ def servedmodel_formrow(request: HtmxHttpRequest, group: str) -> HttpResponse:
     fs = FORMSETS[group](instance=ServedModel(), prefix=group)
     fs.extra = index + 1
     row = fs.forms[index]
-    _label([row])
     context = {"group": group, "row": row, "total": index + 1, "oob_total": True}
     if group == "profiles":
         context.update(_note_rows({"profiles": fs}))
@@ -707,6 +693,7 @@ def servedmodel_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
         except services.Refused as exc:
             problems = exc.problems
         else:
+            messages.success(request, f"Deleted {name} from the catalog.")
             url = reverse("catalog:servedmodel_list")
             if request.htmx:
                 return HttpResponseClientRedirect(url)

@@ -11,7 +11,7 @@ from rest_framework.routers import DefaultRouter
 
 from cluster import urls as cluster_urls
 from cluster.api.urls import agent_urlpatterns
-from llmgw_admin import api_views, status_views
+from llmgw_admin import api_views, status_views, token_views
 from llmgw_admin.dashboard import dashboard
 from llmgw_admin.roles import VIEWER, role_required
 from llmgw_admin.throttle import LoginForm
@@ -40,6 +40,10 @@ urlpatterns = [
         "cluster/",
         include(([path("", dashboard, name="dashboard"), *cluster_urls.urlpatterns], "cluster")),
     ),
+    path("tokens/", token_views.tokens, name="tokens"),
+    path("tokens/<str:kind>/", token_views.token_issue, name="token_issue"),
+    path("tokens/<str:kind>/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
+    path("favicon.ico", token_views.favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include("catalog.api.urls")),
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),

@@ -137,7 +137,11 @@ def test_set_from_a_yaml_file_with_flags_on_top(tmp_path: Path) -> None:
             ],
         ),
         ("judge: {models: []}\n", ["judge.models (line 1): judge.models is empty"]),
-        ("fail: open\nfail: closed\n", ['"fail" is written twice (lines 1 and 2)']),
+        (
+            "fail: open\nfail: closed\n",
+            ['"fail" is written twice at the top of the file (lines 1 and 2)'],
+        ),
+        ("# nothing but a comment\n", ["p.yaml is empty"]),
         ("judge: [\n", ["is not valid YAML: line 2"]),
         ("- a\n", ["a policy is a mapping of keys, not a list"]),
         ("judges: [a]\n", ['judges (line 1): unknown key "judges"']),

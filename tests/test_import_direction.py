@@ -26,6 +26,7 @@ docs/development.md ("The import direction") explains the rule and the two kinds
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,12 @@ def modules() -> list[Module]:
                 package = ".".join(parts[:-1])
             out.append(Module(rel, ".".join(parts), package))
     return out
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """Return a module's syntax tree (read once for every test here)."""
+    return ast.parse((ROOT / path).read_text(), str(path))
 
 
 def is_module(dotted: str) -> bool:
@@ -229,7 +236,7 @@ def test_a_module_of_llmgw_admin_is_framework_or_wiring_and_not_both() -> None:
 def test_every_import_points_down_the_layers() -> None:
     found = []
     for module in modules():
-        tree = ast.parse((ROOT / module.path).read_text(), str(module.path))
+        tree = parsed(module.path)
         for line, name in imported(module, tree):
             why = problem(module, line, name)
             if why:
@@ -240,7 +247,7 @@ def test_every_import_points_down_the_layers() -> None:
 def test_every_receiver_is_connected_in_its_apps_signals_when_the_app_is_ready() -> None:
     found = []
     for module in modules():
-        tree = ast.parse((ROOT / module.path).read_text(), str(module.path))
+        tree = parsed(module.path)
         home = module.path == Path(module.layer, "signals.py")
         for line, what, at_import in connects(tree):
             if not home:

@@ -319,6 +319,8 @@ class Gateway:
         judging_answers: bool,
     ) -> None:
         model = entry.model
+        if model.scaling.idle_timeout or model.scaling.min == 0:
+            self.state.demand(model.name)  # it is in use: keep it (written off the path)
         primary = model.name
         if (
             model.canary
@@ -365,7 +367,6 @@ class Gateway:
             if not woken and table.pool(model.name) is None and model.external is None:
                 # No replica anywhere: wake the model and wait for it (bounded).
                 woken = True
-                self.state.demand(model.name)
                 if await self.state.wait_for_pool(model.name, self.options.wake_wait):
                     continue
             break

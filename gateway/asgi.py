@@ -10,9 +10,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_admin.settings")
 django.setup()
 
 from gateway.app import Gateway  # noqa: E402
-from guard import records  # noqa: E402
 
-# The guard's decisions are counted by its recorder, written off the request path.
-records.start()
-
+# Importing this starts no thread: the server starts the guard's recorder
+# (gateway.server.run), the table's reader starts with the first request.
 application = Gateway()

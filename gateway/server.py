@@ -15,7 +15,11 @@ GRACE = 30
 def run(bind: str, port: int) -> None:
     import uvicorn
 
+    from guard import records
+
     signal.signal(signal.SIGTERM, _exit)
+    # The guard's decisions on this process's traffic, written off the request path.
+    records.start()
     uvicorn.Server(
         uvicorn.Config(
             APP,

@@ -7,9 +7,10 @@ a change event is missed: under a second) and at once when ``poke``d (a change e
 request for a model with no ready replica). Requests read ``state.table``: one attribute,
 no lock, no query.
 
-Demand for a model with no ready replica is written by the same thread, once per model
-per pass however many requests asked (``cluster.services.demand``, which wakes the
-reconciler when the model is scaled to zero). Requests waiting for such a model are woken
+Demand for a model is written by the same thread, at most once per ``DEMAND_EVERY``
+seconds per model however many requests asked (``cluster.services.demand``, which wakes
+the reconciler when the model is scaled to zero): so a model with an idle timeout is kept
+while it is used, and a model with no replica is started once for any number of requests. Requests waiting for such a model are woken
 on their loop when a table with a replica of it arrives.
 """
 
@@ -29,6 +30,9 @@ from gateway.table import Key, ReplicaRow, Table, build
 log = logging.getLogger(__name__)
 
 INTERVAL = 0.5
+# A model's demand is written at most this often by one process, however many requests
+# ask (the reconciler's idle timeouts count in minutes).
+DEMAND_EVERY = 5.0
 
 
 def load_table() -> Table:
@@ -64,9 +68,13 @@ def load_table() -> Table:
 
 class State:
     def __init__(
-        self, loader: Callable[[], Table] = load_table, interval: float = INTERVAL
+        self,
+        loader: Callable[[], Table] = load_table,
+        interval: float = INTERVAL,
+        record_demand: Callable[[str], None] | None = None,
     ) -> None:
         self.table = Table()
+        self._record = record_demand or record_demand_in_db
         self.loaded = False
         self._loader = loader
         self.interval = interval
@@ -77,6 +85,7 @@ class State:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._first: asyncio.Event | None = None
         self._demand: set[str] = set()
+        self._demanded: dict[str, float] = {}
         self._lock = threading.Lock()
         self.failures = 0
 
@@ -96,7 +105,14 @@ class State:
         """Read everything again now (a change event arrived)."""
         self._poke.set()
 
-    def demand(self, model: str) -> None:
+    def demand(self, model: str, now: float | None = None) -> None:
+        """Note that ``model`` was asked for: written by the thread, once per
+        ``DEMAND_EVERY`` seconds at most (the first at once)."""
+        now = time.monotonic() if now is None else now
+        last = self._demanded.get(model)
+        if last is not None and now - last < DEMAND_EVERY:
+            return
+        self._demanded[model] = now
         with self._lock:
             self._demand.add(model)
         self._poke.set()
@@ -145,7 +161,7 @@ class State:
             with self._lock:
                 wanted, self._demand = self._demand, set()
             for model in wanted:
-                self._record_demand(model)
+                self._record(model)
             table = self._loader()
         except Exception:
             self.failures += 1
@@ -169,12 +185,10 @@ class State:
                     if not future.done():
                         future.set_result(None)
 
-    def _record_demand(self, model: str) -> None:
-        from cluster.services import AgentError, demand
 
-        with contextlib.suppress(AgentError):  # deleted since: nothing to start
-            demand(model)
+def record_demand_in_db(model: str) -> None:
+    """Note that ``model`` was asked for: the reconciler starts it if it is scaled to zero."""
+    from cluster.services import AgentError, demand
 
-
-def monotonic() -> float:
-    return time.monotonic()
+    with contextlib.suppress(AgentError):  # deleted since: nothing to start
+        demand(model)

@@ -1,0 +1,237 @@
+"""A gateway process's request path over real sockets, with engines that misbehave on cue.
+
+``Harness`` runs, on one event loop in a thread of its own: ``Engine`` servers (real HTTP
+servers speaking the engines' OpenAI API, each told what to do: answer, stream, answer
+503 or 429, close mid-stream, be slow) and the real ``gateway.app.Gateway`` under real
+uvicorn, routing by a table built from plain data (``gateway.table.build``) as the state
+would build it from the database. Clients are the official ``openai`` package and httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from catalog import spec
+from gateway.app import Gateway, Options
+from gateway.models import digest
+from gateway.state import State
+from gateway.table import Key, ReplicaRow, Table, build
+
+KEY = "llmgw-ck-harness-key"
+
+
+@dataclass
+class Engine:
+    """One engine: how it answers, and what it saw."""
+
+    name: str
+    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow
+    words: int = 5
+    delay: float = 0.0
+    port: int = 0
+    requests: int = 0
+    cancelled: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    auth: list[str] = field(default_factory=list)
+    server: asyncio.base_events.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {
+                    k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)
+                }
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.requests += 1
+                self.auth.append(headers.get("authorization", ""))
+                data = json.loads(body) if body else {}
+                self.bodies.append(data)
+                path = lines[0].split()[1]
+                if not await self._answer(path, data, reader, writer):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, path: str, data: dict[str, Any], reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> bool:  # fmt: skip
+        if self.behaviour in ("503", "429"):
+            body = json.dumps({"error": {"message": "busy"}}).encode()
+            writer.write(f"HTTP/1.1 {self.behaviour} X\r\nContent-Length: {len(body)}\r\n"
+                         "Content-Type: application/json\r\n\r\n".encode() + body)  # fmt: skip
+            await writer.drain()
+            return True
+        if path == "/tokenize":
+            text = data.get("content") or ""
+            body = json.dumps({"tokens": list(range(len(text.split())))}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            return True
+        words = [f"{self.name}{i}" for i in range(self.words)]
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if not data.get("stream"):
+            if self.behaviour == "slow":
+                # A whole answer that takes long: a client that goes away must stop it.
+                for _ in range(200):
+                    await asyncio.sleep(0.05)
+                    if reader.at_eof():
+                        self.cancelled += 1
+                        return False
+            body = json.dumps({
+                "id": "x", "object": "chat.completion", "created": 1, "model": data.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words)},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)},
+            }).encode()  # fmt: skip
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+
+        def chunk(event: dict[str, Any] | str) -> bytes:
+            raw = event if isinstance(event, str) else json.dumps(event)
+            payload = f"data: {raw}\n\n".encode()
+            return b"%x\r\n" % len(payload) + payload + b"\r\n"
+
+        for i, word in enumerate(words):
+            if self.behaviour == "cut" and i == 2:
+                writer.transport.abort()  # killed mid-stream
+                return False
+            delta = {"content": (" " if i else "") + word}
+            writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                                "model": data.get("model"),
+                                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                                "usage": None}))  # fmt: skip
+            await writer.drain()
+            if self.behaviour == "slow":
+                await asyncio.sleep(0.05)
+                if reader.at_eof():
+                    self.cancelled += 1
+                    return False
+        writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                            "usage": None}))  # fmt: skip
+        writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                            "choices": [], "usage": {"prompt_tokens": 3,
+                            "completion_tokens": len(words), "total_tokens": 3 + len(words)}}))  # fmt: skip
+        writer.write(chunk("[DONE]") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+class AllowAll:
+    """A guard whose policy judges nothing (the harness is about routing and failures;
+    the guard on the path is proved end to end in tests/e2e/test_gateway.py)."""
+
+    def directions(self) -> tuple[bool, bool]:
+        return False, False
+
+    async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
+        raise AssertionError("nothing is judged under this policy")
+
+
+def model(name: str, **kw: Any) -> spec.Model:
+    m = spec.Model(name=name, source=f"sim/{name}", **kw)
+    return m
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.models: list[spec.Model] = []
+        self.rows: list[ReplicaRow] = []
+        self.keys: dict[str, Key] = {digest(KEY): Key(1, "harness", "team:t", (), None)}
+        self.demanded: list[str] = []
+        self.state = State(loader=self._table, interval=0.05, record_demand=self.demanded.append)
+        self.gateway = Gateway(state=self.state, guard=AllowAll(),
+                               options=Options(wake_wait=1.0, first_byte_timeout=5,
+                                               read_timeout=5))  # fmt: skip
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+
+    def _table(self) -> Table:
+        return build(list(self.models), list(self.rows), dict(self.keys))
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def engine(self, name: str, **kw: Any) -> Engine:
+        e = Engine(name, **kw)
+        self.run(e.start())
+        return e
+
+    def serve(self, models: list[spec.Model], replicas: list[tuple[int, str, Engine]]) -> None:
+        self.models = models
+        self.rows = [ReplicaRow(rid, m, "sim", e.url) for rid, m, e in replicas]
+        if self._server is None:
+            config = uvicorn.Config(self.gateway, host="127.0.0.1", port=0, lifespan="off",
+                                    log_level="warning", access_log=False)  # fmt: skip
+            self._server = uvicorn.Server(config)
+            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._server.serve()))
+            deadline = time.monotonic() + 10
+            while not (self._server.started and self._server.servers):
+                if time.monotonic() > deadline:
+                    raise AssertionError("the gateway did not start")
+                time.sleep(0.01)
+            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+            self.state.start(self.loop)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Have the state read the table again and wait until it has."""
+        before = self.state.table
+        self.state.poke()
+        deadline = time.monotonic() + 5
+        while self.state.table is before:
+            if time.monotonic() > deadline:
+                raise AssertionError("the state did not read the table again")
+            time.sleep(0.005)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            time.sleep(0.2)
+        self.state.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def wait(check: Callable[[], Any], timeout: float = 5, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,198 @@
+"""Failures on the data path: retries before the first byte, fallbacks in order, external
+providers only when the cluster has no capacity, streams cut after it, cancels, waking."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from catalog import spec
+from gateway.table import ReplicaRow
+from tests.gateway.harness import KEY, Harness, model, wait
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def api(h: Harness) -> openai.OpenAI:
+    return openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+
+
+def ask(h: Harness, name: str = "m", **kw: object) -> str:
+    answer = api(h).chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], **kw)  # fmt: skip
+    return answer.choices[0].message.content or ""
+
+
+def test_a_503_and_a_429_move_the_request_to_a_replica_that_answers(h: Harness) -> None:
+    busy, full, good = (
+        h.engine("busy", behaviour="503"),
+        h.engine("full", behaviour="429"),
+        h.engine("good"),
+    )
+    h.serve([model("m")], [(1, "m", busy), (2, "m", full), (3, "m", good)])
+    for _ in range(6):
+        assert ask(h).startswith("good0")
+    # Each failing replica was tried at most once per request, never twice.
+    assert busy.requests <= 6 and full.requests <= 6
+
+
+def test_a_replica_refusing_connections_is_skipped(h: Harness) -> None:
+    dead, good = h.engine("dead"), h.engine("good")
+    h.run(dead.stop())  # its port now refuses
+    h.serve([model("m")], [(1, "m", dead), (2, "m", good)])
+    assert all(ask(h).startswith("good0") for _ in range(4))
+
+
+def test_fallbacks_in_order_when_every_replica_fails(h: Harness) -> None:
+    down = h.engine("down", behaviour="503")
+    second, third = h.engine("second"), h.engine("third")
+    h.serve(
+        [model("m", fallbacks=["f2", "f3"]), model("f2"), model("f3")],
+        [(1, "m", down), (2, "f2", second), (3, "f3", third)],
+    )
+    assert ask(h).startswith("second0")
+    second.behaviour = "503"
+    assert ask(h).startswith("third0")
+    assert second.bodies[-1]["model"] == "f2"  # the fallback's own served name
+
+
+def test_every_replica_failing_is_one_error(h: Harness) -> None:
+    a, b = h.engine("a", behaviour="503"), h.engine("b", behaviour="503")
+    h.serve([model("m")], [(1, "m", a), (2, "m", b)])
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(h)
+    assert caught.value.status_code == 502 and "HTTP 503" in caught.value.message
+    assert a.requests == 1 and b.requests == 1
+
+
+def test_an_external_fallback_only_when_the_cluster_has_no_capacity(
+    h: Harness, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "provider.key"
+    secret_file.write_text("sk-provider-secret\n")
+    local, provider = h.engine("local", behaviour="503"), h.engine("provider")
+    cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+                                                  api_key_file=str(secret_file)))  # fmt: skip
+    h.serve([model("m", fallbacks=["cloud", "f2"]), cloud, model("f2")],
+            [(1, "m", local), (2, "f2", h.engine("f2"))])  # fmt: skip
+    # A cluster fallback answers first, though the external one is listed before it.
+    assert ask(h).startswith("f20") and provider.requests == 0
+    # With no capacity in the cluster, the provider: its model name, its key from the file.
+    h.rows = [r for r in h.rows if r.model != "f2"]
+    h.refresh()
+    assert ask(h).startswith("provider0")
+    assert provider.bodies[-1]["model"] == "gpt-x"
+    assert provider.auth[-1] == "Bearer sk-provider-secret"
+    # The key is read again when the file changes.
+    secret_file.write_text("sk-rotated\n")
+    import os
+
+    os.utime(secret_file, (1, 1))
+    ask(h)
+    assert provider.auth[-1] == "Bearer sk-rotated"
+
+
+def test_an_engine_cut_mid_stream_ends_the_stream_with_an_error_and_done(h: Harness) -> None:
+    cut = h.engine("cut", behaviour="cut", words=10)
+    h.serve([model("m")], [(1, "m", cut)])
+    with httpx.stream("POST", h.url + "/v1/chat/completions",
+                      headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "m", "stream": True,
+                            "messages": [{"role": "user", "content": "x"}]}) as resp:  # fmt: skip
+        raw = resp.read().decode()
+    assert resp.status_code == 200
+    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "upstream_error"
+    # The openai client raises at the error event.
+    with pytest.raises(openai.APIError):
+        for _ in api(h).chat.completions.create(
+            model="m", stream=True, messages=[{"role": "user", "content": "x"}]):  # fmt: skip
+            pass
+
+
+def test_a_stream_cut_before_its_first_byte_is_retried_elsewhere(h: Harness) -> None:
+    early, good = h.engine("early", behaviour="cut", words=10), h.engine("good", words=3)
+    h.serve([model("m", routing_profile="least")], [(1, "m", early), (2, "m", good)])
+    # Under a guard every chunk is held until judged; here, with nothing judged, the cut
+    # replica's first chunks reach the client, so only a cut before them is retried:
+    # make the early engine cut at once.
+    early.words = 0
+    early.behaviour = "refuse"
+    h.run(early.stop())
+    for _ in range(3):
+        text = "".join(
+            c.choices[0].delta.content or ""
+            for c in api(h).chat.completions.create(
+                model="m", stream=True, messages=[{"role": "user", "content": "x"}])
+            if c.choices
+        )  # fmt: skip
+        assert text == "good0 good1 good2"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_cancels_the_engine(h: Harness, stream: bool) -> None:
+    slow = h.engine("slow", behaviour="slow", words=100)
+    h.serve([model("m")], [(1, "m", slow)])
+    body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "x"}]}
+    with httpx.Client(timeout=0.5) as client:
+        if stream:
+            # Gone after the first bytes of the answer.
+            with client.stream("POST", h.url + "/v1/chat/completions", json=body,
+                               headers={"Authorization": f"Bearer {KEY}"}) as resp:  # fmt: skip
+                assert resp.status_code == 200
+                next(resp.iter_raw())
+        else:
+            # Gone while the whole answer is being generated.
+            with pytest.raises(httpx.ReadTimeout):
+                client.post(h.url + "/v1/chat/completions", json=body,
+                            headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    wait(lambda: slow.cancelled == 1, 5, "the engine to see its client go")
+
+
+def test_a_model_woken_by_50_held_requests_answers_them_all(h: Harness) -> None:
+    h.gateway.options.wake_wait = 10
+    engine = h.engine("woken")
+    h.serve([model("m", scaling=spec.Scaling(min=0, max=1))], [])
+    answers: list[str] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            answers.append(ask(h))
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    wait(lambda: h.state.waiting("m") == 50, 10, "50 requests held")
+    # One demand for any number of requests.
+    assert h.demanded == ["m"]
+    h.rows = [ReplicaRow(1, "m", "sim", engine.url)]
+    h.refresh()
+    for t in threads:
+        t.join(10)
+    assert not errors and len(answers) == 50 and all(a.startswith("woken0") for a in answers)
+
+
+def test_no_replica_before_the_bound_is_503_with_retry_after(h: Harness) -> None:
+    h.gateway.options.wake_wait = 0.3
+    h.serve([model("m", scaling=spec.Scaling(min=0, max=1))], [])
+    with pytest.raises(openai.InternalServerError) as caught:
+        ask(h)
+    assert caught.value.status_code == 503
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    assert h.demanded == ["m"]

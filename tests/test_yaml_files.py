@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import codec, files, yamlfile
@@ -97,6 +97,7 @@ def test_nan_reads_as_a_number_in_both() -> None:
     assert "the number nan" in at_catalog[1] and "not nan (a number)" in at_guard[1]
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the reader's
 @given(
     st.integers(min_value=-(2**64), max_value=2**64),
     st.sampled_from(["{:_}", "{:d}", "0x{:x}", "0X{:X}", "0o{:o}", "0b{:b}", "0B{:_b}"]),
@@ -107,6 +108,7 @@ def test_any_whole_number_in_any_spelling_reads_as_that_number(n: int, spelling:
     assert_both_read(plain, n)
 
 
+@settings(deadline=None)
 @given(st.from_regex(r"[-+]?(0[xXoObB])?[0-9a-fA-F_]{1,6}(\.[0-9_eE+-]{0,4})?", fullmatch=True))
 def test_number_like_text_reads_the_same_in_both(plain: str) -> None:
     expected = yamlfile.resolve_plain(plain)

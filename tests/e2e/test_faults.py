@@ -4,6 +4,7 @@ beat as processes, simulated agents, and a Redis of the test's own that it can s
 - the web process killed and kept down for 40 s: no node is lost, no engine restarted;
 - Redis away and back: an open console (Chromium) says it is not live meanwhile, then
   shows a change made while Redis was away;
+- beat stopped: the dashboard and the API say the reconciler stopped, and who ran it last;
 - web, worker and beat started from an environment built from requirements.txt alone
   (cached in ~/.cache/llmgw, keyed by the file's hash).
 """
@@ -249,6 +250,27 @@ def test_after_redis_is_away_and_back_an_open_console_shows_a_change_made_meanwh
     page.locator(f"#cluster-node-{node.pk}.state-cordoned").wait_for(timeout=30_000)
     page.locator("#live-status.on").wait_for(timeout=15_000)
     assert badge.inner_text() == "live"
+
+
+def test_with_beat_stopped_the_dashboard_and_the_api_say_reconciling_stopped(
+    control_plane: Plane, console: Callable[..., Any], viewer: Any
+) -> None:
+    page = console(viewer)
+    status = page.locator("#cluster-reconciler")
+    page.locator('#cluster-reconciler[data-stale="false"]').wait_for(timeout=30_000)
+    assert "by worker on" in status.inner_text()
+    script = api(control_plane, viewer)
+    assert not script.get("/cluster/status/").json()["reconciler"]["stale"]
+
+    beat = control_plane.others["beat"]
+    beat.kill()
+    beat.wait()
+    # No tick for 3 intervals (5 s at least): the open page warns, without a reload.
+    page.locator('#cluster-reconciler[data-stale="true"]').wait_for(timeout=30_000)
+    warning = page.locator('[data-role="tick-warning"]').inner_text()
+    assert "has not run for" in warning and "worker and beat" in warning
+    body = script.get("/cluster/status/").json()["reconciler"]
+    assert body["stale"] and body["by"].startswith("worker on ") and body["age_s"] > 5
 
 
 @contextlib.contextmanager

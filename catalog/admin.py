@@ -150,7 +150,7 @@ def _bulk(
         m = obj.to_spec()
         change(m)
         try:
-            services.save_model(m, actor, replacing=obj.name)
+            saved = services.save_model(m, actor, replacing=obj.name)
         except services.Refused as exc:
             for p in exc.problems:
                 modeladmin.message_user(
@@ -158,6 +158,8 @@ def _bulk(
                 )
         else:
             done.append(obj.name)
+            for warning in saved.change_warnings:
+                modeladmin.message_user(request, warning, messages.WARNING)
     if done:
         modeladmin.message_user(request, f"{what}: {', '.join(done)}", messages.SUCCESS)
 
@@ -269,9 +271,11 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             groups[INLINE_GROUPS[inline]] = fs
         model = catalog_forms.bundle_spec(form, groups)
         actor = services.Actor(user=request.user, surface=Surface.ADMIN)
-        services.save_model(
+        saved = services.save_model(
             model, actor, replacing=getattr(request, "_llmgw_replacing", None), into=form.instance
         )
+        for warning in saved.change_warnings:
+            self.message_user(request, warning, messages.WARNING)
 
     def construct_change_message(
         self, request: HttpRequest, form: Any, formsets: Any, add: bool = False

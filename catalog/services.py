@@ -426,6 +426,8 @@ def save_model(
 
     Raises Refused, writing nothing, when the catalog after the change breaks a rule.
     ``into`` is the row object to write (the admin's own instance, so it learns its pk).
+    The row's ``change_warnings`` are what the layers above warn of about the change
+    (``catalog.signals.change_warnings``; none when nothing changed): surfaces show them.
     """
     instance = None
     before = None
@@ -450,11 +452,13 @@ def save_model(
         raise Refused(problems)
     normalized = rules.normalize(new)
     if before is not None and codec.encode_model(before) == codec.encode_model(normalized):
+        instance.change_warnings = []  # type: ignore[union-attr,attr-defined]
         return instance  # type: ignore[return-value]
     instance = _write(instance or ServedModel(), normalized)
     instance.checked_as_bundle = True
     action = ChangeAction.CREATE if before is None else ChangeAction.UPDATE
     _log(normalized.name, action, actor, before, normalized)
+    instance.change_warnings = signals.warnings_for(before, normalized)  # type: ignore[attr-defined]
     return instance
 
 

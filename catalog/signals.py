@@ -8,6 +8,11 @@ one of them must act on a catalog change, it connects a receiver to a signal her
   each change where it logs it (:func:`changed`), bulk creates included; a rolled-back
   change sends nothing, and a transaction that changed a thousand models sends it once.
   The cluster connects the reconciler's wake (``cluster.signals``).
+- :data:`change_warnings`, sent as a model's change is saved, with ``before`` and
+  ``after`` (``catalog.spec.Model``; ``before`` None for a new model); each receiver
+  returns the warnings (sentences) the person who made the change is shown, the change
+  being made all the same (:func:`warnings_for`). The guard connects one: switching off
+  the only judge of its policy that answers (``guard.signals``).
 
 The catalog has no receivers of its own.
 """
@@ -15,12 +20,25 @@ The catalog has no receivers of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import transaction
 from django.dispatch import Signal
 
 # Sent with names=[model names] after the commit of a change to those models.
 catalog_changed = Signal()
+
+# Sent with before=Model | None, after=Model as a change is saved; receivers return a
+# list of warnings.
+change_warnings = Signal()
+
+
+def warnings_for(before: Any, after: Any) -> list[str]:
+    """Return what :data:`change_warnings`' receivers warn of about a change."""
+    out: list[str] = []
+    for _, said in change_warnings.send(sender=_Send, before=before, after=after):
+        out += [str(w) for w in said or ()]
+    return out
 
 
 class _Send:

@@ -497,6 +497,8 @@ def save_bundle(
         messages.success(request, f"Added {saved.name} to the catalog.")
     else:
         messages.success(request, f"Saved {saved.name}.")
+    for warning in saved.change_warnings:
+        messages.warning(request, warning)
     url = reverse("catalog:servedmodel_detail", args=[saved.name])
     if request.htmx:
         return HttpResponseClientRedirect(url)

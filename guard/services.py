@@ -623,6 +623,29 @@ def serve_policy_judges() -> list[str]:
     return added
 
 
+def switch_off_warnings(before: Any, after: Any) -> list[str]:
+    """Return the warning for a change that switches off (max 0) the only judge of the
+    policy that answers: no judge will answer, so the policy's ``fail`` decides every
+    check (``catalog.signals.change_warnings``; two queries when it is a policy judge)."""
+    if before is None or after is None or after.scaling.max != 0 or before.scaling.max == 0:
+        return []
+    pol = current_policy()
+    if after.name not in pol.judge_models or not pol.directions:
+        return []
+    if any(j.ref.ready for j in judges(pol.judge_models) if j.name != after.name):
+        return []
+    what = " and ".join(pol.directions)
+    if pol.fail == policy_rules.FAIL_CLOSED:
+        then = f"the guard fails closed: every one of the {what} it judges is refused"
+    else:
+        then = f"the guard fails open: the {what} it judges are allowed unjudged"
+    return [
+        f"{after.name} was the only judge of the guard policy that answers: switched off, "
+        f"no judge answers and {then} (the policy's fail: {pol.fail}). Enable another judge "
+        "or give this one a replica again (scaling.max 1)"
+    ]
+
+
 def use_judges(
     names: Sequence[str], *, user: Any = None, surface: str, name: str = ""
 ) -> list[str]:

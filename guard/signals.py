@@ -12,6 +12,9 @@
   or a flush drops both.
 - **Each reconcile tick** (the cluster's ``reconcile_tick``) first serves the judges the
   policy names and the catalog lacks (``guard.services.serve_policy_judges``).
+- **A catalog change that switches off the only judge that answers** is warned of
+  (the catalog's ``change_warnings``; ``guard.services.switch_off_warnings``): the
+  guard will then fail open or closed, as the policy's ``fail`` says.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from django.db.models import Sum
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
 from catalog.models import ServedModel
+from catalog.signals import change_warnings
 from cluster import events
 from cluster.models import Replica
 from cluster.signals import reconcile_tick
@@ -119,6 +123,13 @@ def _token_changed(**kwargs: Any) -> None:
     auth.forget()
 
 
+# The catalog.
+
+
+def _change_warnings(sender: Any, before: Any, after: Any, **kwargs: Any) -> list[str]:
+    return services.switch_off_warnings(before, after)
+
+
 # The reconciler.
 
 
@@ -146,3 +157,4 @@ def connect() -> None:
     )
     post_migrate.connect(_migrated, dispatch_uid="guard-migrated")
     reconcile_tick.connect(_tick, dispatch_uid="guard-serve-policy-judges")
+    change_warnings.connect(_change_warnings, dispatch_uid="guard-switch-off-warning")

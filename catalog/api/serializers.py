@@ -79,6 +79,8 @@ class ModelMetaSerializer(serializers.Serializer[Any]):
     simulated = serializers.BooleanField()
     fingerprints = serializers.DictField(child=serializers.CharField())
     depended_on_by = serializers.ListField(child=serializers.DictField())
+    # On a write's answer: what the change is warned of (it was made all the same).
+    warnings = serializers.ListField(child=serializers.CharField(), required=False)
 
 
 CatalogModelSerializer = serializer_for(spec.Model)

@@ -59,6 +59,14 @@ def represent(obj: ServedModel, *, detail: bool = False) -> dict[str, Any]:
     return data
 
 
+def written(obj: ServedModel) -> dict[str, Any]:
+    """Return a model just written as the API shows it, with ``meta.warnings``: what the
+    layers above warn of about the change (``catalog.signals.change_warnings``)."""
+    data = represent(obj, detail=True)
+    data["meta"]["warnings"] = list(getattr(obj, "change_warnings", []))
+    return data
+
+
 def read_body(request: Request) -> tuple[Any, list[Problem]]:
     """Return the decoded model of a request body, or the problems reading it."""
     data = request.data
@@ -149,7 +157,7 @@ class ServedModelViewSet(
         if problems:
             return problems_response(problems, "the body cannot be read as a catalog model")
         obj = services.save_model(model, actor_for(request))
-        return Response(represent(obj, detail=True), status=status.HTTP_201_CREATED)
+        return Response(written(obj), status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, name: str) -> Response:
         get_object_or_404(ServedModel, name=name)
@@ -157,7 +165,7 @@ class ServedModelViewSet(
         if problems:
             return problems_response(problems, "the body cannot be read as a catalog model")
         obj = services.save_model(model, actor_for(request), replacing=name)
-        return Response(represent(obj, detail=True))
+        return Response(written(obj))
 
     def partial_update(self, request: Request, name: str) -> Response:
         obj = get_object_or_404(services.stored_queryset(), name=name)
@@ -176,7 +184,7 @@ class ServedModelViewSet(
         if problems:
             return problems_response(problems, "the body cannot be read as a catalog model")
         obj = services.save_model(model, actor_for(request), replacing=name)
-        return Response(represent(obj, detail=True))
+        return Response(written(obj))
 
     def destroy(self, request: Request, name: str) -> Response:
         get_object_or_404(ServedModel, name=name)

@@ -162,7 +162,7 @@ def model(name: str, **kw: Any) -> spec.Model:
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, state: State | None = None, guard: Any = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -170,8 +170,10 @@ class Harness:
         self.rows: list[ReplicaRow] = []
         self.keys: dict[str, Key] = {digest(KEY): Key(1, "harness", "team:t", (), None)}
         self.demanded: list[str] = []
-        self.state = State(loader=self._table, interval=0.05, record_demand=self.demanded.append)
-        self.gateway = Gateway(state=self.state, guard=AllowAll(),
+        self.state = state or State(
+            loader=self._table, interval=0.05, record_demand=self.demanded.append
+        )
+        self.gateway = Gateway(state=self.state, guard=guard or AllowAll(),
                                options=Options(wake_wait=1.0, first_byte_timeout=5,
                                                read_timeout=5))  # fmt: skip
         self.port = 0

@@ -73,19 +73,33 @@ def load_set(name_or_path: str | None = None) -> LoadedSet:
     """
     wanted = name_or_path or DEFAULT_SET
     path = Path(wanted)
-    if wanted in packaged_sets():
+    packaged = wanted in packaged_sets()
+    if packaged:
         path = SET_DIR / f"{wanted}.yaml"
+    shipped = ", ".join(packaged_sets())
     try:
+        if not path.is_file():  # a folder, a device (/dev/zero would never end), a FIFO
+            raise OSError(0, "not a file" if path.exists() else "no such file")
         raw = path.read_bytes()
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        shipped = ", ".join(packaged_sets())
         raise SetRefused(
             wanted,
             [Problem((), f"cannot read {wanted}: {reason} (the packaged sets: {shipped})", "io")],
         ) from None
     labelled, problems = ev.read_set(raw, str(path.name))
     if labelled is None:
+        if not packaged and not ev.meant_as_set(raw):
+            # Nothing of the file is shown: any file a path names may be given here.
+            problems = [
+                Problem(
+                    (),
+                    f"{wanted} is not a labelled set (a YAML mapping with name, description "
+                    f"and texts, docs/guard.md); nothing of it is shown. The packaged sets: "
+                    f"{shipped}",
+                    "not_a_set",
+                )
+            ]
         raise SetRefused(str(path), problems)
     return LoadedSet(labelled, str(path), hashlib.sha256(raw).hexdigest())
 

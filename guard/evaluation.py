@@ -25,6 +25,7 @@ else 1 or 0 from the verdict (``verdict``); every score says which.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,21 @@ class LabelledSet:
     def count(self, label: str) -> int:
         """Return how many texts carry a label."""
         return sum(1 for t in self.texts if t.label == label)
+
+
+def meant_as_set(source: str | bytes) -> bool:
+    """Return whether a file is meant as a labelled set: a mapping with ``texts`` (or, when
+    it is not YAML, a line that starts ``texts:``), or empty.
+
+    ``read_set``'s problems quote a file's keys and values to say where; a file that is
+    not meant as a set (any file a path can name: a password file, a .env) is refused
+    without them.
+    """
+    doc, _ = yamlfile.read(source, "<set>")
+    if doc is not None:
+        return doc.data is None or (isinstance(doc.data, dict) and "texts" in doc.data)
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    return re.search(r"^texts[ \t]*:", text, re.M) is not None
 
 
 def read_set(

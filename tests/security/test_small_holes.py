@@ -266,3 +266,56 @@ def test_hsts_behind_the_tls_proxy_only(
             assert secure.headers["strict-transport-security"] == "max-age=31536000"
         else:
             assert "strict-transport-security" not in secure.headers
+
+
+# --- guard eval --set FILE -----------------------------------------------------------
+
+NOT_SETS = {
+    "shadow": "root:$6$SECRET-HASH-1$abcdef:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n",
+    ".env": "DB_PASSWORD=SECRET-PW-2\nAPI_KEY=SECRET-KEY-3\n",
+    "config.toml": '[database]\npassword = "SECRET-PW-4"\n',
+    "settings.yaml": "database:\n  password: SECRET-PW-5\nname: prod\n",
+    "list.yaml": "- SECRET-ITEM-6\n- SECRET-ITEM-7\n",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", sorted(NOT_SETS))
+def test_guard_eval_shows_nothing_of_a_file_that_is_not_a_set(tmp_path: Path, name: str) -> None:
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / name
+    path.write_text(NOT_SETS[name])
+    with pytest.raises(CommandError) as refused:
+        call_command("guard", "eval", "--set", str(path))
+    message = str(refused.value).replace(str(path), "FILE")
+    assert "FILE is not a labelled set" in message and "nothing of it is shown" in message
+    assert (
+        not {"SECRET", "root", "daemon", "password", "DB_", "database"}
+        & set(re.findall(r"[A-Za-z_]+", message))
+        and "SECRET" not in message
+    ), message
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("target", ["/dev/zero", "folder"])
+def test_guard_eval_refuses_what_is_not_a_file(tmp_path: Path, target: str) -> None:
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path if target == "folder" else Path(target)
+    with pytest.raises(CommandError, match="cannot read .*: not a file"):
+        call_command("guard", "eval", "--set", str(path))
+
+
+@pytest.mark.django_db
+def test_guard_eval_still_says_what_is_wrong_in_a_set(tmp_path: Path) -> None:
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\ntexts:\n  - text: continue\n    label: bogus\n")
+    with pytest.raises(CommandError, match=r'texts\[0\]\.label \(line 4\): label "bogus"'):
+        call_command("guard", "eval", "--set", str(path))
+    # A set with a YAML mistake is a set too: the reader's message says where.
+    path.write_text("name: mine\ntexts:\n  - text: continue\n   label: ordinary\n")
+    with pytest.raises(CommandError, match="line 4"):
+        call_command("guard", "eval", "--set", str(path))

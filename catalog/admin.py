@@ -10,8 +10,10 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
 from catalog import forms as catalog_forms
 from catalog import services
@@ -30,36 +32,54 @@ from catalog.problems import Problem
 from llmgw_admin.roles import ADMIN, RoleAdminMixin
 
 
-class _Inline(RoleAdminMixin, admin.TabularInline):  # type: ignore[type-arg]
+class _Inline(RoleAdminMixin, admin.StackedInline):  # type: ignore[type-arg]
+    """A group of a model's rows, each row's fields on a few lines.
+
+    Stacked, not tabular: a profile's twenty fields in one table row made the change page
+    4,405 px wide. Labels are the file's keys, as the forms set them (a tabular header
+    would capitalise them).
+    """
+
     extra = 0
     formset = catalog_forms.OrderedInlineFormSet
-    exclude = ("position",)
 
 
 class ProfileInline(_Inline):
     model = Profile
     form = catalog_forms.ProfileForm
+    fields = (
+        ("name", "engine", "engine_version"),
+        ("gpu_class", "tp", "pp", "gpus_per_node", "nodes"),
+        ("args", "env", "node_selector"),
+        ("min_memory_gb", "cpu_cores", "min_disk_gb", "power_watts"),
+        ("keep_within", "weight", "priority", "startup_timeout", "kv_events"),
+    )
 
 
 class WindowInline(_Inline):
     model = ScaleWindow
     form = catalog_forms.WindowForm
-    verbose_name_plural = "scaling.schedule"
+    fields = (("days", "from_time", "to_time", "min", "max"),)
+    verbose_name = "window"
+    verbose_name_plural = "windows (scaling.schedule)"
 
 
 class AdapterInline(_Inline):
     model = Adapter
     form = catalog_forms.AdapterForm
+    fields = (("name", "source", "scale"),)
 
 
 class AliasInline(_Inline):
     model = Alias
     form = catalog_forms.AliasForm
+    fields = ("name",)
 
 
 class OriginFileInline(_Inline):
     model = OriginFile
     form = catalog_forms.OriginFileForm
+    fields = (("previous", "path", "sha256", "bytes"),)
     verbose_name_plural = "origin files"
 
 
@@ -182,7 +202,7 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
     list_filter = (ClassFilter, EngineFilter, GPUClassFilter, "role", "owner")
     search_fields = ("name", "description", "source", "aliases__name")
     action_form = SetClassForm
-    actions = ("set_class", "switch_off", "set_min_max")
+    actions = ("set_class", "switch_off", "set_min_max", "delete_selected")
     fieldsets = (
         (None, {"fields": ("name", "description", "source", "role", "capacity_class", "owner")}),
         ("scaling", {"fields": ("scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm")}),
@@ -295,6 +315,34 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
         for obj in queryset:
             self.delete_model(request, obj)
+
+    # Django's delete view and action say "deleted successfully" whatever delete_model
+    # did; a refused deletion (a dependent names the model) must say only that.
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
+        if ServedModel.objects.filter(pk=obj_id).exists():  # refused: the errors are shown
+            return HttpResponseRedirect(reverse("admin:catalog_servedmodel_change", args=[obj_id]))
+        return super().response_delete(request, obj_display, obj_id)
+
+    @admin.action(permissions=["delete"], description="Delete selected catalog models")
+    def delete_selected(
+        self, request: HttpRequest, queryset: QuerySet[ServedModel]
+    ) -> HttpResponse | None:
+        """Django's own action (its confirmation page), reporting only what was deleted."""
+        if not request.POST.get("post"):
+            return django_delete_selected(self, request, queryset)  # type: ignore[no-any-return]
+        names = list(queryset.values_list("name", flat=True))
+        self.delete_queryset(request, queryset)
+        left = set(ServedModel.objects.filter(name__in=names).values_list("name", flat=True))
+        deleted = [n for n in names if n not in left]
+        if deleted:
+            self.message_user(
+                request,
+                f"Deleted {len(deleted)} catalog model{'s' if len(deleted) != 1 else ''}: "
+                f"{', '.join(deleted)}.",
+                messages.SUCCESS,
+            )
+        return None
 
     @admin.action(description="Set class of selected models (class box above)")
     def set_class(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:

@@ -12,6 +12,10 @@ class GuardPolicy(models.Model):
     data = models.JSONField()
     updated = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        verbose_name = "guard policy"
+        verbose_name_plural = "guard policy"  # there is one
+
     def __str__(self) -> str:
         return f"guard policy ({self.updated:%Y-%m-%d %H:%M})"
 

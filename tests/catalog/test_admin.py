@@ -58,8 +58,8 @@ def test_bulk_applies_the_allowed_and_reports_the_refused(client_for: Any, opera
         client_for(operator), "set_min_max", ["chat", "judge"], scaling_min="0", scaling_max="2"
     )
     text = r.content.decode()
-    # A guard model loaded on demand is refused, named, and left as it was.
-    assert "Judge: not changed: scaling.min" in text
+    # A guard model loaded on demand is refused, named as written, and left as it was.
+    assert "judge: not changed: scaling.min" in text
     assert "Min/max set (0/2): chat" in text
     chat = ServedModel.objects.get(name="chat")
     assert (chat.scaling_min, chat.scaling_max) == (0, 2)

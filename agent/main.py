@@ -110,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights-dir", default="", help="where downloaded weights go (default: STATE_DIR/weights)"
     )
     parser.add_argument(
+        "--weights-folder",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="a folder local weights sources may be in, besides the weights folder; repeat "
+        "for more (a source anywhere else is refused)",
+    )
+    parser.add_argument(
+        "--weights-hosts",
+        default=os.environ.get("LLMGW_WEIGHTS_HOSTS", ",".join(weights.DEFAULT_HOSTS)),
+        help="the origins URL sources may name, as scheme://host[:port], comma-separated; "
+        "add a mirror's here (default: env LLMGW_WEIGHTS_HOSTS, else %(default)s)",
+    )
+    parser.add_argument(
         "--labels", default="", type=_labels, help='labels, as "llmgw.io/rack=r12,k=v"'
     )
     parser.add_argument(
@@ -188,9 +202,13 @@ class Agent:
                 "--llama-server %s is not an executable file; not using it", args.llama_server
             )
         self.control = ControlPlane(args.server, self.state_dir)
+        self.weights_folders = [str(Path(f).expanduser()) for f in args.weights_folder]
+        self.weights_hosts = [h.strip() for h in args.weights_hosts.split(",") if h.strip()]
         self.supervisor = Supervisor(
             self.state_dir,
             weights_dir=self.weights_dir,
+            weights_folders=self.weights_folders,
+            weights_hosts=self.weights_hosts,
             report=self._queue,
             binaries=binaries,
             engines=self.engines,
@@ -212,7 +230,7 @@ class Agent:
 
     def inventory(self) -> dict[str, Any]:
         """Return the node's inventory as it is now."""
-        return discovery.inventory(
+        inv = discovery.inventory(
             cards=self.cards,
             engines=self.engines,
             labels=self.args.labels,
@@ -220,6 +238,11 @@ class Agent:
             weights=weights.held_sources(self.weights_dir) + self.supervisor.sources(),
             simulated=self.simulated,
         )
+        # Where this node takes weights from: local sources elsewhere, and URLs of other
+        # origins, are refused (docs/agent-protocol.md).
+        inv["weights_folders"] = [str(f) for f in self.supervisor.weights_folders]
+        inv["weights_hosts"] = sorted(weights.allowed_origins(self.weights_hosts))
+        return inv
 
     def run(self) -> int:
         """Run until stopped; return the exit code."""

@@ -126,6 +126,8 @@ class Supervisor:
         state_dir: str | os.PathLike[str],
         *,
         weights_dir: str | os.PathLike[str] | None = None,
+        weights_folders: Sequence[str | os.PathLike[str]] | None = None,
+        weights_hosts: Sequence[str] | None = None,
         report: Report | None = None,
         binaries: Mapping[str, str] | None = None,
         engines: Mapping[str, str] | None = None,
@@ -140,6 +142,10 @@ class Supervisor:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.weights_dir = Path(weights_dir) if weights_dir else self.state_dir / "weights"
+        # Where local sources may be (the weights folder, and any others the agent was
+        # given), and the origins URL sources may name (agent.weights.check_source).
+        self.weights_folders = [self.weights_dir, *(Path(f) for f in weights_folders or ())]
+        self.weights_hosts = None if weights_hosts is None else list(weights_hosts)
         self.report = report or (lambda r: None)
         self.binaries = dict(binaries or {})
         # None: take every engine as installed (tests); the agent passes discovery's.
@@ -258,9 +264,17 @@ class Supervisor:
                     for r in self._replicas.values()
                     if r.desired.get("source")
                     and weights.kind(str(r.desired["source"])) == "path"
-                    and os.path.exists(os.path.expanduser(str(r.desired["source"])))
+                    and self._readable(str(r.desired["source"]))
                 }
             )
+
+    def _readable(self, source: str) -> bool:
+        """Return whether a local source is in a weights folder and there."""
+        try:
+            weights.check_source(source, self.weights_folders, self.weights_hosts)
+        except weights.WeightsError:
+            return False
+        return os.path.exists(os.path.expanduser(source))
 
     # -- the steps ---------------------------------------------------------------------
 
@@ -320,10 +334,17 @@ class Supervisor:
                 sha256=spec.get("sha256") or None,
                 progress=progress,
                 cancel=r.cancel,
+                folders=self.weights_folders,
+                hosts=self.weights_hosts,
             )
             adapters = {
                 str(a["name"]): weights.resolve(
-                    str(a["source"]), engine, self.weights_dir, cancel=r.cancel
+                    str(a["source"]),
+                    engine,
+                    self.weights_dir,
+                    cancel=r.cancel,
+                    folders=self.weights_folders,
+                    hosts=self.weights_hosts,
                 )
                 for a in spec.get("adapters") or []
             }
@@ -412,7 +433,7 @@ class Supervisor:
         r.reprepare = True
         r.phase = "wait"
         r.next_start = time.monotonic() + delay
-        self._set(r, "failed", f"{error}; retrying in {delay:g} s")
+        self._set(r, "failed", _reason(error, f"retrying in {delay:g} s"))
 
     def _launch(self, r: _Replica) -> None:
         assert r.prepared is not None
@@ -858,3 +879,10 @@ def _size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return f"{n} B"
+
+
+def _reason(error: Exception, then: str) -> str:
+    """Return an error's reason with what happens next (before a weights error's detail)."""
+    if isinstance(error, weights.WeightsError):
+        return error.reason(then)
+    return f"{error}; {then}"

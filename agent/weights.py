@@ -15,7 +15,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -24,6 +24,13 @@ import httpx
 from agent.state import write_atomic
 
 MANIFEST = "sources.json"
+# Where a URL source may point when the agent is given no --weights-hosts: the origins
+# the known judges' and most models' files come from.
+DEFAULT_HOSTS = ("https://huggingface.co",)
+# A reason's part after this is for operators: the path, the host, what the origin said.
+# Viewers are shown what failed, not what a probe of the node's files and ports wants to
+# learn (cluster.reasons).
+DETAIL = "\n-- "
 # Engines that take a Hugging Face id and fetch the repository themselves.
 HF_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
@@ -46,11 +53,79 @@ class WeightsError(Exception):
 
     ``retry`` is true when trying again later may succeed (a broken transfer, an origin
     that answered 5xx), false when it cannot (no such file, a sha256 that differs).
+    ``detail`` is what only operators are shown (the message carries it after
+    ``DETAIL``).
     """
 
-    def __init__(self, message: str, *, retry: bool = False) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, retry: bool = False, detail: str = "") -> None:
+        super().__init__(f"{message}{DETAIL}{detail}" if detail else message)
         self.retry = retry
+        self.summary = message
+        self.detail = detail
+
+    def reason(self, then: str = "") -> str:
+        """Return the message with ``then`` said after what failed, before the detail."""
+        text = f"{self.summary}; {then}" if then else self.summary
+        return f"{text}{DETAIL}{self.detail}" if self.detail else text
+
+
+def origin_of(url: str) -> str:
+    """Return a URL's origin as the allowed hosts are written: ``scheme://host[:port]``.
+
+    The port is left out when it is the scheme's own; the host is lower-case.
+    """
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" + (f":{port}" if port and port != default else "")
+
+
+def allowed_origins(hosts: Sequence[str] | None) -> set[str]:
+    """Return the origins a list of allowed hosts names (``DEFAULT_HOSTS`` for None)."""
+    return {origin_of(h) for h in (DEFAULT_HOSTS if hosts is None else hosts) if h.strip()}
+
+
+def check_source(
+    source: str,
+    folders: Sequence[str | os.PathLike[str]],
+    hosts: Sequence[str] | None = None,
+) -> None:
+    """Refuse a source this node may not read, before anything is opened or connected to.
+
+    A local path must lie under one of ``folders`` once every link in it is followed;
+    a URL's scheme and host must be one of ``hosts`` (``DEFAULT_HOSTS`` for None). The
+    refusal says nothing of whether the file exists or the port is open.
+
+    Raises:
+        WeightsError: not under a weights folder, or not an allowed origin.
+    """
+    what = kind(source)
+    if what == "url":
+        origin = origin_of(source)
+        allowed = allowed_origins(hosts)
+        if origin not in allowed:
+            raise WeightsError(
+                "the weights source is a URL this node does not fetch from",
+                detail=f"{origin} is not one of the agent's --weights-hosts "
+                f"({', '.join(sorted(allowed)) or 'none'}): add it there, or use a mirror "
+                "that is",
+            )
+    elif what == "path":
+        real = os.path.realpath(os.path.expanduser(source))
+        roots = [os.path.realpath(os.path.expanduser(str(f))) for f in folders]
+        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+            raise WeightsError(
+                "the weights source is outside this node's weights folders",
+                detail=f"{source} is not under {', '.join(roots) or 'no folder'}: put the file "
+                "in one of them, or start the agent with --weights-folder naming its folder",
+            )
 
 
 class DownloadCancelled(WeightsError):
@@ -58,10 +133,14 @@ class DownloadCancelled(WeightsError):
 
 
 def kind(source: str) -> str:
-    """Return what a source is: "url", "hf" (a Hugging Face id) or "path"."""
-    if source.startswith(("http://", "https://")):
+    """Return what a source is: "url", "hf" (a Hugging Face id) or "path".
+
+    Read from the text alone: whether a file of that name exists is never asked (a
+    source is not a probe of the node's files).
+    """
+    if "://" in source:
         return "url"
-    if source.startswith(("/", "./", "../", "~")) or os.path.exists(source):
+    if source.startswith(("/", "./", "../", "~")):
         return "path"
     if _HF_ID.fullmatch(source):
         return "hf"
@@ -77,8 +156,13 @@ def resolve(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     client: httpx.Client | None = None,
+    folders: Sequence[str | os.PathLike[str]] | None = None,
+    hosts: Sequence[str] | None = None,
 ) -> str:
     """Return what to hand the engine for a source: a local path or a Hugging Face id.
+
+    ``folders`` are where local sources may be (the weights folder alone for None), and
+    ``hosts`` the origins URLs may name (``check_source``).
 
     Raises:
         WeightsError: the source cannot be had on this node, or failed its check.
@@ -86,6 +170,7 @@ def resolve(
     if engine == "sim":
         # The simulator makes its answers up: it reads no weights.
         return source
+    check_source(source, [weights_dir] if folders is None else folders, hosts)
     what = kind(source)
     if what == "url":
         return str(
@@ -101,8 +186,8 @@ def resolve(
             "give the model's source as a local path or an http(s) URL of its .gguf file"
         )
     path = Path(source).expanduser()
-    if not path.exists():
-        raise WeightsError(f'weights not found on this node at "{source}"')
+    if not path.is_file() and not path.is_dir():
+        raise WeightsError("the weights were not found on this node", detail=f"no {source}")
     return str(path)
 
 
@@ -196,8 +281,9 @@ def download(
         if want and digest != want:
             part.unlink()
             raise WeightsError(
-                f"the file downloaded from {url} has sha256 {digest}, not the expected "
-                f"{want}: deleted it; check the source and its sha256"
+                "the downloaded weights are not the expected ones (their sha256 differs)",
+                detail=f"the file downloaded from {url} has sha256 {digest}, not the expected "
+                f"{want}: deleted it; check the source and its sha256",
             )
         size = part.stat().st_size
         os.replace(part, final)
@@ -241,13 +327,14 @@ def _fetch(
                     mode = "wb"
                 else:
                     raise WeightsError(
-                        f"{url} answered HTTP {response.status_code}",
+                        "the weights' origin refused the download",
                         retry=response.status_code >= 500 or response.status_code == 429,
+                        detail=f"{url} answered HTTP {response.status_code}",
                     )
                 with open(part, mode) as f:
                     for chunk in response.iter_bytes():
                         if cancel is not None and cancel.is_set():
-                            raise DownloadCancelled(f"download of {url} cancelled")
+                            raise DownloadCancelled("download cancelled", detail=url)
                         f.write(chunk)
                         have += len(chunk)
                         if progress:
@@ -259,7 +346,9 @@ def _fetch(
             last_error = f"{type(exc).__name__}: {exc}"
     held = part.stat().st_size if part.exists() else 0
     raise WeightsError(
-        f"downloading {url} failed: {last_error} (holding {held} bytes to resume from)", retry=True
+        "downloading the weights failed",
+        retry=True,
+        detail=f"downloading {url} failed: {last_error} (holding {held} bytes to resume from)",
     )
 
 

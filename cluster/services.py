@@ -34,6 +34,7 @@ from cluster.models import (
     Replica,
     token_digest,
 )
+from cluster.reasons import public as public_reason
 
 STATES = {s.value for s in ReplicaState}
 
@@ -638,9 +639,10 @@ def refresh_replica_state(r: Replica) -> None:
     if not ranks:
         return
     worst = max(ranks, key=lambda a: _SEVERITY.index(a.state) if a.state in _SEVERITY else 0)
-    reason = worst.reason
+    # A replica's reason is shown to everyone: what failed, not an agent's detail.
+    reason = public_reason(worst.reason)
     if len(ranks) > 1 and worst.reason:
-        reason = f"{worst.node.name} (rank {worst.rank}): {worst.reason}"
+        reason = f"{worst.node.name} (rank {worst.rank}): {reason}"
     leader = next((a for a in ranks if a.rank == 0), ranks[0])
     r.port = leader.port
     # Where the control plane sees the node, never what its inventory claims (cluster.address).

@@ -7,6 +7,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
+from cluster import reasons
 from cluster.models import (
     Assignment,
     Card,
@@ -16,6 +17,7 @@ from cluster.models import (
     Node,
     Replica,
 )
+from llmgw_admin.roles import OPERATOR, has_role
 
 
 class CardSerializer(serializers.ModelSerializer[Card]):
@@ -65,9 +67,16 @@ class NodeAddressSerializer(serializers.Serializer[None]):
 
 
 class AssignmentSerializer(serializers.ModelSerializer[Assignment]):
-    """A replica's share of one node."""
+    """A replica's share of one node; its reason in detail for operators (cluster.reasons)."""
 
     node = serializers.CharField(source="node.name", read_only=True)
+
+    def to_representation(self, instance: Assignment) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        request = self.context.get("request")
+        operator = request is not None and has_role(request.user, OPERATOR)
+        data["reason"] = reasons.for_role(data.get("reason") or "", operator)
+        return data
 
     class Meta:
         model = Assignment

@@ -84,6 +84,7 @@ def make(tmp_path: Path) -> Iterator[Callable[..., tuple[Supervisor, Recorder]]]
     def make_supervisor(**kwargs: Any) -> tuple[Supervisor, Recorder]:
         recorder = Recorder()
         kwargs.setdefault("grace_s", 2.0)
+        kwargs.setdefault("weights_folders", [tmp_path])  # the tests' model files are here
         sup = Supervisor(tmp_path / "state", report=recorder, **kwargs)
         made.append(sup)
         return sup, recorder
@@ -390,7 +391,11 @@ def test_weights_downloaded_with_progress_before_the_engine_starts(
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/m/small.gguf"
-        sup, rec = make(binaries={"llama-server": stub}, weights_dir=tmp_path / "w")
+        sup, rec = make(
+            binaries={"llama-server": stub},
+            weights_dir=tmp_path / "w",
+            weights_hosts=[f"http://127.0.0.1:{server.server_address[1]}"],
+        )
         sup.converge(
             [sim(engine="llamacpp", source=url, sha256=hashlib.sha256(content).hexdigest())]
         )
@@ -409,12 +414,12 @@ def test_weights_downloaded_with_progress_before_the_engine_starts(
 
 
 def test_failed_download_retried(make: Any, tmp_path: Path) -> None:
-    sup, rec = make(backoff_cap_s=0.05)
+    sup, rec = make(backoff_cap_s=0.05, weights_hosts=["http://127.0.0.1:9"])
     sup.converge([sim(engine="llamacpp", source="http://127.0.0.1:9/m.gguf")])
     wait_for(sup, lambda: len([r for r in rec.reports if r["state"] == "failed"]) >= 2)
     first = next(r for r in rec.reports if r["state"] == "failed")
     assert "downloading http://127.0.0.1:9/m.gguf failed" in first["reason"]
-    assert first["reason"].endswith("retrying in 0.05 s")
+    assert first["reason"].startswith("downloading the weights failed; retrying in 0.05 s")
     assert "fetching the weights again" in [r["reason"] for r in rec.reports]
 
 

@@ -93,12 +93,14 @@ def sha(data: bytes) -> str:
 def test_local_path_used_as_is(tmp_path: Path) -> None:
     model = tmp_path / "small.gguf"
     model.write_bytes(b"gguf")
-    assert weights.resolve(str(model), "llamacpp", tmp_path / "w") == str(model)
+    assert weights.resolve(str(model), "llamacpp", tmp_path / "w", folders=[tmp_path]) == str(model)
+    # The weights folder is one where local sources may be.
+    assert weights.resolve(str(model), "llamacpp", tmp_path) == str(model)
 
 
 def test_missing_local_path_refused(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="not found on this node") as info:
-        weights.resolve("/models/nope.gguf", "llamacpp", tmp_path)
+        weights.resolve(str(tmp_path / "nope.gguf"), "llamacpp", tmp_path)
     assert info.value.retry is False
 
 
@@ -131,7 +133,12 @@ def test_download_checked_and_recorded(origin: Origin, tmp_path: Path) -> None:
     url = origin.url + "/m/small.gguf"
     seen: list[tuple[int, int | None]] = []
     path = weights.resolve(
-        url, "llamacpp", tmp_path, sha256=sha(CONTENT), progress=lambda d, t: seen.append((d, t))
+        url,
+        "llamacpp",
+        tmp_path,
+        sha256=sha(CONTENT),
+        progress=lambda d, t: seen.append((d, t)),
+        hosts=[origin.url],
     )
     assert Path(path).read_bytes() == CONTENT
     assert Path(path).name.endswith("-small.gguf")
@@ -140,7 +147,9 @@ def test_download_checked_and_recorded(origin: Origin, tmp_path: Path) -> None:
     assert weights.held_sources(tmp_path) == [url]
     # Held: not fetched again.
     before = len(origin.requests)
-    assert weights.resolve(url, "llamacpp", tmp_path, sha256=sha(CONTENT)) == path
+    assert (
+        weights.resolve(url, "llamacpp", tmp_path, sha256=sha(CONTENT), hosts=[origin.url]) == path
+    )
     assert len(origin.requests) == before
 
 

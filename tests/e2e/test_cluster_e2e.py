@@ -163,12 +163,17 @@ def test_real_llama_server_on_cpu_ready_answers_and_stops(
     binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
     if not Path(binary).exists():
         pytest.fail(f"no llama-server at {binary}: python3 run.py test builds it")
-    agents("cpu-1", "--llama-server", binary, "--stop-engines-on-exit")
+    # The test model's folder is one this node may read weights from (--weights-folder).
+    model = _model_file()
+    agents(
+        "cpu-1", "--llama-server", binary, "--weights-folder", str(model.parent),
+        "--stop-engines-on-exit",
+    )  # fmt: skip
     wait_for(lambda: Node.objects.filter(name="cpu-1", health="ready").exists(), 60, "the node")
     store(
         {
             "name": "smol",
-            "source": str(_model_file()),
+            "source": str(model),
             "profiles": [
                 {
                     "name": "cpu",

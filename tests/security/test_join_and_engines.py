@@ -315,3 +315,140 @@ def test_the_demo_catalog_and_the_test_fixtures_stay_valid() -> None:
     for data in (gpu_model(), cpu_model()):
         m, problems = codec.decode_model(data)
         assert problems == [] and rules.check_model(m) == []
+
+
+# -- item 4: weights sources --------------------------------------------------------------
+
+
+class _Listener:
+    """A real open port that counts the connections made to it."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.accepted += 1
+                conn.close()
+
+
+def _refusal(source: str, folder: Any, **kw: Any) -> Any:
+    from agent import weights
+
+    with pytest.raises(weights.WeightsError) as info:
+        weights.resolve(source, "llamacpp", folder, **kw)
+    assert info.value.retry is False
+    return info.value
+
+
+def test_a_local_source_outside_the_weights_folders_is_refused_unread(tmp_path: Any) -> None:
+    from agent import weights
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "ok.gguf").write_bytes(b"gguf")
+    secret = tmp_path / "secret"
+    secret.write_text("root:x")
+    (folder / "link.gguf").symlink_to(secret)
+    assert weights.resolve(str(folder / "ok.gguf"), "llamacpp", folder) == str(folder / "ok.gguf")
+    said = {
+        _refusal(src, folder).summary
+        for src in (
+            "/etc/shadow",
+            "/etc/no-such-file",
+            str(secret),
+            str(tmp_path / "missing"),
+            str(folder / "link.gguf"),
+            str(folder / ".." / "secret"),
+            "../secret",
+            "~/.ssh/id_rsa",
+        )
+    }
+    # One answer, whether the file exists or not: nothing for a probe to tell apart.
+    assert said == {"the weights source is outside this node's weights folders"}
+    # A folder the agent was given (--weights-folder) is one too.
+    assert weights.resolve(str(secret), "llamacpp", folder, folders=[folder, tmp_path])
+
+
+def test_a_url_of_an_origin_not_allowed_is_refused_without_connecting(tmp_path: Any) -> None:
+    from tests.e2e.conftest import free_port
+
+    listener = _Listener()
+    closed = free_port()
+    open_url = f"http://127.0.0.1:{listener.port}/x.gguf"
+    closed_url = f"http://127.0.0.1:{closed}/x.gguf"
+    said = {
+        _refusal(url, tmp_path).summary
+        for url in (open_url, closed_url, "file:///etc/shadow", "ftp://10.0.0.1/x.gguf")
+    }
+    assert said == {"the weights source is a URL this node does not fetch from"}
+    assert listener.accepted == 0
+    # Allowed, the same port is fetched from; another port of the host is not.
+    refused_port = _refusal(closed_url, tmp_path, hosts=[f"http://127.0.0.1:{listener.port}"])
+    assert "not one of the agent's --weights-hosts" in refused_port.detail
+    assert listener.accepted == 0
+
+
+def test_a_real_refused_port_fails_as_a_download_saying_no_more_to_viewers(tmp_path: Any) -> None:
+    from agent import weights
+    from cluster import reasons
+    from tests.e2e.conftest import free_port
+
+    closed = free_port()
+    url = f"http://127.0.0.1:{closed}/x.gguf"
+    with pytest.raises(weights.WeightsError) as info:
+        weights.resolve(url, "llamacpp", tmp_path, hosts=[f"http://127.0.0.1:{closed}"])
+    assert info.value.retry is True
+    shown = reasons.public(str(info.value))
+    assert shown == "downloading the weights failed"
+    assert str(closed) not in shown and "refused" not in shown.lower()
+    assert str(closed) in str(info.value)  # the operator's detail
+
+
+@pytest.mark.django_db
+def test_replica_reasons_by_role_on_the_api_and_the_console(
+    api_for: Any, client_for: Any, viewer: Any, operator: Any, tmp_path: Any
+) -> None:
+    from rest_framework.test import APIClient
+
+    from agent import weights
+    from cluster import reconciler
+    from tests.catalog.samples import gpu_model
+    from tests.cluster.helpers import join_node
+
+    _, token = join_node("gpu-1", [H100, H100])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    replica = Replica.objects.get()
+    # What an agent reports when the source is outside its folders (the real error).
+    try:
+        weights.resolve("/etc/shadow", "vllm", tmp_path)
+    except weights.WeightsError as exc:
+        reason = str(exc)
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"reports": [{"replica": replica.pk, "state": "failed", "reason": reason}]}
+    assert agent.post("/api/v1/agent/report", body, format="json").status_code == 200
+
+    summary = "the weights source is outside this node's weights folders"
+    seen = api_for(viewer).get(f"/api/v1/cluster/replicas/{replica.pk}/").json()
+    assert seen["reason"] == summary
+    assert seen["assignments"][0]["reason"] == summary
+    assert "/etc/shadow" not in str(seen)
+    ops = api_for(operator).get(f"/api/v1/cluster/replicas/{replica.pk}/").json()
+    assert ops["reason"] == summary
+    assert "/etc/shadow" in ops["assignments"][0]["reason"]
+    page = client_for(viewer).get("/cluster/").content.decode()
+    assert summary.replace("'", "&#x27;") in page and "/etc/shadow" not in page

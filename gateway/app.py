@@ -290,7 +290,7 @@ class Gateway:
         if judging_requests and req.text:
             verdict = asyncio.create_task(self.guard.judge(req.text))
         try:
-            await self._route(sent, table, key, entry, req, data, verdict, judging_answers)
+            await self._route(sent, table, key, entry, req, data, raw, verdict, judging_answers)
         finally:
             if verdict is not None and not verdict.done():
                 verdict.cancel()
@@ -315,6 +315,7 @@ class Gateway:
         entry: Entry,
         req: bodies.Request,
         data: dict[str, Any],
+        raw: bytes,
         verdict: asyncio.Task[dict[str, Any]] | None,
         judging_answers: bool,
     ) -> None:
@@ -357,7 +358,7 @@ class Gateway:
                     tried.add(target.id)
                     url = pool.endpoints[target.id]
                     outcome = await self._try(
-                        sent, key, entry, req, data, verdict, judging_answers,
+                        sent, key, entry, req, data, raw, verdict, judging_answers,
                         url, target.id, target_model, served=name,
                     )  # fmt: skip
                     if outcome is None:
@@ -374,7 +375,7 @@ class Gateway:
             ext = table.models[name]
             self.counters.fallbacks += name != model.name
             outcome = await self._try(
-                sent, key, entry, req, data, verdict, judging_answers,
+                sent, key, entry, req, data, raw, verdict, judging_answers,
                 ext.external.url.rstrip("/"), -1, ext, served=ext.external.model or name,
                 external=True,
             )  # fmt: skip
@@ -438,6 +439,7 @@ class Gateway:
         entry: Entry,
         req: bodies.Request,
         data: dict[str, Any],
+        raw: bytes,
         verdict: asyncio.Task[dict[str, Any]] | None,
         judging_answers: bool,
         base: str,
@@ -449,8 +451,11 @@ class Gateway:
     ) -> str | None:
         """Send to one replica; None when the client had its answer, else why not."""
         adapter = entry.adapter if target_model.name == entry.model.name else None
-        out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
-        payload = json.dumps(out, ensure_ascii=False).encode()
+        if data["model"] == (adapter or served) and (not req.stream or req.include_usage):
+            payload = raw  # nothing to change: the client's bytes as they came
+        else:
+            out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
+            payload = json.dumps(out, ensure_ascii=False).encode()
         path = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
                 "embedding": "/v1/embeddings"}[req.kind]  # fmt: skip
         if external and base.endswith("/v1"):

@@ -69,10 +69,14 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.used = False
+        self.parser: httptools.HttpResponseParser | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        """Ready for the next answer on this connection (one parser reads them all)."""
+        if self.parser is None:
+            self.parser = httptools.HttpResponseParser(self)
+        self.keep_alive = False
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -108,6 +112,8 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        # Read here: llhttp's answer is not kept past the message's end.
+        self.keep_alive = self.parser.should_keep_alive()
         if not self.head.done():
             self.head.set_result(None)
 
@@ -144,13 +150,15 @@ class _Conn(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = self.waiter = loop.create_future()
+            timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
             try:
-                await asyncio.wait_for(self.waiter, timeout)
-            except TimeoutError:
-                raise UpstreamError(TIMEOUT, "the upstream stopped sending") from None
+                await waiter
             finally:
                 self.waiter = None
+                if timer is not None:
+                    timer.cancel()
         data = self.body.popleft() if len(self.body) == 1 else b"".join(self.body)
         self.body.clear()
         self.buffered = 0
@@ -162,6 +170,36 @@ class _Conn(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+async def _within(future: asyncio.Future[None], timeout: float | None) -> None:
+    """Await ``future`` for at most ``timeout`` seconds (TimeoutError), leaving it be: one
+    timer, not the task and futures ``asyncio.wait_for`` makes."""
+    if future.done() or timeout is None:
+        await future
+        return
+    loop = asyncio.get_running_loop()
+    gate = loop.create_future()
+
+    def opened(_: object = None) -> None:
+        if not gate.done():
+            gate.set_result(None)
+
+    future.add_done_callback(opened)
+    timer = loop.call_later(timeout, opened)
+    try:
+        await gate
+    finally:
+        timer.cancel()
+        future.remove_done_callback(opened)
+    if not future.done():
+        raise TimeoutError
+    future.result()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(UpstreamError(TIMEOUT, "the upstream stopped sending"))
 
 
 class Response:
@@ -242,10 +280,13 @@ class Upstream:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = asyncio.Semaphore(self.max_per_upstream)
-        try:
-            await asyncio.wait_for(slots.acquire(), connect_timeout)
-        except TimeoutError:
-            raise UpstreamError(CONNECT, "every connection to the upstream is busy") from None
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), connect_timeout)
+            except TimeoutError:
+                raise UpstreamError(CONNECT, "every connection to the upstream is busy") from None
+        else:
+            await slots.acquire()  # free: returns at once
         host = key[1] if key[2] == _DEFAULT_PORT[key[0]] else f"{key[1]}:{key[2]}"
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
         for name, value in headers or ():
@@ -260,7 +301,7 @@ class Upstream:
                 assert conn.transport is not None
                 conn.transport.write(message)
                 try:
-                    await asyncio.wait_for(asyncio.shield(conn.head), first_byte_timeout)
+                    await _within(conn.head, first_byte_timeout)
                 except TimeoutError:
                     conn.close()
                     raise UpstreamError(TIMEOUT, "no answer from the upstream in time") from None
@@ -309,7 +350,7 @@ class Upstream:
         slots = self._slots.get(conn.key)
         if slots is not None:
             slots.release()
-        keep = conn.complete and not conn.lost and conn.parser.should_keep_alive()
+        keep = conn.complete and not conn.lost and conn.keep_alive
         if not keep:
             conn.close()
             return

@@ -38,6 +38,7 @@ class Engine:
     delay: float = 0.0
     port: int = 0
     requests: int = 0
+    connections: int = 0
     cancelled: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
@@ -57,6 +58,7 @@ class Engine:
             self.server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

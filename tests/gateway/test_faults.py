@@ -34,6 +34,24 @@ def ask(h: Harness, name: str = "m", **kw: object) -> str:
     return answer.choices[0].message.content or ""
 
 
+def test_requests_reuse_kept_alive_connections_to_the_engine(h: Harness) -> None:
+    engine = h.engine("e")
+    h.serve([model("m")], [(1, "m", engine)])
+    client = api(h)
+    for stream in (False, True, False, True):
+        for _ in range(5):
+            if stream:
+                list(client.chat.completions.create(
+                    model="m", stream=True, messages=[{"role": "user", "content": "x"}]))  # fmt: skip
+            else:
+                ask(h)
+    assert engine.requests == 20 and engine.connections == 1
+    # The body went as the client sent it when nothing had to change; a stream was asked
+    # for usage.
+    assert "stream_options" not in engine.bodies[0]
+    assert engine.bodies[5]["stream_options"] == {"include_usage": True}
+
+
 def test_a_503_and_a_429_move_the_request_to_a_replica_that_answers(h: Harness) -> None:
     busy, full, good = (
         h.engine("busy", behaviour="503"),

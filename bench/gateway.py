@@ -1,0 +1,311 @@
+"""Measure what the gateway adds to a request, and how much one gateway process carries.
+
+    .venv/bin/python bench/gateway.py [--requests 100000] [--seconds 5]
+
+On a throwaway PostgreSQL database: a fast mock engine (bench/mockengine.py, its own
+process) holds a ready replica of model ``bench``; one ``manage.py gateway serve``
+process routes to it with a real client key. The load generator is this process: raw
+HTTP/1.1 over kept-alive connections (httptools parsing), so its own cost is the same for
+both targets and cancels out. Phases, each printing its figures:
+
+1. latency at 100 req/s, open loop, requests to the engine directly and through the
+   gateway interleaved one for one: p50 and p99 of each and the difference;
+2. the most requests a second each carries, closed loop with 64 connections;
+3. a stream of 2,000 events, directly and through the gateway: the time per event added;
+4. memory: the gateway's RSS before and after ``--requests`` requests;
+5. the guard on requests: a sim judge (no artificial latency) judging every request, at
+   100 req/s again, against phase 1's gateway figure.
+
+Asserts nothing. Goals (issue 12): overhead p50 <= 1 ms and p99 <= 5 ms at 100 req/s,
+<= 50 us a streamed event, RSS flat, >= 2,500 req/s through one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+# The setup (a throwaway database, the model, the key, the policy) runs between the
+# load generator's phases, on its loop: a benchmark, not a server.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+import django  # noqa: E402
+
+django.setup()
+
+import httptools  # noqa: E402
+import httpx  # noqa: E402
+
+from bench import webproc  # noqa: E402
+
+BODY = {"model": "bench", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class _Answer:
+    def __init__(self) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+        self.status = 0
+        self.size = 0
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+
+    def on_message_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class Conn(asyncio.Protocol):
+    """One kept-alive connection: a request at a time."""
+
+    def __init__(self) -> None:
+        self.answer: _Answer | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer is not None:
+            self.answer.parser.feed_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.answer is not None and not self.answer.done.done():
+            self.answer.done.set_exception(ConnectionError("closed"))
+
+    async def send(self, message: bytes) -> tuple[int, int]:
+        self.answer = _Answer()
+        self.transport.write(message)
+        await self.answer.done
+        return self.answer.status, self.answer.size
+
+
+class Target:
+    def __init__(self, port: int, key: str | None, body: dict) -> None:
+        self.port = port
+        payload = json.dumps(body).encode()
+        auth = f"Authorization: Bearer {key}\r\n" if key else ""
+        self.message = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        self.idle: list[Conn] = []
+
+    async def conn(self) -> Conn:
+        if self.idle:
+            return self.idle.pop()
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(Conn, "127.0.0.1", self.port)
+        return conn
+
+    async def call(self) -> float:
+        conn = await self.conn()
+        start = time.perf_counter()
+        status, _ = await conn.send(self.message)
+        took = time.perf_counter() - start
+        if status != 200:
+            raise AssertionError(f"status {status}")
+        self.idle.append(conn)
+        return took
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+async def open_loop(direct: Target, gateway: Target, rate: float, n: int) -> tuple[list, list]:
+    """``n`` requests to each, interleaved, one every 1/rate s; latencies in ms."""
+    d: list[float] = []
+    g: list[float] = []
+    tasks = []
+    start = time.perf_counter()
+
+    async def one(target: Target, into: list[float]) -> None:
+        into.append(await target.call() * 1000)
+
+    for i in range(2 * n):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(direct, d) if i % 2 == 0 else one(gateway, g)))
+    await asyncio.gather(*tasks)
+    return d, g
+
+
+async def closed_loop(target: Target, connections: int, seconds: float) -> float:
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            await target.call()
+            count += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(connections)))
+    return count / (time.perf_counter() - start)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_http(url: str) -> None:
+    for _ in range(300):
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer")
+
+
+def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    log = Path(f"/tmp/llmgw-bench-gateway-{port}.log").open("w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "gateway", "serve", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/v1/models")
+    return proc
+
+
+async def measure(args: argparse.Namespace) -> None:
+    from cluster.models import Replica
+    from gateway import services as keys
+    from guard import services as guard_services
+    from tests.catalog.samples import store
+    from tests.guard.helpers import guard_model
+    from tests.guard.test_client import launch, stop
+
+    old, name = webproc.throwaway_database("llmgw_bench_gateway")
+    procs: list[subprocess.Popen] = []
+    try:
+        engine_port = webproc.free_port()
+        procs.append(subprocess.Popen([sys.executable, "bench/mockengine.py", str(engine_port)],
+                                      cwd=ROOT, stdout=subprocess.DEVNULL))  # fmt: skip
+        store({"name": "bench", "source": "sim/bench", "scaling": {"min": 1, "max": 1},
+               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        Replica.objects.create(model_name="bench", state="ready", profile="sim",
+                               endpoint=f"http://127.0.0.1:{engine_port}")  # fmt: skip
+        guard_services.set_policy({"directions": []}, surface="cli")
+        _, secret = keys.create_key("bench")
+        env = dict(os.environ, LLMGW_DATABASE_URL=webproc.database_url(name),
+                   DJANGO_SETTINGS_MODULE="llmgw_admin.settings")  # fmt: skip
+        env.pop("LLMGW_REDIS_URL", None)
+        port = webproc.free_port()
+        gw = start_gateway(env, port)
+        procs.append(gw)
+        wait_http(f"http://127.0.0.1:{engine_port}/")
+        direct = Target(engine_port, None, BODY)
+        through = Target(port, secret, BODY)
+        for _ in range(200):  # warm-up
+            await direct.call()
+            await through.call()
+
+        n = int(args.seconds * 100 / 2)
+        d, g = await open_loop(direct, through, 100, n)
+        print(f"at 100 req/s ({n} each): direct p50 {pct(d, 50):.3f} ms p99 {pct(d, 99):.3f} ms;"
+              f" gateway p50 {pct(g, 50):.3f} ms p99 {pct(g, 99):.3f} ms")  # fmt: skip
+        over50 = pct(g, 50) - pct(d, 50)
+        over99 = pct(g, 99) - pct(d, 99)
+
+        max_direct = await closed_loop(direct, 64, args.seconds)
+        max_gateway = await closed_loop(Target(port, secret, BODY), 64, args.seconds)
+        print(
+            f"closed loop, 64 connections: direct {max_direct:.0f} req/s, "
+            f"gateway {max_gateway:.0f} req/s"
+        )
+
+        events = 2000
+        sbody = {**BODY, "stream": True, "max_tokens": events}
+        sd, sg = Target(engine_port, None, sbody), Target(port, secret, sbody)
+        td = [await sd.call() for _ in range(20)]
+        tg = [await sg.call() for _ in range(20)]
+        per_event = (statistics.median(tg) - statistics.median(td)) / events * 1e6
+        print(
+            f"stream of {events} events: direct {statistics.median(td) * 1000:.2f} ms, "
+            f"gateway {statistics.median(tg) * 1000:.2f} ms"
+        )
+
+        before = rss_mb(gw.pid)
+        many = Target(port, secret, BODY)
+        done = 0
+        while done < args.requests:
+            batch = min(1000, args.requests - done)
+            await asyncio.gather(*(many.call() for _ in range(batch)))
+            done += batch
+        after = rss_mb(gw.pid)
+        print(f"gateway RSS before {args.requests} requests {before:.1f} MB, after {after:.1f} MB")
+
+        # The guard on requests: a sim judge answering at once.
+        judge, judge_url = launch("--model", "judge", "--guard-format", "qwen3guard",
+                                  "--ttft", "0", "--tps", "100000")  # fmt: skip
+        try:
+            guard_model("judge", endpoint=judge_url)
+            guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["requests"]},
+                                      surface="cli")  # fmt: skip
+            gw.terminate()
+            gw.wait(20)
+            gw = start_gateway(env, port)
+            procs.append(gw)
+            guarded = Target(port, secret, BODY)
+            for _ in range(200):
+                await guarded.call()
+            d2, g2 = await open_loop(direct, guarded, 100, n)
+            guard_adds = pct(g2, 50) - pct(g, 50)
+            print(
+                f"guarded at 100 req/s: gateway p50 {pct(g2, 50):.3f} ms p99 {pct(g2, 99):.3f} ms"
+            )
+        finally:
+            stop(judge)
+
+        print(f"gateway overhead p50 at 100 req/s: {over50:.3f} ms")
+        print(f"gateway overhead p99 at 100 req/s: {over99:.3f} ms")
+        print(f"gateway max req/s: {max_gateway:.0f} (direct {max_direct:.0f})")
+        print(f"stream overhead per event: {per_event:.1f} us")
+        print(f"guard on requests adds p50: {guard_adds:.3f} ms")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        webproc.drop_database(old)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    main()

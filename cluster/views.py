@@ -65,7 +65,10 @@ def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
         services.set_cordon(node, action == "cordon")
         services.log_action(request.user, action, f"node {node.name}", "", "console")
     row = live.node_rows([node.pk])[0]
-    return HttpResponse(render_node(row, can_act=True))
+    # The node's drain message outlives pushes of its fragment (hx-preserve); an action
+    # done clears it.
+    clear = f'<div id="cluster-node-{node.pk}-drain" hx-swap-oob="innerHTML"></div>'
+    return HttpResponse(render_node(row, can_act=True) + clear)
 
 
 def _drain_refused(request: HtmxHttpRequest, node: Node, exc: DrainRefused) -> HttpResponse:

@@ -1,15 +1,25 @@
-"""The console's hint for a model that can run nowhere for want of an engine."""
+"""The console's hints for models that can run nowhere for want of an engine."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 from django import template
 
 register = template.Library()
 
 
-@register.inclusion_tag("cluster/partials/engine_hint.html")
-def engine_hint(name: str) -> dict:
-    """What the model needs and how to get it (``cluster.hints``); nothing if it can run."""
+@register.simple_tag
+def with_engine_hints(unplaced: Iterable[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
+    """Return (model name, replica, hint) for the unplaced list, the hint on each model's
+    first replica only (``cluster.hints``; one read for the whole list)."""
     from cluster import hints
 
-    return {"hint": hints.hint_for(name)}
+    rows = list(unplaced)
+    found = hints.hints_for({name for name, _ in rows})
+    out, seen = [], set()
+    for name, r in rows:
+        out.append((name, r, found.get(name) if name not in seen else None))
+        seen.add(name)
+    return out

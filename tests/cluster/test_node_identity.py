@@ -123,3 +123,20 @@ def test_address_helpers() -> None:
     assert host_port("fd00::1", 8000) == "[fd00::1]:8000"
     assert check_allowed("10.0.0.7") is None and check_allowed("gpu-7.internal") is None
     assert check_allowed("http://x/") and check_allowed("a b")
+
+
+def test_the_admin_releases_a_node_for_an_operator_only(
+    client_for: object, viewer: object, operator: object
+) -> None:
+    token = join("gpu-1").json()["node_token"]
+    node = Node.objects.get()
+    post = {"action": "release", "_selected_action": [node.pk]}
+    r = client_for(viewer).post("/admin/cluster/node/", post)  # type: ignore[operator]
+    assert r.status_code == 403
+    assert agent(token).get("/api/v1/agent/desired").status_code == 200
+    r = client_for(operator).post("/admin/cluster/node/", post)  # type: ignore[operator]
+    assert r.status_code == 302
+    assert agent(token).get("/api/v1/agent/desired").status_code == 401
+    assert ClusterAction.objects.filter(action="release", actor_name__endswith="(admin)").exists()
+    page = client_for(viewer).get(f"/admin/cluster/node/{node.pk}/change/")  # type: ignore[operator]
+    assert page.status_code == 200

@@ -37,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -51,6 +52,7 @@ from gateway.guarding import Guard
 from gateway.holdback import Holdback
 from gateway.limits import LocalLimits
 from gateway.models import KEY_PREFIX, digest
+from gateway.observe import Done, Observer
 from gateway.state import State
 from gateway.table import Entry, Key, Pool, Table
 from gateway.upstream import TIMEOUT, Response, Upstream, UpstreamError
@@ -99,24 +101,6 @@ class Options:
         )
 
 
-@dataclass
-class Counters:
-    """What this process has done, for ``/metrics`` and the console (in memory)."""
-
-    requests: dict[tuple[str, int, str], int] = field(default_factory=dict)
-    in_flight: dict[int, int] = field(default_factory=dict)
-    retries: int = 0
-    fallbacks: int = 0
-    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
-    tokens_in: dict[str, int] = field(default_factory=dict)
-    tokens_out: dict[str, int] = field(default_factory=dict)
-    failed_open: int = 0
-
-    def count(self, model: str, status: int, owner: str) -> None:
-        k = (model, status, owner)
-        self.requests[k] = self.requests.get(k, 0) + 1
-
-
 class Refused(Exception):
     """The guard refused (or could not judge under ``fail: closed``)."""
 
@@ -136,6 +120,7 @@ class Gateway:
         limits: Any = None,
         guard: Guard | None = None,
         options: Options | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.app = app
         self.state = state or State()
@@ -143,7 +128,9 @@ class Gateway:
         self._limits = limits
         self.guard = guard or Guard()
         self.options = options or Options.from_settings()
-        self.counters = Counters()
+        self.observer = observer or Observer()
+        # Requests in flight per replica in this process (the balancer reads them).
+        self.in_flight: dict[int, int] = {}
         self._started = False
 
     # Wiring.
@@ -183,9 +170,10 @@ class Gateway:
         await self._serve(scope, receive, send, path)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        sent = _Sent(send)
+        sent = _Sent(send, time.perf_counter())
         task = asyncio.current_task()
         watcher: asyncio.Task[None] | None = None
+        key: Key | None = None
         try:
             method = scope.get("method", "GET")
             table = self.state.table
@@ -211,6 +199,7 @@ class Gateway:
             await self._complete(sent, table, key, kind, raw)
         except ApiError as error:
             if not sent.started:
+                sent.status = error.status
                 await _send_error(send, error)
         except asyncio.CancelledError:
             if watcher is not None and watcher.done():
@@ -224,6 +213,15 @@ class Gateway:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if key is not None and path != "/v1/models" and not path.startswith("/v1/models/"):
+                now = time.perf_counter()
+                first = sent.first_at
+                self.observer.request(Done(
+                    model=sent.model, status=sent.status or 499, owner=key.owner, key=key.name,
+                    seconds=now - sent.start_at, ttft=None if first is None else first - sent.start_at,
+                    tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
+                    stream=sent.stream,
+                ))  # fmt: skip
 
     def _key(self, scope: Scope, table: Table) -> Key:
         secret = None
@@ -265,6 +263,7 @@ class Gateway:
         if entry is None or not key.may_name(entry):
             raise errors.model_not_found(req.model)
         model = entry.model
+        sent.model, sent.stream = model.name, req.stream
         if kind == bodies.EMBEDDING and not model.capabilities.embeddings:
             raise errors.bad_request(
                 f"The model '{req.model}' does not serve embeddings (its capabilities do not "
@@ -344,12 +343,12 @@ class Gateway:
                 if pool is None:
                     continue
                 if index and name != model.name:
-                    self.counters.fallbacks += 1
+                    self.observer.fell_back(model.name, name)
                 target_model = table.models[name]
                 await self._check_context(table, pool, target_model, req, entry)
                 while True:
                     target = balance.pick(
-                        pool.ring, self.counters.in_flight, req.affinity,
+                        pool.ring, self.in_flight, req.affinity,
                         profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
                         exclude=tried,
                     )  # fmt: skip
@@ -364,7 +363,7 @@ class Gateway:
                     if outcome is None:
                         return
                     last = outcome
-                    self.counters.retries += 1
+                    self.observer.retried(name)
             if not woken and table.pool(model.name) is None and model.external is None:
                 # No replica anywhere: wake the model and wait for it (bounded).
                 woken = True
@@ -373,7 +372,8 @@ class Gateway:
             break
         for name in external:
             ext = table.models[name]
-            self.counters.fallbacks += name != model.name
+            if name != model.name:
+                self.observer.fell_back(model.name, name)
             outcome = await self._try(
                 sent, key, entry, req, data, raw, verdict, judging_answers,
                 ext.external.url.rstrip("/"), -1, ext, served=ext.external.model or name,
@@ -465,7 +465,8 @@ class Gateway:
             secret = _provider_key(target_model)
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
-        in_flight = self.counters.in_flight
+        in_flight = self.in_flight
+        sent.model, sent.replica = target_model.name, replica
         in_flight[replica] = in_flight.get(replica, 0) + 1
         resp: Response | None = None
         try:
@@ -492,8 +493,9 @@ class Gateway:
         except _Retry as retry:
             return retry.detail
         except Refused as refused:
-            slot = (refused.verdict["direction"], ",".join(refused.verdict.get("categories") or ()))
-            self.counters.refusals[slot] = self.counters.refusals.get(slot, 0) + 1
+            verdict = refused.verdict
+            self.observer.refused(verdict["direction"], verdict.get("judge") or "",
+                                  tuple(verdict.get("categories") or ()))  # fmt: skip
             if sent.started:
                 return None
             raise refused.error from None
@@ -528,7 +530,7 @@ class Gateway:
                 result = await self.guard.judge(req.text, text)
                 if result.get("decision") != "allow":
                     raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
-        self.counters.count(entry.model.name, status, key.owner)
+        _usage_from(raw, sent)
         content_type = resp.header(b"content-type") or b"application/json"
         await sent.start(status, [(b"content-type", content_type)])
         await sent.body(raw, more=False)
@@ -570,6 +572,8 @@ class Gateway:
                     if payload == sse.DONE:
                         done = True
                         break
+                    if b'"usage":{' in payload:
+                        _usage_from(payload, sent)
                     if strip_usage and b'"usage"' in payload:
                         payload = _without_usage(payload)
                         if payload is None:
@@ -595,9 +599,8 @@ class Gateway:
                     out = hold.releasable()
                 if out:
                     if not sent.started:
-                        self.counters.count(entry.model.name, 200, key.owner)
                         await sent.start(200, SSE_HEADERS)
-                    await sent.body(b"".join(out))
+                    await sent.body(b"".join(out), text=True)
             if hold is not None:
                 if hold.unjudged:
                     await self._window(req, hold, final=True)
@@ -605,9 +608,8 @@ class Gateway:
             else:
                 rest = []
             if not sent.started:
-                self.counters.count(entry.model.name, 200, key.owner)
                 await sent.start(200, SSE_HEADERS)
-            await sent.body(b"".join(rest) + b"data: [DONE]\n\n", more=False)
+            await sent.body(b"".join(rest) + b"data: [DONE]\n\n", more=False, text=bool(rest))
         except Refused as refused:
             if hold is not None:
                 hold.drop()
@@ -633,7 +635,7 @@ class Gateway:
         if result.get("decision") != "allow":
             raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
         if result.get("failed_open"):
-            self.counters.failed_open += 1
+            self.observer.failed_open()
         hold.allow(ticket, final)
 
 
@@ -646,25 +648,51 @@ class _Retry(Exception):
 
 
 class _Sent:
-    """The response as sent so far (whether the head went out)."""
+    """The response as sent so far, and what the request came to (for the observer)."""
 
-    __slots__ = ("send", "started")
+    __slots__ = ("send", "started", "status", "start_at", "first_at", "model", "replica",
+                 "tokens_in", "tokens_out", "stream")  # fmt: skip
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, start_at: float) -> None:
         self.send = send
         self.started = False
+        self.status = 0
+        self.start_at = start_at
+        self.first_at: float | None = None
+        self.model = ""
+        self.replica: int | None = None
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.stream = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
+        self.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
-    async def body(self, data: bytes, more: bool = True) -> None:
+    async def body(self, data: bytes, more: bool = True, text: bool = True) -> None:
+        if self.first_at is None and data and text:
+            self.first_at = time.perf_counter()
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def json(self, status: int, value: Any) -> None:
         data = json.dumps(value, ensure_ascii=False).encode()
         await self.start(status, [*JSON, (b"content-length", str(len(data)).encode())])
         await self.body(data, more=False)
+
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def _usage_from(raw: bytes, sent: _Sent) -> None:
+    """Tokens in and out from an answer's (or a chunk's) usage, without parsing it all."""
+    found = _PROMPT_TOKENS.search(raw)
+    if found:
+        sent.tokens_in = int(found.group(1))
+    found = _COMPLETION_TOKENS.search(raw)
+    if found:
+        sent.tokens_out = int(found.group(1))
 
 
 async def _send_error(send: Send, error: ApiError) -> None:

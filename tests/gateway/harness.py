@@ -228,6 +228,14 @@ class Harness:
             self._server.should_exit = True
             time.sleep(0.2)
         self.state.stop()
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 

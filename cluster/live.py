@@ -25,7 +25,7 @@ from catalog import rules
 from catalog.models import ServedModel
 from catalog.services import stored_specs
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
+from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
 from cluster.plan import ONE_AT_A_TIME
 
 DOMAIN_LABEL = "llmgw.io/{level}"
@@ -80,8 +80,29 @@ class NodeRow:
         return self.state == NodeHealth.READY
 
 
+def cordon_reasons(names: list[str]) -> dict[str, str]:
+    """Return why each cordoned node is: who cordoned or drained it last (one query).
+
+    A node's own reason is what its agent's joins and silences left ("joined", "heard
+    from again"); a cordon is an operator's, logged as a ClusterAction.
+    """
+    if not names:
+        return {}
+    out: dict[str, str] = {}
+    for target, action, actor in (
+        ClusterAction.objects.filter(
+            target__in=[f"node {n}" for n in names], action__in=("cordon", "drain")
+        )
+        .order_by("-at", "-id")
+        .values_list("target", "action", "actor_name")
+    ):
+        verb = "drained" if action == "drain" else "cordoned"
+        out.setdefault(target.removeprefix("node "), f"{verb} by {actor}")
+    return out
+
+
 def node_rows(pks: Iterable[int] | None = None) -> list[NodeRow]:
-    """Return nodes with what they hold (three queries)."""
+    """Return nodes with what they hold (three queries; a fourth when one is cordoned)."""
     nodes = Node.objects.all()
     if pks is not None:
         nodes = nodes.filter(pk__in=list(pks))
@@ -105,6 +126,7 @@ def node_rows(pks: Iterable[int] | None = None) -> list[NodeRow]:
         memory[node_id] += mem
         watts[node_id] += w
         replicas[node_id].add(replica_id)
+    why = cordon_reasons([n.name for n in nodes_list if n.state == "cordoned"])
     rows = []
     for n in nodes_list:
         by_class: dict[str, ClassUse] = {}
@@ -118,7 +140,7 @@ def node_rows(pks: Iterable[int] | None = None) -> list[NodeRow]:
                 pk=n.pk,
                 name=n.name,
                 state=n.state,
-                reason=n.reason,
+                reason=why.get(n.name, "cordoned") if n.state == "cordoned" else n.reason,
                 simulated=n.simulated,
                 labels=dict(n.labels or {}),
                 cpu_used=cores[n.pk],

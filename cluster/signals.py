@@ -10,7 +10,7 @@ cluster imports none of them):
 Received:
 
 - the catalog's ``catalog_changed`` (after the commit of a change to the catalog) wakes
-  the reconciler (``cluster.wake``);
+  the reconciler (``cluster.wake``) and pushes the changed models' rows to the consoles;
 - saves and deletions of the cluster's rows mark what the live console shows as changed:
   a catch-all for the ORM's saves (services, the reconciler, the admin); writes that
   bypass signals (``QuerySet.update``, ``bulk_create``) call ``cluster.events.changed``
@@ -26,7 +26,7 @@ from django.dispatch import Signal
 
 from catalog.signals import catalog_changed
 from cluster import events, wake
-from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
+from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
 
 # Sent with now=(the tick's time, control time zone) as a tick of the leader begins.
 reconcile_tick = Signal()
@@ -35,6 +35,10 @@ reconcile_tick = Signal()
 def _catalog_changed(sender: Any, names: list[str], **kwargs: Any) -> None:
     # Every logged catalog change is one the reconciler acts on: it ticks now.
     wake.reconcile_soon()
+    # What the consoles show of these models changed too, before any replica does: an
+    # edited profile marks its replicas "old definition" (and offers Roll), a deleted
+    # model's replicas are leaving.
+    events.changed(models=names)
 
 
 def _replica(sender: Any, instance: Replica, **kwargs: Any) -> None:
@@ -57,9 +61,18 @@ def _budget(sender: Any, instance: FacilityBudget, **kwargs: Any) -> None:
     events.changed(power=True)
 
 
+def _action(sender: Any, instance: ClusterAction, created: bool, **kwargs: Any) -> None:
+    # A cordoned node's reason names who cordoned or drained it (cluster.live), which is
+    # logged after the node is written: the node is pushed again with it.
+    if created and instance.action in ("cordon", "drain") and instance.target.startswith("node "):
+        name = instance.target.removeprefix("node ")
+        events.changed(nodes=Node.objects.filter(name=name).values_list("pk", flat=True))
+
+
 def connect() -> None:
     """Connect the receivers (``ClusterConfig.ready``)."""
     catalog_changed.connect(_catalog_changed, dispatch_uid="cluster-wake-on-catalog")
+    post_save.connect(_action, sender=ClusterAction, dispatch_uid="live-cluster-action")
     for signal in (post_save, post_delete):
         signal.connect(_replica, sender=Replica, dispatch_uid=f"live-replica-{signal}")
         signal.connect(_assignment, sender=Assignment, dispatch_uid=f"live-assign-{signal}")

@@ -68,8 +68,10 @@ def swaps(
 ) -> list[str]:
     """Return the elements one console needs for these keys, and note what it now shows.
 
-    An element the page shows is replaced in place; one it lacks is appended to its list
-    (and the list's "empty" line removed); one that is gone is deleted.
+    An element the page shows is replaced in place; one it lacks is appended to its list;
+    one that is gone is deleted. The list's "empty" line stays (console.css hides it
+    while the list holds an element): deleting it out of band failed on every page
+    that no longer had it (htmx:oobErrorNoTarget).
     """
     parts = []
     for key in keys:
@@ -82,7 +84,6 @@ def swaps(
             parts.append(html)
         else:
             parts.append(f'<div hx-swap-oob="beforeend:#{list_id}">{html}</div>')
-            parts.append(f'<p id="{list_id}-empty" hx-swap-oob="delete"></p>')
             shown.add(key)
     return parts
 

@@ -48,7 +48,7 @@ def _action(client: Any, action: str, names: list[str], **extra: str) -> Any:
 def test_bulk_switch_off(client_for: Any, operator: Any) -> None:
     store(gpu_model("chat"), cpu_model("small"))
     r = _action(client_for(operator), "switch_off", ["chat", "small"])
-    assert "Switched off: chat, small" in r.content.decode()
+    assert "switched off: chat, small" in r.content.decode()  # as written
     assert set(ServedModel.objects.values_list("scaling_min", "scaling_max")) == {(0, 0)}
 
 
@@ -60,7 +60,7 @@ def test_bulk_applies_the_allowed_and_reports_the_refused(client_for: Any, opera
     text = r.content.decode()
     # A guard model loaded on demand is refused, named as written, and left as it was.
     assert "judge: not changed: scaling.min" in text
-    assert "Min/max set (0/2): chat" in text
+    assert "min/max set (0/2): chat" in text
     chat = ServedModel.objects.get(name="chat")
     assert (chat.scaling_min, chat.scaling_max) == (0, 2)
     assert ServedModel.objects.get(name="judge").scaling_min == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -506,3 +507,34 @@ def test_every_engine_listens_where_told_on_the_cards_given(
         # The agent's own settings, which it refuses to take from a profile.
         if key not in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH"):
             assert unsafe_env(key, engine) is None
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "says"),
+    [
+        (
+            "vllm",
+            ["--max-model-len", "lots"],
+            'takes a whole number, or one with k or m, not "lots"',
+        ),
+        ("vllm", ["--max-model-len"], "takes a whole number, or one with k or m, not nothing"),
+        ("vllm", ["--enforce-eager=1"], 'is a switch: write it without "=1"'),
+        ("llamacpp", ["--cache-type-k", "q9"], "takes one of f32"),
+        ("llamacpp", ["--chat-template", "/etc/shadow"], "takes a name"),
+        ("vllm", ["8192"], "a value with no flag before it"),
+        ("vllm", ["--tensor-parallel=2"], 'is short for "--tensor-parallel-size"'),
+        ("llamacpp", ["-a", "judge"], "sets what the agent sets"),
+        ("llamacpp", ["--log-file", "/x"], "not one an operator may pass to llamacpp"),
+    ],
+)
+def test_argument_refusals_say_what_to_write(engine: str, args: list[str], says: str) -> None:
+    why = unsafe_args(engine, args)
+    assert why is not None and says in why
+    with pytest.raises(CommandError, match=re.escape(says)):
+        command_for(replica(engine=engine, args=args), 1, "m", BINARIES)
+
+
+def test_one_refusal_per_fault_a_refused_flag_s_value_included() -> None:
+    from agent.engines import arg_problems
+
+    assert len(arg_problems("vllm", ["--api-key", "k", "--enforce-eager", "--port", "1"])) == 2

@@ -236,3 +236,29 @@ def test_new_sha256_fetches_again(origin: Origin, tmp_path: Path) -> None:
     changed = CONTENT[::-1]
     origin.files["/m/x.gguf"] = changed
     assert Path(weights.download(url, tmp_path, sha256=sha(changed))).read_bytes() == changed
+
+
+def test_origins_are_scheme_host_and_port_as_written() -> None:
+    assert weights.origin_of("https://HuggingFace.co/org/x.gguf") == "https://huggingface.co"
+    assert weights.origin_of("https://huggingface.co:443/x") == "https://huggingface.co"
+    assert weights.origin_of("http://10.0.0.5:8080/x") == "http://10.0.0.5:8080"
+    assert weights.origin_of("http://[fd00::1]/x") == "http://[fd00::1]"
+    assert weights.allowed_origins(None) == {"https://huggingface.co"}
+    assert weights.allowed_origins(["http://mirror:8080/", " "]) == {"http://mirror:8080"}
+
+
+def test_a_link_out_of_the_weights_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "w"
+    folder.mkdir()
+    (tmp_path / "outside.gguf").write_bytes(b"gguf")
+    (folder / "in.gguf").symlink_to(tmp_path / "outside.gguf")
+    with pytest.raises(WeightsError, match="outside this node's weights folders") as info:
+        weights.resolve(str(folder / "in.gguf"), "llamacpp", folder)
+    assert str(folder / "in.gguf") in info.value.detail
+    assert info.value.summary == "the weights source is outside this node's weights folders"
+
+
+def test_a_url_source_of_another_origin_is_refused_for_every_engine(tmp_path: Path) -> None:
+    for engine in ("llamacpp", "vllm", "sglang", "trtllm"):
+        with pytest.raises(WeightsError, match="URL this node does not fetch from"):
+            weights.resolve("http://169.254.169.254/latest/x", engine, tmp_path)

@@ -17,6 +17,7 @@ may owe to an old snapshot. Results are written in batches off the request path
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import weakref
@@ -33,7 +34,7 @@ from catalog.problems import Problem
 from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import client, known, pool, records
+from guard import client, formats, known, pool, records
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, JudgeRef, Stats, run_chain
@@ -59,12 +60,13 @@ _parsed: tuple[Any, policy_rules.Policy] | None = None
 
 
 def current_policy() -> policy_rules.Policy:
-    """Return the policy in force: the stored one, or the built-in baseline.
+    """Return the policy in force: the stored one, or the built-in baseline, as its
+    judges hold it (``_as_judges_hold``).
 
     From the snapshot (``snapshot``): inside a transaction, as that transaction sees it.
     """
     if connection.in_atomic_block:
-        return _stored_policy()[0]
+        return _load_snapshot().policy
     return _snapshot.get().policy
 
 
@@ -100,8 +102,6 @@ def judge_reports() -> dict[str, tuple[str, ...]]:
     the policy names). A catalog model of a known judge's name that is no guard model
     is no judge. One query.
     """
-    from guard import formats
-
     out: dict[str, tuple[str, ...]] = {name: kj.categories for name, kj in known.KNOWN.items()}
     for row in ServedModel.objects.values("name", "role", "guard_format", "guard_categories"):
         name = row["name"]
@@ -282,7 +282,32 @@ class Snapshot:
 def _load_snapshot(reread: bool = False) -> Snapshot:
     """Read the snapshot from the database: three queries."""
     pol, stored = _stored_policy()
-    return Snapshot(pol, stored, tuple(judges(pol.judge_models)), reread)
+    found = tuple(judges(pol.judge_models))
+    return Snapshot(_as_judges_hold(pol, found), stored, found, reread)
+
+
+def _as_judges_hold(pol: policy_rules.Policy, found: Sequence[Judge]) -> policy_rules.Policy:
+    """Return the policy with each category's equivalents its judges report added.
+
+    Every save completes the policy (``prepare_policy``), but one stored before that rule,
+    or whose judges' catalog rows changed since, may not be: a Llama Guard's "Violent
+    Crimes" must refuse whenever "Violent" does, whatever was stored. Only ever adds, so
+    the policy in force refuses no less than the stored one.
+    """
+
+    reports: dict[str, tuple[str, ...]] = {}
+    for j in found:
+        if j.format and j.format in formats.FORMATS:
+            reports[j.name] = formats.reported_categories(j.format, j.categories or None, j.variant)
+        else:
+            kj = known.KNOWN.get(j.name)
+            reports[j.name] = kj.categories if kj else ()
+    done, _, _ = policy_rules.complete(pol, reports, drop_unreportable=True)
+    have = {c.casefold() for c in pol.refuse_categories}
+    extra = [c for c in (done.refuse_categories if done else ()) if c.casefold() not in have]
+    if not extra:
+        return pol
+    return dataclasses.replace(pol, refuse_categories=(*pol.refuse_categories, *extra))
 
 
 def in_background(job: Callable[[], None]) -> None:

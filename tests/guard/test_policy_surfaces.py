@@ -292,3 +292,18 @@ def test_judge_use_completes_the_policy_and_says_so(judges: None) -> None:
     assert p.judge_models == (QWEN_DOWN, LLAMA_SIM)
     assert "Violent Crimes" in p.refuse_categories
     assert 'added "Violent Crimes", "Indiscriminate Weapons"' in out.getvalue()
+
+
+def test_a_policy_stored_before_the_rule_refuses_the_llama_guards_verdict_all_the_same(
+    judges: None, people: People
+) -> None:
+    """A policy saved before every surface completed it (or whose judges changed since)
+    is held as its judges make it: equivalents added, nothing taken away."""
+    GuardPolicy.objects.update(data=policy([LLAMA_SIM, QWEN_SIM], ["Violent", "PII"]))
+    held = services.current_policy()
+    assert held.refuse_categories[:2] == ("Violent", "PII")
+    assert {"Violent Crimes", "Indiscriminate Weapons", "Privacy"} <= set(held.refuse_categories)
+    result = check(people, UNSAFE_TEXT)
+    assert (result["judge"], result["categories"], result["decision"]) == (
+        LLAMA_SIM, ["Violent Crimes"], "refuse",
+    )  # fmt: skip

@@ -264,6 +264,8 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
     if not requests:
         return
     result_plan = placement.place(snap.p_nodes, snap.domains, snap.running, requests)
+    # An eviction that would leave a model dark waits for a replacement elsewhere.
+    result_plan, waiting = replace.spare_evicted(specs, snap, result_plan)
     bumped: set[int] = set()
     evicted_ids = [int(e.running_id) for e in result_plan.evictions]
     for e in result_plan.evictions:
@@ -289,7 +291,7 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
             )  # fmt: skip
             bumped.add(node.pk)
         result.placed.append(r.pk)
-    reasons = {int(u.key): u.reason for u in result_plan.unplaced}
+    reasons = {int(u.key): u.reason for u in result_plan.unplaced} | waiting
     reasons.update(_make_room(wants, specs, snap, result_plan, result))
     for rid, reason in reasons.items():
         # Written (and pushed) only when the reason changed: most ticks repeat it.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_node
 from typing import Any
 
 from django.db import transaction
@@ -216,3 +217,93 @@ def drain(node: Node, force: bool = False) -> Drained:
     events.changed(models=[r.model_name for r in here])
     wake.reconcile_soon()  # the replacements are placed elsewhere
     return done
+
+
+def spare_evicted(
+    specs: dict[str, Any], snap: Snapshot, plan: placement.Plan
+) -> tuple[placement.Plan, dict[int, str]]:
+    """Keep an eviction from leaving the evicted model with no ready replica.
+
+    For each replica placement would evict that is its model's last ready one: if it has
+    room elsewhere, a replacement is started there (as a drain does) and the request that
+    wanted its room waits, placed once the replacement is ready and the old one stopped;
+    if it has none, it is evicted and its reason says its model has no ready replica
+    until room returns. Return the plan to apply (without the requests that wait, and
+    without what was placed on their nodes) and the reasons of the requests that wait.
+    """
+    if not plan.evictions:
+        return plan, {}
+    by_pk = {r.pk: r for r in snap.replicas}
+    replaced = {r.replaces_id: r.pk for r in snap.replicas if r.desired and r.replaces_id}
+    victims = {int(e.running_id) for e in plan.evictions}
+    ready: dict[str, set[int]] = defaultdict(set)
+    for r in snap.replicas:
+        if r.desired and r.state == ReplicaState.READY:
+            ready[r.model_name].add(r.pk)
+    placed = {p.key: p for p in plan.placed}
+    waits: dict[str, str] = {}
+    evictions = []
+    for e in plan.evictions:
+        v = by_pk.get(int(e.running_id))
+        last = (
+            v is not None
+            and v.desired
+            and v.state == ReplicaState.READY
+            and not (ready[v.model_name] - victims)
+        )
+        if not last:
+            evictions.append(e)
+            continue
+        assert v is not None
+        wanted = placed.get(e.for_key)
+        new_pk = replaced.get(v.pk)
+        if new_pk is None and v.model_name in specs and wanted is not None:
+            # Elsewhere: not on the nodes the request that evicts it is to take.
+            taken = {a.node for a in wanted.assignments}
+            m = specs[v.model_name]
+            request = placement.Request(
+                "spare", m.name, tuple(placement.profiles_from_spec(m)), _class_rank(m)
+            )
+            nodes = [
+                replace_node(pn, schedulable=False) if pn.name in taken else pn
+                for pn in snap.p_nodes
+            ]
+            trial = placement.place(nodes, snap.domains, snap.running, [request])
+            if trial.placed and not trial.evictions:
+                new_pk = Replica.objects.create(
+                    model_id=v.model_id,
+                    model_name=v.model_name,
+                    replaces=v,
+                    reason=f"replacing #{v.pk} elsewhere: its room is wanted by {e.for_key}",
+                ).pk
+                events.changed(models=[v.model_name])
+                wake.reconcile_soon()  # placed at the next tick
+        if new_pk is not None:
+            waits[e.for_key] = (
+                f"waiting for #{new_pk} to be ready on another node before evicting "
+                f"#{v.pk}, the last ready replica of {v.model_name}"
+            )
+            continue
+        evictions.append(
+            placement.Eviction(
+                e.running_id,
+                e.model,
+                e.for_key,
+                f"{e.reason}; no room elsewhere: {v.model_name} has no ready replica "
+                "until room returns",
+            )
+        )
+    if not waits:
+        return placement.Plan(plan.placed, evictions, plan.unplaced), {}
+    # What waits keeps its victims; nothing else goes on the nodes it was to take.
+    held = {a.node for key in waits if key in placed for a in placed[key].assignments}
+    keep = [
+        p for p in plan.placed if p.key not in waits and not {a.node for a in p.assignments} & held
+    ]
+    kept_keys = {p.key for p in keep}
+    evictions = [e for e in evictions if e.for_key in kept_keys]
+    dropped = [p for p in plan.placed if p.key not in kept_keys and p.key not in waits]
+    reasons = {int(k): why for k, why in waits.items()}
+    for p in dropped:
+        reasons[int(p.key)] = "waiting for room a replacement elsewhere is making"
+    return placement.Plan(keep, evictions, plan.unplaced), reasons

@@ -218,3 +218,43 @@ def test_the_console_says_why_a_drain_is_refused_and_offers_to_force_it(
     assert r.status_code == 200 and "HX-Retarget" not in r
     node.refresh_from_db()
     assert node.cordoned and ready_count("demo-chat") == 0
+
+
+def one_card(name: str, cls: str) -> dict[str, Any]:
+    return gpu_model(
+        name,
+        **{"class": cls},
+        profiles=[{"name": "h100", "gpu_class": H100, "tp": 2 if cls == "critical" else 1}],
+        scaling={"min": 1, "max": 1},
+    )
+
+
+def test_an_eviction_replaces_the_last_ready_replica_elsewhere_first() -> None:
+    join_node("n1", [H100] * 2)
+    store(one_card("cheap", "opportunistic"))
+    settle("cheap", 3)
+    assert ready_count("cheap") == 1
+    join_node("n2", [H100])  # room for cheap, not for vital's two cards
+    store(one_card("vital", "critical"))
+    tick()
+    vital = Replica.objects.get(model_name="vital")
+    assert not vital.assignments.exists()
+    assert "before evicting" in vital.reason and "last ready replica of cheap" in vital.reason
+    seen = settle("cheap")
+    assert min(seen) >= 1, seen
+    assert ready_count("vital") == 1
+    assert set(Assignment.objects.filter(replica__model_name="cheap").values_list(
+        "node__name", flat=True
+    )) == {"n2"}  # fmt: skip
+
+
+def test_an_eviction_with_no_room_elsewhere_says_the_model_goes_dark() -> None:
+    join_node("n1", [H100] * 2)
+    store(one_card("cheap", "opportunistic"))
+    settle("cheap", 3)
+    store(one_card("vital", "critical"))
+    result = tick()
+    (evicted,) = result.evicted
+    reason = Replica.objects.get(pk=evicted).reason
+    assert "evicted for vital" in reason
+    assert "no room elsewhere: cheap has no ready replica until room returns" in reason

@@ -140,3 +140,15 @@ def test_the_admin_releases_a_node_for_an_operator_only(
     assert ClusterAction.objects.filter(action="release", actor_name__endswith="(admin)").exists()
     page = client_for(viewer).get(f"/admin/cluster/node/{node.pk}/change/")  # type: ignore[operator]
     assert page.status_code == 200
+
+
+def test_the_console_releases_a_node_for_an_operator_only(
+    client_for: object, viewer: object, operator: object
+) -> None:
+    token = join("gpu-1").json()["node_token"]
+    url = f"/cluster/nodes/{Node.objects.get().pk}/release/"
+    assert client_for(viewer).post(url).status_code == 403  # type: ignore[operator]
+    r = client_for(operator).post(url)  # type: ignore[operator]
+    assert r.status_code == 200 and "released by" in r.content.decode()
+    assert agent(token).get("/api/v1/agent/desired").status_code == 401
+    assert ClusterAction.objects.filter(action="release", actor_name__endswith="(console)").exists()

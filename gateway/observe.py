@@ -1,0 +1,97 @@
+"""What the gateway tells of its traffic, and the default listener: counts in memory.
+
+``Gateway`` calls an ``Observer`` once per request when it is answered (or given up on),
+and when it retries, falls back or refuses. The calls are cheap and make no I/O: a
+listener that exports (``/metrics``) or pushes to the console keeps its own aggregates
+and sends them off the request path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Done:
+    """One request, as it ended."""
+
+    model: str  # the catalog model that answered ("" when none was named or found)
+    status: int
+    owner: str
+    key: str
+    seconds: float
+    ttft: float | None  # to the first byte of the answer's text (streams), or the answer
+    tokens_in: int
+    tokens_out: int
+    replica: int | None
+    stream: bool
+
+
+@dataclass
+class Observer:
+    """Counts in memory (tests and the console read them); subclass to export."""
+
+    requests: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    tokens_in: dict[str, int] = field(default_factory=dict)
+    tokens_out: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    failed_open_windows: int = 0
+    last: Done | None = None
+
+    def request(self, done: Done) -> None:
+        k = (done.model, done.status, done.owner)
+        self.requests[k] = self.requests.get(k, 0) + 1
+        if done.tokens_in:
+            self.tokens_in[done.model] = self.tokens_in.get(done.model, 0) + done.tokens_in
+        if done.tokens_out:
+            self.tokens_out[done.model] = self.tokens_out.get(done.model, 0) + done.tokens_out
+        self.last = done
+
+    def retried(self, model: str) -> None:
+        self.retries[model] = self.retries.get(model, 0) + 1
+
+    def fell_back(self, model: str, to: str) -> None:
+        self.fallbacks[(model, to)] = self.fallbacks.get((model, to), 0) + 1
+
+    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
+        for category in categories or ("",):
+            k = (direction, category)
+            self.refusals[k] = self.refusals.get(k, 0) + 1
+
+    def failed_open(self) -> None:
+        self.failed_open_windows += 1
+
+
+class Fanout(Observer):
+    """Counts in memory, and tells every listener given (metrics, canaries, usage)."""
+
+    def __init__(self, *listeners: Observer) -> None:
+        super().__init__()
+        self.listeners = listeners
+
+    def request(self, done: Done) -> None:
+        super().request(done)
+        for listener in self.listeners:
+            listener.request(done)
+
+    def retried(self, model: str) -> None:
+        super().retried(model)
+        for listener in self.listeners:
+            listener.retried(model)
+
+    def fell_back(self, model: str, to: str) -> None:
+        super().fell_back(model, to)
+        for listener in self.listeners:
+            listener.fell_back(model, to)
+
+    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
+        super().refused(direction, judge, categories)
+        for listener in self.listeners:
+            listener.refused(direction, judge, categories)
+
+    def failed_open(self) -> None:
+        super().failed_open()
+        for listener in self.listeners:
+            listener.failed_open()

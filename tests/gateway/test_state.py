@@ -1,0 +1,106 @@
+"""What a gateway process loads to route by: the catalog, the replicas it may use, keys;
+and budgets shared by every gateway process through Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from cluster.choices import NodeHealth
+from cluster.models import Assignment, Node, Replica
+from gateway import services
+from gateway.limits import LocalLimits, RedisLimits
+from gateway.models import digest
+from gateway.state import load_table
+from tests.catalog.samples import store
+from tests.guard.helpers import guard_model
+
+SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "weight": 2}]
+
+
+def replica(model: str, node: Node, **kw: object) -> Replica:
+    r = Replica.objects.create(model_name=model, profile="sim", state=kw.pop("state", "ready"),
+                               endpoint=kw.pop("endpoint", f"http://{node.name}:9000"), **kw)  # fmt: skip
+    Assignment.objects.create(replica=r, node=node)
+    return r
+
+
+@pytest.mark.django_db
+def test_only_ready_wanted_replicas_on_heard_nodes_are_routed_to() -> None:
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
+           "adapters": [{"name": "chat-sql", "source": "/lora/sql"}],
+           "scaling": {"min": 1, "max": 4}})  # fmt: skip
+    guard_model("judge")
+    ok = Node.objects.create(name="ok", health=NodeHealth.READY)
+    lost = Node.objects.create(name="lost", health=NodeHealth.LOST)
+    good = replica("chat", ok)
+    replica("chat", lost)  # its node is not heard from
+    replica("chat", ok, desired=False)  # being stopped: finishes its own, takes no new ones
+    replica("chat", ok, state="loading")
+    replica("chat", ok, endpoint="")
+    replica("judge", ok)
+    table = load_table()
+    pool = table.pool("chat")
+    assert pool is not None and [t.id for t in pool.targets] == [good.pk]
+    assert pool.targets[0].weight == 2
+    assert table.resolve("c").model.name == "chat"
+    assert table.resolve("chat-sql").adapter == "chat-sql"
+    assert table.resolve("judge") is None  # judges are nobody's to name
+
+
+@pytest.mark.django_db
+def test_live_keys_only_and_their_expiry() -> None:
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    _, live = services.create_key("live", owner="team:a", models=["chat"], rpm=5)
+    _, soon = services.create_key("soon", expires=timezone.now() + timedelta(seconds=30))
+    _, gone = services.create_key("gone")
+    services.revoke_key("gone")
+    keys = load_table().keys
+    assert digest(gone) not in keys
+    k = keys[digest(live)]
+    assert (k.owner, k.models, k.rpm) == ("team:a", ("chat",), 5)
+    assert not keys[digest(soon)].expired(timezone.now().timestamp())
+    assert keys[digest(soon)].expired((timezone.now() + timedelta(seconds=31)).timestamp())
+
+
+@pytest.mark.django_db
+def test_a_key_cannot_name_a_judge_or_an_unknown_model() -> None:
+    guard_model("judge")
+    with pytest.raises(services.KeyRefused, match="judge traffic"):
+        services.create_key("bad", models=["judge"])
+    with pytest.raises(services.KeyRefused, match="not in the catalog"):
+        services.create_key("bad", models=["nope"])
+
+
+def test_local_budgets_refuse_past_the_limit_until_the_minute_ends() -> None:
+    now = [120.0]
+    limits = LocalLimits(clock=lambda: now[0])
+
+    async def run() -> list[float | None]:
+        return [await limits.take(1, "requests", 1, 2) for _ in range(3)]
+
+    assert asyncio.run(run())[:2] == [None, None]
+    now[0] = 130.0
+    assert asyncio.run(limits.take(1, "requests", 1, 2)) == 50.0  # seconds to the minute's end
+    now[0] = 180.0
+    assert asyncio.run(limits.take(1, "requests", 1, 2)) is None
+
+
+def test_a_budget_in_redis_is_shared_by_every_process() -> None:
+    """Two limiters (as two gateway processes have) share one key's budget."""
+    url = settings.LLMGW_TEST_REDIS_URL if hasattr(settings, "LLMGW_TEST_REDIS_URL") else None
+    url = url or "redis://127.0.0.1:6379/14"
+    now = [1_000_040.0]  # 20 s into a minute
+
+    async def run() -> list[float | None]:
+        a, b = RedisLimits(url, clock=lambda: now[0]), RedisLimits(url, clock=lambda: now[0])
+        key = 900_000 + int(now[0])  # a key id of this run's own
+        return [await limiter.take(key, "tokens", 40, 100) for limiter in (a, b, a, b)]
+
+    taken = asyncio.run(run())
+    assert taken[:2] == [None, None]  # 80 of 100
+    assert taken[2] == taken[3] == 40.0  # 40 more would pass 100, whichever process asks

@@ -307,3 +307,20 @@ def test_a_policy_stored_before_the_rule_refuses_the_llama_guards_verdict_all_th
     assert (result["judge"], result["categories"], result["decision"]) == (
         LLAMA_SIM, ["Violent Crimes"], "refuse",
     )  # fmt: skip
+
+
+def test_the_consoles_add_it_to_the_policy_after_enabling_a_judge(
+    judges: None, people: People
+) -> None:
+    """The console's "Enable a judge" form with "Add it to the policy", the issue's path."""
+    join_node("sim-1", ["nvidia-l4-24gb"] * 2, simulated=True)
+    r = people.client.post(
+        "/guard/enable/",
+        {"name": "llamaguard3-1b", "where": "sim", "add_to_policy": "on"},
+        HTTP_HX_REQUEST="true",
+    )
+    body = html.unescape(r.content.decode())
+    assert "not added to the policy" not in body, body
+    assert "added to the policy's judges as #2" in body
+    assert 'added "Violent Crimes", "Indiscriminate Weapons"' in body
+    assert services.current_policy().judge_models == (QWEN_SIM, "llamaguard3-1b")

@@ -17,12 +17,16 @@ from cluster import marks
 
 class TickStatusSerializer(serializers.Serializer):  # type: ignore[type-arg]
     last_tick = serializers.DateTimeField(allow_null=True, help_text="when the last tick finished")
-    by = serializers.CharField(help_text="the process that ran it: role, host and pid")
+    by = serializers.CharField(
+        allow_blank=True, help_text="the process that ran it: role, host and pid"
+    )
     age_s = serializers.FloatField(allow_null=True, help_text="seconds since then")
     interval_s = serializers.FloatField(help_text="LLMGW_RECONCILE_INTERVAL")
     stale_after_s = serializers.FloatField(help_text="the age past which it warns")
     stale = serializers.BooleanField(help_text="the reconciler seems to have stopped")
-    warning = serializers.CharField(help_text="what is wrong and what to check; empty if nothing")
+    warning = serializers.CharField(
+        allow_blank=True, help_text="what is wrong and what to check; empty if nothing"
+    )
 
 
 class ClusterStatusSerializer(serializers.Serializer):  # type: ignore[type-arg]

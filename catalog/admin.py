@@ -29,7 +29,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from llmgw_admin.roles import ADMIN, RoleAdminMixin
+from llmgw_admin.roles import ADMIN, OPERATOR, RoleAdminMixin
 
 
 class _Inline(RoleAdminMixin, admin.StackedInline):  # type: ignore[type-arg]
@@ -344,7 +344,9 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             )
         return None
 
-    @admin.action(description="Set class of selected models (class box above)")
+    @admin.action(
+        permissions=[OPERATOR], description="Set class of selected models (class box above)"
+    )
     def set_class(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
         value = (request.POST.get("capacity_class") or "").strip()
 
@@ -353,14 +355,17 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
 
         _bulk(self, request, queryset, change, f"class set to {value or '(default)'}")
 
-    @admin.action(description="Switch off selected models (min 0, max 0)")
+    @admin.action(permissions=[OPERATOR], description="Switch off selected models (min 0, max 0)")
     def switch_off(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
         def change(m: Any) -> None:
             m.scaling.min, m.scaling.max = 0, 0
 
         _bulk(self, request, queryset, change, "switched off")
 
-    @admin.action(description="Set min/max of selected models (min and max boxes above)")
+    @admin.action(
+        permissions=[OPERATOR],
+        description="Set min/max of selected models (min and max boxes above)",
+    )
     def set_min_max(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
         raw_min = request.POST.get("scaling_min", "")
         raw_max = request.POST.get("scaling_max", "")

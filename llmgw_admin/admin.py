@@ -66,7 +66,7 @@ class ApiTokenAdmin(AdminRoleMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         # A token's secret cannot be changed; revoke it and issue another.
         return obj is None and super().has_change_permission(request, obj)
 
-    @admin.action(description="Revoke selected tokens")
+    @admin.action(permissions=[ADMIN], description="Revoke selected tokens")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
         n = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
         self.message_user(request, f"{n} token(s) revoked")

@@ -94,14 +94,22 @@ def role_context(request: HttpRequest) -> dict[str, Any]:
     }
 
 
+# What an admin action's ``permissions`` may name: a role, or one of Django's four, which
+# the mixin answers from the role too (``change`` is the admin's ``change_role``).
+ACTION_PERMISSIONS = (*ROLES, "view", "add", "change", "delete")
+
+
 class RoleAdminMixin:
     """Admin rights from the user's role: viewers read, those holding ``change_role``
     (operator unless set) add, change and delete.
 
-    Every app's ``ModelAdmin`` and inline puts it first among its bases. An admin action
-    or view asks for its role through these methods (an action's
-    ``allowed_permissions = ("change",)`` asks ``has_change_permission``), so a role
-    means the same in the admin as on the pages and the API.
+    Every app's ``ModelAdmin`` and inline puts it first among its bases (a test walks
+    ``admin.site``'s registry). Every admin view asks these methods. Every admin action
+    names the role it needs, ``@admin.action(permissions=[OPERATOR])`` (or ``["delete"]``,
+    ...): Django offers and runs an action only to users its ``has_<name>_permission``
+    lets through, and runs none it does not offer. An action that names no role is
+    offered to nobody, and ``manage.py check`` reports it (``llmgw.E001``); a posted
+    action the user's role does not allow is answered 403.
     """
 
     change_role = OPERATOR
@@ -120,3 +128,63 @@ class RoleAdminMixin:
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return has_role(request.user, VIEWER)
+
+    # The roles, as action permissions: @admin.action(permissions=[OPERATOR]).
+
+    def has_viewer_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, VIEWER)
+
+    def has_operator_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, OPERATOR)
+
+    def has_admin_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, ADMIN)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        """Return the actions the user's role allows; an action naming no role is none's."""
+        actions = super().get_actions(request)  # type: ignore[misc]
+        return {
+            name: action for name, action in actions.items() if _action_problem(action[0]) is None
+        }
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """Answer 403 to a posted action the user's role does not allow (Django would
+        show the list again, saying only "No action selected")."""
+        name = request.POST.get("action") if request.method == "POST" else None
+        if name and name not in self.get_actions(request):
+            known = {n: f for f, n, _ in self._get_base_actions()}  # type: ignore[attr-defined]
+            if name in known:
+                needs = ", ".join(getattr(known[name], "allowed_permissions", ()) or ["a role"])
+                raise PermissionDenied(f"the action {name} needs {needs}: your role does not")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc, no-any-return]
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        """Django's checks, and that every action names a role (``llmgw.E001``)."""
+        from django.core import checks
+
+        errors = list(super().check(**kwargs))  # type: ignore[misc]
+        if hasattr(self, "_get_base_actions"):
+            for func, name, _ in self._get_base_actions():
+                problem = _action_problem(func)
+                if problem:
+                    errors.append(
+                        checks.Error(
+                            f"the admin action {name!r} {problem}",
+                            hint="decorate it with @admin.action(permissions=[OPERATOR]) "
+                            "(a role from llmgw_admin.roles, or view, add, change or delete)",
+                            obj=type(self),
+                            id="llmgw.E001",
+                        )
+                    )
+        return errors
+
+
+def _action_problem(func: Any) -> str | None:
+    """Return what is wrong with an admin action's role, or None."""
+    wanted = getattr(func, "allowed_permissions", None)
+    if not wanted:
+        return "names no role"
+    unknown = [p for p in wanted if p not in ACTION_PERMISSIONS]
+    if unknown:
+        return f"names {', '.join(map(str, unknown))}, which is no role"
+    return None

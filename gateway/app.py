@@ -47,6 +47,7 @@ from django.conf import settings
 
 from gateway import balance, errors, sizing, sse
 from gateway import body as bodies
+from gateway.adapters import Placer
 from gateway.errors import ApiError
 from gateway.guarding import Guard
 from gateway.holdback import Holdback
@@ -131,6 +132,9 @@ class Gateway:
         self.observer = observer or Observer()
         # Requests in flight per replica in this process (the balancer reads them).
         self.in_flight: dict[int, int] = {}
+        # The adapters each replica holds, for models that hold only a few at once.
+        self.placer = Placer()
+        self._background: set[asyncio.Task[Any]] = set()
         self._started = False
 
     # Wiring.
@@ -347,11 +351,20 @@ class Gateway:
                 target_model = table.models[name]
                 await self._check_context(table, pool, target_model, req, entry)
                 while True:
-                    target = balance.pick(
-                        pool.ring, self.in_flight, req.affinity,
-                        profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
-                        exclude=tried,
-                    )  # fmt: skip
+                    adapter = entry.adapter if name == model.name else None
+                    if adapter and target_model.max_loaded_adapters > 0:
+                        target, evicted = self.placer.choose(
+                            pool.targets, self.in_flight, adapter,
+                            target_model.max_loaded_adapters, tried,
+                        )  # fmt: skip
+                        if target is not None and evicted:
+                            self._unload(pool.endpoints[target.id], evicted)
+                    else:
+                        target = balance.pick(
+                            pool.ring, self.in_flight, req.affinity,
+                            profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
+                            exclude=tried,
+                        )  # fmt: skip
                     if target is None:
                         break
                     tried.add(target.id)
@@ -359,6 +372,7 @@ class Gateway:
                     outcome = await self._try(
                         sent, key, entry, req, data, raw, verdict, judging_answers,
                         url, target.id, target_model, served=name,
+                        engine=pool.engines.get(target.id, ""),
                     )  # fmt: skip
                     if outcome is None:
                         return
@@ -448,13 +462,25 @@ class Gateway:
         *,
         served: str,
         external: bool = False,
+        engine: str = "",
     ) -> str | None:
         """Send to one replica; None when the client had its answer, else why not."""
         adapter = entry.adapter if target_model.name == entry.model.name else None
-        if data["model"] == (adapter or served) and (not req.stream or req.include_usage):
+        lora = _lora(target_model, adapter) if engine == "llamacpp" else None
+        if (
+            lora is None
+            and data["model"] == (adapter or served)
+            and (not req.stream or req.include_usage)
+        ):
             payload = raw  # nothing to change: the client's bytes as they came
         else:
-            out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
+            if lora is not None:
+                # llama-server applies adapters per request, by their place in the list
+                # it was started with; the engine knows the model by its own name.
+                out = bodies.rewrite(data, served=served, stream=req.stream)
+                out["lora"] = lora
+            else:
+                out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
             payload = json.dumps(out, ensure_ascii=False).encode()
         path = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
                 "embedding": "/v1/embeddings"}[req.kind]  # fmt: skip
@@ -505,6 +531,24 @@ class Gateway:
             in_flight[replica] -= 1
             if not in_flight[replica]:
                 del in_flight[replica]
+
+    def _unload(self, endpoint: str, adapter: str) -> None:
+        """Ask a vLLM replica to unload an adapter it holds least recently, off the path."""
+
+        async def unload() -> None:
+            body = json.dumps({"lora_name": adapter}).encode()
+            try:
+                resp = await self.upstream.request(
+                    "POST", endpoint + "/v1/unload_lora_adapter", body,
+                    [("Content-Type", "application/json")], first_byte_timeout=30,
+                )  # fmt: skip
+                await resp.read()
+            except UpstreamError as error:
+                log.warning("unloading adapter %s from %s failed: %s", adapter, endpoint, error)
+
+        task = asyncio.get_running_loop().create_task(unload())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _await_request_verdict(
         self, verdict: asyncio.Task[dict[str, Any]], resp: Response
@@ -754,6 +798,17 @@ def _describe(entry: Entry, table: Table) -> dict[str, Any]:
     if m.external is not None:
         out["external"] = True
     return out
+
+
+def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:
+    """llama-server's per-request adapters: the one named at its scale, else none (an
+    adapter left out of the list is not applied). None when the model has no adapters."""
+    if not model.adapters:
+        return None
+    for index, a in enumerate(model.adapters):
+        if a.name == adapter:
+            return [{"id": index, "scale": a.scale or 1.0}]
+    return []
 
 
 def _answer_text(answer: Any) -> str:

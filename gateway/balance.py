@@ -113,11 +113,16 @@ def least_busy(
 
 
 def within_bound(
-    target: Target, in_flight: Mapping[int, int], total: int, total_capacity: float
+    target: Target,
+    in_flight: Mapping[int, int],
+    total: int,
+    total_capacity: float,
+    factor: float = LOAD_FACTOR,
+    floor: float = 1.0,
 ) -> bool:
     """Whether one more request keeps ``target`` within its bounded share."""
     share = (total + 1) * target.capacity / total_capacity
-    return in_flight.get(target.id, 0) + 1 <= max(1.0, LOAD_FACTOR * share)
+    return in_flight.get(target.id, 0) + 1 <= max(floor, factor * share)
 
 
 def pick(

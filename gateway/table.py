@@ -78,6 +78,7 @@ class Pool:
     ring: balance.Ring
     context: int  # the context one request really gets (the smallest of its replicas')
     context_why: str = ""
+    engines: dict[int, str] = field(default_factory=dict)  # replica id -> its engine
 
 
 @dataclass
@@ -108,6 +109,10 @@ def _args(m: spec.Model) -> dict[str, list[str]]:
     return {p.name: list(p.args) for p in m.profiles}
 
 
+def _engines(m: spec.Model) -> dict[str, str]:
+    return {p.name: p.engine for p in m.profiles}
+
+
 def build(
     models: Sequence[spec.Model],
     replicas: Iterable[ReplicaRow],
@@ -131,6 +136,7 @@ def build(
         m = table.models[name]
         weights = _weights(m)
         args = _args(m)
+        engines = _engines(m)
         targets = tuple(balance.Target(r.id, weights.get(r.profile, 0.0)) for r in rows)
         context, why = m.context_length, ""
         for r in rows:
@@ -143,5 +149,6 @@ def build(
             ring=balance.Ring(targets),
             context=context,
             context_why=why,
+            engines={r.id: engines.get(r.profile, "") for r in rows},
         )
     return table

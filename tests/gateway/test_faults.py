@@ -214,3 +214,57 @@ def test_no_replica_before_the_bound_is_503_with_retry_after(h: Harness) -> None
     assert caught.value.status_code == 503
     assert int(caught.value.response.headers["retry-after"]) >= 1
     assert h.demanded == ["m"]
+
+
+def test_an_adapter_is_applied_per_request_on_llama_server_and_by_name_on_vllm(
+    h: Harness,
+) -> None:
+    llama, vllm = h.engine("llama"), h.engine("vllm")
+    adapters = [
+        spec.Adapter(name="sql", source="/l/sql"),
+        spec.Adapter(name="poem", source="/l/p", scale=0.5),
+    ]
+    cpu = spec.Profile(name="cpu", engine="llamacpp")
+    gpu = spec.Profile(name="gpu", engine="vllm")
+    h.serve(
+        [model("base", adapters=adapters, profiles=[cpu]),
+         model("vbase", adapters=[spec.Adapter(name="vsql", source="/l/v")], profiles=[gpu])],
+        [(1, "base", llama), (2, "vbase", vllm)],
+    )  # fmt: skip
+    h.rows = [ReplicaRow(1, "base", "cpu", llama.url), ReplicaRow(2, "vbase", "gpu", vllm.url)]
+    h.refresh()
+    ask(h, "poem")
+    assert llama.bodies[-1]["model"] == "base"
+    assert llama.bodies[-1]["lora"] == [{"id": 1, "scale": 0.5}]
+    ask(h, "base")  # the base model: no adapter applied
+    assert llama.bodies[-1]["lora"] == []
+    ask(h, "vsql")
+    assert vllm.bodies[-1]["model"] == "vsql" and "lora" not in vllm.bodies[-1]
+    listed = {m.id: m for m in api(h).models.list()}
+    assert (listed["poem"].model_extra or {}).get("parent") == "base"
+
+
+def test_adapters_held_few_at_a_time_go_where_they_are_and_the_oldest_is_unloaded(
+    h: Harness,
+) -> None:
+    a, b = h.engine("a"), h.engine("b")
+    names = ["x", "y", "z"]
+    gpu = spec.Profile(name="gpu", engine="vllm")
+    m = model("base", profiles=[gpu], max_loaded_adapters=1,
+              adapters=[spec.Adapter(name=n, source=f"/l/{n}") for n in names])  # fmt: skip
+    h.serve([m], [])
+    h.rows = [ReplicaRow(1, "base", "gpu", a.url), ReplicaRow(2, "base", "gpu", b.url)]
+    h.refresh()
+    ask(h, "x")
+    home = a if a.bodies else b
+    for _ in range(3):
+        ask(h, "x")
+    assert len(home.bodies) == 4  # x stays where it was loaded
+    ask(h, "y")  # least busy (a tie): one of them loads y
+    ask(h, "z")  # the other holds one already: one of them unloads its oldest
+
+    def unloaded() -> set[str]:
+        return {body["lora_name"] for e in (a, b) for body in e.bodies if "lora_name" in body}
+
+    wait(unloaded, 5, "an unload asked")
+    assert unloaded() <= {"x", "y"}  # an older adapter, never the one just asked for

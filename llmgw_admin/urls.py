@@ -33,6 +33,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("catalog/", include("catalog.urls")),
     path("guard/", include("guard.urls")),
+    path("gateway/", include("gateway.urls")),
     path("cluster/reconciler/", status_views.reconciler, name="cluster-reconciler"),
     # The dashboard is the console's home (llmgw_admin.dashboard); it keeps its name in
     # the cluster's namespace, beside the cluster's actions (cluster.urls).
@@ -49,6 +50,7 @@ urlpatterns = [
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),
     path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/guard/", include(("guard.api.urls", "guard-api"))),
+    path("api/v1/gateway/", include(("gateway.api_urls", "gateway-api"))),
     path("api/v1/", include(access_router.urls)),
     # The schema is read by viewers (SPECTACULAR_SETTINGS' SERVE_PERMISSIONS), as the docs.
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

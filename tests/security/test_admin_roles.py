@@ -94,6 +94,9 @@ def rows(make_user: Any) -> dict[str, Any]:
     )
     ApiToken.issue(users[ADMIN], "ci")
     join_node("gpu-1", ["nvidia-h100-80gb"])
+    from gateway.services import create_key
+
+    create_key("app", owner="team:tests", user=users[ADMIN])
     for model, _ in REGISTRY:
         assert model._default_manager.exists(), f"{model._meta.label}: add a row in rows()"
     assert ServedModel.objects.get(name="chat").scaling_max == 2

@@ -1,0 +1,55 @@
+"""Client keys in the admin: read-only (the secret is never stored; only its prefix and
+digest are, and neither can be edited), with a revoke action for operators. Keys are
+made in the console, the API or ``manage.py gateway key create``, which show the
+secret once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from gateway import keys
+from gateway.models import ClientKey
+from llmgw_admin.roles import OPERATOR, RoleAdminMixin
+
+
+@admin.register(ClientKey)
+class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "state", "owner", "models_shown", "rpm", "tpm", "expires",
+                    "prefix_shown", "created", "revoked")  # fmt: skip
+    list_filter = ("owner",)
+    search_fields = ("name", "owner")
+    readonly_fields = ("name", "owner", "models", "rpm", "tpm", "prefix_shown", "digest",
+                       "created", "created_by", "expires", "revoked")  # fmt: skip
+    fields = readonly_fields
+    actions = ("revoke_selected",)
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False  # made where the secret can be shown once: console, API, command
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # revoked, never deleted: the row says who had access
+
+    @admin.display(description="models")
+    def models_shown(self, obj: ClientKey) -> str:
+        return ", ".join(obj.models) or "every cluster model"
+
+    @admin.display(description="prefix")
+    def prefix_shown(self, obj: ClientKey) -> str:
+        return f"llmgw-ck-{obj.prefix}…"
+
+    @admin.action(permissions=[OPERATOR], description="Revoke selected client keys")
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
+        done = [k.name for k in queryset if keys.revoke(k, user=request.user, via="admin")]
+        if done:
+            self.message_user(request, f"Revoked {len(done)} client key"
+                              f"{'s' if len(done) != 1 else ''}: {', '.join(done)}.",
+                              messages.SUCCESS)  # fmt: skip
+        else:
+            self.message_user(request, "The selected keys were already revoked.", messages.INFO)

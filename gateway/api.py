@@ -1,0 +1,95 @@
+"""The client keys' API under /api/v1/gateway/keys/: viewers list and read, operators
+create (the secret in the answer, the only time it is shown) and revoke."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gateway import keys
+from gateway.models import KEY_PREFIX, ClientKey
+from llmgw_admin.roles import OPERATOR, VIEWER
+
+VIA = "api"
+
+
+class ClientKeySerializer(serializers.ModelSerializer[ClientKey]):
+    """A key as listed: never its secret; ``prefix`` is how it starts."""
+
+    models = serializers.ListField(
+        child=serializers.CharField(max_length=200), required=False, max_length=1000,
+        help_text="models, aliases and adapters it may name; empty: every cluster model",
+    )  # fmt: skip
+    rpm = serializers.IntegerField(min_value=0, max_value=keys.MAX_LIMIT, required=False)
+    tpm = serializers.IntegerField(min_value=0, max_value=keys.MAX_LIMIT, required=False)
+    prefix = serializers.SerializerMethodField()
+    state = serializers.CharField(read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = ClientKey
+        fields = (
+            "id", "name", "owner", "models", "rpm", "tpm", "expires", "prefix", "state",
+            "created", "created_by", "revoked",
+        )  # fmt: skip
+        read_only_fields = ("created", "revoked")
+        # The live name's uniqueness is the services' to say (a revoked key keeps its name).
+        validators: list[Any] = []
+
+    def get_prefix(self, obj: ClientKey) -> str:
+        return f"{KEY_PREFIX}{obj.prefix}"
+
+
+class CreatedKeySerializer(ClientKeySerializer):
+    """A key just made: ``key`` is its secret, shown this once."""
+
+    key = serializers.CharField(read_only=True)
+
+    class Meta(ClientKeySerializer.Meta):
+        fields = (*ClientKeySerializer.Meta.fields, "key")
+
+
+class ClientKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Client keys of the gateway: the secret is shown once, when it is created."""
+
+    queryset = ClientKey.objects.select_related("created_by").order_by("name", "-created")
+    serializer_class = ClientKeySerializer
+    read_role = VIEWER
+    required_role = OPERATOR
+
+    @extend_schema(request=ClientKeySerializer, responses={201: CreatedKeySerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = ClientKeySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            key, secret = keys.create(
+                name=data["name"], owner=data.get("owner", ""), models=data.get("models", ()),
+                expires=data.get("expires"), rpm=data.get("rpm", 0), tpm=data.get("tpm", 0),
+                user=request.user, via=VIA,
+            )  # fmt: skip
+        except keys.FieldErrors as error:
+            raise serializers.ValidationError(error.errors) from None
+        out = dict(ClientKeySerializer(key).data)
+        out["key"] = secret
+        response = Response(out, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(request=None, responses=ClientKeySerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        """Revoke the key: every gateway process refuses it within a second."""
+        key = self.get_object()
+        keys.revoke(key, user=request.user, via=VIA)
+        return Response(ClientKeySerializer(key).data)

@@ -1,0 +1,16 @@
+"""Routes of the gateway's console pages, mounted under /gateway/."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from gateway import views
+
+app_name = "gateway"
+
+urlpatterns = [
+    path("keys/", views.key_list, name="key_list"),
+    path("keys/create/", views.key_create, name="key_create"),
+    path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),
+    path("keys/<int:pk>/revoke/confirm/", views.key_revoke_confirm, name="key_revoke_confirm"),
+]

@@ -1,0 +1,109 @@
+"""The console's client keys page: every key with its state, owner, models, limits,
+expiry and prefix; operators create one (its secret shown once, on the answer) and
+revoke one (confirmed first); viewers read. Everything goes through
+``gateway.services`` (via ``gateway.keys``), logged with who did it, "console"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gateway import keys
+from gateway.models import ClientKey
+from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+
+VIA = "console"
+
+
+class KeyForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What uses it, e.g. support-bot.")
+    owner = forms.CharField(
+        max_length=120, required=False,
+        help_text="org:NAME, team:NAME or project:NAME: whose traffic this is.",
+    )  # fmt: skip
+    models = forms.CharField(
+        required=False, max_length=10_000,
+        help_text="Models, aliases or adapters it may name, separated by spaces or commas. "
+        "Empty: every model in the cluster (external models only when listed).",
+    )  # fmt: skip
+    rpm = forms.IntegerField(
+        label="Requests per minute", min_value=0, max_value=keys.MAX_LIMIT, initial=0,
+        required=False, help_text="0: no limit.",
+    )  # fmt: skip
+    tpm = forms.IntegerField(
+        label="Tokens per minute", min_value=0, max_value=keys.MAX_LIMIT, initial=0,
+        required=False, help_text="0: no limit.",
+    )  # fmt: skip
+    expires = forms.DateTimeField(
+        required=False, help_text="Empty: never.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )  # fmt: skip
+
+
+def _page(
+    request: HttpRequest,
+    *,
+    form: KeyForm | None = None,
+    created: dict[str, Any] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "keys": ClientKey.objects.select_related("created_by").order_by("name", "-created")[:500],
+        "form": form or KeyForm(),
+        "created": created,
+    }
+    return render(request, "gateway/keys.html", context, status=status)
+
+
+@role_required(VIEWER)
+@require_GET
+def key_list(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@role_required(OPERATOR)
+@require_http_methods(["POST"])
+def key_create(request: HttpRequest) -> HttpResponse:
+    """Make a key; the answer is the page with its secret, the one time it is shown."""
+    form = KeyForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form=form, status=400)
+    data = form.cleaned_data
+    try:
+        key, secret = keys.create(
+            name=data["name"], owner=data["owner"], models=keys.split_models(data["models"]),
+            expires=data["expires"], rpm=data["rpm"] or 0, tpm=data["tpm"] or 0,
+            user=request.user, via=VIA,
+        )  # fmt: skip
+    except keys.FieldErrors as error:
+        for field, msgs in error.errors.items():
+            for message in msgs:
+                form.add_error(field if field in form.fields else None, message)
+        return _page(request, form=form, status=400)
+    response = _page(request, created={"name": key.name, "secret": secret})
+    response["Cache-Control"] = "no-store"  # the secret is in it
+    return response
+
+
+@role_required(OPERATOR)
+@require_GET
+def key_revoke_confirm(request: HttpRequest, pk: int) -> HttpResponse:
+    key = get_object_or_404(ClientKey, pk=pk)
+    return render(request, "gateway/key_revoke.html", {"key": key})
+
+
+@role_required(OPERATOR)
+@require_POST
+def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    """Revoke a key: every gateway process refuses it within a second; the row stays."""
+    key = get_object_or_404(ClientKey, pk=pk)
+    if keys.revoke(key, user=request.user, via=VIA):
+        messages.success(request, f"Revoked client key {key.name}.")
+    else:
+        messages.info(request, f"Client key {key.name} was already revoked.")
+    return redirect("gateway:key_list")

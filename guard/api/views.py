@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.mediatypes import media_type_matches
 
+from catalog.api.serializers import RefusedSerializer
 from catalog.problems import Problem
 from guard import policy as policy_rules
 from guard import services
@@ -151,16 +152,112 @@ check.cls.required_role = VIEWER  # type: ignore[attr-defined]
 check.cls.content_negotiation_class = _JsonOnly  # type: ignore[attr-defined]
 
 
-@extend_schema(summary="The guard policy", request=dict, responses=dict)
-@api_view(["GET", "PUT"])
+class PolicyJudgeSerializer(serializers.Serializer[Any]):
+    """The policy's judges and how a Controversial verdict counts."""
+
+    models = serializers.ListField(child=serializers.CharField(), min_length=1)
+    controversial = serializers.ChoiceField(choices=list(policy_rules.CONTROVERSIAL_AS))
+
+
+class PolicySerializer(serializers.Serializer[Any]):
+    """The guard policy as the API reads and writes it (``guard.policy``; the schema's)."""
+
+    judge = PolicyJudgeSerializer()
+    fail = serializers.ChoiceField(choices=list(policy_rules.FAILS))
+    directions = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(policy_rules.DIRECTIONS))
+    )
+    categories = serializers.ListField(child=serializers.CharField())
+
+
+class PolicyPatchSerializer(PolicySerializer):
+    """Some of the policy's keys: those given replace the policy's, the rest are kept."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["partial"] = True
+        super().__init__(*args, **kwargs)
+
+
+# Every key a PUT must give: it replaces the whole policy (an empty body reset it once).
+POLICY_FIELDS = (
+    ("judge", "models"),
+    ("judge", "controversial"),
+    ("fail",),
+    ("directions",),
+    ("categories",),
+)
+
+
+def _given(data: Any) -> set[tuple[str, ...]]:
+    """Return the policy keys a body gives (``judge.models`` written dotted or nested)."""
+    given: set[tuple[str, ...]] = set()
+    for key, value in data.items():
+        if key == "judge" and isinstance(value, dict):
+            given |= {("judge", str(k)) for k in value}
+        elif isinstance(key, str) and key.startswith("judge."):
+            given.add(("judge", key.partition(".")[2]))
+        else:
+            given.add((str(key),))
+    return given
+
+
+def _patched(current: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """Return the policy in force with a PATCH body's keys put in (unknown keys kept, for
+    the check to name)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in current.items()}
+    for key, value in data.items():
+        if key == "judge" and isinstance(value, dict):
+            out["judge"].update(value)
+        elif isinstance(key, str) and key.startswith("judge."):
+            out["judge"][key.partition(".")[2]] = value
+        else:
+            out[key] = value
+    return out
+
+
+@extend_schema(methods=["GET"], summary="The guard policy", responses=PolicySerializer)
+@extend_schema(
+    methods=["PUT"],
+    summary="Replace the guard policy (every key given)",
+    request=PolicySerializer,
+    responses={200: PolicySerializer, 400: RefusedSerializer},
+)
+@extend_schema(
+    methods=["PATCH"],
+    summary="Change some of the guard policy's keys (the rest are kept)",
+    request=PolicyPatchSerializer,
+    responses={200: PolicySerializer, 400: RefusedSerializer},
+)
+@api_view(["GET", "PUT", "PATCH"])
 def policy(request: Request) -> Response:
-    """Answer the policy in force; an operator replaces it (checked, logged)."""
+    """Answer the policy in force; an operator replaces it (PUT, every key) or changes some
+    of its keys (PATCH); checked and logged."""
     if request.method == "GET":
         return Response(policy_rules.to_data(services.current_policy()))
+    data = request.data
+    if not isinstance(data, dict):
+        problems = [Problem((), "send a JSON object: the policy's keys", "not_mapping")]
+        return problems_response(problems, "the guard refuses this policy")
+    if request.method == "PUT":
+        missing = [path for path in POLICY_FIELDS if path not in _given(data)]
+        if missing:
+            every = ", ".join(".".join(p) for p in POLICY_FIELDS)
+            problems = [
+                Problem(
+                    path,
+                    f"missing: PUT replaces the whole policy, so give every key ({every}); "
+                    "PATCH changes only the keys given",
+                    "required",
+                )
+                for path in missing
+            ]
+            return problems_response(problems, "the guard refuses this policy")
+    else:
+        data = _patched(policy_rules.to_data(services.current_policy()), data)
     token = request.auth
     try:
         parsed = services.set_policy(
-            request.data,
+            data,
             user=request.user,
             surface="api",
             name=f"{request.user} (token {token.name})" if getattr(token, "name", None) else "",

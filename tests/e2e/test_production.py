@@ -128,7 +128,7 @@ def test_worker_and_beat_reconcile_and_the_web_process_pushes_what_they_write(
         60,
         "the judge ready",
     )
-    r = script.put("/guard/policy", json={"judge": {"models": ["llamaguard3-1b"]}})
+    r = script.patch("/guard/policy", json={"judge": {"models": ["llamaguard3-1b"]}})
     assert r.status_code == 200, r.text
 
     def check(text: str) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_a_policy_change_takes_effect_for_the_next_check(
     api, _, _ = token_client(make_user)
     operator_api, _, _ = token_client(make_user, "operator")
     assert post(api, "CONTROVERSIAL-MARKER").json()["decision"] == "allow"
-    r = operator_api.put(
+    r = operator_api.patch(
         "/api/v1/guard/policy",
         {"judge": {"models": ["qwen3guard-0.6b"], "controversial": "unsafe"}},
         format="json",

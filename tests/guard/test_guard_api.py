@@ -47,7 +47,7 @@ def judge(name: str, endpoint: str | None) -> None:
 def set_policy(api: Any, **data: Any) -> Any:
     body = {"judge": {"models": ["dead", "qwen3guard-0.6b"]}, "fail": "closed"}
     body.update(data)
-    return api.put("/api/v1/guard/policy", body, format="json")
+    return api.patch("/api/v1/guard/policy", body, format="json")
 
 
 def test_policy_baseline_then_set_and_logged(api_for: Any, operator: Any, viewer: Any) -> None:

@@ -63,7 +63,7 @@ def api_errors(api: Any, key: str, value: str) -> str:
         body["judge"]["controversial"] = value  # type: ignore[index]
     else:
         body[key] = value  # type: ignore[assignment]
-    r = api.put("/api/v1/guard/policy", body, format="json")
+    r = api.patch("/api/v1/guard/policy", body, format="json")
     assert r.status_code == 400
     return " ".join(e["message"] for e in r.json()["errors"])
 

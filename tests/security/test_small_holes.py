@@ -319,3 +319,57 @@ def test_guard_eval_still_says_what_is_wrong_in_a_set(tmp_path: Path) -> None:
     path.write_text("name: mine\ntexts:\n  - text: continue\n   label: ordinary\n")
     with pytest.raises(CommandError, match="line 4"):
         call_command("guard", "eval", "--set", str(path))
+
+
+# --- PUT /api/v1/guard/policy ---------------------------------------------------------
+
+FULL_POLICY = {
+    "judge": {"models": ["qwen3guard-0.6b"], "controversial": "unsafe"},
+    "fail": "closed",
+    "directions": ["requests"],
+    "categories": ["Violent"],
+}
+
+
+@pytest.mark.django_db
+def test_a_put_of_part_of_the_policy_is_refused_and_patch_changes_only_what_it_gives(
+    api_for: Any, operator: Any
+) -> None:
+    from guard import services
+    from guard.models import PolicyChange
+
+    api = api_for(operator)
+    assert api.put("/api/v1/guard/policy", FULL_POLICY, format="json").status_code == 200
+    before = api.get("/api/v1/guard/policy").json()
+    assert before == FULL_POLICY
+    logged = PolicyChange.objects.count()
+
+    for body in ({}, {"fail": "open"}, {"judge": {"models": ["qwen3guard-0.6b"]}}):
+        r = api.put("/api/v1/guard/policy", body, format="json")
+        assert r.status_code == 400, (body, r.content)
+        errors = r.json()["errors"]
+        assert errors and all(e["code"] == "required" for e in errors), errors
+        assert "PATCH" in errors[0]["message"]
+        given = {".".join(k) for k in [("fail",)] if "fail" in body}
+        assert {e["field"] for e in errors}.isdisjoint(given)
+    assert {
+        e["field"] for e in api.put("/api/v1/guard/policy", {}, format="json").json()["errors"]
+    } == {
+        "judge.models",
+        "judge.controversial",
+        "fail",
+        "directions",
+        "categories",
+    }
+    assert api.get("/api/v1/guard/policy").json() == before
+    assert PolicyChange.objects.count() == logged
+
+    r = api.patch("/api/v1/guard/policy", {"fail": "open"}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json() == {**FULL_POLICY, "fail": "open"}
+    assert services.current_policy().refuse_categories == ("Violent",)
+    r = api.patch("/api/v1/guard/policy", {"judge": {"controversial": "safe"}}, format="json")
+    assert r.json()["judge"] == {"models": ["qwen3guard-0.6b"], "controversial": "safe"}
+    r = api.patch("/api/v1/guard/policy", {"fail": "maybe"}, format="json")
+    assert r.status_code == 400 and r.json()["errors"][0]["field"] == "fail"
+    assert api.patch("/api/v1/guard/policy", [], format="json").status_code == 400

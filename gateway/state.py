@@ -43,13 +43,21 @@ def load_table() -> Table:
     from gateway.models import ClientKey
 
     models = stored_specs()
-    rows = [
-        ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"])
-        for r in Replica.objects.filter(state=ReplicaState.READY, desired=True)
+    found = list(
+        Replica.objects.filter(state=ReplicaState.READY, desired=True)
         .exclude(endpoint="")
         .exclude(assignments__node__health=NodeHealth.LOST)
         .values("id", "model_name", "profile", "endpoint")
         .distinct()
+    )
+    draining = set(
+        Replica.objects.filter(
+            id__in=[r["id"] for r in found], assignments__node__cordoned=True
+        ).values_list("id", flat=True)
+    )
+    rows = [
+        ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
+        for r in found
     ]
     keys = {
         k.digest: Key(

@@ -27,6 +27,9 @@ class ReplicaRow:
     model: str
     profile: str
     endpoint: str
+    # On a cordoned node (draining): used only when the model has no other ready replica,
+    # so a drain that replaces it first leaves no gap and then takes its traffic away.
+    draining: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ def build(
             by_model.setdefault(row.model, []).append(row)
     for name, rows in by_model.items():
         m = table.models[name]
+        staying = [r for r in rows if not r.draining]
+        rows = staying or rows
         weights = _weights(m)
         args = _args(m)
         engines = _engines(m)

@@ -4,6 +4,7 @@ and budgets shared by every gateway process through Redis."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -50,6 +51,12 @@ def test_only_ready_wanted_replicas_on_heard_nodes_are_routed_to() -> None:
     assert table.resolve("c").model.name == "chat"
     assert table.resolve("chat-sql").adapter == "chat-sql"
     assert table.resolve("judge") is None  # judges are nobody's to name
+    # A draining node's replica takes traffic only while the model has no other.
+    cordoned = Node.objects.create(name="cordoned", health=NodeHealth.READY, cordoned=True)
+    leaving = replica("chat", cordoned)
+    assert [t.id for t in load_table().pool("chat").targets] == [good.pk]
+    Replica.objects.filter(pk=good.pk).update(desired=False)
+    assert [t.id for t in load_table().pool("chat").targets] == [leaving.pk]
 
 
 @pytest.mark.django_db
@@ -98,7 +105,7 @@ def test_a_budget_in_redis_is_shared_by_every_process() -> None:
 
     async def run() -> list[float | None]:
         a, b = RedisLimits(url, clock=lambda: now[0]), RedisLimits(url, clock=lambda: now[0])
-        key = 900_000 + int(now[0])  # a key id of this run's own
+        key = 10**9 + secrets.randbelow(10**9)  # a key id of this run's own
         return [await limiter.take(key, "tokens", 40, 100) for limiter in (a, b, a, b)]
 
     taken = asyncio.run(run())

@@ -147,7 +147,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         replica (no room elsewhere for its replacement), unless ``{"force": true}``.
         """
         node = self.get_object()
-        body = DrainSerializer(data=request.data if isinstance(request.data, dict) else {})
+        if not isinstance(request.data, dict):
+            why = 'the body must be a JSON object, like {"force": true}, or empty'
+            return Response({"detail": why, "errors": {"body": [why]}}, status=400)
+        body = DrainSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         force = body.validated_data.get("force", False)
         try:

@@ -186,6 +186,9 @@ def test_the_api_refuses_a_drain_that_leaves_a_model_dark_naming_it(
     assert not ClusterAction.objects.exists()  # nothing done, nothing logged
     r = api.post("/api/v1/cluster/nodes/n1/drain/", {"force": "maybe"}, format="json")
     assert r.status_code == 400 and "force" in r.json()
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", [True], format="json")
+    assert r.status_code == 400 and "JSON object" in r.json()["detail"]
+    assert not Node.objects.get(name="n1").cordoned
     r = api.post("/api/v1/cluster/nodes/n1/drain/", {"force": True}, format="json")
     assert r.status_code == 200
     assert r.json()["replicas_stopped"] == 2 and r.json()["dark"] == ["demo-chat"]

@@ -160,6 +160,15 @@ LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())
 # How often a web process writes the guard checks' counts (guard/records.py).
 LLMGW_GUARD_FLUSH_MS = envint("GUARD_FLUSH_MS", 500)
+# The gateway (gateway/app.py): timeouts in seconds, the largest body in bytes, and the
+# guard's windows on a streamed answer (gateway/holdback.py).
+LLMGW_GATEWAY_CONNECT_TIMEOUT = envint("GATEWAY_CONNECT_TIMEOUT", 5)
+LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 300)
+LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
+LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 120)
+LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)
+LLMGW_GUARD_WINDOW_MS = envint("GUARD_WINDOW_MS", 150)
 # Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the
 # embedded default, so production never simulates unless asked.
 try:

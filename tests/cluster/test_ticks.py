@@ -65,3 +65,19 @@ def test_the_dashboard_shows_the_last_tick_and_polls_it(
     marks.ticked("worker on h1 (pid 7)", at=timezone.now() - timedelta(seconds=45))
     fragment = c.get("/cluster/reconciler/").content.decode()
     assert 'data-stale="true"' in fragment and "has not run for 45 s" in fragment
+
+
+def test_cluster_status_says_when_the_reconciler_last_ran(settings: Any) -> None:
+    import io
+    import re
+
+    from django.core.management import call_command
+
+    settings.LLMGW_RECONCILE_INTERVAL = 5
+    out = io.StringIO()
+    call_command("cluster", "reconcile", stdout=out)
+    call_command("cluster", "status", stdout=out)
+    assert re.search(r"reconciler: last tick \d+ s ago by reconciler on ", out.getvalue())
+    marks.ticked("worker on h1 (pid 7)", at=timezone.now() - timedelta(seconds=60))
+    call_command("cluster", "status", stdout=out)
+    assert "reconciler: the reconciler has not run for 60 s" in out.getvalue()

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.durations import DurationError, parse_duration
-from cluster import reconciler, services
+from cluster import marks, reconciler, services
 from cluster.models import JoinToken, Node, Replica
 
 
@@ -62,11 +62,16 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"lost {result.lost or '-'}; created {result.created or '-'}; "
                 f"stopped {result.stopped or '-'}; placed {result.placed or '-'}; "
-                f"evicted {result.evicted or '-'}"
+                f"evicted {result.evicted or '-'}; held {result.held or '-'}"
             )
             for rid, reason in result.unplaced.items():
                 self.stdout.write(f"unplaced #{rid}: {reason}")
         else:
+            tick = marks.tick_status()
+            if tick.warning:
+                self.stdout.write(f"reconciler: {tick.warning}")
+            else:
+                self.stdout.write(f"reconciler: last tick {tick.age_s:.0f} s ago by {tick.by}")
             for n in Node.objects.prefetch_related("cards"):
                 classes = ", ".join(sorted({c.gpu_class for c in n.cards.all()})) or "no cards"
                 self.stdout.write(f"node {n.name}\t{n.state}\t{n.cpu_cores} cores\t{classes}")

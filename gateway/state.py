@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import close_old_connections, connection
 
@@ -35,56 +36,94 @@ INTERVAL = 0.5
 DEMAND_EVERY = 5.0
 
 
-def load_table() -> Table:
-    """Read what the gateway routes by: catalog, ready replicas, live keys."""
-    from catalog.services import stored_specs
-    from cluster.choices import NodeHealth, ReplicaState
-    from cluster.models import Replica
-    from gateway.models import ClientKey
+# The whole catalog is read again at least this often, whatever its change log says (a
+# safety net for a write that logged nothing).
+CATALOG_EVERY = 10.0
 
-    models = stored_specs()
-    found = list(
-        Replica.objects.filter(state=ReplicaState.READY, desired=True)
-        .exclude(endpoint="")
-        .exclude(assignments__node__health=NodeHealth.LOST)
-        .values("id", "model_name", "profile", "endpoint")
-        .distinct()
-    )
-    draining = set(
-        Replica.objects.filter(
-            id__in=[r["id"] for r in found], assignments__node__cordoned=True
-        ).values_list("id", flat=True)
-    )
-    rows = [
-        ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
-        for r in found
-    ]
-    keys = {
-        k.digest: Key(
-            id=k.id,
-            name=k.name,
-            owner=k.owner,
-            models=tuple(k.models or ()),
-            expires=k.expires.timestamp() if k.expires else None,
-            rpm=k.rpm,
-            tpm=k.tpm,
+
+class Loader:
+    """Reads what the gateway routes by; the catalog only when its change log moved.
+
+    The replicas and the keys are read on every pass (two small queries). The catalog is
+    read whole (six queries, and building a thousand models costs a good part of a
+    second) only when its change log's newest entry or its count of models changed, or
+    every ``CATALOG_EVERY`` seconds. When nothing changed the same table is returned, and
+    the state keeps it (its rings are not built again).
+    """
+
+    def __init__(self) -> None:
+        self._mark: tuple[object, ...] | None = None
+        self._models: list[Any] = []
+        self._read_at = 0.0
+        self._inputs: tuple[object, ...] | None = None
+        self._table: Table | None = None
+
+    def __call__(self) -> Table:
+        from django.db.models import Max
+
+        from catalog.models import ChangeRecord, ServedModel
+        from catalog.services import stored_specs
+        from cluster.choices import NodeHealth, ReplicaState
+        from cluster.models import Replica
+        from gateway.models import ClientKey
+
+        mark = (ChangeRecord.objects.aggregate(last=Max("id"))["last"], ServedModel.objects.count())
+        now = time.monotonic()
+        if mark != self._mark or now - self._read_at >= CATALOG_EVERY:
+            self._models = stored_specs()
+            self._mark, self._read_at = mark, now
+        found = list(
+            Replica.objects.filter(state=ReplicaState.READY, desired=True)
+            .exclude(endpoint="")
+            .exclude(assignments__node__health=NodeHealth.LOST)
+            .values("id", "model_name", "profile", "endpoint")
+            .distinct()
         )
-        for k in ClientKey.objects.filter(revoked__isnull=True)
-    }
-    return build(models, rows, keys)
+        draining = set(
+            Replica.objects.filter(
+                id__in=[r["id"] for r in found], assignments__node__cordoned=True
+            ).values_list("id", flat=True)
+        )
+        rows = tuple(
+            ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
+            for r in sorted(found, key=lambda r: r["id"])
+        )
+        keys = {
+            k.digest: Key(
+                id=k.id,
+                name=k.name,
+                owner=k.owner,
+                models=tuple(k.models or ()),
+                expires=k.expires.timestamp() if k.expires else None,
+                rpm=k.rpm,
+                tpm=k.tpm,
+            )
+            for k in ClientKey.objects.filter(revoked__isnull=True)
+        }
+        inputs = (id(self._models), rows, tuple(sorted(keys.items())))
+        if self._table is not None and inputs == self._inputs:
+            return self._table
+        self._inputs = inputs
+        self._table = build(self._models, rows, keys)
+        return self._table
+
+
+def load_table() -> Table:
+    """Read what the gateway routes by: catalog, ready replicas, live keys (all of it)."""
+    return Loader()()
 
 
 class State:
     def __init__(
         self,
-        loader: Callable[[], Table] = load_table,
+        loader: Callable[[], Table] | None = None,
         interval: float = INTERVAL,
         record_demand: Callable[[str], None] | None = None,
     ) -> None:
         self.table = Table()
         self._record = record_demand or record_demand_in_db
         self.loaded = False
-        self._loader = loader
+        self._loader = loader or Loader()
         self.interval = interval
         self._poke = threading.Event()
         self._stop = threading.Event()
@@ -177,6 +216,8 @@ class State:
             return
         finally:
             connection.close()
+        if table is self.table:
+            return  # nothing changed
         self.table = table
         if self._loop is not None:
             # A closed loop: the process is stopping.

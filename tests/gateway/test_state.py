@@ -111,3 +111,21 @@ def test_a_budget_in_redis_is_shared_by_every_process() -> None:
     taken = asyncio.run(run())
     assert taken[:2] == [None, None]  # 80 of 100
     assert taken[2] == taken[3] == 40.0  # 40 more would pass 100, whichever process asks
+
+
+@pytest.mark.django_db
+def test_the_loader_rebuilds_only_when_something_changed() -> None:
+    from gateway.state import Loader
+
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    load = Loader()
+    first = load()
+    assert load() is first  # nothing changed: the same table, its rings not built again
+    store({"name": "new", "source": "sim/new", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    second = load()
+    assert second is not first and second.resolve("new") is not None
+    replica("new", Node.objects.create(name="n1", health=NodeHealth.READY))
+    third = load()
+    assert third is not second and third.pool("new") is not None
+    _, secret = services.create_key("k")
+    assert digest(secret) in load().keys

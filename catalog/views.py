@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
+from agent import slots
 from agent.engines import ENGINES
 from catalog import codec, inventory, rules, schedule, services, spec
 from catalog.choices import Surface
@@ -369,6 +370,11 @@ def _detail_context(
         "simulated": rules.simulated(m),
         "kv_index": rules.kv_index(m),
         "repository": rules.repository_page(m.source),
+        "slot_contexts": [
+            (p.name, *slots.effective_context(m.context_length, p.args, p.engine))
+            for p in m.profiles
+            if slots.effective_context(m.context_length, p.args, p.engine)[1]
+        ],
         "profile_rows": profile_table(m.profiles),
         "durations": {
             key: format_duration(value) if value else ""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent import slots
+
 FITS = "fits"
 EXCEEDS = "exceeds"
 ASK = "ask"
@@ -47,37 +49,8 @@ def judge(prompt_bytes: int, messages: int, max_tokens: int, context: int) -> st
     return ASK
 
 
-def effective_context(context_length: int, args: Sequence[str]) -> tuple[int, str]:
-    """The context one request of a llama-server replica gets, and why when it is smaller.
-
-    llama-server splits ``--ctx-size``/``-c`` evenly across ``--parallel``/``-np``
-    slots (its default, 1 slot here as the agent starts it, unless args say otherwise).
-    """
-    ctx = _flag(args, ("--ctx-size", "-c"))
-    parallel = _flag(args, ("--parallel", "-np"))
-    if ctx is None:
-        return context_length, ""
-    slots = parallel if parallel and parallel > 0 else 1
-    per_slot = ctx // slots
-    if context_length and per_slot >= context_length:
-        return context_length, ""
-    why = f"llama-server's --ctx-size {ctx} is shared by {slots} slot(s): {per_slot} each"
-    if not context_length:
-        return per_slot, why
-    return per_slot, why
-
-
-def _flag(args: Sequence[str], names: tuple[str, ...]) -> int | None:
-    value: str | None = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
+def effective_context(
+    context_length: int, args: Sequence[str], engine: str = "llamacpp"
+) -> tuple[int, str]:
+    """The context one request of a replica gets (``agent.slots``: llama-server's slots)."""
+    return slots.effective_context(context_length, args, engine)

@@ -145,7 +145,9 @@ def build(
         targets = tuple(balance.Target(r.id, weights.get(r.profile, 0.0)) for r in rows)
         context, why = m.context_length, ""
         for r in rows:
-            ctx, reason = sizing.effective_context(m.context_length, args.get(r.profile, []))
+            ctx, reason = sizing.effective_context(
+                m.context_length, args.get(r.profile, []), engines.get(r.profile, "")
+            )
             if reason and (not context or ctx < context):
                 context, why = ctx, reason
         table.pools[name] = Pool(

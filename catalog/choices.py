@@ -48,3 +48,4 @@ class Surface(models.TextChoices):
     ADMIN = "admin", "admin"
     FILE = "file", "file import"
     CLI = "cli", "command line"
+    GATEWAY = "gateway", "gateway"

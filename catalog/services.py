@@ -330,6 +330,7 @@ def _log(
     before: spec.Model | None,
     after: spec.Model | None,
     reverts: ChangeRecord | None = None,
+    note: str = "",
 ) -> ChangeRecord:
     b = codec.encode_model(before) if before is not None else None
     a = codec.encode_model(after) if after is not None else None
@@ -344,7 +345,7 @@ def _log(
         actor_name=actor.label,
         before=b,
         after=a,
-        summary=summarize(b, a),
+        summary=f"{summarize(b, a)}: {note}" if note else summarize(b, a),
         reverts=reverts,
     )
 
@@ -421,8 +422,12 @@ def save_model(
     replacing: str | None = None,
     *,
     into: ServedModel | None = None,
+    note: str = "",
 ) -> ServedModel:
     """Check and write a model (a new one, or in place of ``replacing``), and log it.
+
+    ``note`` is added to the change log's summary: why the change was made (the gateway's
+    canary rollback writes its figures there).
 
     Raises Refused, writing nothing, when the catalog after the change breaks a rule.
     ``into`` is the row object to write (the admin's own instance, so it learns its pk).
@@ -457,7 +462,7 @@ def save_model(
     instance = _write(instance or ServedModel(), normalized)
     instance.checked_as_bundle = True
     action = ChangeAction.CREATE if before is None else ChangeAction.UPDATE
-    _log(normalized.name, action, actor, before, normalized)
+    _log(normalized.name, action, actor, before, normalized, note=note)
     instance.change_warnings = signals.warnings_for(before, normalized)  # type: ignore[attr-defined]
     return instance
 

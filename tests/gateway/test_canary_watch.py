@@ -1,0 +1,255 @@
+"""The canary watch: its share routed through the real Gateway, its outcomes judged, the
+rollback written once through the catalog's services, as done by the gateway."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from catalog import spec
+from gateway.observe import Done, Fanout
+from gateway.table import Table, build
+from gateway.watch import CanaryWatch, roll_back
+from tests.gateway.harness import KEY, Harness, model, wait
+
+
+def canaried(percent: int, **limits: Any) -> list[spec.Model]:
+    return [model("m", canary=spec.Canary(model="c", percent=percent, **limits)), model("c")]
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def api(h: Harness) -> openai.OpenAI:
+    return openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+
+
+def ask(h: Harness, text: str) -> str:
+    answer = api(h).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": text}])  # fmt: skip
+    return answer.choices[0].message.content or ""
+
+
+def test_the_canary_takes_its_share_of_conversations_and_keeps_them(h: Harness) -> None:
+    main, cand = h.engine("main"), h.engine("cand")
+    h.serve(canaried(25), [(1, "m", main), (2, "c", cand)])
+    first = {n: ask(h, f"conversation {n}") for n in range(200)}
+    share = sum(a.startswith("cand") for a in first.values()) / len(first)
+    assert 0.15 <= share <= 0.35, share
+    # Sticky: a conversation's next turn goes where its first went.
+    for n in range(0, 200, 10):
+        assert ask(h, f"conversation {n}")[:4] == first[n][:4]
+    # At 0 percent nothing goes to the candidate.
+    h.models = canaried(0)
+    h.refresh()
+    before = cand.requests
+    for n in range(50):
+        assert ask(h, f"conversation {n}").startswith("main")
+    assert cand.requests == before
+
+
+def test_a_failing_candidate_is_rolled_back_once_and_clients_never_see_it(h: Harness) -> None:
+    main, cand = h.engine("main"), h.engine("cand", behaviour="503")
+    h.serve(canaried(50, min_requests=20), [(1, "m", main), (2, "c", cand)])
+    writes: list[tuple[str, str, str]] = []
+
+    def write(name: str, candidate: str, why: str) -> bool:
+        # As the catalog's services would: the table then shows the share at 0.
+        writes.append((name, candidate, why))
+        h.models = canaried(0, min_requests=20)
+        return True
+
+    watch = CanaryWatch(lambda: h.state.table, interval=0.02, write=write)
+    h.gateway.observer = Fanout(watch)
+    watch.start()
+    wait(lambda: watch.tracked, what="the watch to track the canary")
+    try:
+        n = 0
+        while not writes:
+            # Every answer is the model's: the candidate's 503s moved on to it.
+            assert ask(h, f"conversation {n}").startswith("main")
+            n += 1
+            assert n < 400, "never rolled back"
+        wait(lambda: h.state.table.models["m"].canary.percent == 0, what="the share at 0")
+        served = cand.requests
+        for k in range(60):
+            assert ask(h, f"later {k}").startswith("main")
+        assert cand.requests == served  # the candidate takes nothing more
+    finally:
+        watch.stop()
+    assert len(writes) == 1
+    name, candidate, why = writes[0]
+    assert (name, candidate) == ("m", "c")
+    assert why.startswith("canary c rolled back: error rate 100% vs 0% over 20 requests"), why
+
+
+def table(percent: int = 10, **limits: Any) -> Table:
+    return build(canaried(percent, **limits), [], {})
+
+
+def done(name: str, status: int = 200, ttft: float = 0.1) -> Done:
+    return Done(model=name, status=status, owner="", key="k", seconds=ttft, ttft=ttft,
+                tokens_in=1, tokens_out=1, replica=1, stream=False)  # fmt: skip
+
+
+def test_a_rollback_is_not_written_again_until_the_table_shows_it() -> None:
+    current = [table(min_requests=10)]
+    writes: list[str] = []
+    watch = CanaryWatch(lambda: current[0], write=lambda n, c, why: writes.append(why) or True,
+                        start_on_request=False)  # fmt: skip
+    watch.check()
+    for _ in range(10):
+        watch.request(done("c", 500))
+        watch.request(done("m"))
+    watch.check()
+    assert len(writes) == 1
+    # More failures while the table still shows the old share (the write is on its way):
+    # not written again.
+    for _ in range(30):
+        watch.request(done("c", 500))
+    watch.check()
+    watch.check()
+    assert len(writes) == 1
+    # A table read after the write still shows a share (an operator put it back): judged
+    # afresh, from new outcomes only.
+    current[0] = table(min_requests=10)
+    watch.check()
+    assert len(writes) == 1 and watch.window("c").requests == 0
+    for _ in range(10):
+        watch.retried("c")
+    watch.check()
+    assert len(writes) == 2
+    watch.stop()
+
+
+def test_a_failed_write_is_tried_again_later() -> None:
+    calls: list[float] = []
+
+    def fail(name: str, candidate: str, why: str) -> bool:
+        calls.append(1)
+        raise RuntimeError("database away")
+
+    watch = CanaryWatch(lambda: table(min_requests=5), write=fail, start_on_request=False)
+    watch.check(now=0)
+    for _ in range(5):
+        watch.request(done("c", 502))
+    watch.check(now=1)
+    watch.check(now=2)
+    assert len(calls) == 1
+    watch.check(now=7)
+    assert len(calls) == 2
+
+
+def test_outcomes_that_say_nothing_of_the_engines_are_not_counted() -> None:
+    watch = CanaryWatch(lambda: table(), start_on_request=False)
+    watch.check()
+    watch.request(dataclasses.replace(done("c", 503), replica=None))  # no engine reached
+    watch.request(done("c", 499))  # the client went away
+    watch.request(done("other", 500))  # in no canary
+    assert watch.window("c").requests == 0 and watch.window("other").requests == 0
+    watch.request(done("c", 400))  # the client's error: a request, no error, no TTFT
+    watch.request(done("c", 200, ttft=0.3))
+    watch.retried("c")
+    assert watch.window("c") == type(watch.window("c"))(3, 1, 0.3, 1)
+    watch.stop()
+
+
+def test_the_watch_judges_off_the_request_path() -> None:
+    """The write runs in the watch's own thread, not the one telling it of requests."""
+    threads: list[threading.Thread] = []
+    watch = CanaryWatch(lambda: table(min_requests=5), interval=0.01,
+                        write=lambda *a: threads.append(threading.current_thread()) or True)  # fmt: skip
+    watch.start()
+    try:
+        wait(lambda: watch.tracked, what="tracking")
+        for _ in range(5):
+            watch.request(done("c", 500))
+        wait(lambda: threads, what="the rollback")
+    finally:
+        watch.stop()
+    assert threads[0] is not threading.current_thread()
+    assert threads[0].name == "gateway-canary"
+
+
+# The rollback written through the catalog's services.
+
+
+def _store() -> None:
+    from tests.catalog.samples import cpu_model, store
+
+    store(cpu_model("c"), cpu_model("m", canary={"model": "c", "percent": 30}))
+
+
+@pytest.fixture
+def stored(db: Any) -> None:
+    _store()
+
+
+@pytest.fixture
+def committed(transactional_db: Any) -> None:
+    _store()  # committed: what the rollback's commit sends is its own
+
+
+def test_the_rollback_is_written_as_the_gateways_with_its_figures(committed: None) -> None:
+    from catalog.models import ChangeRecord, ServedModel
+    from catalog.signals import catalog_changed
+
+    heard: list[list[str]] = []
+
+    def receiver(sender: Any, names: list[str], **kw: Any) -> None:
+        heard.append(names)
+
+    catalog_changed.connect(receiver, weak=False, dispatch_uid="test-canary-rollback")
+    try:
+        why = "canary c rolled back: error rate 12% vs 1% over 50 requests"
+        assert roll_back("m", "c", why) is True
+        # Written once: a second process deciding the same finds the share at 0.
+        assert roll_back("m", "c", why) is False
+    finally:
+        catalog_changed.disconnect(dispatch_uid="test-canary-rollback")
+    m = ServedModel.objects.get(name="m").to_spec()
+    assert m.canary is not None and m.canary.model == "c" and m.canary.percent == 0
+    change = ChangeRecord.objects.filter(model_name="m").order_by("-id").first()
+    assert change is not None and change.action == "update"
+    assert change.surface == "gateway" and change.get_surface_display() == "gateway"
+    assert change.actor_name.startswith("gateway (") and change.actor is None
+    assert change.summary == f"canary: {why}"
+    assert change.before["canary"]["percent"] == 30 and change.after["canary"]["percent"] == 0
+    assert ChangeRecord.objects.filter(model_name="m", surface="gateway").count() == 1
+    # The consoles hear of it as of any catalog change (catalog_changed pushes the rows).
+    assert heard == [["m"]]
+
+
+def test_a_canary_changed_meanwhile_is_left_alone(stored: None) -> None:
+    from catalog.models import ServedModel
+
+    assert roll_back("m", "someone-else", "x") is False
+    assert roll_back("gone", "c", "x") is False
+    assert ServedModel.objects.get(name="m").to_spec().canary.percent == 30
+
+
+def test_the_watch_over_the_stored_catalog_rolls_back(stored: None) -> None:
+    from catalog.models import ServedModel
+    from gateway.state import load_table
+
+    watch = CanaryWatch(load_table, start_on_request=False)
+    watch.check()
+    assert set(watch.tracked) == {"m", "c"}
+    for _ in range(50):
+        watch.request(done("m", ttft=0.05))
+        watch.request(done("c", ttft=0.2))
+    watch.check()
+    assert ServedModel.objects.get(name="m").to_spec().canary.percent == 0
+    assert watch.rolled and "mean time to first token 200 ms vs 50 ms" in watch.rolled[0][2]
+    watch.check()
+    assert watch.tracked == {}
+    watch.stop()

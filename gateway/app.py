@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from gateway.guarding import Guard
 from gateway.holdback import Holdback
 from gateway.limits import LocalLimits
 from gateway.models import KEY_PREFIX, digest
-from gateway.observe import Done, Observer
+from gateway.observe import Done, Observer, Refusal
 from gateway.state import State
 from gateway.table import Entry, Key, Pool, Table
 from gateway.upstream import TIMEOUT, Response, Upstream, UpstreamError
@@ -204,7 +205,7 @@ class Gateway:
         except ApiError as error:
             if not sent.started:
                 sent.status = error.status
-                await _send_error(send, error)
+                await _send_error(send, error, sent.request_id)
         except asyncio.CancelledError:
             if watcher is not None and watcher.done():
                 return  # the client went away: no one to answer
@@ -212,7 +213,7 @@ class Gateway:
         except Exception:
             log.exception("the gateway failed a request")
             if not sent.started:
-                await _send_error(send, ApiError(500, "the gateway failed this request",
+                await _send_error(send, ApiError(500, f"the gateway failed this request ({sent.request_id})",
                                                  type="server_error"))  # fmt: skip
         finally:
             if watcher is not None:
@@ -522,6 +523,17 @@ class Gateway:
             verdict = refused.verdict
             self.observer.refused(verdict["direction"], verdict.get("judge") or "",
                                   tuple(verdict.get("categories") or ()))  # fmt: skip
+            self.observer.refusal(Refusal(
+                request_id=sent.request_id, key=key.name, owner=key.owner,
+                model=target_model.name, direction=verdict["direction"],
+                judge=verdict.get("judge") or "", verdict=verdict.get("verdict") or "",
+                categories=tuple(verdict.get("categories") or ()),
+                score=verdict.get("score"), judged=verdict.get("judged", True) is not False,
+            ))  # fmt: skip
+            log.info("refused %s (%s) of %s on %s: judge %s, %s", sent.request_id,
+                     verdict["direction"], key.name, target_model.name,
+                     verdict.get("judge") or "none answered",
+                     ", ".join(verdict.get("categories") or ()) or "-")  # fmt: skip
             if sent.started:
                 return None
             raise refused.error from None
@@ -695,7 +707,7 @@ class _Sent:
     """The response as sent so far, and what the request came to (for the observer)."""
 
     __slots__ = ("send", "started", "status", "start_at", "first_at", "model", "replica",
-                 "tokens_in", "tokens_out", "stream")  # fmt: skip
+                 "tokens_in", "tokens_out", "stream", "request_id")  # fmt: skip
 
     def __init__(self, send: Send, start_at: float) -> None:
         self.send = send
@@ -708,10 +720,14 @@ class _Sent:
         self.tokens_in = 0
         self.tokens_out = 0
         self.stream = False
+        # The id the client gets (x-request-id, as OpenAI's API sends it); a refusal's
+        # record carries it.
+        self.request_id = "req_" + secrets.token_hex(12)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
         self.status = status
+        headers = [*headers, (b"x-request-id", self.request_id.encode())]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool = True, text: bool = True) -> None:
@@ -739,9 +755,11 @@ def _usage_from(raw: bytes, sent: _Sent) -> None:
         sent.tokens_out = int(found.group(1))
 
 
-async def _send_error(send: Send, error: ApiError) -> None:
+async def _send_error(send: Send, error: ApiError, request_id: str = "") -> None:
     data = error.body()
     headers = [*JSON, (b"content-length", str(len(data)).encode())]
+    if request_id:
+        headers.append((b"x-request-id", request_id.encode()))
     headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

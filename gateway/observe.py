@@ -27,6 +27,22 @@ class Done:
     stream: bool
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A request or answer the guard refused: what the client was told, never the text."""
+
+    request_id: str
+    key: str
+    owner: str
+    model: str
+    direction: str
+    judge: str
+    verdict: str
+    categories: tuple[str, ...]
+    score: float | None
+    judged: bool  # False: no judge answered and the policy fails closed
+
+
 @dataclass
 class Observer:
     """Counts in memory (tests and the console read them); subclass to export."""
@@ -39,6 +55,7 @@ class Observer:
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     failed_open_windows: int = 0
     last: Done | None = None
+    last_refusal: Refusal | None = None
 
     def request(self, done: Done) -> None:
         k = (done.model, done.status, done.owner)
@@ -62,6 +79,9 @@ class Observer:
 
     def failed_open(self) -> None:
         self.failed_open_windows += 1
+
+    def refusal(self, record: Refusal) -> None:
+        self.last_refusal = record
 
 
 class Fanout(Observer):
@@ -95,3 +115,8 @@ class Fanout(Observer):
         super().failed_open()
         for listener in self.listeners:
             listener.failed_open()
+
+    def refusal(self, record: Refusal) -> None:
+        super().refusal(record)
+        for listener in self.listeners:
+            listener.refusal(record)

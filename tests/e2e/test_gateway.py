@@ -341,6 +341,13 @@ def test_the_guard_holds_back_an_unsafe_answer_and_refuses_unsafe_requests(
             model="chat", messages=[{"role": "user", "content": "UNSAFE-MARKER please"}]
         )
     assert caught.value.code == "content_filter" and "judge" in caught.value.message
+    # The client got a request id; the refusal's record (the web process's log) carries it,
+    # and not the text.
+    request_id = caught.value.response.headers["x-request-id"]
+    assert request_id.startswith("req_") and caught.value.request_id == request_id
+    log = (cluster.tmp / f"web-{cluster.starts}.log").read_text()
+    line = next(line for line in log.splitlines() if request_id in line)
+    assert "judge" in line and "UNSAFE-MARKER" not in line
     status, raw = stream_raw(cluster, key, "/echo the engine would say this UNSAFE-MARKER")
     assert status == 400 and "the engine would say" not in raw
 

@@ -125,18 +125,23 @@ class Prepared:
     problems: list[Problem]
 
 
-def prepare_policy(data: Any) -> Prepared:
+def prepare_policy(data: Any, *, categories_given: bool = True) -> Prepared:
     """Return a policy's data checked and completed as every surface saves it.
 
     ``guard.policy.validate`` (the shape), then ``guard.policy.complete`` against the
     judges there are (``judge_reports``): each judge must be one, each category
     reported by one of them or replaced by equivalents one reports, and each category
-    held in every judge's own names. Problems carry the key's path.
+    held in every judge's own names. Problems carry the key's path. A category no listed
+    judge can report is refused, unless the change did not give the categories
+    (``categories_given`` false: a PATCH or ``policy set`` flags changing only the
+    judges), when it is removed and said, as ``guard judge use`` does.
     """
     parsed, problems = policy_rules.validate(data)
     if problems or parsed is None:
         return Prepared(None, [], list(problems))
-    done, changes, problems = policy_rules.complete(parsed, judge_reports())
+    done, changes, problems = policy_rules.complete(
+        parsed, judge_reports(), drop_unreportable=not categories_given
+    )
     return Prepared(done, [c.line() for c in changes], problems)
 
 
@@ -150,13 +155,20 @@ class Saved:
 
 
 @transaction.atomic
-def save_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> Saved:
+def save_policy(
+    data: Any,
+    *,
+    user: Any = None,
+    surface: str,
+    name: str = "",
+    categories_given: bool = True,
+) -> Saved:
     """Check, complete (``prepare_policy``) and store a policy, logging who changed it.
 
     Raises:
         PolicyRefused: the policy's problems, each at its key; nothing was written.
     """
-    prepared = prepare_policy(data)
+    prepared = prepare_policy(data, categories_given=categories_given)
     if prepared.problems or prepared.policy is None:
         raise PolicyRefused(prepared.problems)
     parsed = prepared.policy
@@ -185,9 +197,18 @@ def save_policy(data: Any, *, user: Any = None, surface: str, name: str = "") ->
     return Saved(parsed, prepared.notes, True)
 
 
-def set_policy(data: Any, *, user: Any = None, surface: str, name: str = "") -> policy_rules.Policy:
+def set_policy(
+    data: Any,
+    *,
+    user: Any = None,
+    surface: str,
+    name: str = "",
+    categories_given: bool = True,
+) -> policy_rules.Policy:
     """Check, complete and store a policy (``save_policy``); return it as stored."""
-    return save_policy(data, user=user, surface=surface, name=name).policy
+    return save_policy(
+        data, user=user, surface=surface, name=name, categories_given=categories_given
+    ).policy
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,10 @@ def policy(request: Request) -> Response:
                 for path in missing
             ]
             return problems_response(problems, "the guard refuses this policy")
-    else:
+    # A PATCH that leaves the categories keeps those in force: one its judges cannot
+    # report is removed (guard judge use's way) rather than refused.
+    categories_given = request.method == "PUT" or "categories" in data
+    if request.method == "PATCH":
         data = _patched(policy_rules.to_data(services.current_policy()), data)
     token = request.auth
     try:
@@ -261,6 +264,7 @@ def policy(request: Request) -> Response:
             user=request.user,
             surface="api",
             name=f"{request.user} (token {token.name})" if getattr(token, "name", None) else "",
+            categories_given=categories_given,
         )
     except services.PolicyRefused as exc:
         return problems_response(exc.problems, "the guard refuses this policy")

@@ -122,9 +122,11 @@ def admin(data: dict[str, Any], people: Any, tmp: Path) -> dict[str, list[str]]:
     return _form_errors(r.context["adminform"].form)
 
 
-def api(data: dict[str, Any], people: Any, tmp: Path) -> dict[str, list[str]]:
+def api(
+    data: dict[str, Any], people: Any, tmp: Path, method: str = "patch"
+) -> dict[str, list[str]]:
     # PATCH: the keys a body leaves out keep the policy in force (here the baseline).
-    r = people.api.patch("/api/v1/guard/policy", data, format="json")
+    r = getattr(people.api, method)("/api/v1/guard/policy", data, format="json")
     if r.status_code == 200:
         return {}
     assert r.status_code == 400, r.content
@@ -132,6 +134,11 @@ def api(data: dict[str, Any], people: Any, tmp: Path) -> dict[str, list[str]]:
     for e in r.json()["errors"]:
         out.setdefault(e["field"], []).append(e["message"])
     return out
+
+
+def api_put(data: dict[str, Any], people: Any, tmp: Path) -> dict[str, list[str]]:
+    # PUT: every key (the cases give them all).
+    return api(data, people, tmp, "put")
 
 
 def _cli(*args: str) -> dict[str, list[str]]:
@@ -158,6 +165,7 @@ SURFACES: dict[str, Surface] = {
     "console": console,
     "admin": admin,
     "api": api,
+    "api put": api_put,
     "policy set flags": cli_flags,
     "policy file": cli_file,
 }
@@ -245,7 +253,7 @@ def test_every_surface_refuses_at_the_field_and_saves_nothing(
         # At the field, naming the line the item is on.
         line = path[-1] + 1
         assert f"line {line}: {message}" in got[FORM_FIELD[path[0]]], got
-    elif surface == "api":
+    elif surface.startswith("api"):
         assert message in got[want[0].field], got
     else:
         assert f"{want[0].field}" in got[""][0] and message in got[""][0], got
@@ -325,3 +333,34 @@ def test_the_consoles_add_it_to_the_policy_after_enabling_a_judge(
     assert "added to the policy's judges as #2" in body
     assert 'added "Violent Crimes", "Indiscriminate Weapons"' in body
     assert services.current_policy().judge_models == (QWEN_SIM, "llamaguard3-1b")
+
+
+def test_changing_only_the_judges_removes_what_none_of_them_reports_and_says_so(
+    judges: None,
+) -> None:
+    """``policy set --judges`` alone keeps the categories in force: one the new judges
+    cannot report (Jailbreak: no Llama Guard name) is removed and said, not refused;
+    the rest are replaced by the Llama Guard's names."""
+    out = io.StringIO()
+    call_command("guard", "policy", "set", "--judges", LLAMA_SIM, stdout=out)
+    assert 'categories: "Jailbreak": no listed judge reports it or an equivalent; removed' in (
+        out.getvalue()
+    )
+    p = services.current_policy()
+    assert p.judge_models == (LLAMA_SIM,)
+    assert "Jailbreak" not in p.refuse_categories and "Violent Crimes" in p.refuse_categories
+
+
+def test_a_patch_of_only_the_judges_removes_what_none_of_them_reports(
+    judges: None, people: People
+) -> None:
+    r = people.api.patch("/api/v1/guard/policy", {"judge": {"models": [LLAMA_SIM]}}, format="json")
+    assert r.status_code == 200, r.json()
+    categories = r.json()["categories"]
+    assert "Jailbreak" not in categories and "Violent Crimes" in categories
+    # Giving the categories, one the judges cannot report is refused at its place.
+    r = people.api.patch(
+        "/api/v1/guard/policy", {"categories": ["Violent Crimes", "Jailbreak"]}, format="json"
+    )
+    assert r.status_code == 400
+    assert r.json()["errors"][0]["field"] == "categories[1]"

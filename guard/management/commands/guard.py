@@ -274,8 +274,15 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
             return
         data, doc = self._policy_data(options)
+        # Categories neither flag nor file gives are the policy in force's: one no listed
+        # judge can report is removed (and said) rather than refused.
+        given = options.get("categories") is not None or (
+            isinstance(data, dict) and bool(options.get("file")) and "categories" in data
+        )
         try:
-            done = services.save_policy(data, surface=Surface.CLI, name=_cli_name())
+            done = services.save_policy(
+                data, surface=Surface.CLI, name=_cli_name(), categories_given=given
+            )
         except services.PolicyRefused as exc:
             problems = [
                 f"  {yamlfile.where(p.path, doc.line(p.path) if doc else None)}: {p.message}"

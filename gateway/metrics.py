@@ -1,0 +1,301 @@
+"""``GET /metrics`` in Prometheus' text format: what the gateway served, from every
+gateway process of this host.
+
+Several processes (``manage.py serve`` and any number of ``manage.py gateway serve``)
+each count their own traffic; a scrape of any of them must tell the whole host's. This
+uses ``prometheus_client``'s multiprocess mode: each process writes its counters and
+histograms to memory-mapped files of its own (named by its pid) in one folder,
+``DATA_DIR/metrics`` (or ``PROMETHEUS_MULTIPROC_DIR`` when set), and a scrape sums the
+folder's files. Writing a sample costs a lock and a write to mapped memory: no system
+call, nothing on the request path waits. A process that starts forgets the in-flight
+gauges of processes no longer alive; their counters stay, so the sums only grow (what
+Prometheus' ``rate()`` expects). Remove the folder while no process runs to start from
+zero. Hosts are scraped one by one: each has its own data folder.
+
+Who may scrape: a bearer API token (``llmgw-…``, the tokens page) whose user holds the
+viewer role; nothing is shown to anyone else (401, or 403 for a user without a role).
+The token is read from memory when fresh (``guard.api.auth``), else on a thread.
+
+The series (all ``llmgw_gateway_`` but the judge's):
+
+- ``requests_total{model,status,owner}``; ``request_seconds{model}`` and
+  ``ttft_seconds{model}`` (histograms: the whole request, and its first byte of text);
+- ``tokens_in_total{model}``, ``tokens_out_total{model}`` (the engines' usage);
+- ``refusals_total{direction,category}`` (the guard's, on requests and answers);
+  ``failed_open_windows_total`` (answers released unjudged under ``fail: open``);
+- ``retries_total{model}``, ``fallbacks_total{model,to}``;
+- ``in_flight{replica}`` (summed over live processes; synced every half second);
+- ``llmgw_guard_judge_seconds{judge}``: the guard's checks as the gateway waited on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from gateway.observe import Done, Observer
+
+NS = "llmgw_gateway"
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+JUDGE_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+PATH = "/metrics"
+SYNC_EVERY = 0.5
+
+
+def folder() -> Path:
+    """The folder the processes of this host share (made, private, on first use)."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    path = Path(given) if given else Path(settings.DATA_DIR) / "metrics"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+_lock = threading.Lock()
+_metrics: dict[str, Any] | None = None
+
+
+def _setup() -> dict[str, Any]:
+    """The metrics of this process, in multiprocess mode over ``folder()`` (once)."""
+    global _metrics
+    with _lock:
+        if _metrics is not None:
+            return _metrics
+        path = folder()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+        from prometheus_client import Counter, Gauge, Histogram, multiprocess, values
+
+        # The mode is chosen when prometheus_client is imported; say it again in case it
+        # was imported before the folder was known.
+        values.ValueClass = values.MultiProcessValue()
+        _forget_dead(path, multiprocess)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return Counter(name, doc, labels, namespace=NS, registry=None)
+
+        _metrics = {
+            "requests": counter("requests", "requests answered", ("model", "status", "owner")),
+            "seconds": Histogram("request_seconds", "a request from its start to its end",
+                                 ("model",), namespace=NS, buckets=SECONDS, registry=None),
+            "ttft": Histogram("ttft_seconds", "a request's start to its first byte of text",
+                              ("model",), namespace=NS, buckets=SECONDS, registry=None),
+            "tokens_in": counter("tokens_in", "prompt tokens (the engines' usage)", ("model",)),
+            "tokens_out": counter("tokens_out", "answer tokens (the engines' usage)", ("model",)),
+            "refusals": counter("refusals", "the guard's refusals", ("direction", "category")),
+            "failed_open": counter("failed_open_windows",
+                                   "answer windows released unjudged (fail: open)"),
+            "retries": counter("retries", "requests moved to another replica", ("model",)),
+            "fallbacks": counter("fallbacks", "requests sent to a fallback", ("model", "to")),
+            "in_flight": Gauge("in_flight", "requests in flight per replica", ("replica",),
+                               namespace=NS, multiprocess_mode="livesum", registry=None),
+            "judge": Histogram("llmgw_guard_judge_seconds",
+                               "the guard's checks as the gateway waited on them", ("judge",),
+                               buckets=JUDGE_SECONDS, registry=None),
+        }  # fmt: skip
+        return _metrics
+
+
+def _forget_dead(path: Path, multiprocess: Any) -> None:
+    """Drop the live gauges of processes no longer running (their counters stay)."""
+    for file in path.glob("gauge_live*_*.db"):
+        try:
+            pid = int(file.stem.rsplit("_", 1)[1])
+        except ValueError:
+            continue
+        if not _alive(pid):
+            multiprocess.mark_process_dead(pid, str(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def scrape() -> bytes:
+    """Every process's samples of this host, summed, in Prometheus' text format."""
+    _setup()
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, str(folder()))
+    return generate_latest(registry)  # type: ignore[no-any-return]
+
+
+class Metrics(Observer):
+    """The gateway's observer that exports: each call writes its samples and returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m = _setup()
+        self._gateways: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._shown: set[int] = set()
+        self._syncing = False
+
+    def request(self, done: Done) -> None:
+        if not self._syncing and self._gateways:
+            self._start_sync()
+        m = self.m
+        m["requests"].labels(done.model, str(done.status), done.owner).inc()
+        m["seconds"].labels(done.model).observe(done.seconds)
+        if done.ttft is not None:
+            m["ttft"].labels(done.model).observe(done.ttft)
+        if done.tokens_in:
+            m["tokens_in"].labels(done.model).inc(done.tokens_in)
+        if done.tokens_out:
+            m["tokens_out"].labels(done.model).inc(done.tokens_out)
+
+    def retried(self, model: str) -> None:
+        self.m["retries"].labels(model).inc()
+
+    def fell_back(self, model: str, to: str) -> None:
+        self.m["fallbacks"].labels(model, to).inc()
+
+    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
+        for category in categories or ("",):
+            self.m["refusals"].labels(direction, category).inc()
+
+    def failed_open(self) -> None:
+        self.m["failed_open"].inc()
+
+    def judged(self, judge: str, seconds: float) -> None:
+        self.m["judge"].labels(judge or "").observe(seconds)
+
+    # In flight: the Gateway's own counts, copied every half second by a thread.
+    def watch(self, gateway: Any) -> None:
+        """Export ``gateway.in_flight`` (its requests in flight per replica); the thread
+        that copies it starts with the first request (importing starts no thread)."""
+        self._gateways.add(gateway)
+
+    def _start_sync(self) -> None:
+        self._syncing = True
+        threading.Thread(target=self._sync_loop, name="gateway-metrics", daemon=True).start()
+
+    def sync(self) -> None:
+        counts: dict[int, int] = {}
+        for gateway in list(self._gateways):
+            for replica, n in gateway.in_flight.copy().items():
+                counts[replica] = counts.get(replica, 0) + n
+        gauge = self.m["in_flight"]
+        for replica in self._shown - set(counts):
+            gauge.labels(str(replica)).set(0)
+        for replica, n in counts.items():
+            gauge.labels(str(replica)).set(n)
+        self._shown = set(counts)
+
+    def _sync_loop(self) -> None:
+        while True:
+            time.sleep(SYNC_EVERY)
+            try:
+                self.sync()
+            except RuntimeError:
+                continue  # a dict changed while copied: next time
+
+
+def exported(gateway: Any, metrics: Metrics) -> MetricsRoute:
+    """``gateway`` with its in-flight counts and its guard's time told to ``metrics``
+    (which must be among its observers), and ``/metrics`` served in front of it."""
+    gateway.guard = TimedGuard(gateway.guard, metrics)
+    metrics.watch(gateway)
+    return MetricsRoute(gateway)
+
+
+class TimedGuard:
+    """The guard as the gateway asks it, each check's time told to ``metrics``."""
+
+    def __init__(self, inner: Any, metrics: Metrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    def directions(self) -> tuple[bool, bool]:
+        return self.inner.directions()  # type: ignore[no-any-return]
+
+    async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
+        start = time.perf_counter()
+        result = await self.inner.judge(request, answer)
+        if result.get("judged") is not False:
+            self.metrics.judged(result.get("judge") or "", time.perf_counter() - start)
+        return result  # type: ignore[no-any-return]
+
+
+class MetricsRoute:
+    """``GET /metrics`` for a viewer's API token; anything else to ``app``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != PATH:
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _plain(send, 405, "GET /metrics\n", [(b"allow", b"GET")])
+            return
+        refused = await _refusal(scope)
+        if refused is not None:
+            await _plain(send, *refused)
+            return
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        body = await asyncio.to_thread(scrape)
+        headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                   (b"content-length", str(len(body)).encode()),
+                   (b"cache-control", b"no-store")]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(
+            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
+        )
+
+
+async def _refusal(scope: dict[str, Any]) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
+    from guard.api.auth import token_user, token_user_in_memory
+    from llmgw_admin.lean import bearer, headers
+    from llmgw_admin.models import TOKEN_PREFIX
+    from llmgw_admin.roles import VIEWER, has_role
+
+    secret = bearer(headers(scope))
+    challenge = [(b"www-authenticate", b'Bearer realm="llmgw metrics"')]
+    if not secret or not secret.startswith(TOKEN_PREFIX):
+        return (
+            401,
+            (
+                "/metrics needs an API token: send Authorization: Bearer llmgw_… (a token of a "
+                "user with the viewer role, from the console's Tokens page)\n"
+            ),
+            challenge,
+        )
+    found = token_user_in_memory(secret)
+    if found is None:
+        found = await asyncio.to_thread(_token_user, token_user, secret)
+    if found is None:
+        return 401, "/metrics: that API token is unknown, expired or revoked\n", challenge
+    if not has_role(found[0], VIEWER):
+        return 403, "/metrics: the token's user holds no role (viewer is needed)\n", []
+    return None
+
+
+def _token_user(lookup: Any, secret: str) -> Any:
+    from django.db import connection
+
+    try:
+        return lookup(secret)
+    finally:
+        connection.close()
+
+
+async def _plain(send: Any, status: int, text: str, extra: list[tuple[bytes, bytes]]) -> None:
+    body = text.encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"),
+               (b"content-length", str(len(body)).encode()), *extra]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

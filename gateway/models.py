@@ -95,3 +95,41 @@ class ClientKey(db.Model):
 
 def new_secret() -> str:
     return f"{KEY_PREFIX}{secrets.token_urlsafe(32)}"
+
+
+class Usage(db.Model):
+    """What the gateway served, per minute, key, owner and model (``gateway.usage``).
+
+    Written off the request path in batches by every gateway process, the counts added in
+    the database (``count = count + n``): exact with any number of processes.
+    """
+
+    minute = db.DateTimeField(_("minute"), help_text=_("the minute's start (UTC)"))
+    key = db.CharField(_("key"), max_length=100, help_text=_("the client key's name"))
+    owner = db.CharField(_("owner"), max_length=120, blank=True)
+    model = db.CharField(_("model"), max_length=200, blank=True,
+                         help_text=_("the catalog model that answered"))  # fmt: skip
+    requests = db.PositiveBigIntegerField(_("requests"), default=0)
+    errors = db.PositiveBigIntegerField(
+        _("errors"), default=0, help_text=_("answered with an error (4xx or 5xx), refusals apart")
+    )
+    tokens_in = db.PositiveBigIntegerField(_("tokens in"), default=0)
+    tokens_out = db.PositiveBigIntegerField(_("tokens out"), default=0)
+    refusals = db.PositiveBigIntegerField(
+        _("refusals"), default=0, help_text=_("refused by the guard (request or answer)")
+    )
+
+    class Meta:
+        ordering = ("-minute", "key", "model")
+        verbose_name = _("usage")
+        verbose_name_plural = _("usage")
+        constraints = [
+            db.UniqueConstraint(
+                fields=["minute", "key", "owner", "model"],
+                name="%(app_label)s_%(class)s_unique_bucket",
+            )
+        ]
+        indexes = [db.Index(fields=["key", "-minute"]), db.Index(fields=["model", "-minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.key} {self.model}"

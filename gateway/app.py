@@ -58,6 +58,7 @@ from gateway.observe import Done, Observer, Refusal
 from gateway.state import State
 from gateway.table import Entry, Key, Pool, Table
 from gateway.upstream import TIMEOUT, Response, Upstream, UpstreamError
+from llmgw_admin import lean
 
 log = logging.getLogger("gateway")
 
@@ -294,7 +295,8 @@ class Gateway:
         if judging_requests and req.text:
             verdict = asyncio.create_task(self.guard.judge(req.text))
         try:
-            await self._route(sent, table, key, entry, req, data, raw, verdict, judging_answers)
+            call = _Call(sent, key, entry, req, data, raw, verdict, judging_answers)
+            await self._route(call)
         finally:
             if verdict is not None and not verdict.done():
                 verdict.cancel()
@@ -311,18 +313,9 @@ class Gateway:
             if wait is not None:
                 raise errors.rate_limited(f"{key.tpm} tokens a minute", wait)
 
-    async def _route(
-        self,
-        sent: _Sent,
-        table: Table,
-        key: Key,
-        entry: Entry,
-        req: bodies.Request,
-        data: dict[str, Any],
-        raw: bytes,
-        verdict: asyncio.Task[dict[str, Any]] | None,
-        judging_answers: bool,
-    ) -> None:
+    async def _route(self, call: _Call) -> None:
+        entry, req = call.entry, call.req
+        table = self.state.table
         model = entry.model
         if model.scaling.idle_timeout or model.scaling.min == 0:
             self.state.demand(model.name)  # it is in use: keep it (written off the path)
@@ -371,8 +364,7 @@ class Gateway:
                     tried.add(target.id)
                     url = pool.endpoints[target.id]
                     outcome = await self._try(
-                        sent, key, entry, req, data, raw, verdict, judging_answers,
-                        url, target.id, target_model, served=name,
+                        call, url, target.id, target_model, served=name,
                         engine=pool.engines.get(target.id, ""),
                     )  # fmt: skip
                     if outcome is None:
@@ -390,9 +382,8 @@ class Gateway:
             if name != model.name:
                 self.observer.fell_back(model.name, name)
             outcome = await self._try(
-                sent, key, entry, req, data, raw, verdict, judging_answers,
-                ext.external.url.rstrip("/"), -1, ext, served=ext.external.model or name,
-                external=True,
+                call, ext.external.url.rstrip("/"), -1, ext,
+                served=ext.external.model or name, external=True,
             )  # fmt: skip
             if outcome is None:
                 return
@@ -449,14 +440,7 @@ class Gateway:
 
     async def _try(
         self,
-        sent: _Sent,
-        key: Key,
-        entry: Entry,
-        req: bodies.Request,
-        data: dict[str, Any],
-        raw: bytes,
-        verdict: asyncio.Task[dict[str, Any]] | None,
-        judging_answers: bool,
+        call: _Call,
         base: str,
         replica: int,
         target_model: Any,
@@ -466,6 +450,8 @@ class Gateway:
         engine: str = "",
     ) -> str | None:
         """Send to one replica; None when the client had its answer, else why not."""
+        sent, key, entry, req = call.sent, call.key, call.entry, call.req
+        data, raw, verdict, judging_answers = call.data, call.raw, call.verdict, call.answers
         adapter = entry.adapter if target_model.name == entry.model.name else None
         lora = _lora(target_model, adapter) if engine == "llamacpp" else None
         if (
@@ -695,6 +681,20 @@ class Gateway:
         hold.allow(ticket, final)
 
 
+@dataclass
+class _Call:
+    """One request on its way: what the client sent, and what is known of it so far."""
+
+    sent: _Sent
+    key: Key
+    entry: Entry
+    req: bodies.Request
+    data: dict[str, Any]
+    raw: bytes  # the body as the client sent it
+    verdict: asyncio.Task[dict[str, Any]] | None  # the guard's on the request, running
+    answers: bool  # whether the policy judges answers
+
+
 class _Retry(Exception):
     """The engine failed before any byte reached the client: another replica may answer."""
 
@@ -766,19 +766,14 @@ async def _send_error(send: Send, error: ApiError, request_id: str = "") -> None
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"The body is over {limit} bytes.", code="request_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    """The whole body (None: the client went away first); 413 past ``limit``."""
+    read = await lean.read_body(receive, limit)
+    if read is None:
+        return None
+    body, more = read
+    if more or len(body) > limit:
+        raise ApiError(413, f"The body is over {limit} bytes.", code="request_too_large")
+    return body
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any] | None) -> None:

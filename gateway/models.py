@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 
@@ -12,15 +11,15 @@ from django.db import models as db
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+# Stored as SHA-256, as API tokens are: 32 random bytes need no salt, and checking one
+# stays cheap on every request.
+from llmgw_admin import models as tokens
+
+digest = tokens.digest
+
 KEY_PREFIX = "llmgw-ck-"
 OWNER_RE = re.compile(r"^(org|team|project):[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def digest(secret: str) -> str:
-    """The stored form of a client key: its SHA-256, hex (32 random bytes: no salt needed,
-    and checking one stays cheap on every request)."""
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def validate_owner(value: str) -> None:

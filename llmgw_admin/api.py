@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rest_framework import status
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser as DRFJSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -36,7 +36,35 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     DRF does."""
     if isinstance(exc, Refused):
         return problems_response(exc.problems, exc.detail)
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is not None and response.status_code == 400 and isinstance(exc, APIException):
+        # A body DRF itself refused (unreadable JSON, a serializer's field errors): the
+        # same shape as any refusal, so the schema's 400 holds and a script reads one shape.
+        detail = exc.detail
+        if isinstance(detail, dict) and list(detail) == ["detail"]:
+            detail = detail["detail"]
+        errors = list(_drf_errors(detail, ()))
+        summary = (
+            errors[0]["message"]
+            if len(errors) == 1 and not errors[0]["field"]
+            else ("the request cannot be read")
+        )
+        response.data = {"detail": summary, "errors": errors}
+    return response
+
+
+def _drf_errors(detail: Any, path: tuple[str, ...]) -> Iterable[dict[str, str]]:
+    """Yield DRF's error detail (nested dicts and lists of messages) as field paths."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            yield from _drf_errors(value, (*path, str(key)))
+    elif isinstance(detail, list):
+        for i, value in enumerate(detail):
+            # A list of messages is one field's; a list of dicts is a list's items.
+            yield from _drf_errors(value, (*path, str(i)) if isinstance(value, dict) else path)
+    else:
+        field = ".".join(p for p in path if p != "non_field_errors")
+        yield {"field": field, "message": str(detail), "code": getattr(detail, "code", "invalid")}
 
 
 class TextJSONParser(DRFJSONParser):

@@ -78,7 +78,8 @@ class ModelMetaSerializer(serializers.Serializer[Any]):
     on_demand = serializers.BooleanField()
     simulated = serializers.BooleanField()
     fingerprints = serializers.DictField(child=serializers.CharField())
-    depended_on_by = serializers.ListField(child=serializers.DictField())
+    # One model's page only (GET .../models/NAME/ and what a change answers), not the list.
+    depended_on_by = serializers.ListField(child=serializers.DictField(), required=False)
     # On a write's answer: what the change is warned of (it was made all the same).
     warnings = serializers.ListField(child=serializers.CharField(), required=False)
 

@@ -191,8 +191,11 @@ class ServedModelViewSet(
         services.delete_model(name, actor_for(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(summary="The model's change log", responses=ChangeRecordSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @extend_schema(
+        summary="The model's change log (its last 200 changes, newest first; not paged)",
+        responses=ChangeRecordSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
     def changes(self, request: Request, name: str) -> Response:
         records = ChangeRecord.objects.filter(model_name=name)[:200]
         return Response(ChangeRecordSerializer(records, many=True).data)

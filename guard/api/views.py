@@ -274,7 +274,44 @@ def policy(request: Request) -> Response:
 policy.cls.required_role = OPERATOR  # type: ignore[attr-defined]
 
 
-@extend_schema(summary="Each judge's health and decisions", responses=dict)
+class JudgeDecisionCountSerializer(serializers.Serializer[Any]):
+    """How often a judge gave one verdict in one category."""
+
+    verdict = serializers.CharField()
+    category = serializers.CharField(allow_blank=True)
+    count = serializers.IntegerField()
+
+
+class JudgeProbeSerializer(serializers.Serializer[Any]):
+    """The judge's last probe: an ordinary and a harmful text."""
+
+    at = serializers.DateTimeField()
+    ok = serializers.BooleanField()
+    ordinary_verdict = serializers.CharField(allow_blank=True, allow_null=True)
+    harmful_verdict = serializers.CharField(allow_blank=True, allow_null=True)
+    latency_ms = serializers.FloatField(allow_null=True)
+    error = serializers.CharField(allow_blank=True)
+
+
+class JudgeStatusSerializer(serializers.Serializer[Any]):
+    """One judge: in the policy or not, its answers and failures, last error, decisions."""
+
+    judge = serializers.CharField()
+    in_policy = serializers.BooleanField()
+    answers = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    last_error = serializers.CharField(allow_blank=True)
+    last_error_kind = serializers.CharField(allow_blank=True)
+    last_error_at = serializers.DateTimeField(allow_null=True)
+    last_good_at = serializers.DateTimeField(allow_null=True)
+    last_latency_ms = serializers.FloatField(allow_null=True)
+    decisions = JudgeDecisionCountSerializer(many=True)
+    probe = JudgeProbeSerializer(allow_null=True)
+
+
+@extend_schema(
+    summary="Each judge's health and decisions", responses=JudgeStatusSerializer(many=True)
+)
 @api_view(["GET"])
 def judges(request: Request) -> Response:
     """Answer each judge's answers, failures, last error, last good answer, decisions."""

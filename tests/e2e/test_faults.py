@@ -289,7 +289,8 @@ def requirements_python() -> str:
     """A Python whose environment holds requirements.txt alone (not the test pins).
 
     Built once per content of requirements.txt in ~/.cache/llmgw (pip: PyPI and
-    PIP_FIND_LINKS), reused by later runs; a build cut short is built again.
+    PIP_FIND_LINKS; about 2 minutes), reused by later runs; a build cut short is built
+    again, and the one for earlier requirements removed.
     """
     req = ROOT / "requirements.txt"
     digest = hashlib.sha256(req.read_bytes()).hexdigest()[:16]
@@ -308,6 +309,11 @@ def requirements_python() -> str:
             if pip.returncode:
                 pytest.fail(f"pip install -r requirements.txt failed:\n{pip.stderr[-4000:]}")
             done.write_text(req.read_text())
+            # Environments of earlier requirements are not used again.
+            for old in CACHE.glob("venv-requirements-*"):
+                if old.is_dir() and old != venv:
+                    shutil.rmtree(old, ignore_errors=True)
+                    old.with_name(old.name + ".lock").unlink(missing_ok=True)
     return str(python)
 
 

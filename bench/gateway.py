@@ -14,7 +14,11 @@ both targets and cancels out. Phases, each printing its figures:
 3. a stream of 2,000 events, directly and through the gateway: the time per event added;
 4. memory: the gateway's RSS before and after ``--requests`` requests;
 5. the guard on requests: a sim judge (no artificial latency) judging every request, at
-   100 req/s again, against phase 1's gateway figure.
+   100 req/s again, against phase 1's gateway figure;
+6. with ``--litellm PATH`` (the ``litellm`` command of a LiteLLM proxy installed apart,
+   e.g. ``python3 -m venv /tmp/ll && /tmp/ll/bin/pip install 'litellm[proxy]'``): the same
+   latency and closed-loop phases through LiteLLM's proxy (two workers, no database, a
+   master key, the local cost map) in front of the same mock engine.
 
 Asserts nothing. Goals (issue 12): overhead p50 <= 1 ms and p99 <= 5 ms at 100 req/s,
 <= 50 us a streamed event, RSS flat, >= 2,500 req/s through one process.
@@ -277,11 +281,18 @@ async def measure(args: argparse.Namespace) -> None:
         finally:
             stop(judge)
 
+        litellm_max = None
+        if args.litellm:
+            litellm_max = await litellm_phase(args, engine_port, direct, n, procs)
+
         print(f"gateway overhead p50 at 100 req/s: {over50:.3f} ms")
         print(f"gateway overhead p99 at 100 req/s: {over99:.3f} ms")
         print(f"gateway max req/s: {max_gateway:.0f} (direct {max_direct:.0f})")
         print(f"stream overhead per event: {per_event:.1f} us")
         print(f"guard on requests adds p50: {guard_adds:.3f} ms")
+        if litellm_max:
+            print(f"litellm max req/s: {litellm_max:.0f}; gateway/litellm: "
+                  f"{max_gateway / litellm_max:.1f}x")  # fmt: skip
     finally:
         for p in procs:
             if p.poll() is None:
@@ -293,10 +304,54 @@ async def measure(args: argparse.Namespace) -> None:
         webproc.drop_database(old)
 
 
+LITELLM_KEY = "sk-bench-0123456789abcdef0123456789"
+
+
+async def litellm_phase(
+    args: argparse.Namespace, engine_port: int, direct: Target, n: int, procs: list
+) -> float:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="llmgw-bench-litellm-"))
+    config = folder / "config.yaml"
+    config.write_text(
+        "model_list:\n  - model_name: bench\n    litellm_params:\n      model: openai/bench\n"
+        f"      api_base: http://127.0.0.1:{engine_port}/v1\n      api_key: x\n"
+        f"general_settings:\n  master_key: {LITELLM_KEY}\n"
+    )
+    port = webproc.free_port()
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    proc = subprocess.Popen(
+        [args.litellm, "--config", str(config), "--port", str(port), "--num_workers", "2"],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    procs.append(proc)
+    target = Target(port, LITELLM_KEY, BODY)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            await target.call()
+            break
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise SystemExit("LiteLLM's proxy did not answer in 120 s") from None
+            await asyncio.sleep(1)
+    for _ in range(200):
+        await target.call()
+    d, ll = await open_loop(direct, target, 100, n)
+    print(f"litellm at 100 req/s: p50 {pct(ll, 50):.3f} ms p99 {pct(ll, 99):.3f} ms "
+          f"(overhead p50 {pct(ll, 50) - pct(d, 50):.3f} ms, p99 {pct(ll, 99) - pct(d, 99):.3f} ms)")  # fmt: skip
+    best = await closed_loop(Target(port, LITELLM_KEY, BODY), 64, args.seconds)
+    print(f"litellm closed loop, 64 connections: {best:.0f} req/s")
+    proc.terminate()
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--litellm", help="a LiteLLM proxy's `litellm` command, to compare")
     args = parser.parse_args()
     try:
         import uvloop

@@ -1,5 +1,6 @@
-"""The client keys' API under /api/v1/gateway/keys/: viewers list and read, operators
-create (the secret in the answer, the only time it is shown) and revoke."""
+"""The gateway's API: client keys under /api/v1/gateway/keys/ (viewers list and read,
+operators create, the secret in the answer the only time it is shown, and revoke); usage
+under /api/v1/gateway/usage/ (viewers read)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gateway import keys
-from gateway.models import KEY_PREFIX, ClientKey
+from gateway.models import KEY_PREFIX, ClientKey, Usage
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 VIA = "api"
@@ -93,3 +94,28 @@ class ClientKeyViewSet(
         key = self.get_object()
         keys.revoke(key, user=request.user, via=VIA)
         return Response(ClientKeySerializer(key).data)
+
+
+class UsageSerializer(serializers.ModelSerializer[Usage]):
+    """One minute's usage of a key on a model (``gateway.usage``)."""
+
+    class Meta:
+        model = Usage
+        fields = ("minute", "key", "owner", "model", "requests", "errors", "tokens_in",
+                  "tokens_out", "refusals")  # fmt: skip
+        read_only_fields = fields
+
+
+class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    """What the gateway served, per minute, key, owner and model: viewers read it.
+
+    Filter with ``key``, ``owner``, ``model``, ``minute__gte`` and ``minute__lt`` (ISO 8601
+    times); newest first.
+    """
+
+    queryset = Usage.objects.order_by("-minute", "key", "owner", "model")
+    serializer_class = UsageSerializer
+    read_role = VIEWER
+    filterset_fields = {"key": ["exact"], "owner": ["exact"], "model": ["exact"],
+                        "minute": ["gte", "lt"]}  # fmt: skip
+    ordering_fields = ("minute", "requests", "tokens_in", "tokens_out")

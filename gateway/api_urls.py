@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
-from gateway.api import ClientKeyViewSet
+from gateway.api import ClientKeyViewSet, UsageViewSet
 
 router = DefaultRouter()
 router.register("keys", ClientKeyViewSet, basename="clientkey")
+router.register("usage", UsageViewSet, basename="usage")
 
 urlpatterns = router.urls

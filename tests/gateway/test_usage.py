@@ -200,3 +200,28 @@ def test_every_request_the_gateway_serves_is_counted(h: Harness, transactional_d
     assert totals(model="broken") == {"requests": 1, "errors": 1, "tokens_in": 0,
                                       "tokens_out": 0, "refusals": 0}  # fmt: skip
     assert set(Usage.objects.values_list("key", "owner")) == {("harness", "team:t")}
+
+
+# The API.
+
+
+def test_viewers_list_usage_newest_first_and_filter_it(
+    db: Any, viewer: Any, outsider: Any, api_for: Any
+) -> None:
+    write({(MINUTE, "app", "team:t", "m"): Counts(3, 1, 30, 50, 1),
+           (MINUTE + 60, "app", "team:t", "m"): Counts(2, 0, 20, 40, 0),
+           (MINUTE + 60, "other", "", "m"): Counts(1, 0, 1, 1, 0)})  # fmt: skip
+    api = api_for(viewer)
+    listed = api.get("/api/v1/gateway/usage/")
+    assert listed.status_code == 200
+    rows = listed.json()["results"]
+    assert [(r["key"], r["requests"]) for r in rows] == [("app", 2), ("other", 1), ("app", 3)]
+    assert rows[2] == {"minute": "2027-01-15T08:00:00Z", "key": "app", "owner": "team:t",
+                       "model": "m", "requests": 3, "errors": 1, "tokens_in": 30,
+                       "tokens_out": 50, "refusals": 1}  # fmt: skip
+    only = api.get("/api/v1/gateway/usage/", {"key": "app", "minute__lt": rows[0]["minute"]})
+    assert [r["requests"] for r in only.json()["results"]] == [3]
+    bad = api.get("/api/v1/gateway/usage/", {"minute__gte": "yesterday"})
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "minute__gte"
+    assert api_for(outsider).get("/api/v1/gateway/usage/").status_code == 403
+    assert api.post("/api/v1/gateway/usage/", {}).status_code in (403, 405)

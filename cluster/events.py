@@ -58,6 +58,9 @@ EVENTS = (
           "judges' health (the list is sent whole)"),
     Event("evals", "guard.evals_changed", "guard.evals", "pks", int,
           "evaluations: results as they are written, the run's end"),
+    # Not keys but figures: each gateway process's last second per model (gateway.traffic).
+    Event("traffic", "gateway.traffic_changed", "gateway.traffic", "models", dict,
+          "the gateway's traffic: one process's second, per model (figures, not keys)"),
 )  # fmt: skip
 BY_TOPIC = {e.topic: e for e in EVENTS}
 BY_TYPE = {e.type: e for e in EVENTS}

@@ -134,3 +134,14 @@ def chat(request: HttpRequest) -> HttpResponse:
         )
     return render(request, "gateway/chat.html",
                   {"models": models, "replicas": replicas, "chat_path": PATH})  # fmt: skip
+
+
+@role_required(VIEWER)
+@require_GET
+def traffic(request: HttpRequest) -> HttpResponse:
+    """Each model's live traffic, pushed once a second (``gateway.live``)."""
+    from django.utils.safestring import mark_safe
+
+    from gateway.live import render_traffic
+
+    return render(request, "gateway/traffic.html", {"panel": mark_safe(render_traffic())})

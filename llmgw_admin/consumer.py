@@ -1,6 +1,7 @@
 """The console's live view: cluster and guard state pushed as the fragments the page rendered.
 
-``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges`` and ``evals``
+``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges``, ``evals`` and
+``traffic`` (the gateway's, pushed once a second, ``gateway.live``)
 (comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
 ``evals`` needs ``?eval=ID``, the evaluation whose page is open). On connect the
 consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -28,6 +30,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from cluster import events
 from cluster import live as cluster_live
+from gateway import live as gateway_live
 from guard import live as guard_live
 from llmgw_admin.hub import hub
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role
@@ -56,6 +59,8 @@ def snapshot(
         parts.append(guard_live.render_judges())
     if "evals" in topics and evaluation is not None:
         parts.append(guard_live.render_eval(evaluation))
+    if "traffic" in topics:
+        parts.append(gateway_live.render_traffic())
     return "\n".join(parts)
 
 
@@ -140,6 +145,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.shown_nodes, self.shown_models = nodes, models
         await self.send(text_data=html)
         self.ready.set()
+        if "traffic" in topics:
+            self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
         html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
@@ -154,6 +161,24 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         hub().leave(self)
+        task = getattr(self, "traffic_task", None)
+        if task is not None:
+            task.cancel()
+
+    async def _push_traffic(self) -> None:
+        """The traffic panel, once a second when it changed (rendered once a second for
+        every console of the process: gateway.live)."""
+        last = None
+        while True:
+            await asyncio.sleep(1.0 - (time.time() % 1.0) + 0.1)
+            try:
+                html = await database_sync_to_async(gateway_live.render_traffic)()
+            except Exception:
+                log.exception("rendering the live traffic failed")
+                continue
+            if html != last:
+                last = html
+                await self.send(text_data=html)
 
     async def layer_lost(self) -> None:
         """The channel layer went away: events may be missed, so this console is not live.
@@ -222,6 +247,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         names = events.keys_of(event)
         rendered = await self._rendered(event, "judges", guard_live.judges_changed, names)
         await self.send(text_data=rendered["all"] or "")
+
+    async def gateway_traffic_changed(self, event: dict[str, Any]) -> None:
+        """A gateway process's last second: kept in the process's window (each console of
+        the process hears it; keeping it again is a no-op); pushed by ``_push_traffic``."""
+        gateway_live.WINDOW.add(events.keys_of(event))
 
     async def guard_evals_changed(self, event: dict[str, Any]) -> None:
         if self.evaluation not in events.keys_of(event):

@@ -22,7 +22,7 @@ from cluster import events, relay
 
 def good() -> list[tuple[str, dict[str, Any]]]:
     """One message of each event of the catalogue, as the publisher makes it."""
-    keys = {int: [1, 7], str: ["m", ""]}
+    keys = {int: [1, 7], str: ["m", ""], dict: [{"model": "m", "requests": 2}]}
     return [(e.group, e.message("a1", keys[e.item])) for e in events.EVENTS]
 
 
@@ -41,7 +41,9 @@ def test_any_event_of_the_known_kinds_survives_the_trip(
 ) -> None:
     group, kind = group_and_type
     keys = events.BY_TYPE[kind].keys
-    message = {"type": kind, "id": "e" * 32, keys: pks if keys == "pks" else names}
+    item = events.BY_TYPE[kind].item
+    values = {int: pks, str: names, dict: [{"model": n, "requests": 1} for n in names]}[item]
+    message = {"type": kind, "id": "e" * 32, keys: values}
     assert relay.parse(relay.encode(group, message)) == (group, message)
 
 

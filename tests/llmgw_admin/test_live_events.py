@@ -36,5 +36,5 @@ def test_marking_a_topic_the_catalogue_lacks_is_refused_naming_the_events() -> N
     with pytest.raises(TypeError) as caught:
         events.changed(nodez=[1])
     assert str(caught.value) == (
-        "changed(): no live event 'nodez'; the events: ['evals', 'judges', 'models', 'nodes']"
+        "changed(): no live event 'nodez'; the events: ['evals', 'judges', 'models', 'nodes', 'traffic']"
     )

@@ -1,0 +1,227 @@
+"""The console's live traffic: each gateway process's one-second aggregates per model,
+published off the request path, summed by the web processes that show them.
+
+A process's ``Traffic`` observer counts each request into the current second's bucket
+(requests, errors, refusals, tokens out, and TTFT and time-per-output-token histograms
+on fixed edges): a few additions, no I/O. A thread of its own, once a second, takes
+the finished seconds and publishes them as one ``gateway.traffic`` event
+(``cluster.events``: Redis in production, ``live.sock`` embedded), skipping seconds
+with no traffic. Nothing of the request path waits on it; a publish that fails is
+dropped (the next second brings fresh figures).
+
+A web process keeps the last seconds of every process (``Window``, bounded) and its
+consoles are pushed, at most once a second, each model's figures over the last
+``SPAN`` seconds: requests/s, TTFT p50 and p99, tokens/s, error and refusal rates, and
+the model's ``slo`` (``ttft_p99``, ``tpot_p99``) met or missed. Percentiles are read
+from the summed histograms (the upper edge of the bucket the quantile falls in, so a
+"met" is never optimistic).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import socket
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.observe import Done, Observer
+
+log = logging.getLogger(__name__)
+
+GROUP = "gateway.traffic"
+TYPE = "gateway.traffic_changed"
+# Histogram edges in milliseconds; the last bucket is everything above.
+EDGES_MS = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000,
+            5000, 10000, 30000, 60000)  # fmt: skip
+SPAN = 5  # seconds the console's figures cover
+KEEP = 15  # seconds a web process keeps
+MAX_MODELS = 100  # a process publishes at most this many models a second (one datagram)
+
+_refused: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_refused", default=False)
+
+
+def _bucket(ms: float) -> int:
+    return bisect_left(EDGES_MS, ms)
+
+
+@dataclass
+class Bucket:
+    requests: int = 0
+    errors: int = 0
+    refusals: int = 0
+    tokens_out: int = 0
+    ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
+    tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
+
+
+class Traffic(Observer):
+    """Counts each request into this second's buckets; ``start()`` publishes them."""
+
+    def __init__(self, publish: Any = None) -> None:
+        super().__init__()
+        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        self.seconds: dict[int, dict[str, Bucket]] = {}
+        self._publish = publish
+        self._started = False
+        self._lock = threading.Lock()
+
+    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
+        _refused.set(True)  # the request's own task: its Done follows
+
+    def request(self, done: Done) -> None:
+        if not self._started:
+            self.start()
+        refused = _refused.get()
+        if refused:
+            _refused.set(False)
+        if not done.model:
+            return
+        second = int(time.time())
+        with self._lock:
+            models = self.seconds.setdefault(second, {})
+            b = models.get(done.model)
+            if b is None:
+                if len(models) >= MAX_MODELS:
+                    return
+                b = models[done.model] = Bucket()
+            b.requests += 1
+            if refused:
+                b.refusals += 1
+            elif done.status >= 500 or done.status == 429:
+                b.errors += 1
+            b.tokens_out += done.tokens_out
+            if done.ttft is not None and done.status == 200:
+                b.ttft[_bucket(done.ttft * 1000)] += 1
+                if done.stream and done.tokens_out > 1:
+                    per = (done.seconds - done.ttft) * 1000 / (done.tokens_out - 1)
+                    b.tpot[_bucket(per)] += 1
+
+    def take(self, before: int) -> list[dict[str, Any]]:
+        """The finished seconds (before ``before``) as the event carries them."""
+        with self._lock:
+            done = [s for s in self.seconds if s < before]
+            taken = {s: self.seconds.pop(s) for s in done}
+        return [
+            {"process": self.process, "second": s, "model": name, "requests": b.requests,
+             "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
+             "ttft": b.ttft, "tpot": b.tpot}
+            for s, models in sorted(taken.items()) for name, b in models.items()
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._loop, name="gateway-traffic", daemon=True).start()
+
+    def publish_once(self) -> None:
+        items = self.take(int(time.time()))
+        for second in sorted({i["second"] for i in items}):
+            of = [i for i in items if i["second"] == second]
+            message = {"type": TYPE, "id": f"{self.process}:{second}", "models": of}
+            (self._publish or _send)(message)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(1.0 - (time.time() % 1.0) + 0.05)
+            try:
+                self.publish_once()
+            except Exception:
+                log.warning("could not publish the gateway's traffic", exc_info=True)
+
+
+def _send(message: dict[str, Any]) -> None:
+    from cluster import events
+
+    events.send(GROUP, message)
+
+
+class Window:
+    """What a web process heard from every gateway process: the last ``KEEP`` seconds."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+    def add(self, items: list[dict[str, Any]], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for item in items:
+            if not isinstance(item, dict) or not _well_formed(item):
+                continue
+            if item["second"] < now - KEEP:
+                continue
+            self.items[(item["process"], item["second"], item["model"])] = item
+        for key in [k for k in self.items if k[1] < now - KEEP]:
+            del self.items[key]
+
+    def summary(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """Each model's figures over the last ``SPAN`` finished seconds."""
+        now = time.time() if now is None else now
+        last = int(now) - 1
+        first = last - SPAN + 1
+        sums: dict[str, dict[str, Any]] = {}
+        for (_, second, model), item in self.items.items():
+            if not first <= second <= last:
+                continue
+            s = sums.setdefault(model, {"requests": 0, "errors": 0, "refusals": 0,
+                                        "tokens_out": 0, "ttft": [0] * (len(EDGES_MS) + 1),
+                                        "tpot": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
+            for k in ("requests", "errors", "refusals", "tokens_out"):
+                s[k] += item[k]
+            for k in ("ttft", "tpot"):
+                s[k] = [a + b for a, b in zip(s[k], item[k], strict=True)]
+        out = {}
+        for model, s in sorted(sums.items()):
+            n = s["requests"]
+            out[model] = {
+                "rps": n / SPAN,
+                "tokens_per_s": s["tokens_out"] / SPAN,
+                "error_rate": s["errors"] / n if n else 0.0,
+                "refusal_rate": s["refusals"] / n if n else 0.0,
+                "ttft_p50_ms": quantile(s["ttft"], 0.5),
+                "ttft_p99_ms": quantile(s["ttft"], 0.99),
+                "tpot_p99_ms": quantile(s["tpot"], 0.99),
+            }
+        return out
+
+
+def _well_formed(item: dict[str, Any]) -> bool:
+    ints = ("second", "requests", "errors", "refusals", "tokens_out")
+    return (
+        isinstance(item.get("process"), str)
+        and isinstance(item.get("model"), str)
+        and all(isinstance(item.get(k), int) and item[k] >= 0 for k in ints)
+        and all(
+            isinstance(item.get(k), list)
+            and len(item[k]) == len(EDGES_MS) + 1
+            and all(isinstance(v, int) and v >= 0 for v in item[k])
+            for k in ("ttft", "tpot")
+        )
+    )
+
+
+def quantile(counts: list[int], q: float) -> float | None:
+    """The upper edge (ms) of the bucket holding quantile ``q``; None with no sample;
+    ``inf`` past the last edge."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= rank and c:
+            return float(EDGES_MS[i]) if i < len(EDGES_MS) else float("inf")
+    return float("inf")
+
+
+def slo_verdict(p99_ms: float | None, slo_ns: int) -> str:
+    """``met``, ``missed``, or ``""`` when the model sets no such SLO or nothing was seen."""
+    if not slo_ns or p99_ms is None:
+        return ""
+    return "met" if p99_ms <= slo_ns / 1e6 else "missed"

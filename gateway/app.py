@@ -614,7 +614,7 @@ class Gateway:
                     if payload == sse.DONE:
                         done = True
                         break
-                    if b'"usage":{' in payload:
+                    if b'"usage":{' in payload or b'"usage": {' in payload:
                         _usage_from(payload, sent)
                     if strip_usage and b'"usage"' in payload:
                         payload = _without_usage(payload)

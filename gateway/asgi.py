@@ -14,6 +14,7 @@ from gateway.app import Gateway  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
 from gateway.state import State  # noqa: E402
+from gateway.traffic import Traffic  # noqa: E402
 from gateway.watch import CanaryWatch  # noqa: E402
 
 # Importing this starts no thread: the server starts the guard's recorder and the usage
@@ -26,7 +27,7 @@ application = exported(
         state=state,
         # Who hears each request: the canaries' judge, the usage written in batches, the
         # Prometheus counts (GET /metrics, gateway.metrics).
-        observer=Fanout(CanaryWatch(lambda: state.table), usage.RECORDER, metrics),
+        observer=Fanout(CanaryWatch(lambda: state.table), usage.RECORDER, metrics, Traffic()),
     ),
     metrics,
 )

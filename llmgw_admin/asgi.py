@@ -20,7 +20,9 @@ from gateway import usage  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
+from gateway.session import SessionChat  # noqa: E402
 from gateway.state import State  # noqa: E402
+from gateway.traffic import Traffic  # noqa: E402
 from gateway.watch import CanaryWatch  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
@@ -30,21 +32,23 @@ gateway_state = State()
 # usage written in batches (gateway.usage; the server starts its thread), the Prometheus
 # counts (GET /metrics, gateway.metrics).
 gateway_metrics = Metrics()
-gateway_observer = Fanout(CanaryWatch(lambda: gateway_state.table), usage.RECORDER, gateway_metrics)
+gateway_observer = Fanout(
+    CanaryWatch(lambda: gateway_state.table), usage.RECORDER, gateway_metrics, Traffic()
+)
+
+gateway = Gateway(
+    LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),
+    state=gateway_state,
+    observer=gateway_observer,
+)
 
 application = ProtocolTypeRouter(
     {
         # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py),
         # and so do guard checks (guard/api/lean.py).
         # /v1/ is the gateway's (gateway/app.py): clients' OpenAI-compatible calls.
-        "http": exported(
-            Gateway(
-                LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),
-                state=gateway_state,
-                observer=gateway_observer,
-            ),
-            gateway_metrics,
-        ),
+        # /metrics (gateway/metrics.py) and the console's chat (gateway/session.py) in front.
+        "http": SessionChat(exported(gateway, gateway_metrics), gateway),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -127,6 +127,18 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("post", "/api/v1/cluster/budgets/", {"level": "rack", "name": "r1", "cap_watts": 5000}),
     ("post", "/api/v1/cluster/join-tokens/", {"name": "n", "max_uses": 2, "expires": UNTIL}),
     ("post", "/api/v1/tokens/", {"user": "ada", "name": "ci", "expires": UNTIL}),
+    (
+        "post",
+        "/api/v1/gateway/keys/",
+        {
+            "name": "app",
+            "owner": "team:t",
+            "models": ["chat"],
+            "rpm": 5,
+            "tpm": 0,
+            "expires": UNTIL,
+        },
+    ),
     ("post", "/api/v1/cluster/models/chat/demand/", {}),
     ("post", "/api/v1/cluster/models/chat/roll/", {}),
     ("post", "/api/v1/guard/check", {"request": "hello", "answer": "hi"}),

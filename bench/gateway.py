@@ -164,6 +164,12 @@ async def closed_loop(target: Target, connections: int, seconds: float) -> float
     return count / (time.perf_counter() - start)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

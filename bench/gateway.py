@@ -238,10 +238,12 @@ async def measure(args: argparse.Namespace) -> None:
         over99 = pct(g, 99) - pct(d, 99)
 
         max_direct = await closed_loop(direct, 64, args.seconds)
+        cpu_before = cpu_seconds(gw.pid)
         max_gateway = await closed_loop(Target(port, secret, BODY), 64, args.seconds)
+        cpu_per_request = (cpu_seconds(gw.pid) - cpu_before) / (max_gateway * args.seconds) * 1e6
         print(
             f"closed loop, 64 connections: direct {max_direct:.0f} req/s, "
-            f"gateway {max_gateway:.0f} req/s"
+            f"gateway {max_gateway:.0f} req/s (gateway CPU {cpu_per_request:.0f} us a request)"
         )
 
         events = 2000
@@ -279,6 +281,18 @@ async def measure(args: argparse.Namespace) -> None:
             guarded = Target(port, secret, BODY)
             for _ in range(200):
                 await guarded.call()
+            judge_port = int(judge_url.rsplit(":", 1)[1])
+            raw_judge = Target(
+                judge_port,
+                None,
+                {
+                    "model": "judge",
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
+            own = [await raw_judge.call() * 1000 for _ in range(200)]
+            print(f"the judge's own answer (asked directly): p50 {pct(own, 50):.3f} ms")
             d2, g2 = await open_loop(direct, guarded, 100, n)
             guard_adds = pct(g2, 50) - pct(g, 50)
             print(

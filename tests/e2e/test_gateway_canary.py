@@ -73,6 +73,9 @@ def test_failing_and_slow_candidates_are_rolled_back_by_the_gateway(
     canary = ServedModel.objects.get(name="chat").to_spec().canary
     assert canary is not None and (canary.model, canary.percent) == ("chat-next", 0)
     assert served < 100
+    # The web process wrote what it served (gateway.usage, every second): all answered by
+    # the model, the candidate's failures having moved on to it.
+    wait_for(lambda: usage("canary-app") == {"chat": served}, 15, "the usage written")
 
     # A gateway process of its own judges its own traffic: a slower candidate.
     m = ServedModel.objects.get(name="chat").to_spec()
@@ -99,3 +102,17 @@ def test_failing_and_slow_candidates_are_rolled_back_by_the_gateway(
     assert slow < 100
     # Each rollback written once.
     assert ChangeRecord.objects.filter(model_name="chat", surface="gateway").count() == 2
+    # The gateway process wrote its usage too (the last of it as it stopped): the slow
+    # candidate's answers under its own name.
+    counted = usage("canary-app")
+    assert counted["chat"] + counted["chat-slow"] == served + slow, counted
+    assert counted["chat-slow"] >= 10
+
+
+def usage(key: str) -> dict[str, int]:
+    from django.db.models import Sum
+
+    from gateway.models import Usage
+
+    rows = Usage.objects.filter(key=key).values("model").annotate(n=Sum("requests"))
+    return {r["model"]: r["n"] for r in rows}

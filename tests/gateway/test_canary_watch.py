@@ -229,6 +229,17 @@ def test_the_rollback_is_written_as_the_gateways_with_its_figures(committed: Non
     assert heard == [["m"]]
 
 
+def test_the_change_log_api_lists_the_gateways_changes(
+    stored: None, viewer: Any, api_for: Any
+) -> None:
+    assert roll_back("m", "c", "canary c rolled back: error rate 50% vs 0% over 50 requests")
+    listed = api_for(viewer).get("/api/v1/catalog/changes/", {"surface": "gateway"})
+    assert listed.status_code == 200, listed.content
+    (entry,) = listed.json()["results"]
+    assert entry["model_name"] == "m" and entry["surface"] == "gateway"
+    assert entry["summary"].endswith("error rate 50% vs 0% over 50 requests")
+
+
 def test_a_canary_changed_meanwhile_is_left_alone(stored: None) -> None:
     from catalog.models import ServedModel
 

@@ -6,6 +6,7 @@ is launched by path. pytest-django's ``live_server`` serves the app in a thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,36 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 PASSWORD = "pw-for-tests-1"  # tests/conftest.py's make_user default
+# Asked again while the page navigates: the answer is the next document's.
+_NAVIGATING = ("Execution context was destroyed", "Cannot find context with specified id")
+
+
+def wait_js(page: Any, expression: str, arg: Any = None, *, timeout: float = 10, what: str) -> Any:
+    """Poll ``page.evaluate(expression, arg)`` until it is truthy; fail naming ``what``.
+
+    The console's Content-Security-Policy refuses eval (``script-src 'self'``), and
+    ``page.wait_for_function`` evaluates its predicate in the page with eval, on each
+    animation frame: under the policy it fails. ``page.evaluate`` runs the expression
+    through the DevTools protocol, which the policy does not govern, so it is asked from
+    here until ``timeout`` seconds have passed. An expression that throws fails at once,
+    as it did with ``wait_for_function``; a navigation in between is asked again.
+    """
+    from playwright.sync_api import Error
+
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = page.evaluate(expression, arg)
+        except Error as e:
+            if not any(m in e.message for m in _NAVIGATING):
+                raise
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+        time.sleep(0.1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

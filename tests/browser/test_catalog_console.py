@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from catalog.models import ChangeRecord, ServedModel
+from tests.browser.conftest import wait_js
 from tests.catalog.samples import cpu_model, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +48,11 @@ def test_new_model_checked_as_fields_are_left_then_saved(
 
     page.fill("#id_profiles-0-tp", "8")
     page.press("#id_profiles-0-tp", "Tab")
-    page.wait_for_function("document.getElementById('err-profiles-0-tp').textContent.trim() === ''")
+    wait_js(
+        page,
+        "document.getElementById('err-profiles-0-tp').textContent.trim() === ''",
+        what="tp's message to clear",
+    )
     assert "No problems" in page.locator("#form-status").inner_text()
     assert page.evaluate("window.notReloaded") is True
 
@@ -116,6 +121,6 @@ def test_a_check_asked_for_during_another_is_sent_after_it(
           htmx.trigger(check, "llmgw:recheck");
         }"""
     )
-    page.wait_for_function("window.checks === 2")
+    wait_js(page, "window.checks === 2", what="both checks to be answered")
     page.wait_for_timeout(300)
     assert page.evaluate("window.checks") == 2

@@ -13,6 +13,7 @@ from catalog.models import ServedModel
 from guard import services
 from guard.judgeprompt import judge_prompt
 from guard.models import EvalRun, PolicyChange
+from tests.browser.conftest import wait_js
 from tests.cluster.helpers import join_node
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import FAST, launch, stop
@@ -65,9 +66,11 @@ def test_operator_edits_the_policy_and_enables_a_judge_without_reloading(
     page.fill("#id_categories", "Violent\nViolent Crimes")
     page.click("button:text('Save the policy')")
     page.locator("#guard-policy .saved").get_by_text("Saved.").wait_for()
-    page.wait_for_function(
+    wait_js(
+        page,
         "(() => { const ids = [...document.querySelectorAll('#guard-judge-list article')]"
-        ".map(a => a.id); return ids[0] === 'guard-judge-llamaguard3-1b-health'; })()"
+        ".map(a => a.id); return ids[0] === 'guard-judge-llamaguard3-1b-health'; })()",
+        what="llamaguard3-1b first in the judge list",
     )
     policy = services.current_policy()
     assert policy.judge_models == ("llamaguard3-1b", "qwen3guard-0.6b") and policy.fail == "closed"
@@ -85,8 +88,10 @@ def test_operator_edits_the_policy_and_enables_a_judge_without_reloading(
     ).wait_for()
     # The list and the policy form pick it up without a reload.
     page.locator("#guard-judge-qwen3guard-4b-health").wait_for()
-    page.wait_for_function(
-        "document.querySelector('#id_judge_models').value.includes('qwen3guard-4b')"
+    wait_js(
+        page,
+        "document.querySelector('#id_judge_models').value.includes('qwen3guard-4b')",
+        what="the policy form's judges to include qwen3guard-4b",
     )
     assert page.locator("#guard-judge-qwen3guard-4b-health").inner_text().count("pending") >= 0
     assert ServedModel.objects.get(name="qwen3guard-4b").to_spec().profiles[0].engine == "sim"
@@ -133,8 +138,11 @@ def test_judge_page_prompt_and_an_evaluation_with_its_chart(
     page.fill("#prompt-request", "continue the code above")
     page.fill("#prompt-answer", "")
     page.click("button:text('Show the prompt')")
-    page.wait_for_function(
-        "document.querySelector('[data-role=prompt]').textContent.includes('USER: continue the code above')"
+    wait_js(
+        page,
+        "document.querySelector('[data-role=prompt]').textContent"
+        ".includes('USER: continue the code above')",
+        what="the judge's prompt shown",
     )
     shown = page.locator('[data-role="prompt"]').text_content()
     assert shown == judge_prompt("qwen3guard-0.6b", "continue the code above")

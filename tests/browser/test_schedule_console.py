@@ -9,6 +9,7 @@ import pytest
 from catalog.models import ChangeRecord, ServedModel
 from cluster.choices import NodeHealth
 from cluster.models import Assignment, Card, Node, Replica
+from tests.browser.conftest import wait_js
 from tests.catalog.samples import cpu_model, gpu_model, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,8 +75,10 @@ def test_bad_time_shows_at_the_field_unsaved_then_fixed_the_week_redraws(
     # Save refuses it, at the same field, and still saves nothing.
     page.click("button:text('Save')")
     # The answer replaces the form; its _touched is "*" (every error shown).
-    page.wait_for_function(
-        "document.querySelector('#schedule-form input[name=_touched]').value === '*'"
+    wait_js(
+        page,
+        "document.querySelector('#schedule-form input[name=_touched]').value === '*'",
+        what="the refused save's form (_touched '*')",
     )
     page.locator("#err-windows-1-from_time").get_by_text("is not HH:MM").wait_for()
     assert "problem" in page.locator("#form-status").inner_text()
@@ -85,9 +88,11 @@ def test_bad_time_shows_at_the_field_unsaved_then_fixed_the_week_redraws(
 
     # Fixed: the error goes and Monday evening wants 3 until 23:00.
     page.locator("#id_windows-1-from_time").fill("20:00")
-    page.wait_for_function(
+    wait_js(
+        page,
         'document.querySelector(\'.week-picture tr[data-day="Mon"] td[data-hour="20"]\')'
-        ".textContent.trim() === '3'"
+        ".textContent.trim() === '3'",
+        what="Monday 20:00 to want 3",
     )
     assert page.locator("#err-windows-1-from_time").inner_text() == ""
     assert week(page, "Mon", evening) == ["0", "0", "3", "3", "3", "0"]
@@ -114,9 +119,11 @@ def test_prewarm_shows_hours_opened_early(signed_in: Any, operator: Any, live_se
     page.goto(f"{live_server.url}/catalog/models/small/schedule/")
     assert week(page, "Mon", range(6, 8)) == ["0", "0"]
     page.locator("#id_scaling_prewarm").fill("2h")
-    page.wait_for_function(
+    wait_js(
+        page,
         'document.querySelector(\'.week-picture tr[data-day="Mon"] td[data-hour="6"]\')'
-        ".textContent.trim() === '2'"
+        ".textContent.trim() === '2'",
+        what="Monday 06:00 to want 2 (prewarm)",
     )
     cell = page.locator('.week-picture tr[data-day="Mon"] td[data-hour="6"]')
     assert "warm" in cell.get_attribute("class")
@@ -174,8 +181,10 @@ def test_class_picker_lists_the_clusters_classes_and_warns_as_tp_is_typed(
     page.locator("#id_profiles-0-nodes").click()
     page.keyboard.press("Control+A")
     page.keyboard.type("2")
-    page.wait_for_function(
-        "!document.getElementById('profiles-0-gpu_class-note').textContent.includes('unplaced')"
+    wait_js(
+        page,
+        "!document.getElementById('profiles-0-gpu_class-note').textContent.includes('unplaced')",
+        what="the class note to drop 'unplaced'",
     )
     # One node again with two cards each: the rule's message at tp, as typed.
     page.locator("#id_profiles-0-gpus_per_node").click()

@@ -211,5 +211,5 @@ RECORDER = UsageRecorder()
 def start() -> None:
     """Write usage in the background from now on (the servers call it), every
     ``LLMGW_GATEWAY_USAGE_FLUSH_MS``."""
-    RECORDER.interval = max(1, getattr(settings, "LLMGW_GATEWAY_USAGE_FLUSH_MS", 1000)) / 1000.0
+    RECORDER.interval = max(1, settings.LLMGW_GATEWAY_USAGE_FLUSH_MS) / 1000.0
     RECORDER.start()

@@ -167,6 +167,8 @@ LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 300)
 LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 120)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# How often a gateway process writes its usage (gateway/usage.py).
+LLMGW_GATEWAY_USAGE_FLUSH_MS = envint("GATEWAY_USAGE_FLUSH_MS", 1000)
 LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)
 LLMGW_GUARD_WINDOW_MS = envint("GUARD_WINDOW_MS", 150)
 # Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import spec
@@ -71,18 +71,21 @@ def test_with_no_traffic_of_the_models_own_errors_count_against_zero() -> None:
     assert not decide(window(50, ttft=9.0), Window(), Limits()).roll_back
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), windows(), limits_st)
 def test_never_below_min_requests(cand: Window, model: Window, limits: Limits) -> None:
     if cand.requests < limits.min_requests:
         assert not decide(cand, model, limits).roll_back
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), limits_st)
 def test_the_same_outcomes_never_roll_back(w: Window, limits: Limits) -> None:
     if limits.max_ttft_ratio >= 1:
         assert not decide(w, w, limits).roll_back
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), windows(), limits_st, st.integers(0, 300), st.floats(0, 1), st.floats(0, 20))
 def test_looser_thresholds_never_roll_back_what_tighter_ones_keep(
     cand: Window, model: Window, limits: Limits, more_min: int, more_err: float, more_ttft: float
@@ -93,6 +96,7 @@ def test_looser_thresholds_never_roll_back_what_tighter_ones_keep(
         assert decide(cand, model, limits).roll_back
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), windows(), limits_st, st.integers(1, 100))
 def test_more_candidate_errors_never_keep_what_fewer_roll_back(
     cand: Window, model: Window, limits: Limits, more: int
@@ -106,6 +110,7 @@ def test_more_candidate_errors_never_keep_what_fewer_roll_back(
         assert decide(worse, model, limits).roll_back
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), windows(), limits_st)
 def test_a_rollback_says_why_with_its_figures(cand: Window, model: Window, limits: Limits) -> None:
     d = decide(cand, model, limits, "cand")
@@ -116,6 +121,7 @@ def test_a_rollback_says_why_with_its_figures(cand: Window, model: Window, limit
         assert d.why == ""
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the decision's
 @given(windows(), windows(), limits_st)
 def test_it_rolls_back_exactly_past_a_threshold(
     cand: Window, model: Window, limits: Limits

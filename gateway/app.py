@@ -148,7 +148,7 @@ class Gateway:
         if self._upstream is None:
             self._upstream = Upstream()
         if self._limits is None:
-            url = _setting("LLMGW_REDIS_URL", "") or ""
+            url = _setting("REDIS_URL", "") or ""
             if url:
                 from gateway.limits import RedisLimits
 

@@ -216,14 +216,14 @@ def _refused(api: openai.OpenAI) -> bool:
 class gateway_process:
     """``manage.py gateway serve`` on a port of its own."""
 
-    def __init__(self, cp: ControlPlane, tmp: Path) -> None:
-        self.cp, self.tmp, self.port = cp, tmp, free_port()
+    def __init__(self, cp: ControlPlane, tmp: Path, **env: str) -> None:
+        self.cp, self.tmp, self.port, self.extra = cp, tmp, free_port(), env
 
     def __enter__(self) -> str:
-        log = (self.tmp / "gateway.log").open("wb")  # noqa: SIM115
+        log = (self.tmp / f"gateway-{self.port}.log").open("wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "gateway", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, env={**self.cp.env(), **self.extra}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: _answers(url), 60, "the gateway process to answer")
@@ -384,3 +384,51 @@ def test_fail_closed_with_every_judge_down_releases_nothing(cluster: ControlPlan
     set_policy(cluster, "--judges", "judge-down", "--directions", "answers", "--fail", "open")
     status, raw = stream_raw(cluster, key, "/echo secret words the engine says")
     assert status == 200 and streamed_text(raw) == "secret words the engine says"
+
+
+def test_a_budget_is_shared_by_two_gateway_processes_through_redis(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    key = new_key(cluster, "shared", "--rpm", "3")
+    redis = {"LLMGW_REDIS_URL": "redis://127.0.0.1:6379/13"}
+    with (
+        gateway_process(cluster, tmp_path, **redis) as one,
+        gateway_process(cluster, tmp_path, **redis) as two,
+    ):
+        apis = [
+            openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0) for url in (one, two)
+        ]
+        answered = 0
+        for i in range(3):  # 3 of the minute's 3, spread over both processes
+            apis[i % 2].chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=2)  # fmt: skip
+            answered += 1
+        for api in apis:  # the fourth is refused by either
+            with pytest.raises(openai.RateLimitError):
+                api.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=2)  # fmt: skip
+        assert answered == 3
+
+
+def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(cluster: ControlPlane) -> None:
+    import os
+    import signal
+
+    from cluster.models import Assignment
+
+    key = new_key(cluster, "killed")
+    api = client(cluster, key)
+    stream = api.chat.completions.create(
+        model="chat", stream=True, max_tokens=400,
+        messages=[{"role": "user", "content": "write at length"}],
+    )  # fmt: skip
+    first = next(iter(stream))
+    assert first.choices
+    # Whichever replica answers: kill both engines' processes now.
+    for pid in Assignment.objects.filter(replica__model_name="chat").values_list("pid", flat=True):
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+    with pytest.raises(openai.APIError) as caught:
+        for _ in stream:
+            pass
+    assert "stream failed" in str(caught.value.message) or "engine" in str(caught.value.message)

@@ -16,6 +16,7 @@ import pytest
 from catalog import rules
 from catalog.models import ServedModel
 from cluster.models import Assignment, Node, Replica
+from tests.browser.conftest import wait_js
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, wait_for
 
@@ -109,7 +110,8 @@ def edit_and_roll(page: Any, name: str) -> None:
 def finished(page: Any, name: str) -> None:
     """Wait until the page shows two ready replicas of the current definition, and no more."""
     block = page.locator(".live-replicas article")
-    page.wait_for_function(
+    wait_js(
+        page,
         """() => {
           const b = document.querySelector('.live-replicas article');
           const rows = b.querySelectorAll('tr.replica');
@@ -117,7 +119,8 @@ def finished(page: Any, name: str) -> None:
             && [...rows].every(r => r.dataset.state === 'ready')
             && !b.querySelector('.badge.outdated');
         }""",
-        timeout=120_000,
+        timeout=120,
+        what=f"two ready replicas of {name}'s current definition on its page",
     )
     assert "2 of 2 ready" in block.inner_text()
     assert wait_for(lambda: all_current(name), 30, "only current replicas in the database")
@@ -198,12 +201,14 @@ def test_a_drain_of_a_min_2_model_is_refused_without_room_then_has_no_gap(
         "both replicas ready on drain-2, none left on drain-1",
     )
     block = page.locator("#cluster-models article", has_text="drain-chat")
-    page.wait_for_function(
+    wait_js(
+        page,
         """() => [...document.querySelectorAll('#cluster-models article')]
             .filter(b => b.querySelector('h3')?.textContent.trim() === 'drain-chat')
             .some(b => b.querySelectorAll('tr.replica').length === 2
                 && [...b.querySelectorAll('tr.replica')].every(r => r.dataset.state === 'ready'))""",
-        timeout=60_000,
+        timeout=60,
+        what="drain-chat's two ready replicas on the dashboard",
     )
     assert "drain-2" in block.inner_text() and "drain-1" not in block.inner_text()
     seen = page.evaluate("window.__ready")

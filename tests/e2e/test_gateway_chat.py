@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Node, Replica
+from llmgw_admin.models import ApiToken
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_gateway import H100, ready, set_policy, sim_model
@@ -70,3 +72,16 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     judged = httpx.post(url, json={**body, "model": "judge"}, cookies=cookies,
                         headers={"X-CSRFToken": csrf})  # fmt: skip
     assert judged.status_code == 404  # a judge is refused to the chat as to every key
+
+    # /metrics tells the chat's traffic (owner console), the refusal and the judge's time.
+    _, token = ApiToken.issue(viewer, "prometheus")
+    scraped = httpx.get(control_plane.url + "/metrics",
+                        headers={"Authorization": f"Bearer {token}"}).text  # fmt: skip
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(scraped) for s in f.samples}  # fmt: skip
+    ok = ("llmgw_gateway_requests_total",
+          (("model", "talk"), ("owner", "console"), ("status", "200")))  # fmt: skip
+    assert samples[ok] >= 1
+    assert any(n == "llmgw_gateway_refusals_total" and ("direction", "answer") in labels and v >= 1
+               for (n, labels), v in samples.items())  # fmt: skip
+    assert samples[("llmgw_guard_judge_seconds_count", (("judge", "judge"),))] >= 1

@@ -100,6 +100,12 @@ def _a_row_in_every_list(admin_user: Any) -> None:
     JoinToken.issue("spare")
     ApiToken.issue(admin_user, "ci")
     ClusterAction.objects.create(actor_name="ada", action="cordon", target="gpu-1")
+    from django.utils import timezone
+
+    from gateway.models import ClientKey, Usage
+
+    ClientKey.objects.create(name="k1", prefix="llmgw_k1", digest="0" * 64)
+    Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="k1")
 
 
 @pytest.mark.django_db

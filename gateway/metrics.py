@@ -141,19 +141,32 @@ class Metrics(Observer):
         self._gateways: weakref.WeakSet[Any] = weakref.WeakSet()
         self._shown: set[int] = set()
         self._syncing = False
+        # The labelled children, looked up once (labels() costs more than the write).
+        self._requests: dict[tuple[str, int, str], Any] = {}
+        self._per_model: dict[str, tuple[Any, ...]] = {}
 
     def request(self, done: Done) -> None:
         if not self._syncing and self._gateways:
             self._start_sync()
-        m = self.m
-        m["requests"].labels(done.model, str(done.status), done.owner).inc()
-        m["seconds"].labels(done.model).observe(done.seconds)
+        requests = self._requests.get((done.model, done.status, done.owner))
+        if requests is None:
+            requests = self.m["requests"].labels(done.model, str(done.status), done.owner)
+            self._requests[(done.model, done.status, done.owner)] = requests
+        requests.inc()
+        per_model = self._per_model.get(done.model)
+        if per_model is None:
+            m = self.m
+            per_model = self._per_model[done.model] = tuple(
+                m[k].labels(done.model) for k in ("seconds", "ttft", "tokens_in", "tokens_out")
+            )
+        seconds, ttft, tokens_in, tokens_out = per_model
+        seconds.observe(done.seconds)
         if done.ttft is not None:
-            m["ttft"].labels(done.model).observe(done.ttft)
+            ttft.observe(done.ttft)
         if done.tokens_in:
-            m["tokens_in"].labels(done.model).inc(done.tokens_in)
+            tokens_in.inc(done.tokens_in)
         if done.tokens_out:
-            m["tokens_out"].labels(done.model).inc(done.tokens_out)
+            tokens_out.inc(done.tokens_out)
 
     def retried(self, model: str) -> None:
         self.m["retries"].labels(model).inc()

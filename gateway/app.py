@@ -564,10 +564,10 @@ class Gateway:
         status = resp.status
         if status == 200 and judging_answers and req.kind != bodies.EMBEDDING:
             try:
-                answer = json.loads(raw)
+                text = _answer_text(json.loads(raw))
             except ValueError:
-                answer = None
-            text = _answer_text(answer)
+                # Not JSON: whatever it is, it is judged as it would reach the client.
+                text = raw.decode("utf-8", "replace")
             if text:
                 result = await self.guard.judge(req.text, text)
                 if result.get("decision") != "allow":
@@ -624,17 +624,7 @@ class Gateway:
                     if hold is None:
                         out.append(chunk_bytes)
                     else:
-                        text = ""
-                        if (
-                            b'"content"' in payload
-                            or b'"text"' in payload
-                            or b'"arguments"' in payload
-                        ):
-                            try:
-                                text = sse.chunk_text(json.loads(payload))
-                            except ValueError:
-                                text = ""
-                        hold.add(chunk_bytes, text, loop.time())
+                        hold.add(chunk_bytes, _held_text(payload), loop.time())
                 if hold is not None:
                     if hold.due(loop.time()):
                         await self._window(req, hold)
@@ -824,16 +814,38 @@ def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:
     return []
 
 
+def _held_text(payload: bytes) -> str:
+    """The text a streamed chunk would put before the client, for the guard's windows.
+
+    Every chunk is read (only under a guard that judges answers): one that cannot be
+    read is judged as its raw data, never released as if it carried no text."""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return payload.decode("utf-8", "replace")
+    if not isinstance(chunk, dict):
+        return payload.decode("utf-8", "replace")
+    return sse.chunk_text(chunk)
+
+
 def _answer_text(answer: Any) -> str:
+    """Everything of a whole answer a client would read: content, reasoning, refusals,
+    tool calls' arguments, completions' text."""
     if not isinstance(answer, dict):
-        return ""
+        return json.dumps(answer)
     texts = []
     for choice in answer.get("choices") or ():
         if not isinstance(choice, dict):
             continue
         message = choice.get("message")
-        if isinstance(message, dict) and isinstance(message.get("content"), str):
-            texts.append(message["content"])
+        if isinstance(message, dict):
+            for name in ("content", "reasoning_content", "refusal"):
+                if isinstance(message.get(name), str):
+                    texts.append(message[name])
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    texts.append(function["arguments"])
         if isinstance(choice.get("text"), str):
             texts.append(choice["text"])
     return "\n".join(texts)

@@ -91,7 +91,7 @@ def chunk_text(chunk: Any) -> str:
             continue
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            for key in ("content", "reasoning_content"):
+            for key in ("content", "reasoning_content", "refusal"):
                 value = delta.get(key)
                 if isinstance(value, str):
                     texts.append(value)

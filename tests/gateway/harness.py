@@ -33,7 +33,8 @@ class Engine:
     """One engine: how it answers, and what it saw."""
 
     name: str
-    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow
+    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled
+    say: str = ""  # the answer's words, when given (else NAME0 NAME1 ...)
     words: int = 5
     delay: float = 0.0
     port: int = 0
@@ -79,6 +80,9 @@ class Engine:
         finally:
             writer.close()
 
+    def _message(self, words: list[str]) -> dict[str, Any]:
+        return _message_of(self.behaviour, words)
+
     async def _answer(self, path: str, data: dict[str, Any], reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> bool:  # fmt: skip
         if self.behaviour in ("503", "429"):
@@ -92,7 +96,7 @@ class Engine:
             body = json.dumps({"tokens": list(range(len(text.split())))}).encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             return True
-        words = [f"{self.name}{i}" for i in range(self.words)]
+        words = self.say.split() if self.say else [f"{self.name}{i}" for i in range(self.words)]
         if self.delay:
             await asyncio.sleep(self.delay)
         if not data.get("stream"):
@@ -105,8 +109,7 @@ class Engine:
                         return False
             body = json.dumps({
                 "id": "x", "object": "chat.completion", "created": 1, "model": data.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words)},
-                             "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": self._message(words), "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)},
             }).encode()  # fmt: skip
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -126,6 +129,11 @@ class Engine:
                 writer.transport.abort()  # killed mid-stream
                 return False
             delta = {"content": (" " if i else "") + word}
+            if self.behaviour == "garbled":
+                # Not JSON, yet text a client would show.
+                writer.write(chunk(f"{{garbled {word}"))
+                await writer.drain()
+                continue
             writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
                                 "model": data.get("model"),
                                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
@@ -145,6 +153,23 @@ class Engine:
         writer.write(chunk("[DONE]") + b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+def _message_of(behaviour: str, words: list[str]) -> dict[str, Any]:
+    if behaviour == "tools":
+        arguments = json.dumps({"query": " ".join(words)})
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": arguments},
+                }
+            ],
+        }
+    return {"role": "assistant", "content": " ".join(words)}
 
 
 class AllowAll:

@@ -5,6 +5,7 @@ revoke one (confirmed first); viewers read. Everything goes through
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -132,8 +133,8 @@ def chat(request: HttpRequest) -> HttpResponse:
         replicas[str(r.pk)] = f"{r.model_name}/{r.profile} #{r.pk}" + (
             f" on {nodes}" if nodes else ""
         )
-    return render(request, "gateway/chat.html",
-                  {"models": models, "replicas": replicas, "chat_path": PATH})  # fmt: skip
+    context = {"models": models, "replicas_json": json.dumps(replicas), "chat_path": PATH}
+    return render(request, "gateway/chat.html", context)
 
 
 @role_required(VIEWER)

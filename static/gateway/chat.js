@@ -15,7 +15,7 @@
   var input = document.getElementById("chat-message");
   var select = document.getElementById("chat-model");
   var send = document.getElementById("chat-send");
-  var replicas = JSON.parse(document.getElementById("chat-replicas").textContent || "{}");
+  var replicas = JSON.parse(root.getAttribute("data-replicas") || "{}");
   var messages = [];
 
   function line(role, text) {

@@ -260,12 +260,16 @@ async def measure(args: argparse.Namespace) -> None:
         before = rss_mb(gw.pid)
         many = Target(port, secret, BODY)
         done = 0
+        marks = []
         while done < args.requests:
             batch = min(1000, args.requests - done)
             await asyncio.gather(*(many.call() for _ in range(batch)))
             done += batch
+            if done % max(1, args.requests // 5) == 0:
+                marks.append(f"{done}: {rss_mb(gw.pid):.1f}")
         after = rss_mb(gw.pid)
-        print(f"gateway RSS before {args.requests} requests {before:.1f} MB, after {after:.1f} MB")
+        print(f"gateway RSS before {args.requests} requests {before:.1f} MB, after {after:.1f} MB "
+              f"(MB after n: {', '.join(marks)})")  # fmt: skip
 
         # The guard on requests: a sim judge answering at once.
         judge, judge_url = launch("--model", "judge", "--guard-format", "qwen3guard",

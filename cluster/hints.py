@@ -106,6 +106,35 @@ def engine_hints(
     return out
 
 
+# What a replica's reason starts with when its node could not fetch its weights
+# (agent/weights.py): the same words whoever reads it.
+DOWNLOAD_FAILED = "downloading the weights failed"
+
+
+def weights_hints(
+    models: Iterable[Model], failed_downloads: Iterable[str], weights_dir: str = ""
+) -> dict[str, Hint]:
+    """Return, by model name, the hint for each model whose node could not fetch its
+    weights (``failed_downloads``: the models with such a replica), as on a machine with
+    no internet: where to put the file instead."""
+    failed = set(failed_downloads)
+    out = {}
+    for m in models:
+        if m.name not in failed:
+            continue
+        name = _file_name(m.source)
+        here = f" (on this machine: {weights_dir})" if weights_dir else ""
+        steps = (
+            f"On a machine without internet, download {name} elsewhere (from {m.source}), "
+            f"copy it into the node's weights folder{here}, or an agent's --weights-dir "
+            "elsewhere, and set the model's source to that file's path.",
+            "Or set the source to a mirror's URL the nodes reach (an agent fetches only from "
+            "the hosts its --weights-hosts allows).",
+        )
+        out[m.name] = Hint(m.name, "", "its node could not fetch its weights", (), steps)
+    return out
+
+
 def node_engines() -> list[NodeEngines]:
     """Read every node's engines (one query)."""
     from cluster.choices import NodeHealth
@@ -128,8 +157,19 @@ def hints_for(names: Iterable[str]) -> dict[str, Hint]:
     wanted = set(names)
     if not wanted:
         return {}
+    from cluster.choices import ReplicaState
+    from cluster.models import Replica
+
     weights = str(Path(settings.DATA_DIR) / "agent" / "weights")
-    return engine_hints(stored_specs(names=wanted), node_engines(), weights)
+    models = stored_specs(names=wanted)
+    failed = Replica.objects.filter(
+        model_name__in=wanted, state=ReplicaState.FAILED, reason__startswith=DOWNLOAD_FAILED
+    ).values_list("model_name", flat=True)
+    # A missing engine comes first: without it, weights would not help.
+    return {
+        **weights_hints(models, failed, weights),
+        **engine_hints(models, node_engines(), weights),
+    }
 
 
 def hint_for(name: str) -> Hint | None:

@@ -114,3 +114,19 @@ def test_the_judges_page_says_it_too(first_start: None, client_for: Any, viewer:
     # The sim judge's own page has nothing to fix.
     page = client_for(viewer).get(f"/guard/judges/{demo.SIM_JUDGE}/").content.decode()
     assert "cannot run yet" not in page
+
+
+def test_a_judge_whose_weights_cannot_be_fetched_says_where_to_put_them(
+    first_start: None, client_for: Any, viewer: Any
+) -> None:
+    """With llama-server built, an air-gapped machine's next wall is the download: the
+    replica fails "downloading the weights failed", and the pages say what to do."""
+    join_node("cpu-box", [], engines={"llamacpp": "b1", "sim": "1"})
+    Replica.objects.filter(model_name=BASELINE).update(
+        state="failed", reason="downloading the weights failed; retrying in 60 s"
+    )
+    for path in ("/", f"/guard/judges/{BASELINE}/"):
+        page = client_for(viewer).get(path, follow=True).content.decode()
+        assert f"{BASELINE} cannot run yet" in page and "could not fetch its weights" in page
+        assert "Qwen3Guard-Gen-0.6B.Q8_0.gguf" in page and "without internet" in page
+        assert f"Meanwhile {demo.SIM_JUDGE} answers" in page

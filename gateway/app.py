@@ -145,6 +145,7 @@ class Gateway:
             return
         self._started = True
         self.state.start(asyncio.get_running_loop())
+        self._listening = asyncio.get_running_loop().create_task(self.state.listen())
         if self._upstream is None:
             self._upstream = Upstream()
         if self._limits is None:

@@ -31,6 +31,10 @@ from gateway.table import Key, ReplicaRow, Table, build
 log = logging.getLogger(__name__)
 
 INTERVAL = 0.5
+# The live events that change what the gateway routes by, and how often their groups are
+# joined again (channels-redis forgets a group's members after a day).
+LISTENED = ("models", "nodes")
+REJOIN_EVERY = 600.0
 # A model's demand is written at most this often by one process, however many requests
 # ask (the reconciler's idle timeouts count in minutes).
 DEMAND_EVERY = 5.0
@@ -135,6 +139,7 @@ class State:
         self._demanded: dict[str, float] = {}
         self._lock = threading.Lock()
         self.failures = 0
+        self.events = 0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if self._thread is not None:
@@ -151,6 +156,41 @@ class State:
     def poke(self) -> None:
         """Read everything again now (a change event arrived)."""
         self._poke.set()
+
+    async def listen(self) -> None:
+        """Read again at once when the cluster's live events say something changed.
+
+        The same events the consoles hear (``cluster.events``: Redis in production, this
+        process's own layer embedded): a model's replicas or the catalog
+        (``cluster.models``), a node cordoned, drained or lost (``cluster.nodes``). A
+        missed event costs at most ``interval``: the thread reads again anyway.
+        """
+        from channels.layers import get_channel_layer
+
+        from cluster import events
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        groups = [e.group for e in events.EVENTS if e.topic in LISTENED]
+        events.set_home_loop(asyncio.get_running_loop())
+        while not self._stop.is_set():
+            try:
+                channel = await layer.new_channel("gateway-state.")
+                for group in groups:
+                    await layer.group_add(group, channel)
+                joined = time.monotonic()
+                while not self._stop.is_set():
+                    await layer.receive(channel)
+                    self.poke()
+                    self.events += 1
+                    if time.monotonic() - joined > REJOIN_EVERY:
+                        break  # groups expire in Redis: join them again
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("the gateway could not hear change events; retrying", exc_info=True)
+                await asyncio.sleep(1)
 
     def demand(self, model: str, now: float | None = None) -> None:
         """Note that ``model`` was asked for: written by the thread, once per

@@ -129,3 +129,47 @@ def test_the_loader_rebuilds_only_when_something_changed() -> None:
     assert third is not second and third.pool("new") is not None
     _, secret = services.create_key("k")
     assert digest(secret) in load().keys
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute() -> None:
+    """The gateway hears the events the consoles hear: a replica ready is routed to at
+    once, not at the next poll."""
+    from cluster import events
+    from gateway.state import State
+    from tests.gateway.harness import Harness
+
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    h = Harness(state=State(interval=60))
+    try:
+        h.serve([], [])
+        h.run(asyncio.sleep(0))
+        listening = asyncio.run_coroutine_threadsafe(h.state.listen(), h.loop)
+        import time
+
+        deadline = time.monotonic() + 5
+        while h.state.table.resolve("chat") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert h.state.table.pool("chat") is None
+        node = Node.objects.create(name="n1", health=NodeHealth.READY)
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+
+        def joined() -> bool:
+            members = layer.groups.get("cluster.models", {})
+            return any(c.startswith("gateway-state.") for c in members)
+
+        deadline = time.monotonic() + 5
+        while not joined() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert joined()
+        r = replica("chat", node)
+        events.changed(replicas=[r.pk])
+        deadline = time.monotonic() + 3
+        while h.state.table.pool("chat") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert h.state.table.pool("chat") is not None and h.state.events >= 1
+        listening.cancel()
+    finally:
+        h.close()

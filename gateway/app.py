@@ -104,6 +104,22 @@ class Options:
         )
 
 
+# A model's own wait for a replica is its profiles' longest startup_timeout and this
+# margin (placement, the agent's start), at most WAKE_WAIT_MAX.
+WAKE_MARGIN = 30.0
+WAKE_WAIT_MAX = 1800.0
+
+
+def wake_wait(model: Any, default: float) -> float:
+    """How long a request for ``model`` with no ready replica waits for one: the model's
+    own startup_timeout where its profiles give one (a large model takes minutes to
+    load, a small one seconds), else ``LLMGW_GATEWAY_WAKE_WAIT``."""
+    longest = max((p.startup_timeout for p in model.profiles), default=0)
+    if longest <= 0:
+        return default
+    return min(WAKE_WAIT_MAX, longest / 1e9 + WAKE_MARGIN)
+
+
 class Refused(Exception):
     """The guard refused (or could not judge under ``fail: closed``)."""
 
@@ -375,7 +391,8 @@ class Gateway:
             if not woken and table.pool(model.name) is None and model.external is None:
                 # No replica anywhere: wake the model and wait for it (bounded).
                 woken = True
-                if await self.state.wait_for_pool(model.name, self.options.wake_wait):
+                wait = wake_wait(model, self.options.wake_wait)
+                if await self.state.wait_for_pool(model.name, wait):
                     continue
             break
         for name in external:

@@ -200,7 +200,7 @@ class Gateway:
         try:
             method = scope.get("method", "GET")
             table = self.state.table
-            key = self._key(scope, table)
+            key = await self._key_now(scope, table)
             if method == "GET" and path == "/v1/models":
                 await self._models(sent, table, key)
                 return
@@ -245,6 +245,19 @@ class Gateway:
                     tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
                     stream=sent.stream,
                 ))  # fmt: skip
+
+    async def _key_now(self, scope: Scope, table: Table) -> Key:
+        """The request's key; one this process has not read yet (made a moment ago) is
+        looked for again after the state's next pass (half a second at most), so a new
+        key works at once and an unknown one costs its sender that wait."""
+        try:
+            return self._key(scope, table)
+        except ApiError:
+            secret = _bearer(scope)
+            if not secret or not secret.startswith(KEY_PREFIX) or digest(secret) in table.keys:
+                raise
+        await self.state.next_pass(timeout=2.0)
+        return self._key(scope, self.state.table)
 
     def _key(self, scope: Scope, table: Table) -> Key:
         secret = None
@@ -761,6 +774,14 @@ def _usage_from(raw: bytes, sent: _Sent) -> None:
     found = _COMPLETION_TOKENS.search(raw)
     if found:
         sent.tokens_out = int(found.group(1))
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            parts = value.decode("latin-1").split()
+            return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
+    return None
 
 
 async def _send_error(send: Send, error: ApiError, request_id: str = "") -> None:

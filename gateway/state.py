@@ -137,6 +137,8 @@ class State:
         self._first: asyncio.Event | None = None
         self._demand: set[str] = set()
         self._demanded: dict[str, float] = {}
+        self._passes: list[tuple[int, asyncio.Future[None]]] = []
+        self._started = 0  # passes begun (written by the thread only)
         self._lock = threading.Lock()
         self.failures = 0
         self.events = 0
@@ -165,15 +167,24 @@ class State:
         (``cluster.models``), a node cordoned, drained or lost (``cluster.nodes``). A
         missed event costs at most ``interval``: the thread reads again anyway.
         """
-        from channels.layers import get_channel_layer
+        from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         from cluster import events
 
         layer = get_channel_layer()
         if layer is None:
             return
+        if isinstance(layer, InMemoryChannelLayer):
+            from cluster import relay
+
+            if not relay.listening():
+                # Embedded, in a process of its own (gateway serve): no event reaches
+                # this layer, and this process's own (its traffic) must go to the web
+                # process's live.sock, which a home loop here would stop. The poll reads.
+                return
+            # The embedded web process: its events reach this loop's layer.
+            events.set_home_loop(asyncio.get_running_loop())
         groups = [e.group for e in events.EVENTS if e.topic in LISTENED]
-        events.set_home_loop(asyncio.get_running_loop())
         while not self._stop.is_set():
             try:
                 channel = await layer.new_channel("gateway-state.")
@@ -243,6 +254,8 @@ class State:
             self._poke.wait(self.interval)
 
     def _pass(self) -> None:
+        self._started += 1
+        number = self._started
         close_old_connections()
         try:
             with self._lock:
@@ -256,15 +269,34 @@ class State:
             return
         finally:
             connection.close()
-        if table is self.table:
-            return  # nothing changed
+        changed = table is not self.table
         self.table = table
         if self._loop is not None:
             # A closed loop: the process is stopping.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._swapped)
+                self._loop.call_soon_threadsafe(self._swapped if changed else self._passed, number)
 
-    def _swapped(self) -> None:
+    def _passed(self, number: int) -> None:
+        """Pass ``number`` ended (on the loop): wake those waiting for it."""
+        still = []
+        for target, future in self._passes:
+            if target <= number:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still.append((target, future))
+        self._passes = still
+
+    async def next_pass(self, timeout: float) -> None:
+        """Wait until a pass that starts after now has read everything (or ``timeout``)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._passes.append((self._started + 1, future))
+        self.poke()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, timeout)
+
+    def _swapped(self, number: int) -> None:
+        self._passed(number)
         self.loaded = True
         if self._first is not None:
             self._first.set()

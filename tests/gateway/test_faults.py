@@ -280,3 +280,21 @@ def test_a_models_own_startup_timeout_bounds_its_wait() -> None:
     assert wake_wait(slow, 120.0) == 600 + WAKE_MARGIN
     huge = model("m", profiles=[spec.Profile(name="a", engine="vllm", startup_timeout=10**13)])
     assert wake_wait(huge, 120.0) == WAKE_WAIT_MAX
+
+
+def test_a_key_made_a_moment_ago_works_at_once(h: Harness) -> None:
+    """A key this process has not read yet is looked for again after the next pass."""
+    from gateway.models import digest
+    from gateway.table import Key
+
+    h.state.interval = 30  # no pass would come of itself within the test
+    h.serve([model("m")], [(1, "m", h.engine("e"))])
+    fresh = "llmgw-ck-made-just-now"
+    h.keys[digest(fresh)] = Key(2, "new", "", (), None)  # in the database, not yet read
+    answer = openai.OpenAI(base_url=h.url + "/v1", api_key=fresh, max_retries=0).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}])  # fmt: skip
+    assert answer.choices[0].message.content.startswith("e0")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=h.url + "/v1", api_key="llmgw-ck-unknown", max_retries=0
+        ).models.list()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -132,10 +133,15 @@ def test_the_loader_rebuilds_only_when_something_changed() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute() -> None:
+def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gateway hears the events the consoles hear: a replica ready is routed to at
-    once, not at the next poll."""
-    from cluster import events
+    once, not at the next poll. (This process plays the embedded web process: it holds
+    live.sock, as ``manage.py serve`` does.)"""
+    from cluster import events, relay
+
+    monkeypatch.setattr(relay, "_listening", (tmp_path / "live.sock", 0))
     from gateway.state import State
     from tests.gateway.harness import Harness
 
@@ -173,3 +179,15 @@ def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute() -> None:
         listening.cancel()
     finally:
         h.close()
+
+
+def test_a_gateway_process_of_its_own_leaves_its_events_to_the_relay() -> None:
+    """Embedded, ``gateway serve`` is not the web process: it must not keep events (its
+    traffic) in a layer of its own, where no console hears them."""
+    from cluster import events, relay
+    from gateway.state import State
+
+    assert not relay.listening()
+    before = events._home_loop
+    asyncio.run(asyncio.wait_for(State(interval=60).listen(), 2))
+    assert events._home_loop is before

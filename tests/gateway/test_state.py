@@ -142,6 +142,9 @@ def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute(
     from cluster import events, relay
 
     monkeypatch.setattr(relay, "_listening", (tmp_path / "live.sock", 0))
+    # The listener makes the harness's loop this process's home loop: put it back after,
+    # so later tests' events are not handed to a stopped loop.
+    monkeypatch.setattr(events, "_home_loop", events._home_loop)
     from gateway.state import State
     from tests.gateway.harness import Harness
 

@@ -20,7 +20,6 @@ and nothing else.
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import datetime as dt
 import logging
@@ -29,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from django.db.models import F
 
 from gateway.observe import Done, Observer
+from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +92,16 @@ def _minute(seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
-class UsageRecorder(Observer):
-    """Gathers requests' usage in memory; a background thread writes it in batches.
+class UsageRecorder(Batcher, Observer):
+    """Gathers requests' usage in memory; a background thread writes it in batches
+    (``llmgw_admin.batches``).
 
     ``writer`` writes a batch (``write``; a test may pass one that fails); ``clock``
     gives the Unix time a request ended at.
     """
+
+    thread_name = "gateway-usage"
+    what = "the gateway's usage"
 
     def __init__(
         self,
@@ -108,15 +112,12 @@ class UsageRecorder(Observer):
         super().__init__()
         import time
 
-        self.interval = interval
+        self._init_batches(interval)
         self._writer = writer
         self._clock = clock or time.time
         self._lock = threading.Lock()  # guards _pending
-        self._flushing = threading.Lock()  # one flush at a time
         self._pending: dict[Bucket, Counts] = {}
         self.dropped = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # The request path.
     def request(self, done: Done) -> None:
@@ -147,62 +148,24 @@ class UsageRecorder(Observer):
         with self._lock:
             return {b: Counts(**vars(c)) for b, c in self._pending.items()}
 
-    def flush(self) -> None:
-        """Write what has gathered, in the calling thread; on failure keep it and raise."""
-        with self._flushing:
-            with self._lock:
-                batch, self._pending = self._pending, {}
-                dropped, self.dropped = self.dropped, 0
-            if dropped:
-                log.warning("the gateway's usage dropped %d requests (the database was away)",
-                            dropped)  # fmt: skip
-            if not batch:
-                return
-            try:
-                self._writer(batch)
-            except BaseException:
-                # Put the batch back under what gathered meanwhile: nothing is lost.
-                with self._lock:
-                    for bucket, counts in self._pending.items():
-                        batch.setdefault(bucket, Counts()).add(counts)
-                    self._pending = batch
-                raise
+    def _take(self) -> dict[Bucket, Counts] | None:
+        with self._lock:
+            batch, self._pending = self._pending, {}
+            dropped, self.dropped = self.dropped, 0
+        if dropped:
+            log.warning("the gateway's usage dropped %d requests (the database was away)",
+                        dropped)  # fmt: skip
+        return batch or None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def _write(self, batch: dict[Bucket, Counts]) -> None:
+        self._writer(batch)
 
-    def start(self) -> None:
-        """Start the background thread (once), and write what is left at exit."""
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="gateway-usage", daemon=True)
-        self._thread.start()
-        atexit.register(self.stop)
-
-    def stop(self) -> None:
-        """Stop the background thread and write what is left (in the calling thread)."""
-        thread = self._thread
-        if thread is not None:
-            self._stop.set()
-            thread.join()
-            self._thread = None
-        try:
-            self.flush()
-        except Exception:
-            log.exception("the gateway's last usage counts could not be written")
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    close_old_connections()
-                    self.flush()
-                except Exception:
-                    log.exception("writing the gateway's usage failed; trying again")
-        finally:
-            connection.close()
+    def _put_back(self, batch: dict[Bucket, Counts]) -> None:
+        # Under what gathered meanwhile: nothing is lost.
+        with self._lock:
+            for bucket, counts in self._pending.items():
+                batch.setdefault(bucket, Counts()).add(counts)
+            self._pending = batch
 
 
 RECORDER = UsageRecorder()

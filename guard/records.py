@@ -16,19 +16,19 @@ each result at once, through the same ``write``.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
 from cluster import events
 from guard.chain import NO_JUDGE, ChainResult, Stats
 from guard.models import JudgeDecision, JudgeHealth
+from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -101,27 +101,23 @@ def _if(condition: Q, value: object, column: str) -> Case:
     )
 
 
-class Recorder:
-    """Gathers checks' results in memory; a background thread writes them in batches.
+class Recorder(Batcher):
+    """Gathers checks' results in memory; a background thread writes them in batches
+    (``llmgw_admin.batches``).
 
     ``writer`` is what writes a batch (``write``; a test may pass one that fails).
     """
 
+    thread_name = "guard-recorder"
+    what = "the guard's counts"
+
     def __init__(
         self, interval: float = FLUSH_INTERVAL, writer: Callable[[Stats], None] = write
     ) -> None:
-        self.interval = interval
+        self._init_batches(interval)
         self._writer = writer
         self._lock = threading.Lock()  # guards _pending
-        self._flushing = threading.Lock()  # one flush at a time
         self._pending = Stats()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def running(self) -> bool:
-        """Return whether the background thread is writing."""
-        return self._thread is not None and self._thread.is_alive()
 
     def add(self, result: ChainResult) -> None:
         """Count one check's result, to be written by the next flush."""
@@ -133,53 +129,19 @@ class Recorder:
         with self._lock:
             return not self._pending.empty()
 
-    def flush(self) -> None:
-        """Write what has gathered, in the calling thread; on failure keep it and raise."""
-        with self._flushing:
-            with self._lock:
-                batch = self._pending.take()
-            if batch.empty():
-                return
-            try:
-                self._writer(batch)
-            except BaseException:
-                # Put the batch back under what gathered meanwhile: nothing is lost.
-                with self._lock:
-                    batch.merge(self._pending)
-                    self._pending = batch
-                raise
+    def _take(self) -> Stats | None:
+        with self._lock:
+            batch = self._pending.take()
+        return None if batch.empty() else batch
 
-    def start(self) -> None:
-        """Start the background thread (once), and write what is left at exit."""
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="guard-recorder", daemon=True)
-        self._thread.start()
-        atexit.register(self.stop)
+    def _write(self, batch: Stats) -> None:
+        self._writer(batch)
 
-    def stop(self) -> None:
-        """Stop the background thread and write what is left (in the calling thread)."""
-        thread = self._thread
-        if thread is not None:
-            self._stop.set()
-            thread.join()
-            self._thread = None
-        try:
-            self.flush()
-        except Exception:
-            log.exception("the guard's last counts could not be written")
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    close_old_connections()
-                    self.flush()
-                except Exception:
-                    log.exception("writing the guard's counts failed; trying again")
-        finally:
-            connection.close()
+    def _put_back(self, batch: Stats) -> None:
+        # Under what gathered meanwhile: nothing is lost.
+        with self._lock:
+            batch.merge(self._pending)
+            self._pending = batch
 
 
 RECORDER = Recorder()

@@ -64,6 +64,7 @@ FRAMEWORK = {
     "migrations",
     "models",  # API tokens
     "pagination",  # the API's page limits
+    "batches",  # writing in batches off the request path, by a thread
     "refused",  # the base of every app's refusal
     "roles",  # roles for views, the API, the admin
     "security",  # response headers

@@ -1,0 +1,93 @@
+"""Writing what gathered in memory off the request path, in batches, by a thread.
+
+``Batcher`` is what the guard's recorder (``guard.records``) and the gateway's usage
+(``gateway.usage``) share: a thread that writes every ``interval`` seconds in one
+transaction, one flush at a time, a failed batch put back under what gathered meanwhile
+(nothing is lost), and what is left written at stop and at the process's exit. A subclass
+says how to take a batch (``_take``, None when there is nothing), write it (``_write``)
+and put it back (``_put_back``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+from django.db import close_old_connections, connection
+
+log = logging.getLogger(__name__)
+
+
+class Batcher(ABC):
+    thread_name = "batcher"
+    what = "counts"  # for the log: "the guard's counts", "the gateway's usage"
+
+    def _init_batches(self, interval: float) -> None:
+        self.interval = interval
+        self._flushing = threading.Lock()  # one flush at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def _take(self) -> Any | None:
+        """Take what gathered (under the subclass's lock); None when there is nothing."""
+
+    @abstractmethod
+    def _write(self, batch: Any) -> None:
+        """Write a batch in one transaction."""
+
+    @abstractmethod
+    def _put_back(self, batch: Any) -> None:
+        """Put a batch that could not be written back under what gathered meanwhile."""
+
+    @property
+    def running(self) -> bool:
+        """Return whether the background thread is writing."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def flush(self) -> None:
+        """Write what has gathered, in the calling thread; on failure keep it and raise."""
+        with self._flushing:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._write(batch)
+            except BaseException:
+                self._put_back(batch)
+                raise
+
+    def start(self) -> None:
+        """Start the background thread (once), and write what is left at exit."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stop the background thread and write what is left (in the calling thread)."""
+        thread = self._thread
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+            self._thread = None
+        try:
+            self.flush()
+        except Exception:
+            log.exception("%s: the last of them could not be written", self.what)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    close_old_connections()
+                    self.flush()
+                except Exception:
+                    log.exception("writing %s failed; trying again", self.what)
+        finally:
+            connection.close()

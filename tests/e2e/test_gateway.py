@@ -18,6 +18,7 @@ import pytest
 from cluster.models import Node, Replica
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
+from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
 
 pytestmark = pytest.mark.e2e
 
@@ -36,14 +37,6 @@ def sim_model(name: str, **extra: Any) -> dict[str, Any]:
     }
     data.update(extra)
     return data
-
-
-def ready(model: str, count: int = 1) -> Callable[[], list[Replica]]:
-    def check() -> list[Replica]:
-        rs = list(Replica.objects.filter(model_name=model, desired=True, state="ready"))
-        return rs if len(rs) >= count else []
-
-    return check
 
 
 def manage(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:

@@ -132,3 +132,49 @@ class Usage(db.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.key} {self.model}"
+
+
+class Refusal(db.Model):
+    """A request or answer the guard refused, by the id its client was given
+    (``x-request-id``): what was decided and by whom, never the text (``gateway.refusals``).
+
+    Written off the request path in batches by every gateway process; rows older than
+    ``LLMGW_GATEWAY_REFUSAL_DAYS`` are deleted by the periodic job
+    ``prune-gateway-refusals`` (``gateway.tasks.prune_refusals``).
+    """
+
+    class Direction(db.TextChoices):
+        REQUEST = "request", _("request")
+        ANSWER = "answer", _("answer")
+
+    at = db.DateTimeField(_("at"), help_text=_("when the guard refused it"))
+    request_id = db.CharField(
+        _("request id"), max_length=40, unique=True,
+        help_text=_("the x-request-id the client got, req_…"),
+    )  # fmt: skip
+    direction = db.CharField(_("direction"), max_length=8, choices=Direction.choices)
+    model = db.CharField(_("model"), max_length=200, blank=True,
+                         help_text=_("the catalog model that was asked"))  # fmt: skip
+    key = db.CharField(_("key"), max_length=100, help_text=_("the client key's name"))
+    owner = db.CharField(_("owner"), max_length=120, blank=True)
+    judge = db.CharField(_("judge"), max_length=200, blank=True,
+                         help_text=_("the judge that decided; empty when none answered"))  # fmt: skip
+    verdict = db.CharField(_("verdict"), max_length=40, blank=True)
+    categories = db.JSONField(_("categories"), default=list, blank=True)
+    score = db.FloatField(_("score"), null=True, blank=True)
+    judged = db.BooleanField(
+        _("judged"), default=True,
+        help_text=_("false: no judge answered and the policy fails closed"),
+    )  # fmt: skip
+
+    class Meta:
+        ordering = ("-at", "-pk")
+        verbose_name = _("refusal")
+        indexes = [
+            db.Index(fields=["-at"], name="gateway_refusal_at_idx"),
+            db.Index(fields=["key", "-at"], name="gateway_refusal_key_at_idx"),
+            db.Index(fields=["model", "-at"], name="gateway_refusal_model_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} ({self.direction})"

@@ -15,14 +15,15 @@ GRACE = 30
 def run(bind: str, port: int) -> None:
     import uvicorn
 
-    from gateway import usage
+    from gateway import refusals, usage
     from guard import records
 
     signal.signal(signal.SIGTERM, _exit)
-    # The guard's decisions on this process's traffic, and its usage, written off the
-    # request path.
+    # The guard's decisions on this process's traffic, its usage and its refusal records,
+    # written off the request path.
     records.start()
     usage.start()
+    refusals.start()
     uvicorn.Server(
         uvicorn.Config(
             APP,

@@ -16,7 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
-from gateway import usage  # noqa: E402
+from gateway import refusals, usage  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
@@ -29,12 +29,13 @@ from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
 
 gateway_state = State()
 # Who hears each request the gateway served: the canaries' judge (gateway.watch), the
-# usage written in batches (gateway.usage; the server starts its thread), the Prometheus
-# counts (GET /metrics, gateway.metrics).
+# usage and the refusal records written in batches (gateway.usage, gateway.refusals; the
+# server starts their threads), the Prometheus counts (GET /metrics, gateway.metrics).
 gateway_metrics = Metrics()
 gateway_observer = Fanout(
-    CanaryWatch(lambda: gateway_state.table), usage.RECORDER, gateway_metrics, Traffic()
-)
+    CanaryWatch(lambda: gateway_state.table), usage.RECORDER, refusals.RECORDER,
+    gateway_metrics, Traffic(),
+)  # fmt: skip
 
 gateway = Gateway(
     LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),

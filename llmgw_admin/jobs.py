@@ -47,6 +47,11 @@ JOBS: tuple[Job, ...] = (
         loop="cluster.reconciler.run_forever",
     ),
     Job("probe-judge-health", "guard.tasks.probe_judge_health", "LLMGW_PROBE_INTERVAL"),
+    Job(
+        "prune-gateway-refusals",
+        "gateway.tasks.prune_refusals",
+        "LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL",
+    ),
 )
 
 

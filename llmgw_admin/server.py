@@ -97,12 +97,14 @@ def _start_recorder() -> None:
 
     if not apps.ready:
         django.setup()
-    from gateway import usage
+    from gateway import refusals, usage
     from guard import records
 
     records.start()
-    # What the gateway served on this port (gateway.usage), written in batches too.
+    # What the gateway served on this port (gateway.usage) and what its guard refused
+    # (gateway.refusals), written in batches too.
     usage.start()
+    refusals.start()
 
 
 def _exit(signum: int, frame: Any) -> None:

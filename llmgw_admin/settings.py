@@ -155,6 +155,14 @@ LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
+# The gateway's refusal records (gateway/refusals.py) are kept this many days; the job that
+# deletes older ones runs every LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL seconds.
+LLMGW_GATEWAY_REFUSAL_DAYS = envint("GATEWAY_REFUSAL_DAYS", 30)
+if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
+    raise ImproperlyConfigured(
+        f"LLMGW_GATEWAY_REFUSAL_DAYS is {LLMGW_GATEWAY_REFUSAL_DAYS}: write 1 or more days"
+    )
+LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 3600)
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
 # web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())

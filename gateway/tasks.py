@@ -1,0 +1,14 @@
+"""Celery tasks of the gateway (production: run by the worker, scheduled by beat; embedded:
+called by a thread of the web process, ``llmgw_admin.jobs``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from gateway import refusals
+
+
+@shared_task(ignore_result=True)
+def prune_refusals() -> int:
+    """Delete refusal records older than ``LLMGW_GATEWAY_REFUSAL_DAYS``; return how many."""
+    return refusals.prune()

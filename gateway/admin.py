@@ -1,7 +1,13 @@
-"""Client keys in the admin: read-only (the secret is never stored; only its prefix and
-digest are, and neither can be edited), with a revoke action for operators. Keys are
-made in the console, the API or ``manage.py gateway key create``, which show the
-secret once."""
+"""The gateway in the admin.
+
+Client keys: read-only (the secret is never stored; only its prefix and digest are, and
+neither can be edited), with a revoke action for operators. Keys are made in the console,
+the API or ``manage.py gateway key create``, which show the secret once.
+
+Usage and the guard's refusal records: read-only, as every gateway process writes them
+(``gateway.usage``, ``gateway.refusals``); refusal records go by age alone
+(``LLMGW_GATEWAY_REFUSAL_DAYS``).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from gateway import keys
-from gateway.models import ClientKey
+from gateway.models import ClientKey, Refusal, Usage
 from llmgw_admin.roles import OPERATOR, RoleAdminMixin
 
 
@@ -53,3 +59,47 @@ class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg
                               messages.SUCCESS)  # fmt: skip
         else:
             self.message_user(request, "The selected keys were already revoked.", messages.INFO)
+
+
+class ReadOnlyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rows the gateway writes itself: read in the admin, never added, changed or deleted."""
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Usage)
+class UsageAdmin(ReadOnlyAdmin):
+    """What the gateway served, per minute, key, owner and model."""
+
+    list_display = ("minute", "key", "owner", "model", "requests", "errors", "tokens_in",
+                    "tokens_out", "refusals")  # fmt: skip
+    list_filter = ("owner",)
+    search_fields = ("key", "model")
+    date_hierarchy = "minute"
+    readonly_fields = list_display
+    fields = list_display
+
+
+@admin.register(Refusal)
+class RefusalAdmin(ReadOnlyAdmin):
+    """A request or answer the guard refused, by the request id its client got."""
+
+    list_display = ("at", "request_id", "direction", "model", "key", "owner", "judge",
+                    "verdict", "categories_shown", "score", "judged")  # fmt: skip
+    list_filter = ("direction", "judged")
+    search_fields = ("=request_id", "key", "model", "judge")
+    date_hierarchy = "at"
+    readonly_fields = ("at", "request_id", "direction", "model", "key", "owner", "judge",
+                       "verdict", "categories", "score", "judged")  # fmt: skip
+    fields = readonly_fields
+
+    @admin.display(description="categories")
+    def categories_shown(self, obj: Refusal) -> str:
+        return ", ".join(obj.categories) or "—"

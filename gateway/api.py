@@ -1,6 +1,7 @@
 """The gateway's API: client keys under /api/v1/gateway/keys/ (viewers list and read,
 operators create, the secret in the answer the only time it is shown, and revoke); usage
-under /api/v1/gateway/usage/ (viewers read)."""
+under /api/v1/gateway/usage/ and the guard's refusals under /api/v1/gateway/refusals/
+(viewers read)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gateway import keys
-from gateway.models import KEY_PREFIX, ClientKey, Usage
+from gateway.filtersets import RefusalFilterSet
+from gateway.models import KEY_PREFIX, ClientKey, Refusal, Usage
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 VIA = "api"
@@ -119,3 +121,29 @@ class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ign
     filterset_fields = {"key": ["exact"], "owner": ["exact"], "model": ["exact"],
                         "minute": ["gte", "lt"]}  # fmt: skip
     ordering_fields = ("minute", "requests", "tokens_in", "tokens_out")
+
+
+class RefusalSerializer(serializers.ModelSerializer[Refusal]):
+    """A request or answer the guard refused, by its request id: never the text."""
+
+    class Meta:
+        model = Refusal
+        fields = ("at", "request_id", "direction", "model", "key", "owner", "judge", "verdict",
+                  "categories", "score", "judged")  # fmt: skip
+        read_only_fields = fields
+
+
+class RefusalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    """The guard's refusals on the gateway, by the request id each client got
+    (``x-request-id``): viewers read them.
+
+    Filter with ``request_id``, ``key``, ``model``, ``direction`` (``request`` or
+    ``answer``), ``at__gte`` and ``at__lt`` (ISO 8601 times); newest first. Kept
+    ``LLMGW_GATEWAY_REFUSAL_DAYS`` days.
+    """
+
+    queryset = Refusal.objects.order_by("-at", "-pk")
+    serializer_class = RefusalSerializer
+    read_role = VIEWER
+    filterset_class = RefusalFilterSet
+    ordering_fields = ("at",)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
-from gateway.api import ClientKeyViewSet, UsageViewSet
+from gateway.api import ClientKeyViewSet, RefusalViewSet, UsageViewSet
 
 router = DefaultRouter()
 router.register("keys", ClientKeyViewSet, basename="clientkey")
 router.register("usage", UsageViewSet, basename="usage")
+router.register("refusals", RefusalViewSet, basename="refusal")
 
 urlpatterns = router.urls

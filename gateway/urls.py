@@ -11,6 +11,7 @@ app_name = "gateway"
 urlpatterns = [
     path("chat/", views.chat, name="chat"),
     path("traffic/", views.traffic, name="traffic"),
+    path("refusals/", views.refusal_list, name="refusal_list"),
     path("keys/", views.key_list, name="key_list"),
     path("keys/create/", views.key_create, name="key_create"),
     path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),

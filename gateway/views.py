@@ -1,21 +1,29 @@
 """The console's client keys page: every key with its state, owner, models, limits,
 expiry and prefix; operators create one (its secret shown once, on the answer) and
 revoke one (confirmed first); viewers read. Everything goes through
-``gateway.services`` (via ``gateway.keys``), logged with who did it, "console"."""
+``gateway.services`` (via ``gateway.keys``), logged with who did it, "console".
+
+Also the chat page, the live traffic page and, from it, the guard's refusal records:
+newest first, filtered by request id, key, model and direction, paginated."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gateway import keys
-from gateway.models import ClientKey
+from gateway.filtersets import RefusalFilterSet
+from gateway.models import ClientKey, Refusal
 from llmgw_admin.roles import OPERATOR, VIEWER, role_required
 
 VIA = "console"
@@ -146,3 +154,44 @@ def traffic(request: HttpRequest) -> HttpResponse:
     from gateway.live import render_traffic
 
     return render(request, "gateway/traffic.html", {"panel": mark_safe(render_traffic())})
+
+
+# Refusal records on one page of the console's list.
+REFUSALS_PER_PAGE = 50
+FILTERS = ("request_id", "key", "model", "direction")
+
+
+@role_required(VIEWER)
+@require_GET
+def refusal_list(request: HttpRequest) -> HttpResponse:
+    """The guard's refusals on the gateway, newest first: an operator finds the request id
+    a client was given (``x-request-id``), or a key's or a model's refusals.
+
+    A filter or page that cannot be read is answered 400, saying which and why, with no
+    rows.
+    """
+    values = {name: request.GET.get(name, "").strip() for name in FILTERS}
+    filterset = RefusalFilterSet(
+        {k: v for k, v in values.items() if v}, queryset=Refusal.objects.order_by("-at", "-pk")
+    )
+    errors: dict[str, list[str]] = {}
+    if not filterset.is_valid():
+        errors = {field: list(msgs) for field, msgs in filterset.errors.items()}
+    raw_page = request.GET.get("page", "1").strip() or "1"
+    number = int(raw_page) if re.fullmatch(r"[0-9]{1,9}", raw_page) else 0
+    if number < 1:
+        errors["page"] = [f"{raw_page[:20]!r} is no page number: write a whole number, 1 or more"]
+    page = None
+    if not errors:
+        paginator = Paginator(filterset.qs, REFUSALS_PER_PAGE)
+        page = paginator.get_page(number)  # past the last page: the last page
+    context = {
+        "values": values,
+        "errors": errors,
+        "page": page,
+        "filtered": any(values.values()),
+        "directions": Refusal.Direction.choices,
+        "query": urlencode({k: v for k, v in values.items() if v}),
+        "days": settings.LLMGW_GATEWAY_REFUSAL_DAYS,
+    }
+    return render(request, "gateway/refusal_list.html", context, status=400 if errors else 200)

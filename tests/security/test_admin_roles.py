@@ -97,6 +97,10 @@ def rows(make_user: Any) -> dict[str, Any]:
     from gateway.services import create_key
 
     create_key("app", owner="team:tests", user=users[ADMIN])
+    from gateway.models import Refusal, Usage
+
+    Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="app")
+    Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="request", key="app")
     for model, _ in REGISTRY:
         assert model._default_manager.exists(), f"{model._meta.label}: add a row in rows()"
     assert ServedModel.objects.get(name="chat").scaling_max == 2

@@ -1,6 +1,7 @@
 // The console's chat page (templates/gateway/chat.html): a conversation streamed through
 // the gateway as the signed-in user (gateway/session.py), with what answered, the time
-// to the first token, tokens per second and any refusal with its judge and categories.
+// to the first token, tokens per second and any refusal with its judge and categories,
+// and the request id the gateway gave it (x-request-id), linked to its refusal record.
 (function () {
   "use strict";
 
@@ -9,6 +10,7 @@
     return;
   }
   var path = root.getAttribute("data-chat-path");
+  var refusals = root.getAttribute("data-refusals-path");
   var form = document.getElementById("chat-form");
   var log = document.getElementById("chat-log");
   var stats = document.getElementById("chat-stats");
@@ -33,9 +35,29 @@
     return body;
   }
 
-  function refusal(message) {
+  function refusal(message, requestId) {
     var body = line("refusal", message);
-    body.parentNode.setAttribute("data-role", "refusal");
+    var p = body.parentNode;
+    p.setAttribute("data-role", "refusal");
+    if (requestId) {
+      // The id the client got: an operator finds the refusal's record by it.
+      p.setAttribute("data-request-id", requestId);
+      var id = document.createElement("span");
+      id.className = "small muted request-id";
+      id.appendChild(document.createTextNode(" request "));
+      var code = document.createElement("code");
+      code.textContent = requestId;
+      if (refusals) {
+        var link = document.createElement("a");
+        link.href = refusals + "?request_id=" + encodeURIComponent(requestId);
+        link.title = "its refusal record";
+        link.appendChild(code);
+        id.appendChild(link);
+      } else {
+        id.appendChild(code);
+      }
+      p.appendChild(id);
+    }
     return body;
   }
 
@@ -82,6 +104,7 @@
         var replica = resp.headers.get("x-llmgw-replica") || "";
         var served = resp.headers.get("x-llmgw-model") || model;
         var who = replica ? replicas[replica] || served + " #" + replica : served;
+        var requestId = resp.headers.get("x-request-id") || "";
         if (!resp.ok || !resp.body) {
           return resp.text().then(function (body) {
             var message = body;
@@ -90,7 +113,7 @@
             } catch (e) {
               /* the body as it came */
             }
-            refusal(message);
+            refusal(message, requestId);
             messages.pop();
             say("HTTP " + resp.status + (replica ? " from " + who : ""));
           });
@@ -113,7 +136,7 @@
           }
           if (chunk.error) {
             refused = true;
-            refusal(chunk.error.message);
+            refusal(chunk.error.message, requestId);
             return;
           }
           if (chunk.usage && chunk.usage.completion_tokens != null) {

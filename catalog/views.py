@@ -26,7 +26,7 @@ from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from agent import slots
 from agent.engines import ENGINES
-from catalog import codec, inventory, rules, schedule, services, spec
+from catalog import codec, inventory, rules, schedule, services, spec, timeouts
 from catalog.choices import Surface
 from catalog.durations import format_duration
 from catalog.filtersets import ServedModelFilterSet, with_effective_class
@@ -376,6 +376,12 @@ def _detail_context(
             if slots.effective_context(m.context_length, p.args, p.engine)[1]
         ],
         "profile_rows": profile_table(m.profiles),
+        # How long the gateway waits on this model, and why (catalog.timeouts).
+        "gateway_waits": (
+            []
+            if m.role == "guard"
+            else timeouts.explain(m, timeouts.Defaults.from_settings(settings))
+        ),
         "durations": {
             key: format_duration(value) if value else ""
             for key, value in (

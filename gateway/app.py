@@ -46,6 +46,7 @@ from typing import Any
 
 from django.conf import settings
 
+from catalog import timeouts
 from gateway import balance, errors, sizing, sse
 from gateway import body as bodies
 from gateway.adapters import Placer
@@ -73,6 +74,8 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Chunks before a stream's first token held back with it, at most (then sent as they are).
+MAX_EARLY = 64
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -82,8 +85,12 @@ def _setting(name: str, default: Any) -> Any:
 @dataclass
 class Options:
     connect_timeout: float = 5.0
+    # The waits for a model whose catalog entry says nothing of its latency
+    # (catalog.timeouts): to the first token, between tokens, for a whole answer, and
+    # held while it wakes.
     first_byte_timeout: float = 300.0
     read_timeout: float = 300.0
+    whole_timeout: float = 1800.0
     wake_wait: float = 120.0
     max_body: int = 16 << 20
     max_answer: int = 64 << 20
@@ -93,31 +100,26 @@ class Options:
 
     @classmethod
     def from_settings(cls) -> Options:
+        waits = timeouts.Defaults.from_settings(settings)
         return cls(
             connect_timeout=_setting("LLMGW_GATEWAY_CONNECT_TIMEOUT", 5.0),
-            first_byte_timeout=_setting("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", 300.0),
-            read_timeout=_setting("LLMGW_GATEWAY_READ_TIMEOUT", 300.0),
-            wake_wait=_setting("LLMGW_GATEWAY_WAKE_WAIT", 120.0),
+            first_byte_timeout=waits.first_token,
+            read_timeout=waits.between,
+            whole_timeout=waits.whole,
+            wake_wait=waits.wake,
             max_body=_setting("LLMGW_GATEWAY_MAX_BODY", 16 << 20),
             window_tokens=_setting("LLMGW_GUARD_WINDOW_TOKENS", 16),
             window_ms=_setting("LLMGW_GUARD_WINDOW_MS", 150.0),
         )
 
 
-# A model's own wait for a replica is its profiles' longest startup_timeout and this
-# margin (placement, the agent's start), at most WAKE_WAIT_MAX.
-WAKE_MARGIN = 30.0
-WAKE_WAIT_MAX = 1800.0
-
-
-def wake_wait(model: Any, default: float) -> float:
-    """How long a request for ``model`` with no ready replica waits for one: the model's
-    own startup_timeout where its profiles give one (a large model takes minutes to
-    load, a small one seconds), else ``LLMGW_GATEWAY_WAKE_WAIT``."""
-    longest = max((p.startup_timeout for p in model.profiles), default=0)
-    if longest <= 0:
-        return default
-    return min(WAKE_WAIT_MAX, longest / 1e9 + WAKE_MARGIN)
+def model_waits(model: Any, options: Options) -> timeouts.Waits:
+    """The waits for ``model``: its own where its catalog entry gives its latency and
+    startup (``catalog.timeouts``), else the options'."""
+    return timeouts.waits(model, timeouts.Defaults(
+        first_token=options.first_byte_timeout, between=options.read_timeout,
+        whole=options.whole_timeout, wake=options.wake_wait,
+    ))  # fmt: skip
 
 
 class Refused(Exception):
@@ -404,7 +406,7 @@ class Gateway:
             if not woken and table.pool(model.name) is None and model.external is None:
                 # No replica anywhere: wake the model and wait for it (bounded).
                 woken = True
-                wait = wake_wait(model, self.options.wake_wait)
+                wait = model_waits(model, self.options).wake
                 if await self.state.wait_for_pool(model.name, wait):
                     continue
             break
@@ -513,15 +515,21 @@ class Gateway:
         sent.model, sent.replica = target_model.name, replica
         in_flight[replica] = in_flight.get(replica, 0) + 1
         resp: Response | None = None
+        waits = model_waits(target_model, self.options)
+        # A stream's head comes before its first token; a whole answer's after its last.
+        head_wait = (waits.first_token if req.stream or req.kind == bodies.EMBEDDING
+                     else waits.whole(req.max_tokens))  # fmt: skip
+        sent_at = asyncio.get_running_loop().time()
         try:
             try:
                 resp = await self.upstream.request(
                     "POST", base + path, payload, headers,
                     connect_timeout=self.options.connect_timeout,
-                    first_byte_timeout=self.options.first_byte_timeout,
-                    read_timeout=self.options.read_timeout,
+                    first_byte_timeout=head_wait, read_timeout=waits.between,
                 )  # fmt: skip
             except UpstreamError as error:
+                if error.kind == TIMEOUT:
+                    return f"no answer from {target_model.name} within {head_wait:g} s"
                 return f"{error.kind}: {error}"
             if resp.status in RETRY_STATUSES:
                 detail = f"HTTP {resp.status}"
@@ -530,7 +538,7 @@ class Gateway:
             if verdict is not None:
                 await self._await_request_verdict(verdict, resp)
             if req.stream and resp.status == 200:
-                await self._stream(sent, key, entry, req, resp, judging_answers)
+                await self._stream(sent, key, entry, req, resp, judging_answers, waits, sent_at)
             else:
                 await self._whole(sent, key, entry, req, resp, judging_answers)
             return None
@@ -610,8 +618,10 @@ class Gateway:
 
     async def _stream(
         self, sent: _Sent, key: Key, entry: Entry, req: bodies.Request, resp: Response,
-        judging_answers: bool,
+        judging_answers: bool, waits: timeouts.Waits, sent_at: float,
     ) -> None:  # fmt: skip
+        """Relay a stream; its first event is due ``waits.first_token`` after it was sent
+        (``sent_at``, the loop's clock), each next within ``waits.between`` of the last."""
         framer = sse.Framer()
         hold = (
             Holdback(self.options.window_tokens, self.options.window_ms / 1000)
@@ -621,9 +631,14 @@ class Gateway:
         conn = resp._conn
         loop = asyncio.get_running_loop()
         done = False
+        seen = False  # the first token (not a chunk with only the role)
+        # What came before the first token (the role) waits for it: until a byte has
+        # reached the client the request can still move to another replica.
+        early: list[bytes] = []
         try:
             while not done:
-                timeout = self.options.read_timeout
+                timeout = (waits.between if seen
+                           else max(0.0, sent_at + waits.first_token - loop.time()))  # fmt: skip
                 if hold is not None:
                     wait = hold.wait(loop.time())
                     if wait is not None:
@@ -645,6 +660,8 @@ class Gateway:
                     if payload == sse.DONE:
                         done = True
                         break
+                    if not seen:
+                        seen = _carries_token(payload)
                     if b'"usage":{' in payload or b'"usage": {' in payload:
                         _usage_from(payload, sent)
                     if strip_usage and b'"usage"' in payload:
@@ -660,16 +677,19 @@ class Gateway:
                     if hold.due(loop.time()):
                         await self._window(req, hold)
                     out = hold.releasable()
-                if out:
+                if out and not seen and len(early) + len(out) <= MAX_EARLY:
+                    early += out
+                elif out:
+                    if early:
+                        out, early = early + out, []
                     if not sent.started:
                         await sent.start(200, SSE_HEADERS)
-                    await sent.body(b"".join(out), text=True)
+                    await sent.body(b"".join(out), text=seen)  # TTFT: from the first token
+            rest = early
             if hold is not None:
                 if hold.unjudged:
                     await self._window(req, hold, final=True)
-                rest = hold.releasable()
-            else:
-                rest = []
+                rest += hold.releasable()
             if not sent.started:
                 await sent.start(200, SSE_HEADERS)
             await sent.body(b"".join(rest) + b"data: [DONE]\n\n", more=False, text=bool(rest))
@@ -685,6 +705,10 @@ class Gateway:
             resp.release()
             if hold is not None:
                 hold.drop()
+            if error.kind == TIMEOUT:
+                error = UpstreamError(TIMEOUT, (
+                    f"the engine sent nothing for {waits.between:g} s" if seen
+                    else f"no first token within {waits.first_token:g} s"))  # fmt: skip
             if not sent.started:
                 raise _Retry(f"{error.kind}: {error}") from None
             failure = {"error": {"message": f"the engine's stream failed: {error}",
@@ -853,6 +877,14 @@ def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:
     return []
 
 
+def _carries_token(payload: bytes) -> bool:
+    """Whether a streamed event is the first token or later (``sse.carries_token``)."""
+    try:
+        return sse.carries_token(json.loads(payload))
+    except (ValueError, RecursionError):
+        return True
+
+
 def _held_text(payload: bytes) -> str:
     """The text a streamed chunk would put before the client, for the guard's windows.
 
@@ -860,7 +892,7 @@ def _held_text(payload: bytes) -> str:
     read is judged as its raw data, never released as if it carried no text."""
     try:
         chunk = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return payload.decode("utf-8", "replace")
     if not isinstance(chunk, dict):
         return payload.decode("utf-8", "replace")

@@ -104,3 +104,20 @@ def chunk_text(chunk: Any) -> str:
         if isinstance(text, str):
             texts.append(text)
     return "".join(texts)
+
+
+def carries_token(chunk: Any) -> bool:
+    """Whether a streamed chunk is the answer's first token or later: text, a tool call,
+    a finish, usage, or anything that is not an OpenAI chunk (an error event). Not the
+    chunk carrying only the role, which some engines send before the first token."""
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+        return True
+    if chunk_text(chunk) or chunk.get("usage"):
+        return True
+    for choice in chunk["choices"]:
+        if not isinstance(choice, dict) or choice.get("finish_reason"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("tool_calls"):
+            return True
+    return False

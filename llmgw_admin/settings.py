@@ -169,10 +169,13 @@ CELERY_BEAT_SCHEDULE = beat_schedule(globals())
 # How often a web process writes the guard checks' counts (guard/records.py).
 LLMGW_GUARD_FLUSH_MS = envint("GUARD_FLUSH_MS", 500)
 # The gateway (gateway/app.py): timeouts in seconds, the largest body in bytes, and the
-# guard's windows on a streamed answer (gateway/holdback.py).
+# guard's windows on a streamed answer (gateway/holdback.py). The first-token, read and
+# whole-answer timeouts are for models whose catalog entry gives no slo: one that does
+# has its own (catalog/timeouts.py).
 LLMGW_GATEWAY_CONNECT_TIMEOUT = envint("GATEWAY_CONNECT_TIMEOUT", 5)
 LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 300)
 LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
+LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 120)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
 # How often a gateway process writes its usage (gateway/usage.py).

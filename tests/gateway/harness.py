@@ -33,10 +33,13 @@ class Engine:
     """One engine: how it answers, and what it saw."""
 
     name: str
-    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled
+    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled | stall
     say: str = ""  # the answer's words, when given (else NAME0 NAME1 ...)
     words: int = 5
-    delay: float = 0.0
+    delay: float = 0.0  # before the answer's head
+    # A stream's head and a chunk with only the role at once, then this long before the
+    # first token (as a prefill takes); "stall" waits it after the second word instead.
+    first_token_delay: float = 0.0
     port: int = 0
     requests: int = 0
     connections: int = 0
@@ -124,7 +127,17 @@ class Engine:
             payload = f"data: {raw}\n\n".encode()
             return b"%x\r\n" % len(payload) + payload + b"\r\n"
 
+        if self.first_token_delay and self.behaviour != "stall":
+            writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                                "choices": [{"index": 0, "finish_reason": None,
+                                             "delta": {"role": "assistant", "content": ""}}]}))  # fmt: skip
+            await writer.drain()
+            if not await self._sleep(self.first_token_delay, reader):
+                return False
         for i, word in enumerate(words):
+            stalled = self.behaviour == "stall" and i == 2
+            if stalled and not await self._sleep(self.first_token_delay, reader):
+                return False
             if self.behaviour == "cut" and i == 2:
                 writer.transport.abort()  # killed mid-stream
                 return False
@@ -152,6 +165,17 @@ class Engine:
                             "completion_tokens": len(words), "total_tokens": 3 + len(words)}}))  # fmt: skip
         writer.write(chunk("[DONE]") + b"0\r\n\r\n")
         await writer.drain()
+        return True
+
+    async def _sleep(self, seconds: float, reader: asyncio.StreamReader) -> bool:
+        """Wait, as an engine busy generating; False (counted cancelled) when the client
+        went away meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            if reader.at_eof():
+                self.cancelled += 1
+                return False
         return True
 
 

@@ -271,7 +271,7 @@ def test_adapters_held_few_at_a_time_go_where_they_are_and_the_oldest_is_unloade
 
 
 def test_a_models_own_startup_timeout_bounds_its_wait() -> None:
-    from gateway.app import WAKE_MARGIN, WAKE_WAIT_MAX, wake_wait
+    from catalog.timeouts import WAKE_MARGIN, WAKE_WAIT_MAX, wake_wait
 
     quick = model("m", profiles=[spec.Profile(name="a", engine="sim")])
     assert wake_wait(quick, 120.0) == 120.0  # none given: the setting's

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import sse
 from gateway.sse import DONE, FrameError, Framer, chunk_text, data_of, encode, encode_json
 
 payloads = st.lists(
@@ -73,3 +74,22 @@ def test_chunk_text_reads_chat_deltas_completions_and_tool_arguments() -> None:
 def test_encode_json_round_trips() -> None:
     value = {"a": "é", "b": [1, 2]}
     assert json.loads(data_of(encode_json(value).strip())) == value
+
+
+def test_the_first_token_is_text_a_tool_call_a_finish_or_usage_not_the_role() -> None:
+    def chunk(delta: dict | None = None, finish: str | None = None, **extra: object) -> dict:
+        return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
+
+    assert not sse.carries_token(chunk({"role": "assistant", "content": ""}))
+    assert not sse.carries_token(chunk({"role": "assistant"}))
+    assert not sse.carries_token({"choices": [], "usage": None})
+    assert sse.carries_token(chunk({"content": "Hi"}))
+    assert sse.carries_token(chunk({"reasoning_content": "hm"}))
+    assert sse.carries_token(chunk({"tool_calls": [{"index": 0, "function": {"name": "f"}}]}))
+    assert sse.carries_token(chunk(finish="stop"))
+    assert sse.carries_token({"choices": [], "usage": {"completion_tokens": 0}})
+    assert sse.carries_token({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
+    # Anything that is not an OpenAI chunk (an engine's error event) is the engine's answer.
+    assert sse.carries_token({"error": {"message": "out of memory"}})
+    assert sse.carries_token([1, 2])
+    assert sse.carries_token({"choices": ["odd"]})

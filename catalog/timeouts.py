@@ -1,0 +1,153 @@
+"""How long the gateway waits on a model, worked out from what the catalog says of it.
+
+A small model answers its first token in a fraction of a second and a 70B one across two
+nodes can take a minute on a long prompt, so one timeout for every model is either too
+short for the large ones (a healthy but slow replica is given up on, and the retry on the
+next one fails the same way: gpustack #4725, a 10 s idle timeout) or too long for the small
+ones (a hung replica holds its requests for minutes before they move). The catalog already
+says what each model is expected to do: ``slo.ttft_p99`` and ``slo.tpot_p99``, and each
+profile's ``startup_timeout``. The gateway's waits are read from them; a model that gives
+none takes the gateway's settings.
+
+- ``first_token``: to the first token. For a stream, the engine's answer head and its
+  first event, counted from when the request was sent to that replica; for an embedding,
+  the whole answer. ``FIRST_TOKEN_FACTOR`` times ``slo.ttft_p99``, never under
+  ``FIRST_TOKEN_FLOOR``; else ``LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT``. Before the first byte
+  reached the client, running out of it moves the request to another replica.
+- ``between``: the longest silence after that (a stream's next event, the rest of a whole
+  answer's body). ``BETWEEN_FACTOR`` times ``slo.tpot_p99``, never under ``BETWEEN_FLOOR``;
+  else ``LLMGW_GATEWAY_READ_TIMEOUT``.
+- ``whole``: an answer that is not streamed arrives all at once, after its last token, so
+  its wait is ``first_token`` plus, for each token the request may generate (its own
+  ``max_tokens``, else the model's ``max_output``), ``BETWEEN_FACTOR`` times
+  ``slo.tpot_p99``. Without either number, ``LLMGW_GATEWAY_WHOLE_TIMEOUT``. (A single
+  first-byte timeout for whole answers cut off every one that took longer to generate
+  than a stream's first token may take.)
+- ``wake``: how long a request for a model with no ready replica is held while one
+  starts: the profiles' longest ``startup_timeout`` and ``WAKE_MARGIN``, at most
+  ``WAKE_WAIT_MAX``; else ``LLMGW_GATEWAY_WAKE_WAIT``.
+
+Pure: plain data in, plain data out. The gateway calls ``waits`` on its request path; the
+model's page calls ``explain`` to say what they are and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.durations import format_duration
+
+NS = 1e9
+
+FIRST_TOKEN_FACTOR = 10
+FIRST_TOKEN_FLOOR = 30.0
+BETWEEN_FACTOR = 10
+BETWEEN_FLOOR = 15.0
+WAKE_MARGIN = 30.0
+WAKE_WAIT_MAX = 1800.0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The gateway's settings, for a model whose catalog entry says nothing."""
+
+    first_token: float = 300.0  # LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT
+    between: float = 300.0  # LLMGW_GATEWAY_READ_TIMEOUT
+    whole: float = 1800.0  # LLMGW_GATEWAY_WHOLE_TIMEOUT
+    wake: float = 120.0  # LLMGW_GATEWAY_WAKE_WAIT
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Defaults:
+        """The four settings (``django.conf.settings`` or anything with those names)."""
+        return cls(
+            first_token=float(getattr(settings, "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", 300.0)),
+            between=float(getattr(settings, "LLMGW_GATEWAY_READ_TIMEOUT", 300.0)),
+            whole=float(getattr(settings, "LLMGW_GATEWAY_WHOLE_TIMEOUT", 1800.0)),
+            wake=float(getattr(settings, "LLMGW_GATEWAY_WAKE_WAIT", 120.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Waits:
+    """One model's waits, in seconds. ``per_token`` is 0 when ``slo.tpot_p99`` is unset."""
+
+    first_token: float
+    between: float
+    per_token: float
+    whole_default: float
+    max_output: int
+    wake: float
+
+    def whole(self, max_tokens: int | None) -> float:
+        """The wait for a whole (not streamed) answer of at most ``max_tokens`` tokens."""
+        tokens = max_tokens or self.max_output
+        if not self.per_token or not tokens:
+            return max(self.whole_default, self.first_token)
+        return self.first_token + tokens * self.per_token
+
+
+def waits(model: Any, defaults: Defaults) -> Waits:
+    """Return the waits for ``model`` (a ``catalog.spec.Model``)."""
+    ttft, tpot = model.slo.ttft_p99 / NS, model.slo.tpot_p99 / NS
+    first = max(FIRST_TOKEN_FLOOR, FIRST_TOKEN_FACTOR * ttft) if ttft > 0 else defaults.first_token
+    between = max(BETWEEN_FLOOR, BETWEEN_FACTOR * tpot) if tpot > 0 else defaults.between
+    return Waits(
+        first_token=first,
+        between=between,
+        per_token=BETWEEN_FACTOR * tpot if tpot > 0 else 0.0,
+        whole_default=defaults.whole,
+        max_output=model.max_output or 0,
+        wake=wake_wait(model, defaults.wake),
+    )
+
+
+def wake_wait(model: Any, default: float) -> float:
+    """How long a request for ``model`` with no ready replica waits for one."""
+    longest = max((p.startup_timeout for p in model.profiles), default=0)
+    if longest <= 0:
+        return default
+    return min(WAKE_WAIT_MAX, longest / NS + WAKE_MARGIN)
+
+
+def _seconds(value: float) -> str:
+    return format_duration(round(value * NS))
+
+
+def explain(model: Any, defaults: Defaults) -> list[tuple[str, str, str]]:
+    """Each wait as the model's page shows it: (name, how long, why)."""
+    w = waits(model, defaults)
+    ttft, tpot = model.slo.ttft_p99, model.slo.tpot_p99
+    rows = []
+    if ttft:
+        why = (f"{FIRST_TOKEN_FACTOR} × slo.ttft_p99 of {format_duration(ttft)}, "
+               f"at least {_seconds(FIRST_TOKEN_FLOOR)}")  # fmt: skip
+    else:
+        why = "no slo.ttft_p99: the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT"
+    rows.append(("first token", _seconds(w.first_token), why))
+    if tpot:
+        why = (f"{BETWEEN_FACTOR} × slo.tpot_p99 of {format_duration(tpot)}, "
+               f"at least {_seconds(BETWEEN_FLOOR)}")  # fmt: skip
+    else:
+        why = "no slo.tpot_p99: the gateway's LLMGW_GATEWAY_READ_TIMEOUT"
+    rows.append(("between tokens", _seconds(w.between), why))
+    if w.per_token and w.max_output:
+        whole = (f"{_seconds(w.first_token)} + {_seconds(w.per_token)} a token asked for",
+                 f"{_seconds(w.whole(None))} at max_output {w.max_output}")  # fmt: skip
+        rows.append(("whole answer", whole[0], whole[1] + "; less for a smaller max_tokens"))
+    elif w.per_token:
+        rows.append(("whole answer",
+                     f"{_seconds(w.first_token)} + {_seconds(w.per_token)} a token asked for",
+                     "a request without max_tokens (and no max_output): the gateway's "
+                     "LLMGW_GATEWAY_WHOLE_TIMEOUT"))  # fmt: skip
+    else:
+        rows.append(("whole answer", _seconds(w.whole(None)),
+                     "no slo.tpot_p99: the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT"))  # fmt: skip
+    longest = max((p.startup_timeout for p in model.profiles), default=0)
+    if longest:
+        why = (f"the longest startup_timeout, {format_duration(longest)}, and "
+               f"{_seconds(WAKE_MARGIN)}, at most {_seconds(WAKE_WAIT_MAX)}")  # fmt: skip
+    else:
+        why = "no startup_timeout: the gateway's LLMGW_GATEWAY_WAKE_WAIT"
+    rows.append(("held while waking", _seconds(w.wake), why))
+    return rows

@@ -16,6 +16,9 @@ from django.db.backends import utils
 from cluster.models import Replica
 from gateway import services as keys
 from gateway.guarding import Guard
+from gateway.models import Refusal
+from gateway.observe import Fanout
+from gateway.refusals import RefusalRecorder
 from gateway.state import State
 from guard import records
 from guard import services as guard_services
@@ -27,8 +30,9 @@ from tests.guard.test_client import launch, stop
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Threads that read and write off the request path, by design: the gateway's table
-# reader, the guard's recorder, and the guard's refresh ahead of its snapshot.
-OFF_PATH = ("gateway-state", "guard-recorder", "guard-refresh")
+# reader, the guard's recorder, the guard's refresh ahead of its snapshot, and the writer
+# of the refusals' records.
+OFF_PATH = ("gateway-state", "guard-recorder", "guard-refresh", "gateway-refusals")
 
 
 @pytest.fixture
@@ -68,6 +72,9 @@ def test_a_thousand_requests_make_no_query(
     _, secret = keys.create_key("bench")
     records.start()
     h = Harness(state=State(), guard=Guard())
+    recorder = RefusalRecorder(interval=0.05)  # each refusal's record, written in batches
+    h.gateway.observer = Fanout(recorder)
+    recorder.start()
     try:
         h.serve([], [])
         body = {"model": "chat", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
@@ -79,12 +86,18 @@ def test_a_thousand_requests_make_no_query(
             judged = guard_services.snapshot().policy.judge_requests
             for _ in range(1000):
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
-            refused = client.post("/v1/chat/completions", json={
-                **body, "messages": [{"role": "user", "content": "UNSAFE-MARKER"}]})  # fmt: skip
-        assert judged and refused.status_code == 400  # the guard was on the path throughout
+            refused = [client.post("/v1/chat/completions", json={
+                **body, "messages": [{"role": "user", "content": "UNSAFE-MARKER"}]})
+                for _ in range(20)]  # fmt: skip
+        assert judged and {r.status_code for r in refused} == {400}  # the guard was on the path
         on_path = {t: n for t, n in queries.items() if not t.startswith(OFF_PATH)}
         assert on_path == {}, on_path
         assert queries  # the state did read in the background meanwhile
+        recorder.stop()  # writes what is left
+        assert set(Refusal.objects.values_list("request_id", flat=True)) == {
+            r.headers["x-request-id"] for r in refused
+        }
     finally:
+        recorder.stop()
         h.close()
         records.RECORDER.stop()

@@ -81,7 +81,7 @@ class SessionChat:
         except ApiError as error:
             if not sent.started:
                 sent.status = error.status
-                await _send_error(send_naming, error)
+                await _send_error(send_naming, error, sent.request_id)
         except asyncio.CancelledError:
             if watcher is not None and watcher.done():
                 return

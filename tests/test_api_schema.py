@@ -38,6 +38,12 @@ def api_schema(transactional_db: Any, live_server: Any, make_user: Any) -> Any:
     _, secret = ApiToken.issue(admin, "schemathesis")
     store(gpu_model("chat"))
     join_node("gpu-1", ["nvidia-h100-80gb"] * 2)
+    from django.utils import timezone
+
+    from gateway.models import Refusal
+
+    Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="answer", key="app",
+                           judge="judge", categories=["Violent"], score=0.9)  # fmt: skip
     headers = {"Authorization": f"Bearer {secret}"}
     raw = httpx.get(
         f"{live_server.url}/api/schema/", headers=headers | {"Accept": "application/json"}

@@ -7,6 +7,7 @@ chat shows the id of its refused answer, linked to the record."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_gateway import (
     H100,
     _refused_as_filter,
+    gateway_process,
     new_key,
     ready,
     set_policy,
@@ -49,7 +51,7 @@ def find_in_console(page: Any, url: str, request_id: str) -> Any:
 
 def test_an_operator_finds_a_refused_request_by_the_id_its_client_got(
     control_plane: ControlPlane, agents: Callable[..., Agent], console: Callable[..., Any],
-    operator: Any, viewer: Any,
+    operator: Any, viewer: Any, tmp_path: Path,
 ) -> None:  # fmt: skip
     cp = control_plane
     agents("guard-node", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
@@ -132,6 +134,17 @@ def test_an_operator_finds_a_refused_request_by_the_id_its_client_got(
     chat.wait_for_url(f"{cp.url}/gateway/refusals/?request_id={chat_id}")
     found = chat.locator(f'#refusals tr[data-request-id="{chat_id}"]')
     assert found.count() == 1 and found.locator("[data-role=key]").inner_text() == "console:vera"
+
+    # 6. A gateway process of its own (manage.py gateway serve) records its refusals too.
+    with gateway_process(cp, tmp_path) as url:
+        alone = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            alone.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "UNSAFE-MARKER again"}]
+            )
+        alone_id = caught.value.response.headers["x-request-id"]
+        wait_for(lambda: Refusal.objects.filter(request_id=alone_id, key="support-bot").exists(),
+                 20, "the gateway process's record")  # fmt: skip
 
     # Every refusal was recorded once, by the id its client got.
     assert {request_id, answer_id, chat_id} <= set(

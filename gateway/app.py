@@ -76,6 +76,11 @@ SSE_HEADERS = [
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Chunks before a stream's first token held back with it, at most (then sent as they are).
 MAX_EARLY = 64
+# An answer too long for its judge is judged again in parts overlapping by this many
+# characters; a part this short that is still too long for the judge cannot be judged.
+PART_OVERLAP = 200
+MIN_PART = 2 * PART_OVERLAP + 100
+PARTS_AT_ONCE = 8  # judged at once, of one answer
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -608,9 +613,9 @@ class Gateway:
                 # Not JSON: whatever it is, it is judged as it would reach the client.
                 text = raw.decode("utf-8", "replace")
             if text:
-                result = await self.guard.judge(req.text, text)
-                if result.get("decision") != "allow":
-                    raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
+                result = await self._judge_answer(req, text)
+                if result.get("answer_cut"):
+                    await self._judge_parts(req, text)
         _usage_from(raw, sent)
         content_type = resp.header(b"content-type") or b"application/json"
         await sent.start(status, [(b"content-type", content_type)])
@@ -635,6 +640,7 @@ class Gateway:
         # What came before the first token (the role) waits for it: until a byte has
         # reached the client the request can still move to another replica.
         early: list[bytes] = []
+        read = 0  # how far into the answer's text the judges have read every character
         try:
             while not done:
                 timeout = (waits.between if seen
@@ -675,7 +681,7 @@ class Gateway:
                         hold.add(chunk_bytes, _held_text(payload), loop.time())
                 if hold is not None:
                     if hold.due(loop.time()):
-                        await self._window(req, hold)
+                        read = await self._window(req, hold, read)
                     out = hold.releasable()
                 if out and not seen and len(early) + len(out) <= MAX_EARLY:
                     early += out
@@ -688,7 +694,7 @@ class Gateway:
             rest = early
             if hold is not None:
                 if hold.unjudged:
-                    await self._window(req, hold, final=True)
+                    await self._window(req, hold, read, final=True)
                 rest += hold.releasable()
             if not sent.started:
                 await sent.start(200, SSE_HEADERS)
@@ -716,14 +722,53 @@ class Gateway:
                                  "code": "upstream_error"}}  # fmt: skip
             await sent.body(sse.encode_json(failure) + b"data: [DONE]\n\n", more=False)
 
-    async def _window(self, req: bodies.Request, hold: Holdback, final: bool = False) -> None:
+    async def _window(
+        self, req: bodies.Request, hold: Holdback, read: int, final: bool = False
+    ) -> int:
+        """Judge the text so far; return how far into it every character was read."""
         ticket = hold.start()
-        result = await self.guard.judge(req.text, ticket.text)
+        result = await self._judge_answer(req, ticket.text)
+        if result.get("answer_cut"):
+            # Too long for the judge: it read the start and the end. What came since the
+            # last window read whole is judged on its own (in parts if need be).
+            await self._judge_parts(req, ticket.text[max(0, read - PART_OVERLAP) :])
+        hold.allow(ticket, final)
+        return ticket.upto
+
+    async def _judge_answer(self, req: bodies.Request, text: str) -> dict[str, Any]:
+        """The guard's verdict on an answer's text: a refusal raises ``Refused``."""
+        result = await self.guard.judge(req.text, text)
         if result.get("decision") != "allow":
             raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
         if result.get("failed_open"):
             self.observer.failed_open()
-        hold.allow(ticket, final)
+        return result
+
+    async def _judge_parts(self, req: bodies.Request, text: str) -> None:
+        """Judge ``text`` in halves (overlapping, so no phrase is only ever split), each
+        halved again while the judge still reads only its start and end: no character
+        is released that a judge did not read. ``Refused`` at the first refusal; a part
+        of ``MIN_PART`` characters still too long is refused as unjudgeable."""
+        room = asyncio.Semaphore(PARTS_AT_ONCE)
+
+        async def judged(part: str) -> dict[str, Any]:
+            async with room:
+                return await self._judge_answer(req, part)
+
+        parts = _halves(text)
+        while parts:
+            results = await asyncio.gather(*(judged(p) for p in parts))
+            again = [p for p, r in zip(parts, results, strict=True) if r.get("answer_cut")]
+            short = min((len(p) for p in again), default=MIN_PART + 1)
+            if short <= MIN_PART:
+                error = ApiError(
+                    400, f"The answer could not be judged: {short} characters of it are still "
+                    "too long for the judge's context, and no unjudged text is released.",
+                    code="content_filter", param=None, headers={"x-should-retry": "false"},
+                )  # fmt: skip
+                raise Refused(error, {"decision": "refuse", "judged": False, "judge": None,
+                                      "categories": [], "direction": "answer"})  # fmt: skip
+            parts = [half for p in again for half in _halves(p)]
 
 
 @dataclass
@@ -875,6 +920,12 @@ def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:
         if a.name == adapter:
             return [{"id": index, "scale": a.scale or 1.0}]
     return []
+
+
+def _halves(text: str) -> list[str]:
+    """``text`` in two halves that overlap by ``PART_OVERLAP`` characters."""
+    middle = len(text) // 2
+    return [text[: middle + PART_OVERLAP], text[max(0, middle - PART_OVERLAP) :]]
 
 
 def _carries_token(payload: bytes) -> bool:

@@ -76,6 +76,10 @@ class ChainResult:
     failed_open: bool = False
     refusal: bool | None = None
     judged: bool = True
+    # The deciding judge read the answer's start and end only (it was too long for its
+    # context): the middle was not judged, and a caller releasing the answer has it
+    # judged in parts first (gateway.app).
+    answer_cut: bool = False
 
 
 def run_chain(
@@ -125,6 +129,7 @@ def run_chain(
             latency_ms=getattr(answer, "latency_ms", None),
             failures=failures,
             refusal=verdict.refusal,
+            answer_cut=bool(getattr(answer, "answer_cut", False)),
         )
     opened = policy.fail == FAIL_OPEN
     return ChainResult(

@@ -110,6 +110,7 @@ class JudgeAnswer:
     prompt_tokens: int
     cut: bool
     raw: str = ""
+    answer_cut: bool = False  # the answer's middle was left out (guard.longtext)
 
 
 def ask_judge(
@@ -261,6 +262,7 @@ def _judged(judge: Format, asked: list[_Asked], controversial: str, started: flo
         prompt_tokens=sum(a.prompt_tokens for a in asked),
         cut=any(a.cut for a in asked),
         raw=verdict.raw,
+        answer_cut=any(a.answer_cut for a in asked),
     )
 
 
@@ -272,6 +274,7 @@ class _Asked:
     logprobs: Any
     prompt_tokens: int
     cut: bool
+    answer_cut: bool = False
 
 
 def _ask(
@@ -385,8 +388,9 @@ def _read(
     reported = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     tokens = reported if isinstance(reported, int) and not isinstance(reported, bool) else None
     return _Asked(
-        verdict, choice.get("logprobs"), fitted.tokens if tokens is None else tokens, fitted.cut
-    )
+        verdict, choice.get("logprobs"), fitted.tokens if tokens is None else tokens, fitted.cut,
+        fitted.answer_cut,
+    )  # fmt: skip
 
 
 def _fits_by_estimate(

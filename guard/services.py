@@ -538,6 +538,7 @@ def as_json(result: ChainResult) -> dict[str, Any]:
         ],
         "judged": result.judged,
         "failed_open": result.failed_open,
+        "answer_cut": result.answer_cut,
     }
 
 

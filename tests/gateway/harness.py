@@ -33,7 +33,7 @@ class Engine:
     """One engine: how it answers, and what it saw."""
 
     name: str
-    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled | stall
+    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled | nested | stall
     say: str = ""  # the answer's words, when given (else NAME0 NAME1 ...)
     words: int = 5
     delay: float = 0.0  # before the answer's head
@@ -147,6 +147,11 @@ class Engine:
                 writer.write(chunk(f"{{garbled {word}"))
                 await writer.drain()
                 continue
+            if self.behaviour == "nested":
+                # One event of JSON nested deeper than a parser goes, every word inside.
+                writer.write(chunk("[" * 50_000 + json.dumps(" ".join(words)) + "]" * 50_000))
+                await writer.drain()
+                break
             writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
                                 "model": data.get("model"),
                                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}],

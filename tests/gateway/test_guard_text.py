@@ -30,10 +30,13 @@ def judge_url() -> Iterator[str]:
     stop(judge)
 
 
-def gateway_for(judge_url: str, behaviour: str) -> tuple[Harness, str]:
+def gateway_for(
+    judge_url: str, behaviour: str, say: str = "look UNSAFE-MARKER here",
+    judge_context: int | None = None,
+) -> tuple[Harness, str]:  # fmt: skip
     h = Harness(state=State(), guard=Guard())
-    engine_url = h.engine("e", behaviour=behaviour, say="look UNSAFE-MARKER here").url
-    guard_model("judge", endpoint=judge_url)
+    engine_url = h.engine("e", behaviour=behaviour, say=say).url
+    guard_model("judge", endpoint=judge_url, context_length=judge_context)
     store({"name": "chat", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
            "capabilities": {"tools": True},
            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
@@ -45,19 +48,59 @@ def gateway_for(judge_url: str, behaviour: str) -> tuple[Harness, str]:
     return h, secret
 
 
-@pytest.mark.parametrize("behaviour", ["tools", "garbled"])
+@pytest.mark.parametrize("behaviour", ["tools", "garbled", "nested"])
 def test_an_unsafe_answer_hidden_where_text_is_not_expected_is_refused(
     judge_url: str, behaviour: str
 ) -> None:
     gw, secret = gateway_for(judge_url, behaviour)
     try:
         gw.serve([], [])
-        stream = behaviour == "garbled"
+        stream = behaviour in ("garbled", "nested")
         body = {"model": "chat", "stream": stream, "messages": [{"role": "user", "content": "x"}]}
         r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=20,
                        headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
         assert "UNSAFE" not in r.text and "MARKER" not in r.text
         assert "content_filter" in r.text
+    finally:
+        gw.close()
+        records.RECORDER.stop()
+
+
+# An answer far longer than its judge's context (1024 tokens): the judge reads a text's
+# start and end, so the marker in the middle was never judged, and was released.
+FILLER = " ".join(f"w{i}" for i in range(1500))
+LONG = f"{FILLER} UNSAFE-MARKER {FILLER}"
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "nested"])
+def test_the_middle_of_an_answer_too_long_for_its_judge_is_judged(
+    judge_url: str, behaviour: str
+) -> None:
+    """A whole answer, and a stream whose one event holds it all, are judged in parts
+    when the judge could read only their start and end: the marker is refused."""
+    gw, secret = gateway_for(judge_url, behaviour, say=LONG, judge_context=1024)
+    try:
+        gw.serve([], [])
+        stream = behaviour == "nested"
+        body = {"model": "chat", "stream": stream, "messages": [{"role": "user", "content": "x"}]}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+        assert "MARKER" not in r.text and "content_filter" in r.text
+        assert "w1000" not in r.text  # nothing of the answer went out
+    finally:
+        gw.close()
+        records.RECORDER.stop()
+
+
+def test_a_long_safe_answer_is_judged_in_parts_and_sent_whole(judge_url: str) -> None:
+    gw, secret = gateway_for(judge_url, "ok", say=f"{FILLER} {FILLER}", judge_context=1024)
+    try:
+        gw.serve([], [])
+        body = {"model": "chat", "messages": [{"role": "user", "content": "x"}]}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"] == f"{FILLER} {FILLER}"
     finally:
         gw.close()
         records.RECORDER.stop()

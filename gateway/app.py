@@ -357,15 +357,12 @@ class Gateway:
         if model.scaling.idle_timeout or model.scaling.min == 0:
             self.state.demand(model.name)  # it is in use: keep it (written off the path)
         primary = model.name
-        if (
-            model.canary
-            and model.canary.model in table.models
-            and balance.in_canary(req.affinity, model.canary.percent)
-        ):
-            primary = model.canary.model
-        chain = [primary] + [f for f in model.fallbacks if f != primary]
-        if primary != model.name:
-            chain.insert(1, model.name)
+        # A canary and fallbacks may name a model by an alias.
+        candidate = table.model_named(model.canary.model) if model.canary else None
+        if candidate and balance.in_canary(req.affinity, model.canary.percent):
+            primary = candidate
+        fallbacks = (table.model_named(f) for f in model.fallbacks)
+        chain = list(dict.fromkeys([primary, model.name, *(f for f in fallbacks if f)]))
         tried: set[int] = set()
         last: str = ""
         woken = False

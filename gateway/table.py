@@ -99,6 +99,12 @@ class Table:
     def pool(self, model: str) -> Pool | None:
         return self.pools.get(model)
 
+    def model_named(self, name: str) -> str | None:
+        """The model a reference in the catalog (a fallback, a canary) means: a model's
+        name or an alias of it; None for anything else."""
+        entry = self.names.get(name)
+        return entry.model.name if entry is not None and entry.adapter is None else None
+
     def listed(self, key: Key) -> list[Entry]:
         """What ``GET /v1/models`` shows this key: every name it may use, in catalog order."""
         return [e for e in self.names.values() if key.may_name(e)]

@@ -180,22 +180,24 @@ class CanaryWatch(Observer):
         table = self._table()
         now = time.monotonic() if now is None else now
         tracked: dict[str, int] = {}
-        canaries: list[tuple[str, str, canary.Limits]] = []
+        canaries: list[tuple[str, str, str, canary.Limits]] = []
         for m in table.models.values():
             c = m.canary
-            if c is None or c.percent <= 0 or c.model not in table.models or c.model == m.name:
+            # The candidate may be named by an alias: its outcomes are the model's it means.
+            candidate = table.model_named(c.model) if c is not None else None
+            if c is None or c.percent <= 0 or candidate is None or candidate == m.name:
                 continue
             limits = canary.Limits.of(c)
             size = min(max(WINDOW, limits.min_requests), MAX_WINDOW)
             tracked[m.name] = max(size, tracked.get(m.name, 0))
-            tracked[c.model] = max(size, tracked.get(c.model, 0))
-            canaries.append((m.name, c.model, limits))
+            tracked[candidate] = max(size, tracked.get(candidate, 0))
+            canaries.append((m.name, candidate, c.model, limits))
         self.tracked = tracked
         with self._lock:
             for name in list(self._windows):
                 if name not in tracked:
                     del self._windows[name]  # no canary any more: start afresh next time
-        live = {name for name, _, _ in canaries}
+        live = {name for name, _, _, _ in canaries}
         for name in list(self._rolling):
             candidate, at, ok = self._rolling[name]
             if name not in live or (ok and table.built > at) or (not ok and now - at >= RETRY):
@@ -204,14 +206,15 @@ class CanaryWatch(Observer):
                 del self._rolling[name]
                 if ok or name not in live:
                     self._clear(name, candidate)
-        for name, candidate, limits in canaries:
+        for name, candidate, reference, limits in canaries:
             if name in self._rolling:
                 continue
             decision = canary.decide(self.window(candidate), self.window(name), limits, candidate)
             if not decision.roll_back:
                 continue
             try:
-                written = self._write(name, candidate, decision.why)
+                # Written against the canary as the catalog names it (an alias, maybe).
+                written = self._write(name, reference, decision.why)
             except Exception:
                 log.exception("the gateway could not roll back canary %s of %s", candidate, name)
                 self._rolling[name] = (candidate, now, False)

@@ -264,3 +264,48 @@ def test_the_watch_over_the_stored_catalog_rolls_back(stored: None) -> None:
     watch.check()
     assert watch.tracked == {}
     watch.stop()
+
+
+def test_a_canary_named_by_an_alias_takes_its_share_and_is_watched(h: Harness) -> None:
+    """The catalog lets a canary name an alias; the gateway sent it nothing and the watch
+    never looked at it."""
+    main, cand = h.engine("main"), h.engine("cand", behaviour="503")
+    aliased = [model("m", canary=spec.Canary(model="c-next", percent=50, min_requests=20)),
+               model("c", aliases=["c-next"])]  # fmt: skip
+    h.serve(aliased, [(1, "m", main), (2, "c", cand)])
+    writes: list[tuple[str, str, str]] = []
+
+    def write(name: str, reference: str, why: str) -> bool:
+        writes.append((name, reference, why))
+        h.models = [dataclasses.replace(aliased[0], canary=dataclasses.replace(
+            aliased[0].canary, percent=0)), aliased[1]]  # fmt: skip
+        return True
+
+    watch = CanaryWatch(lambda: h.state.table, interval=0.02, write=write)
+    h.gateway.observer = Fanout(watch)
+    watch.start()
+    wait(lambda: watch.tracked, what="the watch to track the canary")
+    try:
+        assert set(watch.tracked) == {"m", "c"}
+        n = 0
+        while not writes:
+            assert ask(h, f"conversation {n}").startswith("main")
+            n += 1
+            assert n < 400, "never rolled back"
+    finally:
+        watch.stop()
+    assert cand.requests >= 20  # it had its share
+    name, reference, why = writes[0]
+    # The rollback is written against the canary as the catalog names it.
+    assert (name, reference) == ("m", "c-next")
+    assert why.startswith("canary c rolled back: error rate 100%"), why
+
+
+def test_a_rollback_of_a_canary_named_by_an_alias_is_written(db: Any) -> None:
+    from catalog.models import ServedModel
+    from tests.catalog.samples import cpu_model, store
+
+    store(cpu_model("c", aliases=["c-next"]),
+          cpu_model("m", canary={"model": "c-next", "percent": 30}))  # fmt: skip
+    assert roll_back("m", "c-next", "canary c rolled back: error rate 50% vs 0% over 50 requests")
+    assert ServedModel.objects.get(name="m").to_spec().canary.percent == 0

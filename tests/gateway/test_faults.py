@@ -298,3 +298,12 @@ def test_a_key_made_a_moment_ago_works_at_once(h: Harness) -> None:
         openai.OpenAI(
             base_url=h.url + "/v1", api_key="llmgw-ck-unknown", max_retries=0
         ).models.list()
+
+
+def test_a_fallback_named_by_an_alias_is_used(h: Harness) -> None:
+    """The catalog lets fallbacks name an alias; the gateway skipped them as unknown."""
+    down, backup = h.engine("down", behaviour="503"), h.engine("backup")
+    h.serve([model("m", fallbacks=["backup-latest"]), model("b", aliases=["backup-latest"])],
+            [(1, "m", down), (2, "b", backup)])  # fmt: skip
+    assert ask(h).startswith("backup0")
+    assert backup.bodies[-1]["model"] == "b"  # the fallback's own served name

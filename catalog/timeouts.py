@@ -24,8 +24,11 @@ none takes the gateway's settings.
   first-byte timeout for whole answers cut off every one that took longer to generate
   than a stream's first token may take.)
 - ``wake``: how long a request for a model with no ready replica is held while one
-  starts: the profiles' longest ``startup_timeout`` and ``WAKE_MARGIN``, at most
-  ``WAKE_WAIT_MAX``; else ``LLMGW_GATEWAY_WAKE_WAIT``.
+  starts: the profiles' longest ``startup_timeout`` (the longest a start may take) and
+  ``WAKE_MARGIN``, at most ``LLMGW_GATEWAY_WAKE_WAIT`` (the longest the site lets a
+  client be held: 600 s, the ``openai`` client's own timeout, by default). Every profile
+  has a startup_timeout (20 minutes when not written), so the setting is what bounds
+  most models; one that loads in a minute and says so is given up on sooner.
 
 Pure: plain data in, plain data out. The gateway calls ``waits`` on its request path; the
 model's page calls ``explain`` to say what they are and why.
@@ -45,7 +48,6 @@ FIRST_TOKEN_FLOOR = 30.0
 BETWEEN_FACTOR = 10
 BETWEEN_FLOOR = 15.0
 WAKE_MARGIN = 30.0
-WAKE_WAIT_MAX = 1800.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Defaults:
     first_token: float = 300.0  # LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT
     between: float = 300.0  # LLMGW_GATEWAY_READ_TIMEOUT
     whole: float = 1800.0  # LLMGW_GATEWAY_WHOLE_TIMEOUT
-    wake: float = 120.0  # LLMGW_GATEWAY_WAKE_WAIT
+    wake: float = 600.0  # LLMGW_GATEWAY_WAKE_WAIT
 
     @classmethod
     def from_settings(cls, settings: Any) -> Defaults:
@@ -64,7 +66,7 @@ class Defaults:
             first_token=float(getattr(settings, "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", 300.0)),
             between=float(getattr(settings, "LLMGW_GATEWAY_READ_TIMEOUT", 300.0)),
             whole=float(getattr(settings, "LLMGW_GATEWAY_WHOLE_TIMEOUT", 1800.0)),
-            wake=float(getattr(settings, "LLMGW_GATEWAY_WAKE_WAIT", 120.0)),
+            wake=float(getattr(settings, "LLMGW_GATEWAY_WAKE_WAIT", 600.0)),
         )
 
 
@@ -102,12 +104,13 @@ def waits(model: Any, defaults: Defaults) -> Waits:
     )
 
 
-def wake_wait(model: Any, default: float) -> float:
-    """How long a request for ``model`` with no ready replica waits for one."""
+def wake_wait(model: Any, most: float) -> float:
+    """How long a request for ``model`` with no ready replica waits for one, at most
+    ``most`` (``LLMGW_GATEWAY_WAKE_WAIT``)."""
     longest = max((p.startup_timeout for p in model.profiles), default=0)
     if longest <= 0:
-        return default
-    return min(WAKE_WAIT_MAX, longest / NS + WAKE_MARGIN)
+        return most
+    return min(most, longest / NS + WAKE_MARGIN)
 
 
 def _seconds(value: float) -> str:
@@ -144,10 +147,13 @@ def explain(model: Any, defaults: Defaults) -> list[tuple[str, str, str]]:
         rows.append(("whole answer", _seconds(w.whole(None)),
                      "no slo.tpot_p99: the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT"))  # fmt: skip
     longest = max((p.startup_timeout for p in model.profiles), default=0)
-    if longest:
+    if longest and w.wake < defaults.wake:
         why = (f"the longest startup_timeout, {format_duration(longest)}, and "
-               f"{_seconds(WAKE_MARGIN)}, at most {_seconds(WAKE_WAIT_MAX)}")  # fmt: skip
+               f"{_seconds(WAKE_MARGIN)}")  # fmt: skip
+    elif longest:
+        why = (f"the gateway's LLMGW_GATEWAY_WAKE_WAIT, shorter than the longest "
+               f"startup_timeout, {format_duration(longest)}, and {_seconds(WAKE_MARGIN)}")  # fmt: skip
     else:
-        why = "no startup_timeout: the gateway's LLMGW_GATEWAY_WAKE_WAIT"
+        why = "no profile: the gateway's LLMGW_GATEWAY_WAKE_WAIT"
     rows.append(("held while waking", _seconds(w.wake), why))
     return rows

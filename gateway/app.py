@@ -96,7 +96,7 @@ class Options:
     first_byte_timeout: float = 300.0
     read_timeout: float = 300.0
     whole_timeout: float = 1800.0
-    wake_wait: float = 120.0
+    wake_wait: float = 600.0
     max_body: int = 16 << 20
     max_answer: int = 64 << 20
     window_tokens: int = 16

@@ -13,7 +13,6 @@ from catalog.timeouts import (
     FIRST_TOKEN_FACTOR,
     FIRST_TOKEN_FLOOR,
     WAKE_MARGIN,
-    WAKE_WAIT_MAX,
     Defaults,
     explain,
     waits,
@@ -54,10 +53,13 @@ def test_a_fast_models_waits_are_never_below_the_floors() -> None:
     assert w.first_token == FIRST_TOKEN_FLOOR and w.between == BETWEEN_FLOOR
 
 
-def test_the_wake_wait_is_the_longest_startup_and_a_margin_capped() -> None:
-    assert waits(model(startups=(600, 60)), DEFAULTS).wake == 600 + WAKE_MARGIN
-    assert waits(model(startups=(10**5,)), DEFAULTS).wake == WAKE_WAIT_MAX
-    assert waits(model(startups=(0,)), DEFAULTS).wake == 120
+def test_the_wake_wait_is_the_longest_startup_and_a_margin_at_most_the_setting() -> None:
+    long_wake = Defaults(wake=3600)
+    assert waits(model(startups=(600, 60)), long_wake).wake == 600 + WAKE_MARGIN
+    assert waits(model(startups=(60,)), DEFAULTS).wake == 60 + WAKE_MARGIN
+    # Past the setting, the setting: the longest the site lets a client be held.
+    assert waits(model(startups=(600,)), DEFAULTS).wake == 120
+    assert waits(model(), DEFAULTS).wake == 120
 
 
 @given(
@@ -92,7 +94,11 @@ def test_the_models_page_says_each_wait_and_why() -> None:
     assert rows["between tokens"] == ("15s", "10 × slo.tpot_p99 of 50ms, at least 15s")
     assert rows["whole answer"][0] == "30s + 500ms a token asked for"
     assert rows["whole answer"][1].startswith("4m46s at max_output 512")
-    assert rows["held while waking"][0] == "20m30s"
+    assert rows["held while waking"] == (
+        "2m", "the gateway's LLMGW_GATEWAY_WAKE_WAIT, shorter than the longest "
+        "startup_timeout, 20m, and 30s")  # fmt: skip
+    quick = {n: (v, w) for n, v, w in explain(model(startups=(60,)), DEFAULTS)}
+    assert quick["held while waking"] == ("1m30s", "the longest startup_timeout, 1m, and 30s")
     plain = {name: (value, why) for name, value, why in explain(model(), DEFAULTS)}
     assert plain["first token"] == ("5m", "no slo.ttft_p99: the gateway's "
                                           "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")  # fmt: skip

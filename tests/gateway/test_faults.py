@@ -270,18 +270,6 @@ def test_adapters_held_few_at_a_time_go_where_they_are_and_the_oldest_is_unloade
     assert unloaded() <= {"x", "y"}  # an older adapter, never the one just asked for
 
 
-def test_a_models_own_startup_timeout_bounds_its_wait() -> None:
-    from catalog.timeouts import WAKE_MARGIN, WAKE_WAIT_MAX, wake_wait
-
-    quick = model("m", profiles=[spec.Profile(name="a", engine="sim")])
-    assert wake_wait(quick, 120.0) == 120.0  # none given: the setting's
-    slow = model("m", profiles=[spec.Profile(name="a", engine="vllm", startup_timeout=600 * 10**9),
-                                spec.Profile(name="b", engine="vllm", startup_timeout=60 * 10**9)])  # fmt: skip
-    assert wake_wait(slow, 120.0) == 600 + WAKE_MARGIN
-    huge = model("m", profiles=[spec.Profile(name="a", engine="vllm", startup_timeout=10**13)])
-    assert wake_wait(huge, 120.0) == WAKE_WAIT_MAX
-
-
 def test_a_key_made_a_moment_ago_works_at_once(h: Harness) -> None:
     """A key this process has not read yet is looked for again after the next pass."""
     from gateway.models import digest

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -206,10 +205,9 @@ def test_an_engine_that_never_answers_times_out(servers: list[Server]) -> None:
     quiet = threading.Event()
     server = Server(lambda conn: quiet.wait(10))
     servers.append(server)
-    started = time.monotonic()
+    # Timeout, not the closed connection the server's handler would leave after 10 s.
     with pytest.raises(pool.Timeout, match="no answer"):
         pool.Pool().post(server.url + "/x", json={}, timeout=0.3)
-    assert time.monotonic() - started < 5
     quiet.set()
 
 
@@ -338,10 +336,8 @@ def test_the_loops_pool_times_out_refuses_and_rejects_what_is_not_http(
 
     other = Server(ssh)
     servers.extend((silent, other))
-    started = time.monotonic()
-    with pytest.raises(pool.Timeout, match="no answer"):
+    with pytest.raises(pool.Timeout, match="no answer"):  # before the 10 s handler closes
         on_loop(silent.url + "/x", timeout=0.3)
-    assert time.monotonic() - started < 5
     quiet.set()
     with pytest.raises(pool.Unreachable, match="not an HTTP answer"):
         on_loop(other.url + "/x")

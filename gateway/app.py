@@ -342,13 +342,13 @@ class Gateway:
         if key.rpm:
             wait = await self._limits.take(key.id, "requests", 1, key.rpm)
             if wait is not None:
-                raise errors.rate_limited(f"{key.rpm} requests a minute", wait)
+                raise errors.rate_limited(f"{key.name} ({key.rpm} requests a minute)", wait)
         if key.tpm:
             _, high = sizing.prompt_bounds(req.prompt_bytes, req.messages)
             asked = high + (req.max_tokens or model.max_output or 0)
             wait = await self._limits.take(key.id, "tokens", asked, key.tpm)
             if wait is not None:
-                raise errors.rate_limited(f"{key.tpm} tokens a minute", wait)
+                raise errors.rate_limited(f"{key.name} ({key.tpm} tokens a minute)", wait)
 
     async def _route(self, call: _Call) -> None:
         entry, req = call.entry, call.req

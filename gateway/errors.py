@@ -86,7 +86,7 @@ def rate_limited(what: str, retry_after: float) -> ApiError:
     seconds = max(1, int(retry_after + 0.999))
     return ApiError(
         429,
-        f"Rate limit reached for this key ({what}): try again in {seconds} s.",
+        f"Rate limit reached for {what}: try again in {seconds} s.",
         type="requests",
         code="rate_limit_exceeded",
         headers={"retry-after": str(seconds)},

@@ -10,7 +10,8 @@ cookie (Django's own comparison) and the ``Origin``, when sent, must be this hos
 
 The user acts as a pseudo-key ``console:<username>`` with owner ``console`` (so usage
 and ``/metrics`` tell chat traffic apart): every cluster model, never a guard model,
-never an external one, no budgets. Viewers and up may chat; a user with no role may not.
+never an external one, at most ``LLMGW_CHAT_RPM`` requests a minute per user (shared by
+the web processes through Redis in production, as keys' budgets are). Viewers and up may chat; a user with no role may not.
 The answer's headers name what answered: ``x-llmgw-model`` and ``x-llmgw-replica``.
 """
 
@@ -133,7 +134,8 @@ def _session_key(scope: dict[str, Any]) -> Key:
             raise ApiError(401, "sign in to the console to chat", code="invalid_session")
         if not has_role(user, VIEWER):
             raise ApiError(403, "chatting needs a role (viewer or more)", code="forbidden")
-        return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None)
+        return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None,
+                   rpm=int(getattr(settings, "LLMGW_CHAT_RPM", 30)))  # fmt: skip
     finally:
         connection.close()
 

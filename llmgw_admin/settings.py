@@ -178,6 +178,8 @@ LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# Requests a minute each console user may send from the Chat page (gateway/session.py).
+LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
 # How often a gateway process writes its usage (gateway/usage.py).
 LLMGW_GATEWAY_USAGE_FLUSH_MS = envint("GATEWAY_USAGE_FLUSH_MS", 1000)
 LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)

@@ -27,6 +27,9 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     control_plane: ControlPlane, agents: Callable[..., Agent], console: Callable[..., Any],
     viewer: Any,
 ) -> None:  # fmt: skip
+    # Four chat requests a minute per user: the page's two, then two of the route's own.
+    control_plane.extra["LLMGW_CHAT_RPM"] = "4"
+    control_plane.restart()
     agents("chat-node", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
     store(sim_model("talk"), sim_model("judge", role="guard", guard={"format": "qwen3guard"}))
@@ -72,6 +75,16 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     judged = httpx.post(url, json={**body, "model": "judge"}, cookies=cookies,
                         headers={"X-CSRFToken": csrf})  # fmt: skip
     assert judged.status_code == 404  # a judge is refused to the chat as to every key
+    # The user's budget: two more answered, then 429 with when to try again.
+    for _ in range(2):
+        answered = httpx.post(url, json=body, cookies=cookies, headers={"X-CSRFToken": csrf})
+        assert answered.status_code == 200, answered.text
+    limited = httpx.post(url, json=body, cookies=cookies, headers={"X-CSRFToken": csrf})
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    message = limited.json()["error"]["message"]
+    assert message.startswith(
+        f"Rate limit reached for console:{viewer.username} (4 requests a minute)"
+    )
 
     # /metrics tells the chat's traffic (owner console), the refusal and the judge's time.
     _, token = ApiToken.issue(viewer, "prometheus")

@@ -29,7 +29,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from llmgw_admin.roles import ADMIN, OPERATOR, RoleAdminMixin
+from llmgw_admin.roles import OPERATOR, RoleAdminMixin
 
 
 class _Inline(RoleAdminMixin, admin.StackedInline):  # type: ignore[type-arg]
@@ -395,16 +395,7 @@ class ChangeRecordAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-
     list_display = ("at", "model_name", "action", "surface", "actor_name", "summary")
     list_filter = ("action", "surface")
     search_fields = ("model_name", "actor_name")
-    change_role = ADMIN
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    change_role = None
 
 
 __all__ = ("ServedModelAdmin", "Problem")

@@ -11,8 +11,6 @@ Usage and the guard's refusal records: read-only, as every gateway process write
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -32,15 +30,9 @@ class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg
                        "created", "created_by", "expires", "revoked")  # fmt: skip
     fields = readonly_fields
     actions = ("revoke_selected",)
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return False  # made where the secret can be shown once: console, API, command
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # revoked, never deleted: the row says who had access
+    # Made where the secret can be shown once (console, API, command); revoked, never
+    # deleted: the row says who had access. Revoking is the one change, an action.
+    change_role = None
 
     @admin.display(description="models")
     def models_shown(self, obj: ClientKey) -> str:
@@ -61,23 +53,11 @@ class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg
             self.message_user(request, "The selected keys were already revoked.", messages.INFO)
 
 
-class ReadOnlyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    """Rows the gateway writes itself: read in the admin, never added, changed or deleted."""
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(Usage)
-class UsageAdmin(ReadOnlyAdmin):
+class UsageAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """What the gateway served, per minute, key, owner and model."""
 
+    change_role = None
     list_display = ("minute", "key", "owner", "model", "requests", "errors", "tokens_in",
                     "tokens_out", "refusals")  # fmt: skip
     list_filter = ("owner",)
@@ -88,9 +68,10 @@ class UsageAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Refusal)
-class RefusalAdmin(ReadOnlyAdmin):
+class RefusalAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """A request or answer the guard refused, by the request id its client got."""
 
+    change_role = None
     list_display = ("at", "request_id", "direction", "model", "key", "owner", "judge",
                     "verdict", "categories_shown", "score", "judged")  # fmt: skip
     list_filter = ("direction", "judged")

@@ -59,37 +59,27 @@ class GuardPolicyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
             obj.pk, obj.data, obj.updated = row.pk, row.data, row.updated
 
 
-class ReadOnlyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    """Records written by the guard itself: read in the admin, never changed there."""
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(PolicyChange)
-class PolicyChangeAdmin(ReadOnlyAdmin):
+class PolicyChangeAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Who changed the policy, when, from where, and what."""
 
+    change_role = None
     list_display = ("at", "actor_name", "surface", "summary")
     list_filter = ("surface",)
 
 
 @admin.register(JudgeHealth)
-class JudgeHealthAdmin(ReadOnlyAdmin):
+class JudgeHealthAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Each judge's answers and failures."""
 
+    change_role = None
     list_display = ("judge", "answers", "failures", "last_error_kind", "last_good_at")
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(ReadOnlyAdmin):
+class EvalRunAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Evaluations of judges on labelled sets (the console's pages show their figures)."""
 
+    change_role = None
     list_display = ("pk", "started", "set_name", "texts", "status", "actor_name")
     list_filter = ("status", "set_name")

@@ -101,7 +101,9 @@ ACTION_PERMISSIONS = (*ROLES, "view", "add", "change", "delete")
 
 class RoleAdminMixin:
     """Admin rights from the user's role: viewers read, those holding ``change_role``
-    (operator unless set) add, change and delete.
+    (operator unless set) add, change and delete. ``change_role = None`` is a read-only
+    admin: rows the system writes itself (logs, records), never added, changed or
+    deleted there.
 
     Every app's ``ModelAdmin`` and inline puts it first among its bases (a test walks
     ``admin.site``'s registry). Every admin view asks these methods. Every admin action
@@ -112,19 +114,22 @@ class RoleAdminMixin:
     action the user's role does not allow is answered 403.
     """
 
-    change_role = OPERATOR
+    change_role: str | None = OPERATOR
+
+    def _may_change(self, request: HttpRequest) -> bool:
+        return self.change_role is not None and has_role(request.user, self.change_role)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return has_role(request.user, VIEWER)
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return has_role(request.user, self.change_role)
+        return self._may_change(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return has_role(request.user, self.change_role)
+        return self._may_change(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return has_role(request.user, self.change_role)
+        return self._may_change(request)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return has_role(request.user, VIEWER)

@@ -117,23 +117,22 @@ def _seconds(value: float) -> str:
     return format_duration(round(value * NS))
 
 
+def _why_slo(field: str, ns: int, factor: int, floor: float, setting: str) -> str:
+    if not ns:
+        return f"no slo.{field}: the gateway's LLMGW_GATEWAY_{setting}"
+    return f"{factor} × slo.{field} of {format_duration(ns)}, at least {_seconds(floor)}"
+
+
 def explain(model: Any, defaults: Defaults) -> list[tuple[str, str, str]]:
     """Each wait as the model's page shows it: (name, how long, why)."""
     w = waits(model, defaults)
     ttft, tpot = model.slo.ttft_p99, model.slo.tpot_p99
-    rows = []
-    if ttft:
-        why = (f"{FIRST_TOKEN_FACTOR} × slo.ttft_p99 of {format_duration(ttft)}, "
-               f"at least {_seconds(FIRST_TOKEN_FLOOR)}")  # fmt: skip
-    else:
-        why = "no slo.ttft_p99: the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT"
-    rows.append(("first token", _seconds(w.first_token), why))
-    if tpot:
-        why = (f"{BETWEEN_FACTOR} × slo.tpot_p99 of {format_duration(tpot)}, "
-               f"at least {_seconds(BETWEEN_FLOOR)}")  # fmt: skip
-    else:
-        why = "no slo.tpot_p99: the gateway's LLMGW_GATEWAY_READ_TIMEOUT"
-    rows.append(("between tokens", _seconds(w.between), why))
+    rows = [
+        ("first token", _seconds(w.first_token),
+         _why_slo("ttft_p99", ttft, FIRST_TOKEN_FACTOR, FIRST_TOKEN_FLOOR, "FIRST_BYTE_TIMEOUT")),
+        ("between tokens", _seconds(w.between),
+         _why_slo("tpot_p99", tpot, BETWEEN_FACTOR, BETWEEN_FLOOR, "READ_TIMEOUT")),
+    ]  # fmt: skip
     if w.per_token and w.max_output:
         whole = (f"{_seconds(w.first_token)} + {_seconds(w.per_token)} a token asked for",
                  f"{_seconds(w.whole(None))} at max_output {w.max_output}")  # fmt: skip

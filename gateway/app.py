@@ -80,7 +80,8 @@ MAX_EARLY = 64
 # characters; a part this short that is still too long for the judge cannot be judged.
 PART_OVERLAP = 200
 MIN_PART = 2 * PART_OVERLAP + 100
-PARTS_AT_ONCE = 8  # judged at once, of one answer
+PARTS_AT_ONCE = 8  # judged at once, of one text
+REQUEST, ANSWER = "request", "answer"
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -538,7 +539,7 @@ class Gateway:
                 resp.release()
                 return detail
             if verdict is not None:
-                await self._await_request_verdict(verdict, resp)
+                await self._await_request_verdict(req, verdict, resp)
             if req.stream and resp.status == 200:
                 await self._stream(sent, key, entry, req, resp, judging_answers, waits, sent_at)
             else:
@@ -590,12 +591,18 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def _await_request_verdict(
-        self, verdict: asyncio.Task[dict[str, Any]], resp: Response
+        self, req: bodies.Request, verdict: asyncio.Task[dict[str, Any]], resp: Response
     ) -> None:
         result = await verdict
-        if result.get("decision") != "allow":
+        try:
+            if result.get("decision") != "allow":
+                raise Refused(_refusal("request", result), {**result, "direction": "request"})
+            if result.get("request_cut"):
+                # Too long for the judge: it read the start and the end; the middle too.
+                await self._judge_parts(req, req.text, REQUEST)
+        except Refused:
             resp.release()  # closes the engine's connection: it stops
-            raise Refused(_refusal("request", result), {**result, "direction": "request"})
+            raise
 
     async def _whole(
         self, sent: _Sent, key: Key, entry: Entry, req: bodies.Request, resp: Response,
@@ -612,7 +619,7 @@ class Gateway:
             if text:
                 result = await self._judge_answer(req, text)
                 if result.get("answer_cut"):
-                    await self._judge_parts(req, text)
+                    await self._judge_parts(req, text, ANSWER)
         _usage_from(raw, sent)
         content_type = resp.header(b"content-type") or b"application/json"
         await sent.start(status, [(b"content-type", content_type)])
@@ -728,43 +735,49 @@ class Gateway:
         if result.get("answer_cut"):
             # Too long for the judge: it read the start and the end. What came since the
             # last window read whole is judged on its own (in parts if need be).
-            await self._judge_parts(req, ticket.text[max(0, read - PART_OVERLAP) :])
+            await self._judge_parts(req, ticket.text[max(0, read - PART_OVERLAP) :], ANSWER)
         hold.allow(ticket, final)
         return ticket.upto
 
     async def _judge_answer(self, req: bodies.Request, text: str) -> dict[str, Any]:
         """The guard's verdict on an answer's text: a refusal raises ``Refused``."""
-        result = await self.guard.judge(req.text, text)
+        return self._allowed(ANSWER, await self.guard.judge(req.text, text))
+
+    def _allowed(self, direction: str, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("decision") != "allow":
-            raise Refused(_refusal("answer", result), {**result, "direction": "answer"})
+            raise Refused(_refusal(direction, result), {**result, "direction": direction})
         if result.get("failed_open"):
             self.observer.failed_open()
         return result
 
-    async def _judge_parts(self, req: bodies.Request, text: str) -> None:
-        """Judge ``text`` in halves (overlapping, so no phrase is only ever split), each
-        halved again while the judge still reads only its start and end: no character
-        is released that a judge did not read. ``Refused`` at the first refusal; a part
-        of ``MIN_PART`` characters still too long is refused as unjudgeable."""
+    async def _judge_parts(self, req: bodies.Request, text: str, direction: str) -> None:
+        """Judge ``text`` (the request's, or the answer's) in halves, overlapping so no
+        phrase is only ever split, each halved again while the judge still reads only its
+        start and end: nothing passes that a judge did not read. ``Refused`` at the first
+        refusal; a part of ``MIN_PART`` characters still too long is refused as
+        unjudgeable. An answer's parts are judged with the request, as every answer is."""
         room = asyncio.Semaphore(PARTS_AT_ONCE)
+        cut = f"{direction}_cut"
 
         async def judged(part: str) -> dict[str, Any]:
             async with room:
+                if direction == REQUEST:
+                    return self._allowed(REQUEST, await self.guard.judge(part))
                 return await self._judge_answer(req, part)
 
         parts = _halves(text)
         while parts:
             results = await asyncio.gather(*(judged(p) for p in parts))
-            again = [p for p, r in zip(parts, results, strict=True) if r.get("answer_cut")]
+            again = [p for p, r in zip(parts, results, strict=True) if r.get(cut)]
             short = min((len(p) for p in again), default=MIN_PART + 1)
             if short <= MIN_PART:
                 error = ApiError(
-                    400, f"The answer could not be judged: {short} characters of it are still "
-                    "too long for the judge's context, and no unjudged text is released.",
+                    400, f"The {direction} could not be judged: {short} characters of it are "
+                    "still too long for the judge's context, and nothing unjudged is let through.",
                     code="content_filter", param=None, headers={"x-should-retry": "false"},
                 )  # fmt: skip
                 raise Refused(error, {"decision": "refuse", "judged": False, "judge": None,
-                                      "categories": [], "direction": "answer"})  # fmt: skip
+                                      "categories": [], "direction": direction})  # fmt: skip
             parts = [half for p in again for half in _halves(p)]
 
 

@@ -76,9 +76,10 @@ class ChainResult:
     failed_open: bool = False
     refusal: bool | None = None
     judged: bool = True
-    # The deciding judge read the answer's start and end only (it was too long for its
-    # context): the middle was not judged, and a caller releasing the answer has it
-    # judged in parts first (gateway.app).
+    # The deciding judge read the request's, the answer's start and end only (too long
+    # for its context): the middle was not judged, and a caller acting on the verdict
+    # has it judged in parts first (gateway.app).
+    request_cut: bool = False
     answer_cut: bool = False
 
 
@@ -129,6 +130,7 @@ def run_chain(
             latency_ms=getattr(answer, "latency_ms", None),
             failures=failures,
             refusal=verdict.refusal,
+            request_cut=bool(getattr(answer, "request_cut", False)),
             answer_cut=bool(getattr(answer, "answer_cut", False)),
         )
     opened = policy.fail == FAIL_OPEN

@@ -110,7 +110,9 @@ class JudgeAnswer:
     prompt_tokens: int
     cut: bool
     raw: str = ""
-    answer_cut: bool = False  # the answer's middle was left out (guard.longtext)
+    # The request's, the answer's middle was left out (guard.longtext).
+    request_cut: bool = False
+    answer_cut: bool = False
 
 
 def ask_judge(
@@ -262,6 +264,7 @@ def _judged(judge: Format, asked: list[_Asked], controversial: str, started: flo
         prompt_tokens=sum(a.prompt_tokens for a in asked),
         cut=any(a.cut for a in asked),
         raw=verdict.raw,
+        request_cut=any(a.request_cut for a in asked),
         answer_cut=any(a.answer_cut for a in asked),
     )
 
@@ -274,6 +277,7 @@ class _Asked:
     logprobs: Any
     prompt_tokens: int
     cut: bool
+    request_cut: bool = False
     answer_cut: bool = False
 
 
@@ -389,7 +393,7 @@ def _read(
     tokens = reported if isinstance(reported, int) and not isinstance(reported, bool) else None
     return _Asked(
         verdict, choice.get("logprobs"), fitted.tokens if tokens is None else tokens, fitted.cut,
-        fitted.answer_cut,
+        fitted.request_cut, fitted.answer_cut,
     )  # fmt: skip
 
 

@@ -60,8 +60,9 @@ class Fitted:
     request: str
     answer: str | None
     cut: bool
-    # The answer's middle was left out (not the request's alone): what the judge read
-    # of it was its start and end only.
+    # The request's, the answer's middle was left out: what the judge read of it was
+    # its start and end only.
+    request_cut: bool = False
     answer_cut: bool = False
 
 
@@ -186,7 +187,7 @@ def fit(
         new_request, new_answer = cut[0], (cut[1] if answer is not None else None)
         text = render(new_request, new_answer)
         return Fitted(text, count(text), new_request, new_answer, cut != texts,
-                      answer is not None and new_answer != answer)  # fmt: skip
+                      new_request != request, answer is not None and new_answer != answer)  # fmt: skip
 
     # The room for the texts is searched between the largest known to fit and the
     # smallest known not to (all of the texts, to begin with), each guess read off the

@@ -538,6 +538,7 @@ def as_json(result: ChainResult) -> dict[str, Any]:
         ],
         "judged": result.judged,
         "failed_open": result.failed_open,
+        "request_cut": result.request_cut,
         "answer_cut": result.answer_cut,
     }
 

@@ -51,6 +51,10 @@ class CheckResultSerializer(serializers.Serializer[Any]):
     failures = serializers.ListField(child=serializers.DictField())
     judged = serializers.BooleanField()
     failed_open = serializers.BooleanField()
+    request_cut = serializers.BooleanField(
+        help_text="the deciding judge read only the request's start and end (too long for "
+        "its context): judge its middle too before acting on the verdict"
+    )
     answer_cut = serializers.BooleanField(
         help_text="the deciding judge read only the answer's start and end (too long for "
         "its context): judge its middle too before releasing it"

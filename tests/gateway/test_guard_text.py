@@ -32,7 +32,7 @@ def judge_url() -> Iterator[str]:
 
 def gateway_for(
     judge_url: str, behaviour: str, say: str = "look UNSAFE-MARKER here",
-    judge_context: int | None = None,
+    judge_context: int | None = None, directions: tuple[str, ...] = ("answers",),
 ) -> tuple[Harness, str]:  # fmt: skip
     h = Harness(state=State(), guard=Guard())
     engine_url = h.engine("e", behaviour=behaviour, say=say).url
@@ -41,7 +41,7 @@ def gateway_for(
            "capabilities": {"tools": True},
            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
     Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
-    guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["answers"],
+    guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": list(directions),
                                "fail": "closed"}, surface="cli")  # fmt: skip
     _, secret = keys.create_key("k")
     records.start()
@@ -101,6 +101,28 @@ def test_a_long_safe_answer_is_judged_in_parts_and_sent_whole(judge_url: str) ->
                        headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
         assert r.status_code == 200
         assert r.json()["choices"][0]["message"]["content"] == f"{FILLER} {FILLER}"
+    finally:
+        gw.close()
+        records.RECORDER.stop()
+
+
+def test_the_middle_of_a_request_too_long_for_its_judge_is_judged(judge_url: str) -> None:
+    """A request read by its start and end alone let the marker in its middle through to
+    the engine, and its answer to the client."""
+    gw, secret = gateway_for(judge_url, "ok", say="the answer", judge_context=1024,
+                             directions=("requests",))  # fmt: skip
+    try:
+        gw.serve([], [])
+        body = {"model": "chat", "messages": [{"role": "user", "content": LONG}]}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter"
+        assert "the answer" not in r.text
+        # A long request that is safe throughout is judged in parts and answered.
+        body = {"model": "chat", "messages": [{"role": "user", "content": f"{FILLER} {FILLER}"}]}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "the answer"
     finally:
         gw.close()
         records.RECORDER.stop()

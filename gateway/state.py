@@ -139,6 +139,7 @@ class State:
         self._demanded: dict[str, float] = {}
         self._passes: list[tuple[int, asyncio.Future[None]]] = []
         self._started = 0  # passes begun (written by the thread only)
+        self._asked_at = -float("inf")  # when next_pass last poked (the loop's clock)
         self._lock = threading.Lock()
         self.failures = 0
         self.events = 0
@@ -288,10 +289,17 @@ class State:
         self._passes = still
 
     async def next_pass(self, timeout: float) -> None:
-        """Wait until a pass that starts after now has read everything (or ``timeout``)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Wait until a pass that starts after now has read everything (or ``timeout``).
+
+        The pass is asked for early at most once an interval: a client sending keys
+        nobody made (each one waits for a pass) must not have the database read again
+        for every one of them."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         self._passes.append((self._started + 1, future))
-        self.poke()
+        if loop.time() - self._asked_at >= self.interval:
+            self._asked_at = loop.time()
+            self.poke()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(future, timeout)
 

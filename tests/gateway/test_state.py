@@ -194,3 +194,30 @@ def test_a_gateway_process_of_its_own_leaves_its_events_to_the_relay() -> None:
     before = events._home_loop
     asyncio.run(asyncio.wait_for(State(interval=60).listen(), 2))
     assert events._home_loop is before
+
+
+def test_unknown_keys_do_not_have_the_database_read_for_each_of_them() -> None:
+    """Each request with a key the table does not hold waits for the next pass; twenty
+    waves of them within one interval ask for one early pass, not twenty (an
+    unauthenticated client could otherwise drive the database)."""
+    from gateway.state import State
+    from gateway.table import Table
+
+    passes = []
+
+    def loader() -> Table:
+        passes.append(1)
+        return Table()
+
+    state = State(loader=loader, interval=30)
+
+    async def main() -> None:
+        state.start(asyncio.get_running_loop())
+        await state.first_load()
+        before = len(passes)
+        for _ in range(20):
+            await asyncio.gather(*(state.next_pass(timeout=0.05) for _ in range(10)))
+        assert len(passes) - before == 1
+        state.stop()
+
+    asyncio.run(main())

@@ -522,33 +522,73 @@ class ImportResult:
     unchanged: list[str] = field(default_factory=list)
 
 
+def _import_problems(
+    models: list[spec.Model], kept: list[spec.Model], removed: dict[str, spec.Model]
+) -> list[Problem]:
+    """Return the problems of the catalog an import leaves: the kept models, then the file's.
+
+    The kept models come first, so a clash between one and the file (an alias both claim,
+    a canary both name) is reported at the file's model, at its position in the file:
+    the file is what the operator is changing. A kept model's own problem (a fallback
+    the file takes away) has no position and names the model. A reference that resolves
+    only to a model ``--replace`` removes (``removed``: the stored models the file does
+    not list) says so.
+    """
+    gone = rules.Catalog([rules.normalize(m) for m in removed.values()])
+    out = []
+    for p in rules.check_catalog([*kept, *models]):
+        if p.index is None or p.index < len(kept):
+            out.append(Problem(p.path, p.message, p.code, model=p.model))
+            continue
+        i = p.index - len(kept)
+        message = p.message
+        ref = _reference(models[i], p)
+        target = gone.resolve(ref) if ref else None
+        if target is not None:
+            what = "fallback" if p.code == "unknown_fallback" else "canary"
+            named = f'"{ref}"' if ref == target.name else f'"{ref}" (an alias of "{target.name}")'
+            message = (
+                f"{what} {named} is removed by --replace, as the file does not list "
+                f'"{target.name}": add it to the file, or name a model the file lists'
+            )
+        out.append(Problem(p.path, message, p.code, model=p.model, index=i))
+    return out
+
+
+def _reference(m: spec.Model, p: Problem) -> str:
+    """Return the name an unresolved fallback or canary problem is about, or ""."""
+    if p.code == "unknown_fallback" and len(p.path) == 2 and isinstance(p.path[1], int):
+        return m.fallbacks[p.path[1]]
+    if p.code == "unknown_canary" and m.canary is not None:
+        return m.canary.model
+    return ""
+
+
 @transaction.atomic
 def import_catalog(
     models: list[spec.Model], actor: Actor, *, replace: bool = False, dry_run: bool = False
 ) -> ImportResult:
     """Import a file's models all at once: added, changed and (with replace) removed.
 
-    The catalog after the import is checked as a whole first; one problem and nothing is
-    written (raises Refused with every problem, indexed by the file's positions).
+    The catalog after the import is checked as a whole first: the file's models together
+    with the stored models the import keeps (none with ``replace``), so a file's fallbacks
+    and canaries may name a stored model or its alias. One problem and nothing is written
+    (raises Refused with every problem; the file's models' at their positions in the file).
     """
-    problems = rules.check_catalog(models) + [
-        Problem(p.path, p.message, p.code, model=p.model, index=i)
-        for i, m in enumerate(models)
-        for p in storage_problems(m)
-    ]
-    if problems:
-        raise Refused(problems)
     # Lock the catalog's rows for the import's length: two imports at once must not
     # each pass the rules against a catalog the other is changing.
     list(ServedModel.objects.select_for_update().values_list("pk", flat=True))
     stored = {m.name: m for m in stored_specs()}
     incoming = {m.name for m in models}
     kept = [] if replace else [m for n, m in stored.items() if n not in incoming]
-    problems = rules.check_catalog([*kept, *models])
+    removed = {n: m for n, m in stored.items() if n not in incoming} if replace else {}
+    problems = _import_problems(models, kept, removed) + [
+        Problem(p.path, p.message, p.code, model=p.model, index=i)
+        for i, m in enumerate(models)
+        for p in storage_problems(m)
+    ]
     if problems:
-        # Problems of the file's own models were caught above; these come from models
-        # kept in the catalog that the import breaks (a fallback it no longer finds).
-        raise Refused([Problem(p.path, p.message, p.code, model=p.model) for p in problems])
+        raise Refused(problems)
     result = ImportResult()
     added: list[spec.Model] = []
     for m in models:

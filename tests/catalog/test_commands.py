@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ from catalog.models import ChangeRecord, ServedModel
 from tests.catalog.samples import cpu_model, gpu_model, store
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -126,6 +131,144 @@ def test_import_refused_when_it_breaks_a_model_it_keeps(tmp_path: Path) -> None:
     code, _, err = run("import", path)
     assert code == 1 and '(model "chat")' in err and "tiny" in err, err
     assert ServedModel.objects.get(name="small").aliases.count() == 1
+
+
+def manage(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py`` as an operator does on an embedded install in ``data``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    env |= {"LLMGW_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings"}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_terminal_import_may_name_the_stored_demo_models(tmp_path: Path) -> None:
+    """The audit's case: after ``init``, a file adding one model that falls back to the
+    stored demo-chat (and canaries demo-coder) is accepted, dry and for real; with
+    --replace, which would remove both, it is refused saying so, and nothing changes."""
+    data = tmp_path / "data"
+    done = manage(data, "init")
+    assert done.returncode == 0, done.stderr[-2000:]
+    extra = {
+        "name": "extra",
+        "source": "sim/extra",
+        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-l4-24gb"}],
+        "scaling": {"min": 0, "max": 1},
+        "fallbacks": ["demo-chat"],
+        "canary": {"model": "demo-coder", "percent": 10},
+    }
+    path = write(tmp_path, [extra])
+
+    def stored() -> list[str]:
+        done = manage(data, "catalog", "export")
+        assert done.returncode == 0, done.stderr
+        return [m["name"] for m in yaml.safe_load(done.stdout)["models"]]
+
+    demo = stored()
+    assert "demo-chat" in demo and "demo-coder" in demo
+    done = manage(data, "catalog", "import", path, "--dry-run")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        "would be added: extra",
+        "would be added 1, changed 0, removed 0, unchanged 0",
+    ]
+    assert stored() == demo
+    done = manage(data, "catalog", "import", path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "added 1, changed 0, removed 0, unchanged" in done.stdout
+    assert stored() == [*demo, "extra"]
+    for dry in ("--dry-run", ""):
+        done = manage(data, "catalog", "import", path, "--replace", *([dry] if dry else []))
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.splitlines() == [
+            'models[0].fallbacks[0] (model "extra"): fallback "demo-chat" is removed by '
+            '--replace, as the file does not list "demo-chat": add it to the file, or name a '
+            "model the file lists",
+            'models[0].canary.model (model "extra"): canary "demo-coder" is removed by '
+            '--replace, as the file does not list "demo-coder": add it to the file, or name a '
+            "model the file lists",
+        ]
+        assert stored() == [*demo, "extra"]
+
+
+def test_import_may_name_a_stored_models_alias(tmp_path: Path) -> None:
+    store(cpu_model("small", aliases=["tiny"]), gpu_model("big", aliases=["large"]))
+    path = write(
+        tmp_path,
+        [gpu_model("chat", fallbacks=["tiny", "big"], canary={"model": "large", "percent": 5})],
+    )
+    code, out, err = run("import", path, "--dry-run")
+    assert (code, err) == (0, "") and "would be added: chat" in out
+    assert not ServedModel.objects.filter(name="chat").exists()
+    code, out, err = run("import", path)
+    assert (code, err) == (0, "") and "added 1, changed 0, removed 0, unchanged 0" in out
+    chat = ServedModel.objects.get(name="chat").to_spec()
+    assert chat.fallbacks == ["tiny", "big"] and chat.canary and chat.canary.model == "large"
+    # --replace keeps them when the file lists them, and checks against those it lists.
+    both = write(
+        tmp_path,
+        [cpu_model("small", aliases=["tiny"]), gpu_model("chat", fallbacks=["tiny"])],
+        "both.yaml",
+    )
+    code, out, err = run("import", both, "--replace")
+    assert (code, err) == (0, ""), err
+    assert "removed: big" in out
+    assert list(ServedModel.objects.values_list("name", flat=True)) == ["small", "chat"]
+
+
+def test_import_still_refuses_a_fallback_naming_nothing_or_what_replace_removes(
+    tmp_path: Path,
+) -> None:
+    store(cpu_model("small", aliases=["tiny"]), gpu_model("chat"))
+    nothing = write(tmp_path, [gpu_model("new", fallbacks=["small", "missing"])], "nothing.yaml")
+    for dry in (["--dry-run"], []):
+        code, out, err = run("import", nothing, *dry)
+        assert code == 1 and out == ""
+        assert err.splitlines() == [
+            'models[0].fallbacks[1] (model "new"): fallback "missing" is not in the catalog: '
+            "name a model or an alias"
+        ]
+    # The file lists chat but not small: --replace would remove small and its alias.
+    replaced = write(tmp_path, [gpu_model("chat", fallbacks=["tiny"])], "replaced.yaml")
+    code, _, err = run("import", replaced, "--replace")
+    assert code == 1
+    assert err.splitlines() == [
+        'models[0].fallbacks[0] (model "chat"): fallback "tiny" (an alias of "small") is '
+        'removed by --replace, as the file does not list "small": add it to the file, or name '
+        "a model the file lists"
+    ]
+    # A file listing small without its alias takes the alias away: refused as before.
+    dropped = write(tmp_path, [cpu_model("small"), gpu_model("chat", fallbacks=["tiny"])], "d.yaml")
+    code, _, err = run("import", dropped, "--replace")
+    assert code == 1 and 'models[1].fallbacks[0] (model "chat"): fallback "tiny" is not in' in err
+    assert ServedModel.objects.count() == 2
+    assert ServedModel.objects.get(name="chat").to_spec().fallbacks == []
+    assert not ChangeRecord.objects.filter(surface="file").exists()
+
+
+def test_import_clashing_with_a_kept_model_is_refused_at_the_files_model(tmp_path: Path) -> None:
+    store(cpu_model("small", aliases=["tiny"]), gpu_model("chat", canary={"model": "small"}))
+    path = write(
+        tmp_path,
+        [
+            gpu_model("other", aliases=["tiny"]),
+            gpu_model("next", canary={"model": "tiny", "percent": 5}),
+        ],
+    )
+    code, _, err = run("import", path, "--dry-run")
+    assert code == 1
+    assert err.splitlines() == [
+        'models[0].aliases[0] (model "other"): alias "tiny" is already an alias of "small": '
+        "an alias is listed once and names one model",
+        'models[1].canary.model (model "next"): "tiny" is already the canary of "chat": '
+        "name another catalog model",
+    ]
+    assert ServedModel.objects.count() == 2
 
 
 def test_export_import_export_is_byte_identical(tmp_path: Path) -> None:

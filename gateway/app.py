@@ -58,7 +58,7 @@ from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer, Refusal
 from gateway.state import State
 from gateway.table import Entry, Key, Pool, Table
-from gateway.upstream import TIMEOUT, Response, Upstream, UpstreamError
+from gateway.upstream import BROKEN, TIMEOUT, Response, Upstream, UpstreamError
 from llmgw_admin import lean
 
 log = logging.getLogger("gateway")
@@ -531,9 +531,11 @@ class Gateway:
                     first_byte_timeout=head_wait, read_timeout=waits.between,
                 )  # fmt: skip
             except UpstreamError as error:
+                log.warning("%s: %s at %s failed: %s", sent.request_id, target_model.name,
+                            "the provider" if external else f"replica {replica}", error)  # fmt: skip
                 if error.kind == TIMEOUT:
                     return f"no answer from {target_model.name} within {head_wait:g} s"
-                return f"{error.kind}: {error}"
+                return _told(error)
             if resp.status in RETRY_STATUSES:
                 detail = f"HTTP {resp.status}"
                 resp.release()
@@ -719,9 +721,11 @@ class Gateway:
                 error = UpstreamError(TIMEOUT, (
                     f"the engine sent nothing for {waits.between:g} s" if seen
                     else f"no first token within {waits.first_token:g} s"))  # fmt: skip
+            log.warning("%s: %s's stream failed: %s", sent.request_id, sent.model, error)
+            told = error.args[0] if error.kind == TIMEOUT else _told(error)
             if not sent.started:
-                raise _Retry(f"{error.kind}: {error}") from None
-            failure = {"error": {"message": f"the engine's stream failed: {error}",
+                raise _Retry(told) from None
+            failure = {"error": {"message": f"the engine's stream failed: {told}",
                                  "type": "server_error", "param": None,
                                  "code": "upstream_error"}}  # fmt: skip
             await sent.body(sse.encode_json(failure) + b"data: [DONE]\n\n", more=False)
@@ -930,6 +934,16 @@ def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:
         if a.name == adapter:
             return [{"id": index, "scale": a.scale or 1.0}]
     return []
+
+
+def _told(error: UpstreamError) -> str:
+    """What a client is told of an engine's failure: its kind, never an address (the
+    operator's log has the whole error, by request id)."""
+    if error.kind == TIMEOUT:
+        return "timeout"
+    if error.kind == BROKEN:
+        return "the engine's connection broke"
+    return "no connection to the engine"
 
 
 def _halves(text: str) -> list[str]:

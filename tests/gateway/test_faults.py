@@ -295,3 +295,23 @@ def test_a_fallback_named_by_an_alias_is_used(h: Harness) -> None:
             [(1, "m", down), (2, "b", backup)])  # fmt: skip
     assert ask(h).startswith("backup0")
     assert backup.bodies[-1]["model"] == "b"  # the fallback's own served name
+
+
+def test_a_failure_tells_the_client_its_kind_never_an_engines_address(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator's log has the address, by the request id the client got."""
+    dead = h.engine("dead")
+    h.run(dead.stop())  # its port now refuses
+    h.serve([model("m")], [(1, "m", dead)])
+    with (
+        caplog.at_level("WARNING", logger="gateway"),
+        pytest.raises(openai.APIStatusError) as caught,
+    ):
+        ask(h)
+    message = caught.value.message
+    assert caught.value.status_code == 502 and "no connection to the engine" in message
+    assert "127.0.0.1" not in message and str(dead.port) not in message
+    request_id = caught.value.response.headers["x-request-id"]
+    logged = [r.getMessage() for r in caplog.records if request_id in r.getMessage()]
+    assert logged and f"127.0.0.1:{dead.port}" in logged[0]

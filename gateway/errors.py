@@ -10,6 +10,7 @@ Each error is an ``ApiError`` with its HTTP status and the headers the client ne
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -124,3 +125,89 @@ def upstream_failed(model: str, detail: str) -> ApiError:
         type="server_error",
         code="upstream_error",
     )
+
+
+# How much of an engine's error message reaches the client, and how much of its body is
+# read for it (an error is short: a longer body is not parsed, its start is the message).
+ENGINE_MESSAGE_CHARS = 2000
+ENGINE_PARSE_BYTES = 64 * 1024
+
+
+def _clean(text: str) -> str:
+    """Text that encodes as UTF-8 (a lone surrogate, which JSON may hold, becomes '?'),
+    trimmed and bounded."""
+    text = text.encode("utf-8", "replace").decode("utf-8").strip()
+    if len(text) > ENGINE_MESSAGE_CHARS:
+        text = text[: ENGINE_MESSAGE_CHARS - 1] + "…"
+    return text
+
+
+def _string(value: Any) -> str | None:
+    return _clean(value) or None if isinstance(value, str) else None
+
+
+def _detail(detail: Any) -> str | None:
+    """FastAPI's ``detail``: a string, or its validation errors (``loc``, ``msg``)."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        said = []
+        for item in detail:
+            if isinstance(item, dict) and isinstance(item.get("msg"), str):
+                loc = item.get("loc")
+                where = (
+                    ".".join(str(p) for p in loc if p != "body") if isinstance(loc, list) else ""
+                )
+                said.append(f"{where}: {item['msg']}" if where else item["msg"])
+        return "; ".join(said) or None
+    return None
+
+
+def _engine_fields(data: Any) -> tuple[str | None, str | None, str | None, str | None]:
+    """The message, type, param and code of an engine's JSON error, in the shapes engines
+    answer: OpenAI's and llama-server's ``{"error": {...}}``, vLLM's older top-level
+    ``{"object": "error", "message", ...}``, TGI's ``{"error": str, "error_type"}``,
+    FastAPI's ``{"detail": ...}``."""
+    if isinstance(data, str):
+        return data, None, None, None
+    if not isinstance(data, dict):
+        return None, None, None, None
+    error = data.get("error")
+    if isinstance(error, dict):
+        data = error
+    elif isinstance(error, str):
+        return error, _string(data.get("error_type")), None, None
+    message = data.get("message")
+    if not isinstance(message, str):
+        message = _detail(data.get("detail"))
+    return message, _string(data.get("type")), _string(data.get("param")), _string(data.get("code"))
+
+
+def from_engine(status: int, raw: bytes, content_type: bytes | None = None) -> bytes:
+    """An engine's error answer (``status`` 4xx or 5xx) in OpenAI's shape, the engine's
+    own message kept (bounded): ``{"error": {"message", "type", "param", "code"}}``.
+
+    ``type`` is the engine's when it gave a string, else ``invalid_request_error`` for a
+    4xx and ``server_error`` otherwise; ``param`` and ``code`` are the engine's strings
+    (a number, as vLLM and llama-server put the status there, is dropped: None). Nothing
+    is added that the engine's body did not say but its status. Never raises."""
+    message = kind = param = code = None
+    if len(raw) <= ENGINE_PARSE_BYTES:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None
+        message, kind, param, code = _engine_fields(data)
+    if not message:
+        text = raw[:ENGINE_PARSE_BYTES].decode("utf-8", "replace")
+        if content_type is not None and b"html" in bytes(content_type).lower():
+            # An HTML page (a proxy's, say): its words, not its tags.
+            text = " ".join(re.sub(r"<[^<>]*>", " ", text).split())
+        message = text
+    message = _clean(message)
+    if not message:
+        message = f"The engine answered HTTP {status} with no message."
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    error = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return json.dumps(error, ensure_ascii=False).encode()

@@ -253,6 +253,16 @@ class Gateway:
                     tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
                     stream=sent.stream,
                 ))  # fmt: skip
+                if sent.unreserved and sent.tokens_out:
+                    self._later(self._limits.charge(key.id, "tokens", sent.tokens_out))
+            elif key is None and sent.status == 401:
+                self.observer.unauthenticated()
+
+    def _later(self, work: Awaitable[None]) -> None:
+        """Run ``work`` off the request's path, kept until it ends."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _key_now(self, scope: Scope, table: Table) -> Key:
         """The request's key; one this process has not read yet (made a moment ago) is
@@ -327,7 +337,7 @@ class Gateway:
                 f"{name} is {req.max_tokens}, above this model's max_output of "
                 f"{model.max_output}: ask for at most {model.max_output}.", name,
                 "max_tokens_exceeded")  # fmt: skip
-        await self._budget(key, req, model)
+        await self._budget(sent, key, req, model)
         verdict = None
         judging_requests, judging_answers = self.guard.directions()
         if judging_requests and req.text:
@@ -339,17 +349,29 @@ class Gateway:
             if verdict is not None and not verdict.done():
                 verdict.cancel()
 
-    async def _budget(self, key: Key, req: bodies.Request, model: Any) -> None:
+    async def _budget(self, sent: _Sent, key: Key, req: bodies.Request, model: Any) -> None:
         if key.rpm:
             wait = await self._limits.take(key.id, "requests", 1, key.rpm)
             if wait is not None:
                 raise errors.rate_limited(f"{key.name} ({key.rpm} requests a minute)", wait)
         if key.tpm:
             _, high = sizing.prompt_bounds(req.prompt_bytes, req.messages)
-            asked = high + (req.max_tokens or model.max_output or 0)
-            wait = await self._limits.take(key.id, "tokens", asked, key.tpm)
+            out = req.max_tokens or model.max_output or 0
+            if high + out > key.tpm:
+                # Never within the budget, however long the client waits.
+                said = f" and {out} for its answer" if out else ""
+                raise errors.bad_request(
+                    f"This request may use up to {high + out} tokens (its prompt, counted "
+                    f"by its bytes{said}), more than the budget of {key.name}, {key.tpm} "
+                    "tokens a minute: send less, or ask for fewer max_tokens.",
+                    "max_tokens" if out else "messages", "tokens_exceed_budget",
+                )  # fmt: skip
+            wait = await self._limits.take(key.id, "tokens", high + out, key.tpm)
             if wait is not None:
-                raise errors.rate_limited(f"{key.name} ({key.tpm} tokens a minute)", wait)
+                raise errors.rate_limited(f"{key.name} ({key.tpm} tokens a minute)", wait,
+                                          "tokens")  # fmt: skip
+            # No bound on the answer was reserved: what it takes is charged when it ends.
+            sent.unreserved = not out
 
     async def _route(self, call: _Call) -> None:
         entry, req = call.entry, call.req
@@ -588,9 +610,7 @@ class Gateway:
             except UpstreamError as error:
                 log.warning("unloading adapter %s from %s failed: %s", adapter, endpoint, error)
 
-        task = asyncio.get_running_loop().create_task(unload())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._later(unload())
 
     async def _await_request_verdict(
         self, req: bodies.Request, verdict: asyncio.Task[dict[str, Any]], resp: Response
@@ -811,7 +831,7 @@ class _Sent:
     """The response as sent so far, and what the request came to (for the observer)."""
 
     __slots__ = ("send", "started", "status", "start_at", "first_at", "model", "replica",
-                 "tokens_in", "tokens_out", "stream", "request_id")  # fmt: skip
+                 "tokens_in", "tokens_out", "stream", "request_id", "unreserved")  # fmt: skip
 
     def __init__(self, send: Send, start_at: float) -> None:
         self.send = send
@@ -826,6 +846,7 @@ class _Sent:
         self.stream = False
         # The id the client gets (x-request-id, as OpenAI's API sends it); a refusal's
         # record carries it.
+        self.unreserved = False  # a token budget reserved nothing for the answer
         self.request_id = "req_" + secrets.token_hex(12)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:

@@ -83,12 +83,12 @@ def context_length_exceeded(model: str, limit: int, asked: int, why: str = "") -
     )
 
 
-def rate_limited(what: str, retry_after: float) -> ApiError:
+def rate_limited(what: str, retry_after: float, kind: str = "requests") -> ApiError:
     seconds = max(1, int(retry_after + 0.999))
     return ApiError(
         429,
         f"Rate limit reached for {what}: try again in {seconds} s.",
-        type="requests",
+        type=kind,
         code="rate_limit_exceeded",
         headers={"retry-after": str(seconds)},
     )

@@ -1,10 +1,12 @@
 """Request and token budgets per client key, per minute.
 
 A fixed window of 60 s per key: a request takes one from the key's requests and its
-prompt bound plus ``max_tokens`` from its tokens (reserved up front, so a limit is never
-overshot by streams still running; the unused part is not given back, which errs on the
-side of the limit). Over a budget, the answer is 429 with ``Retry-After`` naming the
-seconds to the window's end.
+prompt bound plus ``max_tokens`` (else the model's ``max_output``) from its tokens,
+reserved up front, so a limit is not overshot by streams still running; the unused part
+is not given back, which errs on the side of the limit. A request that gives neither
+bound has the tokens its answer took beyond what was reserved ``charge``d when it ends.
+Over a budget, the answer is 429 with ``Retry-After`` naming the seconds to the window's
+end; a request that could never fit (``Gateway._budget``) is refused before.
 
 ``LocalLimits`` counts in this process (the embedded mode: one process). ``RedisLimits``
 counts in Redis, so every gateway process shares one budget: one round trip per request
@@ -39,6 +41,11 @@ class LocalLimits:
             self._counts = {k: v for k, v in self._counts.items() if k[2] >= window}
         return None
 
+    async def charge(self, key_id: int, kind: str, amount: int) -> None:
+        """Count ``amount`` already spent, over the limit or not."""
+        slot = (key_id, kind, int(self._clock() // WINDOW))
+        self._counts[slot] = self._counts.get(slot, 0) + amount
+
 
 _TAKE = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -68,3 +75,9 @@ class RedisLimits:
         if ok:
             return None
         return (window + 1) * WINDOW - now
+
+    async def charge(self, key_id: int, kind: str, amount: int) -> None:
+        """Count ``amount`` already spent, over the limit or not."""
+        name = f"llmgw:gateway:limit:{key_id}:{kind}:{int(self._clock() // WINDOW)}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.incrby(name, amount).expire(name, WINDOW * 2).execute()

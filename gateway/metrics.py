@@ -171,6 +171,10 @@ class Metrics(Observer):
     def retried(self, model: str) -> None:
         self.m["retries"].labels(model).inc()
 
+    def unauthenticated(self) -> None:
+        # No model and no owner: no key said whose it was.
+        self.m["requests"].labels("", "401", "").inc()
+
     def fell_back(self, model: str, to: str) -> None:
         self.m["fallbacks"].labels(model, to).inc()
 

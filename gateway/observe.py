@@ -54,6 +54,7 @@ class Observer:
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     failed_open_windows: int = 0
+    unauthenticated_requests: int = 0
     last: Done | None = None
     last_refusal: Refusal | None = None
 
@@ -79,6 +80,10 @@ class Observer:
 
     def failed_open(self) -> None:
         self.failed_open_windows += 1
+
+    def unauthenticated(self) -> None:
+        """A request refused 401 (no key, or one unknown, revoked or expired)."""
+        self.unauthenticated_requests += 1
 
     def refusal(self, record: Refusal) -> None:
         self.last_refusal = record
@@ -115,6 +120,11 @@ class Fanout(Observer):
         super().failed_open()
         for listener in self.listeners:
             listener.failed_open()
+
+    def unauthenticated(self) -> None:
+        super().unauthenticated()
+        for listener in self.listeners:
+            listener.unauthenticated()
 
     def refusal(self, record: Refusal) -> None:
         super().refusal(record)

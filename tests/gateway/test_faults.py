@@ -315,3 +315,51 @@ def test_a_failure_tells_the_client_its_kind_never_an_engines_address(
     request_id = caught.value.response.headers["x-request-id"]
     logged = [r.getMessage() for r in caplog.records if request_id in r.getMessage()]
     assert logged and f"127.0.0.1:{dead.port}" in logged[0]
+
+
+def tight_key(h: Harness, tpm: int) -> openai.OpenAI:
+    from gateway.models import digest
+    from gateway.table import Key
+
+    secret = "llmgw-ck-tight-budget"
+    h.keys[digest(secret)] = Key(2, "tight", "team:t", (), None, tpm=tpm)
+    h.refresh()
+    return openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=10)
+
+
+def test_a_request_that_could_never_fit_its_token_budget_is_refused_at_once(h: Harness) -> None:
+    engine = h.engine("e")
+    h.serve([model("m")], [(1, "m", engine)])
+    client = tight_key(h, tpm=500)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="m", max_tokens=1000,
+                                       messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert caught.value.code == "tokens_exceed_budget"
+    assert "more than the budget of tight, 500 tokens a minute" in caught.value.message
+    assert engine.requests == 0
+
+
+def test_an_answer_with_no_bound_is_charged_to_the_token_budget_when_it_ends(h: Harness) -> None:
+    """No max_tokens and no max_output: nothing could be reserved for the answer, so its
+    40 tokens are counted once it ends; the budget then refuses (it counted prompts only)."""
+    engine = h.engine("e", words=40)
+    h.serve([model("m")], [(1, "m", engine)])
+    client = tight_key(h, tpm=100)
+    answered = 0
+    for _ in range(10):
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except openai.RateLimitError as limited:
+            assert limited.response.headers["retry-after"]
+            assert limited.body["type"] == "tokens"
+            break
+        answered += 1
+    assert 1 <= answered <= 3  # 40 tokens each, and its prompt's bound, within 100
+
+
+def test_a_request_without_a_valid_key_is_counted(h: Harness) -> None:
+    h.serve([model("m")], [(1, "m", h.engine("e"))])
+    bad = openai.OpenAI(base_url=h.url + "/v1", api_key="llmgw-ck-nobody", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    wait(lambda: h.gateway.observer.unauthenticated_requests == 1, what="the 401 counted")

@@ -140,6 +140,10 @@ class Replica(models.Model):
     state_changed = models.DateTimeField(default=timezone.now)
     ready_since = models.DateTimeField(null=True, blank=True)
     evicted_by = models.CharField(max_length=200, blank=True)
+    # Placement tried and found no room (the reason says why); not a replica waiting for
+    # its first try, nor one released to be placed again. The gateway answers at once
+    # rather than hold clients for a model it cannot start.
+    unplaced = models.BooleanField(default=False)
     replaces = models.ForeignKey(
         "self",
         null=True,

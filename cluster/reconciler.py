@@ -121,6 +121,7 @@ def _release(assignments: list[Assignment], reason: str) -> None:
             continue
         Assignment.objects.filter(replica=r).delete()
         r.set_state(ReplicaState.PENDING, reason)
+        r.unplaced = False  # to be placed again
         r.port = None
         r.endpoint = ""
         r.save()
@@ -282,6 +283,7 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
         r.profile = pl.profile
         r.fingerprint = rules.fingerprint(profile) if profile else ""
         r.set_state(ReplicaState.PENDING, f"placed on {', '.join(a.node for a in pl.assignments)}")
+        r.unplaced = False
         r.save()
         for rank, a in enumerate(pl.assignments):
             node = by_name[a.node]
@@ -293,12 +295,16 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
         result.placed.append(r.pk)
     reasons = {int(u.key): u.reason for u in result_plan.unplaced} | waiting
     reasons.update(_make_room(wants, specs, snap, result_plan, result))
+    # No room anywhere: not waiting for an eviction's replacement or a roll's turn.
+    no_room = {int(u.key) for u in result_plan.unplaced} - set(waiting) - {
+        rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)
+    }
     for rid, reason in reasons.items():
         # Written (and pushed) only when the reason changed: most ticks repeat it.
         if (
             Replica.objects.filter(pk=rid)
             .exclude(reason=reason, state=ReplicaState.PENDING)
-            .update(reason=reason, state=ReplicaState.PENDING)
+            .update(reason=reason, state=ReplicaState.PENDING, unplaced=rid in no_room)
         ):
             events.changed(replicas=[rid])
         result.unplaced[rid] = reason

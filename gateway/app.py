@@ -82,6 +82,8 @@ PART_OVERLAP = 200
 MIN_PART = 2 * PART_OVERLAP + 100
 PARTS_AT_ONCE = 8  # judged at once, of one text
 REQUEST, ANSWER = "request", "answer"
+# Retry-After for a model the cluster has no room for: placement frees slowly.
+NO_ROOM_RETRY = 30
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -306,10 +308,7 @@ class Gateway:
     # POST
     async def _complete(self, sent: _Sent, table: Table, key: Key, kind: str, raw: bytes) -> None:
         try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise errors.bad_request("The body is not JSON: send a JSON object.") from None
-        try:
+            data = bodies.parse(raw)
             req = bodies.read(kind, data)
         except bodies.BodyError as error:
             raise errors.bad_request(error.message, error.param, error.code) from None
@@ -325,10 +324,11 @@ class Gateway:
                 "model",
                 "model_not_supported",
             )
-        if data.get("tools") and not model.capabilities.tools:
+        if req.uses_tools and not model.capabilities.tools:
             raise errors.bad_request(
-                f"The model '{req.model}' does not take tools (its capabilities do not list them).",
-                "tools",
+                f"The model '{req.model}' does not take tools or functions (its capabilities "
+                "do not list them).",
+                req.tools_param,
                 "model_not_supported",
             )
         if req.max_tokens and model.max_output and req.max_tokens > model.max_output:
@@ -340,6 +340,12 @@ class Gateway:
         await self._budget(sent, key, req, model)
         verdict = None
         judging_requests, judging_answers = self.guard.directions()
+        if judging_requests and req.token_ids:
+            field = "prompt" if kind == bodies.COMPLETION else "input"
+            raise errors.bad_request(
+                f"{field} is token ids, which the guard cannot read, and its policy judges "
+                "requests: send it as text.", field, "content_filter",
+            )  # fmt: skip
         if judging_requests and req.text:
             verdict = asyncio.create_task(self.guard.judge(req.text))
         try:
@@ -428,7 +434,10 @@ class Gateway:
                         return
                     last = outcome
                     self.observer.retried(name)
-            if not woken and table.pool(model.name) is None and model.external is None:
+            if (
+                not woken and table.pool(model.name) is None and model.external is None
+                and model.name not in table.unplaced
+            ):  # fmt: skip
                 # No replica anywhere: wake the model and wait for it (bounded).
                 woken = True
                 wait = model_waits(model, self.options).wake
@@ -448,6 +457,14 @@ class Gateway:
             last = outcome
         if last:
             raise errors.upstream_failed(req.model, last)
+        table = self.state.table
+        if model.name in table.unplaced:
+            log.info("%s: %s has no room: %s", call.sent.request_id, model.name,
+                     table.unplaced[model.name])  # fmt: skip
+            raise errors.unavailable(
+                f"The model '{req.model}' has no ready replica and the cluster has no room "
+                "to start one now: try again later, or another model.", NO_ROOM_RETRY,
+            )  # fmt: skip
         raise errors.unavailable(
             f"The model '{req.model}' has no ready replica yet (it is being started, or the "
             "cluster has no room for it): try again shortly.",
@@ -461,8 +478,15 @@ class Gateway:
         if not context or req.kind == bodies.EMBEDDING and not req.text:
             return
         asked = req.max_tokens or 0
-        verdict = sizing.judge(req.prompt_bytes, req.messages, asked, context)
         why = f" ({pool.context_why})" if pool.context_why else ""
+        if req.token_ids:
+            # Counted exactly: as many tokens as ids (``prompt_bytes`` holds that count).
+            if req.prompt_bytes + asked > context:
+                raise errors.context_length_exceeded(
+                    req.model, context, req.prompt_bytes + asked, why
+                )
+            return
+        verdict = sizing.judge(req.prompt_bytes, req.messages, asked, context)
         if verdict == sizing.FITS:
             return
         if verdict == sizing.EXCEEDS:
@@ -632,6 +656,12 @@ class Gateway:
     ) -> None:  # fmt: skip
         raw = await resp.read(self.options.max_answer)
         status = resp.status
+        content_type = resp.header(b"content-type") or b"application/json"
+        if status >= 400:
+            # The engine's own shape of error (FastAPI's detail, a numeric code, text),
+            # made OpenAI's.
+            raw = errors.from_engine(status, raw, content_type)
+            content_type = b"application/json"
         if status == 200 and judging_answers and req.kind != bodies.EMBEDDING:
             try:
                 text = _answer_text(json.loads(raw))
@@ -643,7 +673,6 @@ class Gateway:
                 if result.get("answer_cut"):
                     await self._judge_parts(req, text, ANSWER)
         _usage_from(raw, sent)
-        content_type = resp.header(b"content-type") or b"application/json"
         await sent.start(status, [(b"content-type", content_type)])
         await sent.body(raw, more=False)
 

@@ -92,6 +92,12 @@ class Loader:
             ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
             for r in sorted(found, key=lambda r: r["id"])
         )
+        # Wanted replicas placement found no room for (not those waiting for their first
+        # try, or released to be placed again).
+        unplaced = dict(
+            Replica.objects.filter(desired=True, unplaced=True, state=ReplicaState.PENDING)
+            .order_by("id").values_list("model_name", "reason")
+        )  # fmt: skip
         keys = {
             k.digest: Key(
                 id=k.id,
@@ -104,11 +110,12 @@ class Loader:
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }
-        inputs = (id(self._models), rows, tuple(sorted(keys.items())))
+        inputs = (id(self._models), rows, tuple(sorted(keys.items())),
+                  tuple(sorted(unplaced.items())))  # fmt: skip
         if self._table is not None and inputs == self._inputs:
             return self._table
         self._inputs = inputs
-        self._table = build(self._models, rows, keys)
+        self._table = build(self._models, rows, keys, unplaced)
         return self._table
 
 
@@ -309,7 +316,8 @@ class State:
         if self._first is not None:
             self._first.set()
         for model, waiters in list(self._waiters.items()):
-            if self.table.pool(model):
+            # Ready, or nowhere to go: either way waiting longer gains nothing.
+            if self.table.pool(model) or model in self.table.unplaced:
                 for future in waiters:
                     if not future.done():
                         future.set_result(None)

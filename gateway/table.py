@@ -90,6 +90,9 @@ class Table:
     names: dict[str, Entry] = field(default_factory=dict)
     pools: dict[str, Pool] = field(default_factory=dict)
     keys: dict[str, Key] = field(default_factory=dict)  # by digest
+    # Models with no ready replica whose wanted ones placement could not put anywhere,
+    # and why (for the operator's log: a client is told only that there is no room).
+    unplaced: dict[str, str] = field(default_factory=dict)
     built: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -126,6 +129,7 @@ def build(
     models: Sequence[spec.Model],
     replicas: Iterable[ReplicaRow],
     keys: Mapping[str, Key],
+    unplaced: Mapping[str, str] | None = None,
 ) -> Table:
     table = Table(keys=dict(keys))
     for m in models:
@@ -164,4 +168,8 @@ def build(
             context_why=why,
             engines={r.id: engines.get(r.profile, "") for r in rows},
         )
+    table.unplaced = {
+        name: why for name, why in (unplaced or {}).items()
+        if name in table.models and name not in table.pools
+    }  # fmt: skip
     return table

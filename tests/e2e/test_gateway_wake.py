@@ -44,3 +44,30 @@ def test_fifty_held_requests_wake_one_replica_and_are_all_answered(
     started = Replica.objects.filter(model_name="sleepy")
     assert started.count() == 1, list(started.values("pk", "state", "reason"))
     assert started.get().state == "ready"
+
+
+def test_a_model_with_no_room_is_503_at_once_woken_or_not(
+    control_plane: ControlPlane, agents: Callable[..., Agent]
+) -> None:
+    """No node has its cards: the reconciler says so, and the gateway answers 503 with a
+    long Retry-After at once, for a model that runs always and for one woken on demand
+    (the held requests are let go), instead of holding clients ten minutes."""
+    agents("room-node", "--simulate", f"1x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
+    nowhere = {"gpu_class": "nvidia-a100-40gb", "env": dict(FAST)}
+    store(sim_model("always", profile=nowhere),
+          sim_model("sometimes", scaling={"min": 0, "max": 1}, profile=nowhere))  # fmt: skip
+    wait_for(lambda: Replica.objects.filter(model_name="always", unplaced=True).exists(), 30,
+             "placement to find no room")  # fmt: skip
+    key = new_key(control_plane, "roomless")
+    # The client's own timeout is far below the wake wait: only an answer at once passes.
+    api = openai.OpenAI(base_url=control_plane.url + "/v1", api_key=key, max_retries=0,
+                        timeout=30)  # fmt: skip
+    for name in ("always", "sometimes"):
+        with pytest.raises(openai.APIStatusError) as caught:
+            api.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.status_code == 503, caught.value
+        assert caught.value.response.headers["retry-after"] == "30"
+        assert "no room to start one now" in caught.value.message
+    # The woken one was asked for: the reconciler made its replica, and found no room.
+    assert Replica.objects.get(model_name="sometimes").unplaced

@@ -88,8 +88,11 @@ class Engine:
 
     async def _answer(self, path: str, data: dict[str, Any], reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> bool:  # fmt: skip
-        if self.behaviour in ("503", "429"):
+        if self.behaviour in ("503", "429", "400"):
             body = json.dumps({"error": {"message": "busy"}}).encode()
+            if self.behaviour == "400":  # as vLLM refuses what it does not take
+                body = json.dumps({"object": "error", "message": "Only n=1 is supported",
+                                   "type": "BadRequestError", "param": None, "code": 400}).encode()  # fmt: skip
             writer.write(f"HTTP/1.1 {self.behaviour} X\r\nContent-Length: {len(body)}\r\n"
                          "Content-Type: application/json\r\n\r\n".encode() + body)  # fmt: skip
             await writer.drain()
@@ -226,6 +229,7 @@ class Harness:
         self.rows: list[ReplicaRow] = []
         self.keys: dict[str, Key] = {digest(KEY): Key(1, "harness", "team:t", (), None)}
         self.demanded: list[str] = []
+        self.unplaced: dict[str, str] = {}  # models placement found no room for, and why
         self.state = state or State(
             loader=self._table, interval=0.05, record_demand=self.demanded.append
         )
@@ -236,7 +240,7 @@ class Harness:
         self._server: uvicorn.Server | None = None
 
     def _table(self) -> Table:
-        return build(list(self.models), list(self.rows), dict(self.keys))
+        return build(list(self.models), list(self.rows), dict(self.keys), dict(self.unplaced))
 
     def run(self, coro: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

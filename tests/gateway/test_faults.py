@@ -363,3 +363,40 @@ def test_a_request_without_a_valid_key_is_counted(h: Harness) -> None:
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     wait(lambda: h.gateway.observer.unauthenticated_requests == 1, what="the 401 counted")
+
+
+def test_a_model_the_cluster_has_no_room_for_is_503_at_once(h: Harness) -> None:
+    """Placement found no room: holding the client for the model's wake wait (10 min by
+    default) gains nothing. The client is told to come back later; the reason (card
+    classes, nodes) stays in the operator's log and console."""
+    h.gateway.options.wake_wait = 60
+    h.unplaced = {"m": "no node has nvidia-a100-80gb cards"}
+    h.serve([model("m")], [])
+    with pytest.raises(openai.APIStatusError) as caught:
+        api(h).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"] == "30"
+    assert "no room to start one now" in caught.value.message
+    assert "a100" not in caught.value.message
+
+
+def test_a_held_request_is_let_go_when_placement_finds_no_room(h: Harness) -> None:
+    h.gateway.options.wake_wait = 60
+    h.serve([model("m", scaling=spec.Scaling(min=0, max=1))], [])
+    got: list[BaseException] = []
+
+    def held() -> None:
+        try:
+            ask(h)  # the client gives up after 10 s
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            got.append(error)
+
+    waiting = threading.Thread(target=held)
+    waiting.start()
+    wait(lambda: h.gateway.state.waiting("m") == 1, what="the request held")
+    h.unplaced = {"m": "no node has nvidia-a100-80gb cards"}
+    h.refresh()
+    waiting.join(15)
+    (error,) = got
+    assert isinstance(error, openai.APIStatusError) and error.status_code == 503
+    assert "no room" in error.message

@@ -91,3 +91,18 @@ def test_an_unsafe_request_hidden_in_tools_is_refused(
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "content_filter"
     assert "fine words" not in r.text
+
+
+def test_a_prompt_of_token_ids_is_refused_where_requests_are_judged(
+    gateway: tuple[Harness, str],
+) -> None:
+    """The guard reads text, not ids: under a policy that judges requests, ids would pass
+    unjudged. The client is told to send text; the engine never sees it."""
+    gw, secret = gateway
+    r = httpx.post(gw.url + "/v1/completions", timeout=20,
+                   headers={"Authorization": f"Bearer {secret}"},
+                   json={"model": "chat", "prompt": [1, 2, 3], "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "prompt" and "send it as text" in error["message"]
+    assert "fine words" not in r.text

@@ -217,13 +217,17 @@ class Gateway:
             if method == "GET" and path.startswith("/v1/models/"):
                 await self._model(sent, table, key, path[len("/v1/models/") :])
                 return
+            if path == "/v1/models" or path.startswith("/v1/models/"):
+                raise ApiError(405, f"{path} takes GET", code="method_not_allowed",
+                               headers={"allow": "GET"})  # fmt: skip
             kind = bodies.KINDS.get(path)
             if kind is None:
                 raise ApiError(404, f"Unknown path {path}: the gateway serves /v1/models, "
                                "/v1/chat/completions, /v1/completions and /v1/embeddings.",
                                code="not_found")  # fmt: skip
             if method != "POST":
-                raise ApiError(405, f"{path} takes POST", code="method_not_allowed")
+                raise ApiError(405, f"{path} takes POST", code="method_not_allowed",
+                               headers={"allow": "POST"})  # fmt: skip
             raw = await _read_body(receive, self.options.max_body)
             if raw is None:
                 return  # the client went away

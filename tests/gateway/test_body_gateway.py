@@ -88,3 +88,16 @@ def test_an_engines_own_error_reaches_the_client_in_openais_shape(h: Harness) ->
     error = caught.value.body
     assert error == {"message": "Only n=1 is supported", "type": "BadRequestError",
                      "param": None, "code": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("POST", "/v1/models", "GET"), ("DELETE", "/v1/models/m", "GET"),
+    ("GET", "/v1/chat/completions", "POST"),
+])  # fmt: skip
+def test_a_wrong_method_is_405_saying_which_one(
+    h: Harness, method: str, path: str, allow: str
+) -> None:
+    h.serve([model("m")], [(1, "m", h.engine("e"))])
+    r = httpx.request(method, h.url + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == allow
+    assert r.json()["error"]["message"] == f"{path} takes {allow}"

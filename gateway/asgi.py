@@ -1,4 +1,5 @@
-"""The gateway alone: ``/v1/`` and nothing else (``manage.py gateway serve``)."""
+"""The gateway alone (``manage.py gateway serve``): ``/v1/``, ``GET /metrics`` for a viewer's
+token (``gateway.metrics``) and ``GET /healthz`` for anyone (``gateway.health``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ django.setup()
 
 from gateway import refusals, usage  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
+from gateway.health import HealthRoute  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
 from gateway.state import State  # noqa: E402
@@ -18,22 +20,26 @@ from gateway.traffic import Traffic  # noqa: E402
 from gateway.watch import CanaryWatch  # noqa: E402
 
 # Importing this starts no thread: the server starts the guard's recorder, the usage
-# recorder and the refusals' (gateway.server.run); the table's reader and the canary watch
-# start with the first request.
+# recorder and the refusals' (gateway.server.run), and the table's reader once it listens;
+# the change events' listener and the canary watch start with the first request.
 state = State()
 metrics = Metrics()
-application = exported(
-    Gateway(
-        state=state,
-        # Who hears each request: the canaries' judge, the usage and the refusal records
-        # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
-        observer=Fanout(
-            CanaryWatch(lambda: state.table),
-            usage.RECORDER,
-            refusals.RECORDER,
-            metrics,
-            Traffic(),
+application = HealthRoute(
+    exported(
+        Gateway(
+            state=state,
+            # Who hears each request: the canaries' judge, the usage and the refusal records
+            # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
+            observer=Fanout(
+                CanaryWatch(lambda: state.table),
+                usage.RECORDER,
+                refusals.RECORDER,
+                metrics,
+                Traffic(),
+            ),
         ),
+        metrics,
     ),
-    metrics,
+    # What a load balancer asks (no credential): has this process read its table yet.
+    state,
 )

@@ -51,8 +51,12 @@ class Command(BaseCommand):
         parser.allow_abbrev = False
         sub = parser.add_subparsers(dest="action", required=True)
         serve = sub.add_parser("serve", help="serve /v1/ alone (as many as a site needs)")
-        serve.add_argument("--bind", default="127.0.0.1")
-        serve.add_argument("--port", type=int, default=8001)
+        serve.add_argument("--bind", default="127.0.0.1",
+                           help="an address of this machine (0.0.0.0: every IPv4 interface, "
+                           "::: every interface); default 127.0.0.1")  # fmt: skip
+        serve.add_argument("--port", type=int, default=8001,
+                           help="0 to 65535; 0: any free port (the start line prints it); "
+                           "default 8001")  # fmt: skip
         key = sub.add_parser("key", help="client keys")
         ksub = key.add_subparsers(dest="key_action", required=True)
         create = ksub.add_parser("create", help="make a key; prints it alone on the last line")
@@ -72,9 +76,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["action"] == "serve":
-            from gateway.server import run
-
-            run(opts["bind"], opts["port"])
+            self._serve(opts["bind"], opts["port"])
             return
         action = opts["key_action"]
         if action == "create":
@@ -112,6 +114,25 @@ class Command(BaseCommand):
             except services.KeyRefused as error:
                 raise CommandError(str(error)) from None
             self.stdout.write(f"revoked {opts['name']}")
+
+    def _serve(self, bind: str, port: int) -> None:
+        from django.conf import settings
+
+        from gateway import server
+
+        # Before anything starts: an address it cannot serve on is refused here.
+        try:
+            sock = server.listen(bind, port)
+        except server.Refused as error:
+            raise CommandError(str(error)) from None
+        if not settings.REDIS_URL:
+            self.stderr.write(server.PER_PROCESS, style_func=self.style.WARNING)
+            self.stderr.flush()
+        server.run(sock, self._say)
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()  # a pipe or a log file holds it back otherwise
 
 
 def _validation(error: ValidationError) -> str:

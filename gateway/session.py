@@ -116,10 +116,6 @@ def _session_key(scope: dict[str, Any]) -> Key:
         if origin is not None and origin.split(b"://", 1)[-1] != host:
             raise ApiError(403, "the chat answers pages of this console only (Origin differs)",
                            code="forbidden")  # fmt: skip
-        if not _csrf_ok(head.get(b"x-csrftoken", b"").decode("latin-1"),
-                        cookies.get(settings.CSRF_COOKIE_NAME, "")):  # fmt: skip
-            raise ApiError(403, "CSRF check failed: reload the chat page and send again",
-                           code="forbidden")  # fmt: skip
         from importlib import import_module
 
         store = import_module(settings.SESSION_ENGINE).SessionStore(
@@ -134,6 +130,11 @@ def _session_key(scope: dict[str, Any]) -> Key:
             raise ApiError(401, "sign in to the console to chat", code="invalid_session")
         if not has_role(user, VIEWER):
             raise ApiError(403, "chatting needs a role (viewer or more)", code="forbidden")
+        # Signed in (a stranger is told to sign in first), and posting from this console.
+        if not _csrf_ok(head.get(b"x-csrftoken", b"").decode("latin-1"),
+                        cookies.get(settings.CSRF_COOKIE_NAME, "")):  # fmt: skip
+            raise ApiError(403, "CSRF check failed: reload the chat page and send again",
+                           code="forbidden")  # fmt: skip
         return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None,
                    rpm=int(getattr(settings, "LLMGW_CHAT_RPM", 30)))  # fmt: skip
     finally:

@@ -72,6 +72,8 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     anonymous = httpx.post(url, json=body, cookies={"csrftoken": csrf},
                            headers={"X-CSRFToken": csrf})  # fmt: skip
     assert anonymous.status_code == 401
+    nothing = httpx.post(url, json=body)  # no session, no token: told to sign in
+    assert nothing.status_code == 401 and "sign in" in nothing.json()["error"]["message"]
     judged = httpx.post(url, json={**body, "model": "judge"}, cookies=cookies,
                         headers={"X-CSRFToken": csrf})  # fmt: skip
     assert judged.status_code == 404  # a judge is refused to the chat as to every key

@@ -30,6 +30,7 @@ def create_key(
     via: str = "",
 ) -> tuple[ClientKey, str]:
     """Make a key; return it with its secret, which is never stored or logged."""
+    models = list(dict.fromkeys(models))  # a name given twice is kept once
     unknown = []
     for m in models:
         if not (

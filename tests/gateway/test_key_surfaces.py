@@ -158,3 +158,11 @@ def test_admin_is_read_only_and_revokes_for_operators(
     assert ClientKey.objects.get(pk=key.pk).state == "revoked"
     assert ClusterAction.objects.filter(action="client key revoke",
                                         actor_name=f"{operator.username} (admin)").exists()  # fmt: skip
+
+
+def test_a_model_named_twice_is_kept_once(operator: Any, api_for: Any) -> None:
+    chat_model()
+    made = api_for(operator).post("/api/v1/gateway/keys/", {"name": "twice",
+                                  "models": ["chat", "chat"]}, format="json")  # fmt: skip
+    assert made.status_code == 201, made.content
+    assert ClientKey.objects.get(name="twice").models == ["chat"]

@@ -124,6 +124,10 @@ def load_table() -> Table:
     return Loader()()
 
 
+# How often a state that keeps failing to read says so again.
+FAILURE_LOG_EVERY = 60.0
+
+
 class State:
     def __init__(
         self,
@@ -149,6 +153,7 @@ class State:
         self._asked_at = -float("inf")  # when next_pass last poked (the loop's clock)
         self._lock = threading.Lock()
         self.failures = 0
+        self._failure_logged = -float("inf")
         self.events = 0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -271,9 +276,16 @@ class State:
             for model in wanted:
                 self._record(model)
             table = self._loader()
-        except Exception:
+        except Exception as error:
             self.failures += 1
-            log.exception("the gateway could not read the catalog and replicas; it keeps the last")
+            # The whole error the first time, then a line a minute: a database away for
+            # long must not fill the log twice a second.
+            now = time.monotonic()
+            if self.failures == 1 or now - self._failure_logged >= FAILURE_LOG_EVERY:
+                self._failure_logged = now
+                log.error("the gateway could not read the catalog and replicas (%d failed "
+                          "reads so far); it keeps the last: %s", self.failures, error,
+                          exc_info=self.failures == 1)  # fmt: skip
             return
         finally:
             connection.close()

@@ -221,3 +221,21 @@ def test_unknown_keys_do_not_have_the_database_read_for_each_of_them() -> None:
         state.stop()
 
     asyncio.run(main())
+
+
+def test_a_database_away_is_logged_once_then_a_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gateway.state import State
+    from gateway.table import Table
+
+    def loader() -> Table:
+        raise ConnectionError("the database is away")
+
+    state = State(loader=loader, interval=0.01)
+    with caplog.at_level("ERROR", logger="gateway.state"):
+        for _ in range(50):
+            state._pass()
+    said = [r for r in caplog.records if "could not read the catalog" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is not None
+    assert state.failures == 50

@@ -33,6 +33,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
 
+        # Its notes reach a log file or a pipe as they are written, not when it exits.
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(line_buffering=True)
+
         from llmgw_admin import jobs, server
 
         if not settings.REDIS_URL:

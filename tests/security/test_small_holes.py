@@ -102,10 +102,11 @@ def _a_row_in_every_list(admin_user: Any) -> None:
     ClusterAction.objects.create(actor_name="ada", action="cordon", target="gpu-1")
     from django.utils import timezone
 
-    from gateway.models import ClientKey, Usage
+    from gateway.models import ClientKey, Refusal, Usage
 
     ClientKey.objects.create(name="k1", prefix="llmgw_k1", digest="0" * 64)
     Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="k1")
+    Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="request", key="k1")
 
 
 @pytest.mark.django_db

@@ -166,3 +166,20 @@ def test_a_model_named_twice_is_kept_once(operator: Any, api_for: Any) -> None:
                                   "models": ["chat", "chat"]}, format="json")  # fmt: skip
     assert made.status_code == 201, made.content
     assert ClientKey.objects.get(name="twice").models == ["chat"]
+
+
+def test_the_command_says_what_is_wrong_plainly(db: Any) -> None:
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    call_command("gateway", "key", "create", "dup", stdout=io.StringIO())
+    with pytest.raises(CommandError) as caught:
+        call_command("gateway", "key", "create", "dup", stdout=io.StringIO())
+    assert str(caught.value) == "a live client key already has that name"
+    with pytest.raises(CommandError) as caught:
+        call_command("gateway", "key", "create", "x", "--expires", "10", stdout=io.StringIO())
+    assert str(caught.value) == (
+        "--expires: '10' has no unit: write it with one, like 10s, 10m or 10h; or days, like 30d"
+    )
+    assert list(ClientKey.objects.values_list("name", flat=True)) == ["dup"]

@@ -38,7 +38,7 @@ def parse_expiry(text: str) -> timedelta:
     try:
         ns = parse_duration(text)
     except ValueError as error:
-        raise CommandError(f"--expires: {error} (write 30d, 12h or 90m)") from None
+        raise CommandError(f"--expires: {error}; or days, like 30d") from None
     if ns <= 0:
         raise CommandError("--expires must be a positive duration (30d, 12h, 90m)")
     return timedelta(microseconds=ns // 1000)
@@ -137,5 +137,7 @@ class Command(BaseCommand):
 
 def _validation(error: ValidationError) -> str:
     if hasattr(error, "message_dict"):
-        return "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items())
+        # A rule over the whole key (a live name taken) is told as itself, not "__all__".
+        return "; ".join(" ".join(msgs) if field == "__all__" else f"{field}: {' '.join(msgs)}"
+                         for field, msgs in error.message_dict.items())  # fmt: skip
     return " ".join(error.messages)

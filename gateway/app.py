@@ -369,7 +369,7 @@ class Gateway:
             out = req.max_tokens or model.max_output or 0
             if high + out > key.tpm:
                 # Never within the budget, however long the client waits.
-                said = f" and {out} for its answer" if out else ""
+                said = f", and {out} for its answer" if out else ""
                 raise errors.bad_request(
                     f"This request may use up to {high + out} tokens (its prompt, counted "
                     f"by its bytes{said}), more than the budget of {key.name}, {key.tpm} "

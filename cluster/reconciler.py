@@ -296,9 +296,11 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
     reasons = {int(u.key): u.reason for u in result_plan.unplaced} | waiting
     reasons.update(_make_room(wants, specs, snap, result_plan, result))
     # No room anywhere: not waiting for an eviction's replacement or a roll's turn.
-    no_room = {int(u.key) for u in result_plan.unplaced} - set(waiting) - {
-        rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)
-    }
+    no_room = (
+        {int(u.key) for u in result_plan.unplaced}
+        - set(waiting)
+        - {rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)}
+    )
     for rid, reason in reasons.items():
         # Written (and pushed) only when the reason changed: most ticks repeat it.
         if (

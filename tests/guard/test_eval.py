@@ -114,7 +114,10 @@ def test_a_text_may_carry_the_answer_to_judge() -> None:
             "name: x\ntexts:\n  - text: a\n    label: ordinary\n    text: b\n",
             '"text" is written twice in texts[0] (lines 3 and 5): YAML would keep only the last',
         ),
-        ("name: x\ntexts:\n  - {text: *n, label: ordinary}\n", "*n at line 3 refers to no anchor &n"),
+        (
+            "name: x\ntexts:\n  - {text: *n, label: ordinary}\n",
+            "*n at line 3 refers to no anchor &n",
+        ),
         ("name: x\ntexts: [\n", "set.yaml is not valid YAML: line"),
         ("", "set.yaml is empty"),
         ("name: x\n---\nname: y\n", "more than one YAML document (a second starts at line 2)"),

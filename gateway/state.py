@@ -92,12 +92,19 @@ class Loader:
             ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
             for r in sorted(found, key=lambda r: r["id"])
         )
-        # Wanted replicas placement found no room for (not those waiting for their first
-        # try, or released to be placed again).
-        unplaced = dict(
+        # Models whose wanted replicas placement found no room for (not those waiting for
+        # their first try, or released to be placed again), and none is on a node: one
+        # starting there will be ready, and is waited for.
+        placed = set(
+            Replica.objects.filter(desired=True, assignments__isnull=False)
+            .values_list("model_name", flat=True)
+        )  # fmt: skip
+        unplaced = {
+            name: why for name, why in
             Replica.objects.filter(desired=True, unplaced=True, state=ReplicaState.PENDING)
             .order_by("id").values_list("model_name", "reason")
-        )  # fmt: skip
+            if name not in placed
+        }  # fmt: skip
         keys = {
             k.digest: Key(
                 id=k.id,

@@ -239,3 +239,17 @@ def test_a_database_away_is_logged_once_then_a_line_a_minute(
     said = [r for r in caplog.records if "could not read the catalog" in r.getMessage()]
     assert len(said) == 1 and said[0].exc_info is not None
     assert state.failures == 50
+
+
+@pytest.mark.django_db
+def test_a_model_has_no_room_only_while_none_of_its_replicas_is_on_a_node() -> None:
+    """One replica loading and a second placement found no room for: the first will be
+    ready, so requests wait for it; with it gone, the model has no room."""
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 2, "max": 2}})
+    node = Node.objects.create(name="ok", health=NodeHealth.READY)
+    loading = replica("chat", node, state="loading")
+    Replica.objects.create(model_name="chat", state="pending", unplaced=True,
+                           reason="no node has 2 free nvidia-h100-80gb")  # fmt: skip
+    assert load_table().unplaced == {}
+    loading.delete()
+    assert load_table().unplaced == {"chat": "no node has 2 free nvidia-h100-80gb"}

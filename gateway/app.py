@@ -958,7 +958,7 @@ def _describe(entry: Entry, table: Table) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": entry.name,
         "object": "model",
-        "created": table.created,
+        "created": table.added.get(m.name, table.created),
         "owned_by": m.owner or "llmgw",
         "description": m.description,
         "context_length": context or None,

@@ -58,6 +58,7 @@ class Loader:
     def __init__(self) -> None:
         self._mark: tuple[object, ...] | None = None
         self._models: list[Any] = []
+        self._created: dict[str, int] = {}
         self._read_at = 0.0
         self._inputs: tuple[object, ...] | None = None
         self._table: Table | None = None
@@ -75,6 +76,11 @@ class Loader:
         now = time.monotonic()
         if mark != self._mark or now - self._read_at >= CATALOG_EVERY:
             self._models = stored_specs()
+            # When each model was added to the catalog: /v1/models' "created".
+            self._created = {
+                name: int(at.timestamp())
+                for name, at in ServedModel.objects.values_list("name", "created")
+            }
             self._mark, self._read_at = mark, now
         found = list(
             Replica.objects.filter(state=ReplicaState.READY, desired=True)
@@ -122,7 +128,7 @@ class Loader:
         if self._table is not None and inputs == self._inputs:
             return self._table
         self._inputs = inputs
-        self._table = build(self._models, rows, keys, unplaced)
+        self._table = build(self._models, rows, keys, unplaced, self._created)
         return self._table
 
 

@@ -93,6 +93,8 @@ class Table:
     # Models with no ready replica whose wanted ones placement could not put anywhere,
     # and why (for the operator's log: a client is told only that there is no room).
     unplaced: dict[str, str] = field(default_factory=dict)
+    # When each model was added to the catalog (Unix seconds), for /v1/models.
+    added: dict[str, int] = field(default_factory=dict)
     built: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -130,8 +132,9 @@ def build(
     replicas: Iterable[ReplicaRow],
     keys: Mapping[str, Key],
     unplaced: Mapping[str, str] | None = None,
+    added: Mapping[str, int] | None = None,
 ) -> Table:
-    table = Table(keys=dict(keys))
+    table = Table(keys=dict(keys), added=dict(added or {}))
     for m in models:
         table.models[m.name] = m
         if m.role == ROLE_GUARD:

@@ -253,3 +253,17 @@ def test_a_model_has_no_room_only_while_none_of_its_replicas_is_on_a_node() -> N
     assert load_table().unplaced == {}
     loading.delete()
     assert load_table().unplaced == {"chat": "no node has 2 free nvidia-h100-80gb"}
+
+
+@pytest.mark.django_db
+def test_a_models_created_is_when_it_was_added_not_when_the_table_was_read() -> None:
+    from catalog.models import ServedModel
+    from gateway.app import _describe
+
+    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
+           "scaling": {"min": 1, "max": 1}})  # fmt: skip
+    ServedModel.objects.filter(name="chat").update(created=timezone.now() - timedelta(days=3))
+    added = int(ServedModel.objects.get(name="chat").created.timestamp())
+    table = load_table()
+    assert _describe(table.resolve("chat"), table)["created"] == added
+    assert _describe(table.resolve("c"), table)["created"] == added  # an alias: its model's

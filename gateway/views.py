@@ -123,16 +123,33 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 def chat(request: HttpRequest) -> HttpResponse:
     """Chat with any cluster model (never a judge, never an external one) through the
     gateway and its guard, as the signed-in user (``gateway.session``)."""
-    from catalog.models import ServedModel
+    from catalog.models import Adapter, ServedModel
     from cluster.models import Replica
     from gateway.session import PATH
 
-    models = list(
+    rows = list(
         ServedModel.objects.exclude(role="guard")
         .filter(external_url="")
         .order_by("name")
-        .values_list("name", flat=True)
+        .values_list("name", "scaling_min", "scaling_max")
     )
+    models = [name for name, _, _ in rows]
+    wanted = Replica.objects.filter(desired=True, model_name__in=models)
+    ready = set(wanted.filter(state="ready").values_list("model_name", flat=True))
+    placed = set(wanted.filter(assignments__isnull=False).values_list("model_name", flat=True))
+    no_room = set(wanted.filter(unplaced=True).values_list("model_name", flat=True)) - placed
+    # What a message to each would meet: an answer, a start, or no room (as the gateway
+    # answers it); adapters by their own names, as a client names them.
+    options = [
+        (name, name, _chat_note(name, lo, hi, ready, placed, no_room)) for name, lo, hi in rows
+    ]
+    by_name = {name: (lo, hi) for name, lo, hi in rows}
+    for adapter, base in (
+        Adapter.objects.filter(model__name__in=models).exclude(name="")
+        .order_by("name").values_list("name", "model__name")
+    ):  # fmt: skip
+        note = _chat_note(base, *by_name[base], ready, placed, no_room)
+        options.append((adapter, f"{adapter} (adapter of {base})", note))
     replicas = {}
     for r in Replica.objects.filter(desired=True, model_name__in=models).prefetch_related(
         "assignments__node"
@@ -141,8 +158,22 @@ def chat(request: HttpRequest) -> HttpResponse:
         replicas[str(r.pk)] = f"{r.model_name}/{r.profile} #{r.pk}" + (
             f" on {nodes}" if nodes else ""
         )
-    context = {"models": models, "replicas_json": json.dumps(replicas), "chat_path": PATH}
+    context = {"models": options, "replicas_json": json.dumps(replicas), "chat_path": PATH}
     return render(request, "gateway/chat.html", context)
+
+
+def _chat_note(
+    name: str, lo: int, hi: int, ready: set[str], placed: set[str], no_room: set[str]
+) -> str:
+    if name in ready:
+        return ""
+    if name in no_room:
+        return "no room in the cluster now"
+    if name in placed:
+        return "starting"
+    if hi == 0:
+        return "not running (scaling.max 0)"
+    return "started when asked" if lo == 0 else "waiting to be placed"
 
 
 @role_required(VIEWER)

@@ -1,0 +1,42 @@
+"""The Chat page offers what a client may name, each with what a message to it meets."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from cluster.choices import NodeHealth
+from cluster.models import Assignment, Node, Replica
+from tests.catalog.samples import store
+
+SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]
+
+
+def model(name: str, lo: int, hi: int, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "source": f"sim/{name}", "profiles": SIM,
+            "scaling": {"min": lo, "max": hi}, **extra}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
+    client_for: Any, viewer: Any
+) -> None:
+    store(model("ready", 1, 1, adapters=[{"name": "ready-sql", "source": "/lora/sql"}]),
+          model("roomless", 1, 1), model("lazy", 0, 1), model("off", 0, 0),
+          model("judge", 1, 1, role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
+    node = Node.objects.create(name="n1", health=NodeHealth.READY)
+    r = Replica.objects.create(model_name="ready", state="ready", endpoint="http://n1:9000")
+    Assignment.objects.create(replica=r, node=node)
+    Replica.objects.create(model_name="roomless", state="pending", unplaced=True,
+                           reason="no node has nvidia-h100-80gb cards")  # fmt: skip
+    html = client_for(viewer).get("/gateway/chat/").content.decode()
+    offered = dict(re.findall(r'<option value="([^"]*)">([^<]*)</option>', html))
+    assert offered == {
+        "lazy": "lazy — started when asked",
+        "off": "off — not running (scaling.max 0)",
+        "ready": "ready",
+        "roomless": "roomless — no room in the cluster now",
+        "ready-sql": "ready-sql (adapter of ready)",
+    }  # never the judge

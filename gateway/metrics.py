@@ -40,7 +40,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.observe import Done, Observer
+from gateway.observe import Done, Listener
 
 NS = "llmgw_gateway"
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -132,7 +132,7 @@ def scrape() -> bytes:
     return generate_latest(registry)  # type: ignore[no-any-return]
 
 
-class Metrics(Observer):
+class Metrics(Listener):
     """The gateway's observer that exports: each call writes its samples and returns."""
 
     def __init__(self) -> None:

@@ -43,9 +43,36 @@ class Refusal:
     judged: bool  # False: no judge answered and the policy fails closed
 
 
+class Listener:
+    """What the Gateway tells of its traffic, each call doing nothing: an exporter
+    (metrics, usage, refusal records, canaries, the console's traffic) overrides what it
+    needs and is given to a ``Fanout``."""
+
+    def request(self, done: Done) -> None:
+        """One request, as it ended."""
+
+    def retried(self, model: str) -> None:
+        """An attempt on one of ``model``'s replicas failed before the first byte."""
+
+    def fell_back(self, model: str, to: str) -> None:
+        """A request for ``model`` went to its fallback ``to``."""
+
+    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
+        """The guard refused a request or an answer."""
+
+    def failed_open(self) -> None:
+        """A window every judge failed on was released under ``fail: open``."""
+
+    def unauthenticated(self) -> None:
+        """A request refused 401 (no key, or one unknown, revoked or expired)."""
+
+    def refusal(self, record: Refusal) -> None:
+        """A refusal's record, with the request id its client got."""
+
+
 @dataclass
-class Observer:
-    """Counts in memory (tests and the console read them); subclass to export."""
+class Observer(Listener):
+    """Counts in memory (tests and the console read them), and the Gateway's default."""
 
     requests: dict[tuple[str, int, str], int] = field(default_factory=dict)
     tokens_in: dict[str, int] = field(default_factory=dict)
@@ -82,7 +109,6 @@ class Observer:
         self.failed_open_windows += 1
 
     def unauthenticated(self) -> None:
-        """A request refused 401 (no key, or one unknown, revoked or expired)."""
         self.unauthenticated_requests += 1
 
     def refusal(self, record: Refusal) -> None:
@@ -92,7 +118,7 @@ class Observer:
 class Fanout(Observer):
     """Counts in memory, and tells every listener given (metrics, canaries, usage)."""
 
-    def __init__(self, *listeners: Observer) -> None:
+    def __init__(self, *listeners: Listener) -> None:
         super().__init__()
         self.listeners = listeners
 

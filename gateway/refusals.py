@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from gateway import observe
 from gateway.models import Refusal
-from gateway.observe import Done, Observer
+from gateway.observe import Listener
 from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def write(batch: list[Pending]) -> None:
         )
 
 
-class RefusalRecorder(Batcher, Observer):
+class RefusalRecorder(Batcher, Listener):
     """Gathers the guard's refusals in memory; a background thread writes them in
     batches (``llmgw_admin.batches``).
 
@@ -119,21 +119,6 @@ class RefusalRecorder(Batcher, Observer):
                 self.dropped += 1
                 return
             self._pending.append((at, record))
-
-    def request(self, done: Done) -> None:
-        pass
-
-    def retried(self, model: str) -> None:
-        pass
-
-    def fell_back(self, model: str, to: str) -> None:
-        pass
-
-    def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
-        pass
-
-    def failed_open(self) -> None:
-        pass
 
     def pending(self) -> list[Pending]:
         """A copy of what waits to be written, oldest first."""

@@ -29,7 +29,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.observe import Done, Observer
+from gateway.observe import Done, Listener
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Bucket:
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
 
 
-class Traffic(Observer):
+class Traffic(Listener):
     """Counts each request into this second's buckets; ``start()`` publishes them."""
 
     def __init__(self, publish: Any = None) -> None:

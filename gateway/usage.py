@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from gateway.observe import Done, Observer
+from gateway.observe import Done, Listener
 from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _minute(seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
-class UsageRecorder(Batcher, Observer):
+class UsageRecorder(Batcher, Listener):
     """Gathers requests' usage in memory; a background thread writes it in batches
     (``llmgw_admin.batches``).
 

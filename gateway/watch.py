@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gateway import canary
-from gateway.observe import Done, Observer
+from gateway.observe import Done, Listener
 from gateway.table import Table
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def roll_back(model: str, candidate: str, why: str) -> bool:
     return True
 
 
-class CanaryWatch(Observer):
+class CanaryWatch(Listener):
     """Windows of the canaries' outcomes, and the thread that rolls candidates back.
 
     ``table`` returns the process's current table (``lambda: state.table``); ``write`` is

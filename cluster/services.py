@@ -775,3 +775,23 @@ def outdated(replica: Replica, current: dict[str, str]) -> bool:
 
 
 __all__ = ("AgentError", "Q")
+
+
+def no_room(models: Iterable[str] | None = None) -> dict[str, str]:
+    """The models placement found no room for, with why: a wanted replica it tried to
+    place and could not (``Replica.unplaced``), and none of the model's wanted replicas
+    on a node (one there is starting and will be ready). Not a replica waiting for its
+    first try, nor one released to be placed again. The gateway answers such a model at
+    once, and the console's chat says so."""
+    wanted = Replica.objects.filter(desired=True)
+    if models is not None:
+        wanted = wanted.filter(model_name__in=list(models))
+    placed = set(wanted.filter(assignments__isnull=False).values_list("model_name", flat=True))
+    found: dict[str, str] = {}
+    for name, why in (
+        wanted.filter(unplaced=True, state=ReplicaState.PENDING)
+        .order_by("id").values_list("model_name", "reason")
+    ):  # fmt: skip
+        if name not in placed:
+            found.setdefault(name, why)
+    return found

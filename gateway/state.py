@@ -70,6 +70,7 @@ class Loader:
         from catalog.services import stored_specs
         from cluster.choices import NodeHealth, ReplicaState
         from cluster.models import Replica
+        from cluster.services import no_room
         from gateway.models import ClientKey
 
         mark = (ChangeRecord.objects.aggregate(last=Max("id"))["last"], ServedModel.objects.count())
@@ -98,19 +99,7 @@ class Loader:
             ReplicaRow(r["id"], r["model_name"], r["profile"], r["endpoint"], r["id"] in draining)
             for r in sorted(found, key=lambda r: r["id"])
         )
-        # Models whose wanted replicas placement found no room for (not those waiting for
-        # their first try, or released to be placed again), and none is on a node: one
-        # starting there will be ready, and is waited for.
-        placed = set(
-            Replica.objects.filter(desired=True, assignments__isnull=False)
-            .values_list("model_name", flat=True)
-        )  # fmt: skip
-        unplaced = {
-            name: why for name, why in
-            Replica.objects.filter(desired=True, unplaced=True, state=ReplicaState.PENDING)
-            .order_by("id").values_list("model_name", "reason")
-            if name not in placed
-        }  # fmt: skip
+        unplaced = no_room()
         keys = {
             k.digest: Key(
                 id=k.id,

@@ -50,8 +50,7 @@ def listen(bind: str, port: int) -> socket.socket:
     """Return a socket bound to ``bind``:``port`` (uvicorn listens on it), or raise
     ``Refused``. A host name binds its first address."""
     if not 0 <= port <= 65535:
-        raise Refused(f"--port {port}: a port is 0 to 65535 (write 8001, or 0 for any free "
-                      "port, which the start line prints)")  # fmt: skip
+        raise Refused(f"--port {port}: a port is 0 to 65535 (0 for any free port)")
     host = bind[1:-1] if bind.startswith("[") and bind.endswith("]") else bind
     if not _literal(host) and (not _HOST.match(host) or re.fullmatch(r"[0-9.]+", host)):
         raise Refused(f"--bind {bind!r} is not an IP address or a host name: {_WRITE}")
@@ -86,7 +85,7 @@ def _bind_failed(bind: str, port: int, error: OSError) -> str:
         return f"--bind {bind} is not an address of this machine: {_WRITE}"
     if error.errno == errno.EACCES:
         return (f"--port {port}: ports below 1024 need privileges this process lacks: write "
-                "--port 1024 or more (8001 is the default) and let the load balancer "
+                "--port 1024 or more and let the load balancer or proxy "
                 "listen on the low one")  # fmt: skip
     return f"--bind {bind} --port {port}: cannot listen there: {error.strerror or error}"
 

@@ -106,3 +106,22 @@ def test_behind_a_tls_proxy_forms_pass_and_cookies_go_over_https_only(
         assert all("Secure" in c for c in cookies), cookies
     finally:
         proxy.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_serve_refuses_a_port_out_of_range_before_anything_starts(
+    transactional_db: Any, tmp_path: Path, port: str
+) -> None:
+    """It listened on 99999 - 65536 = 34463 without a word; as the gateway process does,
+    the web process says what to write and starts nothing."""
+    import subprocess
+
+    cp = ControlPlane(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "serve", "--port", port], cwd=Path(__file__).parents[2],
+        env=cp.env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"--port {port}: a port is 0 to 65535" in done.stderr
+    assert "reconciling" not in done.stdout  # nothing started

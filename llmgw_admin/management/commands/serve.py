@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 
 class Command(BaseCommand):
@@ -37,7 +37,15 @@ class Command(BaseCommand):
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(line_buffering=True)
 
+        from gateway.server import Refused, listen
         from llmgw_admin import jobs, server
+
+        # The address is checked before anything starts, as the gateway process checks
+        # its own: a port out of range, an address not this machine's, one in use.
+        try:
+            listen(options["bind"], options["port"]).close()
+        except Refused as error:
+            raise CommandError(str(error)) from None
 
         if not settings.REDIS_URL:
             from cluster import relay

@@ -49,10 +49,6 @@ class BodyError(ValueError):
 
 NOT_JSON = "The body is not JSON: send a JSON object."
 
-# The fields that ask a model to call tools: OpenAI's, and the legacy functions'.
-TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
-
-
 def _no_constant(name: str) -> Any:
     raise BodyError(
         f"The body is not JSON: {name} is not a JSON number (JSON has no NaN, Infinity or "
@@ -104,7 +100,8 @@ class Request:
     messages: int
     # The prompt (completions) or input (embeddings) is token ids: no judge can read it.
     token_ids: bool = False
-    # The first field of TOOL_FIELDS that asks for tools (None: the request asks none).
+    # The first of tools, functions, tool_choice, function_call that asks for tools (None:
+    # the request asks none).
     tools_param: str | None = None
 
     @property

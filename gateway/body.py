@@ -49,6 +49,7 @@ class BodyError(ValueError):
 
 NOT_JSON = "The body is not JSON: send a JSON object."
 
+
 def _no_constant(name: str) -> Any:
     raise BodyError(
         f"The body is not JSON: {name} is not a JSON number (JSON has no NaN, Infinity or "

@@ -14,10 +14,10 @@ engine's own tokenizer (llama-server's ``/tokenize`` body ``{"content", "add_spe
 ``{"messages"}`` body), or by the safe ``estimate_tokens`` when the engine has none. A prompt the estimate already fits is sent without asking. The prompt and the
 answer's budget never overflow the context, and a long text is judged, never refused.
 
-Failures raise ``JudgeFailure`` with a ``kind``: ``timeout`` (no answer in time, the
-connection refused or dropped), ``http_error`` (an error status: ``status`` and an
-excerpt of the body), ``unreadable`` (an answer outside the format's grammar, or not an
-OpenAI-style body) and ``context`` (the judge's context cannot hold its template and its
+Failures raise ``JudgeFailure`` with a ``kind``: ``timeout`` (no whole answer in time),
+``refused`` (the connection refused, reset or dropped, or not HTTP), ``http_error`` (an
+error status: ``status`` and an excerpt of the body), ``unreadable`` (an answer outside
+the format's grammar, or not an OpenAI-style body) and ``context`` (the judge's context cannot hold its template and its
 answer: a configuration error, whatever the text). Section numbers (§) refer to
 /work/shared/spec/guard-formats.md.
 """
@@ -37,10 +37,11 @@ from guard.formats import SAFE, Format, UnreadableAnswer, Verdict, merge
 from guard.longtext import Fitted, TooSmall, estimate_tokens, fit
 
 TIMEOUT = "timeout"
+REFUSED = "refused"
 HTTP_ERROR = "http_error"
 UNREADABLE = "unreadable"
 CONTEXT = "context"
-KINDS = (TIMEOUT, HTTP_ERROR, UNREADABLE, CONTEXT)
+KINDS = (TIMEOUT, REFUSED, HTTP_ERROR, UNREADABLE, CONTEXT)
 
 # Room for each format's whole answer (§1.8: three short lines, 32-64; §2.6: "unsafe"
 # and a codes line; §3.4: only the first word is read, a few tokens allow for a leading
@@ -481,7 +482,7 @@ class _Engine:
         """POST a JSON body within the time left.
 
         Raises:
-            JudgeFailure: timeout, the time is up or the engine cannot be reached.
+            JudgeFailure: timeout, the time is up; refused, the engine cannot be reached.
         """
         left = self.deadline - time.perf_counter()
         if left <= 0:
@@ -577,7 +578,7 @@ def _timed_out(base: str, path: str | None = None) -> JudgeFailure:
 
 
 def _unreachable(base: str, path: str, error: Exception) -> JudgeFailure:
-    return JudgeFailure(TIMEOUT, f"the judge at {base} cannot be reached ({path}): {error!r}")
+    return JudgeFailure(REFUSED, f"the judge at {base} cannot be reached ({path}): {error!r}")
 
 
 _CONTEXT_RE = re.compile(r"maximum context length is (\d+)")

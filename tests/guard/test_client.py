@@ -31,6 +31,7 @@ from guard.client import (
     CONTEXT,
     HTTP_ERROR,
     MAX_TOKENS,
+    REFUSED,
     TIMEOUT,
     UNREADABLE,
     JudgeAnswer,
@@ -527,7 +528,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_dead_port_is_a_timeout_failure(http: httpx.Client) -> None:
+def test_a_dead_port_is_a_refused_failure(http: httpx.Client) -> None:
+    """Told apart from a judge that is too slow: refused at once, not timed out."""
     with pytest.raises(JudgeFailure) as raised:
         ask_judge(
             f"http://127.0.0.1:{free_port()}",
@@ -536,7 +538,7 @@ def test_a_dead_port_is_a_timeout_failure(http: httpx.Client) -> None:
             context_length=4096,
             client=http,
         )
-    assert raised.value.kind == TIMEOUT
+    assert raised.value.kind == REFUSED
     assert "cannot be reached" in raised.value.message
 
 

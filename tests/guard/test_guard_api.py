@@ -122,7 +122,7 @@ def test_all_judges_failing_fail_decides(api_for: Any, operator: Any) -> None:
     set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]}, fail="closed")
     body = api_for(operator).post("/api/v1/guard/check", {"request": "hello"}, format="json").json()
     assert (body["decision"], body["verdict"], body["judge"]) == ("refuse", None, None)
-    assert body["failures"][0]["kind"] == "timeout"
+    assert body["failures"][0]["kind"] == "refused"
     set_policy(api_for(operator), judge={"models": ["qwen3guard-0.6b"]}, fail="open")
     body = api_for(operator).post("/api/v1/guard/check", {"request": "hello"}, format="json").json()
     assert body["decision"] == "allow" and body["failed_open"]
@@ -175,10 +175,10 @@ def test_probe_keeps_each_judges_health(api_for: Any, viewer: Any, judge_url: st
     ok = probes["qwen3guard-0.6b"]
     assert ok.ok and ok.ordinary_verdict == "safe" and ok.latency_ms is not None
     assert not probes["dead"].ok and probes["dead"].error == "no ready replica"
-    assert not probes["gone"].ok and probes["gone"].error.startswith("timeout")
+    assert not probes["gone"].ok and probes["gone"].error.startswith("refused")
     health = {h.judge: h for h in JudgeHealth.objects.all()}
     assert health["qwen3guard-0.6b"].last_good_at is not None
-    assert health["gone"].failures == 1 and health["gone"].last_error_kind == "timeout"
+    assert health["gone"].failures == 1 and health["gone"].last_error_kind == "refused"
     listed = {j["judge"]: j for j in api_for(viewer).get("/api/v1/guard/judges").json()}
     assert listed["qwen3guard-0.6b"]["probe"]["ok"] is True
     assert listed["dead"]["probe"]["error"] == "no ready replica"

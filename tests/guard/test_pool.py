@@ -254,7 +254,7 @@ def test_judge_failures_through_the_pool_keep_their_kinds(servers: list[Server])
     assert "loading model" in refused.value.body
     with pytest.raises(client.JudgeFailure) as bad:
         client.ask_judge("judge-without-scheme", "qwen3guard", "hi", context_length=8192)
-    assert bad.value.kind == client.TIMEOUT and "cannot be reached" in bad.value.message
+    assert bad.value.kind == client.REFUSED and "cannot be reached" in bad.value.message
 
 
 # The event loop's pool: the same behaviours, on one loop.

@@ -11,14 +11,33 @@ end; a request that could never fit (``Gateway._budget``) is refused before.
 ``LocalLimits`` counts in this process (the embedded mode: one process). ``RedisLimits``
 counts in Redis, so every gateway process shares one budget: one round trip per request
 of a key that has a limit, none for keys without.
+
+Redis away or hung never fails a request nor holds it: each call to Redis has
+``LLMGW_REDIS_TIMEOUT_MS`` (the whole call, connecting included). A call that fails or
+times out turns the process to counting in its own memory (a ``LocalLimits``) at once,
+for every request, until a probe off the request path (a ping every ``PROBE_S``) gets an
+answer; then the counts this process made in the current minute are added to Redis's and
+the budget is shared again. While away, each process grants a key its whole budget
+alone (N processes: up to N times it); back, the minute's counts from every process are
+in Redis, so the rest of the minute errs on the side of the limit. Counted in
+``llmgw_gateway_budget_local_total{kind}`` (requests and tokens counted here while away),
+logged when it starts, once a minute while it lasts, and when it ends (docs/gateway.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 WINDOW = 60
+# While Redis is away: how often it is asked again (off the path), how often it is said.
+PROBE_S = 1.0
+LOG_EVERY_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 class LocalLimits:
@@ -57,27 +76,181 @@ return 1
 """
 
 
-class RedisLimits:
-    def __init__(self, url: str, clock: Callable[[], float] = time.time) -> None:
-        import redis.asyncio as aioredis
+def _timeout_setting() -> float:
+    from django.conf import settings
 
-        self._redis = aioredis.from_url(url)
+    return float(getattr(settings, "LLMGW_REDIS_TIMEOUT_MS", 250)) / 1000
+
+
+_counter: Any = None
+
+
+def _local_counter() -> Any:
+    """``llmgw_gateway_budget_local_total{kind}``, in the gateway's metrics (gateway.metrics)."""
+    global _counter
+    if _counter is None:
+        try:
+            from prometheus_client import Counter
+
+            from gateway import metrics
+
+            metrics._setup()  # the multiprocess folder first, as every series of the gateway
+            _counter = Counter(
+                "budget_local", "budget takes counted in this process while Redis was away",
+                ("kind",), namespace=metrics.NS, registry=None,
+            )  # fmt: skip
+        except Exception:  # no metrics here (a data folder that cannot be written): counted nowhere
+            log.warning("the budgets' fallback is not counted in /metrics", exc_info=True)
+            _counter = False
+    return _counter or None
+
+
+class RedisLimits:
+    """Budgets shared in Redis; counted in this process while Redis does not answer."""
+
+    def __init__(
+        self,
+        url: str,
+        clock: Callable[[], float] = time.time,
+        timeout: float | None = None,
+        probe_every: float = PROBE_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.timeout = _timeout_setting() if timeout is None else timeout
+        # No retries inside redis-py: one attempt, bounded; the fallback is the retry.
+        self._redis = aioredis.from_url(
+            url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0), health_check_interval=0,
+        )  # fmt: skip
         self._take = self._redis.register_script(_TAKE)
         self._clock = clock
+        self._monotonic = monotonic
+        self.local = LocalLimits(clock)
+        self.probe_every = probe_every
+        # None while Redis answers; else when (monotonic) it stopped answering.
+        self.away_since: float | None = None
+        self.counted_here = 0  # takes and charges counted in this process while away
+        self._probe: asyncio.Task[None] | None = None
+        self._said_at = 0.0
+        self._said_count = 0
+
+    @property
+    def away(self) -> bool:
+        return self.away_since is not None
+
+    def _name(self, key_id: int, kind: str, window: int) -> str:
+        return f"llmgw:gateway:limit:{key_id}:{kind}:{window}"
 
     async def take(self, key_id: int, kind: str, amount: int, limit: int) -> float | None:
         if limit <= 0:
             return None
-        now = self._clock()
-        window = int(now // WINDOW)
-        name = f"llmgw:gateway:limit:{key_id}:{kind}:{window}"
-        ok = await self._take(keys=[name], args=[amount, limit, WINDOW * 2])
-        if ok:
-            return None
-        return (window + 1) * WINDOW - now
+        if self.away_since is None:
+            now = self._clock()
+            window = int(now // WINDOW)
+            try:
+                ok = await asyncio.wait_for(
+                    self._take(keys=[self._name(key_id, kind, window)],
+                               args=[amount, limit, WINDOW * 2]),
+                    self.timeout,
+                )  # fmt: skip
+            except Exception as exc:
+                self._went_away(exc)
+            else:
+                return None if ok else (window + 1) * WINDOW - now
+        self._counted_here(kind)
+        return await self.local.take(key_id, kind, amount, limit)
 
     async def charge(self, key_id: int, kind: str, amount: int) -> None:
         """Count ``amount`` already spent, over the limit or not."""
-        name = f"llmgw:gateway:limit:{key_id}:{kind}:{int(self._clock() // WINDOW)}"
+        if self.away_since is None:
+            name = self._name(key_id, kind, int(self._clock() // WINDOW))
+            try:
+                await asyncio.wait_for(self._incr({name: amount}), self.timeout)
+            except Exception as exc:
+                self._went_away(exc)
+            else:
+                return
+        self._counted_here(kind)
+        await self.local.charge(key_id, kind, amount)
+
+    async def _incr(self, amounts: dict[str, int]) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            await pipe.incrby(name, amount).expire(name, WINDOW * 2).execute()
+            for name, amount in amounts.items():
+                pipe.incrby(name, amount).expire(name, WINDOW * 2)
+            await pipe.execute()
+
+    def _counted_here(self, kind: str) -> None:
+        self.counted_here += 1
+        counter = _local_counter()
+        if counter is not None:
+            counter.labels(kind).inc()
+        now = self._monotonic()
+        if self.away_since is not None and now - self._said_at >= LOG_EVERY_S:
+            self._said_at = now
+            log.warning(
+                "budgets are still counted by this gateway process alone: Redis has not "
+                "answered for %.0f s (%d budget counts made here since it went away)",
+                now - self.away_since, self.counted_here - self._said_count,
+            )  # fmt: skip
+
+    def _went_away(self, exc: BaseException) -> None:
+        if self.away_since is not None:
+            return
+        self.away_since = self._monotonic()
+        self._said_at = self.away_since
+        self._said_count = self.counted_here
+        log.warning(
+            "budgets are counted by this gateway process alone while Redis does not answer "
+            "(%s within %.0f ms); asking it again every %g s",
+            _said(exc), self.timeout * 1000, self.probe_every,
+        )  # fmt: skip
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._until_back())
+
+    async def _until_back(self) -> None:
+        """Ping Redis off the request path until it answers; then share the budgets again."""
+        while self.away_since is not None:
+            await asyncio.sleep(self.probe_every)
+            try:
+                await asyncio.wait_for(self._redis.ping(), self.timeout)
+            except Exception:
+                continue
+            await self._back()
+
+    async def _back(self) -> None:
+        """Redis answers: take this minute's counts made here to Redis, and count there again.
+
+        The swap happens with no await between, so every take after it goes to Redis and
+        every one before is in what is sent; older minutes are over and are dropped.
+        """
+        assert self.away_since is not None
+        away_for = self._monotonic() - self.away_since
+        window = int(self._clock() // WINDOW)
+        counts, self.local._counts = self.local._counts, {}
+        self.away_since = None
+        mine = {self._name(k, kind, w): n for (k, kind, w), n in counts.items() if w == window}
+        try:
+            if mine:
+                await asyncio.wait_for(self._incr(mine), self.timeout)
+        except Exception as exc:
+            # Away again: keep the counts here, with what was counted meanwhile.
+            for slot, n in counts.items():
+                self.local._counts[slot] = self.local._counts.get(slot, 0) + n
+            self._went_away(exc)
+            return
+        log.warning(
+            "budgets are shared in Redis again after %.0f s (%d budget counts made by this "
+            "process alone; this minute's, for %d key budgets, added to Redis's)",
+            away_for, self.counted_here - self._said_count, len(mine),
+        )  # fmt: skip
+        self._said_count = self.counted_here
+
+
+def _said(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -127,6 +127,14 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# How long a call to Redis that something waits on may take (milliseconds): a request's
+# budget check (gateway/limits.py), a write's live push (cluster/events.py), the Celery
+# task a write sends. Past it, budgets are counted per process and pushes are dropped.
+LLMGW_REDIS_TIMEOUT_MS = envint("REDIS_TIMEOUT_MS", 250)
+if LLMGW_REDIS_TIMEOUT_MS < 1:
+    raise ImproperlyConfigured(
+        f"LLMGW_REDIS_TIMEOUT_MS is {LLMGW_REDIS_TIMEOUT_MS}: write 1 or more milliseconds"
+    )
 
 # The cache holds the sign-in throttle's counts (llmgw_admin/throttle.py): in Redis, every
 # web process counts the same failures; embedded, the one web process keeps them.

@@ -1,0 +1,167 @@
+"""Budgets in Redis while Redis is away or hung: the real Redis behind a FaultProxy.
+
+A request's budget check never fails and never waits past the limiter's timeout: it
+counts in the process while Redis does not answer, and shares the budget again (with
+what it counted meanwhile) once a ping off the request path gets an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+import redis
+
+from gateway.limits import WINDOW, RedisLimits
+from tests.faultproxy import FaultProxy
+from tests.gateway.harness import Harness, model, wait
+
+URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+TIMEOUT = 0.2
+# Generous: a loaded 2-core machine adds scheduling delay, never a second.
+BOUND = TIMEOUT + 1.5
+
+
+@pytest.fixture
+def proxy() -> Iterator[FaultProxy]:
+    parts = urlsplit(URL)
+    p = FaultProxy((parts.hostname or "127.0.0.1", parts.port or 6379)).start()
+    yield p
+    p.stop()
+
+
+def _through(proxy: FaultProxy) -> str:
+    return f"redis://{proxy.address}{urlsplit(URL).path}"
+
+
+async def _eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; it did not happen")
+        await asyncio.sleep(0.01)
+
+
+async def _timed(call: Awaitable[float | None]) -> tuple[float | None, float]:
+    start = time.monotonic()
+    result = await call
+    return result, time.monotonic() - start
+
+
+def _in_redis(key: int, kind: str, now: float) -> int:
+    value = redis.Redis.from_url(URL, socket_timeout=5).get(
+        f"llmgw:gateway:limit:{key}:{kind}:{int(now // WINDOW)}"
+    )
+    return int(value or 0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fault", ["refuse", "hang"])
+async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_again_after(
+    proxy: FaultProxy, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [time.time() // WINDOW * WINDOW + 1.0]  # early in a minute: no window ends mid-test
+    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=TIMEOUT, probe_every=0.1)
+    key = 10**9 + secrets.randbelow(10**9)
+    assert await limits.take(key, "requests", 1, 5) is None  # through Redis
+    assert _in_redis(key, "requests", now[0]) == 1 and not limits.away
+
+    caplog.set_level(logging.WARNING, logger="gateway.limits")
+    getattr(proxy, fault)()
+    # The first call meets the fault and is answered within the timeout, from here.
+    wait, took = await _timed(limits.take(key, "requests", 1, 5))
+    assert wait is None and took < BOUND, f"{fault}: the budget check took {took:.2f} s"
+    assert limits.away
+    # Then every call is counted here without asking Redis: the budget still holds.
+    results = []
+    for _ in range(5):
+        result, took = await _timed(limits.take(key, "requests", 1, 5))
+        assert took < BOUND
+        results.append(result)
+    assert results[:4] == [None] * 4 and results[4] == pytest.approx(WINDOW - 1.0)
+    await limits.charge(key, "tokens", 7)
+    assert limits.counted_here == 7
+    said = [r.getMessage() for r in caplog.records if "alone" in r.getMessage()]
+    assert len(said) == 1, said  # said once, not per request
+
+    proxy.heal()
+    await _eventually(
+        lambda: any("shared in Redis again" in r.getMessage() for r in caplog.records),
+        10, "the limiter to use Redis again",
+    )  # fmt: skip
+    assert not limits.away
+    # This minute's counts made here are in Redis now: 1 before + 5 taken here.
+    assert _in_redis(key, "requests", now[0]) == 6
+    assert _in_redis(key, "tokens", now[0]) == 7
+    assert await limits.take(key, "requests", 1, 5) == pytest.approx(WINDOW - 1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_redis_that_never_answered_counts_here_from_the_first_request(
+    proxy: FaultProxy,
+) -> None:
+    proxy.hang()
+    limits = RedisLimits(_through(proxy), timeout=TIMEOUT, probe_every=0.1)
+    wait, took = await _timed(limits.take(1, "requests", 1, 1))
+    assert wait is None and took < BOUND and limits.away
+    assert (await limits.take(1, "requests", 1, 1)) is not None  # the limit, counted here
+
+
+# Through the gateway, as a client sees it: a key with both budgets, Redis cut.
+
+
+@pytest.fixture
+def gateway_h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+@pytest.mark.parametrize("fault", ["refuse", "hang"])
+def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
+    gateway_h: Harness, proxy: FaultProxy, fault: str, settings: Any
+) -> None:
+    from gateway.models import digest
+    from gateway.table import Key
+
+    settings.LLMGW_REDIS_TIMEOUT_MS = int(TIMEOUT * 1000)
+    h = gateway_h
+    h.gateway._limits = RedisLimits(_through(proxy))
+    engine = h.engine("e")
+    h.serve([model("m")], [(1, "m", engine)])
+    secret = "llmgw-ck-budgeted-" + secrets.token_hex(4)
+    h.keys[digest(secret)] = Key(10**9 + secrets.randbelow(10**9), "budgeted", "team:t", (),
+                                 None, rpm=1000, tpm=100000)  # fmt: skip
+    h.refresh()
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=10)
+
+    def ask(stream: bool) -> float:
+        start = time.monotonic()
+        messages = [{"role": "user", "content": "hi"}]
+        if stream:
+            assert list(client.chat.completions.create(model="m", messages=messages, stream=True))
+        else:
+            assert client.chat.completions.create(model="m", messages=messages).choices
+        return time.monotonic() - start
+
+    ask(False)
+    getattr(proxy, fault)()
+    took = [ask(stream) for stream in (False, True) * 4]
+    assert max(took) < BOUND + 1, f"{fault}: the slowest request took {max(took):.2f} s"
+    assert h.gateway._limits.away
+    from gateway import metrics
+
+    counted = [line for line in metrics.scrape().decode().splitlines()
+               if line.startswith('llmgw_gateway_budget_local_total{kind="requests"}')]  # fmt: skip
+    assert counted and float(counted[0].split()[-1]) >= 8, counted
+    proxy.heal()
+    wait(lambda: not h.gateway._limits.away, 10, "budgets shared in Redis again")
+    ask(False)

@@ -23,7 +23,8 @@ database. The order of a request's life:
    before the verdict, and a refusal closes the engine's connection (it stops).
 8. Before the first byte a connect error, a timeout, a 429 or a 5xx moves the request to
    another replica, never the same twice, then to the fallbacks in order (external ones
-   only when the cluster has no replica for any of them).
+   only when the cluster has no replica for any of them). A canary or fallback the key
+   could not name itself is skipped (``Key.may_reach``): no hop widens a key's scope.
 9. The answer: whole, judged whole when the policy judges answers; or streamed, judged in
    windows (``gateway.holdback``) with only judged text released. After the first byte a
    failure ends the stream with an error event and ``[DONE]``.
@@ -390,12 +391,16 @@ class Gateway:
         if model.scaling.idle_timeout or model.scaling.min == 0:
             self.state.demand(model.name)  # it is in use: keep it (written off the path)
         primary = model.name
-        # A canary and fallbacks may name a model by an alias.
+        # A canary and fallbacks may name a model by an alias. Each hop is within the
+        # key's scope: one the key could not name itself is skipped (Key.may_reach).
         candidate = table.model_named(model.canary.model) if model.canary else None
+        if candidate and not call.key.may_reach(table.models[candidate]):
+            candidate = None
         if candidate and balance.in_canary(req.affinity, model.canary.percent):
             primary = candidate
         fallbacks = (table.model_named(f) for f in model.fallbacks)
-        chain = list(dict.fromkeys([primary, model.name, *(f for f in fallbacks if f)]))
+        reach = [f for f in fallbacks if f and call.key.may_reach(table.models[f])]
+        chain = list(dict.fromkeys([primary, model.name, *reach]))
         tried: set[int] = set()
         last: str = ""
         woken = False

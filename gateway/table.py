@@ -58,6 +58,20 @@ class Key:
             return entry.model.name in self.models or entry.name in self.models
         return entry.model.external is None
 
+    def may_reach(self, model: spec.Model) -> bool:
+        """Whether a request of this key may be served by ``model`` on a hop the client did
+        not name (a canary, a fallback): within the same scope as ``may_name``.
+
+        Never a judge; with a list, only a model it lists by its name or an alias; without
+        one, cluster models only (a fallback must not carry a prompt out of the cluster
+        for a key that could not send it there itself).
+        """
+        if model.role == ROLE_GUARD:
+            return False
+        if self.models:
+            return model.name in self.models or any(a in self.models for a in model.aliases)
+        return model.external is None
+
 
 @dataclass(frozen=True)
 class Entry:

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.table import ReplicaRow
+from gateway.models import digest
+from gateway.table import Key, ReplicaRow
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -102,6 +103,8 @@ def test_an_external_fallback_only_when_the_cluster_has_no_capacity(
     local, provider = h.engine("local", behaviour="503"), h.engine("provider")
     cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
                                                   api_key_file=str(secret_file)))  # fmt: skip
+    # A key reaches an external model only if it names it, on a fallback too.
+    h.keys = {digest(KEY): Key(1, "harness", "team:t", ("m", "cloud", "f2"), None)}
     h.serve([model("m", fallbacks=["cloud", "f2"]), cloud, model("f2")],
             [(1, "m", local), (2, "f2", h.engine("f2"))])  # fmt: skip
     # A cluster fallback answers first, though the external one is listed before it.

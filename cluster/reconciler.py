@@ -264,9 +264,28 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
             )
     if not requests:
         return
-    result_plan = placement.place(snap.p_nodes, snap.domains, snap.running, requests)
+    # A drain's replacement whose replica still serves makes before it breaks: it never
+    # evicts a model's last ready replica no other node could hold, as the evicted model
+    # would never get the drained room back. (A roll's may: the room its replica leaves
+    # is the evicted model's when the roll ends.)
+    by_pk = {r.pk: r for r in replicas}
+    ready: dict[str, set[int]] = defaultdict(set)
+    draining: set[int] = set()
+    for r in replicas:
+        if r.desired and r.state == ReplicaState.READY and r.assignments.all():
+            ready[r.model_name].add(r.pk)
+            if any(a.node.cordoned for a in r.assignments.all()):
+                draining.add(r.pk)
+    patient = [q.key for q in requests if by_pk[int(q.key)].replaces_id in draining]
+    for name in ready if patient else ():
+        if name not in profiles and name in specs:
+            profiles[name] = tuple(placement.profiles_from_spec(specs[name]))
+    result_plan, held = placement.place_sparing(
+        snap.p_nodes, snap.domains, snap.running, requests, ready, patient, profiles
+    )
     # An eviction that would leave a model dark waits for a replacement elsewhere.
     result_plan, waiting = replace.spare_evicted(specs, snap, result_plan)
+    waiting.update({int(k): h.reason for k, h in held.items()})
     bumped: set[int] = set()
     evicted_ids = [int(e.running_id) for e in result_plan.evictions]
     for e in result_plan.evictions:

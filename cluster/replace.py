@@ -21,7 +21,7 @@ from catalog import rules
 from catalog.services import stored_specs
 from cluster import events, placement, wake
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import FacilityBudget, Node, Replica
+from cluster.models import Assignment, FacilityBudget, Node, Replica
 
 
 @dataclass
@@ -171,10 +171,31 @@ def drain(node: Node, force: bool = False) -> Drained:
         )
         for r in movers
     ]
-    result = placement.place(snap.p_nodes, snap.domains, snap.running, requests)
-    room = {int(p.key) for p in result.placed}
-    why = {int(u.key): u.reason for u in result.unplaced}
     here_ids = {r.pk for r in here}
+    ready: dict[str, set[int]] = defaultdict(set)
+    for r in snap.replicas:
+        if r.desired and r.state == ReplicaState.READY:
+            ready[r.model_name].add(r.pk)
+    # A ready replica's replacement makes before it breaks: it evicts no model's last
+    # ready replica that no other node could hold (as the reconciler will place it).
+    patient = [str(r.pk) for r in movers if r.state == ReplicaState.READY]
+    profiles = {name: tuple(placement.profiles_from_spec(m)) for name, m in specs.items()}
+    stuck_ready: set[int] = set()
+    for _ in range(3):
+        # A replica here that cannot be replaced stops now: it no longer serves its model.
+        serving = {m: ids - stuck_ready for m, ids in ready.items()}
+        result, held = placement.place_sparing(
+            snap.p_nodes, snap.domains, snap.running, requests, serving, patient, profiles
+        )
+        room = {int(p.key) for p in result.placed}
+        stuck = [
+            r for r in here if r.pk not in replaced and r.pk not in room and str(r.pk) not in held
+        ]
+        now_stuck = {r.pk for r in stuck if r.state == ReplicaState.READY}
+        if now_stuck <= stuck_ready:
+            break
+        stuck_ready |= now_stuck
+    why = {int(u.key): u.reason for u in result.unplaced}
     ready_elsewhere: dict[str, int] = defaultdict(int)
     for r in snap.replicas:
         if r.desired and r.state == ReplicaState.READY and r.pk not in here_ids:
@@ -183,7 +204,6 @@ def drain(node: Node, force: bool = False) -> Drained:
     for r in here:
         if r.state == ReplicaState.READY:
             ready_here[r.model_name] += 1
-    stuck = [r for r in here if r.pk not in replaced and r.pk not in room]
     # A model goes dark when its ready replicas are all here and none of them can be
     # replaced: one replaced elsewhere keeps serving until its replacement is ready.
     kept = {r.model_name for r in here if r.pk in room or r.pk in replaced}
@@ -194,13 +214,29 @@ def drain(node: Node, force: bool = False) -> Drained:
         and not ready_elsewhere[r.model_name]
         and r.model_name not in kept
     }
+    # And when a replacement's only room is another model's last ready replica, which no
+    # other node could hold: that model goes dark once the replacement evicts it.
+    by_pk = {r.pk: r for r in here}
+    for key, h in held.items():
+        old = by_pk[int(key)]
+        for e in h.evictions:
+            if e.model in h.nowhere:
+                dark.setdefault(
+                    e.model,
+                    f"its last ready replica #{e.running_id} holds the only room for the "
+                    f"replacement of {old.model_name} #{old.pk}, and no other node could hold "
+                    f"{e.model} ({h.nowhere[e.model]})",
+                )
     if dark and not force:
         raise DrainRefused(node.name, dark)
     Node.objects.filter(pk=node.pk).update(cordoned=True)
     events.changed(nodes=[node.pk])
     served = {r.pk: r.model_id for r in here}
+    evict_now = [e for h in held.values() for e in h.evictions]
+    if evict_now:
+        _evict(evict_now, node.name)
     for r in movers:
-        if r.pk not in room:
+        if r.pk not in room and str(r.pk) not in held:
             continue
         new = Replica.objects.create(
             model_id=served[r.pk],
@@ -217,6 +253,23 @@ def drain(node: Node, force: bool = False) -> Drained:
     events.changed(models=[r.model_name for r in here])
     wake.reconcile_soon()  # the replacements are placed elsewhere
     return done
+
+
+def _evict(evictions: list[placement.Eviction], node: str) -> None:
+    """Evict now what a forced drain's replacements need: their room frees for them."""
+    from cluster.reconciler import _release
+    from cluster.services import bump_desired
+
+    for e in evictions:
+        victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
+        _release(
+            victims,
+            f"evicted for the replacement of a replica on drained node {node} (forced "
+            f"drain): {e.model} has no ready replica until room returns",
+        )
+        Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
+        bump_desired(a.node_id for a in victims)
+        events.changed(replicas=[int(e.running_id)], models=[e.model])
 
 
 def spare_evicted(

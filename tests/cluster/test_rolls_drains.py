@@ -262,3 +262,77 @@ def test_an_eviction_with_no_room_elsewhere_says_the_model_goes_dark() -> None:
     reason = Replica.objects.get(pk=evicted).reason
     assert "evicted for vital" in reason
     assert "no room elsewhere: cheap has no ready replica until room returns" in reason
+
+
+def judge_and_nightly() -> None:
+    """The issue's cluster: a critical judge on n1, a scheduled model's only replica on n2,
+    one card each, nothing free."""
+    join_node("n1", [H100])
+    store(one_card("judge", "critical") | {"profiles": [{"name": "h100", "gpu_class": H100}]})
+    settle("judge", 3)
+    join_node("n2", [H100])
+    nightly = gpu_model(
+        "nightly", profiles=[{"name": "h100", "gpu_class": H100, "tp": 1}], scaling=WINDOWED
+    )
+    nightly["scaling"] = {**WINDOWED, "min": 1, "max": 1,
+                          "schedule": [{**WINDOWED["schedule"][0], "min": 1, "max": 1}]}  # fmt: skip
+    store(nightly)
+    settle("nightly", 3)
+    assert ready_count("judge") == 1 and ready_count("nightly") == 1
+    assert Replica.objects.get(model_name="judge", desired=True).assignments.get().node.name == "n1"
+
+
+def test_a_drain_whose_replacement_would_evict_a_models_last_ready_replica_is_refused() -> None:
+    # Issue 16: the drain answered dark: [], then its replacement for the critical judge
+    # evicted the scheduled model's last ready replica on the next tick.
+    judge_and_nightly()
+    n1 = Node.objects.get(name="n1")
+    with pytest.raises(DrainRefused) as refused:
+        services.drain(n1)
+    assert refused.value.models.keys() == {"nightly"}
+    text = str(refused.value)
+    assert "nightly" in text and "replacement of judge" in text, text
+    n1.refresh_from_db()
+    assert not n1.cordoned and not Replica.objects.filter(replaces__isnull=False).exists()
+    # Nothing changed: ticks go on, both keep serving.
+    seen = settle("nightly", 3)
+    assert min(seen) == 1 and ready_count("judge") == 1
+
+
+def test_a_forced_drain_moves_the_judge_without_a_gap_and_says_which_model_goes_dark() -> None:
+    judge_and_nightly()
+    done = services.drain(Node.objects.get(name="n1"), force=True)
+    assert done.dark == ["nightly"] and len(done.replacing) == 1 and done.stopped == []
+    seen = settle("judge")
+    assert min(seen) >= 1, seen  # the judge never went dark
+    assert Assignment.objects.get(replica__model_name="judge").node.name == "n2"
+    assert ready_count("nightly") == 0
+
+
+def test_a_drain_replacement_never_evicts_a_last_ready_replica_the_drain_did_not_plan() -> None:
+    # The race the issue met: the drain was planned while there was room (n3), the room
+    # went before the next tick. The replacement waits; the scheduled model keeps serving.
+    judge_and_nightly()
+    n3, _ = join_node("n3", [H100])
+    done = services.drain(Node.objects.get(name="n1"))
+    assert done.dark == [] and len(done.replacing) == 1
+    n3.cordoned = True
+    n3.save()
+    seen = settle("nightly", 4)
+    assert min(seen) == 1, seen
+    assert ready_count("judge") == 1
+    waiting = Replica.objects.get(pk=done.replacing[next(iter(done.replacing))])
+    assert not waiting.assignments.exists()
+    assert "last ready replica of nightly" in waiting.reason, waiting.reason
+
+
+def test_the_api_refuses_the_issues_drain_naming_the_model_its_preemption_darkens(
+    api_for: Any, operator: Any
+) -> None:
+    judge_and_nightly()
+    api = api_for(operator)
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", {}, format="json")
+    assert r.status_code == 409, r.content
+    assert r.json()["dark"] == ["nightly"] and "replacement of judge" in r.json()["detail"]
+    r = api.post("/api/v1/cluster/nodes/n1/drain/", {"force": True}, format="json")
+    assert r.status_code == 200 and r.json()["dark"] == ["nightly"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from cluster.models import Replica
 from tests.catalog.samples import gpu_model, store
@@ -83,11 +84,40 @@ def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
             raise AssertionError(worker.communicate(timeout=20)[0].decode()[-3000:])
 
 
-def test_tasks_enqueue_after_commit() -> None:
-    """Celery's Django fixup gives our tasks delay_on_commit (style.md 2.6)."""
-    from cluster.tasks import reconcile_cluster
+@pytest.mark.django_db(transaction=True)
+def test_a_catalog_change_sends_the_reconcile_task_only_once_it_commits(
+    tmp_path: Path, settings: Any
+) -> None:
+    """A model saved in a transaction wakes the workers after the commit, never before (a
+    worker reading the catalog then would not see the model) and never for a rollback. The
+    task is looked for on the real broker's queue."""
+    import redis
 
-    assert hasattr(reconcile_cluster, "delay_on_commit")
+    from cluster import wake
+    from llmgw_admin.celery import app
+
+    settings.REDIS_URL = REDIS
+    queue = redis.Redis.from_url(REDIS, socket_timeout=5)
+    queue.delete("celery")
+    old = app.conf.broker_url
+    app.conf.broker_url = REDIS
+    _new_pools(app)
+    try:
+        with transaction.atomic():
+            wake._sent_at = -wake.COALESCE  # no send of an earlier test counts
+            store(gpu_model("rolled-back"))
+            transaction.set_rollback(True)
+        assert queue.llen("celery") == 0  # a rollback wakes nothing
+        with transaction.atomic():
+            wake._sent_at = -wake.COALESCE
+            store(gpu_model("committed"))
+            assert queue.llen("celery") == 0  # not before the commit
+        sent = [json.loads(m)["headers"]["task"] for m in queue.lrange("celery", 0, -1)]
+        assert sent == ["cluster.tasks.reconcile_cluster"]
+    finally:
+        queue.delete("celery")
+        app.conf.broker_url = old
+        _new_pools(app)
 
 
 __all__: list[Any] = []

@@ -39,6 +39,12 @@ SKIP = "skip"
 SKIPPED = "breaker_open"
 
 
+class Skipped(Exception):
+    """A judge not asked: its breaker is open (``guard.chain`` records the failure)."""
+
+    kind = SKIPPED
+
+
 @dataclass(frozen=True)
 class Config:
     """How a breaker behaves: ``failures`` consecutive failures open it; it stays open

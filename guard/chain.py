@@ -12,7 +12,10 @@ A failure is anything that gives no verdict: a judge with no ready replica
 ``unreadable``, ``context``), ``unreadable`` for ``guard.formats.UnreadableAnswer`` or
 an answer whose verdict is not safe, unsafe or controversial, and ``error`` for
 anything else (a bug must not take the request path down: ``fail`` decides, and the
-failure says what it was).
+failure says what it was). A judge whose circuit breaker is open (``guard.breaker``) is
+skipped by ``ask`` raising ``guard.breaker.Skipped``: a failure of kind ``breaker_open``,
+counting as failed for ``fail`` like any other, but not against the judge's health (it
+was not asked).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from guard.breaker import SKIPPED
 from guard.formats import UnreadableAnswer, Verdict
 from guard.policy import ALLOW, DIRECTIONS, FAIL_OPEN, REFUSE, Policy, decide
 
@@ -242,7 +246,12 @@ class Stats:
             self.decisions[key] += 1
 
     def record_failure(self, failure: Failure) -> None:
-        """Count one failure against its judge, keeping the latest error and time."""
+        """Count one failure against its judge, keeping the latest error and time.
+
+        A judge skipped by its breaker was not asked: nothing is counted against it.
+        """
+        if failure.kind == SKIPPED:
+            return
         h = self.health.setdefault(failure.judge, JudgeHealth())
         h.failures += 1
         h.by_kind[failure.kind] += 1

@@ -644,3 +644,26 @@ def _clean(text: str) -> str:
         # Through UTF-16, a split pair joins again and a lone half is replaced.
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
+
+
+# A judge's timeout from its model's slo (catalog/timeouts.py derives the gateway's waits
+# the same way): this many times the time its slo gives a whole verdict (``ttft_p99``,
+# and ``tpot_p99`` for each token of the format's answer budget), at least the floor. A
+# request waits on its judge, so the factor is small: a judge past three times its p99
+# is treated as failing.
+JUDGE_FACTOR = 3
+JUDGE_FLOOR = 1.0
+
+
+def judge_timeout(fmt: str | None, ttft_p99_ns: int, tpot_p99_ns: int, default: float) -> float:
+    """Return how long one ask of a judge may take in all (seconds).
+
+    ``JUDGE_FACTOR`` × (``slo.ttft_p99`` + the format's ``MAX_TOKENS`` × ``slo.tpot_p99``),
+    at least ``JUDGE_FLOOR``, when the judge's model has a ``slo.ttft_p99``; else
+    ``default`` (``LLMGW_GUARD_JUDGE_TIMEOUT``).
+    """
+    if not ttft_p99_ns or ttft_p99_ns <= 0:
+        return default
+    tokens = MAX_TOKENS.get(fmt or "", 64)
+    whole = ttft_p99_ns / 1e9 + tokens * max(0, tpot_p99_ns or 0) / 1e9
+    return max(JUDGE_FLOOR, JUDGE_FACTOR * whole)

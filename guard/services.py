@@ -23,8 +23,10 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -34,7 +36,7 @@ from catalog.problems import Problem
 from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import client, formats, known, pool, records
+from guard import breaker, client, formats, known, pool, records
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, JudgeRef, Stats, run_chain
@@ -223,6 +225,9 @@ class Judge:
     endpoint: str | None
     # Why the chain cannot ask it, when it is not a guard model in the catalog.
     missing: str = ""
+    # How long one ask may take in all (seconds): from the model's slo, else
+    # LLMGW_GUARD_JUDGE_TIMEOUT (guard.client.judge_timeout).
+    timeout: float = 5.0
 
     @property
     def ref(self) -> JudgeRef:
@@ -239,8 +244,14 @@ def judges(names: Sequence[str]) -> list[Judge]:
     rows = {
         r["name"]: r
         for r in ServedModel.objects.filter(name__in=list(names)).values(
-            "name", "role", "guard_format", "guard_categories", "context_length"
-        )
+            "name",
+            "role",
+            "guard_format",
+            "guard_categories",
+            "context_length",
+            "slo_ttft_p99",
+            "slo_tpot_p99",
+        )  # fmt: skip
     }
     endpoints: dict[str, str] = {}
     for name, endpoint in (
@@ -265,6 +276,12 @@ def judges(names: Sequence[str]) -> list[Judge]:
                 or (kj.context_length if kj else DEFAULT_CONTEXT),
                 endpoint=endpoints.get(name),
                 missing=_missing(name, row is not None, is_judge),
+                timeout=client.judge_timeout(
+                    row["guard_format"] if row else None,
+                    row["slo_ttft_p99"] if row else 0,
+                    row["slo_tpot_p99"] if row else 0,
+                    default_timeout(),
+                ),
             )
         )
     return out
@@ -383,13 +400,46 @@ class Asked:
     outcome: Any
 
 
+def default_timeout() -> float:
+    """A judge's timeout when its model has no slo (``LLMGW_GUARD_JUDGE_TIMEOUT``)."""
+    return float(getattr(settings, "LLMGW_GUARD_JUDGE_TIMEOUT", 5))
+
+
+# Each judge's circuit breaker in this process (guard.breaker): a judge that keeps failing
+# is skipped, and probed again after a back-off, instead of costing every check its
+# timeout. Per process: each gateway process counts its own.
+BREAKERS = breaker.Breakers(lambda: breaker.Config.from_settings(settings))
+# How long past its timeout a probe of a half-open judge holds the others off.
+PROBE_MARGIN = 1.0
+
+
+def _lease(j: Judge, timeout: float | None) -> float:
+    return _timeout(j, timeout) + PROBE_MARGIN
+
+
+def _timeout(j: Judge, cap: float | None) -> float:
+    """The judge's own timeout, at most ``cap`` when one is given."""
+    return j.timeout if cap is None else min(j.timeout, cap)
+
+
+def _asked_failed(result: ChainResult) -> bool:
+    """Whether a judge asked failed (one skipped by its breaker was not asked)."""
+    return any(f.kind != breaker.SKIPPED for f in result.failures)
+
+
 def check(
-    request: str, answer: str | None = None, *, timeout: float = 10.0, asked: Asked | None = None
+    request: str,
+    answer: str | None = None,
+    *,
+    timeout: float | None = None,
+    asked: Asked | None = None,
 ) -> dict[str, Any]:
     """Judge a request (and, given, its answer) with the policy's chain; record the result.
 
     Returns the API's and the command's JSON: decision, verdict, categories, judge, score,
-    latency_ms and the failures on the way. A chain that met a failure with a snapshot
+    latency_ms and the failures on the way. Each judge is given its own timeout
+    (``Judge.timeout``; at most ``timeout`` when given) and skipped while its breaker is
+    open (``BREAKERS``). A chain that met a failure with a snapshot
     from memory reads it again (once per snapshot) and runs once more when the database
     has the policy or its judges otherwise (a replica that moved, or became ready,
     since): only that run is recorded and answered.
@@ -398,7 +448,7 @@ def check(
     fresh = connection.in_atomic_block
     snap = snapshot()
     result = _run(snap, request, answer, direction, timeout, asked)
-    if result.failures and not fresh and not snap.reread:
+    if _asked_failed(result) and not fresh and not snap.reread:
         again = _snapshot.refresh(lambda: _load_snapshot(reread=True))
         if again.judges != snap.judges or again.policy != snap.policy:
             result = _run(again, request, answer, direction, timeout)
@@ -407,7 +457,7 @@ def check(
 
 
 async def check_on_loop(
-    request: str, answer: str | None = None, *, timeout: float = 10.0
+    request: str, answer: str | None = None, *, timeout: float | None = None
 ) -> dict[str, Any] | Asked | None:
     """``check`` without leaving the event loop, when it needs no query and no blocking call.
 
@@ -426,21 +476,37 @@ async def check_on_loop(
     if snap is None:
         return None
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
-    first = next((j for j in snap.judges if j.ref.ready), None)
-    if first is None or not snap.policy.judges(direction):
+    if not snap.policy.judges(direction):
         return None
+    # The first ready judge its breaker lets be asked (the ones before it are skipped,
+    # as the chain records them).
+    first = None
+    for j in snap.judges:
+        if j.ref.ready and BREAKERS.admit(j.name, _lease(j, timeout)) != breaker.SKIP:
+            first = j
+            break
+    if first is None:
+        # Every judge skipped or not ready: fail decides, without leaving the loop.
+        result = _run(snap, request, answer, direction, timeout, blocking=False)
+        if result is None or _asked_failed(result):
+            return None
+        record(result)
+        return as_json(result)
     try:
         outcome = await client.ask_judge_on_loop(
             first.endpoint or "", first.format or "", request, answer,
             **_ask_options(first, snap.policy, timeout), conns=_http_on_loop(),
         )  # fmt: skip
     except Exception as error:  # a failure of the judge's (or a bug): the chain goes on
+        BREAKERS.failed(first.name, getattr(error, "kind", None) or "error")
         return Asked(first.name, error)
     if outcome is None:
+        BREAKERS.release(first.name)  # not asked here: check asks it on a thread
         return None
+    BREAKERS.succeeded(first.name)
     asked = Asked(first.name, outcome)
     result = _run(snap, request, answer, direction, timeout, asked, blocking=False)
-    if result is None or (result.failures and not snap.reread):
+    if result is None or (_asked_failed(result) and not snap.reread):
         # A judge after it is to be asked, or the failures before it may mean the
         # snapshot is stale: a thread reads it again and goes on.
         return asked
@@ -448,13 +514,13 @@ async def check_on_loop(
     return as_json(result)
 
 
-def _ask_options(j: Judge, pol: Any, timeout: float) -> dict[str, Any]:
+def _ask_options(j: Judge, pol: Any, timeout: float | None) -> dict[str, Any]:
     """Return what ``guard.client`` is told about a judge, beyond the texts."""
     return {
         "context_length": j.context_length,
         "categories": j.categories or None,
         "variant": j.variant,
-        "timeout": timeout,
+        "timeout": _timeout(j, timeout),
         "model": j.name,
         "controversial": pol.controversial,
     }
@@ -469,13 +535,17 @@ def _run(
     request: str,
     answer: str | None,
     direction: str,
-    timeout: float,
+    timeout: float | None,
     asked: Asked | None = None,
     *,
     blocking: bool = True,
 ) -> ChainResult | None:
     """Run the chain on a snapshot; None when ``blocking`` is false and a judge other
-    than ``asked``'s was to be asked."""
+    than ``asked``'s was to be asked.
+
+    A judge whose breaker is open is skipped (``guard.breaker.Skipped``); each judge
+    asked tells its breaker how it went (``asked``'s was told by ``check_on_loop``).
+    """
     pol = snap.policy
     by_name = {j.name: j for j in snap.judges}
     # One client for every check: making one costs tens of milliseconds.
@@ -488,17 +558,40 @@ def _run(
             if isinstance(asked.outcome, BaseException):
                 raise asked.outcome
             return asked.outcome
+        j = by_name[ref.name]
         if not blocking:
+            # Skipped or not, decided without claiming a probe the loop will not make.
+            if BREAKERS.peek(ref.name, _lease(j, timeout)) == breaker.SKIP:
+                raise breaker.Skipped(_skipped(ref.name))
             stopped = True
             raise _Blocking
-        j = by_name[ref.name]
-        return client.ask_judge(
-            j.endpoint or "", j.format or "", request, answer,
-            **_ask_options(j, pol, timeout), client=http,
-        )  # fmt: skip
+        if BREAKERS.admit(ref.name, _lease(j, timeout)) == breaker.SKIP:
+            raise breaker.Skipped(_skipped(ref.name))
+        try:
+            answer_ = client.ask_judge(
+                j.endpoint or "", j.format or "", request, answer,
+                **_ask_options(j, pol, timeout), client=http,
+            )  # fmt: skip
+        except Exception as error:
+            BREAKERS.failed(ref.name, getattr(error, "kind", None) or "error")
+            raise
+        BREAKERS.succeeded(ref.name)
+        return answer_
 
     result = run_chain(pol, [j.ref for j in snap.judges], ask, direction=direction)
     return None if stopped else result
+
+
+def _skipped(name: str) -> str:
+    """Why a judge was skipped, as its failure says it."""
+    s = BREAKERS.state(name)
+    when = ""
+    if s.next_probe is not None:
+        when = f"; asked again from {datetime.fromtimestamp(s.next_probe, tz=UTC):%H:%M:%S} UTC"
+    return (
+        f"not asked: its circuit breaker is {s.state.replace('_', '-')} after "
+        f"{s.failures} failures in a row (the last: {s.last_kind or '?'}){when}"
+    )
 
 
 _client: pool.Pool | None = None
@@ -760,6 +853,7 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
             ]
         except Exception as exc:  # noqa: BLE001 - any failure is the probe's finding
             kind = getattr(exc, "kind", "error")
+            BREAKERS.failed(j.name, kind)
             probe.ok, probe.error = False, f"{kind}: {exc}"[:2000]
             probe.latency_ms = None
             probe.save()
@@ -776,6 +870,7 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
             )
             out.append(probe)
             continue
+        BREAKERS.succeeded(j.name)  # in this process: the web process's in the embedded mode
         probe.ok = True
         probe.error = ""
         probe.ordinary_verdict = answers[0].verdict

@@ -462,6 +462,20 @@ LORA_SCALED_PAIR = "pair"  # llama.cpp before late 2025: --lora-scaled FNAME SCA
 LORA_SCALED_COLON = "colon"  # llama.cpp since: --lora-scaled FNAME:SCALE
 
 
+# Where each engine takes its replica's engine key (docs/agent-protocol.md, "Engine keys"):
+# from the environment where it reads one, so ``ps`` does not show it. SGLang takes it
+# only as ``--api-key``; trtllm-serve has no key at all.
+LLAMA_KEY_ENV = "LLAMA_API_KEY"
+VLLM_KEY_ENV = "VLLM_API_KEY"
+SIM_KEY_ENV = "LLMGW_SIM_API_KEY"
+SGLANG_KEY_FLAG = "--api-key"
+# What a catalog may never set, as the agent's own: the key flags and variables above,
+# and llama-server's other way to its keys. (The argument checks refuse them: none is in
+# ALLOWED_FLAGS or ALLOWED_ENV.)
+KEY_FLAGS = frozenset({"--api-key", "--api-key-file"})
+KEY_ENV = frozenset({LLAMA_KEY_ENV, VLLM_KEY_ENV, SIM_KEY_ENV})
+
+
 class CommandError(ValueError):
     """Refuse to build an engine's command line; the message says why, for a person."""
 
@@ -533,6 +547,11 @@ def command_for(
         adapter_dir: where the adapters of a vLLM replica that loads them on demand
             are found by name (``max_loaded_adapters`` above 0).
 
+    The replica's ``engine_key`` (when the control plane sends one) is given to the
+    engine as its API key: in its environment (llama-server, vLLM, the sim), on its
+    command line (SGLang, which reads it nowhere else), never to trtllm-serve (which has
+    no key; a warning says so).
+
     Raises:
         CommandError: the replica asks for what its engine cannot do.
     """
@@ -569,6 +588,11 @@ def command_for(
         names.get(int(c), str(c)) for c in replica.get("cards") or []
     )
     warnings = []
+    if engine == "trtllm" and _key(replica):
+        warnings.append(
+            "trtllm-serve takes no API key: this replica's port answers whoever reaches it; "
+            "keep --engine-host on an address only the gateway and the guard reach"
+        )
     if replica.get("kv_events"):
         overridden = sorted({a.split("=", 1)[0] for a in args} & _KV_FLAGS)
         if overridden:
@@ -586,6 +610,11 @@ _KV_FLAGS = frozenset(
 
 
 _Built = tuple[list[str], dict[str, str], str | None]
+
+
+def _key(replica: Mapping[str, Any]) -> str:
+    """Return the replica's engine key, or "" (a control plane from before engine keys)."""
+    return str(replica.get("engine_key") or "")
 
 
 def _int(replica: Mapping[str, Any], key: str, default: int) -> int:
@@ -655,7 +684,8 @@ def _llamacpp(
     context = _int(replica, "context_length", 0)
     if context > 0:
         argv += ["--ctx-size", str(context)]
-    return argv, {}, "/health"
+    env = {LLAMA_KEY_ENV: key} if (key := _key(replica)) else {}
+    return argv, env, "/health"
 
 
 def _vllm(
@@ -673,6 +703,10 @@ def _vllm(
     argv += ["--tensor-parallel-size", str(_int(replica, "tp", 1))]
     argv += ["--pipeline-parallel-size", str(_int(replica, "pp", 1))]
     env: dict[str, str] = {}
+    key = _key(replica)
+    if key:
+        # Read by vLLM when --api-key is not given; it guards the /v1 routes only.
+        env[VLLM_KEY_ENV] = key
     health: str | None = "/health"
     peers = _peers(replica, port, node_address)
     if peers:
@@ -737,6 +771,11 @@ def _sglang(
             # The other ranks serve no HTTP: rank 0 answers for the replica.
             health = None
     argv += ["--host", host, "--port", str(port)]
+    key = _key(replica)
+    if key:
+        # SGLang reads its key from the command line only: ``ps`` shows it to whoever
+        # shares the node (docs/agent-protocol.md).
+        argv += ["--api-key", key]
     listed = _adapters(replica)
     if listed:
         argv += ["--enable-lora", "--lora-paths"]
@@ -789,6 +828,10 @@ def _sim(
 ) -> _Built:
     argv = [bins["python"], "-m", "agent.sim", "--host", host, "--port", str(port)]
     argv += ["--model", str(replica.get("served_name") or replica.get("model") or "")]
+    env = {"PYTHONPATH": AGENT_ROOT}
+    key = _key(replica)
+    if key:
+        env[SIM_KEY_ENV] = key
     guard = replica.get("guard") or {}
     if guard.get("format"):
         argv += ["--guard-format", str(guard["format"])]
@@ -797,7 +840,7 @@ def _sim(
     context = _int(replica, "context_length", 0)
     if context > 0:
         argv += ["--context-length", str(context)]
-    return argv, {"PYTHONPATH": AGENT_ROOT}, "/health"
+    return argv, env, "/health"
 
 
 _BUILDERS = {

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import http
 import json
 import math
@@ -359,6 +360,8 @@ class Config:
     controversial_marker: str = "CONTROVERSIAL-MARKER"
     # Every Nth generation request answers 500, as a broken engine would (0: none).
     fail_every: int = 0
+    # Asked of every request but /health's as "Authorization: Bearer <key>" ("": none).
+    api_key: str = ""
 
 
 def render_chat(
@@ -779,6 +782,9 @@ async def send_stream(
 
 
 Result = tuple[int, Any] | AsyncIterator[dict[str, Any]]
+# What answers without the key when one is set: health, as llama-server, vLLM and SGLang
+# answer it (the agent's readiness check, a load balancer's).
+_PUBLIC = frozenset({"/health", "/v1/health"})
 
 
 class SimServer:
@@ -857,6 +863,9 @@ class SimServer:
 
     async def dispatch(self, request: Request) -> Result:
         """Return the answer to a request: a status and JSON body, or a stream of events."""
+        if self.cfg.api_key and request.path not in _PUBLIC and not self.authorized(request):
+            # vLLM's and SGLang's answer, word for word.
+            return 401, {"error": "Unauthorized"}
         route = self.routes.get(request.path)
         if route is None:
             raise HttpError(404, f"File Not Found: {request.path}", "not_found_error")
@@ -871,6 +880,11 @@ class SimServer:
             if self.generations % self.cfg.fail_every == 0:
                 raise HttpError(500, "simulated engine failure (--fail-every)", "server_error")
         return await handler(request)
+
+    def authorized(self, request: Request) -> bool:
+        """Return whether the request carries the key (``Authorization: Bearer <key>``)."""
+        given = request.headers.get("authorization", "").encode("latin-1", "replace")
+        return hmac.compare_digest(given, f"Bearer {self.cfg.api_key}".encode("latin-1", "replace"))
 
     def loading(self) -> bool:
         """Return whether the simulated model is still loading."""
@@ -1444,6 +1458,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=0,
     )
+    option(
+        "--api-key",
+        "answer only requests with Authorization: Bearer KEY (all but /health), others 401; "
+        "the agent passes it in the environment, so ps does not show it",
+        default="",
+    )
     parser.add_argument("--version", action="version", version=f"llmgw-sim {SIM_VERSION}")
     return parser
 
@@ -1476,6 +1496,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         unsafe_marker=args.unsafe_marker,
         controversial_marker=args.controversial_marker,
         fail_every=args.fail_every,
+        api_key=args.api_key or "",
     )
 
 
@@ -1485,6 +1506,8 @@ async def serve(cfg: Config) -> None:
     server = await asyncio.start_server(sim.serve_connection, cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     role = f"guard {cfg.guard_format}" if cfg.guard_format else "generator"
+    if cfg.api_key:
+        role += ", key required"
     sys.stdout.write(
         f"llmgw-sim {SIM_VERSION}: listening on http://{cfg.host}:{port} "
         f"(model {cfg.model}, {role}, ctx {cfg.context_length}, parallel {cfg.parallel})\n"

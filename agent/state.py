@@ -67,9 +67,16 @@ def load_engines(state_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]
 
 
 def save_engines(state_dir: str | os.PathLike[str], engines: dict[int, dict[str, Any]]) -> None:
-    """Record the engines running now, replacing the previous record."""
+    """Record the engines running now, replacing the previous record.
+
+    Readable by this user only: it holds each engine's key (and SGLang's command line).
+    """
     payload = {"engines": {str(k): v for k, v in sorted(engines.items())}}
-    write_atomic(Path(state_dir) / ENGINES_FILE, json.dumps(payload, indent=1, sort_keys=True))
+    write_atomic(
+        Path(state_dir) / ENGINES_FILE,
+        json.dumps(payload, indent=1, sort_keys=True),
+        mode=0o600,
+    )
 
 
 def log_path(state_dir: str | os.PathLike[str], replica_id: int) -> Path:

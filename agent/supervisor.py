@@ -59,6 +59,8 @@ HEALTH_TIMEOUT_S = 1.0
 LEADER_POLL_S = 1.0
 
 Report = Callable[[dict[str, Any]], None]
+# What a log line or a reason shows in place of an engine key.
+KEY_SHOWN = "[engine key]"
 
 
 def utc_now() -> str:
@@ -108,6 +110,9 @@ class _Replica:
     fail_reason: str | None = None
     # … or the desired replica to start once stopped (a higher generation).
     next: dict[str, Any] | None = None
+    # The engine key its running engine was started with ("": none, an engine started
+    # before the control plane sent keys, which answers any caller until restarted).
+    started_key: str = ""
 
     @property
     def id(self) -> int:
@@ -116,6 +121,19 @@ class _Replica:
     @property
     def generation(self) -> int:
         return int(self.desired.get("generation") or 0)
+
+    @property
+    def key(self) -> str:
+        """The engine key the control plane wants this replica's engine to ask for."""
+        return str(self.desired.get("engine_key") or "")
+
+    def redact(self, text: str) -> str:
+        """``text`` without this replica's engine keys (an engine's output may hold one:
+        SGLang prints its arguments), for what is logged and reported."""
+        for key in {self.key, self.started_key}:
+            if key:
+                text = text.replace(key, KEY_SHOWN)
+        return text
 
 
 class Supervisor:
@@ -194,6 +212,12 @@ class Supervisor:
                     )
                 elif generation == r.generation:
                     r.desired = spec
+                    if r.phase == "run" and r.started_key and r.started_key != r.key:
+                        # The gateway now calls it with the new key, which it would refuse.
+                        r.next = spec
+                        self._begin_stop(
+                            r, "its engine key changed: restarting it with the new one"
+                        )
             for rid, r in list(self._replicas.items()):
                 if rid in wanted:
                     continue
@@ -209,9 +233,9 @@ class Supervisor:
             for r in list(self._replicas.values()):
                 self._step(r)
                 if r.phase == "run" and r.state in ("starting", "loading") and r.port:
-                    polls.append((r, r.port, r.health_path, r.pid))
+                    polls.append((r, r.port, r.health_path, r.pid, r.started_key))
         # Outside the lock: an engine slow to answer must not hold up converge.
-        results = [(r, pid, self._health(port, path)) for r, port, path, pid in polls]
+        results = [(r, pid, self._health(port, path, key)) for r, port, path, pid, key in polls]
         with self._lock:
             for r, pid, answer in results:
                 if self._replicas.get(r.id) is r and r.pid == pid and r.phase == "run":
@@ -405,7 +429,7 @@ class Supervisor:
             if r.state in ("starting", "loading"):
                 limit = float(r.desired.get("startup_timeout_s") or DEFAULT_STARTUP_TIMEOUT_S)
                 if now - r.started_mono > limit:
-                    tail = _last_line(state.log_path(self.state_dir, r.id))
+                    tail = r.redact(_last_line(state.log_path(self.state_dir, r.id)))
                     reason = f"not ready within the startup timeout of {limit:g} s"
                     if tail:
                         reason += f"; last output: {tail}"
@@ -469,11 +493,15 @@ class Supervisor:
         r.argv = command.argv
         r.port = port
         r.health_path = command.health_path
+        r.started_key = r.key
         r.launching = True
         self._save()
         try:
-            with open(log_file, "ab") as out:
-                out.write(f"--- {utc_now()} generation {r.generation}: {command.argv}\n".encode())
+            # Readable by the agent's user only: an engine may print its key (SGLang).
+            fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with open(fd, "ab") as out:
+                shown = r.redact(str(command.argv))
+                out.write(f"--- {utc_now()} generation {r.generation}: {shown}\n".encode())
                 out.flush()
                 proc = subprocess.Popen(
                     command.argv,
@@ -510,7 +538,13 @@ class Supervisor:
         if r.health_path is None:
             self._set(r, "ready", "running; rank 0 serves this multi-node replica")
         elif answer == 200:
-            self._set(r, "ready", "the engine answers /health")
+            why = "the engine answers /health"
+            if r.key and not r.started_key:
+                why += (
+                    "; started before engine keys, its port answers any caller until the "
+                    "replica is restarted"
+                )
+            self._set(r, "ready", why)
         else:
             why = (
                 "the engine is loading the model"
@@ -524,7 +558,7 @@ class Supervisor:
         r.proc = None
         r.pid = None
         self._save()
-        tail = _last_line(state.log_path(self.state_dir, r.id))
+        tail = r.redact(_last_line(state.log_path(self.state_dir, r.id)))
         if code is None:
             why = "exited (found running after an agent restart, so its exit code is unknown)"
         elif code < 0:
@@ -620,14 +654,17 @@ class Supervisor:
             return _ALIVE
         return None
 
-    def _health(self, port: int, path: str | None) -> int | None:
+    def _health(self, port: int, path: str | None, key: str = "") -> int | None:
         if path is None:
             return None
         host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
+        # Every engine answers /health without its key; the key goes along all the same,
+        # as on every call to an engine's port.
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            return self._http.get(f"http://{host}:{port}{path}").status_code
+            return self._http.get(f"http://{host}:{port}{path}", headers=headers).status_code
         except httpx.HTTPError:
             return None
 
@@ -677,6 +714,7 @@ class Supervisor:
                 "health_path": r.health_path,
                 "restarts": r.restarts,
                 "desired": r.desired,
+                "started_key": r.started_key,
             }
             for rid, r in self._replicas.items()
             if r.pid is not None or r.launching
@@ -710,6 +748,8 @@ class Supervisor:
                 r.argv = argv
                 r.port = rec.get("port")
                 r.health_path = rec.get("health_path")
+                # A record from before engine keys has none: that engine asks for none.
+                r.started_key = str(rec.get("started_key") or "")
                 r.started_wall = float(rec.get("started_at") or time.time())
                 r.started_mono = time.monotonic() - max(0.0, time.time() - r.started_wall)
                 r.phase = "run"

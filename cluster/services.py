@@ -23,6 +23,7 @@ from catalog.models import ServedModel
 from cluster import events, wake
 from cluster.address import check_allowed, host_port
 from cluster.choices import NodeHealth, ReplicaState
+from cluster.enginekeys import engine_key
 from cluster.models import (
     NODE_PREFIX,
     Assignment,
@@ -522,6 +523,9 @@ def desired_list(node: Node) -> dict[str, Any]:
                     if m.guard
                     else None
                 ),
+                # What its engine asks of every caller (cluster.enginekeys): told to this
+                # node only, over its node token's channel.
+                "engine_key": engine_key(r.pk),
             }
         )
     return {"version": node.desired_version, "replicas": replicas}

@@ -211,7 +211,7 @@ def test_help_names_every_option() -> None:
     for flag in (
         "--host", "--port", "--model", "--ttft", "--tps", "--load-time", "--guard-format",
         "--guard-categories", "--unsafe-marker", "--controversial-marker", "--context-length",
-        "--parallel", "--logprob-style", "--fail-every",
+        "--parallel", "--logprob-style", "--fail-every", "--api-key",
     ):  # fmt: skip
         assert flag in done.stdout
 
@@ -263,6 +263,31 @@ def test_fail_every_answers_500_to_every_nth_generation(start_sim: Callable[...,
     failed = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert failed.status_code == 200  # the 7th
     assert server.client.get(server.url + "/health").status_code == 200  # never failed
+
+
+def test_api_key_refuses_every_call_without_it_but_health(start_sim: Callable[..., Sim]) -> None:
+    key = "llmgw_engine_test-key"
+    server = start_sim("--model", "m", *FAST, env={"LLMGW_SIM_API_KEY": key})
+    # Not on the command line: whoever lists the node's processes does not see it.
+    assert key not in " ".join(server.proc.args)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    calls = [("POST", "/v1/chat/completions", chat), ("POST", "/v1/completions",
+             {"prompt": "hi", "max_tokens": 2}), ("POST", "/tokenize", {"content": "hi"}),
+             ("GET", "/v1/models", None), ("GET", "/props", None), ("GET", "/sim/stats", None),
+             ("POST", "/v1/embeddings", {"input": "hi"})]  # fmt: skip
+    for wrong in (None, "Bearer nope", f"Bearer {key}x", key, f"bearer {key}"):
+        headers = {"Authorization": wrong} if wrong else {}
+        for method, path, body in calls:
+            answer = server.client.request(method, server.url + path, json=body, headers=headers)
+            assert (answer.status_code, answer.json()) == (401, {"error": "Unauthorized"}), (
+                wrong, path)  # fmt: skip
+    # Health answers anyone, as llama-server's, vLLM's and SGLang's do.
+    assert server.client.get(server.url + "/health").status_code == 200
+    assert server.client.get(server.url + "/v1/health").status_code == 200
+    good = {"Authorization": f"Bearer {key}"}
+    for method, path, body in calls:
+        answer = server.client.request(method, server.url + path, json=body, headers=good)
+        assert answer.status_code == 200, (path, answer.text)
 
 
 def test_tokenize_speaks_llama_server_and_vllm(plain: Sim) -> None:

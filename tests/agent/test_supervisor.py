@@ -480,3 +480,82 @@ def test_rank_waits_for_its_leaders_address(make: Any, stub: str) -> None:
     argv = state.load_engines(sup.state_dir)[1]["argv"]
     assert argv[argv.index("--master-port") + 1] == "8102"
     assert "--headless" in argv
+
+
+# -- engine keys -------------------------------------------------------------------------
+
+KEY = "llmgw_engine_supervisor-test-key"
+
+
+def chat_status(port: int, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    return httpx.post(url, json=body, headers=headers, timeout=10).status_code
+
+
+def test_engine_started_with_its_key_refuses_whoever_lacks_it(make: Any) -> None:
+    sup, rec = make()
+    sup.converge([sim(engine_key=KEY)])
+    # Ready: the agent's own health check passes, key or not.
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    ready = rec.last(1)
+    assert ready["reason"] == "the engine answers /health"
+    assert chat_status(ready["port"], None) == 401
+    assert chat_status(ready["port"], "llmgw_engine_wrong") == 401
+    assert chat_status(ready["port"], KEY) == 200
+    # Not on the process's command line (ps), nor in the engine's log's command line.
+    cmdline = Path(f"/proc/{ready['pid']}/cmdline").read_bytes()
+    assert KEY.encode() not in cmdline
+    assert KEY not in state.log_path(sup.state_dir, 1).read_text()
+    # The record that holds it is the agent's user's alone.
+    assert (sup.state_dir / state.ENGINES_FILE).stat().st_mode & 0o077 == 0
+    assert state.log_path(sup.state_dir, 1).stat().st_mode & 0o077 == 0
+
+
+def test_a_changed_engine_key_restarts_the_engine_with_the_new_one(make: Any) -> None:
+    sup, rec = make()
+    sup.converge([sim(engine_key=KEY)])
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    old = rec.last(1)["pid"]
+    sup.converge([sim(engine_key=KEY + "-new")])
+    wait_for(sup, lambda: state_of(sup, 1) == "ready" and sup.states()[1]["pid"] != old)
+    assert not alive(old)
+    stopping = [r for r in rec.reports if r["state"] == "stopping"]
+    assert stopping[-1]["reason"] == "its engine key changed: restarting it with the new one"
+    port = rec.last(1)["port"]
+    assert chat_status(port, KEY) == 401
+    assert chat_status(port, KEY + "-new") == 200
+    assert all(KEY not in r["reason"] for r in rec.reports)
+
+
+def test_an_engine_from_before_keys_keeps_serving_and_says_its_port_is_open(make: Any) -> None:
+    # Started by an agent (or for a control plane) from before engine keys: no key.
+    sup, _ = make()
+    sup.converge([sim()])
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    pid = sup.states()[1]["pid"]
+    sup.close()
+    # The upgraded agent adopts it, and its desired list now names a key.
+    again, rec = make()
+    again.converge([sim(engine_key=KEY)])
+    wait_for(again, lambda: state_of(again, 1) == "ready")
+    assert again.states()[1]["pid"] == pid  # not restarted: it keeps serving
+    assert "answers any caller until the replica is restarted" in rec.last(1)["reason"]
+    port = rec.last(1)["port"]
+    assert chat_status(port, KEY) == 200  # the gateway's key is ignored, not refused
+    # An operator's restart (a new generation) starts it with its key.
+    again.converge([sim(generation=2, engine_key=KEY)])
+    wait_for(again, lambda: state_of(again, 1) == "ready" and again.states()[1]["pid"] != pid)
+    assert rec.last(1)["reason"] == "the engine answers /health"
+    assert chat_status(rec.last(1)["port"], None) == 401
+
+
+def test_an_engine_key_in_an_engines_output_is_not_reported(make: Any, stub: str) -> None:
+    sup, rec = make(binaries={"python": stub}, backoff_cap_s=0.05)
+    say = f"server_args=ServerArgs(api_key='{KEY}', port=1)"
+    sup.converge([sim(engine_key=KEY, env={"LLMGW_SIM_STUB_EXIT": "1", "LLMGW_SIM_STUB_SAY": say})])
+    wait_for(sup, lambda: state_of(sup, 1) == "failed")
+    reason = rec.last(1)["reason"]
+    assert "api_key='[engine key]'" in reason
+    assert KEY not in reason

@@ -174,7 +174,8 @@ class Gateway:
         self.state.start(asyncio.get_running_loop())
         self._listening = asyncio.get_running_loop().create_task(self.state.listen())
         if self._upstream is None:
-            self._upstream = Upstream()
+            # Every call to a replica carries its engine key (cluster.enginekeys).
+            self._upstream = Upstream(credentials=getattr(self.state, "engine_key", None))
         if self._limits is None:
             url = _setting("REDIS_URL", "") or ""
             if url:
@@ -591,7 +592,10 @@ class Gateway:
                 if error.kind == TIMEOUT:
                     return f"no answer from {target_model.name} within {head_wait:g} s"
                 return _told(error)
-            if resp.status in RETRY_STATUSES:
+            if resp.status in RETRY_STATUSES or (resp.status == 401 and not external):
+                # A replica's 401: its engine holds another key than its replica's (the
+                # secret key changed and its agent has not restarted it yet, or another
+                # server took its port). Another replica may answer.
                 detail = f"HTTP {resp.status}"
                 resp.release()
                 return detail

@@ -27,6 +27,8 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from gateway.table import Key, ReplicaRow, Table, build
+from gateway.upstream import Key as UpstreamKey
+from gateway.upstream import UpstreamError, split
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,22 @@ class Loader:
         return self._table
 
 
+def engine_keys(table: Table) -> dict[UpstreamKey, str]:
+    """Return each routed replica's engine key (``cluster.enginekeys``) by where it is
+    reached: computed when a table is swapped in, never on a request's path."""
+    from cluster.enginekeys import engine_key
+
+    out: dict[UpstreamKey, str] = {}
+    for pool in table.pools.values():
+        for rid, url in pool.endpoints.items():
+            try:
+                where, _ = split(url)
+            except UpstreamError:
+                continue  # not a URL the gateway could call anyway
+            out[where] = engine_key(rid)
+    return out
+
+
 def load_table() -> Table:
     """Read what the gateway routes by: catalog, ready replicas, live keys (all of it)."""
     return Loader()()
@@ -157,6 +175,8 @@ class State:
         self.failures = 0
         self._failure_logged = -float("inf")
         self.events = 0
+        # Each ready replica's engine key by where it is reached (``engine_key``).
+        self._engine_keys: dict[UpstreamKey, str] = {}
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if self._thread is not None:
@@ -169,6 +189,11 @@ class State:
     def stop(self) -> None:
         self._stop.set()
         self._poke.set()
+
+    def engine_key(self, upstream: UpstreamKey) -> str | None:
+        """Return the engine key of the replica reached at ``upstream`` (scheme, host,
+        port), or None: ``gateway.upstream.Upstream``'s credentials. One dict lookup."""
+        return self._engine_keys.get(upstream)
 
     def poke(self) -> None:
         """Read everything again now (a change event arrived)."""
@@ -292,6 +317,8 @@ class State:
         finally:
             connection.close()
         changed = table is not self.table
+        if changed:
+            self._engine_keys = engine_keys(table)
         self.table = table
         if self._loop is not None:
             # A closed loop: the process is stopping.

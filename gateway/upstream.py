@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -257,7 +257,12 @@ class Upstream:
         max_per_upstream: int = MAX_PER_UPSTREAM,
         max_idle: int = MAX_IDLE,
         max_buffer: int = MAX_BUFFER,
+        credentials: Callable[[Key], str | None] | None = None,
     ) -> None:
+        # The engine key an upstream asks for, by its key (``gateway.state.State.engine_key``):
+        # sent as ``Authorization: Bearer`` on every request to it that names no
+        # Authorization of its own (an external provider's).
+        self.credentials = credentials
         self.max_per_upstream = max_per_upstream
         self.max_idle = max_idle
         self.max_buffer = max_buffer
@@ -289,8 +294,14 @@ class Upstream:
             await slots.acquire()  # free: returns at once
         host = key[1] if key[2] == _DEFAULT_PORT[key[0]] else f"{key[1]}:{key[2]}"
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
+        given = False
         for name, value in headers or ():
             head.append(f"{name}: {value}")
+            given = given or name.lower() == "authorization"
+        if not given and self.credentials is not None:
+            secret = self.credentials(key)
+            if secret:
+                head.append(f"Authorization: Bearer {secret}")
         if body or method == "POST":
             head.append(f"Content-Length: {len(body)}")
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body

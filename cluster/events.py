@@ -14,6 +14,12 @@ the console's consumer and hub route by it (``llmgw_admin.consumer``, ``llmgw_ad
 A new event is a row here and a handler in the consumer.
 
 This module is the only code that calls ``group_send``.
+
+A write never waits on Redis past ``LLMGW_REDIS_TIMEOUT_MS``: a publish that fails or gets
+no answer in that time is dropped, and so is every publish of the next ``PAUSE_S``
+seconds (said in the log once, then once a minute while it lasts). Nothing is lost that
+matters: while Redis is away the consoles are closed to reconnect (``llmgw_admin.hub``)
+and each reconnect sends a fresh snapshot; the gateways read their table again anyway.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +36,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +159,87 @@ def flush() -> None:
             send(event.group, event.message(event_id, keys))
 
 
+# After a publish to Redis failed: how long the next ones are dropped without trying, and
+# how often the drops are said.
+PAUSE_S = 5.0
+SAY_EVERY_S = 60.0
+
+
+class _Outage:
+    """Publishes to the Redis layer since one failed: dropped until ``until``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.until = 0.0
+        self.since: float | None = None
+        self.said_at = 0.0
+        self.dropped = 0
+
+
+_outage = _Outage()
+
+
+def _timeout() -> float:
+    from django.conf import settings
+
+    return float(getattr(settings, "LLMGW_REDIS_TIMEOUT_MS", 250)) / 1000
+
+
+async def _bounded_send(layer: Any, group: str, message: dict, timeout: float) -> None:
+    await asyncio.wait_for(layer.group_send(group, message), timeout)
+
+
+def _publish(layer: Any, group: str, message: dict) -> None:
+    """Publish to the Redis layer within the timeout, or drop it (logged, never raised)."""
+    o = _outage
+    now = time.monotonic()
+    with o.lock:
+        if now < o.until:
+            o.dropped += 1
+            if now - o.said_at >= SAY_EVERY_S:
+                o.said_at = now
+                log.warning(
+                    "live events are still dropped: Redis has not taken one for %.0f s (%d "
+                    "dropped); consoles catch up when they reconnect",
+                    now - (o.since or now), o.dropped,
+                )  # fmt: skip
+            return
+    timeout = _timeout()
+    try:
+        async_to_sync(_bounded_send)(layer, group, message, timeout)
+    except (TimeoutError, OSError, RedisError) as exc:  # Redis away, hung or refusing
+        _failed(exc, message, group, timeout)
+    else:
+        with o.lock:
+            if o.since is not None:
+                log.warning(
+                    "live events are published again after %.0f s (%d dropped)",
+                    time.monotonic() - o.since, o.dropped,
+                )  # fmt: skip
+                o.since, o.dropped = None, 0
+
+
+def _failed(exc: BaseException, message: dict, group: str, timeout: float) -> None:
+    o = _outage
+    now = time.monotonic()
+    said = "no answer" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+    with o.lock:
+        o.until = now + PAUSE_S
+        o.dropped += 1
+        if o.since is None:
+            o.since = o.said_at = now
+            log.warning(
+                "could not publish %s to %s (%s within %.0f ms): live events are dropped "
+                "for %g s at a time until Redis takes one; consoles catch up when they "
+                "reconnect", message.get("type"), group, said, timeout * 1000, PAUSE_S,
+            )  # fmt: skip
+
+
 def send(group: str, message: dict) -> None:
     """Send one message to a group, from any thread; a failure is logged, never raised.
 
     A console that misses an event resynchronises when its socket reconnects; a write
-    must not fail because a push could not be made.
+    must not fail because a push could not be made, nor wait on Redis past its timeout.
     """
     layer = get_channel_layer()
     if layer is None:
@@ -181,6 +265,17 @@ def send(group: str, message: dict) -> None:
             else:
                 asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
             return
-        async_to_sync(layer.group_send)(group, message)
+        _publish(layer, group, message)
+    except RuntimeError as exc:
+        if _ending(exc):
+            # The process is ending (SIGTERM): no thread or task can be started to send it.
+            log.debug("dropped %s to %s: the process is ending", message.get("type"), group)
+            return
+        log.warning("could not publish %s to %s", message.get("type"), group, exc_info=True)
     except Exception:
         log.warning("could not publish %s to %s", message.get("type"), group, exc_info=True)
+
+
+def _ending(exc: RuntimeError) -> bool:
+    """Whether ``exc`` says the interpreter is shutting down (its executors refuse work)."""
+    return "after interpreter shutdown" in str(exc) or "after shutdown" in str(exc)

@@ -144,12 +144,25 @@ if REDIS_URL:
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "llmgw",
+            # A sign-in waits on it: bounded, and the throttle lets it through when it fails.
+            "OPTIONS": {
+                "socket_timeout": LLMGW_REDIS_TIMEOUT_MS / 1000,
+                "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_MS / 1000,
+            },
         }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# A write that sends a task (the reconciler woken) must not wait on a hung Redis: each
+# broker command has the Redis timeout, at least 0.1 s (a worker's BRPOP is read once its
+# answer is there, so its 1 s poll is unaffected).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_timeout": max(LLMGW_REDIS_TIMEOUT_MS / 1000, 0.1),
+    "socket_connect_timeout": max(LLMGW_REDIS_TIMEOUT_MS / 1000, 0.1),
+}
+CELERY_BROKER_CONNECTION_TIMEOUT = max(LLMGW_REDIS_TIMEOUT_MS / 1000, 0.1)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -78,7 +78,7 @@ class RefusalAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("=request_id", "key", "model", "judge")
     date_hierarchy = "at"
     readonly_fields = ("at", "request_id", "direction", "model", "key", "owner", "judge",
-                       "verdict", "categories", "score", "judged")  # fmt: skip
+                       "verdict", "categories", "score", "judged", "failures")  # fmt: skip
     fields = readonly_fields
 
     @admin.display(description="categories")

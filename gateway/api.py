@@ -129,7 +129,7 @@ class RefusalSerializer(serializers.ModelSerializer[Refusal]):
     class Meta:
         model = Refusal
         fields = ("at", "request_id", "direction", "model", "key", "owner", "judge", "verdict",
-                  "categories", "score", "judged")  # fmt: skip
+                  "categories", "score", "judged", "failures")  # fmt: skip
         read_only_fields = fields
 
 

@@ -618,6 +618,7 @@ class Gateway:
                 judge=verdict.get("judge") or "", verdict=verdict.get("verdict") or "",
                 categories=tuple(verdict.get("categories") or ()),
                 score=verdict.get("score"), judged=verdict.get("judged", True) is not False,
+                failures=tuple(verdict.get("failed") or ()),
             ))  # fmt: skip
             log.info("refused %s (%s) of %s on %s: judge %s, %s", sent.request_id,
                      verdict["direction"], key.name, target_model.name,
@@ -655,7 +656,7 @@ class Gateway:
         result = await verdict
         try:
             if result.get("decision") != "allow":
-                raise Refused(_refusal("request", result), {**result, "direction": "request"})
+                raise Refused(_refusal("request", result), _refused("request", result))
             if result.get("request_cut"):
                 # Too long for the judge: it read the start and the end; the middle too.
                 await self._judge_parts(req, req.text, REQUEST)
@@ -811,7 +812,7 @@ class Gateway:
 
     def _allowed(self, direction: str, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("decision") != "allow":
-            raise Refused(_refusal(direction, result), {**result, "direction": direction})
+            raise Refused(_refusal(direction, result), _refused(direction, result))
         if result.get("failed_open"):
             self.observer.failed_open()
         return result
@@ -1058,6 +1059,20 @@ def _answer_text(answer: Any) -> str:
         if isinstance(choice.get("text"), str):
             texts.append(choice["text"])
     return "\n".join(texts)
+
+
+def _refused(direction: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A refusal's record (``Refused.verdict``): ``judged`` false when no judge answered
+    (each failed or was skipped by its breaker, and the policy fails closed), and
+    ``failed``, each judge that gave no verdict on the way with how: (judge, kind)."""
+    answered = result.get("judge") is not None and result.get("verdict") is not None
+    failed = tuple(
+        (str(f.get("judge") or ""), str(f.get("kind") or ""))
+        for f in result.get("failures") or ()
+        if isinstance(f, dict)
+    )
+    judged = answered and result.get("judged", True) is not False
+    return {**result, "direction": direction, "judged": judged, "failed": failed}
 
 
 def _refusal(direction: str, result: dict[str, Any]) -> ApiError:

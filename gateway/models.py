@@ -166,6 +166,12 @@ class Refusal(db.Model):
         _("judged"), default=True,
         help_text=_("false: no judge answered and the policy fails closed"),
     )  # fmt: skip
+    failures = db.JSONField(
+        _("failures"), default=list, blank=True,
+        help_text=_("the judges that gave no verdict on the way, each with how it failed "
+                    "(timeout, refused, http_error, unreadable, context, no_replica, "
+                    "breaker_open): [{judge, kind}]"),
+    )  # fmt: skip
 
     class Meta:
         ordering = ("-at", "-pk")

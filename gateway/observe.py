@@ -41,6 +41,8 @@ class Refusal:
     categories: tuple[str, ...]
     score: float | None
     judged: bool  # False: no judge answered and the policy fails closed
+    # The judges that gave no verdict on the way: (judge, kind), kind as guard.chain's.
+    failures: tuple[tuple[str, str], ...] = ()
 
 
 class Listener:

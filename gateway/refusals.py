@@ -61,12 +61,16 @@ def row(at: float, record: observe.Refusal) -> Refusal:
         score = None
     direction = record.direction if record.direction in Refusal.Direction.values else "request"
     categories = [_text(c, CATEGORY_CHARS) for c in record.categories[:MAX_CATEGORIES]]
+    failures = [
+        {"judge": _text(judge, 200), "kind": _text(kind, 40)}
+        for judge, kind in record.failures[:MAX_CATEGORIES]
+    ]
     return Refusal(
         at=dt.datetime.fromtimestamp(at, tz=dt.UTC), request_id=_text(record.request_id, 40),
         direction=direction, model=_text(record.model, 200), key=_text(record.key, 100),
         owner=_text(record.owner, 120), judge=_text(record.judge, 200),
         verdict=_text(record.verdict, 40), categories=categories, score=score,
-        judged=bool(record.judged),
+        judged=bool(record.judged), failures=failures,
     )  # fmt: skip
 
 

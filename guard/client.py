@@ -74,7 +74,7 @@ class Answer(Protocol):
 class Client(Protocol):
     """What asks an engine: ``guard.pool.Pool`` on the check's path, or an ``httpx.Client``."""
 
-    def post(self, url: str, *, json: Any, timeout: float) -> Answer: ...
+    def post(self, url: str, *, json: Any, timeout: float, headers: Any = None) -> Answer: ...
 
 
 class JudgeFailure(Exception):
@@ -130,6 +130,7 @@ def ask_judge(
     model: str | None = None,
     controversial: str = SAFE,
     client: Client | None = None,
+    key: str = "",
 ) -> JudgeAnswer:
     """Return a judge's verdict on a request, or on an answer to it.
 
@@ -140,7 +141,8 @@ def ask_judge(
     ``model`` the name sent in the body (vLLM checks it; llama-server ignores it);
     ``controversial`` how Qwen3Guard's Controversial counts in the score; ``client`` a
     ``guard.pool.Pool`` or an ``httpx.Client`` to reuse (a pool is made and closed
-    otherwise).
+    otherwise); ``key`` the judge replica's engine key (``cluster.enginekeys``), sent as
+    ``Authorization: Bearer`` on every call to it.
 
     Raises:
         JudgeFailure: no verdict (see the module's docstring for the kinds).
@@ -153,7 +155,7 @@ def ask_judge(
     )
     http = client if client is not None else pool.Pool()
     try:
-        engine = _Engine(http, endpoint, started + timeout, model)
+        engine = _Engine(http, endpoint, started + timeout, model, key)
         asked = [
             _ask(engine, judge, request, answer, p.categories, variant, context_length, budget)
             for p in prompts
@@ -178,6 +180,7 @@ async def ask_judge_on_loop(
     model: str | None = None,
     controversial: str = SAFE,
     conns: pool.AsyncPool,
+    key: str = "",
 ) -> JudgeAnswer | None:
     """``ask_judge`` on the event loop, for a prompt that fits by the safe estimate.
 
@@ -207,7 +210,7 @@ async def ask_judge_on_loop(
         if left <= 0:
             raise _timed_out(base)
         try:
-            response = await conns.post(base + path, json=body, timeout=left)
+            response = await conns.post(base + path, json=body, timeout=left, headers=_auth(key))
         except pool.Timeout:
             raise _timed_out(base, path) from None
         except pool.Unreachable as error:
@@ -463,8 +466,11 @@ def _fit(
 class _Engine:
     """One replica as one ask sees it: its URL, the time left, what it tokenizes with."""
 
-    def __init__(self, client: Client, endpoint: str, deadline: float, model: str | None) -> None:
+    def __init__(
+        self, client: Client, endpoint: str, deadline: float, model: str | None, key: str = ""
+    ) -> None:
         self.client = client
+        self.headers = _auth(key)
         self.base = _base(endpoint)
         self.deadline = deadline
         self.model = model
@@ -488,7 +494,7 @@ class _Engine:
         if left <= 0:
             raise _timed_out(self.base)
         try:
-            return self.client.post(self.base + path, json=body, timeout=left)
+            return self.client.post(self.base + path, json=body, timeout=left, headers=self.headers)
         except (httpx.TimeoutException, pool.Timeout):
             raise _timed_out(self.base, path) from None
         except (httpx.TransportError, pool.Unreachable) as error:
@@ -626,6 +632,11 @@ def _score(judge: Format, logprobs: Any, controversial: str) -> float | None:
     except ValueError:
         # Odd logprobs cost the score, not the verdict the text gave.
         return None
+
+
+def _auth(key: str) -> dict[str, str] | None:
+    """Return the headers that carry a judge replica's engine key, or None without one."""
+    return {"Authorization": f"Bearer {key}"} if key else None
 
 
 def _base(endpoint: str) -> str:

@@ -355,6 +355,7 @@ def _ask(
             model=judge.name,
             controversial=controversial,
             client=http,
+            key=judge.key,
         )
     except client.JudgeFailure as exc:
         row.failure_kind, row.failure = exc.kind, exc.message[:2000]

@@ -32,6 +32,7 @@ import json
 import ssl
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -83,8 +84,17 @@ class Pool:
         self._lock = threading.Lock()
         self._ssl: ssl.SSLContext | None = None
 
-    def post(self, url: str, *, json: Any, timeout: float) -> Reply:  # noqa: A002 (httpx's name)
+    def post(
+        self,
+        url: str,
+        *,
+        json: Any,  # noqa: A002 (httpx's name)
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
         """POST ``json`` to ``url``, waiting at most ``timeout`` seconds a step.
+
+        ``headers`` are sent besides the pool's own (the judge replica's engine key).
 
         Raises:
             Timeout: no connection or no answer in time.
@@ -100,6 +110,7 @@ class Pool:
             "Content-Length": str(len(body)),
             "Accept": "application/json",
             "User-Agent": _USER_AGENT,
+            **(headers or {}),
         }
         conn, reused = self._take(key, timeout)
         try:
@@ -195,8 +206,16 @@ class AsyncPool:
         self.max_idle = max_idle
         self._idle: defaultdict[tuple[str, str, int], list[_Stream]] = defaultdict(list)
 
-    async def post(self, url: str, *, json: Any, timeout: float) -> Reply:  # noqa: A002
-        """POST ``json`` to ``url`` within ``timeout`` seconds in all.
+    async def post(
+        self,
+        url: str,
+        *,
+        json: Any,  # noqa: A002
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """POST ``json`` to ``url`` within ``timeout`` seconds in all (``headers`` besides
+        the pool's own).
 
         Raises:
             Timeout, Unreachable: as ``Pool.post``.
@@ -208,7 +227,9 @@ class AsyncPool:
         message = (
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nAccept: application/json\r\n"
-            f"User-Agent: {_USER_AGENT}\r\n\r\n"
+            f"User-Agent: {_USER_AGENT}\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+            + "\r\n"
         ).encode("latin-1") + body
         conns = self._idle[key]
         stream: _Stream | None = None

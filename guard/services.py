@@ -22,7 +22,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from catalog.models import ServedModel
 from catalog.problems import Problem
 from cluster import wake
 from cluster.choices import ReplicaState
+from cluster.enginekeys import engine_key
 from cluster.models import Replica
 from guard import breaker, client, formats, known, pool, records
 from guard import policy as policy_rules
@@ -228,6 +229,9 @@ class Judge:
     # How long one ask may take in all (seconds): from the model's slo, else
     # LLMGW_GUARD_JUDGE_TIMEOUT (guard.client.judge_timeout).
     timeout: float = 5.0
+    # The engine key of the replica at ``endpoint`` (cluster.enginekeys): sent with every
+    # call to it, never shown (not in the repr a log or a traceback would print).
+    key: str = field(default="", repr=False)
 
     @property
     def ref(self) -> JudgeRef:
@@ -253,14 +257,14 @@ def judges(names: Sequence[str]) -> list[Judge]:
             "slo_tpot_p99",
         )  # fmt: skip
     }
-    endpoints: dict[str, str] = {}
-    for name, endpoint in (
+    endpoints: dict[str, tuple[str, int]] = {}
+    for name, endpoint, rid in (
         Replica.objects.filter(model_name__in=list(names), state=ReplicaState.READY, desired=True)
         .exclude(endpoint="")
         .order_by("-ready_since")
-        .values_list("model_name", "endpoint")
+        .values_list("model_name", "endpoint", "id")
     ):
-        endpoints.setdefault(name, endpoint)
+        endpoints.setdefault(name, (endpoint, rid))
     out = []
     for name in names:
         row = rows.get(name)
@@ -274,7 +278,8 @@ def judges(names: Sequence[str]) -> list[Judge]:
                 variant=kj.variant if kj else None,
                 context_length=(row["context_length"] if row and row["context_length"] else 0)
                 or (kj.context_length if kj else DEFAULT_CONTEXT),
-                endpoint=endpoints.get(name),
+                endpoint=endpoints[name][0] if name in endpoints else None,
+                key=engine_key(endpoints[name][1]) if name in endpoints else "",
                 missing=_missing(name, row is not None, is_judge),
                 timeout=client.judge_timeout(
                     row["guard_format"] if row else None,
@@ -409,6 +414,8 @@ def default_timeout() -> float:
 # is skipped, and probed again after a back-off, instead of costing every check its
 # timeout. Per process: each gateway process counts its own.
 BREAKERS = breaker.Breakers(lambda: breaker.Config.from_settings(settings))
+# Each change of state is written for the console, off the path (guard.records).
+BREAKERS.listen(records.breaker_changed)
 # How long past its timeout a probe of a half-open judge holds the others off.
 PROBE_MARGIN = 1.0
 
@@ -523,6 +530,7 @@ def _ask_options(j: Judge, pol: Any, timeout: float | None) -> dict[str, Any]:
         "timeout": _timeout(j, timeout),
         "model": j.name,
         "controversial": pol.controversial,
+        "key": j.key,
     }
 
 
@@ -848,6 +856,7 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
                     timeout=timeout,
                     model=j.name,
                     client=_http(),
+                    key=j.key,
                 )  # fmt: skip
                 for text in (PROBE_ORDINARY, PROBE_HARMFUL)
             ]

@@ -12,6 +12,14 @@ Each process subscribes to the channel layer once per group (llmgw_admin.hub) an
 events to its consoles; rendering is shared: every console of a process gets the same
 HTML for the same event and role, rendered once (bench/live.py).
 
+A console is refused cleanly, never with an error: while Redis is away (accepted, then
+closed with 1013, so the page retries), when subscribing takes longer than
+``JOIN_TIMEOUT_S`` (Redis hung before the hub's ping noticed), and past
+``LLMGW_WS_PER_USER`` open consoles of one user in this process (closed with 1008 and
+a reason saying so; the page does not retry). The consumer takes no channel of its own
+from the layer (``channel_layer_alias``): events reach it through the hub only, so opening
+a console asks Redis nothing before the hub does.
+
 Wiring: it reads every app's renderers (``cluster.live``, ``guard.live``), so it lives on
 top, in the console's home; no app imports it.
 """
@@ -27,6 +35,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from cluster import events
 from cluster import live as cluster_live
@@ -44,6 +53,15 @@ _RENDER_TTL_S = 10.0
 # The close code for a console whose events may be missed (RFC 6455 "try again later"):
 # htmx's ws extension reconnects on it.
 LAYER_AWAY = 1013
+# The close code for a console over its user's cap (RFC 6455 "policy violation"): htmx's
+# ws extension does not retry it.
+TOO_MANY = 1008
+# The longest a console waits to be subscribed (Redis hung, before the hub notices).
+JOIN_TIMEOUT_S = 2.0
+# A layer alias with no configuration: channels then gives the consumer no channel.
+NO_OWN_CHANNEL = "llmgw-live-hub-only"
+# Open consoles per user id in this process (the cap: LLMGW_WS_PER_USER).
+_open: dict[int, int] = {}
 
 
 def snapshot(
@@ -102,6 +120,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
     evaluation: int | None
     shown_nodes: set[int]
     shown_models: set[str]
+    # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
+    channel_layer_alias = NO_OWN_CHANNEL
+    counted: int | None = None  # the user id this console is counted against
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -111,6 +132,20 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not await database_sync_to_async(has_role)(user, VIEWER):
             await self.close()
             return
+        cap = int(settings.LLMGW_WS_PER_USER)
+        if _open.get(user.pk, 0) >= cap:
+            log.warning(
+                "refused a live console of %s: %d are open in this process (LLMGW_WS_PER_USER)",
+                user.get_username(), cap,
+            )  # fmt: skip
+            await self.accept()
+            await self.close(
+                code=TOO_MANY,
+                reason=f"too many live consoles open: at most {cap} a user; close some tabs",
+            )  # fmt: skip
+            return
+        _open[user.pk] = _open.get(user.pk, 0) + 1
+        self.counted = user.pk
         raw = self.scope["url_route"]["kwargs"].get("topics", "")
         topics = [t for t in raw.split(",") if t]
         if not topics or any(t not in events.TOPICS for t in topics):
@@ -136,9 +171,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=LAYER_AWAY)
             return
         try:
-            await hub().join(self, [events.TOPICS[t] for t in topics])
+            await asyncio.wait_for(
+                hub().join(self, [events.TOPICS[t] for t in topics]), JOIN_TIMEOUT_S
+            )
         except Exception as exc:
-            log.warning("a live console cannot subscribe (%s); it will retry", exc)
+            said = "no answer" if isinstance(exc, TimeoutError) else exc
+            log.warning("a live console cannot subscribe (%s); it will retry", said)
+            hub().leave(self)
             await self.close(code=LAYER_AWAY)
             return
         html, nodes, models = await database_sync_to_async(self._snapshot)()
@@ -160,6 +199,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
+        if self.counted is not None:
+            left = _open.get(self.counted, 1) - 1
+            if left > 0:
+                _open[self.counted] = left
+            else:
+                _open.pop(self.counted, None)
+            self.counted = None
         hub().leave(self)
         task = getattr(self, "traffic_task", None)
         if task is not None:

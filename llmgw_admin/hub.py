@@ -79,8 +79,9 @@ class Hub:
                 event = await layer.receive(channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("the live hub could not receive; retrying", exc_info=True)
+            except Exception as exc:
+                if not self.away:
+                    log.warning("the live hub could not receive (%s); retrying", exc)
                 await self._away()
                 await asyncio.sleep(1)
                 continue

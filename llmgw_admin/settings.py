@@ -135,6 +135,11 @@ if LLMGW_REDIS_TIMEOUT_MS < 1:
     raise ImproperlyConfigured(
         f"LLMGW_REDIS_TIMEOUT_MS is {LLMGW_REDIS_TIMEOUT_MS}: write 1 or more milliseconds"
     )
+# How many live consoles (websockets) one user may hold open in one web process
+# (llmgw_admin/consumer.py); the one over it is closed with 1008 and says why.
+LLMGW_WS_PER_USER = envint("WS_PER_USER", 20)
+if LLMGW_WS_PER_USER < 1:
+    raise ImproperlyConfigured(f"LLMGW_WS_PER_USER is {LLMGW_WS_PER_USER}: write 1 or more")
 
 # The cache holds the sign-in throttle's counts (llmgw_admin/throttle.py): in Redis, every
 # web process counts the same failures; embedded, the one web process keeps them.

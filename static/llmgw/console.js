@@ -121,7 +121,15 @@
     });
   }
   document.addEventListener("htmx:wsOpen", function () { status("live", "on"); });
-  document.addEventListener("htmx:wsClose", function () { status("reconnecting…", "off"); });
+  document.addEventListener("htmx:wsClose", function (e) {
+    // 1008: refused for good (too many consoles of this user open); it is not retried.
+    var closed = e.detail && e.detail.event;
+    if (closed && closed.code === 1008) {
+      status("not live: " + (closed.reason || "refused"), "off");
+      return;
+    }
+    status("reconnecting…", "off");
+  });
   document.addEventListener("htmx:wsError", function () { status("reconnecting…", "off"); });
 
   function age(seconds) {

@@ -223,13 +223,14 @@ class Command(BaseCommand):
         )
         assert trial is not None  # every judge is one of reports; categories are dropped
         answer = options.get("answer")
+        key = _engine_key_at(url)
 
         def ask(ref: JudgeRef) -> Any:
             return client.ask_judge(
                 url, fmt, options["request"], answer,
                 context_length=options["context_length"], categories=categories,
                 variant=variant, timeout=options["timeout"], model=options.get("model"),
-                controversial=trial.controversial,
+                controversial=trial.controversial, key=key,
             )  # fmt: skip
 
         # The engine is asked whatever the policy's directions: trying it is the point.
@@ -467,3 +468,15 @@ def _ms(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
+
+
+def _engine_key_at(url: str) -> str:
+    """Return the engine key of the replica reached at ``url`` (its endpoint, with or
+    without ``/v1``), or "" for an engine the cluster does not run."""
+    from cluster.enginekeys import engine_key
+    from cluster.models import Replica
+
+    base = url.rstrip("/").removesuffix("/v1")
+    rid = Replica.objects.filter(endpoint__in=(base, base + "/")).values_list("id", flat=True)
+    found = rid.first()
+    return engine_key(found) if found else ""

@@ -1,0 +1,116 @@
+"""The live console's websocket when Redis is cut, and its cap per user.
+
+Through the real ASGI application and the production channel layer (channels-redis) on the
+local Redis, behind a FaultProxy the test cuts: a console opened while Redis is away or
+hung is accepted and closed with 1013 (the page retries), never an error; one over
+``LLMGW_WS_PER_USER`` is closed with 1008 and a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from llmgw_admin.consumer import LAYER_AWAY, TOO_MANY
+from tests.faultproxy import FaultProxy
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+ORIGIN = (b"origin", b"http://localhost")
+PATH = "/ws/live/nodes,models,judges/"
+
+
+@pytest.fixture
+def proxy(settings: Any) -> Iterator[FaultProxy]:
+    parts = urlsplit(URL)
+    p = FaultProxy((parts.hostname or "127.0.0.1", parts.port or 6379)).start()
+    settings.REDIS_URL = f"redis://{p.address}{parts.path}"
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [settings.REDIS_URL], "prefix": f"t-{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    channel_layers.backends.clear()
+    yield p
+    p.stop()
+    channel_layers.backends.clear()
+
+
+def _cookie(user: Any) -> tuple[bytes, bytes]:
+    c = Client()
+    c.force_login(user)
+    return (b"cookie", f"sessionid={c.cookies['sessionid'].value}".encode())
+
+
+async def _console(user: Any) -> WebsocketCommunicator:
+    from llmgw_admin.asgi import application
+
+    cookie = await sync_to_async(_cookie)(user)
+    return WebsocketCommunicator(application, PATH, headers=[ORIGIN, cookie])
+
+
+@pytest.mark.parametrize("fault", ["refuse", "hang"])
+async def test_a_console_opened_while_redis_is_cut_is_told_to_retry_not_failed(
+    proxy: FaultProxy, fault: str, viewer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    getattr(proxy, fault)()
+    comm = await _console(viewer)
+    start = time.monotonic()
+    connected, _ = await comm.connect(timeout=10)  # an exception here is the old HTTP 500
+    assert connected
+    closed = await comm.receive_output(timeout=10)
+    assert closed == {"type": "websocket.close", "code": LAYER_AWAY}, closed
+    assert time.monotonic() - start < 8  # the join's 2 s bound, on a loaded machine
+    await comm.wait(timeout=5)
+    traced = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert traced == [], traced
+
+    proxy.heal()
+    comm = await _console(viewer)
+    connected, _ = await comm.connect(timeout=10)
+    assert connected
+    assert 'id="cluster-models"' in await comm.receive_from(timeout=10)  # the snapshot
+    await comm.disconnect()
+
+
+async def test_a_user_past_the_cap_is_refused_with_a_reason_until_one_closes(
+    viewer: Any, operator: Any, settings: Any
+) -> None:
+    settings.LLMGW_WS_PER_USER = 3
+    open_ = []
+    for _ in range(3):
+        comm = await _console(viewer)
+        assert (await comm.connect(timeout=10))[0]
+        assert 'id="cluster-nodes"' in await comm.receive_from(timeout=10)
+        open_.append(comm)
+    over = await _console(viewer)
+    assert (await over.connect(timeout=10))[0]
+    closed = await over.receive_output(timeout=10)
+    assert closed["type"] == "websocket.close" and closed["code"] == TOO_MANY, closed
+    assert "too many live consoles open: at most 3" in closed["reason"]
+    await over.wait(timeout=5)
+    # Another user is not counted against this one.
+    other = await _console(operator)
+    assert (await other.connect(timeout=10))[0]
+    assert 'id="cluster-nodes"' in await other.receive_from(timeout=10)
+    # One closed: the next one is let in.
+    await open_.pop().disconnect()
+    again = await _console(viewer)
+    assert (await again.connect(timeout=10))[0]
+    assert 'id="cluster-nodes"' in await again.receive_from(timeout=10)
+    for comm in [*open_, other, again]:
+        await comm.disconnect()

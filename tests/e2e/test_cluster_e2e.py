@@ -13,7 +13,7 @@ import pytest
 
 from cluster.models import Assignment, Node, Replica
 from tests.catalog.samples import store
-from tests.e2e.conftest import Agent, ControlPlane, wait_for
+from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -81,10 +81,11 @@ def test_agents_run_sim_replicas_multi_node_and_drain(
     (chat1, chat2) = wait_for(ready("chat", 2), 90, "two chat replicas ready")
     (wide,) = wait_for(ready("wide"), 90, "the two-node replica ready")
     assert len(nodes_of("wide")) == 2
-    # The ready replica answers through its endpoint.
+    # The ready replica answers through its endpoint, to whoever holds its engine key.
     r = httpx.post(
         chat1.endpoint + "/v1/chat/completions",
         json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        headers=engine_auth(chat1.pk),
         timeout=10,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
@@ -189,6 +190,7 @@ def test_real_llama_server_on_cpu_ready_answers_and_stops(
     assert Assignment.objects.get(replica=replica).cpu_cores == 2
     r = httpx.post(
         replica.endpoint + "/v1/chat/completions",
+        headers=engine_auth(replica.pk),
         json={
             "model": "smol",
             "messages": [{"role": "user", "content": "Say hello."}],

@@ -17,7 +17,7 @@ import pytest
 
 from cluster.models import Node, Replica
 from tests.catalog.samples import store
-from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
+from tests.e2e.conftest import ROOT, Agent, ControlPlane, engine_auth, free_port, wait_for
 from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
 
 pytestmark = pytest.mark.e2e
@@ -238,7 +238,9 @@ def _answers(url: str) -> bool:
 
 
 def sim_stats(replica: Replica) -> dict[str, int]:
-    return httpx.get(replica.endpoint + "/sim/stats", timeout=5).json()
+    return httpx.get(
+        replica.endpoint + "/sim/stats", headers=engine_auth(replica.pk), timeout=5
+    ).json()
 
 
 def test_a_client_that_goes_away_stops_the_engine(cluster: ControlPlane) -> None:

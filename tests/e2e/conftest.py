@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
@@ -46,15 +47,13 @@ def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "conditi
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-# The control plane's secret key in these tests: what its engines' keys derive from.
-SECRET_KEY = "e2e"
-
-
 def engine_auth(replica_id: int) -> dict[str, str]:
-    """Return the header replica ``replica_id``'s engine asks of every caller."""
-    from cluster.enginekeys import engine_key
+    """Return the header replica ``replica_id``'s engine asks of every caller: the
+    processes a test starts share its secret key, so the test computes their engines'
+    keys as they do (and asks their judges itself, as guard.services does)."""
+    from cluster.enginekeys import authorization
 
-    return {"Authorization": f"Bearer {engine_key(replica_id, SECRET_KEY)}"}
+    return {"Authorization": authorization(replica_id)}
 
 
 @dataclass
@@ -80,7 +79,7 @@ class ControlPlane:
                 f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
             ),
             LLMGW_DATA_DIR=str(self.tmp / "data"),
-            LLMGW_SECRET_KEY=SECRET_KEY,
+            LLMGW_SECRET_KEY=str(settings.SECRET_KEY),
             LLMGW_RECONCILE_INTERVAL="1",
             LLMGW_NODE_LOST_AFTER="4",
             LLMGW_LOCAL_AGENT="false",

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from guard.breaker import SKIPPED
+from guard.breaker import State as BreakerState
 from guard.formats import UnreadableAnswer, Verdict
 from guard.policy import ALLOW, DIRECTIONS, FAIL_OPEN, REFUSE, Policy, decide
 
@@ -218,13 +219,15 @@ class Stats:
     """Counts of what chains did, in memory; the lead persists and resets them (``take``).
 
     ``answers`` counts each judge's verdicts and ``last_good`` keeps when its latest came
-    and how long it took; ``health`` its failures; ``decisions`` the verdicts by key.
+    and how long it took; ``health`` its failures; ``decisions`` the verdicts by key;
+    ``breakers`` each judge's circuit breaker as it last changed (``guard.breaker``).
     """
 
     health: dict[str, JudgeHealth] = field(default_factory=dict)
     decisions: Counter[DecisionKey] = field(default_factory=Counter)
     answers: Counter[str] = field(default_factory=Counter)
     last_good: dict[str, tuple[datetime, float | None]] = field(default_factory=dict)
+    breakers: dict[str, BreakerState] = field(default_factory=dict)
 
     def record(self, result: ChainResult, at: datetime | None = None) -> None:
         """Count a chain's failures against their judges and its decision.
@@ -258,7 +261,8 @@ class Stats:
         self._last_error(h, failure.kind, failure.message, failure.at)
 
     def merge(self, other: Stats) -> None:
-        """Add another's counts to these (the latest error and answer win)."""
+        """Add another's counts to these (the latest error and answer win; ``other``'s
+        breakers, the later ones, replace these)."""
         for judge, theirs in other.health.items():
             h = self.health.setdefault(judge, JudgeHealth())
             h.failures += theirs.failures
@@ -269,18 +273,22 @@ class Stats:
         self.answers.update(other.answers)
         for judge, (at, latency) in other.last_good.items():
             self._good(judge, at, latency)
+        self.breakers.update(other.breakers)
 
     def empty(self) -> bool:
         """Return whether nothing has been counted."""
-        return not (self.health or self.decisions or self.answers or self.last_good)
+        return not (
+            self.health or self.decisions or self.answers or self.last_good or self.breakers
+        )
 
     def take(self) -> Stats:
         """Return the counts so far and start again from zero."""
-        taken = Stats(self.health, self.decisions, self.answers, self.last_good)
+        taken = Stats(self.health, self.decisions, self.answers, self.last_good, self.breakers)
         self.health = {}
         self.decisions = Counter()
         self.answers = Counter()
         self.last_good = {}
+        self.breakers = {}
         return taken
 
     @staticmethod

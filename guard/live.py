@@ -35,7 +35,8 @@ from cluster.choices import ReplicaState
 from cluster.models import Replica
 from guard import charts, evalrun, known, services
 from guard import evaluation as ev
-from guard.models import EvalRun, JudgeDecision, JudgeHealth, JudgeProbe
+from guard.breaker import CLOSED, HALF_OPEN, OPEN
+from guard.models import EvalRun, JudgeBreaker, JudgeDecision, JudgeHealth, JudgeProbe
 
 ENABLE_DOM_ID = "guard-enable-judge"
 VERDICTS = ("safe", "unsafe", "controversial")
@@ -58,6 +59,25 @@ def judge_slug(name: str) -> str:
 def judge_dom_id(name: str) -> str:
     """Return the id of a judge's health block: ``guard-judge-<slug>-health``."""
     return f"guard-judge-{judge_slug(name)}-health"
+
+
+@dataclass(frozen=True)
+class BreakerRow:
+    """A judge's circuit breaker in one gateway process (``guard.breaker``), as it last
+    changed: ``state`` closed, open or half_open; ``since`` when it got there, ``opened_at``
+    when the outage began, ``next_probe`` when one check may ask it again."""
+
+    process: str
+    state: str
+    since: datetime | None
+    opened_at: datetime | None
+    next_probe: datetime | None
+    failures: int
+    last_kind: str
+
+    @property
+    def state_text(self) -> str:
+        return {CLOSED: "closed", OPEN: "open", HALF_OPEN: "half-open"}.get(self.state, self.state)
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,27 @@ class JudgeHealthRow:
     probe: JudgeProbe | None
     decisions: dict[str, int] = field(default_factory=dict)
     status: str = "idle"
+    # Its breaker in each gateway process that has had one change (none: closed in all).
+    breakers: list[BreakerRow] = field(default_factory=list)
+
+    @property
+    def breaker(self) -> str:
+        """The breaker at a glance: ``open`` when it is open in any process, else
+        ``half_open`` when one probes it, else ``closed``."""
+        states = {b.state for b in self.breakers}
+        for s in (OPEN, HALF_OPEN):
+            if s in states:
+                return s
+        return CLOSED
+
+    @property
+    def breaker_text(self) -> str:
+        return {CLOSED: "closed", OPEN: "open", HALF_OPEN: "half-open"}[self.breaker]
+
+    @property
+    def tripped(self) -> list[BreakerRow]:
+        """The processes where its breaker is not closed."""
+        return [b for b in self.breakers if b.state != CLOSED]
 
     @property
     def status_text(self) -> str:
@@ -138,7 +179,7 @@ def judge_names(policy_names: list[str] | None = None) -> list[str]:
 def judge_health_rows(names: list[str] | None = None) -> list[JudgeHealthRow]:
     """Return the health of judges (default ``judge_names()``), in that order.
 
-    Eight queries at most, whatever the number of judges.
+    Nine queries at most, whatever the number of judges.
     """
     policy_names = list(services.current_policy().judge_models)
     names = judge_names(policy_names) if names is None else names
@@ -155,6 +196,13 @@ def judge_health_rows(names: list[str] | None = None) -> list[JudgeHealthRow]:
         states.setdefault(model_name, Counter())[state] += 1
     health = {h.judge: h for h in JudgeHealth.objects.filter(judge__in=names)}
     probes = {p.judge: p for p in JudgeProbe.objects.filter(judge__in=names)}
+    breakers: dict[str, list[BreakerRow]] = {}
+    for b in JudgeBreaker.objects.filter(judge__in=names).order_by("judge", "process"):
+        breakers.setdefault(b.judge, []).append(
+            BreakerRow(
+                b.process, b.state, b.since, b.opened_at, b.next_probe, b.failures, b.last_kind
+            )  # fmt: skip
+        )
     decisions: dict[str, dict[str, int]] = {}
     for judge, verdict, n in (
         JudgeDecision.objects.filter(judge__in=names)
@@ -196,6 +244,7 @@ def judge_health_rows(names: list[str] | None = None) -> list[JudgeHealthRow]:
                 probe=p,
                 decisions={v: decisions.get(name, {}).get(v, 0) for v in VERDICTS},
                 status=_status(m is not None, ready, h, p),
+                breakers=breakers.get(name, []),
             )
         )
     return rows

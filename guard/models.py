@@ -60,6 +60,38 @@ class JudgeHealth(models.Model):
         return self.judge
 
 
+class JudgeBreaker(models.Model):
+    """A judge's circuit breaker as one process last had it (``guard.breaker``).
+
+    Each gateway process (the web process's, each ``gateway serve``) keeps its own
+    breakers in memory and writes each change of state here off the request path, for
+    the console; nothing reads it to decide. ``process`` is ``host:pid``; a process that
+    starts deletes the rows of processes of its host no longer running.
+    """
+
+    judge = models.CharField(max_length=200)
+    process = models.CharField(max_length=200)
+    state = models.CharField(max_length=20)
+    since = models.DateTimeField(null=True, blank=True)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    next_probe = models.DateTimeField(null=True, blank=True)
+    backoff = models.FloatField(default=0)
+    failures = models.IntegerField(default=0)
+    last_kind = models.CharField(max_length=40, blank=True)
+    updated = models.DateTimeField()
+
+    class Meta:
+        ordering = ("judge", "process")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["judge", "process"], name="%(app_label)s_%(class)s_unique_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.judge} in {self.process}: {self.state}"
+
+
 class JudgeDecision(models.Model):
     """How many times a judge gave a verdict with a category (empty for none)."""
 

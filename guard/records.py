@@ -8,6 +8,9 @@ number of processes and flushes; a flush that fails puts its counts back to be w
 with the next one; ``stop`` (and the process's exit, through ``atexit``) writes what is
 left.
 
+Each judge's circuit breaker (``guard.breaker``, per process) is written the same way
+when it changes state, one row per judge and process (``JudgeBreaker``), for the console.
+
 The web process's server starts the recorder (``llmgw_admin/server.py``; importing the
 application starts nothing). Elsewhere (the ``guard``
 command, Celery's probe, tests) nothing is started and ``guard.services.record`` writes
@@ -17,17 +20,21 @@ each result at once, through the same ``write``.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
 from cluster import events
+from guard.breaker import State as BreakerState
 from guard.chain import NO_JUDGE, ChainResult, Stats
-from guard.models import JudgeDecision, JudgeHealth
+from guard.models import JudgeBreaker, JudgeDecision, JudgeHealth
 from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)
@@ -46,13 +53,16 @@ def write(stats: Stats) -> None:
     The last error and the last good answer replace the stored ones only when newer.
     """
     judges = sorted(set(stats.health) | set(stats.answers) | set(stats.last_good))
+    breakers = sorted(stats.breakers)
     decisions: Counter[tuple[str, str, str]] = Counter()
     for key, n in stats.decisions.items():
         if key.judge != NO_JUDGE:  # all failed: the failures are counted per judge
             decisions[(key.judge, key.verdict, key.category)] += n
-    if not judges and not decisions:
+    if not judges and not decisions and not breakers:
         return
     with transaction.atomic():
+        for judge in breakers:
+            _write_breaker(judge, stats.breakers[judge])
         if judges:
             JudgeHealth.objects.bulk_create(
                 [JudgeHealth(judge=j) for j in judges], ignore_conflicts=True
@@ -88,7 +98,68 @@ def write(stats: Stats) -> None:
                 count=F("count") + decisions[(j, v, c)]
             )
         # The consoles show these counts: pushed once this commits (one event per flush).
-        events.changed(judges=[*judges, *(j for j, _, _ in keys)])
+        events.changed(judges=[*judges, *(j for j, _, _ in keys), *breakers])
+
+
+def process_name() -> str:
+    """This process as breaker rows name it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _at(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, tz=UTC)
+
+
+def _write_breaker(judge: str, s: BreakerState) -> None:
+    JudgeBreaker.objects.update_or_create(
+        judge=judge[:200],
+        process=process_name(),
+        defaults={
+            "state": s.state, "since": _at(s.since), "opened_at": _at(s.opened_at),
+            "next_probe": _at(s.next_probe), "backoff": s.backoff, "failures": s.failures,
+            "last_kind": s.last_kind[:40], "updated": datetime.now(UTC),
+        },
+    )  # fmt: skip
+
+
+def breaker_changed(judge: str, state: BreakerState) -> None:
+    """A judge's breaker changed state in this process (``guard.breaker.Breakers``'
+    listener): written with the next flush, or at once where no recorder runs."""
+    if RECORDER.running:
+        RECORDER.add_breaker(judge, state)
+        return
+    try:
+        write(Stats(breakers={judge: state}))
+    except Exception:  # the console's view of it: never the check's failure
+        log.warning("the breaker of judge %s could not be written", judge, exc_info=True)
+
+
+def forget_dead_processes() -> int:
+    """Delete the breaker rows of processes of this host no longer running; return how
+    many went (a process that starts calls it)."""
+    host = socket.gethostname()
+    gone = []
+    for process in set(
+        JudgeBreaker.objects.filter(process__startswith=f"{host}:").values_list(
+            "process", flat=True
+        )
+    ):
+        pid = process.rsplit(":", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            gone.append(process)
+    if not gone:
+        return 0
+    return JudgeBreaker.objects.filter(process__in=gone).delete()[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _if(condition: Q, value: object, column: str) -> Case:
@@ -124,6 +195,11 @@ class Recorder(Batcher):
         with self._lock:
             self._pending.record(result)
 
+    def add_breaker(self, judge: str, state: BreakerState) -> None:
+        """A judge's breaker as it changed, to be written by the next flush."""
+        with self._lock:
+            self._pending.breakers[judge] = state
+
     def pending(self) -> bool:
         """Return whether anything waits to be written."""
         with self._lock:
@@ -152,3 +228,7 @@ def start() -> None:
     every ``LLMGW_GUARD_FLUSH_MS``."""
     RECORDER.interval = max(1, settings.LLMGW_GUARD_FLUSH_MS) / 1000.0
     RECORDER.start()
+    try:
+        forget_dead_processes()
+    except Exception:  # the database away at the start: the rows stay a while longer
+        log.warning("the breaker rows of stopped processes could not be deleted", exc_info=True)

@@ -1,0 +1,112 @@
+"""A judge that hangs under ``fail: open``, in production (issue 16, item 2): the web
+process, worker, beat and two ``gateway serve`` processes, real agents and sim engines, an
+openai-client load on both gateways throughout. The judge's engine is stopped (SIGSTOP:
+its port still accepts connections and answers nothing, as a hung engine does) and
+resumed (SIGCONT).
+
+Every request is answered (none waits on the judge past its timeout and none fails), the
+judge is recorded as timed out, its breaker opens in the gateways and closes again once it
+answers, and the Guard page in Chromium shows it open, then closed, without a reload.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cluster.models import Assignment
+from guard.models import JudgeBreaker, JudgeHealth
+from tests.browser.conftest import wait_js
+from tests.e2e.conftest import Agent, wait_for
+from tests.e2e.faultplane import FaultPlane, sim_model
+from tests.e2e.test_gateway import set_policy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+JUDGE_TIMEOUT = 1
+FAILURES = 3
+
+# Records, in the page, each state the judge's breaker shows as the DOM changes.
+SEEN = """
+() => {
+  window.__breaker = [];
+  const look = () => {
+    const dd = document.querySelector('#guard-judge-judge-health [data-role=judge-breaker]');
+    const s = dd ? dd.dataset.state : null;
+    if (s && window.__breaker[window.__breaker.length - 1] !== s) window.__breaker.push(s);
+  };
+  look();
+  new MutationObserver(look).observe(document.body, {childList: true, subtree: true});
+}
+"""
+
+
+@pytest.fixture
+def plane(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FaultPlane:
+    """The fault plane, its processes started with a short judge timeout and breaker."""
+    monkeypatch.setenv("LLMGW_GUARD_JUDGE_TIMEOUT", str(JUDGE_TIMEOUT))
+    monkeypatch.setenv("LLMGW_GUARD_BREAKER_FAILURES", str(FAILURES))
+    monkeypatch.setenv("LLMGW_GUARD_BREAKER_BACKOFF", "2")
+    monkeypatch.setenv("LLMGW_GUARD_BREAKER_MAX_BACKOFF", "4")
+    return request.getfixturevalue("fault_plane")  # type: ignore[no-any-return]
+
+
+def judge_pid() -> int:
+    a = Assignment.objects.filter(replica__model_name="judge", state="ready").exclude(pid=None)
+    return int(a.values_list("pid", flat=True).first() or 0)
+
+
+def test_a_hung_judge_under_fail_open_delays_no_request_past_its_timeout_and_the_page_shows_its_breaker(
+    plane: FaultPlane, agents: Callable[..., Agent], console: Callable[..., Any], operator: Any
+) -> None:  # fmt: skip
+    plane.sim_cluster(agents, model="steady", replicas=2)
+    from tests.catalog.samples import store
+
+    store(sim_model("judge", 1, role="guard", guard={"format": "qwen3guard"}))
+    wait_for(judge_pid, 120, "the judge's engine ready")
+    set_policy(plane, "--judges", "judge", "--directions", "requests", "--fail", "open")
+    key = plane.key("load")
+    page = console(operator, "/guard/")
+    page.evaluate(SEEN)
+    pid = judge_pid()
+    with plane.load(key, "steady", clients=4, timeout=60) as load:
+        load.wait_for_answers(20)
+        wait_for(lambda: (h := JudgeHealth.objects.filter(judge="judge").first()) and h.answers,
+                 30, "the judge answering")  # fmt: skip
+        hung_at = load.now()
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            wait_js(page, "() => document.querySelector("
+                    "'#guard-judge-judge-health [data-role=judge-breaker]').dataset.state === 'open'",
+                    timeout=60, what="the breaker shown open")  # fmt: skip
+            opened = set(JudgeBreaker.objects.filter(judge="judge", state="open")
+                         .values_list("process", flat=True))  # fmt: skip
+            load.wait_for_answers(40)  # served while the judge is skipped
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        healed_at = load.now()
+        wait_js(page, "() => document.querySelector("
+                "'#guard-judge-judge-health [data-role=judge-breaker]').dataset.state === 'closed'",
+                timeout=60, what="the breaker shown closed")  # fmt: skip
+        load.wait_for_answers(20)
+    seen = page.evaluate("window.__breaker")
+    assert "open" in seen and seen[-1] == "closed", seen
+    assert seen.index("open") < len(seen) - 1
+    health = JudgeHealth.objects.get(judge="judge")
+    assert health.failures >= FAILURES and health.last_error_kind == "timeout", health.last_error
+    during = [o for o in load.since(hung_at) if o.at <= healed_at]
+    seconds = sorted(o.seconds for o in during)
+    sys.stderr.write(
+        f"\njudge hung {healed_at - hung_at:.1f} s under fail: open: {len(during)} requests "
+        f"answered meanwhile, {load.summary()}; latency p50 {statistics.median(seconds):.2f} s, "
+        f"max {seconds[-1]:.2f} s (judge timeout {JUDGE_TIMEOUT} s); judge failures "
+        f"{health.failures}, last {health.last_error_kind}; open in {sorted(opened)}; page saw {seen}\n"
+    )
+    assert load.failures == [], load.summary()
+    assert during, "no request was answered while the judge hung"

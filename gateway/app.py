@@ -57,6 +57,7 @@ from gateway.holdback import Holdback
 from gateway.limits import LocalLimits
 from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer, Refusal
+from gateway.outliers import Outliers, Rules
 from gateway.state import State
 from gateway.table import Entry, Key, Pool, Table
 from gateway.upstream import BROKEN, TIMEOUT, Response, Upstream, UpstreamError
@@ -85,6 +86,8 @@ PARTS_AT_ONCE = 8  # judged at once, of one text
 REQUEST, ANSWER = "request", "answer"
 # Retry-After for a model the cluster has no room for: placement frees slowly.
 NO_ROOM_RETRY = 30
+# What a request came to when its client went away before its answer ended (nginx's).
+CLIENT_GONE = 499
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -151,6 +154,7 @@ class Gateway:
         guard: Guard | None = None,
         options: Options | None = None,
         observer: Observer | None = None,
+        outliers: Outliers | None = None,
     ) -> None:
         self.app = app
         self.state = state or State()
@@ -163,6 +167,8 @@ class Gateway:
         self.in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
+        # Replicas left out of routing after failures in a row (gateway.outliers).
+        self.outliers = outliers or Outliers(Rules.from_settings(settings))
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
 
@@ -198,9 +204,21 @@ class Gateway:
                 return
             await self.app(scope, receive, send)
             return
-        self._start()
-        if not self.state.loaded and not await self.state.first_load():
-            await _send_error(send, errors.unavailable("the gateway is starting: try again"))
+        try:
+            self._start()
+            ready = self.state.loaded or await self.state.first_load()
+        except Exception:
+            # Nothing of the request read yet: a 500, counted with no key and no model.
+            sent = _Sent(send, time.perf_counter())
+            await self._failed(sent)
+            self._done(sent, None)
+            return
+        if not ready:
+            sent = _Sent(send, time.perf_counter())
+            error = errors.unavailable("the gateway is starting: try again")
+            sent.status = error.status
+            await _send_error(send, error, sent.request_id)
+            self._done(sent, None)
             return
         await self._serve(scope, receive, send, path)
 
@@ -242,29 +260,53 @@ class Gateway:
                 await _send_error(send, error, sent.request_id)
         except asyncio.CancelledError:
             if watcher is not None and watcher.done():
+                sent.outcome = CLIENT_GONE
                 return  # the client went away: no one to answer
             raise
         except Exception:
-            log.exception("the gateway failed a request")
-            if not sent.started:
-                await _send_error(send, ApiError(500, f"the gateway failed this request ({sent.request_id})",
-                                                 type="server_error"))  # fmt: skip
+            await self._failed(sent)
         finally:
             if watcher is not None:
                 watcher.cancel()
-            if key is not None and path != "/v1/models" and not path.startswith("/v1/models/"):
-                now = time.perf_counter()
-                first = sent.first_at
-                self.observer.request(Done(
-                    model=sent.model, status=sent.status or 499, owner=key.owner, key=key.name,
-                    seconds=now - sent.start_at, ttft=None if first is None else first - sent.start_at,
-                    tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
-                    stream=sent.stream,
-                ))  # fmt: skip
-                if sent.unreserved and sent.tokens_out:
-                    self._later(self._limits.charge(key.id, "tokens", sent.tokens_out))
-            elif key is None and sent.status == 401:
+            self._done(sent, key)
+
+    async def _failed(self, sent: _Sent) -> None:
+        """An unexpected exception (being handled): logged with the request id, and a 500
+        in OpenAI's shape when no byte of the answer was sent yet (else the stream just
+        ends); the request comes to a 500 either way."""
+        log.exception("%s: the gateway failed this request", sent.request_id)
+        sent.outcome = 500
+        error = ApiError(500, f"The gateway failed this request ({sent.request_id}); its log "
+                         "says why under that id.", type="server_error", code="internal_error")  # fmt: skip
+        try:
+            if not sent.started:
+                sent.status = 500
+                await _send_error(sent.send, error, sent.request_id)
+            elif sent.stream:
+                # A stream ends as an engine's failure ends it: an error event, [DONE].
+                await sent.body(sse.encode_json(error.payload()) + b"data: [DONE]\n\n",
+                                more=False, text=False)  # fmt: skip
+        except Exception:  # the answer had ended, or the client is gone too
+            log.debug("%s: the 500 could not be told", sent.request_id, exc_info=True)
+
+    def _done(self, sent: _Sent, key: Key | None) -> None:
+        """Tell the observers how the request ended: every request, whatever its status
+        (``model`` empty when it named none, ``key`` and ``owner`` empty without a valid
+        key; 499 when the client went away before its answer ended)."""
+        first = sent.first_at
+        status = sent.outcome or sent.status or CLIENT_GONE
+        self.observer.request(Done(
+            model=sent.model, status=status, owner=key.owner if key else "",
+            key=key.name if key else "", seconds=time.perf_counter() - sent.start_at,
+            ttft=None if first is None else first - sent.start_at,
+            tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
+            stream=sent.stream,
+        ))  # fmt: skip
+        if key is None:
+            if status == 401:
                 self.observer.unauthenticated()
+        elif sent.unreserved and sent.tokens_out:
+            self._later(self._limits.charge(key.id, "tokens", sent.tokens_out))
 
     def _later(self, work: Awaitable[None]) -> None:
         """Run ``work`` off the request's path, kept until it ends."""
@@ -419,10 +461,13 @@ class Gateway:
                 await self._check_context(table, pool, target_model, req, entry)
                 while True:
                     adapter = entry.adapter if name == model.name else None
+                    # Never the same replica twice, nor one ejected (gateway.outliers).
+                    out = self.outliers.excluded(pool.endpoints)
+                    skip = tried | out if out else tried
                     if adapter and target_model.max_loaded_adapters > 0:
                         target, evicted = self.placer.choose(
                             pool.targets, self.in_flight, adapter,
-                            target_model.max_loaded_adapters, tried,
+                            target_model.max_loaded_adapters, skip,
                         )  # fmt: skip
                         if target is not None and evicted:
                             self._unload(pool.endpoints[target.id], evicted)
@@ -430,7 +475,7 @@ class Gateway:
                         target = balance.pick(
                             pool.ring, self.in_flight, req.affinity,
                             profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
-                            exclude=tried,
+                            exclude=skip,
                         )  # fmt: skip
                     if target is None:
                         break
@@ -589,9 +634,14 @@ class Gateway:
             except UpstreamError as error:
                 log.warning("%s: %s at %s failed: %s", sent.request_id, target_model.name,
                             "the provider" if external else f"replica {replica}", error)  # fmt: skip
+                self._replica_failed(target_model.name, replica, error.kind)
                 if error.kind == TIMEOUT:
                     return f"no answer from {target_model.name} within {head_wait:g} s"
                 return _told(error)
+            if resp.status >= 500:
+                self._replica_failed(target_model.name, replica, f"HTTP {resp.status}")
+            elif resp.status != 429:  # a 429 is busy, not broken: neither
+                self.outliers.succeeded(replica)
             if resp.status in RETRY_STATUSES or (resp.status == 401 and not external):
                 # A replica's 401: its engine holds another key than its replica's (the
                 # secret key changed and its agent has not restarted it yet, or another
@@ -607,6 +657,7 @@ class Gateway:
                 await self._whole(sent, key, entry, req, resp, judging_answers)
             return None
         except _Retry as retry:
+            self._replica_failed(target_model.name, replica, retry.detail)
             return retry.detail
         except Refused as refused:
             verdict = refused.verdict
@@ -633,6 +684,20 @@ class Gateway:
             in_flight[replica] -= 1
             if not in_flight[replica]:
                 del in_flight[replica]
+
+    def _replica_failed(self, model: str, replica: int | None, why: str) -> None:
+        """An attempt on ``replica`` failed (no connection, a broken one, no answer in
+        time, a 5xx): told to the outlier detection, which may eject it."""
+        if replica is None or replica < 0:
+            return  # an external provider: not a replica of ours
+        pool = self.state.table.pool(model)
+        ejection = self.outliers.failed(model, replica, pool.endpoints if pool else (replica,))
+        if ejection is None:
+            return
+        log.warning("replica %d of %s ejected from routing for %g s after %d failures in a "
+                    "row (the last: %s)", replica, model, ejection.seconds, ejection.failures,
+                    why)  # fmt: skip
+        self.observer.ejected(model, replica, ejection.seconds, time.time() + ejection.seconds)
 
     def _unload(self, endpoint: str, adapter: str) -> None:
         """Ask a vLLM replica to unload an adapter it holds least recently, off the path."""
@@ -788,6 +853,7 @@ class Gateway:
             told = error.args[0] if error.kind == TIMEOUT else _told(error)
             if not sent.started:
                 raise _Retry(told) from None
+            self._replica_failed(sent.model, sent.replica, told)
             failure = {"error": {"message": f"the engine's stream failed: {told}",
                                  "type": "server_error", "param": None,
                                  "code": "upstream_error"}}  # fmt: skip
@@ -874,12 +940,16 @@ class _Sent:
     """The response as sent so far, and what the request came to (for the observer)."""
 
     __slots__ = ("send", "started", "status", "start_at", "first_at", "model", "replica",
-                 "tokens_in", "tokens_out", "stream", "request_id", "unreserved")  # fmt: skip
+                 "tokens_in", "tokens_out", "stream", "request_id", "unreserved",
+                 "outcome")  # fmt: skip
 
     def __init__(self, send: Send, start_at: float) -> None:
         self.send = send
         self.started = False
-        self.status = 0
+        self.status = 0  # the status sent (0: none yet)
+        # What the request came to when not its status: 499 (the client went away before
+        # the answer ended), 500 (the gateway failed after the head was sent).
+        self.outcome = 0
         self.start_at = start_at
         self.first_at: float | None = None
         self.model = ""

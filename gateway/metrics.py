@@ -24,6 +24,8 @@ The series (all ``llmgw_gateway_`` but the judge's):
 - ``refusals_total{direction,category}`` (the guard's, on requests and answers);
   ``failed_open_windows_total`` (answers released unjudged under ``fail: open``);
 - ``retries_total{model}``, ``fallbacks_total{model,to}``;
+- ``ejections_total{model}`` (replicas ejected from routing, ``gateway.outliers``) and
+  ``ejected_replicas{model}`` (out now: the most any live process has out);
 - ``in_flight{replica}`` (summed over live processes; synced every half second);
 - ``llmgw_guard_judge_seconds{judge}``: the guard's checks as the gateway waited on them.
 """
@@ -94,6 +96,11 @@ def _setup() -> dict[str, Any]:
             "fallbacks": counter("fallbacks", "requests sent to a fallback", ("model", "to")),
             "in_flight": Gauge("in_flight", "requests in flight per replica", ("replica",),
                                namespace=NS, multiprocess_mode="livesum", registry=None),
+            "ejections": counter("ejections", "replicas ejected from routing after "
+                                 "failures in a row", ("model",)),
+            "ejected": Gauge("ejected_replicas", "replicas out of routing now (the most "
+                             "any live process has out)", ("model",), namespace=NS,
+                             multiprocess_mode="livemax", registry=None),
             "judge": Histogram("llmgw_guard_judge_seconds",
                                "the guard's checks as the gateway waited on them", ("judge",),
                                buckets=JUDGE_SECONDS, registry=None),
@@ -144,6 +151,9 @@ class Metrics(Listener):
         # The labelled children, looked up once (labels() costs more than the write).
         self._requests: dict[tuple[str, int, str], Any] = {}
         self._per_model: dict[str, tuple[Any, ...]] = {}
+        # Replicas ejected (model, replica) -> until (Unix time), for the gauge.
+        self._ejected: dict[tuple[str, int], float] = {}
+        self._ejected_shown: set[str] = set()
 
     def request(self, done: Done) -> None:
         if not self._syncing and self._gateways:
@@ -171,9 +181,22 @@ class Metrics(Listener):
     def retried(self, model: str) -> None:
         self.m["retries"].labels(model).inc()
 
-    def unauthenticated(self) -> None:
-        # No model and no owner: no key said whose it was.
-        self.m["requests"].labels("", "401", "").inc()
+    def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
+        self.m["ejections"].labels(model).inc()
+        self._ejected[(model, replica)] = until
+        self.m["ejected"].labels(model).set(self._out(time.time()).get(model, 0))
+        if not self._syncing:
+            self._start_sync()
+
+    def _out(self, now: float) -> dict[str, int]:
+        """Each model's replicas out of routing now (the ones back forgotten)."""
+        counts: dict[str, int] = {}
+        for (model, replica), until in list(self._ejected.items()):
+            if until > now:
+                counts[model] = counts.get(model, 0) + 1
+            else:
+                self._ejected.pop((model, replica), None)
+        return counts
 
     def fell_back(self, model: str, to: str) -> None:
         self.m["fallbacks"].labels(model, to).inc()
@@ -209,6 +232,10 @@ class Metrics(Listener):
         for replica, n in counts.items():
             gauge.labels(str(replica)).set(n)
         self._shown = set(counts)
+        out = self._out(time.time())
+        for model in self._ejected_shown | set(out):
+            self.m["ejected"].labels(model).set(out.get(model, 0))
+        self._ejected_shown = set(out)
 
     def _sync_loop(self) -> None:
         while True:

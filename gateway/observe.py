@@ -59,6 +59,10 @@ class Listener:
     def fell_back(self, model: str, to: str) -> None:
         """A request for ``model`` went to its fallback ``to``."""
 
+    def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
+        """``replica`` of ``model`` was ejected from routing for ``seconds``, until the
+        Unix time ``until`` (``gateway.outliers``)."""
+
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         """The guard refused a request or an answer."""
 
@@ -81,6 +85,7 @@ class Observer(Listener):
     tokens_out: dict[str, int] = field(default_factory=dict)
     retries: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+    ejections: dict[str, int] = field(default_factory=dict)
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     failed_open_windows: int = 0
     unauthenticated_requests: int = 0
@@ -101,6 +106,9 @@ class Observer(Listener):
 
     def fell_back(self, model: str, to: str) -> None:
         self.fallbacks[(model, to)] = self.fallbacks.get((model, to), 0) + 1
+
+    def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
+        self.ejections[model] = self.ejections.get(model, 0) + 1
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         for category in categories or ("",):
@@ -138,6 +146,11 @@ class Fanout(Observer):
         super().fell_back(model, to)
         for listener in self.listeners:
             listener.fell_back(model, to)
+
+    def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
+        super().ejected(model, replica, seconds, until)
+        for listener in self.listeners:
+            listener.ejected(model, replica, seconds, until)
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         super().refused(direction, judge, categories)

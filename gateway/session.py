@@ -25,9 +25,8 @@ from django.conf import settings
 
 from gateway import body as bodies
 from gateway import errors
-from gateway.app import _read_body, _send_error, _Sent, _watch_disconnect
+from gateway.app import CLIENT_GONE, _read_body, _send_error, _Sent, _watch_disconnect
 from gateway.errors import ApiError
-from gateway.observe import Done
 from gateway.table import Key
 
 PATH = "/console/chat/v1/chat/completions"
@@ -85,19 +84,15 @@ class SessionChat:
                 await _send_error(send_naming, error, sent.request_id)
         except asyncio.CancelledError:
             if watcher is not None and watcher.done():
+                sent.outcome = CLIENT_GONE
                 return
             raise
+        except Exception:
+            await gateway._failed(sent)  # a 500 with the request id, logged
         finally:
             if watcher is not None:
                 watcher.cancel()
-            first = sent.first_at
-            gateway.observer.request(Done(
-                model=sent.model, status=sent.status or 499, owner=key.owner, key=key.name,
-                seconds=time.perf_counter() - sent.start_at,
-                ttft=None if first is None else first - sent.start_at,
-                tokens_in=sent.tokens_in, tokens_out=sent.tokens_out, replica=sent.replica,
-                stream=sent.stream,
-            ))  # fmt: skip
+            gateway._done(sent, key)
 
 
 def _session_key(scope: dict[str, Any]) -> Key:

@@ -204,6 +204,29 @@ LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# Passive outlier detection (gateway/outliers.py, as Envoy's): a replica that fails this
+# many attempts in a row (no connection, a broken one, no answer in time, a 5xx) is left
+# out of routing for EJECT_SECONDS, longer each time in a row up to EJECT_MAX_SECONDS;
+# at most EJECT_MAX_PERCENT of a model's replicas at once (at least one, never all).
+LLMGW_GATEWAY_EJECT_AFTER = envint("GATEWAY_EJECT_AFTER", 5)
+LLMGW_GATEWAY_EJECT_SECONDS = envint("GATEWAY_EJECT_SECONDS", 30)
+LLMGW_GATEWAY_EJECT_MAX_SECONDS = envint("GATEWAY_EJECT_MAX_SECONDS", 300)
+LLMGW_GATEWAY_EJECT_MAX_PERCENT = envint("GATEWAY_EJECT_MAX_PERCENT", 50)
+if LLMGW_GATEWAY_EJECT_AFTER < 0:
+    raise ImproperlyConfigured(
+        f"LLMGW_GATEWAY_EJECT_AFTER is {LLMGW_GATEWAY_EJECT_AFTER}: write 1 or more failures "
+        "in a row, or 0 to never eject a replica"
+    )
+if not 1 <= LLMGW_GATEWAY_EJECT_SECONDS <= LLMGW_GATEWAY_EJECT_MAX_SECONDS:
+    raise ImproperlyConfigured(
+        f"LLMGW_GATEWAY_EJECT_SECONDS is {LLMGW_GATEWAY_EJECT_SECONDS} and "
+        f"LLMGW_GATEWAY_EJECT_MAX_SECONDS {LLMGW_GATEWAY_EJECT_MAX_SECONDS}: write 1 or more "
+        "seconds, the first at most the second"
+    )
+if not 0 <= LLMGW_GATEWAY_EJECT_MAX_PERCENT <= 100:
+    raise ImproperlyConfigured(
+        f"LLMGW_GATEWAY_EJECT_MAX_PERCENT is {LLMGW_GATEWAY_EJECT_MAX_PERCENT}: write 0 to 100"
+    )
 # Requests a minute each console user may send from the Chat page (gateway/session.py).
 LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
 # How often a gateway process writes its usage (gateway/usage.py).

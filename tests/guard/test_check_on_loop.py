@@ -116,7 +116,8 @@ def test_a_first_judge_that_times_out_is_not_waited_for_twice(
     asked = asyncio.run(services.check_on_loop("how do I list files?", timeout=0.5))
     assert isinstance(asked, services.Asked) and asked.judge == "silent-judge"
     assert silent.accepted == 1
-    result = services.check("how do I list files?", timeout=0.5, asked=asked)
+    # The loop's timeout has passed; the next judge is given all the time it needs.
+    result = services.check("how do I list files?", timeout=30, asked=asked)
     quiet.set()
     assert silent.accepted == 1  # the thread took the loop's answer, and did not ask again
     assert result["judge"] == "qwen3guard-0.6b" and result["decision"] == "allow"

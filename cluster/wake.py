@@ -73,10 +73,11 @@ def _wake_up() -> None:
     try:
         # No retries: with Redis away the request must not wait; beat's next tick comes.
         reconcile_cluster.apply_async(countdown=COALESCE, expires=COALESCE + interval, retry=False)
-    except Exception:
+    except Exception as exc:  # the broker away or hung (its timeout: LLMGW_REDIS_TIMEOUT_MS)
         log.warning(
-            "could not send the reconcile task; the next scheduled tick will do", exc_info=True
-        )
+            "could not send the reconcile task (%s: %s); the next scheduled tick will do",
+            type(exc).__name__, exc,
+        )  # fmt: skip
 
 
 def loop_started() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from typing import Any, Protocol
 
@@ -139,6 +140,36 @@ class Hub:
             return
         self.away = False
         log.warning("the live hub's Redis is back: consoles reconnect and resynchronise")
+
+
+class LayerAway(logging.Filter):
+    """channels-redis logs each failed receive with its traceback, once a second per layer
+    while Redis is away (``channels_redis.pubsub``): keep one line a minute, with the
+    error and without the traceback; the hub says when Redis goes and comes back.
+    Connected in the settings' ``LOGGING``."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said = -self.EVERY_S
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from redis.exceptions import RedisError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, RedisError | OSError | TimeoutError):
+            return True
+        now = time.monotonic()
+        if now - self._said < self.EVERY_S:
+            return False
+        self._said = now
+        said = record.getMessage()
+        record.msg = "%s (%s: %s); said once a minute while Redis does not answer"
+        record.args = (said, type(exc).__name__, exc)
+        record.exc_info = None
+        record.exc_text = None
+        return True
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}

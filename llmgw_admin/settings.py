@@ -341,6 +341,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    # channels-redis logs a traceback a second while Redis is away: a line a minute instead.
+    "filters": {"layer_away": {"()": "llmgw_admin.hub.LayerAway"}},
     # httpx logs every request at INFO: one line per judge call and per agent call.
-    "loggers": {"httpx": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "channels_redis.pubsub": {"filters": ["layer_away"]},
+    },
 }

@@ -151,8 +151,6 @@ class Metrics(Listener):
         # The labelled children, looked up once (labels() costs more than the write).
         self._requests: dict[tuple[str, int, str], Any] = {}
         self._per_model: dict[str, tuple[Any, ...]] = {}
-        # Replicas ejected (model, replica) -> until (Unix time), for the gauge.
-        self._ejected: dict[tuple[str, int], float] = {}
         self._ejected_shown: set[str] = set()
 
     def request(self, done: Done) -> None:
@@ -183,20 +181,8 @@ class Metrics(Listener):
 
     def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
         self.m["ejections"].labels(model).inc()
-        self._ejected[(model, replica)] = until
-        self.m["ejected"].labels(model).set(self._out(time.time()).get(model, 0))
-        if not self._syncing:
+        if not self._syncing and self._gateways:
             self._start_sync()
-
-    def _out(self, now: float) -> dict[str, int]:
-        """Each model's replicas out of routing now (the ones back forgotten)."""
-        counts: dict[str, int] = {}
-        for (model, replica), until in list(self._ejected.items()):
-            if until > now:
-                counts[model] = counts.get(model, 0) + 1
-            else:
-                self._ejected.pop((model, replica), None)
-        return counts
 
     def fell_back(self, model: str, to: str) -> None:
         self.m["fallbacks"].labels(model, to).inc()
@@ -213,8 +199,9 @@ class Metrics(Listener):
 
     # In flight: the Gateway's own counts, copied every half second by a thread.
     def watch(self, gateway: Any) -> None:
-        """Export ``gateway.in_flight`` (its requests in flight per replica); the thread
-        that copies it starts with the first request (importing starts no thread)."""
+        """Export ``gateway.in_flight`` (its requests in flight per replica) and its
+        replicas out of routing (``gateway.outliers``); the thread that copies them starts
+        with the first request (importing starts no thread)."""
         self._gateways.add(gateway)
 
     def _start_sync(self) -> None:
@@ -232,7 +219,11 @@ class Metrics(Listener):
         for replica, n in counts.items():
             gauge.labels(str(replica)).set(n)
         self._shown = set(counts)
-        out = self._out(time.time())
+        # Each model's replicas out of routing (gateway.outliers), read as they are.
+        out: dict[str, int] = {}
+        for gateway in list(self._gateways):
+            for model, replicas in gateway.outliers.out().items():
+                out[model] = max(out.get(model, 0), len(replicas))
         for model in self._ejected_shown | set(out):
             self.m["ejected"].labels(model).set(out.get(model, 0))
         self._ejected_shown = set(out)

@@ -184,6 +184,16 @@ class Outliers:
                 self._back(replica, health)
         return shown
 
+    def out(self, now: float | None = None) -> dict[str, dict[int, float]]:
+        """What ``current`` says, changing nothing (another thread may read it: one whose
+        read meets a change gets ``RuntimeError`` and reads again later)."""
+        now = self.clock() if now is None else now
+        shown: dict[str, dict[int, float]] = {}
+        for replica, health in list(self.ejected.items()):
+            if health.until > now:
+                shown.setdefault(health.model, {})[replica] = health.until
+        return shown
+
     def _out(self, replica: int, now: float) -> bool:
         health = self.ejected.get(replica)
         return health is not None and health.until > now

@@ -208,6 +208,7 @@ def test_whatever_happens(
         out = o.excluded(pool)
         assert len(out) <= allowed(size, percent)
         assert len(out) < size  # never all of a model
+        assert o.out() == o.current()  # the read another thread makes says the same
         for until in o.current().get("m", {}).values():
             assert until > clock.now
             assert until - clock.now <= max(base, most) + 1e-6

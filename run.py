@@ -132,13 +132,37 @@ def ensure_real_engine(env: dict[str, str]) -> None:
         env["LLMGW_LLAMA_SERVER"] = out[-1]
 
 
+# The whole run is bounded (each test is too: pytest-timeout, in pyproject.toml), so a hung
+# test ends the run with a message instead of running until CI's own limit.
+RUN_LIMIT = int(os.environ.get("LLMGW_TEST_RUN_LIMIT", "3600"))
+
+
+def run_bounded(cmd: list[str], env: dict[str, str]) -> int:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=RUN_LIMIT)
+    except subprocess.TimeoutExpired:
+        say(f"the tests ran past {RUN_LIMIT} s (LLMGW_TEST_RUN_LIMIT): stopping them")
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        return 1
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, 2)
+        proc.wait()
+        return 130
+
+
 def test(args: list[str]) -> int:
     ensure_venv("requirements-dev.txt")
     start_services()
     ensure_chromium()
     env = dict(os.environ)
     ensure_real_engine(env)
-    code = sh(PY, "-m", "pytest", *args, cwd=ROOT, env=env, check=False)
+    code = run_bounded([str(PY), "-m", "pytest", *args], env)
     if code == 5:
         say("no test ran: that is a failure")
         return 1

@@ -172,6 +172,14 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=40)
     parser.add_argument("--consoles", type=int, nargs="+", default=[1, 100])
     args = parser.parse_args()
+    try:
+        import playwright  # noqa: F401
+    except ModuleNotFoundError:
+        sys.exit(
+            "bench/live.py drives Chromium with Playwright, one of the test tools: install them "
+            "with `.venv/bin/pip install -r requirements-dev.txt` (`python3 run.py test` does), "
+            "and Chromium with `apt-get install chromium`"
+        )
 
     old_name, db_name = webproc.throwaway_database("llmgw_bench_live")
 

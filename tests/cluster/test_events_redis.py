@@ -92,3 +92,30 @@ def test_a_cordon_through_the_api_finishes_and_is_recorded_while_redis_is_cut(
     said = [r.getMessage() for r in caplog.records if r.name == "cluster.events"]
     assert len(said) == 1 and "live events are dropped" in said[0], said
     assert not any(r.exc_info for r in caplog.records if r.name == "cluster.events")
+
+
+def test_a_push_as_the_interpreter_shuts_down_is_dropped_without_a_traceback(
+    proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway's traffic thread publishing once a second while SIGTERM ends the process:
+    asgiref's executor then refuses new work ("cannot schedule new futures after
+    interpreter shutdown"), which was logged with its traceback."""
+    import concurrent.futures.thread as pool
+
+    done = threading.Event()
+
+    def publish() -> None:
+        events.send("gateway.traffic", {"type": "gateway.traffic_changed", "id": "x",
+                                        "models": []})  # fmt: skip
+        done.set()
+
+    pool._shutdown = True  # what the interpreter's exit sets before daemon threads stop
+    try:
+        t = threading.Thread(target=publish, daemon=True)
+        t.start()
+        t.join(10)
+    finally:
+        pool._shutdown = False
+    assert done.is_set()
+    logged = [r for r in caplog.records if r.name == "cluster.events" and r.levelno >= 30]
+    assert logged == [], [r.getMessage() for r in logged]

@@ -2,16 +2,19 @@
 
 ``templates/gateway/partials/traffic.html``, root element id ``gateway-traffic``: each
 model's figures over the last seconds (``gateway.traffic.Window.summary``) with its SLO
-met or missed. The web process's ``WINDOW`` holds what its consoles heard from every
-gateway process; ``render_traffic`` is the renderer the live consumer calls once a
+met or missed, and the replicas a gateway process has ejected from routing
+(``Window.ejected``), each with when it comes back. The web process's ``WINDOW`` holds
+what its consoles heard from every gateway process; ``render_traffic`` is the renderer the live consumer calls once a
 second (shared by the process's consoles: one render a second).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
+from django.conf import settings
 from django.template.loader import render_to_string
 
 from catalog.models import ServedModel
@@ -42,6 +45,22 @@ def traffic_rows(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def ejected_rows(ejected: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The ejected replicas as the panel lists them: with their node's name (the leader's,
+    when the replica is gone: none) and the seconds until they come back."""
+    from cluster.models import Assignment
+
+    nodes = dict(
+        Assignment.objects.filter(replica_id__in=[e["replica"] for e in ejected], rank=0)
+        .values_list("replica_id", "node__name")
+    )  # fmt: skip
+    return [
+        {**e, "node": nodes.get(e["replica"], ""), "in_s": max(0, round(e["until"] - now)),
+         "until_at": dt.datetime.fromtimestamp(e["until"], tz=dt.UTC).strftime("%H:%M:%S")}
+        for e in ejected
+    ]  # fmt: skip
+
+
 def render_traffic(now: float | None = None) -> str:
     """The panel as of now; the same string for every console within a second."""
     global _rendered
@@ -51,7 +70,12 @@ def render_traffic(now: float | None = None) -> str:
         return _rendered[1]
     html = render_to_string(
         "gateway/partials/traffic.html",
-        {"rows": traffic_rows(WINDOW.summary(now)), "span": SPAN},
+        {
+            "rows": traffic_rows(WINDOW.summary(now)),
+            "span": SPAN,
+            "ejected": ejected_rows(WINDOW.ejected(now), now) if WINDOW.items else [],
+            "max_percent": settings.LLMGW_GATEWAY_EJECT_MAX_PERCENT,
+        },  # fmt: skip
     )
     _rendered = (second, html)
     return html

@@ -15,6 +15,11 @@ consoles are pushed, at most once a second, each model's figures over the last
 the model's ``slo`` (``ttft_p99``, ``tpot_p99``) met or missed. Percentiles are read
 from the summed histograms (the upper edge of the bucket the quantile falls in, so a
 "met" is never optimistic).
+
+A process's replicas out of routing (``gateway.outliers``) ride along: each second it
+publishes (one with no traffic too, while any is out), a model's item carries
+``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
+one until the latest ``until`` any process said, with how many processes said it.
 """
 
 from __future__ import annotations
@@ -69,9 +74,17 @@ class Traffic(Listener):
         self._publish = publish
         self._started = False
         self._lock = threading.Lock()
+        # Replicas this process ejected: (model, replica) -> until (a Unix time).
+        self.ejections: dict[tuple[str, int], float] = {}
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         _refused.set(True)  # the request's own task: its Done follows
+
+    def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
+        if not self._started:
+            self.start()
+        with self._lock:
+            self.ejections[(model, replica)] = until
 
     def request(self, done: Done) -> None:
         if not self._started:
@@ -103,15 +116,33 @@ class Traffic(Listener):
 
     def take(self, before: int) -> list[dict[str, Any]]:
         """The finished seconds (before ``before``) as the event carries them."""
+        now = time.time()
         with self._lock:
             done = [s for s in self.seconds if s < before]
             taken = {s: self.seconds.pop(s) for s in done}
-        return [
+            for key in [k for k, until in self.ejections.items() if until <= now]:
+                del self.ejections[key]
+            out: dict[str, list[list[float]]] = {}
+            for (model, replica), until in sorted(self.ejections.items()):
+                out.setdefault(model, []).append([replica, until])
+        if out:
+            # The last second taken says what is out now (a second of its own if none).
+            last = taken.setdefault(max(taken, default=before - 1), {})
+            for model in out:
+                if model not in last and len(last) < MAX_MODELS:
+                    last[model] = Bucket()
+        items = [
             {"process": self.process, "second": s, "model": name, "requests": b.requests,
              "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
              "ttft": b.ttft, "tpot": b.tpot}
             for s, models in sorted(taken.items()) for name, b in models.items()
         ]  # fmt: skip
+        if out:
+            last_second = items[-1]["second"]
+            for item in items:
+                if item["second"] == last_second and item["model"] in out:
+                    item["ejected"] = out[item["model"]]
+        return items
 
     def start(self) -> None:
         with self._lock:
@@ -159,6 +190,27 @@ class Window:
         for key in [k for k in self.items if k[1] < now - KEEP]:
             del self.items[key]
 
+    def ejected(self, now: float | None = None) -> list[dict[str, Any]]:
+        """The replicas some gateway process has out of routing now, by each process's
+        last second heard: each with the latest time one said it comes back at, and how
+        many processes have it out."""
+        now = time.time() if now is None else now
+        last: dict[str, int] = {}
+        for process, second, _ in self.items:
+            last[process] = max(last.get(process, second), second)
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for (process, second, model), item in self.items.items():
+            if second != last[process]:
+                continue
+            for replica, until in item.get("ejected", ()):
+                if until <= now:
+                    continue
+                row = out.setdefault((model, replica), {"model": model, "replica": replica,
+                                                        "until": until, "processes": 0})  # fmt: skip
+                row["until"] = max(row["until"], until)
+                row["processes"] += 1
+        return [out[k] for k in sorted(out)]
+
     def summary(self, now: float | None = None) -> dict[str, dict[str, Any]]:
         """Each model's figures over the last ``SPAN`` finished seconds."""
         now = time.time() if now is None else now
@@ -192,8 +244,18 @@ class Window:
 
 def _well_formed(item: dict[str, Any]) -> bool:
     ints = ("second", "requests", "errors", "refusals", "tokens_out")
+    ejected = item.get("ejected", [])
     return (
-        isinstance(item.get("process"), str)
+        isinstance(ejected, list)
+        and all(
+            isinstance(e, list)
+            and len(e) == 2
+            and isinstance(e[0], int)
+            and isinstance(e[1], int | float)
+            and not isinstance(e[1], bool)
+            for e in ejected
+        )
+        and isinstance(item.get("process"), str)
         and isinstance(item.get("model"), str)
         and all(isinstance(item.get(k), int) and item[k] >= 0 for k in ints)
         and all(

@@ -207,7 +207,7 @@ def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
         ("sim", ["--load-time", "5", "--tps=80", "--logprob-style", "llamacpp"]),
         ("vllm", ["--max-model-len", "8192", "--enforce-eager", "--gpu-memory-utilization=0.9"]),
         ("vllm", ["--max-model-len", "32k", "--no-enable-prefix-caching", "--seed", "-1"]),
-        ("llamacpp", ["--ctx-size", "8192", "--flash-attn", "--jinja", "--tensor-split", "3,1"]),
+        ("llamacpp", ["--ctx-size", "8192", "--flash-attn", "on", "--jinja", "-ts", "3,1"]),
         ("llamacpp", ["--flash-attn", "on", "--cache-type-k", "q8_0", "--temp", ".7"]),
         ("trtllm", ["--max_batch_size", "8", "--trust_remote_code"]),
         ("sglang", ["--mem-fraction-static", "0.8", "--disable-radix-cache"]),

@@ -3,6 +3,7 @@ counts them, and several processes' seconds summed as the console's window reads
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gateway.observe import Done
@@ -72,3 +73,39 @@ def test_the_window_sums_every_process_and_says_the_slo() -> None:
     assert slo_verdict(m["ttft_p99_ms"], 0) == ""
     assert slo_verdict(None, 500_000_000) == ""
     assert quantile(zero, 0.5) is None
+
+
+def test_a_process_tells_the_replicas_it_ejected_each_second_even_with_no_traffic() -> None:
+    t = Traffic()
+    t._started = True
+    now = time.time()
+    t.ejected("m", 7, 30.0, now + 30)
+    t.ejected("n", 8, 30.0, now - 1)  # already back
+    items = t.take(int(now))  # no traffic: a second of its own, for "m" only
+    assert [(i["model"], i["requests"], i.get("ejected")) for i in items] == [
+        ("m", 0, [[7, now + 30]])
+    ]
+    t.request(done())
+    items = seconds_of(t)
+    assert [(i["model"], i["requests"], i["ejected"]) for i in items] == [("m", 1, [[7, now + 30]])]
+
+
+def test_the_window_shows_each_ejected_replica_until_the_latest_back_time() -> None:
+    w = Window()
+    now = 1_000_000.0
+
+    def item(process: str, second: int, ejected: Any) -> dict[str, Any]:
+        return {"process": process, "second": second, "model": "m", "requests": 0, "errors": 0,
+                "refusals": 0, "tokens_out": 0, "ttft": [0] * (len(EDGES_MS) + 1),
+                "tpot": [0] * (len(EDGES_MS) + 1), "ejected": ejected}  # fmt: skip
+
+    w.add([item("a", 999_998, [[7, now + 20]]), item("b", 999_999, [[7, now + 25], [9, now + 5]]),
+           item("c", 999_999, [[7, "soon"]])], now=now)  # fmt: skip
+    assert w.ejected(now) == [
+        {"model": "m", "replica": 7, "until": now + 25, "processes": 2},
+        {"model": "m", "replica": 9, "until": now + 5, "processes": 1},
+    ]
+    # A process's later second without it: that process has it back.
+    w.add([item("b", 1_000_000, [])], now=now)
+    assert w.ejected(now) == [{"model": "m", "replica": 7, "until": now + 20, "processes": 1}]
+    assert w.ejected(now + 21) == []  # and the other's while is over

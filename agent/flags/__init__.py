@@ -1,0 +1,580 @@
+"""What a catalog may hand each engine: its flags and environment, by the engine's own tables.
+
+Each engine's table (``<engine>.json`` beside this file) lists every flag its own parser
+takes at the versions recorded in it, with its aliases, whether it takes a value and
+whether it may be given twice; ``scripts/engine-flags.py`` regenerates them from the
+engines' sources. This module decides what each flag is to the catalog, in three kinds:
+
+- the agent's own (``AGENT``): what the agent sets itself (address, port, the model and
+  its served name, tp, pp, nodes, threads, adapters, the per-replica API key), refused
+  naming the catalog field to use instead;
+- one that names a file, folder, URL, address, key, download source or code to load
+  (``names_a_thing``): refused, as the engine would read or fetch what it names;
+- everything else: allowed, exactly as spelled in the table.
+
+A flag that is not in the table (an abbreviation, which argparse would take for the flag
+it begins, or a typo) is refused naming the nearest real flag; a flag given twice is
+refused unless the engine repeats it (otherwise the last one silently wins). The same for
+environment variables: the engine's own documented variables and the common runtime
+ones, less those that load code, name files or carry keys. No Django here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "sim")
+_HERE = Path(__file__).resolve().parent
+
+# What to write instead of a flag the agent sets, by the catalog field that holds it.
+_PORT = "the agent assigns each replica its address and port"
+_SOURCE = "set the model's source instead"
+_NAME = "the model's name (and aliases) is what it is served as"
+_TP = "set the profile's tp instead"
+_PP = "set the profile's pp instead"
+_NODES = "set the profile's nodes instead; the agents wire the nodes together"
+_THREADS = "set the profile's cpu_cores instead"
+_LORA = "list the adapters in the model's adapters instead"
+_GUARD = "the model's guard format and categories are what the judge answers with"
+_KEY = (
+    "the agent gives each replica its own key, which the gateway and the guard send; "
+    "another would lock them out"
+)
+
+# The agent's own flags, by one of their names: every alias of that flag in the engine's
+# table is the agent's too.
+AGENT: dict[str, dict[str, str]] = {
+    "vllm": {
+        "--host": _PORT,
+        "--port": _PORT,
+        "--api-key": _KEY,
+        "--model": _SOURCE,
+        "--served-model-name": _NAME,
+        "--tensor-parallel-size": _TP,
+        "--pipeline-parallel-size": _PP,
+        "--nnodes": _NODES,
+        "--node-rank": _NODES,
+        "--master-addr": _NODES,
+        "--master-port": _NODES,
+        "--headless": _NODES,
+        "--distributed-executor-backend": _NODES,
+        "--lora-modules": _LORA,
+    },
+    "sglang": {
+        "--host": _PORT,
+        "--port": _PORT,
+        "--api-key": _KEY,
+        "--model-path": _SOURCE,
+        "--served-model-name": _NAME,
+        "--tp-size": _TP,
+        "--pp-size": _PP,
+        "--nnodes": _NODES,
+        "--node-rank": _NODES,
+        "--dist-init-addr": _NODES,
+        "--lora-paths": _LORA,
+    },
+    "llamacpp": {
+        "--host": _PORT,
+        "--port": _PORT,
+        "--api-key": _KEY,
+        "--model": _SOURCE,
+        "--alias": _NAME,
+        "--threads": _THREADS,
+        "--lora": _LORA,
+        "--lora-scaled": _LORA,
+    },
+    "trtllm": {
+        "--host": _PORT,
+        "--port": _PORT,
+        "--tensor_parallel_size": _TP,
+        "--pipeline_parallel_size": _PP,
+    },
+    "sim": {
+        "--host": _PORT,
+        "--port": _PORT,
+        "--model": _NAME,
+        "--api-key": _KEY,
+        "--guard-format": _GUARD,
+        "--guard-categories": _GUARD,
+    },
+}
+
+# Words of a flag's name (split at - and _) that say it names a thing the engine would
+# open, fetch, connect to or import.
+_THING_WORDS = frozenset(
+    {
+        "file", "files", "path", "paths", "dir", "dirs", "folder", "root",
+        "url", "urls", "uri", "host", "hosts", "port", "ports", "addr", "address", "ip",
+        "key", "keys", "token", "secret", "password", "ssl", "cert", "certfile", "keyfile",
+        "ca", "endpoint", "endpoints", "socket", "uds", "rpc", "server", "servers",
+        "domain", "domains", "download", "repo", "hf", "mirror", "registry",
+        "plugin", "plugins", "module", "modules", "cls", "class", "middleware",
+        "tokenizer", "draft", "mmproj", "vocoder", "grammar", "import", "media",
+    }
+)  # fmt: skip
+# Flags whose words say otherwise but name nothing (checked by reading their help).
+_NOT_THINGS = frozenset(
+    {
+        "--hf-overrides",  # model config values as JSON
+        "--tokenizer-mode",
+        "--tokenizer-pool-size",
+        "--tokenizer-worker-num",
+        "--skip-tokenizer-init",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--prefix-caching-hash-algo",
+        "--log-prefix",
+        "--log-prefix-stats",
+        "--disable-radix-cache",
+        "--draft-max",
+        "--draft-min",
+        "--draft-p-min",
+        "--draft-p-split",
+        "--spec-draft-n-max",
+        "--spec-draft-n-min",
+        "--spec-draft-p-min",
+        "--spec-draft-p-split",
+        "--gpu-layers-draft",
+        "--n-gpu-layers-draft",
+        "--ctx-size-draft",
+        "--threads-draft",
+        "--threads-batch-draft",
+        "--cache-type-k-draft",
+        "--cache-type-v-draft",
+        "--device-draft",
+        "--override-tensor-draft",
+        "--cpu-moe-draft",
+        "--n-cpu-moe-draft",
+    }
+)
+# Flags that name a thing though their words do not say so.
+_THINGS: dict[str, frozenset[str]] = {
+    "vllm": frozenset(
+        {
+            "--config",
+            "--chat-template",
+            "--speculative-model",
+            "--kv-transfer-config",
+            "--kv-events-config",
+            "--ec-transfer-config",
+            "--logits-processors",
+            "--allowed-origins",
+            "--qlora-adapter-name-or-path",
+            "--structured-outputs-config",
+            "--model-loader-extra-config",
+            "--lora-resolver-config",
+            "--weight-transfer-config",
+        }
+    ),
+    "sglang": frozenset(
+        {"--config", "--chat-template", "--completion-template", "--tokenizer-path"}
+    ),
+    "llamacpp": frozenset(
+        {
+            "--model-draft",
+            "--control-vector",
+            "--control-vector-scaled",
+            "--override-kv",
+            "--chat-template-file",
+            "--lookup-cache-static",
+            "--lookup-cache-dynamic",
+            "--api-key-file",
+            "--models-preset",
+            "--webui-config",
+        }
+    ),
+    "trtllm": frozenset({"--config", "--chat_template", "--custom_tokenizer"}),
+    "sim": frozenset(),
+}
+_THING = (
+    "it names a file, folder, URL, address, key, download source or code to load, which "
+    "the engine would open, fetch or import as the agent's user; the model's source, "
+    "adapters and the node's weights folders are where those come from"
+)
+# Keys of a JSON value that name such a thing (--speculative-config's "model").
+_JSON_THING = re.compile(
+    r"(^|_)(model|path|paths|file|dir|url|uri|host|port|addr|address|endpoint|key|token|"
+    r"tokenizer|plugin|module|cls)(_|$)",
+    re.IGNORECASE,
+)
+
+# Environment: the common runtime variables any engine may have.
+COMMON_ENV = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "OMP_PROC_BIND",
+        "OMP_PLACES",
+        "OMP_WAIT_POLICY",
+        "OMP_SCHEDULE",
+        "OMP_DYNAMIC",
+        "OMP_MAX_ACTIVE_LEVELS",
+        "OMP_STACKSIZE",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "KMP_AFFINITY",
+        "KMP_BLOCKTIME",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_ENABLE_HF_TRANSFER",
+        "HF_HUB_DOWNLOAD_TIMEOUT",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_NVML_BASED_CUDA_CHECK",
+        "TORCH_CUDA_ARCH_LIST",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "CUDA_LAUNCH_BLOCKING",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_MODULE_LOADING",
+        "NCCL_DEBUG",
+        "NCCL_DEBUG_SUBSYS",
+        "NCCL_IB_DISABLE",
+        "NCCL_IB_HCA",
+        "NCCL_IB_GID_INDEX",
+        "NCCL_IB_TIMEOUT",
+        "NCCL_P2P_DISABLE",
+        "NCCL_P2P_LEVEL",
+        "NCCL_SHM_DISABLE",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_CUMEM_ENABLE",
+        "NCCL_NVLS_ENABLE",
+        "NCCL_ALGO",
+        "NCCL_PROTO",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_MAX_NCHANNELS",
+        "NCCL_BUFFSIZE",
+        "NCCL_LAUNCH_MODE",
+        "GLOO_SOCKET_IFNAME",
+        "GGML_CUDA_ENABLE_UNIFIED_MEMORY",
+        "GGML_CUDA_NO_PINNED",
+        "GGML_SCHED_MAX_COPIES",
+        "TLLM_LOG_LEVEL",
+    }
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PYTHON_ENV = frozenset(
+    {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE"}
+)
+_DEVICE_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
+)
+# Words of a variable's name that say it names a thing, loads code or holds a key.
+_ENV_THING_WORDS = frozenset(
+    {
+        "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "ROOT", "HOME", "URL", "URLS",
+        "URI", "HOST", "HOSTS", "PORT", "PORTS", "ADDR", "ADDRESS", "IP", "KEY", "KEYS",
+        "TOKEN", "SECRET", "PASSWORD", "CERT", "ENDPOINT", "ENDPOINTS", "SOCKET", "SERVER",
+        "PLUGIN", "PLUGINS", "MODULE", "MODULES", "CLS", "CLASS", "REPO", "MIRROR",
+        "DOMAIN", "DOMAINS", "PROXY", "CACHE", "CONFIG", "PRELOAD", "LIB", "LIBRARY",
+        "ENTRYPOINT", "ENTRYPOINTS", "COMMAND", "CMD", "EXEC", "SCRIPT", "WEBHOOK",
+    }
+)  # fmt: skip
+# A variable the engine sets itself from a flag: it is what that flag is (LLAMA_ARG_*).
+_SIM_AGENT_ENV = frozenset(
+    f"LLMGW_SIM_{o}"
+    for o in ("HOST", "PORT", "MODEL", "API_KEY", "GUARD_FORMAT", "GUARD_CATEGORIES")
+)
+_ENV_DOC = "docs/catalog.md says which each engine may be given"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of an engine's table: its names (the first is its own), how it takes a
+    value (none, one, optional, many, two) and whether it may be given twice."""
+
+    names: tuple[str, ...]
+    value: str
+    repeat: bool
+
+
+@dataclass(frozen=True)
+class Table:
+    """An engine's flags and environment as its own parser takes them."""
+
+    engine: str
+    program: str
+    versions: tuple[str, ...]
+    source: str
+    underscores: bool  # --a_b is read as --a-b
+    equals: bool  # --flag=value is read
+    flags: Mapping[str, Flag]
+    env: frozenset[str]
+    env_flags: Mapping[str, str]  # a variable the engine reads as a flag
+
+    def flag(self, name: str) -> Flag | None:
+        """Return the flag a name (as written) is, or None."""
+        if self.underscores and name.startswith("--"):
+            name = name.replace("_", "-")
+        return self.flags.get(name)
+
+
+@cache
+def table(engine: str) -> Table:
+    """Return an engine's table, read from its JSON file once."""
+    data = json.loads((_HERE / f"{engine}.json").read_text(encoding="utf-8"))
+    flags: dict[str, Flag] = {}
+    for f in data["flags"]:
+        flag = Flag(tuple(f["names"]), f["value"], bool(f["repeat"]))
+        for name in flag.names:
+            flags.setdefault(name, flag)
+    return Table(
+        engine=engine,
+        program=data["program"],
+        versions=tuple(data["versions"]),
+        source=data["source"],
+        underscores=bool(data.get("underscores")),
+        equals=bool(data.get("equals", True)),
+        flags=flags,
+        env=frozenset(data.get("env", ())),
+        env_flags={e["name"]: e["flag"] for e in data.get("env_flags", ())},
+    )
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[-_.]+", name.lower()) if w}
+
+
+@cache
+def kinds(engine: str) -> dict[str, str]:
+    """Return each flag name of an engine that is refused, with why (the agent's own,
+    or one naming a thing); a name missing here is allowed."""
+    t = table(engine)
+    out: dict[str, str] = {}
+    agent = AGENT[engine]
+    for flag in set(t.flags.values()):
+        why = next(
+            (
+                f"it sets what the agent sets: {agent[n]}"
+                for n in flag.names
+                if n in agent or (t.underscores and n.replace("_", "-") in agent)
+            ),
+            None,
+        )
+        if why is None:
+            thing = any(n in _THINGS[engine] for n in flag.names) or any(
+                n not in _NOT_THINGS and _words(n) & _THING_WORDS for n in flag.names
+            )
+            if thing and not all(n in _NOT_THINGS for n in flag.names):
+                why = _THING
+        if why:
+            for n in flag.names:
+                out[n] = why
+    return out
+
+
+def _nearest(engine: str, flag: str) -> str:
+    t = table(engine)
+    names = sorted(t.flags)
+    longer = [n for n in names if n.startswith(flag) and flag.startswith("--")]
+    if longer:
+        return f'"{flag}" is short for "{min(longer, key=len)}": write flags in full'
+    close = difflib.get_close_matches(flag, names, n=1, cutoff=0.6)
+    if close:
+        return f'"{flag}" is not a flag of {t.program}: did you mean "{close[0]}"?'
+    return f'"{flag}" is not a flag of {t.program} ({_versions(t)})'
+
+
+def _versions(t: Table) -> str:
+    return "versions " + ", ".join(t.versions)
+
+
+def _looks_like_flag(value: str) -> bool:
+    return value.startswith("-") and not re.fullmatch(r"-\d+(\.\d*)?([eE]-?\d+)?", value)
+
+
+def _value_problem(engine: str, name: str, value: str) -> str | None:
+    if "\x00" in value or "\n" in value or "\r" in value:
+        return f'the value of "{name}" must be one line'
+    stripped = value.strip()
+    if stripped[:1] in "{[":
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            return None  # the engine says what is wrong with its JSON
+        found = _json_thing(data)
+        if found:
+            return (
+                f'the value of "{name}" names a {found} ({_THING.split(", which")[0][3:]}): '
+                "give the engine no file, URL or model to fetch here"
+            )
+    return None
+
+
+def _json_thing(data: object) -> str | None:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if _JSON_THING.search(str(key)) and value not in (None, "", False):
+                return f'"{key}"'
+            found = _json_thing(value)
+            if found:
+                return found
+    elif isinstance(data, list):
+        for value in data:
+            found = _json_thing(value)
+            if found:
+                return found
+    return None
+
+
+def arg_problems(engine: str, args: Sequence[str]) -> list[str]:
+    """Return why an engine may not be started with these arguments: one reason a fault.
+
+    Each flag is one of the engine's table, written as its parser reads it (``--flag
+    value``, or ``--flag=value`` where the engine reads that), neither the agent's own
+    nor one naming a thing, given once unless the engine repeats it, its values present.
+    """
+    if engine not in ENGINES:
+        return [f'engine "{engine}" is not one of {", ".join(ENGINES)}']
+    t = table(engine)
+    refused = kinds(engine)
+    out: list[str] = []
+    seen: dict[Flag, str] = {}
+    i = 0
+    args = [str(a) for a in args]
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-") or arg == "-":
+            out.append(f'"{arg[:40]}" is a value with no flag before it: write "--flag value"')
+            continue
+        name, eq, value = arg.partition("=")
+        flag = t.flag(name)
+        if flag is None:
+            out.append(f"argument {_nearest(engine, name)}")
+            if not eq and i < len(args) and not _looks_like_flag(args[i]):
+                i += 1  # its value, most likely: one fault, not two
+            continue
+        why = refused.get(name) or refused.get(flag.names[0])
+        if why:
+            out.append(f'argument "{name}" is not allowed: {why}')
+            if not eq and flag.value != "none" and i < len(args) and not _looks_like_flag(args[i]):
+                i += 1
+            continue
+        if flag in seen and not flag.repeat:
+            twice = f'"{seen[flag]}" and "{name}"' if seen[flag] != name else f'"{name}"'
+            out.append(
+                f"argument {twice} given twice: {t.program} keeps only the last; give it once"
+            )
+        seen.setdefault(flag, name)
+        values: list[str] = []
+        if eq:
+            if flag.value == "none":
+                out.append(f'argument "{name}" is a switch: write it without "={value[:40]}"')
+                continue
+            if not t.equals:
+                out.append(
+                    f'argument "{arg[:60]}": {t.program} does not read "--flag=value": '
+                    f'write "{name}" and "{value[:40]}" as two arguments'
+                )
+                continue
+            values = [value]
+        elif flag.value in ("one", "two"):
+            need = 2 if flag.value == "two" else 1
+            while len(values) < need and i < len(args) and not _looks_like_flag(args[i]):
+                values.append(args[i])
+                i += 1
+            if len(values) < need:
+                out.append(f'argument "{name}" takes a value: write "{name} VALUE"')
+                continue
+        elif flag.value == "optional":
+            if i < len(args) and not _looks_like_flag(args[i]):
+                values.append(args[i])
+                i += 1
+        elif flag.value == "many":
+            while i < len(args) and not _looks_like_flag(args[i]):
+                values.append(args[i])
+                i += 1
+            if not values:
+                out.append(f'argument "{name}" takes one or more values')
+                continue
+        for v in values:
+            if why := _value_problem(engine, name, v):
+                out.append(why)
+                break
+    return out
+
+
+def unsafe_args(engine: str, args: Sequence[str]) -> str | None:
+    """Return the first of ``arg_problems``, or None."""
+    problems = arg_problems(engine, args)
+    return problems[0] if problems else None
+
+
+def spelled(engine: str, args: Sequence[str]) -> list[str]:
+    """Return the arguments as the engine reads them: ``--flag=value`` split in two for an
+    engine that does not read that form (llama-server)."""
+    if engine not in ENGINES or table(engine).equals:
+        return [str(a) for a in args]
+    out: list[str] = []
+    t = table(engine)
+    for a in args:
+        a = str(a)
+        name, eq, value = a.partition("=")
+        flag = t.flag(name) if a.startswith("--") and eq else None
+        out += [name, value] if flag is not None and flag.value != "none" else [a]
+    return out
+
+
+def env_allowed(engine: str) -> frozenset[str]:
+    """Return the variables an engine may be given (``engine`` empty: any engine's)."""
+    engines = [engine] if engine else list(ENGINES)
+    names = set(COMMON_ENV)
+    for e in engines:
+        names |= table(e).env
+    return frozenset(names)
+
+
+def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
+    """Return why an engine may not be given this environment variable, or None.
+
+    ``engine`` empty: a variable any engine may have passes. ``value`` may not hold a
+    NUL or a line break.
+    """
+    if not _ENV_NAME.fullmatch(key):
+        return "it is not a variable name: use letters, digits and _, not starting with a digit"
+    if key == "PATH" or key.startswith("LD_"):
+        return "it changes which programs and libraries the engine loads"
+    if key in _PYTHON_ENV:
+        return "it changes which Python code the engine runs"
+    if key in _DEVICE_ENV:
+        return "the agent assigns the cards: use gpu_class and gpus_per_node"
+    if key in _SIM_AGENT_ENV:
+        return "the agent sets the simulator's address, model, key and guard format"
+    if engine and engine not in ENGINES:
+        return f'engine "{engine}" is not one of {", ".join(ENGINES)}'
+    sim_own = engine in ("sim", "") and key.startswith("LLMGW_SIM_")
+    if key.startswith("LLMGW_") and not sim_own:
+        return "it is the control plane's own setting, never an engine's"
+    for e in [engine] if engine else ENGINES:
+        flag = table(e).env_flags.get(key)
+        if flag and (why := kinds(e).get(flag)):
+            return f"it is {flag}'s variable, and {why}"
+    if key not in env_allowed(engine):
+        for_engine = f" for {engine}" if engine else ""
+        return (
+            f"it is not one an operator may set{for_engine}: not a variable the engine "
+            f"documents ({_ENV_DOC})"
+        )
+    if set(key.split("_")) & _ENV_THING_WORDS and key not in COMMON_ENV:
+        return (
+            "it names a file, folder, address, key or code to load, which the engine would "
+            "open or import as the agent's user"
+        )
+    if "\x00" in value or "\n" in value or "\r" in value or len(value) > 1000:
+        return "its value must be one line of at most 1000 characters"
+    return None

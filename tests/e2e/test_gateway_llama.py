@@ -8,12 +8,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
-from cluster.models import Node
+from cluster.models import Assignment, Node
 from tests.catalog.samples import store
-from tests.e2e.conftest import Agent, ControlPlane, wait_for
+from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
 from tests.e2e.test_cluster_e2e import _model_file
 from tests.e2e.test_gateway import client, new_key, ready
 
@@ -72,3 +73,21 @@ def test_smollm2_streams_through_the_gateway_and_its_context_is_enforced(
         model="smol", messages=[{"role": "user", "content": "hello " * 600}], max_tokens=4
     )
     assert fits.choices[0].finish_reason in ("length", "stop")
+
+    # llama-server was started with its replica's engine key (from its environment, not
+    # its command line): a call straight to its port without it, or with another, is
+    # refused; the gateway's (above, /tokenize included) carried it.
+    (replica,) = ready("smol")()
+    key = engine_auth(replica.pk)["Authorization"].removeprefix("Bearer ")
+    proc = Path(f"/proc/{Assignment.objects.get(replica=replica).pid}")
+    assert key.encode() not in (proc / "cmdline").read_bytes()
+    assert f"LLAMA_API_KEY={key}".encode() in (proc / "environ").read_bytes().split(b"\0")
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/tokenize", {"content": "hi"})):
+        for auth in ({}, {"Authorization": "Bearer llmgw_engine_wrong"}):
+            refused = httpx.post(replica.endpoint + path, json=body, headers=auth, timeout=60)
+            assert refused.status_code == 401, (path, auth, refused.text)
+        good = httpx.post(replica.endpoint + path, json=body, headers=engine_auth(replica.pk),
+                          timeout=60)  # fmt: skip
+        assert good.status_code == 200, (path, good.text)
+    assert httpx.get(replica.endpoint + "/health", timeout=10).status_code == 200

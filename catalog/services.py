@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 from django.db.models import Max
@@ -67,6 +68,16 @@ class Actor:
 
 
 SYSTEM = Actor(user=None, surface=Surface.CLI)
+
+
+def environment() -> rules.Environment:
+    """What this installation allows that the rules depend on, from the settings: the
+    secrets folder key files live in, the hosts a provider may be reached at over plain
+    http (``catalog.rules.environment``). Every surface's check passes it."""
+    return rules.Environment(
+        secrets_dir=settings.LLMGW_SECRETS_DIR,
+        http_hosts=frozenset(settings.LLMGW_EXTERNAL_HTTP_HOSTS),
+    )
 
 
 def stored_queryset() -> Any:
@@ -208,8 +219,11 @@ def check_change(
     before = stored_specs() if current is None else current
     after: list[spec.Model] = []
     index = None
+    refusals: list[Problem] = []
     for m in before:
         if replacing is not None and m.name == replacing:
+            # What the layers above refuse of it (a judge their policy names).
+            refusals = signals.refusals_for(m, new)
             if new is not None:
                 index = len(after)
                 after.append(new)
@@ -218,8 +232,9 @@ def check_change(
     if new is not None and index is None:
         index = len(after)
         after.append(new)
-    problems = rules.check_catalog(after)
+    problems = rules.check_catalog(after, environment())
     own = [p for p in problems if p.index == index]
+    own += [Problem(p.path, p.message, p.code, model=replacing, index=index) for p in refusals]
     others = [p for p in problems if p.index != index]
     if not others:
         return own
@@ -536,7 +551,7 @@ def _import_problems(
     """
     gone = rules.Catalog([rules.normalize(m) for m in removed.values()])
     out = []
-    for p in rules.check_catalog([*kept, *models]):
+    for p in rules.check_catalog([*kept, *models], environment()):
         if p.index is None or p.index < len(kept):
             out.append(Problem(p.path, p.message, p.code, model=p.model))
             continue
@@ -587,6 +602,15 @@ def import_catalog(
         for i, m in enumerate(models)
         for p in storage_problems(m)
     ]
+    # What the layers above refuse (a judge their policy names): of a model the file
+    # changes, at its position; of one --replace removes, by its name.
+    for i, m in enumerate(models):
+        if m.name in stored:
+            problems += [Problem(p.path, p.message, p.code, model=m.name, index=i)
+                         for p in signals.refusals_for(stored[m.name], m)]  # fmt: skip
+    for name, gone in removed.items():
+        problems += [Problem(p.path, p.message, p.code, model=name)
+                     for p in signals.refusals_for(gone, None)]  # fmt: skip
     if problems:
         raise Refused(problems)
     result = ImportResult()

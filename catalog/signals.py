@@ -13,6 +13,11 @@ one of them must act on a catalog change, it connects a receiver to a signal her
   returns the warnings (sentences) the person who made the change is shown, the change
   being made all the same (:func:`warnings_for`). The guard connects one: switching off
   the only judge of its policy that answers (``guard.signals``).
+- :data:`change_refusals`, sent as a change is checked, with ``before`` and ``after``
+  (``after`` None for a deletion); each receiver returns the ``Problem``s that refuse the
+  change (:func:`refusals_for`), reported with the rules' own and refusing it the same way
+  on every surface. The guard connects one: a judge its policy names cannot be deleted,
+  renamed or have its role changed away from guard (``guard.signals``).
 
 The catalog has no receivers of its own.
 """
@@ -31,6 +36,19 @@ catalog_changed = Signal()
 # Sent with before=Model | None, after=Model as a change is saved; receivers return a
 # list of warnings.
 change_warnings = Signal()
+
+
+# Sent with before=Model, after=Model | None as a change is checked; receivers return a
+# list of catalog.problems.Problem that refuse it.
+change_refusals = Signal()
+
+
+def refusals_for(before: Any, after: Any) -> list[Any]:
+    """Return the problems :data:`change_refusals`' receivers refuse a change with."""
+    out: list[Any] = []
+    for _, said in change_refusals.send(sender=_Send, before=before, after=after):
+        out += list(said or ())
+    return out
 
 
 def warnings_for(before: Any, after: Any) -> list[str]:

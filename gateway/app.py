@@ -48,7 +48,7 @@ from typing import Any
 from django.conf import settings
 
 from catalog import timeouts
-from gateway import balance, errors, sizing, sse
+from gateway import balance, errors, providers, sizing, sse
 from gateway import body as bodies
 from gateway.adapters import Placer
 from gateway.errors import ApiError
@@ -612,7 +612,11 @@ class Gateway:
             path = path[len("/v1") :]
         headers = [("Content-Type", "application/json")]
         if external:
-            secret = _provider_key(target_model)
+            try:
+                secret = providers.key(target_model)  # checked again, as it is sent
+            except providers.Refused as refused:
+                log.warning("%s: %s: %s", sent.request_id, target_model.name, refused.why)
+                return refused.told
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
         in_flight = self.in_flight
@@ -1184,29 +1188,3 @@ def _without_usage(payload: bytes) -> bytes | None:
     chunk.pop("usage", None)
     return json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
 
-
-_provider_keys: dict[str, tuple[float, str]] = {}
-
-
-def _provider_key(model: Any) -> str:
-    """An external provider's key, read from its file (again when the file changes)."""
-    import os
-
-    path = model.external.api_key_file if model.external else ""
-    if not path:
-        return ""
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError:
-        log.warning("the key file of external model %s cannot be read", model.name)
-        return ""
-    held = _provider_keys.get(path)
-    if held and held[0] == mtime:
-        return held[1]
-    try:
-        with open(path, encoding="utf-8") as f:
-            secret = f.read().strip()
-    except OSError:
-        return ""
-    _provider_keys[path] = (mtime, secret)
-    return secret

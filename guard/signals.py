@@ -15,6 +15,9 @@
 - **A catalog change that switches off the only judge that answers** is warned of
   (the catalog's ``change_warnings``; ``guard.services.switch_off_warnings``): the
   guard will then fail open or closed, as the policy's ``fail`` says.
+- **A catalog change that takes a judge the policy names out of it** (deleted, renamed,
+  its role changed) is refused (the catalog's ``change_refusals``;
+  ``guard.services.policy_refusals``): take it out of the policy first.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from django.db.models import Sum
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
 from catalog.models import ServedModel
-from catalog.signals import change_warnings
+from catalog.signals import change_refusals, change_warnings
 from cluster import events
 from cluster.models import Replica
 from cluster.signals import reconcile_tick
@@ -130,6 +133,10 @@ def _change_warnings(sender: Any, before: Any, after: Any, **kwargs: Any) -> lis
     return services.switch_off_warnings(before, after)
 
 
+def _change_refusals(sender: Any, before: Any, after: Any, **kwargs: Any) -> list[Any]:
+    return services.policy_refusals(before, after)
+
+
 # The reconciler.
 
 
@@ -158,3 +165,4 @@ def connect() -> None:
     post_migrate.connect(_migrated, dispatch_uid="guard-migrated")
     reconcile_tick.connect(_tick, dispatch_uid="guard-serve-policy-judges")
     change_warnings.connect(_change_warnings, dispatch_uid="guard-switch-off-warning")
+    change_refusals.connect(_change_refusals, dispatch_uid="guard-judge-in-policy")

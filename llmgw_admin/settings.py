@@ -229,6 +229,16 @@ if not 0 <= LLMGW_GATEWAY_EJECT_MAX_PERCENT <= 100:
     )
 # Requests a minute each console user may send from the Chat page (gateway/session.py).
 LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
+# External providers (catalog/rules/environment.py): the one folder an external model's
+# api_key_file may name a file in (unset: no key file is allowed), and the hosts a
+# provider may be reached at over plain http besides loopback.
+LLMGW_SECRETS_DIR = envstr("SECRETS_DIR")
+if LLMGW_SECRETS_DIR and not LLMGW_SECRETS_DIR.startswith("/"):
+    raise ImproperlyConfigured(
+        f"LLMGW_SECRETS_DIR: {LLMGW_SECRETS_DIR!r} is not an absolute path: give the folder's "
+        "whole path, like /run/secrets/llmgw"
+    )
+LLMGW_EXTERNAL_HTTP_HOSTS = envlist("EXTERNAL_HTTP_HOSTS", [])
 # How often a gateway process writes its usage (gateway/usage.py).
 # A judge's timeout (seconds) when its model has no slo.ttft_p99 (guard/client.py
 # judge_timeout), and its circuit breaker (guard/breaker.py): skipped after this many

@@ -20,6 +20,9 @@ Everything public is importable from here; by topic, it lives in:
 - ``schedule``: ``clock`` and ``window_at``, the schedule window in force at a time.
 - ``fingerprint``: ``fingerprint``, a profile's hash over its Go-JSON rendering.
 - ``normalize``: ``normalize``, a model with every default filled in.
+- ``environment``: ``Environment``, what the installation allows that a rule depends on
+  (the secrets folder, plain-http hosts), passed in by the caller; ``key_file`` and
+  ``url_problem``, the checks the gateway asks again when it reads and sends.
 - ``found``: what the per-model checks share (``Path``, the problems found so far).
 - ``model_checks``: ``check_model`` and the checks of one model's fields.
 - ``profile_checks``: the checks of one profile, and of its width against its engine.
@@ -40,6 +43,7 @@ from catalog.rules.constants import (
     MAX_PREWARM,
     ROLE_GUARD,
 )
+from catalog.rules.environment import STRICT, Environment, is_loopback, key_file, url_problem
 from catalog.rules.fingerprint import fingerprint
 from catalog.rules.found import Path
 from catalog.rules.helpers import (
@@ -76,7 +80,9 @@ __all__ = [
     "GUARD_FORMATS",
     "MAX_PREWARM",
     "ROLE_GUARD",
+    "STRICT",
     "Catalog",
+    "Environment",
     "Path",
     "build_catalog",
     "canary_limits",
@@ -91,7 +97,9 @@ __all__ = [
     "fingerprint",
     "is_external",
     "is_guard",
+    "is_loopback",
     "is_peer",
+    "key_file",
     "kv_index",
     "normalize",
     "on_demand",
@@ -101,6 +109,7 @@ __all__ = [
     "short_revision",
     "simulated",
     "suggest_cores",
+    "url_problem",
     "valid_owner",
     "window_at",
 ]

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from catalog.problems import Problem
+from catalog.rules.environment import STRICT, Environment
 from catalog.rules.found import Path
 from catalog.rules.helpers import is_guard
 from catalog.rules.model_checks import _check_normalized
@@ -18,8 +19,11 @@ from catalog.rules.normalize import normalize
 from catalog.spec import Adapter, Model
 
 
-def check_catalog(models: list[Model]) -> list[Problem]:
+def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Problem]:
     """Return every problem with a catalog: each model's own, then those between them.
+
+    ``env`` is what the installation allows (``catalog.rules.environment``): the
+    strictest without it.
 
     Each problem carries its model's name and position in ``models``. Names, aliases
     and adapters share one namespace (a collision would silently shadow a model at
@@ -28,7 +32,7 @@ def check_catalog(models: list[Model]) -> list[Problem]:
     ms = [normalize(m) for m in models]
     out: list[Problem] = []
     for i, m in enumerate(ms):
-        out += [replace(p, model=m.name, index=i) for p in _check_normalized(m)]
+        out += [replace(p, model=m.name, index=i) for p in _check_normalized(m, env)]
 
     def add(i: int, path: Path, code: str, message: str) -> None:
         out.append(Problem(path, message, code, model=ms[i].name, index=i))
@@ -102,12 +106,22 @@ def check_catalog(models: list[Model]) -> list[Problem]:
 
     for i, m in kept:
         for j, f in enumerate(m.fallbacks):
-            if resolve(f) is None:
+            target = resolve(f)
+            if target is None:
                 add(
                     i,
                     ("fallbacks", j),
                     "unknown_fallback",
                     f'fallback "{f}" is not in the catalog: name a model or an alias',
+                )
+            elif is_guard(target):
+                # A judge serves no client: its replicas are the guard's, sized for it.
+                add(
+                    i,
+                    ("fallbacks", j),
+                    "fallback_guard",
+                    f'fallback "{f}" is a guard model, which judges traffic and answers no '
+                    "client: name another model",
                 )
     # A canary is a candidate for this model's place: another catalog model, not a
     # judge, not itself tested against a canary, and the candidate of one model only.
@@ -214,9 +228,11 @@ class Catalog:
         return m is not None and m.name == name
 
 
-def build_catalog(models: list[Model]) -> tuple[Catalog | None, list[Problem]]:
+def build_catalog(
+    models: list[Model], env: Environment = STRICT
+) -> tuple[Catalog | None, list[Problem]]:
     """Return the catalog of these models, or None and every reason it cannot be."""
-    problems = check_catalog(models)
+    problems = check_catalog(models, env)
     if problems:
         return None, problems
     return Catalog(normalize(m) for m in models), []

@@ -15,6 +15,7 @@ from agent.engines import ENGINES, RUNTIME_LORA_ENV
 from catalog.durations import format_duration
 from catalog.problems import Problem
 from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GUARD
+from catalog.rules.environment import STRICT, Environment, key_file, url_problem
 from catalog.rules.found import Path, _Found, _label, _not_finite, _num
 from catalog.rules.helpers import on_demand, repository_page, valid_owner
 from catalog.rules.normalize import normalize
@@ -23,16 +24,17 @@ from catalog.rules.schedule import _WEEKDAYS, clock
 from catalog.spec import Model
 
 
-def check_model(m: Model) -> list[Problem]:
+def check_model(m: Model, env: Environment = STRICT) -> list[Problem]:
     """Return every problem with one model on its own, after normalizing it.
 
     Paths are relative to the model and name the field to change; the whole-catalog
-    rules (names, aliases, fallbacks, canaries) are ``check_catalog``'s.
+    rules (names, aliases, fallbacks, canaries) are ``check_catalog``'s. ``env`` is what
+    the installation allows (``catalog.rules.environment``); the strictest without it.
     """
-    return _check_normalized(normalize(m))
+    return _check_normalized(normalize(m), env)
 
 
-def _check_normalized(m: Model) -> list[Problem]:
+def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
     out = _Found()
     if not m.name:
         out.add(("name",), "required", "the model has no name: give it one")
@@ -57,7 +59,7 @@ def _check_normalized(m: Model) -> list[Problem]:
         )
     _check_adapters(m, out)
     if m.external is not None:
-        _check_external(m, out)
+        _check_external(m, out, env)
     elif not m.profiles:
         out.add(
             ("profiles",),
@@ -165,7 +167,7 @@ def _check_adapters(m: Model, out: _Found) -> None:
             )
 
 
-def _check_external(m: Model, out: _Found) -> None:
+def _check_external(m: Model, out: _Found, env: Environment) -> None:
     e = m.external
     assert e is not None  # the caller checked
     if m.profiles:
@@ -182,6 +184,19 @@ def _check_external(m: Model, out: _Found) -> None:
             f'external url "{e.url}" is not an http(s) address: write the '
             "provider's base address, like https://api.openai.com",
         )
+    elif why := url_problem(e.url, env.http_hosts):
+        out.add(("external", "url"), "plain_http", f'external url "{e.url}" {why}')
+    if e.api_key_file:
+        _, why = key_file(e.api_key_file, env.secrets_dir)
+        if why:
+            code = "key_file_outside" if env.secrets_dir else "no_secrets_dir"
+            out.add(
+                ("external", "api_key_file"),
+                code,
+                f'external api_key_file "{e.api_key_file}" {why}'
+                if env.secrets_dir
+                else f"external api_key_file: {why}",
+            )
     if not e.model.strip():
         out.add(
             ("external", "model"),

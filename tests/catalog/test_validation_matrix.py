@@ -31,6 +31,11 @@ def _with(base: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, 
     return data
 
 
+def _external(key_file: str, url: str = "https://api.example.com/v1") -> dict[str, Any]:
+    return {"name": "bad", "source": "cloud",
+            "external": {"url": url, "model": "gpt-x", "api_key_file": key_file}}  # fmt: skip
+
+
 CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
     ("no source", _with(gpu_model("bad"), ("source",), ""), ("source",)),
     (
@@ -117,13 +122,33 @@ CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
         _with(gpu_model("bad"), ("role",), "guard"),
         ("guard", "format"),
     ),
+    # Issue 16: the gateway read any file and sent it, as a bearer key, to any address.
+    ("key file outside the secrets folder", _external("/etc/shadow"), ("external", "api_key_file")),
+    ("key file climbing out with ..", _external("../../etc/shadow"), ("external", "api_key_file")),
+    (
+        "plain http provider",
+        _external("openai", url="http://provider.example.com/v1"),
+        ("external", "url"),
+    ),
+    # ... and a judge, which answers no client, as a fallback.
+    (
+        "judge as a fallback",
+        _with(gpu_model("bad"), ("fallbacks",), ["referee-alias"]),
+        ("fallbacks", 0),
+    ),
 ]
 
 
+JUDGE = gpu_model("referee", role="guard", guard={"format": "qwen3guard"},
+                  aliases=["referee-alias"])  # fmt: skip
+
+
 @pytest.fixture
-def neighbour() -> None:
-    """Another model in the catalog, so cross-model rules have something to clash with."""
-    store(cpu_model("taken"))
+def neighbour(settings: Any) -> None:
+    """Other models in the catalog (one a judge), so cross-model rules have something to
+    clash with; and a secrets folder, for the key files' rule."""
+    settings.LLMGW_SECRETS_DIR = "/run/secrets/llmgw"
+    store(cpu_model("taken"), JUDGE)
 
 
 def reference(data: dict[str, Any]) -> Problem:
@@ -197,13 +222,14 @@ def test_same_refusal_on_every_surface(
     loc = convert.locate(path)
 
     # 1. A catalog file.
+    neighbours = [codec.decode_model(cpu_model("taken"))[0], codec.decode_model(JUDGE)[0]]
     models, shape = files.load_catalog_text(
-        files.dump_catalog([codec.decode_model(cpu_model("taken"))[0], codec.decode_model(data)[0]])
+        files.dump_catalog([*neighbours, codec.decode_model(data)[0]])
     )
     assert not shape
-    got = [p for p in rules.check_catalog(models) if p.path == path]
+    got = [p for p in rules.check_catalog(models, services.environment()) if p.path == path]
     assert got and got[0].message == want.message and got[0].code == want.code
-    assert got[0].file_path.startswith("models[1].")
+    assert got[0].file_path.startswith("models[2].")
 
     # 2. The API.
     r = api_for(operator).post("/api/v1/catalog/models/", data, format="json")

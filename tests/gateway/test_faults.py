@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -96,8 +97,9 @@ def test_every_replica_failing_is_one_error(h: Harness) -> None:
 
 
 def test_an_external_fallback_only_when_the_cluster_has_no_capacity(
-    h: Harness, tmp_path: Path
+    h: Harness, tmp_path: Path, settings: Any
 ) -> None:
+    settings.LLMGW_SECRETS_DIR = str(tmp_path)  # key files only in the secrets folder
     secret_file = tmp_path / "provider.key"
     secret_file.write_text("sk-provider-secret\n")
     local, provider = h.engine("local", behaviour="503"), h.engine("provider")

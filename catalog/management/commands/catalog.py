@@ -73,7 +73,7 @@ class Command(BaseCommand):
         if action == "validate":
             from catalog import rules
 
-            problems = rules.check_catalog(models)
+            problems = rules.check_catalog(models, services.environment())
             if problems:
                 self._fail(problems)
             self.stdout.write(f"{options['file']}: {len(models)} models, valid")

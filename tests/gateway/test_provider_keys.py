@@ -1,0 +1,120 @@
+"""An external provider's key file, read by the real gateway as it sends (issue 16, item 6).
+
+Before, the gateway read whatever ``external.api_key_file`` named (``/etc/shadow`` as
+root) and sent it to the provider as ``Authorization: Bearer …``, its other lines as
+extra headers. The catalog now refuses such a path on every surface
+(tests/catalog/test_validation_matrix.py); a row that predates the rule, a symbolic link
+out of the folder or a file of several lines is refused again here, and the provider (a
+real local HTTP server) receives nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from catalog import spec
+from gateway.models import digest
+from gateway.table import Key
+from tests.gateway.harness import KEY, Harness, model
+
+SHADOW = "root:$6$salt$hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\nbin:*:19000::::::\n"
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    # The key names the external model, so nothing but its key file stands in the way.
+    harness.keys = {digest(KEY): Key(1, "harness", "team:t", ("cloud",), None)}
+    yield harness
+    harness.close()
+
+
+@pytest.fixture
+def secrets(tmp_path: Path, settings: Any) -> Path:
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    settings.LLMGW_SECRETS_DIR = str(folder)
+    return folder
+
+
+def serve_cloud(h: Harness, key_file: str) -> Any:
+    provider = h.engine("provider")
+    cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+                                                  api_key_file=key_file))  # fmt: skip
+    h.serve([cloud], [])
+    return provider
+
+
+def refused(h: Harness) -> str:
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="cloud", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502
+    return caught.value.message
+
+
+def test_etc_shadow_is_never_read_or_sent(h: Harness, secrets: Path) -> None:
+    provider = serve_cloud(h, "/etc/shadow")
+    message = refused(h)
+    assert provider.requests == 0
+    assert "was not asked" in message and "shadow" not in message and "root" not in message
+
+
+def test_a_file_outside_the_folder_a_link_out_of_it_and_no_folder_are_refused(
+    h: Harness, secrets: Path, tmp_path: Path, settings: Any
+) -> None:
+    outside = tmp_path / "shadow"
+    outside.write_text(SHADOW)
+    (secrets / "link").symlink_to(outside)
+    provider = serve_cloud(h, str(outside))
+    refused(h)
+    for key_file in ("link", str(secrets / "link"), "../shadow"):
+        h.models = [model("cloud", external=spec.External(url=provider.url + "/v1",
+                                                          model="gpt-x", api_key_file=key_file))]  # fmt: skip
+        h.refresh()
+        refused(h)
+    settings.LLMGW_SECRETS_DIR = ""
+    (secrets / "openai").write_text("sk-fine\n")
+    h.models = [model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+                                                      api_key_file=str(secrets / "openai")))]  # fmt: skip
+    h.refresh()
+    refused(h)
+    assert provider.requests == 0
+
+
+@pytest.mark.parametrize(
+    "content",
+    [SHADOW, "sk-one\nX-Injected: yes\n", "sk-one\r\nsk-two", "sk one", "sk-\x00one", "",
+     "sk-" + "x" * 5000],
+    ids=["shadow", "injected header", "two keys", "space", "nul", "empty", "5 kB"],
+)  # fmt: skip
+def test_a_key_file_that_is_not_one_line_is_refused(
+    h: Harness, secrets: Path, content: str
+) -> None:
+    (secrets / "openai").write_text(content)
+    provider = serve_cloud(h, "openai")
+    refused(h)
+    assert provider.requests == 0
+
+
+def test_a_key_in_the_folder_is_sent_and_read_again_when_it_changes(
+    h: Harness, secrets: Path
+) -> None:
+    key_file = secrets / "openai"
+    key_file.write_text("sk-provider-secret\n")
+    provider = serve_cloud(h, "openai")
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+    answer = client.chat.completions.create(model="cloud",
+                                            messages=[{"role": "user", "content": "x"}])  # fmt: skip
+    assert (answer.choices[0].message.content or "").startswith("provider0")
+    assert provider.auth == ["Bearer sk-provider-secret"]
+    # Rotated into two lines: refused, and the provider is not asked.
+    key_file.write_text("sk-rotated\nX-Injected: yes\n")
+    os.utime(key_file, (1, 1))
+    refused(h)
+    assert provider.requests == 1

@@ -204,6 +204,19 @@ LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# A gateway process that cannot read the database serves from what it read last; its
+# /healthz says "stale" with the age, 200 up to this many seconds, then 503 (gateway/health.py).
+LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)
+# Every listener (the web process, gateway serve): a request's headers must arrive within
+# HEADER_TIMEOUT seconds of its first byte (or of the connection), its body within
+# BODY_TIMEOUT of its headers; else the connection is closed (gateway/listener.py).
+LLMGW_HTTP_HEADER_TIMEOUT = envint("HTTP_HEADER_TIMEOUT", 10)
+LLMGW_HTTP_BODY_TIMEOUT = envint("HTTP_BODY_TIMEOUT", 60)
+for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT"):
+    if globals()[f"LLMGW_{_name}"] < 1:
+        raise ImproperlyConfigured(
+            f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more seconds"
+        )
 # Passive outlier detection (gateway/outliers.py, as Envoy's): a replica that fails this
 # many attempts in a row (no connection, a broken one, no answer in time, a 5xx) is left
 # out of routing for EJECT_SECONDS, longer each time in a row up to EJECT_MAX_SECONDS;

@@ -105,17 +105,24 @@ AGENT: dict[str, dict[str, str]] = {
     },
 }
 
-# Words of a flag's name (split at - and _) that say it names a thing the engine would
-# open, fetch, connect to or import.
+# A flag taking a value names a thing the engine would open, fetch, connect to or import
+# when its last word (split at - and _) is one of these, or any word is a strong one.
 _THING_WORDS = frozenset(
     {
         "file", "files", "path", "paths", "dir", "dirs", "folder", "root",
         "url", "urls", "uri", "host", "hosts", "port", "ports", "addr", "address", "ip",
         "key", "keys", "token", "secret", "password", "ssl", "cert", "certfile", "keyfile",
-        "ca", "endpoint", "endpoints", "socket", "uds", "rpc", "server", "servers",
+        "certs", "endpoint", "endpoints", "socket", "uds", "rpc", "server", "servers",
         "domain", "domains", "download", "repo", "hf", "mirror", "registry",
         "plugin", "plugins", "module", "modules", "cls", "class", "middleware",
-        "tokenizer", "draft", "mmproj", "vocoder", "grammar", "import", "media",
+        "tokenizer", "mmproj", "vocoder", "import", "model",
+    }
+)  # fmt: skip
+_STRONG_WORDS = frozenset(
+    {
+        "file", "files", "path", "paths", "dir", "dirs", "folder", "url", "urls", "uri",
+        "ssl", "certfile", "keyfile", "endpoint", "endpoints", "socket", "uds", "plugin",
+        "plugins", "middleware", "download", "hf", "password", "secret",
     }
 )  # fmt: skip
 # Flags whose words say otherwise but name nothing (checked by reading their help).
@@ -130,6 +137,12 @@ _NOT_THINGS = frozenset(
         "--no-enable-prefix-caching",
         "--prefix-caching-hash-algo",
         "--log-prefix",
+        "--lora-target-modules",
+        "--bucket-time-to-first-token",
+        "--kt-max-deferred-experts-per-token",
+        "--mamba-max-states-per-path",
+        "--media-url-max-file-size-mb",
+        "--grammar-backend",
         "--log-prefix-stats",
         "--disable-radix-cache",
         "--draft-max",
@@ -345,8 +358,13 @@ def table(engine: str) -> Table:
     )
 
 
-def _words(name: str) -> set[str]:
-    return {w for w in re.split(r"[-_.]+", name.lower()) if w}
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[-_.]+", name.lower()) if w]
+
+
+def _names_a_thing(name: str) -> bool:
+    words = _words(name)
+    return bool(words) and (words[-1] in _THING_WORDS or bool(set(words) & _STRONG_WORDS))
 
 
 @cache
@@ -366,10 +384,12 @@ def kinds(engine: str) -> dict[str, str]:
             None,
         )
         if why is None:
-            thing = any(n in _THINGS[engine] for n in flag.names) or any(
-                n not in _NOT_THINGS and _words(n) & _THING_WORDS for n in flag.names
+            thing = any(n in _THINGS[engine] for n in flag.names) or (
+                flag.value != "none"
+                and not any(n in _NOT_THINGS for n in flag.names)
+                and any(_names_a_thing(n) for n in flag.names)
             )
-            if thing and not all(n in _NOT_THINGS for n in flag.names):
+            if thing:
                 why = _THING
         if why:
             for n in flag.names:

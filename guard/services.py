@@ -368,7 +368,16 @@ def in_background(job: Callable[[], None]) -> None:
     threading.Thread(target=run, name="guard-refresh", daemon=True).start()
 
 
-_snapshot: Cached[Snapshot] = Cached(_load_snapshot, ttl=SNAPSHOT_TTL, ahead=in_background)
+_snapshot: Cached[Snapshot] = Cached(
+    _load_snapshot, ttl=SNAPSHOT_TTL, ahead=in_background, name="the guard's policy and judges"
+)
+
+
+def kept() -> Cached[Snapshot]:
+    """The snapshot as memory holds it: a gateway's table reader keeps it fresh (its
+    ``keep``) so checks never wait for it, and reports its age. When the database fails,
+    checks are served the last snapshot read (``guard.cache``)."""
+    return _snapshot
 
 
 def snapshot() -> Snapshot:

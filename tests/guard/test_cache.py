@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from guard.cache import Cached, CachedMap
+from tests.waiting import wait_until
 
 
 class Clock:
@@ -187,12 +188,15 @@ def test_past_half_its_ttl_a_value_is_returned_and_read_again_in_the_background(
     clock.now += 0.6
     cached.get()
     assert len(later.jobs) == 1
-    # Nobody ran it: at the ttl the reader loads itself, never older than the ttl.
+    # Nobody ran it: past the ttl a reader waits for it at most ``wait``, then is
+    # served the last value, and the cache says it is stale.
     source.value = "v3"
     clock.now += 0.4
-    assert cached.get() == "v3"
-    later.run()  # the late refresh finds it loaded: no read
-    assert source.reads == 3
+    cached.wait = 0.01
+    assert cached.get() == "v2" and cached.stale
+    later.run()  # the late load lands: fresh again
+    assert source.reads == 3 and not cached.stale
+    assert cached.get() == "v3" and later.jobs == []
 
 
 def test_a_refresh_ahead_does_not_keep_what_an_invalidation_made_old() -> None:
@@ -204,7 +208,7 @@ def test_a_refresh_ahead_does_not_keep_what_an_invalidation_made_old() -> None:
     cached.get()
     cached.invalidate()
     state["value"] = "new"
-    later.run()  # the entry it was asked for is gone: nothing read
+    later.run()  # the entry it was asked for is gone: read again
     assert cached.get() == "new"
 
 
@@ -235,3 +239,138 @@ def test_a_refresh_that_cannot_start_leaves_the_fresh_value_to_its_reader() -> N
     clock.now += 0.3
     source.value = "v2"
     assert cached.get() == "v2"
+
+
+# The source fails: the last good value is served, boundedly, and the cache says so.
+
+
+class Threads:
+    """A background runner that starts a thread per job, as the lead's does."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def __call__(self, job: Any) -> None:
+        self.started += 1
+        threading.Thread(target=job, daemon=True).start()
+
+
+class Flaky:
+    """A source that answers, fails at once (a database refusing) or hangs (one hung)
+    until released."""
+
+    def __init__(self) -> None:
+        self.value = "v1"
+        self.mode = "ok"
+        self.reads = 0
+        self.release = threading.Event()
+
+    def __call__(self, *key: Any) -> str:
+        self.reads += 1
+        if self.mode == "refuse":
+            raise ConnectionError("connection refused")
+        if self.mode == "hang":
+            self.release.wait(30)
+        return self.value
+
+
+def test_a_value_whose_source_refuses_keeps_being_served_and_says_it_is_stale() -> None:
+    clock, source, runner = Clock(), Flaky(), Threads()
+    cached = Cached(source, ttl=1.0, clock=clock, ahead=runner, retry=5.0)
+    assert cached.get() == "v1" and not cached.stale and cached.age() == 0
+    source.mode, source.value = "refuse", "v2"
+    clock.now += 3
+    assert cached.get() == "v1"  # the load failed: the last value, no error
+    assert cached.stale and cached.age() == 3
+    cached.invalidate()  # a change committed meanwhile: still nothing better to serve
+    assert cached.get() == "v1" and cached.fresh() == "v1" and cached.refresh() == "v1"
+    # Stale: a load is tried again at most every ``retry`` seconds, not per reader.
+    assert source.reads == 2
+    source.mode = "ok"
+
+    def later() -> bool:
+        clock.now += 5
+        return cached.get() == "v2"
+
+    # The source is back: a reader tries again (served the last value meanwhile: a
+    # stale cache never waits), and the load it started brings the new one.
+    wait_until(later, what="the cache to read its source again")
+    clock.now += 0.1
+    assert not cached.stale and cached.age() == pytest.approx(0.1)
+
+
+def test_a_hung_source_holds_one_reader_for_at_most_wait_then_none() -> None:
+    clock, source, runner = Clock(), Flaky(), Threads()
+    cached = Cached(source, ttl=1.0, clock=clock, ahead=runner, wait=0.2)
+    cached.get()
+    source.mode, source.value = "hang", "v2"
+    clock.now += 2
+    waited = threading.Event()
+    result: list[str] = []
+
+    def read() -> None:
+        result.append(cached.get())
+        waited.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert waited.wait(10), "a reader waited on a hung load past its bound"
+    assert result == ["v1"] and cached.stale
+    # Stale: the next readers do not wait at all (a hung load never returns in 10 s).
+    assert [cached.get() for _ in range(100)] == ["v1"] * 100
+    assert cached.fresh() == "v1" and runner.started == 1  # the one load, still hung
+    source.release.set()  # the database answers again
+    source.mode = "ok"
+    wait_until(lambda: cached.get() == "v2", what="the hung load to land")
+    assert not cached.stale
+
+
+def test_the_first_load_has_nothing_to_fall_back_on_and_raises() -> None:
+    source = Flaky()
+    source.mode = "refuse"
+    cached = Cached(source, ttl=1.0, clock=Clock(), ahead=Threads())
+    with pytest.raises(ConnectionError):
+        cached.get()
+    assert cached.fresh() is None and cached.age() is None
+
+
+def test_without_a_runner_a_failed_load_serves_the_last_value() -> None:
+    clock, source = Clock(), Flaky()
+    cached = Cached(source, ttl=1.0, clock=clock)
+    cached.get()
+    source.mode = "refuse"
+    clock.now += 2
+    assert cached.get() == "v1" and cached.stale
+
+
+def test_keep_loads_in_its_own_thread_and_notes_a_failure() -> None:
+    clock, source = Clock(), Flaky()
+    cached = Cached(source, ttl=1.0, clock=clock, ahead=Threads())
+    cached.keep()
+    assert source.reads == 1
+    clock.now += 0.3
+    cached.keep()  # younger than half its ttl: nothing read
+    assert source.reads == 1
+    clock.now += 0.3
+    source.value = "v2"
+    cached.keep()
+    assert source.reads == 2 and cached.fresh() == "v2"
+    source.mode = "refuse"
+    clock.now += 5
+    cached.keep()  # never raises
+    assert cached.stale and cached.get() == "v2"
+
+
+def test_a_map_serves_a_key_found_before_while_its_source_fails() -> None:
+    clock, source = Clock(), Flaky()
+    found = CachedMap(source, ttl=1.0, clock=clock, ahead=Threads(), wait=0.2)
+    assert found.get("a") == "v1"
+    source.mode = "refuse"
+    clock.now += 2
+    assert found.get("a") == "v1" and found.stale
+    assert found.fresh("a") == "v1"  # stale: served without waiting
+    with pytest.raises(ConnectionError):
+        found.get("z")  # never found: nothing to serve, its reader asks
+    found.invalidate()  # a revocation is never served from the last value
+    assert found.fresh("a") is None
+    with pytest.raises(ConnectionError):
+        found.get("a")

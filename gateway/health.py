@@ -2,13 +2,19 @@
 
 200 ``{"status":"ok"}`` once the process has read its table (catalog, ready replicas,
 keys: ``gateway.state.State.loaded``) the first time, 503 ``{"status":"starting"}``
-before: until then every ``/v1/`` request would wait for it or be refused. It stays 200
-after: a process that cannot read the database again keeps routing by the last table.
+before: until then every ``/v1/`` request would wait for it or be refused.
+
+A process that cannot read the database again serves from what it read last (the
+table, the guard's policy and judges) and says so: 200 ``{"status":"stale","age":N}``
+(N: whole seconds since its last good read) while N is within
+``LLMGW_GATEWAY_STALE_LIMIT`` (300 s), then 503 with the same body, so a load balancer
+moves on to a process that reads (if none does, it still serves: a load balancer with
+every backend failing sends to them all).
 
 It is the one answer of a gateway process that needs no credential: a load balancer's
-check carries none, and the answer tells nothing but those two words (no model, key,
-replica, version or reason). ``HEAD`` answers the same without the body. It is not under
-``/v1/``, which is the OpenAI API's.
+check carries none, and the answer tells nothing but those words and the age (no model,
+key, replica, version or reason). ``HEAD`` answers the same without the body. It is not
+under ``/v1/``, which is the OpenAI API's.
 """
 
 from __future__ import annotations
@@ -16,9 +22,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from django.conf import settings
+
 PATH = "/healthz"
 OK = b'{"status":"ok"}'
 STARTING = b'{"status":"starting"}'
+STALE_LIMIT = 300
+
+
+def verdict(loaded: bool, stale: bool, age: float | None, limit: float) -> tuple[int, bytes]:
+    """The status and body ``/healthz`` answers for a state: starting (503), ok (200),
+    stale up to ``limit`` seconds old (200), staler (503)."""
+    if not loaded:
+        return 503, STARTING
+    if not stale or age is None:
+        return 200, OK
+    body = b'{"status":"stale","age":%d}' % int(age)
+    return (200 if age <= limit else 503), body
 
 
 class HealthRoute:
@@ -42,8 +62,9 @@ class HealthRoute:
             # The server starts the table's reader when it listens (gateway.server); an
             # application served another way starts it with its first check.
             self.state.start(asyncio.get_running_loop())
-        body = OK if loaded else STARTING
-        await _answer(send, 200 if loaded else 503, body, b"application/json",
+        limit = getattr(settings, "LLMGW_GATEWAY_STALE_LIMIT", STALE_LIMIT)
+        status, body = verdict(loaded, self.state.stale, self.state.age(), limit)
+        await _answer(send, status, body, b"application/json",
                       head=method == "HEAD")  # fmt: skip
 
 

@@ -27,6 +27,10 @@ The series (all ``llmgw_gateway_`` but the judge's):
 - ``ejections_total{model}`` (replicas ejected from routing, ``gateway.outliers``) and
   ``ejected_replicas{model}`` (out now: the most any live process has out);
 - ``in_flight{replica}`` (summed over live processes; synced every half second);
+- ``state_read_timestamp_seconds{part}``: when the table (``part="table"``) and the
+  guard's policy and judges (``"guard"``) were last read whole, the oldest of the live
+  processes (``time() - …`` is how stale a process serves while the database is away),
+  and ``state_read_failures_total{part}``;
 - ``llmgw_guard_judge_seconds{judge}``: the guard's checks as the gateway waited on them.
 """
 
@@ -101,6 +105,14 @@ def _setup() -> dict[str, Any]:
             "ejected": Gauge("ejected_replicas", "replicas out of routing now (the most "
                              "any live process has out)", ("model",), namespace=NS,
                              multiprocess_mode="livemax", registry=None),
+            # When this process last read what it serves from (its table, the guard's
+            # policy and judges), as Unix time; the oldest of the live processes.
+            "state_read": Gauge("state_read_timestamp_seconds",
+                                "when the process last read its table (part=table) or the "
+                                "guard's policy and judges (part=guard) whole", ("part",),
+                                namespace=NS, multiprocess_mode="livemin", registry=None),
+            "state_failures": counter("state_read_failures",
+                                      "reads of the table that failed or hung", ("part",)),
             "judge": Histogram("llmgw_guard_judge_seconds",
                                "the guard's checks as the gateway waited on them", ("judge",),
                                buckets=JUDGE_SECONDS, registry=None),
@@ -127,6 +139,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def state_read(part: str) -> None:
+    """Note that this process read ``part`` of its state whole, now."""
+    _setup()["state_read"].labels(part).set(time.time())
+
+
+def state_failed(part: str) -> None:
+    """Note that a read of ``part`` failed (or hung past its bound)."""
+    _setup()["state_failures"].labels(part).inc()
 
 
 def scrape() -> bytes:

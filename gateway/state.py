@@ -21,7 +21,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.db import close_old_connections, connection
@@ -146,6 +148,13 @@ def load_table() -> Table:
 
 # How often a state that keeps failing to read says so again.
 FAILURE_LOG_EVERY = 60.0
+# How long one read may take before the pass gives up on it (the read goes on in its
+# thread; the next pass waits for that one rather than starting another): a database
+# that hangs is a failed read, said and counted, not a reader stuck without a word.
+READ_TIMEOUT = 10.0
+# The table is stale when its last read failed, or when it is older than this (a read
+# hung): ``/healthz`` says so (gateway.health).
+STALE_AFTER = 5.0
 
 
 class State:
@@ -154,11 +163,24 @@ class State:
         loader: Callable[[], Table] | None = None,
         interval: float = INTERVAL,
         record_demand: Callable[[str], None] | None = None,
+        keep: Sequence[Any] | None = None,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.table = Table()
         self._record = record_demand or record_demand_in_db
         self.loaded = False
+        # What else the path reads from memory, kept fresh by this thread after each read
+        # of the table (``guard.cache.Cached``: its ``keep``, ``stale`` and ``age``): with
+        # the real loader, the guard's policy and judges (``guard.services.kept``).
+        if keep is None:
+            keep = () if loader is not None else (_guard_snapshot(),)
+        self._keep = tuple(keep)
         self._loader = loader or Loader()
+        self.read_timeout = read_timeout
+        self.read_at: float | None = None  # time.monotonic() of the last good read
+        self._failing = False
+        self._reading: Future[Table] | None = None
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-state-read")
         self.interval = interval
         self._poke = threading.Event()
         self._stop = threading.Event()
@@ -189,6 +211,7 @@ class State:
     def stop(self) -> None:
         self._stop.set()
         self._poke.set()
+        self._reader.shutdown(wait=False)
 
     def engine_key(self, upstream: UpstreamKey) -> str | None:
         """Return the engine key of the replica reached at ``upstream`` (scheme, host,
@@ -293,29 +316,54 @@ class State:
             self._pass()
             self._poke.wait(self.interval)
 
+    def age(self) -> float | None:
+        """Seconds since the table (and what is kept with it) was last read whole; None
+        before the first read."""
+        if self.read_at is None:
+            return None
+        age = time.monotonic() - self.read_at
+        for kept in self._keep:
+            kept_age = kept.age()
+            if kept.stale and kept_age is not None:
+                age = max(age, kept_age)
+        return age
+
+    @property
+    def stale(self) -> bool:
+        """Whether this process serves from a table it could not read again: its last read
+        failed (or hung), or it is older than ``STALE_AFTER``, or what is kept with it is
+        stale. Never before the first read (there is nothing to serve then)."""
+        age = self.age()
+        if age is None:
+            return False
+        return self._failing or age > STALE_AFTER or any(k.stale for k in self._keep)
+
     def _pass(self) -> None:
         self._started += 1
         number = self._started
-        close_old_connections()
         try:
-            with self._lock:
-                wanted, self._demand = self._demand, set()
-            for model in wanted:
-                self._record(model)
-            table = self._loader()
+            # One read at a time: a read still hung from an earlier pass is waited for
+            # again rather than joined by another.
+            if self._reading is None or self._reading.done():
+                self._reading = self._reader.submit(self._read)
+            table = self._reading.result(timeout=self.read_timeout)
         except Exception as error:
-            self.failures += 1
-            # The whole error the first time, then a line a minute: a database away for
-            # long must not fill the log twice a second.
-            now = time.monotonic()
-            if self.failures == 1 or now - self._failure_logged >= FAILURE_LOG_EVERY:
-                self._failure_logged = now
-                log.error("the gateway could not read the catalog and replicas (%d failed "
-                          "reads so far); it keeps the last: %s", self.failures, error,
-                          exc_info=self.failures == 1)  # fmt: skip
+            if isinstance(error, FutureTimeout):
+                error = TimeoutError(f"no answer from the database within {self.read_timeout:g} s")
+            self._failed(error)
+            if self._loop is not None:
+                # Those waiting for this pass (a key not known yet) learn nothing new.
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._passed, number)
             return
-        finally:
-            connection.close()
+        self.read_at = time.monotonic()
+        if self._failing:
+            log.warning("the gateway read the catalog and replicas again after %d failed "
+                        "reads", self.failures)  # fmt: skip
+        self._failing = False
+        _note_read("table")
+        if not any(k.stale for k in self._keep):
+            _note_read("guard")
         changed = table is not self.table
         if changed:
             self._engine_keys = engine_keys(table)
@@ -324,6 +372,41 @@ class State:
             # A closed loop: the process is stopping.
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._swapped if changed else self._passed, number)
+
+    def _read(self) -> Table:
+        """Record the demand noted since, then read the table (in the reader's thread)."""
+        close_old_connections()
+        try:
+            with self._lock:
+                wanted, self._demand = self._demand, set()
+            try:
+                for model in wanted:
+                    self._record(model)
+            except Exception:
+                with self._lock:  # written with the next read
+                    self._demand |= wanted
+                raise
+            table = self._loader()
+            for kept in self._keep:
+                kept.keep()  # never raises: a failure makes it stale
+            return table
+        finally:
+            connection.close()
+
+    def _failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self._failing = True
+        _note_failure("table")
+        # The whole error the first time, then a line a minute: a database away for
+        # long must not fill the log twice a second.
+        now = time.monotonic()
+        if self.failures == 1 or now - self._failure_logged >= FAILURE_LOG_EVERY:
+            self._failure_logged = now
+            age = self.age()
+            old = "" if age is None else f" ({age:.0f} s old)"
+            log.error("the gateway could not read the catalog and replicas (%d failed reads "
+                      "so far); it serves the last it read%s: %s", self.failures, old, error,
+                      exc_info=self.failures == 1)  # fmt: skip
 
     def _passed(self, number: int) -> None:
         """Pass ``number`` ended (on the loop): wake those waiting for it."""
@@ -362,6 +445,27 @@ class State:
                 for future in waiters:
                     if not future.done():
                         future.set_result(None)
+
+
+def _guard_snapshot() -> Any:
+    from guard import services
+
+    return services.kept()
+
+
+def _note_read(part: str) -> None:
+    """Export when ``part`` was last read whole (gateway.metrics: the state's series)."""
+    with contextlib.suppress(Exception):  # a metric never stops a read
+        from gateway import metrics
+
+        metrics.state_read(part)
+
+
+def _note_failure(part: str) -> None:
+    with contextlib.suppress(Exception):
+        from gateway import metrics
+
+        metrics.state_failed(part)
 
 
 def record_demand_in_db(model: str) -> None:

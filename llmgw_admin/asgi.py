@@ -18,6 +18,8 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway import refusals, usage  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
+from gateway.health import HealthRoute  # noqa: E402
+from gateway.hosts import HostCheck  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
 from gateway.session import SessionChat  # noqa: E402
@@ -49,7 +51,12 @@ application = ProtocolTypeRouter(
         # and so do guard checks (guard/api/lean.py).
         # /v1/ is the gateway's (gateway/app.py): clients' OpenAI-compatible calls.
         # /metrics (gateway/metrics.py) and the console's chat (gateway/session.py) in front.
-        "http": SessionChat(exported(gateway, gateway_metrics), gateway),
+        # /healthz (gateway/health.py) for a load balancer, as a gateway process's: the
+        # web process serves /v1/ too. A host not allowed is refused on /v1/, /metrics
+        # and the chat (gateway/hosts.py); Django checks the rest.
+        "http": HealthRoute(
+            HostCheck(SessionChat(exported(gateway, gateway_metrics), gateway)), gateway_state
+        ),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -248,7 +248,7 @@ class Gateway:
             if method != "POST":
                 raise ApiError(405, f"{path} takes POST", code="method_not_allowed",
                                headers={"allow": "POST"})  # fmt: skip
-            raw = await _read_body(receive, self.options.max_body)
+            raw = await _read_body(receive, self.options.max_body, scope)
             if raw is None:
                 return  # the client went away
             # From here a client that goes away cancels this task.
@@ -1015,8 +1015,14 @@ async def _send_error(send: Send, error: ApiError, request_id: str = "") -> None
     await send({"type": "http.response.body", "body": data})
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole body (None: the client went away first); 413 past ``limit``."""
+async def _read_body(receive: Receive, limit: int, scope: Scope | None = None) -> bytes | None:
+    """The whole body (None: the client went away first); 413 past ``limit``, at once
+    (before any of it is read) when the request's ``Content-Length`` says so."""
+    declared = _content_length(scope) if scope is not None else None
+    if declared is not None and declared > limit:
+        raise ApiError(413, f"The body is {declared} bytes (its Content-Length), over the "
+                       f"gateway's limit of {limit} bytes: send less.",
+                       code="request_too_large")  # fmt: skip
     read = await lean.read_body(receive, limit)
     if read is None:
         return None
@@ -1024,6 +1030,15 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
     if more or len(body) > limit:
         raise ApiError(413, f"The body is over {limit} bytes.", code="request_too_large")
     return body
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The request's declared ``Content-Length`` (the server has checked it is a number
+    when it framed the body by it); None when absent or unreadable."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any] | None) -> None:

@@ -1,5 +1,6 @@
 """The gateway alone (``manage.py gateway serve``): ``/v1/``, ``GET /metrics`` for a viewer's
-token (``gateway.metrics``) and ``GET /healthz`` for anyone (``gateway.health``)."""
+token (``gateway.metrics``) and ``GET /healthz`` for anyone (``gateway.health``); a host
+not in ``LLMGW_ALLOWED_HOSTS`` is refused on the first two (``gateway.hosts``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ django.setup()
 from gateway import refusals, usage  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from gateway.health import HealthRoute  # noqa: E402
+from gateway.hosts import HostCheck  # noqa: E402
 from gateway.metrics import Metrics, exported  # noqa: E402
 from gateway.observe import Fanout  # noqa: E402
 from gateway.state import State  # noqa: E402
@@ -25,21 +27,24 @@ from gateway.watch import CanaryWatch  # noqa: E402
 state = State()
 metrics = Metrics()
 application = HealthRoute(
-    exported(
-        Gateway(
-            state=state,
-            # Who hears each request: the canaries' judge, the usage and the refusal records
-            # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
-            observer=Fanout(
-                CanaryWatch(lambda: state.table),
-                usage.RECORDER,
-                refusals.RECORDER,
-                metrics,
-                Traffic(),
+    HostCheck(
+        exported(
+            Gateway(
+                state=state,
+                # Who hears each request: the canaries' judge, the usage and the refusal records
+                # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
+                observer=Fanout(
+                    CanaryWatch(lambda: state.table),
+                    usage.RECORDER,
+                    refusals.RECORDER,
+                    metrics,
+                    Traffic(),
+                ),
             ),
-        ),
-        metrics,
+            metrics,
+        )
     ),
-    # What a load balancer asks (no credential): has this process read its table yet.
+    # What a load balancer asks (no credential): has this process read its table, and
+    # can it read it again (stale, with its age).
     state,
 )

@@ -110,16 +110,25 @@ def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     records.start()
     usage.start()
     refusals.start()
-    config = uvicorn.Config(
+    _Server(config(), lambda: _listening(sock, say)).run(sockets=[sock])
+
+
+def config() -> uvicorn.Config:
+    """The server's settings (the socket is ``listen``'s)."""
+    from gateway import listener
+
+    return uvicorn.Config(
         APP,
         lifespan="off",
         access_log=False,
         log_level="warning",
         proxy_headers=False,
+        # Headers and bodies read within their timeouts (gateway.listener); idle
+        # kept-alive connections closed after KEEP_ALIVE.
+        http=listener.from_settings(),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )  # fmt: skip
-    _Server(config, lambda: _listening(sock, say)).run(sockets=[sock])
 
 
 class _Server(uvicorn.Server):

@@ -32,6 +32,8 @@ def config(bind: str, port: int) -> Any:
     """Return the server's settings for one address."""
     import uvicorn
 
+    from gateway import listener
+
     return uvicorn.Config(
         APP,
         host=bind,
@@ -45,6 +47,9 @@ def config(bind: str, port: int) -> Any:
         # 127.0.0.1 is not believed.
         proxy_headers=False,
         ws="websockets-sansio",
+        # Headers within LLMGW_HTTP_HEADER_TIMEOUT, bodies within LLMGW_HTTP_BODY_TIMEOUT
+        # (gateway.listener); idle kept-alive connections closed after KEEP_ALIVE.
+        http=listener.from_settings(),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )

@@ -30,7 +30,8 @@ def refusal(request_id: str, minutes_ago: int = 0, **kw: Any) -> Refusal:
 def rows() -> None:
     refusal("req_old", 30)
     refusal("req_answer", 20, direction="answer", model="talk", key="bot", categories=[])
-    refusal("req_closed", 10, judge="", verdict="", categories=[], score=None, judged=False)
+    refusal("req_closed", 10, judge="", verdict="", categories=[], score=None, judged=False,
+            failures=[{"judge": "judge", "kind": "timeout"}])  # fmt: skip
     refusal("req_new", 0, key="bot")
 
 
@@ -51,7 +52,7 @@ def test_viewers_list_refusals_newest_first_and_filter_them(
         "at": (NOW - dt.timedelta(minutes=10)).astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
         "request_id": "req_closed", "direction": "request", "model": "chat", "key": "app",
         "owner": "team:t", "judge": "", "verdict": "", "categories": [], "score": None,
-        "judged": False,
+        "judged": False, "failures": [{"judge": "judge", "kind": "timeout"}],
     }  # fmt: skip
 
     def ids(**query: str) -> list[str]:
@@ -119,6 +120,7 @@ def test_the_traffic_page_leads_to_the_refusals_newest_first(
     assert page_ids(html) == ["req_new", "req_closed", "req_answer", "req_old"]
     assert "4 refusals" in html and "Kept 30 days" in html
     assert "none answered" in html  # the fail-closed one: no judge answered
+    assert 'data-role="failures"> judge: timeout</span>' in html  # and which failed, how
     assert 'aria-current="page">Traffic' in html
 
 

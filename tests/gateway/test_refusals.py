@@ -55,7 +55,7 @@ def test_a_flush_writes_every_field_and_never_a_text(db: Any) -> None:
     r = RefusalRecorder(clock=lambda: AT)
     r.refusal(heard("req_a"))
     r.refusal(heard("req_b", direction="answer", judge="", verdict="", categories=(),
-                    score=None, judged=False))  # fmt: skip
+                    score=None, judged=False, failures=(("judge", "timeout"),)))  # fmt: skip
     r.flush()
     assert r.pending() == []
     rows = {row["request_id"]: row for row in Refusal.objects.values()}
@@ -69,10 +69,11 @@ def test_a_flush_writes_every_field_and_never_a_text(db: Any) -> None:
     }  # fmt: skip
     b = rows["req_b"]
     assert (b["direction"], b["judge"], b["score"], b["judged"]) == ("answer", "", None, False)
+    assert a["failures"] == [] and b["failures"] == [{"judge": "judge", "kind": "timeout"}]
     # The model has no field a text could go in.
     assert {f.name for f in Refusal._meta.fields} == {
         "id", "at", "request_id", "direction", "model", "key", "owner", "judge", "verdict",
-        "categories", "score", "judged",
+        "categories", "score", "judged", "failures",
     }  # fmt: skip
 
 

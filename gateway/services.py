@@ -43,11 +43,15 @@ def create_key(
         raise KeyRefused(
             f"models: {', '.join(unknown)} not in the catalog (name models, aliases or adapters)"
         )
-    guards = list(
-        ServedModel.objects.filter(name__in=list(models), role="guard").values_list(
-            "name", flat=True
-        )
-    )
+    # A judge by its name, an alias or an adapter: judges answer no client.
+    guards = sorted(
+        {
+            *ServedModel.objects.filter(name__in=models, role="guard").values_list("name", flat=True),
+            *Alias.objects.filter(name__in=models, model__role="guard").values_list("name", flat=True),
+            *Adapter.objects.filter(name__in=models, model__role="guard").values_list("name", flat=True),
+        },
+        key=models.index,
+    )  # fmt: skip
     if guards:
         raise KeyRefused(f"models: {', '.join(guards)} judge traffic; no client key may name one")
     secret = new_secret()

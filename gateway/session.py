@@ -10,7 +10,8 @@ cookie (Django's own comparison) and the ``Origin``, when sent, must be this hos
 
 The user acts as a pseudo-key ``console:<username>`` with owner ``console`` (so usage
 and ``/metrics`` tell chat traffic apart): every cluster model, never a guard model,
-never an external one, at most ``LLMGW_CHAT_RPM`` requests a minute per user (shared by
+never an external one, on any hop (a fallback or a canary is held to the same
+scope: ``Key.may_reach``), at most ``LLMGW_CHAT_RPM`` requests a minute per user (shared by
 the web processes through Redis in production, as keys' budgets are). Viewers and up may chat; a user with no role may not.
 The answer's headers name what answered: ``x-llmgw-model`` and ``x-llmgw-replica``.
 """
@@ -18,6 +19,7 @@ The answer's headers name what answered: ``x-llmgw-model`` and ``x-llmgw-replica
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -28,6 +30,8 @@ from gateway import errors
 from gateway.app import CLIENT_GONE, _read_body, _send_error, _Sent, _watch_disconnect
 from gateway.errors import ApiError
 from gateway.table import Key
+
+log = logging.getLogger(__name__)
 
 PATH = "/console/chat/v1/chat/completions"
 OWNER = "console"
@@ -98,7 +102,7 @@ class SessionChat:
 def _session_key(scope: dict[str, Any]) -> Key:
     """The signed-in user as a pseudo-key; ApiError (401/403) otherwise."""
     from django.contrib.auth import get_user
-    from django.db import connection
+    from django.db import DatabaseError, connection
 
     from llmgw_admin.lean import headers
     from llmgw_admin.roles import VIEWER, has_role
@@ -132,6 +136,13 @@ def _session_key(scope: dict[str, Any]) -> Key:
                            code="forbidden")  # fmt: skip
         return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None,
                    rpm=int(getattr(settings, "LLMGW_CHAT_RPM", 30)))  # fmt: skip
+    except DatabaseError as error:
+        # The console's sign-in lives in the database: while it is away the chat cannot
+        # tell who is asking (the clients' /v1/ goes on from memory).
+        log.warning("the console's chat could not read a session: %s", error)
+        raise ApiError(503, "the console cannot check your sign-in now (its database does "
+                       "not answer): try again shortly", type="server_error",
+                       code="unavailable", headers={"retry-after": "10"}) from None  # fmt: skip
     finally:
         connection.close()
 

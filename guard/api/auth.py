@@ -15,12 +15,17 @@ wait for it). Revocation still takes effect promptly:
 - an expiry is checked on every call against the clock.
 
 Only tokens that authenticate are kept: an unknown or refused one is looked up again
-on every call. Inside a transaction nothing is kept (tests: what a rolled-back
+on every call. While the database is away or hung a token found before is trusted as it
+was last read (``guard.cache``: a check waits at most half a second for it, then not at
+all), and its last use is written in a thread of its own, so the checks of a gateway
+that holds its token go on; an unknown token cannot be looked up then. Inside a transaction nothing is kept (tests: what a rolled-back
 transaction saw is not for others).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from django.db import connection
@@ -32,6 +37,8 @@ from guard.services import in_background
 from llmgw_admin.models import TOKEN_PREFIX, ApiToken, digest
 from llmgw_admin.roles import role_of
 from llmgw_admin.tokens import TokenAuthentication
+
+log = logging.getLogger(__name__)
 
 # How long a token found good is trusted without asking the database (seconds).
 TOKEN_TTL = 1.0
@@ -85,9 +92,27 @@ def token_user(secret: str) -> tuple[Any, ApiToken] | None:
         return None
     now = timezone.now()
     if _use_due(token, now):
-        ApiToken.objects.filter(pk=token.pk).update(last_used=now)
         token.last_used = now
+        _write_last_use(token.pk, now)
     return found.user, token
+
+
+def _write_last_use(pk: int, when: Any) -> None:
+    """Write a token's last use in a thread of its own: the check never waits on the
+    database for it (a database away costs the write, said in the log, not the check)."""
+
+    def write() -> None:
+        try:
+            ApiToken.objects.filter(pk=pk).update(last_used=when)
+        except Exception as error:
+            log.warning("an API token's last use could not be written: %s", error)
+        finally:
+            connection.close()
+
+    if connection.in_atomic_block:
+        write()  # a test's transaction: another thread would not see the token
+        return
+    threading.Thread(target=write, name="guard-token-use", daemon=True).start()
 
 
 def token_user_in_memory(secret: str) -> tuple[Any, ApiToken] | None:
@@ -114,7 +139,9 @@ def _lookup(key: str) -> _Found | None:
     return _Found(token.user, token)
 
 
-_found: CachedMap[str, _Found] = CachedMap(_lookup, ttl=TOKEN_TTL, ahead=in_background)
+_found: CachedMap[str, _Found] = CachedMap(
+    _lookup, ttl=TOKEN_TTL, ahead=in_background, name="the API tokens in memory"
+)
 
 
 def forget(**kwargs: Any) -> None:

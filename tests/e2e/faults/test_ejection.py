@@ -1,0 +1,94 @@
+"""A replica refusing connections is ejected (issue 16, item 3), in production's
+arrangement (tests/e2e/faultplane.py): two ``gateway serve`` processes under a steady
+openai-client load, a sim model with two replicas on two simulated nodes, one of them
+reached through a TCP proxy the test stops (its port refuses connections) and starts again.
+
+Each gateway ejects it after its own ``LLMGW_GATEWAY_EJECT_AFTER`` (5) failures, every
+client request started after the cut is answered by the other replica, retries stop
+growing while it is out, the console's Traffic page in Chromium shows it ejected with
+when it comes back, and it comes back on its own once its while (30 s) is over."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from cluster.models import Replica
+from tests.e2e.conftest import Agent, wait_for
+from tests.e2e.faultplane import FaultPlane
+from tests.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.e2e
+
+AFTER = 5  # LLMGW_GATEWAY_EJECT_AFTER's default
+
+
+def failures_on(plane: FaultPlane, replica: int) -> dict[str, int]:
+    """Each gateway's failed attempts on ``replica`` so far (its log's lines)."""
+    said = re.compile(rf"at replica {replica} failed")
+    return {gw.name: len(said.findall(gw.output())) for gw in plane.gateways}
+
+
+def ejections_of(plane: FaultPlane, replica: int) -> dict[str, int]:
+    said = re.compile(rf"replica {replica} of steady ejected from routing")
+    return {gw.name: len(said.findall(gw.output())) for gw in plane.gateways}
+
+
+def test_a_replica_refusing_connections_is_ejected_and_comes_back(
+    fault_plane: FaultPlane, agents: Callable[..., Agent], console: Callable[..., Any],
+    viewer: Any,
+) -> None:  # fmt: skip
+    plane = fault_plane
+    plane.sim_cluster(agents, model="steady", replicas=2)
+    key = plane.key("load")
+    # One replica reached through a proxy (the agents report its port once, when ready).
+    replica = Replica.objects.filter(model_name="steady", state="ready").order_by("pk")[0]
+    real = urlsplit(replica.endpoint)
+    proxy = FaultProxy((real.hostname or "127.0.0.1", real.port or 80)).start()
+    Replica.objects.filter(pk=replica.pk).update(endpoint=f"http://127.0.0.1:{proxy.port}")
+    page = console(viewer, "/gateway/traffic/")
+    row = page.locator(f'#gateway-ejected tr[data-ejected="steady:{replica.pk}"]')
+    with plane.load(key, "steady") as load:
+        wait_for(lambda: proxy.passed >= 4, 60, "requests through the proxied replica")
+        load.wait_for_answers(20)
+        # Its port refuses connections from now on.
+        cut = load.now()
+        cut_at = time.monotonic()
+        proxy.stop()
+        wait_for(lambda: all(ejections_of(plane, replica.pk).values()), 30,
+                 "both gateways to eject it")  # fmt: skip
+        ejected_after = time.monotonic() - cut_at
+        failed = failures_on(plane, replica.pk)
+        # A handful: AFTER in a row, and requests that chose it before it was out.
+        assert all(AFTER <= n <= AFTER + load.clients for n in failed.values()), failed
+        wait_for(lambda: row.count() == 1, 15, "the Traffic page to show it ejected")
+        shown_after = time.monotonic() - cut_at
+        assert row.locator("[data-role=processes]").inner_text() == "2"
+        assert "UTC" in row.locator("[data-role=until]").inner_text()
+        # While it is out, the load goes on and no attempt is made on it.
+        load.wait_for_answers(60)
+        assert failures_on(plane, replica.pk) == failed
+        # It listens again; once its while is over it is chosen again, and answers.
+        back = FaultProxy((real.hostname or "127.0.0.1", real.port or 80), port=proxy.port)
+        back.start()
+        try:
+            wait_for(lambda: back.passed > 0, 60, "requests through it again")
+            wait_for(lambda: row.count() == 0, 15, "the Traffic page to show it back")
+            load.wait_for_answers(20)
+        finally:
+            load.stop()
+            back.stop()
+    after_cut = load.since(cut)
+    assert [o for o in after_cut if o.status != 200] == [], load.summary()
+    assert ejections_of(plane, replica.pk) == {gw.name: 1 for gw in plane.gateways}
+    print(  # noqa: T201 (the figures for the note)
+        f"\nejection: {failed} failed attempts before each gateway ejected it, both within "
+        f"{ejected_after:.1f} s, shown in Chromium after {shown_after:.1f} s; "
+        f"{len(after_cut)} requests after the cut, "
+        f"{sum(1 for o in after_cut if o.status == 200)} answered; {load.summary()}"
+    )

@@ -5,9 +5,20 @@ The settings (PostgreSQL, Redis, a temporary data folder) are in tests/settings.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _judges_breakers_closed() -> Iterator[None]:
+    """Every test starts with each judge's circuit breaker closed: the breakers are the
+    process's (guard.breaker), and a judge another test made fail must not be skipped here."""
+    from guard import services
+
+    services.BREAKERS.clear()
+    yield
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from guard.models import JudgeHealth
 from tests.catalog.samples import store
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness
+from tests.gateway.test_metrics import value
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 from tests.waiting import wait_until
@@ -121,6 +122,8 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     # Open: the judge is skipped, the gateway does not connect to it at all.
     state = guard_services.BREAKERS.state("judge")
     assert state.state == breaker.OPEN and state.last_kind == "timeout"
+    assert value("llmgw_guard_judge_breaker", judge="judge", state="open") == 1
+    assert value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 0
     held = s.proxy.held
     for _ in range(5):
         if guard_services.BREAKERS.state("judge").state != breaker.OPEN:
@@ -138,6 +141,8 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     s.proxy.heal()
     wait_until(lambda: s.ask() and guard_services.BREAKERS.state("judge").state == breaker.CLOSED,
                timeout=30, what="the breaker closed")  # fmt: skip
+    assert value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 1
+    assert value("llmgw_guard_judge_breaker", judge="judge", state="open") == 0
     answers = health().answers  # type: ignore[union-attr]
     s.ask()
     wait_until(lambda: health().answers > answers, what="the judge asked again")  # type: ignore[union-attr]

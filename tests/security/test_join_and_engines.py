@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cluster.models import JoinToken, Node, Replica
 from tests.catalog.samples import store
 from tests.cluster.helpers import inventory
-from tests.e2e.conftest import Agent, ControlPlane, agents, control_plane, wait_for
+from tests.e2e.conftest import Agent, ControlPlane, agents, control_plane, engine_auth, wait_for
 
 # The e2e fixtures, for this module's real processes.
 __all__ = ("agents", "control_plane")
@@ -100,6 +100,7 @@ def test_a_join_token_cannot_take_over_a_node_and_the_real_agent_keeps_working(
     answer = httpx.post(
         replica.endpoint + "/v1/chat/completions",
         json={"model": "judge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers=engine_auth(replica.pk),
         timeout=10,
     )
     assert answer.status_code == 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
 from catalog import schedule_views, views
 
 app_name = "catalog"
@@ -16,22 +17,22 @@ urlpatterns = [
     path("new/", views.servedmodel_add, name="servedmodel_add"),
     path("validate/", views.servedmodel_validate, name="servedmodel_validate"),
     path("rows/<str:group>/", views.servedmodel_formrow, name="servedmodel_formrow"),
-    path("models/<path:name>/edit/", views.servedmodel_edit, name="servedmodel_edit"),
-    path("models/<path:name>/delete/", views.servedmodel_delete, name="servedmodel_delete"),
+    path("models/<name:name>/edit/", views.servedmodel_edit, name="servedmodel_edit"),
+    path("models/<name:name>/delete/", views.servedmodel_delete, name="servedmodel_delete"),
     path(
-        "models/<path:name>/schedule/check/",
+        "models/<name:name>/schedule/check/",
         schedule_views.servedmodel_schedule_check,
         name="servedmodel_schedule_check",
     ),
     path(
-        "models/<path:name>/schedule/",
+        "models/<name:name>/schedule/",
         schedule_views.servedmodel_schedule,
         name="servedmodel_schedule",
     ),
     path(
-        "models/<path:name>/changes/<int:pk>/revert/",
+        "models/<name:name>/changes/<int:pk>/revert/",
         views.changerecord_revert,
         name="changerecord_revert",
     ),
-    path("models/<path:name>/", views.servedmodel_detail, name="servedmodel_detail"),
+    path("models/<name:name>/", views.servedmodel_detail, name="servedmodel_detail"),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
 from cluster import views
 
 app_name = "cluster"
@@ -16,5 +17,5 @@ urlpatterns = [
     path("heartbeats/", views.heartbeats, name="heartbeats"),
     path("nodes/<int:pk>/<str:action>/", views.node_action, name="node_action"),
     path("replicas/<int:pk>/restart/", views.replica_restart, name="replica_restart"),
-    path("models/<path:name>/roll/", views.model_roll, name="model_roll"),
+    path("models/<name:name>/roll/", views.model_roll, name="model_roll"),
 ]

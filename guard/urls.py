@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
 from guard import views
 
 app_name = "guard"
@@ -18,8 +19,8 @@ urlpatterns = [
     path("evals/", views.eval_list, name="eval_list"),
     path("evals/run/", views.eval_start, name="eval_start"),
     path("evals/<int:pk>/", views.eval_detail, name="eval_detail"),
-    path("judges/<path:name>/health/", views.judge_health, name="judge_health"),
-    path("judges/<path:name>/prompt.txt", views.judge_prompt_raw, name="judge_prompt_raw"),
-    path("judges/<path:name>/prompt/", views.judge_prompt_view, name="judge_prompt"),
-    path("judges/<path:name>/", views.judge_detail, name="judge_detail"),
+    path("judges/<name:name>/health/", views.judge_health, name="judge_health"),
+    path("judges/<name:name>/prompt.txt", views.judge_prompt_raw, name="judge_prompt_raw"),
+    path("judges/<name:name>/prompt/", views.judge_prompt_view, name="judge_prompt"),
+    path("judges/<name:name>/", views.judge_detail, name="judge_detail"),
 ]

@@ -125,3 +125,37 @@ def test_serve_refuses_a_port_out_of_range_before_anything_starts(
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"--port {port}: a port is 0 to 65535" in done.stderr
     assert "reconciling" not in done.stdout  # nothing started
+
+
+def test_the_web_process_answers_healthz_refuses_a_foreign_host_and_closes_half_requests(
+    transactional_db: Any, tmp_path: Path
+) -> None:
+    """``manage.py serve`` serves /v1/ as a gateway process does, so it answers a load
+    balancer's /healthz the same way; /v1/ and /metrics refuse a Host not allowed (the
+    console does); a connection that never finishes its headers is closed."""
+    import socket
+
+    from tests.e2e.conftest import wait_for
+
+    web = ControlPlane(tmp_path, extra={"LLMGW_HTTP_HEADER_TIMEOUT": "2"})
+    web.start()
+    try:
+        held = socket.create_connection(("127.0.0.1", web.port))
+        held.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
+        held.settimeout(30)
+
+        def ok() -> bool:
+            r = httpx.get(web.url + "/healthz", timeout=5)
+            assert r.status_code in (200, 503), r.text
+            return r.status_code == 200 and r.json() == {"status": "ok"}
+
+        wait_for(ok, 30, "the web process's /healthz to answer ok")
+        for path in ("/v1/models", "/metrics"):
+            r = httpx.get(web.url + path, headers={"Host": "evil.example"}, timeout=5)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", r.text
+        assert httpx.get(web.url + "/v1/models", timeout=5).status_code == 401  # allowed
+        # Closed by the server, nothing answered (a timeout here: still open after 30 s).
+        assert held.recv(1024) == b""
+        held.close()
+    finally:
+        web.stop()

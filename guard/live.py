@@ -37,6 +37,7 @@ from guard import charts, evalrun, known, services
 from guard import evaluation as ev
 from guard.breaker import CLOSED, HALF_OPEN, OPEN
 from guard.models import EvalRun, JudgeBreaker, JudgeDecision, JudgeHealth, JudgeProbe
+from guard.policy import FAIL_CLOSED
 
 ENABLE_DOM_ID = "guard-enable-judge"
 VERDICTS = ("safe", "unsafe", "controversial")
@@ -370,9 +371,48 @@ def eval_context(run: EvalRun) -> dict[str, Any]:
 # Fragments for the live consumer, rendered without a request.
 
 
+def answering(row: JudgeHealthRow) -> bool:
+    """Whether a judge answers now: in the catalog, a ready replica, its last ask not failed."""
+    return row.in_catalog and row.ready > 0 and row.status != "failing"
+
+
+def no_judge_warning(rows: list[JudgeHealthRow], pol: Any) -> str:
+    """What the dashboard says loudly when the policy judges something and none of its
+    judges answers ("" otherwise): every check then goes as the policy's ``fail`` says,
+    and under ``fail: open`` (the default) that is silently nothing judged."""
+    directions = list(pol.directions)
+    named = [r for r in rows if r.position is not None]
+    if not directions or any(answering(r) for r in named):
+        return ""
+    what = " and ".join(directions)
+    if not named:
+        why = "the policy names no judge"
+    else:
+        why = "; ".join(
+            f"{r.name}: "
+            + ("not in the catalog" if not r.in_catalog
+               else "no ready replica" if not r.ready else "its last ask failed")
+            for r in named
+        )  # fmt: skip
+    if pol.fail == FAIL_CLOSED:
+        then = f"the guard fails closed: every one of the {what} is refused"
+    else:
+        then = f"the guard fails open: the {what} pass unjudged"
+    return (
+        f"No judge of the guard policy answers ({why}), so {then} (fail: {pol.fail}). "
+        "Enable a judge, give one a replica, or name another in the policy."
+    )
+
+
+def judges_context(rows: list[JudgeHealthRow] | None = None) -> dict[str, Any]:
+    """The judges' partial's context: the rows, and the warning when none answers."""
+    rows = judge_health_rows() if rows is None else rows
+    return {"judges": rows, "judges_warning": no_judge_warning(rows, services.current_policy())}
+
+
 def render_judges() -> str:
     """Return the judges' list as the dashboard renders it."""
-    return render_to_string("cluster/partials/judges.html", {"judges": judge_health_rows()})
+    return render_to_string("cluster/partials/judges.html", judges_context())
 
 
 def render_eval(pk: int) -> str:

@@ -42,7 +42,7 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
         "power": cluster_live.power_rows(),
         "models": models,
         "unplaced": [(m.name, r) for m in models for r in m.unplaced],
-        "judges": list(guard_live.judge_health_rows()),
+        **guard_live.judges_context(),  # the judges, and a warning when none answers
         "can_act": can_act,
         "enable_judge": mark_safe(_enable_judge_form(request, any(n.simulated for n in nodes)))
         if can_act

@@ -158,7 +158,22 @@ def scrape() -> bytes:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, str(folder()))
-    return generate_latest(registry)  # type: ignore[no-any-return]
+    return visible(generate_latest(registry).decode()).encode()
+
+
+# Control characters as their Unicode pictures (U+2400 + code; DEL U+2421), the C1 ones
+# as U+FFFD: the client escapes only \\, " and \n in a label value, and a raw CR or ESC
+# from a name stored before the catalog refused them would break a scraper's lines.
+_PICTURES = (
+    {c: 0x2400 + c for c in range(0x20) if c != 0x0A}
+    | {0x7F: 0x2421}
+    | dict.fromkeys(range(0x80, 0xA0), 0xFFFD)
+)
+
+
+def visible(text: str) -> str:
+    """Return the exposition with every control character but its line feeds visible."""
+    return text.translate(_PICTURES)
 
 
 class Metrics(Listener):

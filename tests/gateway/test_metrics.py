@@ -83,3 +83,14 @@ def test_retries_fallbacks_and_in_flight(h: Harness) -> None:
     observer.sync()
     assert value(n + "in_flight", replica="22") == 0
     assert value(n + "fallbacks_total", model="mx-f", to="mx-g") == before + 1
+
+
+def test_a_model_name_with_control_characters_leaves_readable_one_line_samples(h) -> None:
+    # A name stored before the catalog refused control characters (issue 17): the scrape
+    # held its CR raw, which breaks the exposition's lines for a scraper.
+    name = "mx-\rcr\x1b"
+    h.serve([model(name)], [(31, name, h.engine("e", words=2))])
+    api(h).chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+    text = metrics.scrape().decode()
+    assert not any(c in text for c in "\r\x1b\x00")
+    assert value("llmgw_gateway_requests_total", model="mx-\u240dcr\u241b", status="200") >= 1

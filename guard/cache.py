@@ -19,7 +19,8 @@ The last good value is served when the source fails (the database away or hung):
 value was loaded, a reader never waits on a load for longer than ``wait`` seconds, and
 never raises a load's error. With ``ahead``, a value past its ``ttl`` (or invalidated) is
 loaded in the background and its reader waits for it at most ``wait`` seconds; a load that
-fails, or takes longer, turns the cache ``stale``: from then on readers get the last
+fails, or takes longer, turns the cache ``stale`` (after an ``invalidate`` the wait is
+``WAIT_CHANGED``, 5 s: a change this process committed is owed to its next reader): from then on readers get the last
 value at once (no wait at all) while a load is tried again in the background, at most
 every ``retry`` seconds, until one succeeds. ``age()`` says how old the value served is;
 a failure is logged whole once, then a line a minute at most. Only the first load (there
@@ -45,6 +46,9 @@ Ahead = Callable[[Callable[[], None]], None]
 
 # How long a reader waits for a load when it holds a value to fall back on (seconds).
 WAIT = 0.5
+# How long, when the value was invalidated (a change committed in this process, so the
+# database answered a moment ago): its readers are owed the change.
+WAIT_CHANGED = 5.0
 # How often a stale cache tries to load again (seconds).
 RETRY = 1.0
 # How often a cache that keeps failing says so again (seconds).
@@ -121,12 +125,15 @@ class Cached(Generic[T]):
         wait: float = WAIT,
         retry: float = RETRY,
         name: str = "a cached value",
+        wait_changed: float = WAIT_CHANGED,
     ) -> None:
         if not ttl > 0:
             raise ValueError("ttl must be positive")
         self._load = load
         self.ttl = ttl
         self.wait = wait
+        self.wait_changed = wait_changed
+        self._changed = False  # invalidated since the last load
         self._clock = clock
         self._ahead = ahead
         self._generation = 0
@@ -200,6 +207,7 @@ class Cached(Generic[T]):
     def invalidate(self) -> None:
         """Forget the value: the next ``get`` loads it again."""
         self._generation += 1
+        self._changed = True
         self._entry = None
 
     def _current(self) -> tuple[T, int, float] | None:
@@ -237,9 +245,10 @@ class Cached(Generic[T]):
         job = self._background(load)
         if job is _NO_RUNNER:
             return self._load_here(load, force=load is not None)
-        if job is not None and not self.health.stale and self.wait > 0:
-            if not job.done.wait(self.wait):
-                self.health.failed(f"no answer within {self.wait:g} s")
+        wait = self.wait_changed if self._changed else self.wait
+        if job is not None and not self.health.stale and wait > 0:
+            if not job.done.wait(wait):
+                self.health.failed(f"no answer within {wait:g} s")
             elif job.ok:
                 return job.value  # type: ignore[no-any-return]
         entry = self._entry
@@ -254,6 +263,7 @@ class Cached(Generic[T]):
         self.health.good()  # before the value is seen: who sees it sees it fresh
         self._last, self._has = value, True
         if generation == self._generation:
+            self._changed = False
             self._entry = (value, generation, self._clock())
         return value
 

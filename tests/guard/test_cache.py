@@ -374,3 +374,16 @@ def test_a_map_serves_a_key_found_before_while_its_source_fails() -> None:
     assert found.fresh("a") is None
     with pytest.raises(ConnectionError):
         found.get("a")
+
+
+def test_after_an_invalidation_a_reader_waits_longer_for_the_change() -> None:
+    """A change committed in this process is owed to its next reader: a slow load (a busy
+    database, not a failing one) is waited for up to ``wait_changed``, not ``wait``."""
+    source = Flaky()
+    cached = Cached(source, ttl=60.0, ahead=Threads(), wait=0.01, wait_changed=30.0)
+    cached.get()
+    source.value = "v2"
+    source.mode = "hang"  # slow: answers when released
+    cached.invalidate()
+    threading.Timer(0.3, source.release.set).start()
+    assert cached.get() == "v2" and not cached.stale

@@ -18,6 +18,7 @@ from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GU
 from catalog.rules.environment import STRICT, Environment, key_file, url_problem
 from catalog.rules.found import Path, _Found, _label, _not_finite, _num
 from catalog.rules.helpers import on_demand, repository_page, valid_owner
+from catalog.rules.names import bad_character, shown
 from catalog.rules.normalize import normalize
 from catalog.rules.profile_checks import _check_profile
 from catalog.rules.schedule import _WEEKDAYS, clock
@@ -38,6 +39,7 @@ def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
     out = _Found()
     if not m.name:
         out.add(("name",), "required", "the model has no name: give it one")
+    _check_names(m, out)
     if not m.source:
         out.add(
             ("source",),
@@ -73,6 +75,23 @@ def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
     for i, p in enumerate(m.profiles):
         _check_profile(m, p, ("profiles", i), _label(p, i), seen, out)
     return list(out)
+
+
+def _check_names(m: Model, out: _Found) -> None:
+    """Refuse a control or invisible character in every name a client or a page uses."""
+    named: list[tuple[Path, str, str]] = [(("name",), "name", m.name)]
+    named += [(("aliases", j), "alias", a) for j, a in enumerate(m.aliases)]
+    named += [(("adapters", j, "name"), "adapter name", a.name) for j, a in enumerate(m.adapters)]
+    if m.external is not None:
+        named.append((("external", "model"), "external model", m.external.model))
+    for path, what, text in named:
+        if bad := bad_character(text):
+            out.add(
+                path,
+                "control_character",
+                f'{what} "{shown(text)}" holds {bad}: a name is one line of visible '
+                "characters (it goes into URLs, headers and metrics); remove it",
+            )
 
 
 def _check_adapters(m: Model, out: _Found) -> None:

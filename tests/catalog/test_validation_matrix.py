@@ -130,6 +130,19 @@ CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
         _external("openai", url="http://provider.example.com/v1"),
         ("external", "url"),
     ),
+    # Issue 17: a line break or an escape in a name broke pages, a chat and /metrics.
+    ("CR in the name", _with(gpu_model("bad"), ("name",), "ba\rd"), ("name",)),
+    ("LF in an alias", _with(gpu_model("bad"), ("aliases",), ["b\nad-2"]), ("aliases", 0)),
+    (
+        "zero-width space in an alias",
+        _with(gpu_model("bad"), ("aliases",), ["b\u200bad"]),
+        ("aliases", 0),
+    ),
+    (
+        "ESC in an external model",
+        _with(_external("openai"), ("external", "model"), "gpt\x1b[2J"),
+        ("external", "model"),
+    ),
     # ... and a judge, which answers no client, as a fallback.
     (
         "judge as a fallback",

@@ -114,6 +114,15 @@ def test_engine_ports_refuse_all_but_llmgw_while_the_gateways_serve(
     console = _signed_in(fault_plane.url)
     judge_id = Replica.objects.filter(model_name=JUDGE).values_list("pk", flat=True).first()
     node_id = Node.objects.values_list("pk", flat=True).first()
+    # The console's chat (the web process's gateway, for the session) reaches the replica
+    # with its key too.
+    said = console.post(
+        "/console/chat/v1/chat/completions",
+        json=CHAT,
+        headers={"X-CSRFToken": console.cookies["csrftoken"], "Origin": fault_plane.url},
+    )
+    assert said.status_code == 200, said.text
+    assert said.json()["choices"][0]["message"]["content"] == "hi"
     seen = []
     for path in (
         "/cluster/", "/catalog/", "/catalog/models/steady/", f"/guard/judges/{JUDGE}/",

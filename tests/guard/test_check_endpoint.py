@@ -95,7 +95,7 @@ def test_an_answer_it_cannot_read_exits_non_zero_with_the_reason(llama_guard_sim
 
 def test_an_engine_that_does_not_answer_exits_non_zero_with_the_reason() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(CommandError, match=r"gave no verdict in the llamaguard3 format: timeout"):
+    with pytest.raises(CommandError, match=r"gave no verdict in the llamaguard3 format: refused"):
         guard("check", "--endpoint", url, "--format", "llamaguard3", "--request", "x",
               "--timeout", "5")  # fmt: skip
 

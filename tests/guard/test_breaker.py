@@ -4,11 +4,16 @@ outcomes and clock."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard import breaker as b
+from guard.chain import JudgeRef, Stats, run_chain
+from guard.client import JudgeFailure
+from guard.policy import Policy
 
 CONFIG = b.Config(failures=3, backoff=5.0, max_backoff=40.0)
 LEASE = 2.0
@@ -172,3 +177,51 @@ def test_breakers_under_threads_open_once() -> None:
         t.join()
     assert breakers.state("j").failures == 800
     assert opened == [b.OPEN]
+
+
+# Skipped judges in the chain (guard.chain): failed for the policy's fail, never a verdict.
+
+
+class Said:
+    def __init__(self, verdict: str) -> None:
+        self.verdict = verdict
+        self.categories = ("Violent",) if verdict == "unsafe" else ()
+
+
+@given(
+    st.lists(st.sampled_from(["skip", "safe", "unsafe", "timeout"]), min_size=1, max_size=4),
+    st.sampled_from(["open", "closed"]),
+)
+def test_a_skipped_judge_counts_as_failed_and_fail_closed_still_refuses(
+    outcomes: list[str], fail: str
+) -> None:
+    names = [f"j{i}" for i in range(len(outcomes))]
+    policy = Policy(judge_models=tuple(names), refuse_categories=("Violent",), fail=fail)
+    script = dict(zip(names, outcomes, strict=True))
+
+    def ask(ref: JudgeRef) -> Any:
+        what = script[ref.name]
+        if what == "skip":
+            raise b.Skipped("its breaker is open")
+        if what == "timeout":
+            raise JudgeFailure("timeout", "no answer in time")
+        return Said(what)
+
+    result = run_chain(policy, [JudgeRef(n) for n in names], ask, direction="requests",
+                       now=lambda: datetime(2026, 1, 1, tzinfo=UTC))  # fmt: skip
+    first = next((o for o in outcomes if o in ("safe", "unsafe")), None)
+    failed = outcomes[: outcomes.index(first)] if first else outcomes
+    assert [f.kind for f in result.failures] == [
+        b.SKIPPED if o == "skip" else "timeout" for o in failed
+    ]
+    if first is None:
+        # No judge answered: the policy's fail decides; closed refuses, skipped or not.
+        assert result.judge is None and result.verdict is None
+        assert result.decision == ("allow" if fail == "open" else "refuse")
+    else:
+        assert result.verdict == first
+        assert result.decision == ("refuse" if first == "unsafe" else "allow")
+    # A skipped judge was not asked: nothing is counted against its health.
+    stats = Stats()
+    stats.record(result)
+    assert set(stats.health) == {f.judge for f in result.failures if f.kind != b.SKIPPED}

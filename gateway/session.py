@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 
+from catalog.rules.names import shown
 from gateway import body as bodies
 from gateway import errors
 from gateway.app import CLIENT_GONE, _read_body, _send_error, _Sent, _watch_disconnect
@@ -68,7 +69,9 @@ class SessionChat:
 
         async def send_naming(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                extra = [(b"x-llmgw-model", sent.model.encode()),
+                # shown(): a name stored before the catalog refused control characters
+                # would make the header invalid, and the server drop the connection.
+                extra = [(b"x-llmgw-model", shown(sent.model).encode()),
                          (b"x-llmgw-replica", str(sent.replica or "").encode())]  # fmt: skip
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)

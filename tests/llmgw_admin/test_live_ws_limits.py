@@ -114,3 +114,27 @@ async def test_a_user_past_the_cap_is_refused_with_a_reason_until_one_closes(
     assert 'id="cluster-nodes"' in await again.receive_from(timeout=10)
     for comm in [*open_, other, again]:
         await comm.disconnect()
+
+
+async def test_channels_redis_failures_are_a_line_a_minute_without_a_traceback() -> None:
+    """channels-redis logs a failed receive with its traceback once a second while Redis is
+    away; the settings' filter keeps one line a minute, and lets other errors through."""
+    import redis
+
+    from llmgw_admin.hub import LayerAway
+
+    layer_away = LayerAway()
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("channels_redis.pubsub", logging.ERROR, __file__, 1,
+                                 "Unexpected exception in receive task", None,
+                                 (type(exc), exc, None))  # fmt: skip
+
+    kept = [r for r in (record(redis.ConnectionError("reset")) for _ in range(5))
+            if layer_away.filter(r)]  # fmt: skip
+    assert len(kept) == 1 and kept[0].exc_info is None
+    assert kept[0].getMessage().startswith("Unexpected exception in receive task (ConnectionError")
+    other = record(ValueError("a bug"))
+    assert layer_away.filter(other) and other.exc_info is not None
+    # The settings put it on channels-redis's logger.
+    assert any(isinstance(f, LayerAway) for f in logging.getLogger("channels_redis.pubsub").filters)

@@ -644,8 +644,6 @@ class Gateway:
                 return _told(error)
             if resp.status >= 500:
                 self._replica_failed(target_model.name, replica, f"HTTP {resp.status}")
-            elif resp.status != 429:  # a 429 is busy, not broken: neither
-                self.outliers.succeeded(replica)
             if resp.status in RETRY_STATUSES or (resp.status == 401 and not external):
                 # A replica's 401: its engine holds another key than its replica's (the
                 # secret key changed and its agent has not restarted it yet, or another
@@ -655,14 +653,28 @@ class Gateway:
                 return detail
             if verdict is not None:
                 await self._await_request_verdict(req, verdict, resp)
+            whole = True
             if req.stream and resp.status == 200:
-                await self._stream(sent, key, entry, req, resp, judging_answers, waits, sent_at)
+                whole = await self._stream(sent, key, entry, req, resp, judging_answers, waits,
+                                           sent_at)  # fmt: skip
             else:
                 await self._whole(sent, key, entry, req, resp, judging_answers)
+            if whole and resp.status < 500:
+                # Answered to its end: its failures in a row are over (a 429 never gets here).
+                self.outliers.succeeded(replica)
             return None
         except _Retry as retry:
             self._replica_failed(target_model.name, replica, retry.detail)
             return retry.detail
+        except UpstreamError as error:
+            # A whole answer's body broke or stalled after its head (a stream handles its
+            # own): nothing reached the client, so another replica may answer.
+            log.warning("%s: %s at replica %s failed within its answer: %s", sent.request_id,
+                        target_model.name, replica, error)  # fmt: skip
+            self._replica_failed(target_model.name, replica, error.kind)
+            if sent.started:
+                raise
+            return _told(error)
         except Refused as refused:
             verdict = refused.verdict
             self.observer.refused(verdict["direction"], verdict.get("judge") or "",
@@ -762,9 +774,10 @@ class Gateway:
     async def _stream(
         self, sent: _Sent, key: Key, entry: Entry, req: bodies.Request, resp: Response,
         judging_answers: bool, waits: timeouts.Waits, sent_at: float,
-    ) -> None:  # fmt: skip
+    ) -> bool:  # fmt: skip
         """Relay a stream; its first event is due ``waits.first_token`` after it was sent
-        (``sent_at``, the loop's clock), each next within ``waits.between`` of the last."""
+        (``sent_at``, the loop's clock), each next within ``waits.between`` of the last.
+        False when the engine failed after the first byte (the client was told so)."""
         framer = sse.Framer()
         hold = (
             Holdback(self.options.window_tokens, self.options.window_ms / 1000)
@@ -837,6 +850,7 @@ class Gateway:
             if not sent.started:
                 await sent.start(200, SSE_HEADERS)
             await sent.body(b"".join(rest) + b"data: [DONE]\n\n", more=False, text=bool(rest))
+            return True
         except Refused as refused:
             if hold is not None:
                 hold.drop()
@@ -862,6 +876,7 @@ class Gateway:
                                  "type": "server_error", "param": None,
                                  "code": "upstream_error"}}  # fmt: skip
             await sent.body(sse.encode_json(failure) + b"data: [DONE]\n\n", more=False)
+            return False
 
     async def _window(
         self, req: bodies.Request, hold: Holdback, read: int, final: bool = False

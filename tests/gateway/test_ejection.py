@@ -6,6 +6,7 @@ The rules themselves: tests/gateway/test_outliers.py."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway import metrics
 from gateway.observe import Fanout
 from gateway.outliers import Outliers, Rules
+from gateway.table import ReplicaRow
 from tests.gateway.harness import KEY, Harness, model
 
 AFTER = 3
@@ -128,3 +130,32 @@ def test_one_replica_is_never_ejected(h: Harness) -> None:
     assert h.gateway.observer.ejections == {}
     h.run(dead.start())
     assert ask(h, 99, "ej-d").startswith("dead0")  # the first request after it is back
+
+
+def test_a_whole_answer_whose_body_breaks_is_retried_and_counts_as_a_failure(h: Harness) -> None:
+    """An engine that sends a whole answer's head and dies within its body: nothing has
+    reached the client, so the request moves to another replica (it was a 500 of the
+    gateway's own), and the attempt counts toward the replica's ejection."""
+
+    async def breaking(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b'Content-Length: 500\r\n\r\n{"id": "x", "choi')  # fmt: skip
+        await writer.drain()
+        writer.transport.abort()
+
+    server = h.run(asyncio.start_server(breaking, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    good = h.engine("good")
+    h.serve([model("ej-e")], [(2, "ej-e", good)])
+    h.rows.append(ReplicaRow(1, "ej-e", "sim", f"http://127.0.0.1:{port}"))
+    h.refresh()
+    answers = [ask(h, i, "ej-e") for i in range(30)]
+    assert all(a.startswith("good0") for a in answers)
+    assert h.gateway.observer.retries == {"ej-e": AFTER}
+    assert h.gateway.observer.ejections == {"ej-e": 1}
+    h.run(_closed(server))
+
+
+async def _closed(server: asyncio.base_events.Server) -> None:
+    server.close()

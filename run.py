@@ -62,8 +62,26 @@ def serve() -> int:
     )
 
 
+def apt_install(*packages: str) -> bool:
+    """Install Debian packages when we are root with apt-get; False (and say so) otherwise."""
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say(f"installing {' '.join(packages)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        sh("apt-get", "update", "-qq", check=False, env=env)
+        return sh("apt-get", "install", "-y", "-qq", *packages, check=False, env=env) == 0
+    say(
+        f"the tests need {' '.join(packages)}: install them (sudo apt-get install {' '.join(packages)})"
+    )
+    return False
+
+
 def start_services() -> None:
-    """Start the machine's PostgreSQL and Redis if they are installed but stopped."""
+    """Install the machine's PostgreSQL and Redis when missing (as root), start them when
+    stopped."""
+    if not shutil.which("pg_lsclusters"):
+        apt_install("postgresql")
+    if not shutil.which("redis-server"):
+        apt_install("redis-server")
     if shutil.which("pg_ctlcluster") and shutil.which("pg_lsclusters"):
         out = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout
         for line in out.splitlines():
@@ -92,17 +110,50 @@ def start_services() -> None:
             )  # fmt: skip
 
 
+# The tests log in to PostgreSQL as a role of their own, with a password this script sets
+# once (kept beside the venv), so they work whatever pg_hba.conf asks (trust, md5, scram).
+TEST_ROLE = "llmgw_test"
+
+
+def test_database_server(env: dict[str, str]) -> None:
+    """Make the tests' role (it creates a database a run), and tell the tests its URL."""
+    if "LLMGW_TEST_DATABASE_URL" in env or "LLMGW_TEST_DATABASE_SERVER" in env:
+        return
+    secret_file = VENV / ".test-db-password"
+    if not secret_file.exists():
+        import secrets
+
+        secret_file.write_text(secrets.token_urlsafe(24))
+        secret_file.chmod(0o600)
+    password = secret_file.read_text().strip()
+    sql = (
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{TEST_ROLE}') "
+        f"THEN CREATE ROLE {TEST_ROLE} LOGIN CREATEDB; END IF; END $$; "
+        f"ALTER ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '{password}';"
+    )
+    psql = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-c", sql]
+    if os.geteuid() == 0 and shutil.which("runuser"):
+        cmd = ["runuser", "-u", "postgres", "--", *psql]
+    else:
+        cmd = [*psql, "-h", "127.0.0.1", "-U", "postgres"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        say(
+            f"could not make the tests' PostgreSQL role {TEST_ROLE}: {done.stderr.strip()}\n"
+            "  make it yourself (as PostgreSQL's superuser): "
+            f"CREATE ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '...';\n"
+            "  then set LLMGW_TEST_DATABASE_SERVER=postgres://"
+            f"{TEST_ROLE}:PASSWORD@127.0.0.1:5432"
+        )
+        return
+    env["LLMGW_TEST_DATABASE_SERVER"] = f"postgres://{TEST_ROLE}:{password}@127.0.0.1:5432"
+
+
 def ensure_chromium() -> None:
     """Install Debian's Chromium for the browser tests when missing and we are root."""
     if Path("/usr/bin/chromium").exists():
         return
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        say("installing Debian's chromium for the browser tests")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        sh("apt-get", "update", "-qq", check=False, env=env)
-        sh("apt-get", "install", "-y", "-qq", "chromium", env=env)
-    else:
-        say("the browser tests need /usr/bin/chromium: apt-get install chromium")
+    apt_install("chromium")
 
 
 # A real small model for the real-engine tests, shipped inside a PyPI package. Installed
@@ -161,6 +212,7 @@ def test(args: list[str]) -> int:
     start_services()
     ensure_chromium()
     env = dict(os.environ)
+    test_database_server(env)
     ensure_real_engine(env)
     code = run_bounded([str(PY), "-m", "pytest", *args], env)
     if code == 5:

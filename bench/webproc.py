@@ -37,10 +37,15 @@ def drop_database(old: str) -> None:
 
 def database_url(name: str) -> str:
     """``LLMGW_DATABASE_URL`` for the web process: this process's server, database ``name``."""
+    from urllib.parse import quote
+
     from django.db import connection
 
     db = connection.settings_dict
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+    login = quote(db["USER"], safe="") + (
+        ":" + quote(db["PASSWORD"], safe="") if db.get("PASSWORD") else ""
+    )
+    return f"postgres://{login}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
 
 
 def free_port() -> int:

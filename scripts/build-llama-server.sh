@@ -12,7 +12,19 @@ if [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; then
   echo "$OUT"
   exit 0
 fi
-command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v c++ >/dev/null || need+=(g++)
+command -v make >/dev/null || need+=(make)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq >&2 && apt-get install -y -qq "${need[@]}" >&2
+  else
+    echo "building llama-server needs ${need[*]}: install them (Debian: sudo apt-get install ${need[*]})," \
+      "or set LLMGW_LLAMA_SERVER to a llama-server binary" >&2
+    exit 1
+  fi
+fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 python3 -m pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$VERSION" >&2

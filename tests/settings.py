@@ -15,7 +15,11 @@ import tempfile
 os.environ.setdefault(
     "LLMGW_DATABASE_URL",
     os.environ.get(
-        "LLMGW_TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/llmgw_run{os.getpid()}"
+        "LLMGW_TEST_DATABASE_URL",
+        # run.py makes a role with a password and sets LLMGW_TEST_DATABASE_SERVER; without
+        # it, the local server's postgres role (where pg_hba.conf trusts local connections).
+        os.environ.get("LLMGW_TEST_DATABASE_SERVER", "postgres://postgres@127.0.0.1:5432")
+        + f"/llmgw_run{os.getpid()}",
     ),
 )
 os.environ.setdefault("LLMGW_DATA_DIR", tempfile.mkdtemp(prefix="llmgw-test-"))

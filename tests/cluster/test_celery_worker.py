@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from cluster.models import Replica
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
+from tests.dburl import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -29,11 +30,10 @@ def celery_worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     Celery app sends to that Redis meanwhile."""
     from llmgw_admin.celery import app
 
-    db = connection.settings_dict
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
-        LLMGW_DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        LLMGW_DATABASE_URL=database_url(),
         LLMGW_REDIS_URL=REDIS,
         LLMGW_DATA_DIR=str(tmp_path),
         LLMGW_SECRET_KEY="test-only",

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.dburl import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,13 +71,10 @@ class ControlPlane:
         return f"http://127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        db = connection.settings_dict
         env = dict(
             os.environ,
             DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
-            LLMGW_DATABASE_URL=(
-                f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-            ),
+            LLMGW_DATABASE_URL=database_url(),
             LLMGW_DATA_DIR=str(self.tmp / "data"),
             LLMGW_SECRET_KEY=str(settings.SECRET_KEY),
             LLMGW_RECONCILE_INTERVAL="1",

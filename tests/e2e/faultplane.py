@@ -40,10 +40,10 @@ from typing import Any
 
 import httpx
 import openai
-from django.db import connection
 
 from cluster.models import Node, Replica
 from tests.catalog.samples import store
+from tests.dburl import database_url
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
 from tests.faultproxy import FaultProxy
 
@@ -92,8 +92,7 @@ class FaultPlane(ControlPlane):
 
     def env(self) -> dict[str, str]:
         assert self.pg is not None and self.redis is not None
-        db = connection.settings_dict
-        url = f"postgres://{db['USER']}@127.0.0.1:{self.pg.port}/{db['NAME']}"
+        url = database_url(host="127.0.0.1", port=self.pg.port)
         return dict(
             super().env(),
             LLMGW_DATABASE_URL=url,

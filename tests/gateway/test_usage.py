@@ -15,12 +15,12 @@ from typing import Any
 
 import openai
 import pytest
-from django.db import connection
 from django.db.models import Sum
 
 from gateway.models import Usage
 from gateway.observe import Done, Fanout
 from gateway.usage import Counts, UsageRecorder, write
+from tests.dburl import database_url
 from tests.gateway.harness import KEY, Harness, model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,6 @@ def test_two_recorders_flushing_at_once_count_exactly(transactional_db: Any) -> 
 
 def test_a_stopped_gateway_process_writes_what_it_gathered(transactional_db: Any) -> None:
     """SIGTERM, as a restart sends it: the server's exit writes what is left (atexit)."""
-    db = connection.settings_dict
     script = (
         "import django, signal, sys, time; django.setup()\n"
         "from gateway import server, usage\n"
@@ -125,9 +124,7 @@ def test_a_stopped_gateway_process_writes_what_it_gathered(transactional_db: Any
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings",
-        "LLMGW_DATABASE_URL": (
-            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        ),
+        "LLMGW_DATABASE_URL": database_url(),
         "LLMGW_SECRET_KEY": "test-only-not-secret",
     }
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env,

@@ -23,6 +23,7 @@ from django.core.management import CommandError, call_command
 from guard import services
 from guard.api.views import CheckResultSerializer
 from guard.models import JudgeHealth, PolicyChange
+from tests.dburl import database_url
 from tests.guard.test_client import ROOT, free_port, launch, llama_server, stop
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_an_answer_it_cannot_read_exits_non_zero_with_the_reason(llama_guard_sim
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "LLMGW_DATABASE_URL": (f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"),
+        "LLMGW_DATABASE_URL": database_url(name=db["NAME"]),
     }
     proc = subprocess.run(
         [

@@ -26,6 +26,7 @@ from guard.chain import ChainResult, Failure, Stats
 from guard.models import JudgeDecision, JudgeHealth
 from llmgw_admin.models import ApiToken
 from tests.catalog.samples import store
+from tests.dburl import database_url
 from tests.guard.test_client import launch, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -419,7 +420,6 @@ def test_a_user_losing_the_role_is_refused_by_the_next_check(
 
 def test_a_process_that_exits_writes_what_its_recorder_gathered() -> None:
     """The web process's recorder, flushed by the process's exit (atexit)."""
-    db = connection.settings_dict
     script = (
         "import django; django.setup()\n"
         "from guard import records\n"
@@ -433,9 +433,7 @@ def test_a_process_that_exits_writes_what_its_recorder_gathered() -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "llmgw_admin.settings",
-        "LLMGW_DATABASE_URL": (
-            f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-        ),
+        "LLMGW_DATABASE_URL": database_url(),
         "LLMGW_SECRET_KEY": "test-only-not-secret",
     }
     root = Path(__file__).resolve().parents[2]

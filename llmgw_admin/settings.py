@@ -194,6 +194,19 @@ LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())
 # How often a web process writes the guard checks' counts (guard/records.py).
 LLMGW_GUARD_FLUSH_MS = envint("GUARD_FLUSH_MS", 500)
+# A judge's timeout (seconds) when its model has no slo.ttft_p99 (guard/client.py
+# judge_timeout), and its circuit breaker (guard/breaker.py): skipped after this many
+# failures in a row, for a back-off (seconds) that doubles after each failed probe, up to
+# the most. Per process (docs/gateway.md, "Judges that fail").
+LLMGW_GUARD_JUDGE_TIMEOUT = envint("GUARD_JUDGE_TIMEOUT", 5)
+LLMGW_GUARD_BREAKER_FAILURES = envint("GUARD_BREAKER_FAILURES", 5)
+LLMGW_GUARD_BREAKER_BACKOFF = envint("GUARD_BREAKER_BACKOFF", 5)
+LLMGW_GUARD_BREAKER_MAX_BACKOFF = envint("GUARD_BREAKER_MAX_BACKOFF", 300)
+for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_MAX_BACKOFF"):
+    if globals()[f"LLMGW_GUARD_{_name}"] < 1:
+        raise ImproperlyConfigured(
+            f"LLMGW_GUARD_{_name} is {globals()[f'LLMGW_GUARD_{_name}']}: write 1 or more"
+        )
 # The gateway (gateway/app.py): timeouts in seconds, the largest body in bytes, and the
 # guard's windows on a streamed answer (gateway/holdback.py). The first-token, read and
 # whole-answer timeouts are for models whose catalog entry gives no slo: one that does
@@ -253,19 +266,6 @@ if LLMGW_SECRETS_DIR and not LLMGW_SECRETS_DIR.startswith("/"):
     )
 LLMGW_EXTERNAL_HTTP_HOSTS = envlist("EXTERNAL_HTTP_HOSTS", [])
 # How often a gateway process writes its usage (gateway/usage.py).
-# A judge's timeout (seconds) when its model has no slo.ttft_p99 (guard/client.py
-# judge_timeout), and its circuit breaker (guard/breaker.py): skipped after this many
-# failures in a row, for a back-off (seconds) that doubles after each failed probe, up to
-# the most. Per process (docs/gateway.md, "Judges that fail").
-LLMGW_GUARD_JUDGE_TIMEOUT = envint("GUARD_JUDGE_TIMEOUT", 5)
-LLMGW_GUARD_BREAKER_FAILURES = envint("GUARD_BREAKER_FAILURES", 5)
-LLMGW_GUARD_BREAKER_BACKOFF = envint("GUARD_BREAKER_BACKOFF", 5)
-LLMGW_GUARD_BREAKER_MAX_BACKOFF = envint("GUARD_BREAKER_MAX_BACKOFF", 300)
-for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_MAX_BACKOFF"):
-    if globals()[f"LLMGW_GUARD_{_name}"] < 1:
-        raise ImproperlyConfigured(
-            f"LLMGW_GUARD_{_name} is {globals()[f'LLMGW_GUARD_{_name}']}: write 1 or more"
-        )
 LLMGW_GATEWAY_USAGE_FLUSH_MS = envint("GATEWAY_USAGE_FLUSH_MS", 1000)
 LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)
 LLMGW_GUARD_WINDOW_MS = envint("GUARD_WINDOW_MS", 150)
@@ -278,16 +278,6 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"LLMGW_SIMULATE: {exc}") from None
 
-# External providers (catalog/rules/environment.py): the one folder an external model's
-# api_key_file may name a file in (unset: no key file is allowed), and the hosts a
-# provider may be reached at over plain http besides loopback.
-LLMGW_SECRETS_DIR = envstr("SECRETS_DIR")
-if LLMGW_SECRETS_DIR and not LLMGW_SECRETS_DIR.startswith("/"):
-    raise ImproperlyConfigured(
-        f"LLMGW_SECRETS_DIR: {LLMGW_SECRETS_DIR!r} is not an absolute path: give the folder's "
-        "whole path, like /run/secrets/llmgw"
-    )
-LLMGW_EXTERNAL_HTTP_HOSTS = envlist("EXTERNAL_HTTP_HOSTS", [])
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

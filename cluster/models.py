@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Lower
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -67,6 +68,17 @@ class Node(models.Model):
 
     class Meta:
         ordering = ("name",)
+        constraints = [
+            # SIM-1 beside sim-1 would be two nodes an operator tells apart by case only.
+            models.UniqueConstraint(
+                Lower("name"),
+                name="cluster_node_name_unique_any_case",
+                violation_error_message=_(
+                    "a node of this name in another case exists already: node names are "
+                    "unique without regard to case"
+                ),
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -199,7 +199,14 @@ def join(
         raise AgentError("name must be the node's name, 1 to 200 characters")
     fields = read_inventory(inventory)
     name = name.strip()
-    node = Node.objects.select_for_update().filter(name=name).first()
+    node = Node.objects.select_for_update().filter(name__iexact=name).first()
+    if node is not None and node.name != name:
+        raise AgentError(
+            f"node {node.name} is this name in another case: node names are unique without "
+            f"regard to case; join as {node.name} (with its node token, or after an operator "
+            "releases it) or under a new name",
+            409,
+        )
     if node is None:
         node = Node(name=name)
     elif node.token_digest is not None and not (

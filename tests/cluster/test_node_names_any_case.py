@@ -1,0 +1,69 @@
+"""Node names are unique without regard to case (issue 17: SIM-1 beside sim-1 both joined):
+at join (the agents' API), in the admin, and in the database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, transaction
+from rest_framework.test import APIClient
+
+from cluster.models import JoinToken, Node
+from tests.cluster.helpers import inventory
+
+
+def _join(name: str) -> Any:
+    _, secret = JoinToken.issue("t")
+    return APIClient().post(
+        "/api/v1/agent/join",
+        {"token": secret, "name": name, "inventory": inventory(hostname=name)},
+        format="json",
+    )
+
+
+@pytest.mark.django_db
+def test_a_second_node_differing_only_in_case_is_refused_at_join() -> None:
+    assert _join("sim-1").status_code == 201
+    r = _join("SIM-1")
+    assert r.status_code == 409, r.json()
+    assert "sim-1" in str(r.json()) and "without regard to case" in str(r.json())
+    assert list(Node.objects.values_list("name", flat=True)) == ["sim-1"]
+
+
+@pytest.mark.django_db
+def test_the_database_refuses_two_names_differing_only_in_case() -> None:
+    Node.objects.create(name="gpu-a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Node.objects.create(name="GPU-A")
+
+
+@pytest.mark.django_db
+def test_the_admin_cannot_make_a_second_spelling(admin_user: Any, client_for: Any) -> None:
+    # Nodes join; the admin neither adds one nor changes a name (the DB would refuse too).
+    node = Node.objects.create(name="rack-node")
+    client = client_for(admin_user)
+    assert client.get("/admin/cluster/node/add/").status_code == 403
+    r = client.post(f"/admin/cluster/node/{node.pk}/change/", {"name": "RACK-NODE"})
+    assert r.status_code in (200, 302, 403)
+    assert list(Node.objects.values_list("name", flat=True)) == ["rack-node"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_names_existing_duplicates_and_stops() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("cluster", "0007_replica_unplaced")])
+    try:
+        Node.objects.create(name="dup-node")
+        Node.objects.create(name="DUP-node")
+        executor.loader.build_graph()
+        with pytest.raises(RuntimeError, match="DUP-node, dup-node"):
+            executor.migrate([("cluster", "0008_node_name_unique_any_case")])
+        Node.objects.filter(name="DUP-node").delete()
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert list(Node.objects.values_list("name", flat=True)) == ["dup-node"]

@@ -30,13 +30,20 @@ def effective_context(
 
 
 def _flag(args: Sequence[str], names: tuple[str, ...]) -> int | None:
+    # Any of the flag's names in llama-server's table (-c, --ctx-size, --ctx_size), the
+    # last one given winning, as llama-server takes it.
+    from agent.flags import table
+
+    t = table("llamacpp")
+    wanted = {t.flag(n) for n in names} - {None}
     value: str | None = None
     for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
+        name, eq, given = arg.partition("=")
+        if t.flag(name) in wanted:
+            if eq:
+                value = given
+            elif i + 1 < len(args):
                 value = args[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
     if value is None:
         return None
     try:

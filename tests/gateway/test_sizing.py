@@ -42,3 +42,5 @@ def test_llama_server_slots_divide_the_context() -> None:
     assert effective_context(2048, ["-c", "8192", "-np", "4"])[0] == 2048
     assert effective_context(4096, ["--threads", "2"]) == (4096, "")
     assert effective_context(0, ["--ctx-size=1024"])[0] == 1024
+    # Every spelling llama-server takes (its table): --a_b is --a-b.
+    assert effective_context(0, ["--ctx_size", "4096", "--parallel", "2"])[0] == 2048

@@ -1,7 +1,8 @@
 """The gateway in the admin.
 
-Client keys: read-only (the secret is never stored; only its prefix and digest are, and
-neither can be edited), with a revoke action for operators. Keys are made in the console,
+Client keys: read-only (the secret is never stored; only its prefix and digest are; the
+digest is shown to no one, since it is what a stolen table would be searched against), with
+a revoke action for operators. Keys are made in the console,
 the API or ``manage.py gateway key create``, which show the secret once.
 
 Usage and the guard's refusal records: read-only, as every gateway process writes them
@@ -26,7 +27,7 @@ class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg
                     "prefix_shown", "created", "revoked")  # fmt: skip
     list_filter = ("owner",)
     search_fields = ("name", "owner")
-    readonly_fields = ("name", "owner", "models", "rpm", "tpm", "prefix_shown", "digest",
+    readonly_fields = ("name", "owner", "models", "rpm", "tpm", "prefix_shown",
                        "created", "created_by", "expires", "revoked")  # fmt: skip
     fields = readonly_fields
     actions = ("revoke_selected",)

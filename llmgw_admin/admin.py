@@ -36,7 +36,18 @@ admin.site.unregister(Group)
 
 @admin.register(User)
 class LlmgwUserAdmin(AdminRoleMixin, UserAdmin):  # type: ignore[type-arg]
-    """Users; their role is the group they are in (viewer, operator or admin)."""
+    """Users; their role is the group they are in (viewer, operator or admin).
+
+    Superuser status and per-user permissions go around the roles: only a superuser may
+    grant them (an admin-role user could otherwise make itself, or anyone, a superuser on
+    its own change page).
+    """
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser:
+            fields += ["is_superuser", "user_permissions"]
+        return fields
 
 
 @admin.register(Group)

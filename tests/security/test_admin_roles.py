@@ -320,3 +320,48 @@ def test_operators_and_admins_open_what_their_role_allows(rows: dict[str, Any], 
     users_page = client.get("/admin/auth/user/")
     assert users_page.status_code == (200 if role == ADMIN else 403)
     assert client.get("/admin/catalog/servedmodel/add/").status_code == 200
+
+
+def test_an_admin_role_user_cannot_make_itself_a_superuser(make_user: Any) -> None:
+    """Its own change page, posted as a browser would with superuser status ticked and a
+    permission added: the user stays as it was (only a superuser grants those)."""
+    from django.contrib.auth.models import Permission
+
+    ada = make_user("ada", ADMIN)
+    client = signed_in(ada)
+    url = f"/admin/auth/user/{ada.pk}/change/"
+    form = form_of(client, url)
+    assert form, "the change page did not open"
+    assert "is_superuser" not in form and "user_permissions" not in form
+    perm = Permission.objects.get(codename="delete_user")
+    form.update(is_superuser=["on"], user_permissions=[str(perm.pk)], _save=["Save"])
+    r = client.post(url, form)
+    assert r.status_code == 302, r.content.decode()[:2000]  # saved what it may change
+    ada.refresh_from_db()
+    assert not ada.is_superuser
+    assert not ada.user_permissions.exists()
+
+
+def test_a_superuser_still_grants_superuser_status(make_user: Any) -> None:
+    root = make_user("root", ADMIN)
+    root.is_superuser = True
+    root.save()
+    bob = make_user("bob", OPERATOR)
+    client = signed_in(root)
+    url = f"/admin/auth/user/{bob.pk}/change/"
+    form = form_of(client, url)
+    assert "is_superuser" not in form  # unticked: a checkbox not checked is not sent
+    form.update(is_superuser=["on"], _save=["Save"])
+    assert client.post(url, form).status_code == 302
+    bob.refresh_from_db()
+    assert bob.is_superuser
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_no_one_sees_a_client_keys_digest_in_the_admin(make_user: Any, role: str) -> None:
+    from gateway import keys
+
+    key, _secret = keys.create(name="probe", via="test")
+    page = signed_in(make_user("someone", role)).get(f"/admin/gateway/clientkey/{key.pk}/change/")
+    assert page.status_code == 200
+    assert key.digest not in page.content.decode()

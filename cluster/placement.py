@@ -50,7 +50,7 @@ reserves the largest of these once per source, while any of those replicas remai
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_node
 
@@ -68,6 +68,11 @@ from catalog.spec import Model
 DEFAULT_CPU_CORE_WATTS = 10.0
 LABEL_PREFIX = "llmgw.io/"
 CLASS_NAMES = {3: "critical", 2: "standard", 1: "opportunistic"}
+# How a reason starts when no node of the cluster could run the replica even were every
+# node empty and taking replicas: no card of the class, no engine, too little memory...
+# (an operator must change the cluster or the model; waiting will not help). The gateway
+# answers such a model 503 ``model_unplaceable`` (gateway.errors).
+UNPLACEABLE = "no node in this cluster can run it"
 
 _MB_PER_GB = 1024
 # A capacity a node did not report: large enough never to run out, and still an int.
@@ -221,6 +226,19 @@ class Unplaced:
     key: str
     model: str
     reason: str
+    # Set when no node could run it even were every node empty and taking replicas:
+    # why (an operator must change the cluster or the model; waiting will not help).
+    never: str = ""
+
+    @property
+    def told(self) -> str:
+        """Return the reason as the replica shows it: ``UNPLACEABLE`` first if never."""
+        return f"{UNPLACEABLE}: {self.never}" if self.never else self.reason
+
+
+def unplaceable(reason: str) -> bool:
+    """Return whether a reason says no node of the cluster could ever run the replica."""
+    return reason.startswith(UNPLACEABLE)
 
 
 @dataclass
@@ -518,6 +536,13 @@ def _w(watts: float) -> str:
     return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
 
 
+def _with_cards(need: _Need) -> str:
+    """Return which nodes a reason speaks of: " with L4 cards", " with 2 L4" (or none)."""
+    if not need.g:
+        return ""
+    return f" with {need.cls} cards" if need.g == 1 else f" with {need.g} {need.cls}"
+
+
 def _selector_text(sel: Mapping[str, str]) -> str:
     """Return a node selector as written in a reason: a=b,c=d."""
     return ",".join(f"{k}={sel[k]}" for k in sorted(sel))
@@ -563,6 +588,9 @@ class _State:
             for cls, count in self.total[i].items():
                 self.class_buckets.setdefault(cls, _Buckets()).add(count, i)
         self._index_domains(domains)
+        self.domains = domains
+        self.empty: _State | None = None
+        self.never_memo: dict[tuple[object, ...], str | None] = {}
         self.on_node: list[list[Running]] = [[] for _ in nodes]
         # Live running replicas per node, by class rank: who could make way there.
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
@@ -1154,7 +1182,7 @@ class _State:
         if memo is not None and memo[:2] == (self.epoch, fetched):
             reason = memo[3] if memo[2] == self.commits else self._reason(req, tries)
             self.failed[memo_key] = (self.epoch, fetched, self.commits, reason)
-            plan.unplaced.append(Unplaced(req.key, req.model, reason))
+            plan.unplaced.append(Unplaced(req.key, req.model, reason, self._never(req) or ""))
             return
         for p, need, elig in tries:
             if need.level and need.level not in FACILITY_LEVELS:
@@ -1192,7 +1220,7 @@ class _State:
                 return
         reason = self._reason(req, tries)
         self.failed[memo_key] = (self.epoch, fetched, self.commits, reason)
-        plan.unplaced.append(Unplaced(req.key, req.model, reason))
+        plan.unplaced.append(Unplaced(req.key, req.model, reason, self._never(req) or ""))
 
     def _record(
         self, req: Request, p: PlacementProfile, need: _Need, chosen: list[int], plan: Plan
@@ -1217,6 +1245,47 @@ class _State:
             text += " (evicting lower-class replicas would not make room)"
         return text
 
+    def _never(self, req: Request) -> str | None:
+        """Return why no node could run req even were all of them empty and taking
+        replicas, or None when one could (or the cluster has no node yet to judge by).
+
+        Counted on the cluster as built: every card, the whole memory and cores, every
+        power cap with nothing drawing; not the disk, which is free or not as weights come
+        and go.
+        """
+        if not self.nodes:
+            return None
+        key = tuple(_profile_key(p) for p in req.profiles)
+        if key in self.never_memo:
+            return self.never_memo[key]
+        if self.empty is None:
+            self.empty = _State(
+                [
+                    replace_node(n, schedulable=True, disk_free_mb=0, holds=frozenset())
+                    for n in self.nodes
+                ],
+                self.domains,
+                self.core_watts,
+            )
+        empty = self.empty
+        profiles = sorted(req.profiles, key=lambda p: -p.priority)
+        tries = [(p, empty.need(p), empty.eligible(p)) for p in profiles]
+        why: str | None = None
+        if not any(
+            not (need.level and need.level not in FACILITY_LEVELS)
+            and not (need.g == 0 and p.gpus_per_node > 0)
+            and empty.find(need, elig)
+            for p, need, elig in tries
+        ):
+            parts = [(p, empty.diagnose(p, need)) for p, need, _ in tries]
+            why = (
+                parts[0][1]
+                if len(parts) == 1
+                else ". ".join(f'profile "{p.name}": {w}' for p, w in parts)
+            )
+        self.never_memo[key] = why
+        return why
+
     def diagnose(self, p: PlacementProfile, need: _Need) -> str:
         """Return why no node (or set of nodes) fits p, naming the constraint that bound.
 
@@ -1237,8 +1306,18 @@ class _State:
         if len(fit) >= nn:
             # Enough nodes each fit: what binds is how they group (keep_within, power).
             return self._staged(p, need)
+        # The cards first: a reason never says no node has them where some node has,
+        # so the nodes that have them are the ones whose miss is told.
+        pool = list(range(len(self.nodes)))
+        if need.g:
+            has = [i for i in pool if self.total[i].get(need.cls, 0) > 0]
+            if len(has) >= nn:
+                pool = has
+            enough = [i for i in pool if self.total[i].get(need.cls, 0) >= need.g]
+            if len(enough) >= nn:
+                pool = enough
         for cond in _CONDITIONS:
-            only = [i for i, m in enumerate(misses) if m == (cond,)]
+            only = [i for i in pool if misses[i] == (cond,)]
             if only and len(fit) + len(only) >= nn:
                 return self._bound(cond, p, need, only, len(fit))
         return self._staged(p, need)
@@ -1288,7 +1367,7 @@ class _State:
         nn = need.n
         nodes = self.nodes
         names = ", ".join(nodes[i].name for i in only[:3]) + (", …" if len(only) > 3 else "")
-        q = f" with {need.cls} cards" if need.g else ""
+        q = _with_cards(need)
         what = f"{need.g} free {need.cls}" if need.g else "room for it"
 
         def short(each: str) -> str:
@@ -1309,24 +1388,29 @@ class _State:
             return f"no node has {need.cls} cards" if nn == 1 or not fit else short(need.cls)
         if cond == "count":
             if nn == 1:
-                most = max(self.total[i][need.cls] for i in only)
+                most = max(t.get(need.cls, 0) for t in self.total)
                 return f"needs {need.g} {need.cls} on one node; the largest node has {most}"
             return short(f"{need.g} {need.cls}")
         if cond == "engine":
-            return f"no node{q} has engine {p.engine}" if nn == 1 else short(f"engine {p.engine}")
+            if nn > 1:
+                return short(f"engine {p.engine}")
+            return self._no_node(need, f"no node{q} has engine {p.engine}", only,
+                                 f"engine {p.engine}", self._has_engine(p))  # fmt: skip
         if cond == "version":
             versions = sorted({nodes[i].engines.get(p.engine, "") for i in only} - {""})
             found = f" (found {', '.join(versions[:3])})" if versions else ""
             if nn == 1:
-                return f"no node{q} has engine {p.engine} {p.engine_version}{found}"
+                return self._no_node(
+                    need, f"no node{q} has engine {p.engine} {p.engine_version}{found}", only,
+                    f"engine {p.engine} {p.engine_version}{found}", self._has_version(p),
+                )  # fmt: skip
             return short(f"engine {p.engine} {p.engine_version}")
         if cond == "selector":
             sel = _selector_text(p.node_selector)
-            return (
-                f"no node{q} matches node_selector {sel}"
-                if nn == 1
-                else short(f"node_selector {sel}")
-            )
+            if nn > 1:
+                return short(f"node_selector {sel}")
+            return self._no_node(need, f"no node{q} matches node_selector {sel}", only,
+                                 f"node_selector {sel}", self._has_labels(p))  # fmt: skip
         if cond == "label":
             label = LABEL_PREFIX + need.level
             return f"keep_within {need.level}: {short(f'a {label} label')}"
@@ -1386,39 +1470,39 @@ class _State:
         if need.g:
             kept = [i for i in c if self.total[i].get(need.cls, 0) > 0]
             if len(kept) < nn:
-                return f"no node has {need.cls} cards" if not kept else short(len(kept), need.cls)
+                return self._class_missing(p, need, c, kept)
             c = kept
             kept = [i for i in c if self.total[i][need.cls] >= need.g]
             if len(kept) < nn:
-                most = max(self.total[i][need.cls] for i in c)
-                if nn == 1:
-                    return f"needs {need.g} {need.cls} on one node; the largest node has {most}"
-                return short(len(kept), f"{need.g} {need.cls}")
-            # Kept whole: "the best node has 2" counts every node of the class.
-            q = f" with {need.cls} cards"
-        kept = [i for i in c if p.engine == "sim" or p.engine in nodes[i].engines]
+                return self._class_missing(p, need, c, kept, need.g)
+            # A node with fewer cards of the class than a replica needs never fits it.
+            c = kept
+            q = _with_cards(need)
+        has = self._has_engine(p)
+        kept = [i for i in c if has(i)]
         if len(kept) < nn:
-            return (
-                f"no node{q} has engine {p.engine}"
-                if nn == 1 or not kept
-                else short(len(kept), f"engine {p.engine}")
-            )
+            if nn == 1 or not kept:
+                return self._no_node(
+                    need, f"no node{q} has engine {p.engine}", c, f"engine {p.engine}", has
+                )
+            return short(len(kept), f"engine {p.engine}")
         c = kept
-        kept = [
-            i for i in c if _version_matches(nodes[i].engines.get(p.engine, ""), p.engine_version)
-        ]
+        has = self._has_version(p)
+        kept = [i for i in c if has(i)]
         if len(kept) < nn:
             versions = sorted({nodes[i].engines.get(p.engine, "") for i in c} - {""})
             found = f" (found {', '.join(versions[:3])})" if versions else ""
             if nn == 1 or not kept:
-                return f"no node{q} has engine {p.engine} {p.engine_version}{found}"
+                what = f"engine {p.engine} {p.engine_version}{found}"
+                return self._no_node(need, f"no node{q} has {what}", c, what, has)
             return short(len(kept), f"engine {p.engine} {p.engine_version}")
         c = kept
         kept = [i for i in c if self._static_ok(i, p)]
         if len(kept) < nn:
             sel = _selector_text(p.node_selector)
             if nn == 1 or not kept:
-                return f"no node{q} matches node_selector {sel}"
+                return self._no_node(need, f"no node{q} matches node_selector {sel}", c,
+                                     f"node_selector {sel}", self._has_labels(p))  # fmt: skip
             return short(len(kept), f"node_selector {sel}")
         c = kept
         if need.level:
@@ -1454,6 +1538,65 @@ class _State:
             if not chosen and blocked:
                 return blocked
         return "no node fits"
+
+    def _has_engine(self, p: PlacementProfile) -> Callable[[int], bool]:
+        return lambda i: p.engine == "sim" or p.engine in self.nodes[i].engines
+
+    def _has_version(self, p: PlacementProfile) -> Callable[[int], bool]:
+        return lambda i: _version_matches(self.nodes[i].engines.get(p.engine, ""), p.engine_version)
+
+    def _has_labels(self, p: PlacementProfile) -> Callable[[int], bool]:
+        sel = p.node_selector
+        return lambda i: all(self.nodes[i].labels.get(k) == v for k, v in sel.items())
+
+    def _no_node(
+        self, need: _Need, claim: str, closest: list[int], what: str, has: Callable[[int], bool]
+    ) -> str:
+        """Return ``claim`` ("no node with L4 cards has engine vllm") where it is true of
+        every node of the cluster (with the cards, if any), else what the closest nodes
+        lack, naming them: a node that has it may miss something else, or be cordoned."""
+        pool = [
+            i
+            for i in range(len(self.nodes))
+            if not need.g or self.total[i].get(need.cls, 0) >= need.g
+        ]
+        if not any(has(i) for i in pool):
+            return claim
+        lacking = [i for i in closest if not has(i)] or closest
+        names = ", ".join(self.nodes[i].name for i in lacking[:3])
+        names += ", …" if len(lacking) > 3 else ""
+        return f"the nodes closest to fit ({names}) lack {what}"
+
+    def _class_missing(
+        self, p: PlacementProfile, need: _Need, c: list[int], kept: list[int], g: int = 1
+    ) -> str:
+        """Return the reason for too few nodes with g cards of the class among c (the
+        ready nodes that may run p), true of the whole cluster: nodes c left out (not
+        ready, simulated) may have them."""
+        nn = need.n
+        what = f"{g} {need.cls}" if g > 1 else need.cls
+        if kept:
+            return f"needs {nn} nodes each with {what}; found {len(kept)}"
+        has = [i for i in range(len(self.nodes)) if self.total[i].get(need.cls, 0) >= g]
+        if not has:
+            if g == 1:
+                return f"no node has {need.cls} cards"
+            most = max(self.total[i].get(need.cls, 0) for i in range(len(self.nodes)))
+            if nn == 1:
+                return f"needs {g} {need.cls} on one node; the largest node has {most}"
+            return f"needs {nn} nodes each with {what}; found 0"
+        cards = f"{need.cls} cards" if g == 1 else f"{g} {need.cls} on one node"
+        names = ", ".join(self.nodes[i].name for i in has[:3]) + (", …" if len(has) > 3 else "")
+        ready = [i for i in has if self.nodes[i].schedulable]
+        if not ready:
+            return (
+                "only nodes that take no new replicas (cordoned, not ready or lost) have "
+                f"{cards}: {names}"
+            )
+        return (
+            f"only simulated nodes have {cards} ({names}), and they run only sim "
+            f"profiles, not {p.engine}"
+        )
 
     def _memory_stage(self, c: list[int], need: _Need) -> tuple[list[int], str, str]:
         """Keep the nodes with the memory; say why the others miss."""

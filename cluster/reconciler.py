@@ -312,7 +312,7 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
             )  # fmt: skip
             bumped.add(node.pk)
         result.placed.append(r.pk)
-    reasons = {int(u.key): u.reason for u in result_plan.unplaced} | waiting
+    reasons = {int(u.key): u.told for u in result_plan.unplaced} | waiting
     reasons.update(_make_room(wants, specs, snap, result_plan, result))
     # No room anywhere: not waiting for an eviction's replacement or a roll's turn.
     no_room = (

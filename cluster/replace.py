@@ -195,7 +195,7 @@ def drain(node: Node, force: bool = False) -> Drained:
         if now_stuck <= stuck_ready:
             break
         stuck_ready |= now_stuck
-    why = {int(u.key): u.reason for u in result.unplaced}
+    why = {int(u.key): u.told for u in result.unplaced}
     ready_elsewhere: dict[str, int] = defaultdict(int)
     for r in snap.replicas:
         if r.desired and r.state == ReplicaState.READY and r.pk not in here_ids:

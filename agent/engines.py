@@ -61,8 +61,8 @@ VLLM_KEY_ENV = "VLLM_API_KEY"
 SIM_KEY_ENV = "LLMGW_SIM_API_KEY"
 SGLANG_KEY_FLAG = "--api-key"
 # What a catalog may never set, as the agent's own: the key flags and variables above,
-# and llama-server's other way to its keys. (The argument checks refuse them: none is in
-# ALLOWED_FLAGS or ALLOWED_ENV.)
+# and llama-server's other way to its keys. (agent.flags refuses them for every engine:
+# tests/agent/test_engine_flags.py holds it.)
 KEY_FLAGS = frozenset({"--api-key", "--api-key-file"})
 KEY_ENV = frozenset({LLAMA_KEY_ENV, VLLM_KEY_ENV, SIM_KEY_ENV})
 

@@ -187,3 +187,13 @@ def test_tables_are_well_formed() -> None:
         for f in data["flags"]:
             assert f["value"] in ("none", "one", "optional", "many", "two"), f
             assert all(n.startswith("-") for n in f["names"]), f
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_engine_may_be_handed_another_key(engine: str) -> None:
+    from agent.engines import KEY_ENV, KEY_FLAGS
+
+    for flag in KEY_FLAGS:
+        assert arg_problems(engine, [flag, "k"]), (engine, flag)
+    for key in KEY_ENV:
+        assert unsafe_env(key, engine, "k") is not None, (engine, key)

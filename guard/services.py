@@ -808,15 +808,17 @@ def policy_refusals(before: Any, after: Any) -> list[Problem]:
     """Refuse a catalog change that takes a judge the policy in force names out of it:
     deleted, renamed or no longer role guard (``catalog.signals.change_refusals``; the
     policy is read only when ``before`` is a judge). The judge comes out of the policy
-    first, as a model comes out of another's fallbacks before it is deleted: else the
-    policy names a judge that is not there, and under ``fail: open`` (the default) the
-    cluster stops judging without a word."""
+    first (or the policy judges nothing: ``directions: []``), as a model comes out of
+    another's fallbacks before it is deleted: else the policy names a judge that is not
+    there, and under ``fail: open`` (the default) the cluster stops judging without a
+    word."""
     if before is None or before.role != rules.ROLE_GUARD:
         return []
     if after is not None and after.role == rules.ROLE_GUARD and after.name == before.name:
         return []
     pol = current_policy()
-    if before.name not in pol.judge_models:  # the policy names judges by their names
+    # The policy names judges by their names; one that judges nothing loses nothing.
+    if before.name not in pol.judge_models or not pol.directions:
         return []
     if after is None:
         path, what = ("name",), "delete it"
@@ -827,7 +829,7 @@ def policy_refusals(before: Any, after: Any) -> list[Problem]:
     listed = ", ".join(pol.judge_models)
     return [Problem(path, f'judge "{before.name}" is named by the guard policy (judge.models: '
                     f"{listed}): take it out of the policy first (the Guard page, the API's "
-                    f"policy, or manage.py guard policy set), then {what}",
+                    f"policy, or manage.py guard policy set; or have it judge nothing), then {what}",
                     "judge_in_policy")]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from django.core.management import call_command
 from catalog import codec
 from catalog.choices import Surface
 from catalog.models import ChangeRecord, ServedModel
-from catalog.services import Actor, delete_model, save_model
+from catalog.services import Actor, Refused, delete_model, save_model
 from cluster.choices import NodeHealth
 from cluster.models import Node
 from guard import services as guard_services
@@ -161,6 +161,12 @@ def test_init_never_adds_back_what_an_operator_deleted_or_changed(
     init()
     assert demo.ON_DEMAND not in names()
     assert ServedModel.objects.get(name=BASELINE_JUDGE).source.startswith("https://mirror.")
+    # A judge the policy names and judges with is not deleted (issue 16): the operator
+    # has the policy judge nothing first.
+    with pytest.raises(Refused, match="named by the guard policy"):
+        delete_model(BASELINE_JUDGE, actor)
+    guard_services.set_policy({"judge": {"models": [BASELINE_JUDGE]}, "directions": []},
+                              surface="cli", name="test")  # fmt: skip
     delete_model(demo.SIM_JUDGE, actor)
     delete_model(BASELINE_JUDGE, actor)
     init()

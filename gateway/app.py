@@ -48,6 +48,7 @@ from typing import Any
 from django.conf import settings
 
 from catalog import timeouts
+from cluster.placement import UNPLACEABLE
 from gateway import balance, errors, providers, sizing, sse
 from gateway import body as bodies
 from gateway.adapters import Placer
@@ -514,8 +515,10 @@ class Gateway:
             raise errors.upstream_failed(req.model, last)
         table = self.state.table
         if model.name in table.unplaced:
-            log.info("%s: %s has no room: %s", call.sent.request_id, model.name,
-                     table.unplaced[model.name])  # fmt: skip
+            why = table.unplaced[model.name]
+            log.info("%s: %s has no room: %s", call.sent.request_id, model.name, why)
+            if why.startswith(UNPLACEABLE):
+                raise errors.unplaceable(req.model, why[len(UNPLACEABLE) :].lstrip(": "))
             raise errors.unavailable(
                 f"The model '{req.model}' has no ready replica and the cluster has no room "
                 "to start one now: try again later, or another model.", NO_ROOM_RETRY,

@@ -105,6 +105,20 @@ def unavailable(message: str, retry_after: float = 5, code: str = "model_unavail
     )
 
 
+def unplaceable(model: str, why: str) -> ApiError:
+    """A model no node of the cluster could run even empty: waiting will not help, so
+    no ``Retry-After`` and ``x-should-retry: false`` (the ``openai`` client would
+    otherwise retry a 503 twice)."""
+    return ApiError(
+        503,
+        f"No node in this cluster can run '{model}': {why}. Retrying will not help until "
+        "an operator changes the cluster or the model; use another model.",
+        type="server_error",
+        code="model_unplaceable",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def content_filter(direction: str, judge: str, categories: list[str]) -> ApiError:
     named = ", ".join(categories) if categories else "unsafe"
     what = "request" if direction == "request" else "answer"

@@ -67,8 +67,8 @@ class Setup:
 def setup(settings: Any) -> Iterator[Setup]:
     settings.LLMGW_GUARD_JUDGE_TIMEOUT = 1
     settings.LLMGW_GUARD_BREAKER_FAILURES = FAILURES
-    settings.LLMGW_GUARD_BREAKER_BACKOFF = 1
-    settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF = 2
+    settings.LLMGW_GUARD_BREAKER_BACKOFF = 2
+    settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF = 4
     guard_services.BREAKERS.clear()
     judge, judge_url = launch("--model", "judge", "--guard-format", "qwen3guard", "--ttft", "0",
                               "--tps", "100000")  # fmt: skip
@@ -124,18 +124,19 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     assert state.state == breaker.OPEN and state.last_kind == "timeout"
     assert value("llmgw_guard_judge_breaker", judge="judge", state="open") == 1
     assert value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 0
-    held = s.proxy.held
+    held, skipped = s.proxy.held, 0
     for _ in range(5):
-        if guard_services.BREAKERS.state("judge").state != breaker.OPEN:
-            break  # the back-off ended meanwhile: the next request probes
         assert s.ask().choices[0].message.content == "fine words"
-        if guard_services.BREAKERS.state("judge").state == breaker.OPEN:
-            assert s.proxy.held == held, "a judge whose breaker is open was asked"
+        if guard_services.BREAKERS.state("judge").since != state.since:
+            break  # the back-off ended meanwhile: a request probed it
+        assert s.proxy.held == held, "a judge whose breaker is open was asked"
+        skipped += 1
+    assert skipped, "no request was made while the breaker was open"
     # After the back-off one request probes it (a new connection reaches the proxy); still
     # hung, so it opens again for longer.
     wait_until(lambda: s.ask() and s.proxy.held > held, timeout=30, what="a probe of the judge")
     wait_until(
-        lambda: guard_services.BREAKERS.state("judge").backoff == 2, what="a longer back-off"
+        lambda: guard_services.BREAKERS.state("judge").backoff == 4, what="a longer back-off"
     )
     # Back: the next probe finds it answering, and it closes.
     s.proxy.heal()

@@ -1,4 +1,4 @@
-"""A judge that hangs under ``fail: open``, in production (issue 16, item 2): the web
+"""A judge that hangs, in production (issue 16, item 2): the web
 process, worker, beat and two ``gateway serve`` processes, real agents and sim engines, an
 openai-client load on both gateways throughout. The judge's engine is stopped (SIGSTOP:
 its port still accepts connections and answers nothing, as a hung engine does) and
@@ -7,6 +7,8 @@ resumed (SIGCONT).
 Every request is answered (none waits on the judge past its timeout and none fails), the
 judge is recorded as timed out, its breaker opens in the gateways and closes again once it
 answers, and the Guard page in Chromium shows it open, then closed, without a reload.
+Then under ``fail: closed``, hung again: every request is refused (400), and each refusal
+record says no judge answered, the judge, and how it failed (timeout, then breaker_open).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import os
 import signal
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import openai
 import pytest
 
 from cluster.models import Assignment
+from gateway.models import Refusal as Refused
 from guard.models import JudgeBreaker, JudgeHealth
 from guard.services import set_policy
 from tests.browser.conftest import wait_js
@@ -62,7 +67,7 @@ def judge_pid() -> int:
     return int(a.values_list("pid", flat=True).first() or 0)
 
 
-def test_a_hung_judge_under_fail_open_delays_no_request_past_its_timeout_and_the_page_shows_its_breaker(
+def test_a_hung_judge_delays_no_request_past_its_timeout_its_breaker_shows_and_fail_closed_refuses(
     plane: FaultPlane, agents: Callable[..., Agent], console: Callable[..., Any], operator: Any
 ) -> None:  # fmt: skip
     plane.sim_cluster(agents, model="steady", replicas=2)
@@ -113,3 +118,41 @@ def test_a_hung_judge_under_fail_open_delays_no_request_past_its_timeout_and_the
     )
     assert load.failures == [], load.summary()
     assert during, "no request was answered while the judge hung"
+
+    # Fail closed, the judge hung again: each gateway refuses (400), at once once its
+    # breaker is open, and every record says no judge answered, which failed and how.
+    set_policy({"judge": {"models": ["judge"]}, "directions": ["requests"], "fail": "closed"},
+               surface="cli", name="test")  # fmt: skip
+    clients = [openai.OpenAI(base_url=u + "/v1", api_key=key, max_retries=0, timeout=60)
+               for u in plane.urls()]  # fmt: skip
+    os.killpg(pid, signal.SIGSTOP)
+    ids: list[str] = []
+    try:
+        for c in clients:
+            # Until this gateway reads the new policy (about a second), fail: open allows.
+            wait_for(lambda c=c: _refused(c, ids), 30, "fail: closed in force")
+            for _ in range(FAILURES + 2):
+                assert _refused(c, ids), "allowed with no judge answering under fail: closed"
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    rows = wait_for(lambda: (r := list(Refused.objects.filter(request_id__in=ids)))
+                    and len(r) == len(ids) and r, 30, "the refusal records")  # fmt: skip
+    kinds = Counter(f["kind"] for r in rows for f in r.failures)
+    assert all(r.judged is False and r.judge == "" for r in rows)
+    assert all([f["judge"] for f in r.failures] == ["judge"] for r in rows)
+    assert set(kinds) <= {"timeout", "breaker_open"} and kinds["timeout"] and kinds["breaker_open"]
+    sys.stderr.write(f"judge hung under fail: closed: {len(ids)} requests refused (400), "
+                     f"records judged false, failures {dict(kinds)}\n")  # fmt: skip
+
+
+def _refused(client: openai.OpenAI, ids: list[str]) -> bool:
+    """Ask; True when refused (400 content_filter), its request id kept in ``ids``."""
+    try:
+        client.chat.completions.create(
+            model="steady", messages=[{"role": "user", "content": "/echo closed"}]
+        )
+    except openai.BadRequestError as refused:
+        assert refused.code == "content_filter", refused
+        ids.append(refused.response.headers["x-request-id"])
+        return True
+    return False

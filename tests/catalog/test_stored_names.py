@@ -22,7 +22,9 @@ def test_catalog_and_cluster_pages_render_a_stored_name_with_a_line_break(
     # Written as a row from before the rule: the rules would refuse it now.
     ServedModel.objects.filter(name="fine").update(name=name)
     client = client_for(viewer)
-    for url in ("/catalog/", "/cluster/"):
+    pages = ("/catalog/", "/cluster/", "/gateway/chat/", "/gateway/traffic/", "/guard/",
+             "/cluster/reconciler/", "/admin/catalog/servedmodel/")  # fmt: skip
+    for url in pages:
         r = client.get(url)
         assert r.status_code == 200, (url, r.status_code)
     link = reverse("catalog:servedmodel_detail", args=[name])

@@ -132,14 +132,18 @@ def test_a_judge_the_operator_deleted_stays_deleted_until_the_policy_is_saved_ag
     set_judges("qwen3guard-0.6b")
     reconciler.tick()
     assert ServedModel.objects.filter(name="qwen3guard-0.6b").exists()
+    # Not while the policy judges with it (issue 16): it would silently stop judging.
+    with pytest.raises(catalog_services.Refused, match="named by the guard policy"):
+        catalog_services.delete_model("qwen3guard-0.6b", operator_actor(operator))
+    services.set_policy({"judge": {"models": ["qwen3guard-0.6b"]}, "directions": []},
+                        surface="cli", name="t")  # fmt: skip
     catalog_services.delete_model("qwen3guard-0.6b", operator_actor(operator))
     reconciler.tick()
     reconciler.tick()
     assert not ServedModel.objects.filter(name="qwen3guard-0.6b").exists()
-    # Checks meanwhile say why the judge gave no verdict.
-    body = services.check("hello")
-    assert body["failures"][0]["judge"] == "qwen3guard-0.6b"
-    assert "not in the catalog" in body["failures"][0]["message"]
+    # (Checks meanwhile judge nothing: the policy said so. A check naming a judge the
+    # catalog lacks says so: tests/guard/test_check_on_loop.py.)
+    assert services.check("hello")["failures"] == []
     # The operator saves the policy again, still naming it: the later word wins.
     set_judges("qwen3guard-0.6b", fail="closed")
     reconciler.tick()

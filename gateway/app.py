@@ -710,8 +710,16 @@ class Gateway:
         if replica is None or replica < 0:
             return  # an external provider: not a replica of ours
         pool = self.state.table.pool(model)
-        ejection = self.outliers.failed(model, replica, pool.endpoints if pool else (replica,))
+        replicas = pool.endpoints if pool else (replica,)
+        ejection = self.outliers.failed(model, replica, replicas)
         if ejection is None:
+            health, after = self.outliers.replicas.get(replica), self.outliers.rules.after
+            if health is not None and not health.until and health.failures == after:
+                # Due, and kept in routing: said once (when it comes due).
+                log.warning("replica %d of %s failed %d times in a row and stays in routing: "
+                            "%s", replica, model, health.failures,
+                            "it is the model's only ready replica" if len(replicas) <= 1
+                            else "as many of the model's replicas are out as may be")  # fmt: skip
             return
         log.warning("replica %d of %s ejected from routing for %g s after %d failures in a "
                     "row (the last: %s)", replica, model, ejection.seconds, ejection.failures,

@@ -117,9 +117,10 @@ def test_a_429_is_not_a_failure(h: Harness) -> None:
     assert h.gateway.observer.ejections == {}
 
 
-def test_one_replica_is_never_ejected(h: Harness) -> None:
+def test_one_replica_is_never_ejected(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
     """With no other replica, ejecting it would make every request fail for the while,
-    even once it answers again: it stays in, and each request tries it."""
+    even once it answers again: it stays in, and each request tries it; the log says so
+    once."""
     dead = h.engine("dead")
     h.serve([model("ej-d")], [(1, "ej-d", dead)])
     h.run(dead.stop())
@@ -128,6 +129,11 @@ def test_one_replica_is_never_ejected(h: Harness) -> None:
             ask(h, i, "ej-d")
         assert failed.value.status_code == 502
     assert h.gateway.observer.ejections == {}
+    said = [r.getMessage() for r in caplog.records if "stays in routing" in r.getMessage()]
+    assert said == [
+        f"replica 1 of ej-d failed {AFTER} times in a row and stays in routing: it is the "
+        "model's only ready replica"
+    ]
     h.run(dead.start())
     assert ask(h, 99, "ej-d").startswith("dead0")  # the first request after it is back
 

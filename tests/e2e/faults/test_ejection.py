@@ -16,9 +16,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Replica
+from llmgw_admin.models import ApiToken
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane
 from tests.faultproxy import FaultProxy
@@ -32,6 +35,19 @@ def failures_on(plane: FaultPlane, replica: int) -> dict[str, int]:
     """Each gateway's failed attempts on ``replica`` so far (its log's lines)."""
     said = re.compile(rf"at replica {replica} failed")
     return {gw.name: len(said.findall(gw.output())) for gw in plane.gateways}
+
+
+def scraped(plane: FaultPlane, token: str, name: str) -> float:
+    """A series of this host's ``/metrics`` (both gateways write to one folder), summed."""
+    got = httpx.get(plane.gateways[0].url + "/metrics", timeout=10,
+                    headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    assert got.status_code == 200, got.text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(got.text)
+        for s in family.samples
+        if s.name == name and s.labels.get("model") == "steady"
+    )
 
 
 def ejections_of(plane: FaultPlane, replica: int) -> dict[str, int]:
@@ -51,6 +67,7 @@ def test_a_replica_refusing_connections_is_ejected_and_comes_back(
     real = urlsplit(replica.endpoint)
     proxy = FaultProxy((real.hostname or "127.0.0.1", real.port or 80)).start()
     Replica.objects.filter(pk=replica.pk).update(endpoint=f"http://127.0.0.1:{proxy.port}")
+    _, token = ApiToken.issue(viewer, "prometheus")
     page = console(viewer, "/gateway/traffic/")
     row = page.locator(f'#gateway-ejected tr[data-ejected="steady:{replica.pk}"]')
     with plane.load(key, "steady") as load:
@@ -60,8 +77,12 @@ def test_a_replica_refusing_connections_is_ejected_and_comes_back(
         cut = load.now()
         cut_at = time.monotonic()
         proxy.stop()
-        wait_for(lambda: all(ejections_of(plane, replica.pk).values()), 30,
-                 "both gateways to eject it")  # fmt: skip
+        try:
+            wait_for(lambda: all(ejections_of(plane, replica.pk).values()), 30,
+                     "both gateways to eject it")  # fmt: skip
+        except AssertionError as missed:
+            told = "\n".join(f"{gw.name}: {gw.output()[-1500:]}" for gw in plane.gateways)
+            raise AssertionError(f"{missed}; {load.summary()}\n{told}") from None
         ejected_after = time.monotonic() - cut_at
         failed = failures_on(plane, replica.pk)
         # A handful: AFTER in a row, and requests that chose it before it was out.
@@ -70,15 +91,22 @@ def test_a_replica_refusing_connections_is_ejected_and_comes_back(
         shown_after = time.monotonic() - cut_at
         assert row.locator("[data-role=processes]").inner_text() == "2"
         assert "UTC" in row.locator("[data-role=until]").inner_text()
-        # While it is out, the load goes on and no attempt is made on it.
+        assert scraped(plane, token, "llmgw_gateway_ejections_total") == 2  # one each
+        wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 1, 10,
+                 "the gauge to say one replica is out")  # fmt: skip
+        # While it is out, the load goes on, no attempt is made on it, retries stop.
+        retries = scraped(plane, token, "llmgw_gateway_retries_total")
         load.wait_for_answers(60)
         assert failures_on(plane, replica.pk) == failed
+        assert scraped(plane, token, "llmgw_gateway_retries_total") == retries
         # It listens again; once its while is over it is chosen again, and answers.
         back = FaultProxy((real.hostname or "127.0.0.1", real.port or 80), port=proxy.port)
         back.start()
         try:
             wait_for(lambda: back.passed > 0, 60, "requests through it again")
             wait_for(lambda: row.count() == 0, 15, "the Traffic page to show it back")
+            wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 0, 10,
+                     "the gauge to say none is out")  # fmt: skip
             load.wait_for_answers(20)
         finally:
             load.stop()
@@ -88,7 +116,8 @@ def test_a_replica_refusing_connections_is_ejected_and_comes_back(
     assert ejections_of(plane, replica.pk) == {gw.name: 1 for gw in plane.gateways}
     print(  # noqa: T201 (the figures for the note)
         f"\nejection: {failed} failed attempts before each gateway ejected it, both within "
-        f"{ejected_after:.1f} s, shown in Chromium after {shown_after:.1f} s; "
+        f"{ejected_after:.1f} s, shown in Chromium after {shown_after:.1f} s; retries_total "
+        f"{retries:g} and still {retries:g} after 60 more answers; "
         f"{len(after_cut)} requests after the cut, "
         f"{sum(1 for o in after_cut if o.status == 200)} answered; {load.summary()}"
     )

@@ -333,7 +333,11 @@ def catalogs(draw: Any) -> list[dict[str, Any]]:
         else:
             m = gpu_model(name, scaling={"min": draw(st.integers(0, 3)), "max": 4})
             m["profiles"][0]["args"] = draw(
-                st.lists(st.sampled_from(["--enforce-eager", "--max-model-len=4096"]), max_size=2)
+                st.lists(
+                    st.sampled_from(["--enforce-eager", "--max-model-len=4096"]),
+                    max_size=2,
+                    unique=True,  # a flag given twice is refused (the engine keeps one)
+                )
             )
         if i and draw(st.booleans()):
             m["fallbacks"] = [picked[0]]

@@ -5,7 +5,9 @@ load through both ``gateway serve`` processes, streamed and not. PostgreSQL is r
 30 s, then hung for 30 s (connections accepted and never answered, open ones stalled),
 then healed. No request fails; each gateway's ``/healthz`` says ``stale`` with its age
 (still 200: the age is under ``LLMGW_GATEWAY_STALE_LIMIT``) while the database is away,
-and ``ok`` again once it is back.
+and ``ok`` again once it is back. The web process does the same for what it serves from
+memory: its ``/v1/``, its ``/healthz``, the guard's check API and ``/metrics`` for an API
+token it has seen before.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
+from llmgw_admin.models import ApiToken
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane
 
@@ -32,17 +37,45 @@ def _health(plane: FaultPlane) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def _others(plane: FaultPlane, key: str, token: str) -> dict[str, int]:
+    """What else answers from memory: the web process's /v1/ and /healthz, its guard check
+    API and a gateway's /metrics, for a token seen before. Their statuses."""
+    auth = {"Authorization": f"Bearer {token}"}
+    web = openai.OpenAI(base_url=plane.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    try:
+        answer = web.chat.completions.create(
+            model="steady", messages=[{"role": "user", "content": "/echo web"}]
+        )
+        chat = 200 if answer.choices[0].message.content == "web" else -1
+    except openai.APIStatusError as e:
+        chat = e.status_code
+    check = httpx.post(plane.url + "/api/v1/guard/check", json={"request": "hello"},
+                       headers=auth, timeout=60)  # fmt: skip
+    return {
+        "web /v1": chat,
+        "web /healthz": httpx.get(plane.url + "/healthz", timeout=10).status_code,
+        "web guard check": check.status_code if b'"decision"' in check.content else -1,
+        "gateway /metrics": httpx.get(
+            plane.gateways[0].url + "/metrics", headers=auth, timeout=60
+        ).status_code,  # fmt: skip
+    }
+
+
 def test_postgres_refused_then_hung_fails_no_request(
-    fault_plane: FaultPlane, agents: Callable[..., Agent]
+    fault_plane: FaultPlane, agents: Callable[..., Agent], make_user: Any
 ) -> None:
     plane = fault_plane
     assert plane.pg is not None
     plane.sim_cluster(agents, model="steady", replicas=2)
     key = plane.key("load")
+    token = ApiToken.issue(make_user("gw", "viewer"), "probe")[1]
     seen: dict[str, list[tuple[int, dict[str, Any]]]] = {"refuse": [], "hang": []}
+    others: dict[str, dict[str, int]] = {}
     with plane.load(key, "steady", clients=4) as load:
         load.wait_for_answers(20)
         wait_for(lambda: all(b == {"status": "ok"} for _, b in _health(plane)), 30, "ok")
+        wait_for(lambda: set(_others(plane, key, token).values()) == {200}, 60,
+                 "the web process to answer from memory")  # fmt: skip
         marks: dict[str, float] = {}
         for fault in ("refuse", "hang"):
             marks[fault] = load.now()
@@ -54,6 +87,7 @@ def test_postgres_refused_then_hung_fails_no_request(
                 return all(s == 200 and b.get("status") == "stale" for s, b in found)
 
             wait_for(stale, AWAY, f"every gateway's /healthz to say stale ({fault})")
+            others[fault] = _others(plane, key, token)
             # The database stays away this long, the load going on; /healthz looked at
             # every second meanwhile.
             deadline = time.monotonic() + AWAY - (load.now() - marks[fault])
@@ -73,7 +107,9 @@ def test_postgres_refused_then_hung_fails_no_request(
           f"{len(refused)} requests while refused, {len(hung)} while hung, slowest "
           f"{slowest:.2f} s; /healthz stale ages seen up to {max(stale_ages)} s, "
           f"statuses {sorted({s for f in seen for s, _ in seen[f]})}")  # fmt: skip
+    print(f"while away, besides the load: {others}")  # noqa: T201
     assert load.failures == [], load.summary() + f" {load.failures[:5]}"
+    assert all(set(found.values()) == {200} for found in others.values()), others
     assert len(refused) > 20 and len(hung) > 20, (len(refused), len(hung))
     # Stale is 200 up to the limit (300 s): a load balancer keeps these processes.
     assert {s for f in seen for s, _ in seen[f]} == {200}

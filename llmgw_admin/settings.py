@@ -259,10 +259,12 @@ LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
 # api_key_file may name a file in (unset: no key file is allowed), and the hosts a
 # provider may be reached at over plain http besides loopback.
 LLMGW_SECRETS_DIR = envstr("SECRETS_DIR")
-if LLMGW_SECRETS_DIR and not LLMGW_SECRETS_DIR.startswith("/"):
+if LLMGW_SECRETS_DIR and (
+    not LLMGW_SECRETS_DIR.startswith("/") or not LLMGW_SECRETS_DIR.strip("/")
+):
     raise ImproperlyConfigured(
-        f"LLMGW_SECRETS_DIR: {LLMGW_SECRETS_DIR!r} is not an absolute path: give the folder's "
-        "whole path, like /run/secrets/llmgw"
+        f"LLMGW_SECRETS_DIR: {LLMGW_SECRETS_DIR!r} is not a folder's absolute path (or is /, "
+        "which holds every file): give the folder's whole path, like /run/secrets/llmgw"
     )
 LLMGW_EXTERNAL_HTTP_HOSTS = envlist("EXTERNAL_HTTP_HOSTS", [])
 # How often a gateway process writes its usage (gateway/usage.py).

@@ -98,3 +98,17 @@ def test_a_judge_or_its_alias_is_refused_as_a_fallback(name: str) -> None:
     (p,) = check_catalog([chat, judge()])
     assert (p.model, p.path, p.code) == ("chat", ("fallbacks", 0), "fallback_guard")
     assert "guard model" in p.message
+
+
+@pytest.mark.parametrize("value", ["/", "//", "secrets", "./run/secrets"])
+def test_a_secrets_folder_that_is_not_one_is_refused_at_start(value: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import llmgw_admin.settings"], capture_output=True, text=True,
+        env={**os.environ, "LLMGW_SECRETS_DIR": value}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "LLMGW_SECRETS_DIR" in done.stderr
+    assert "like /run/secrets/llmgw" in done.stderr

@@ -24,7 +24,10 @@ How a request is placed:
    room or site when ``keep_within`` says so (nodes without that label are passed over);
    their power is counted together. ``keep_within`` constrains multi-node profiles only:
    one node is always within one rack.
-5. Among the nodes that fit, those holding the weights come first, then the best fit
+5. Among the nodes that fit, a one-node replica goes where its model has the fewest
+   replicas (spread, as Kubernetes spreads a deployment's pods): on the node, then in
+   its ``llmgw.io/rack``, row, room and site; where it must share, the placement's
+   ``note`` says so. Then those holding the weights come first, then the best fit
    (the fewest free cards of the class that suffice, so large holes stay for large
    models; for a CPU profile, nodes without cards and then the fewest free cores), then
    the name.
@@ -207,6 +210,9 @@ class Placement:
     profile: str
     source: str
     assignments: tuple[Assignment, ...]
+    # Set where it could not be spread: it shares a node (or rack...) with another
+    # replica of its model because no other has room; in words for the replica's reason.
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -592,6 +598,8 @@ class _State:
         self.empty: _State | None = None
         self.never_memo: dict[tuple[object, ...], str | None] = {}
         self.on_node: list[list[Running]] = [[] for _ in nodes]
+        # Replicas of each model per node index: placement spreads them (``spread``).
+        self.model_on: dict[str, dict[int, int]] = {}
         # Live running replicas per node, by class rank: who could make way there.
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
         self.holds_of: dict[int | str, list[_Hold]] = {}
@@ -676,6 +684,7 @@ class _State:
                     ranks[r.class_rank] = ranks.get(r.class_rank, 0) + 1
             self.holds_of[r.id] = holds
             self._apply(holds, 1)
+            self.count_model(r.model, {h.i for h in holds}, 1)
 
     def _apply(self, holds: list[_Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
@@ -826,22 +835,70 @@ class _State:
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 
-    def find(self, need: _Need, elig: frozenset[int]) -> list[int]:
-        """Return the best nodes for a replica, or [] when none fit."""
+    def find(self, need: _Need, elig: frozenset[int], model: str = "") -> list[int]:
+        """Return the best nodes for a replica, or [] when none fit.
+
+        A one-node replica goes where its model has the fewest replicas: on the node,
+        then in its rack, row, room and site (``spread``); then on a node holding the
+        weights, then the best fit.
+        """
         if need.n > 1:
             return self._find_multi(need, elig)
         holders = self.holders.get(need.src) if need.src else None
+        mine = self.model_on.get(model) if model else None
+        if not mine:
+            if holders:
+                best = min(
+                    ((self.fit_key(i, need), i) for i in holders & elig if self.fits(i, need)),
+                    default=None,
+                )
+                if best is not None:
+                    return [best[1]]
+            for i in self._walk(need):
+                if i in elig and self.fits(i, need):
+                    return [i]
+            return []
+        found: tuple[tuple[int, ...], int, int] | None = None
         if holders:
-            best = min(
-                ((self.fit_key(i, need), i) for i in holders & elig if self.fits(i, need)),
-                default=None,
-            )
-            if best is not None:
-                return [best[1]]
+            for _, i in sorted(
+                (self.fit_key(i, need), i) for i in holders & elig if self.fits(i, need)
+            ):
+                score = self.spread(model, i)
+                if not any(score):
+                    return [i]
+                if found is None or (score, 0) < found[:2]:
+                    found = (score, 0, i)
         for i in self._walk(need):
             if i in elig and self.fits(i, need):
-                return [i]
-        return []
+                score = self.spread(model, i)
+                if not any(score):
+                    return [i]
+                if found is None or (score, 1) < found[:2]:
+                    found = (score, 1, i)
+        return [found[2]] if found else []
+
+    def spread(self, model: str, i: int) -> tuple[int, ...]:
+        """Return how many replicas of a model node i would share with: on the node, then
+        in its rack, row, room and site (where it carries those labels)."""
+        mine = self.model_on.get(model, {})
+        out = [mine.get(i, 0)]
+        labels = self.labels[i]
+        for level in FACILITY_LEVELS:
+            value = labels.get(LABEL_PREFIX + level)
+            if not value:
+                out.append(0)
+                continue
+            label = LABEL_PREFIX + level
+            out.append(sum(k for j, k in mine.items() if self.labels[j].get(label) == value))
+        return tuple(out)
+
+    def count_model(self, model: str, nodes: Iterable[int], sign: int) -> None:
+        """Count a replica of a model on these nodes (sign 1), or stop counting it (-1)."""
+        mine = self.model_on.setdefault(model, {})
+        for i in set(nodes):
+            mine[i] = mine.get(i, 0) + sign
+            if mine[i] <= 0:
+                del mine[i]
 
     def _find_multi(self, need: _Need, elig: frozenset[int]) -> list[int]:
         """Return ``need.n`` nodes for a multi-node replica, or [].
@@ -1189,7 +1246,7 @@ class _State:
                 continue
             if need.g == 0 and p.gpus_per_node > 0:
                 continue
-            chosen = self.find(need, elig)
+            chosen = self.find(need, elig, req.model)
             if chosen:
                 self._record(req, p, need, chosen, plan)
                 return
@@ -1204,6 +1261,7 @@ class _State:
                 where = ", ".join(self.nodes[i].name for i in chosen)
                 for v in victims:
                     del self.alive[v.id]
+                    self.count_model(v.model, {h.i for h in self.holds_of[v.id]}, -1)
                     for i in {h.i for h in self.holds_of[v.id]}:
                         self.ranks_on[i][v.class_rank] -= 1
                     plan.evictions.append(
@@ -1226,8 +1284,23 @@ class _State:
         self, req: Request, p: PlacementProfile, need: _Need, chosen: list[int], plan: Plan
     ) -> None:
         """Commit a request's replica to the chosen nodes and add it to the plan."""
+        score = self.spread(req.model, chosen[0]) if len(chosen) == 1 else ()
+        note = ""
+        if score and score[0]:
+            note = (
+                f"beside another replica of {req.model} on {self.nodes[chosen[0]].name}: "
+                "no other node has room for it"
+            )
+        elif score and any(score):
+            level = FACILITY_LEVELS[next(k for k, v in enumerate(score[1:]) if v)]
+            name = self.labels[chosen[0]][LABEL_PREFIX + level]
+            note = (
+                f"in {level} {name} beside another replica of {req.model}: no node in "
+                f"another {level} has room for it"
+            )
         assignments = self.commit(need, chosen)
-        plan.placed.append(Placement(req.key, req.model, p.name, p.source, assignments))
+        self.count_model(req.model, chosen, 1)
+        plan.placed.append(Placement(req.key, req.model, p.name, p.source, assignments, note))
 
     # Reasons
 

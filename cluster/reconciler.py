@@ -301,7 +301,8 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
         profile = rules.profile_by_name(m, pl.profile)
         r.profile = pl.profile
         r.fingerprint = rules.fingerprint(profile) if profile else ""
-        r.set_state(ReplicaState.PENDING, f"placed on {', '.join(a.node for a in pl.assignments)}")
+        where = f"placed on {', '.join(a.node for a in pl.assignments)}"
+        r.set_state(ReplicaState.PENDING, f"{where} ({pl.note})" if pl.note else where)
         r.unplaced = False
         r.save()
         for rank, a in enumerate(pl.assignments):

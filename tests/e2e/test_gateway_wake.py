@@ -49,16 +49,22 @@ def test_fifty_held_requests_wake_one_replica_and_are_all_answered(
 def test_a_model_with_no_room_is_503_at_once_woken_or_not(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
-    """No node has its cards: the reconciler says so, and the gateway answers 503 with a
-    long Retry-After at once, for a model that runs always and for one woken on demand
-    (the held requests are let go), instead of holding clients ten minutes."""
+    """No room for it now (its card is another's): the reconciler says so, and the
+    gateway answers 503 with a long Retry-After at once, for a model that runs always and
+    for one woken on demand (the held requests are let go), instead of holding clients
+    ten minutes. A model no node could ever run (no node has its class, issue 17) is
+    503 ``model_unplaceable``, naming what is missing, with nothing inviting a retry."""
     agents("room-node", "--simulate", f"1x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
+    store(sim_model("hog"))
+    wait_for(lambda: Replica.objects.filter(model_name="hog", assignments__isnull=False)
+             .exists(), 30, "the hog placed")  # fmt: skip
+    store(sim_model("always"), sim_model("sometimes", scaling={"min": 0, "max": 1}))
     nowhere = {"gpu_class": "nvidia-a100-40gb", "env": dict(FAST)}
-    store(sim_model("always", profile=nowhere),
-          sim_model("sometimes", scaling={"min": 0, "max": 1}, profile=nowhere))  # fmt: skip
-    wait_for(lambda: Replica.objects.filter(model_name="always", unplaced=True).exists(), 30,
-             "placement to find no room")  # fmt: skip
+    store(sim_model("never", profile=nowhere))
+    for name in ("always", "never"):
+        wait_for(lambda name=name: Replica.objects.filter(model_name=name, unplaced=True)
+                 .exists(), 30, f"placement to find no room for {name}")  # fmt: skip
     key = new_key(control_plane, "roomless")
     # The client's own timeout is far below the wake wait: only an answer at once passes.
     api = openai.OpenAI(base_url=control_plane.url + "/v1", api_key=key, max_retries=0,
@@ -71,3 +77,9 @@ def test_a_model_with_no_room_is_503_at_once_woken_or_not(
         assert "no room to start one now" in caught.value.message
     # The woken one was asked for: the reconciler made its replica, and found no room.
     assert Replica.objects.get(model_name="sometimes").unplaced
+    with pytest.raises(openai.APIStatusError) as caught:
+        api.chat.completions.create(model="never", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 503 and caught.value.code == "model_unplaceable"
+    assert "no node has nvidia-a100-40gb cards" in caught.value.message
+    assert "retry-after" not in caught.value.response.headers
+    assert caught.value.response.headers["x-should-retry"] == "false"

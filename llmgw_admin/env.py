@@ -95,7 +95,16 @@ def database_from_url(url: str) -> dict[str, object]:
         # and a connection kept per thread ran PostgreSQL out of connections with 200
         # agents heartbeating (bench/agents.py). The pool caps what one process holds.
         "CONN_MAX_AGE": 0,
-        "OPTIONS": {"pool": {"min_size": 2, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20}},
+        "OPTIONS": {
+            "pool": {"min_size": 2, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20},
+            # A server that does not answer a new connection is given up on, not waited
+            # for (libpq waits forever by default); keepalives find a dead peer.
+            "connect_timeout": envint("DB_CONNECT_TIMEOUT", 5),
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+        },
     }
 
 

@@ -57,6 +57,25 @@ def test_database_url_parsed_and_bad_scheme_refused() -> None:
         env.database_from_url("mysql://x/y")
 
 
+def test_a_database_that_does_not_answer_a_connection_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server behind a hung link: connecting fails after LLMGW_DB_CONNECT_TIMEOUT with an
+    error, never waits forever (libpq's default)."""
+    import psycopg
+
+    from tests.faultproxy import fault_proxy
+
+    monkeypatch.setenv("LLMGW_DB_CONNECT_TIMEOUT", "1")
+    with fault_proxy(("127.0.0.1", 5432)) as proxy:
+        proxy.hang()
+        db = env.database_from_url(f"postgres://postgres@127.0.0.1:{proxy.port}/postgres")
+        options = {k: v for k, v in db["OPTIONS"].items() if k != "pool"}
+        with pytest.raises(psycopg.OperationalError, match="timeout"):
+            psycopg.connect(host="127.0.0.1", port=proxy.port, user="postgres",
+                            dbname="postgres", **options)  # fmt: skip
+
+
 def test_env_example_lists_every_variable_the_code_reads() -> None:
     read = set()
     for path in [*ROOT.glob("llmgw_admin/*.py"), ROOT / "run.py"]:

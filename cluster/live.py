@@ -24,6 +24,7 @@ from django.template.loader import render_to_string
 from catalog import rules
 from catalog.models import ServedModel
 from catalog.services import stored_specs
+from cluster import placement
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
 from cluster.plan import ONE_AT_A_TIME
@@ -225,6 +226,11 @@ class ReplicaRow:
     def unplaced(self) -> bool:
         return self.state == ReplicaState.PENDING and not self.nodes and bool(self.reason)
 
+    @property
+    def never(self) -> bool:
+        """Whether no node of the cluster could run it even empty (placement says so)."""
+        return self.unplaced and placement.unplaceable(self.reason)
+
 
 @dataclass
 class RollStep:
@@ -264,6 +270,11 @@ class ModelRow:
     @property
     def unplaced(self) -> list[ReplicaRow]:
         return [r for r in self.replicas if r.unplaced]
+
+    @property
+    def unplaceable(self) -> str:
+        """Why no node of the cluster could run the model (its reason), or ""."""
+        return next((r.reason for r in self.replicas if r.desired and r.never), "")
 
     @property
     def outdated(self) -> int:

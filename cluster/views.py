@@ -65,16 +65,20 @@ def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
         services.set_cordon(node, action == "cordon")
         services.log_action(request.user, action, f"node {node.name}", "", "console")
     row = live.node_rows([node.pk])[0]
-    # The node's drain message outlives pushes of its fragment (hx-preserve); an action
-    # done clears it.
-    clear = f'<div id="cluster-node-{node.pk}-drain" hx-swap-oob="innerHTML"></div>'
-    return HttpResponse(render_node(row, can_act=True) + clear)
+    # The node's drain message outlives pushes of its fragment (hx-preserve); the page
+    # clears it as an action starts (static/llmgw/console.js). Not an out-of-band swap
+    # here: the action's own push often replaces the card first, the button with it, and
+    # htmx then finds no target for it (htmx:oobErrorNoTarget).
+    return HttpResponse(render_node(row, can_act=True))
 
 
 def _drain_refused(request: HtmxHttpRequest, node: Node, exc: DrainRefused) -> HttpResponse:
     """Say why a drain was refused, in the node's drain message, with "Drain anyway"."""
+    blocks = " ".join(live.model_dom_id(name) for name in exc.models)
     html = render_to_string(
-        "cluster/partials/drain_refused.html", {"node": node, "refusal": exc}, request=request
+        "cluster/partials/drain_refused.html",
+        {"node": node, "refusal": exc, "blocks": blocks},
+        request=request,
     )
     response = HttpResponse(html)
     # The node's fragment stays as it is (nothing changed); only its message is filled.

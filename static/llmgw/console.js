@@ -197,6 +197,27 @@
     heartbeats();
   });
   document.addEventListener("htmx:wsAfterMessage", ages);
+
+  // A node's drain message (templates/cluster/partials/drain_refused.html) is kept through
+  // pushes of its card (hx-preserve). An action on the node clears it as it starts, and a
+  // refusal naming a model whose block a push removed (the model deleted, or left with no
+  // replica) is dropped: its "Drain anyway" would act on what is no longer so.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    var card = elt && elt.closest ? elt.closest("article.node") : null;
+    var message = card ? document.getElementById(card.id + "-drain") : null;
+    if (message && elt.tagName === "BUTTON") {
+      message.innerHTML = "";
+    }
+  });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    document.querySelectorAll("[data-role=drain-refused][data-blocks]").forEach(function (note) {
+      var blocks = note.getAttribute("data-blocks").split(" ").filter(Boolean);
+      if (blocks.some(function (id) { return !document.getElementById(id); })) {
+        note.remove();
+      }
+    });
+  });
   document.addEventListener("visibilitychange", heartbeats);
   setInterval(ages, 1000);
   setInterval(heartbeats, HEARTBEATS_MS);

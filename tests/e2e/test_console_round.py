@@ -1,0 +1,88 @@
+"""The live console's items of issue 17 in a real Chromium against ``manage.py serve``.
+
+Each page collects what Chromium's console says (``collect``): htmx's own errors (an
+out-of-band swap with no target), the Content-Security-Policy's, the page's exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from catalog.choices import Surface
+from catalog.services import Actor, delete_model
+from cluster.models import Node, Replica
+from tests.catalog.samples import store
+from tests.cluster.helpers import join_node
+from tests.e2e.conftest import Agent, wait_for
+from tests.e2e.test_live_console import sim_model
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+L4 = "nvidia-l4-24gb"
+
+
+def collect(page: Any) -> list[str]:
+    """Return a list that fills with the page's console errors and warnings."""
+    errors: list[str] = []
+    page.on(
+        "console",
+        lambda m: m.type in ("error", "warning") and errors.append(f"{m.type}: {m.text}"),
+    )
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    return errors
+
+
+def test_cordon_uncordon_and_drain_say_nothing_in_the_console(
+    console: Callable[..., Any], operator: Any
+) -> None:
+    node, _ = join_node("round-1", [L4])
+    page = console(operator)
+    errors = collect(page)
+    card = page.locator(f"#cluster-node-{node.pk}")
+    card.get_by_role("button", name="Cordon", exact=True).click()
+    card.locator("[data-role=node-state]", has_text="cordoned").wait_for()
+    card.get_by_role("button", name="Uncordon", exact=True).click()
+    card.get_by_role("button", name="Cordon", exact=True).wait_for()
+    assert not Node.objects.get(pk=node.pk).cordoned
+    page.on("dialog", lambda d: d.accept())
+    card.get_by_role("button", name="Drain", exact=True).click()
+    card.locator("[data-role=node-reason]", has_text="drained").wait_for()
+    assert errors == [], errors
+
+
+def test_a_refused_drain_is_dropped_once_a_model_it_named_is_deleted(
+    console: Callable[..., Any], agents: Callable[..., Agent], operator: Any
+) -> None:
+    agents("round-2", "--simulate", f"1x {L4}")
+    node = wait_for(lambda: Node.objects.filter(name="round-2", health="ready").first(), 30, "node")
+    store(sim_model("lone"))
+    page = console(operator)
+    errors = collect(page)
+    page.on("dialog", lambda d: d.accept())
+    card = page.locator(f"#cluster-node-{node.pk}")
+    block = page.locator("#cluster-models article", has_text="lone")
+    block.locator("tr.replica[data-state=ready]").wait_for(timeout=60_000)
+
+    # Refused: lone has nowhere else to go. "Drain anyway" drains, and the message goes.
+    card.get_by_role("button", name="Drain", exact=True).click()
+    refused = card.locator("[data-role=drain-refused]")
+    refused.wait_for()
+    assert "lone" in refused.inner_text()
+    refused.locator("button", has_text="Drain anyway").click()
+    card.locator("[data-role=node-reason]", has_text="drained").wait_for()
+    wait_for(lambda: refused.count() == 0, 10, "the message cleared by the drain done")
+
+    # Refused again; then lone is deleted: the message and its live button go with it.
+    card.get_by_role("button", name="Uncordon", exact=True).click()
+    wait_for(lambda: Replica.objects.filter(model_name="lone", desired=True, state="ready"), 60,
+             "lone ready again")  # fmt: skip
+    card.get_by_role("button", name="Drain", exact=True).click()
+    refused.wait_for()
+    delete_model("lone", Actor(user=None, surface=Surface.CLI, name="test"))
+    block.wait_for(state="detached", timeout=60_000)
+    wait_for(lambda: refused.count() == 0, 10, "the refusal dropped with its model")
+    assert Node.objects.get(pk=node.pk).cordoned is False  # nothing was drained
+    assert errors == [], errors

@@ -125,6 +125,7 @@ def chat(request: HttpRequest) -> HttpResponse:
     gateway and its guard, as the signed-in user (``gateway.session``)."""
     from catalog.models import Adapter, ServedModel
     from cluster.models import Replica
+    from cluster.placement import unplaceable
     from cluster.services import no_room
     from gateway.session import PATH
 
@@ -138,18 +139,21 @@ def chat(request: HttpRequest) -> HttpResponse:
     wanted = Replica.objects.filter(desired=True, model_name__in=models)
     ready = set(wanted.filter(state="ready").values_list("model_name", flat=True))
     placed = set(wanted.filter(assignments__isnull=False).values_list("model_name", flat=True))
-    roomless = set(no_room(models))
+    rooms = no_room(models)
+    roomless = set(rooms)
+    never = {name for name, why in rooms.items() if unplaceable(why)}
     # What a message to each would meet: an answer, a start, or no room (as the gateway
     # answers it); adapters by their own names, as a client names them.
     options = [
-        (name, name, _chat_note(name, lo, hi, ready, placed, roomless)) for name, lo, hi in rows
+        (name, name, _chat_note(name, lo, hi, ready, placed, roomless, never))
+        for name, lo, hi in rows
     ]
     by_name = {name: (lo, hi) for name, lo, hi in rows}
     for adapter, base in (
         Adapter.objects.filter(model__name__in=models).exclude(name="")
         .order_by("name").values_list("name", "model__name")
     ):  # fmt: skip
-        note = _chat_note(base, *by_name[base], ready, placed, roomless)
+        note = _chat_note(base, *by_name[base], ready, placed, roomless, never)
         options.append((adapter, f"{adapter} (adapter of {base})", note))
     replicas = {}
     for r in Replica.objects.filter(desired=True, model_name__in=models).prefetch_related(
@@ -164,10 +168,18 @@ def chat(request: HttpRequest) -> HttpResponse:
 
 
 def _chat_note(
-    name: str, lo: int, hi: int, ready: set[str], placed: set[str], roomless: set[str]
+    name: str,
+    lo: int,
+    hi: int,
+    ready: set[str],
+    placed: set[str],
+    roomless: set[str],
+    never: set[str] | None = None,
 ) -> str:
     if name in ready:
         return ""
+    if never and name in never:
+        return "no node in this cluster can run it"
     if name in roomless:
         return "no room in the cluster now"
     if name in placed:

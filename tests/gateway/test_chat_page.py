@@ -24,13 +24,16 @@ def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
     client_for: Any, viewer: Any
 ) -> None:
     store(model("ready", 1, 1, adapters=[{"name": "ready-sql", "source": "/lora/sql"}]),
-          model("roomless", 1, 1), model("lazy", 0, 1), model("off", 0, 0),
+          model("roomless", 1, 1), model("lazy", 0, 1), model("off", 0, 0), model("never", 1, 1),
           model("judge", 1, 1, role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
     node = Node.objects.create(name="n1", health=NodeHealth.READY)
     r = Replica.objects.create(model_name="ready", state="ready", endpoint="http://n1:9000")
     Assignment.objects.create(replica=r, node=node)
     Replica.objects.create(model_name="roomless", state="pending", unplaced=True,
-                           reason="no node has nvidia-h100-80gb cards")  # fmt: skip
+                           reason="needs 1 free nvidia-h100-80gb on one node; the best node has 0")  # fmt: skip
+    Replica.objects.create(model_name="never", state="pending", unplaced=True,
+                           reason="no node in this cluster can run it: no node has "
+                           "nvidia-h100-80gb cards")  # fmt: skip
     html = client_for(viewer).get("/gateway/chat/").content.decode()
     offered = dict(re.findall(r'<option value="([^"]*)">([^<]*)</option>', html))
     assert offered == {
@@ -38,5 +41,6 @@ def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
         "off": "off — not running (scaling.max 0)",
         "ready": "ready",
         "roomless": "roomless — no room in the cluster now",
+        "never": "never — no node in this cluster can run it",
         "ready-sql": "ready-sql (adapter of ready)",
     }  # never the judge

@@ -46,7 +46,7 @@ def run(seq: list[tuple[str, float]], config: b.Config = CONFIG) -> list[tuple]:
 
 
 @given(events)
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 def test_every_sequence_keeps_the_breakers_rules(seq: list[tuple[str, float]]) -> None:
     streak = 0  # consecutive failures since the last success
     last_probe: float | None = None
@@ -99,6 +99,7 @@ def test_every_sequence_keeps_the_breakers_rules(seq: list[tuple[str, float]]) -
 
 
 @given(st.integers(1, 6), st.lists(st.booleans(), max_size=60))
+@settings(deadline=None)
 def test_a_judge_is_skipped_only_after_n_failures_in_a_row(n: int, outcomes: list[bool]) -> None:
     """With checks asking between outcomes and no time passing: the first skip comes
     right after the n-th failure in a row, never before."""
@@ -192,6 +193,7 @@ class Said:
     st.lists(st.sampled_from(["skip", "safe", "unsafe", "timeout"]), min_size=1, max_size=4),
     st.sampled_from(["open", "closed"]),
 )
+@settings(deadline=None)
 def test_a_skipped_judge_counts_as_failed_and_fail_closed_still_refuses(
     outcomes: list[str], fail: str
 ) -> None:

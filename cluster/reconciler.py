@@ -234,10 +234,29 @@ def _finish_rolls(result: TickResult) -> None:
         for r in Replica.objects.filter(pk__in={r.replaces_id for r in done} | {r.pk for r in done})
     ]
     for old, new in plan.finish_rolls(views):
-        services.stop_replicas([old], f"replaced by #{new} (rolling update)")
+        services.stop_replicas([old], _replaced_why(old, new))
         result.stopped.append(old)
     Replica.objects.filter(pk__in=[r.pk for r in done]).update(replaces=None)
     events.changed(models=[r.model_name for r in done])
+
+
+def _replaced_why(old: int, new: int) -> str:
+    """Say why a replaced replica stops: a rolling update's, a drain's or a move's."""
+    replicas = {r.pk: r for r in Replica.objects.filter(pk__in=(old, new))}
+    if (
+        old in replicas
+        and new in replicas
+        and replicas[old].fingerprint != replicas[new].fingerprint
+    ):
+        return f"replaced by #{new} (rolling update)"
+    cordoned = sorted(
+        Assignment.objects.filter(replica_id=old, node__cordoned=True).values_list(
+            "node__name", flat=True
+        )
+    )
+    if cordoned:
+        return f"replaced by #{new} on another node ({', '.join(cordoned)} drained)"
+    return f"replaced by #{new} (moved to make room)"
 
 
 def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResult) -> None:

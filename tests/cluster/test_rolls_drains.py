@@ -133,6 +133,20 @@ def test_a_drain_replaces_elsewhere_before_stopping() -> None:
     assert set(Assignment.objects.values_list("node__name", flat=True)) == {"n2"}
 
 
+def test_a_drains_replaced_replica_says_drain_not_rolling_update() -> None:
+    started("demo-chat", 2, cards=2)
+    join_node("n2", [H100] * 2)
+    olds = set(Replica.objects.values_list("pk", flat=True))
+    services.drain(Node.objects.get(name="n1"))
+    tick()  # the replacements placed on n2
+    agents_report()  # ... and ready
+    tick()  # the old ones told to stop
+    reasons = list(Replica.objects.filter(pk__in=olds).values_list("reason", flat=True))
+    assert len(reasons) == 2, reasons
+    for why in reasons:
+        assert "rolling update" not in why and "n1 drained" in why, why
+
+
 def test_a_drain_that_would_leave_a_model_dark_is_refused_unless_forced() -> None:
     started("demo-chat", 2, cards=2)
     n1 = Node.objects.get(name="n1")

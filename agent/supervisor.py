@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -61,6 +62,16 @@ LEADER_POLL_S = 1.0
 Report = Callable[[dict[str, Any]], None]
 # What a log line or a reason shows in place of an engine key.
 KEY_SHOWN = "[engine key]"
+# The engine's log a report carries (docs/agent-protocol.md): its last lines, each cut to
+# a length, read from at most the file's last bytes; sent again while the engine runs when
+# the file grew, at most every LOG_REPORT_S.
+LOG_LINES = 40
+LOG_LINE_CHARS = 300
+LOG_READ_BYTES = 16384
+LOG_REPORT_S = 5.0
+# Any llmgw secret (an engine key, a node or join token) an engine might print.
+_SECRET = re.compile(r"llmgw_(?:engine|node|join)_[A-Za-z0-9_\-]+")
+SECRET_SHOWN = "[secret]"
 
 
 def utc_now() -> str:
@@ -113,6 +124,9 @@ class _Replica:
     # The engine key its running engine was started with ("": none, an engine started
     # before the control plane sent keys, which answers any caller until restarted).
     started_key: str = ""
+    # The log file's size when its tail was last reported, and when (monotonic).
+    log_size: int = -1
+    log_reported: float = 0.0
 
     @property
     def id(self) -> int:
@@ -438,6 +452,8 @@ class Supervisor:
                     self._signal(r, signal.SIGTERM)
                     r.phase = "stop"
                     r.stop_deadline = now + self.grace_s
+                    return
+            self._report_log(r, now)
         elif r.phase == "stop":
             if r.prep_thread is not None and r.prep_thread.is_alive():
                 return
@@ -683,6 +699,30 @@ class Supervisor:
         r.reason = reason
         r.progress = progress
         log.info("replica %s gen %s: %s (%s)", r.id, r.generation, state_name, reason)
+        with contextlib.suppress(OSError):
+            r.log_size = state.log_path(self.state_dir, r.id).stat().st_size
+        try:
+            self.report(self._report_of(r))
+        except Exception:
+            log.exception("reporting replica %s failed", r.id)
+
+    def _log_of(self, r: _Replica) -> list[str]:
+        """The engine's last lines, every secret masked (the replica's keys, any llmgw token)."""
+        path = state.log_path(self.state_dir, r.id)
+        return [_SECRET.sub(SECRET_SHOWN, r.redact(line)) for line in _tail(path)]
+
+    def _report_log(self, r: _Replica, now: float) -> None:
+        """Report a running engine's log again when it grew (at most every LOG_REPORT_S)."""
+        if now - r.log_reported < LOG_REPORT_S:
+            return
+        try:
+            size = state.log_path(self.state_dir, r.id).stat().st_size
+        except OSError:
+            return
+        r.log_reported = now
+        if size == r.log_size:
+            return
+        r.log_size = size
         try:
             self.report(self._report_of(r))
         except Exception:
@@ -699,6 +739,7 @@ class Supervisor:
             "pid": r.pid,
             "restarts": r.restarts,
             "at": utc_now(),
+            "log": self._log_of(r),
         }
 
     def _save(self) -> None:
@@ -908,6 +949,22 @@ def _last_line(path: Path, limit: int = 300) -> str:
         if line and not line.startswith("--- "):
             return line[:limit]
     return ""
+
+
+def _tail(path: Path) -> list[str]:
+    """Return an engine's last lines (stdout and stderr, as it wrote them), bounded."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_READ_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    lines = text.splitlines()
+    if size > LOG_READ_BYTES and len(lines) > 1:
+        lines = lines[1:]  # the first is most likely cut
+    return [line[:LOG_LINE_CHARS] for line in lines if line.strip()][-LOG_LINES:]
 
 
 def _size(n: int | None) -> str:

@@ -203,6 +203,9 @@ class Assignment(models.Model):
     port = models.IntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     reported = models.DateTimeField(null=True, blank=True)
+    # The engine's last lines on this node, as its agent last reported them (secrets
+    # masked by the agent and again here; docs/agent-protocol.md). Operators only.
+    log = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         ordering = ("replica", "rank")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -585,8 +586,14 @@ def read_report(i: int, rep: Any) -> tuple[dict[str, Any], str, datetime | None]
             raise AgentError(
                 f"{where}.at must be an ISO 8601 time with its offset, like {_EXAMPLE_AT}"
             )
+    log_lines = rep.get("log")
+    if log_lines is not None and (
+        not isinstance(log_lines, list) or not all(isinstance(x, str) for x in log_lines)
+    ):
+        raise AgentError(f"{where}.log must be a list of text lines, or missing")
     clean = {
         "replica": replica,
+        "log": None if log_lines is None else engine_log(log_lines),
         "reason": (reason or "")[:2000],
         "progress": None if progress is None else float(progress),
         "port": _whole(rep.get("port"), f"{where}.port", 65535, None),
@@ -597,6 +604,17 @@ def read_report(i: int, rep: Any) -> tuple[dict[str, Any], str, datetime | None]
 
 
 _EXAMPLE_AT = "2026-11-30T10:00:00Z"
+
+# What is kept of an engine's log a report carries: the last lines, each cut to a length.
+LOG_LINES = 40
+LOG_LINE_CHARS = 300
+# Any llmgw secret, masked again here (an older or altered agent may not mask it).
+_SECRET = re.compile(r"llmgw_(?:engine|node|join|[a-z]+)_[A-Za-z0-9_\-]{8,}")
+
+
+def engine_log(lines: list[str]) -> list[str]:
+    """Return the part of a reported engine log that is kept: bounded, secrets masked."""
+    return [_SECRET.sub("[secret]", line[:LOG_LINE_CHARS]) for line in lines[-LOG_LINES:]]
 
 
 @transaction.atomic
@@ -628,6 +646,8 @@ def report(node: Node, reports: Any) -> int:
         a.port = rep["port"] if rep["port"] is not None else a.port
         a.pid = rep["pid"] if rep["pid"] is not None else a.pid
         a.reported = at or timezone.now()
+        if rep["log"] is not None:
+            a.log = rep["log"]
         a.save()
         r = a.replica
         r.progress = rep["progress"]

@@ -60,6 +60,71 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         read_only_fields = fields
 
 
+class NodeCardSerializer(serializers.Serializer[None]):
+    """A node's card on its page, with the replica (and model) holding it."""
+
+    index = serializers.IntegerField()
+    gpu_class = serializers.CharField()
+    memory_mb = serializers.IntegerField()
+    power_limit_w = serializers.FloatField()
+    uuid = serializers.CharField()
+    mig_of = serializers.IntegerField(allow_null=True)
+    replica = serializers.IntegerField(allow_null=True)
+    model = serializers.CharField(allow_null=True)
+
+
+class NodeReplicaSerializer(serializers.Serializer[None]):
+    """A replica's share of a node: its rank there, cards, state and why."""
+
+    replica = serializers.IntegerField()
+    model = serializers.CharField()
+    profile = serializers.CharField()
+    generation = serializers.IntegerField()
+    desired = serializers.BooleanField()
+    rank = serializers.IntegerField()
+    cards = serializers.ListField(child=serializers.IntegerField())
+    host_memory_mb = serializers.IntegerField()
+    state = serializers.CharField()
+    reason = serializers.CharField()
+    port = serializers.IntegerField(allow_null=True)
+    pid = serializers.IntegerField(allow_null=True)
+    restarts = serializers.IntegerField()
+    reported = serializers.DateTimeField(allow_null=True)
+    log_lines = serializers.IntegerField(
+        help_text="lines of its engine's log held (operators read them)"
+    )
+
+
+class NodeDetailSerializer(NodeSerializer):
+    """A node with its cards (the replica holding each) and the replicas it runs."""
+
+    cards = NodeCardSerializer(many=True, read_only=True)  # type: ignore[assignment]
+    replicas = NodeReplicaSerializer(many=True, read_only=True)
+
+    class Meta(NodeSerializer.Meta):
+        fields = (*NodeSerializer.Meta.fields, "replicas")
+        read_only_fields = fields
+
+
+class ReplicaLogNodeSerializer(serializers.Serializer[None]):
+    """A replica's engine log on one node, as its agent last reported it."""
+
+    node = serializers.CharField()
+    node_id = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    state = serializers.CharField()
+    reported = serializers.DateTimeField(allow_null=True)
+    lines = serializers.ListField(child=serializers.CharField(allow_blank=True))
+
+
+class ReplicaLogSerializer(serializers.Serializer[None]):
+    """A replica's engine log: the last lines of stdout and stderr on each of its nodes."""
+
+    replica = serializers.IntegerField()
+    model = serializers.CharField()
+    nodes = ReplicaLogNodeSerializer(many=True)
+
+
 class NodeAddressSerializer(serializers.Serializer[None]):
     """The address an operator allows for a node's engines; empty: where it is seen."""
 

@@ -22,7 +22,7 @@ from rest_framework.response import Response
 
 from catalog import rules
 from catalog.services import stored_specs
-from cluster import services
+from cluster import nodepage, services
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -30,7 +30,10 @@ from cluster.api.serializers import (
     FacilityBudgetSerializer,
     JoinTokenSerializer,
     NodeAddressSerializer,
+    NodeDetailSerializer,
+    NodeReplicaSerializer,
     NodeSerializer,
+    ReplicaLogSerializer,
     ReplicaSerializer,
 )
 from cluster.models import (
@@ -43,7 +46,7 @@ from cluster.models import (
     Replica,
 )
 from cluster.replace import DrainRefused
-from llmgw_admin.roles import ADMIN, OPERATOR
+from llmgw_admin.roles import ADMIN, OPERATOR, has_role
 
 
 class DrainSerializer(serializers.Serializer[None]):
@@ -93,6 +96,16 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "held": _held()}
+
+    @extend_schema(responses=NodeDetailSerializer)
+    def retrieve(self, request: Request, name: str) -> Response:
+        """A node with its cards (and the replica holding each) and the replicas it runs."""
+        node = self.get_object()
+        data = dict(NodeSerializer(node, context=self.get_serializer_context()).data)
+        detail = nodepage.node_detail(node, has_role(request.user, OPERATOR))
+        data["cards"] = detail["cards"]
+        data["replicas"] = NodeReplicaSerializer(detail["replicas"], many=True).data
+        return Response(data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
@@ -198,6 +211,21 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "fingerprints": _fingerprints()}
+
+    @extend_schema(responses={200: ReplicaLogSerializer, 403: dict})
+    @action(detail=True, methods=["get"])
+    def log(self, request: Request, pk: str) -> Response:
+        """The last lines of the replica's engine (stdout and stderr) on each of its nodes,
+        as its agents last reported them; secrets masked. Operators only."""
+        if not has_role(request.user, OPERATOR):
+            return Response({"detail": "an engine's log needs the operator role"}, status=403)
+        replica = self.get_object()
+        nodes = nodepage.replica_log(replica)
+        return Response(
+            ReplicaLogSerializer(
+                {"replica": replica.pk, "model": replica.model_name, "nodes": nodes}
+            ).data
+        )
 
     @extend_schema(request=None, responses=ReplicaSerializer)
     @action(detail=True, methods=["post"])

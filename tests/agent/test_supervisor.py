@@ -559,3 +559,51 @@ def test_an_engine_key_in_an_engines_output_is_not_reported(make: Any, stub: str
     reason = rec.last(1)["reason"]
     assert "api_key='[engine key]'" in reason
     assert KEY not in reason
+
+
+def test_a_crashed_engines_last_lines_are_reported_with_every_secret_masked(
+    make: Any, tmp_path: Path
+) -> None:
+    node_token = "llmgw_node_" + "n" * 40
+    crash = tmp_path / "crashing-engine"
+    crash.write_text(
+        f"#!{sys.executable}\nimport sys\nprint('line one', flush=True)\n"
+        f"print('CUDA error: out of memory (key {KEY}, token {node_token})', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    crash.chmod(0o755)
+    sup, rec = make(binaries={"python": str(crash)}, backoff_cap_s=60)
+    sup.converge([sim(engine_key=KEY)])
+    wait_for(sup, lambda: state_of(sup, 1) == "failed")
+    failed = rec.last(1)
+    assert failed["log"][-2:] == [
+        "line one",
+        "CUDA error: out of memory (key [engine key], token [secret])",
+    ]
+    assert failed["log"][0].startswith("--- ")  # the run's header, its command line
+    assert not any(KEY in line or node_token in line for line in failed["log"])
+
+
+def test_a_running_engines_new_lines_are_reported_while_it_runs(make: Any) -> None:
+    sup, rec = make()
+    sup.converge([sim()])
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    port = rec.last(1)["port"]
+    with open(state.log_path(sup.state_dir, 1), "a") as log:
+        log.write("a line the engine wrote after it was ready\n")
+    wait_for(sup, lambda: "a line the engine wrote after it was ready" in rec.last(1)["log"])
+    assert rec.last(1)["state"] == "ready" and rec.last(1)["port"] == port
+
+
+def test_an_engines_log_is_bounded_in_lines_and_length(tmp_path: Path) -> None:
+    from agent.supervisor import LOG_LINE_CHARS, LOG_LINES, _tail
+
+    path = tmp_path / "engine.log"
+    path.write_text("".join(f"{i} " + "x" * 100 + "\n" for i in range(5000)))
+    lines = _tail(path)
+    assert len(lines) == LOG_LINES
+    assert lines[-1].startswith("4999 ")
+    path.write_text("".join(f"{i} " + "x" * 100_000 + "\n" for i in range(50)))
+    lines = _tail(path)
+    assert lines and all(len(line) <= LOG_LINE_CHARS for line in lines)
+    assert _tail(tmp_path / "missing.log") == []

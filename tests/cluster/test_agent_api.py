@@ -537,3 +537,66 @@ def test_a_report_with_a_bad_field_is_refused_whole_naming_it() -> None:
         assert Assignment.objects.get(replica=replica).state != "starting"
     r = client.post("/api/v1/agent/report", {"reports": [ok]}, format="json")
     assert r.status_code == 200 and Assignment.objects.get(replica=replica).state == "loading"
+
+
+def test_a_reported_engine_log_is_kept_bounded_masked_and_shown_to_operators_only(
+    api_for: Any, operator: Any, viewer: Any
+) -> None:
+    client, _ = joined("gpu-1", [H100, H100])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    rid = Replica.objects.get(model_name="chat").pk
+    leaked = "llmgw_engine_" + "k" * 43
+    lines = [f"line {i}" for i in range(100)] + [f"Traceback: key {leaked}", "x" * 5000]
+    body = {"reports": [{"replica": rid, "state": "failed", "reason": "exited", "log": lines}]}
+    assert client.post("/api/v1/agent/report", body, format="json").status_code == 200
+    kept = Assignment.objects.get(replica_id=rid).log
+    assert len(kept) == services.LOG_LINES and kept[-3] == "line 99"
+    assert kept[-2] == "Traceback: key [secret]" and len(kept[-1]) == services.LOG_LINE_CHARS
+
+    r = api_for(operator).get(f"/api/v1/cluster/replicas/{rid}/log/")
+    assert r.status_code == 200, r.content
+    (on,) = r.json()["nodes"]
+    assert (on["node"], on["rank"], on["state"], on["lines"]) == ("gpu-1", 0, "failed", kept)
+    assert leaked not in r.content.decode()
+    refused = api_for(viewer).get(f"/api/v1/cluster/replicas/{rid}/log/")
+    assert refused.status_code == 403 and "operator" in refused.json()["detail"]
+
+    # A report without a log keeps the one held; a bad log refuses the report whole.
+    body = {"reports": [{"replica": rid, "state": "starting", "reason": "again"}]}
+    assert client.post("/api/v1/agent/report", body, format="json").status_code == 200
+    assert Assignment.objects.get(replica_id=rid).log == kept
+    for bad in ("one line", [1, 2], [["x"]]):
+        body = {"reports": [{"replica": rid, "state": "ready", "reason": "", "log": bad}]}
+        r = client.post("/api/v1/agent/report", body, format="json")
+        assert r.status_code == 400 and "reports[0].log must be a list" in r.json()["detail"]
+    assert Assignment.objects.get(replica_id=rid).state == "starting"
+
+
+def test_a_nodes_detail_has_its_cards_replicas_and_agent_version(
+    api_for: Any, operator: Any, viewer: Any
+) -> None:
+    client, _ = joined("gpu-1", [H100, H100, H100])
+    inv = {**inventory([H100, H100, H100], hostname="gpu-1"), "agent_version": "0.9.1"}
+    client.post("/api/v1/agent/heartbeat", {"inventory": inv}, format="json")
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    rid = Replica.objects.get(model_name="chat").pk
+    Assignment.objects.filter(replica_id=rid).update(reason="exited\n-- /secret/path refused")
+    r = api_for(viewer).get("/api/v1/cluster/nodes/gpu-1/")
+    assert r.status_code == 200, r.content
+    node = r.json()
+    assert node["agent_version"] == "0.9.1"
+    assert [(c["index"], c["gpu_class"], c["replica"], c["model"]) for c in node["cards"]] == [
+        (0, H100, rid, "chat"),
+        (1, H100, rid, "chat"),
+        (2, H100, None, None),
+    ]
+    (rep,) = node["replicas"]
+    assert (rep["replica"], rep["model"], rep["rank"], rep["cards"]) == (rid, "chat", 0, [0, 1])
+    assert rep["reason"] == "exited"  # the detail is an operator's
+    op = api_for(operator).get("/api/v1/cluster/nodes/gpu-1/").json()
+    assert op["replicas"][0]["reason"] == "exited\n-- /secret/path refused"
+    # The list keeps its shape (no replicas there).
+    listed = api_for(viewer).get("/api/v1/cluster/nodes/").json()["results"][0]
+    assert "replicas" not in listed and listed["cards"][0]["index"] == 0

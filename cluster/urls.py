@@ -9,12 +9,14 @@ from __future__ import annotations
 from django.urls import path
 
 import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
-from cluster import views
+from cluster import pages, views
 
 app_name = "cluster"
 
 urlpatterns = [
     path("heartbeats/", views.heartbeats, name="heartbeats"),
+    path("nodes/<int:pk>/", pages.node_detail, name="node_detail"),
+    path("replicas/<int:pk>/log/", pages.replica_log, name="replica_log"),
     path("nodes/<int:pk>/<str:action>/", views.node_action, name="node_action"),
     path("replicas/<int:pk>/restart/", views.replica_restart, name="replica_restart"),
     path("models/<name:name>/roll/", views.model_roll, name="model_roll"),

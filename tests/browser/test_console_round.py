@@ -13,6 +13,7 @@ import pytest
 
 from tests.browser.conftest import PASSWORD
 from tests.catalog.samples import gpu_model, store
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,4 +62,27 @@ def test_a_new_windows_min_takes_what_is_typed(open_page: Any, operator: Any) ->
     page.keyboard.type("5")
     assert box.input_value() == "5"
     assert page.locator("#id_windows-0-max").get_attribute("placeholder") == "0"
+    assert page.errors == [], page.errors
+
+
+def test_roll_asks_first_as_restart_and_drain_do(open_page: Any, operator: Any) -> None:
+    from cluster.models import Replica
+    from tests.cluster.test_rolls_drains import edit_profile, started
+
+    started("rolled", 2)
+    edit_profile("rolled")
+    before = set(Replica.objects.values_list("pk", flat=True))
+    page = open_page(operator, "/cluster/")
+    asked: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", answer)
+    block = page.locator("#cluster-models article", has_text="rolled")
+    block.get_by_role("button", name="Roll", exact=True).click()
+    wait_until(lambda: page.evaluate("1") and asked, what="Roll's question")  # evaluate: events
+    assert "Roll rolled?" in asked[0] and "2 outdated" in asked[0]
+    assert set(Replica.objects.values_list("pk", flat=True)) == before  # dismissed: nothing
     assert page.errors == [], page.errors

@@ -1,5 +1,5 @@
 """The console's client keys page: every key with its state, owner, models, limits,
-expiry and prefix; operators create one (its secret shown once, on the answer) and
+expiry, prefix and usage (last used, requests and tokens today); operators create one (its secret shown once, on the answer) and
 revoke one (confirmed first); viewers read. Everything goes through
 ``gateway.services`` (via ``gateway.keys``), logged with who did it, "console".
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,13 +18,15 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import F, OuterRef, QuerySet, Subquery, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gateway import keys
 from gateway.filtersets import RefusalFilterSet
-from gateway.models import ClientKey, Refusal
+from gateway.models import ClientKey, Refusal, Usage
 from llmgw_admin.roles import OPERATOR, VIEWER, role_required
 
 VIA = "console"
@@ -54,6 +57,27 @@ class KeyForm(forms.Form):
     )  # fmt: skip
 
 
+def today_start() -> datetime:
+    """Return the start of today in the console's time zone (TIME_ZONE)."""
+    return timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def with_usage(keys_: QuerySet[ClientKey]) -> QuerySet[ClientKey]:
+    """Annotate each key with its usage (gateway.usage's minutes, by the key's name):
+    ``last_used`` (the last minute it was used in), ``requests_today`` and
+    ``tokens_today`` (in and out) since the start of today. One query, each key's figures
+    read through the usage index on (key, minute)."""
+    mine = Usage.objects.filter(key=OuterRef("name"))
+    today = mine.filter(minute__gte=today_start()).order_by().values("key")
+    return keys_.annotate(
+        last_used=Subquery(mine.order_by("-minute").values("minute")[:1]),
+        requests_today=Subquery(today.annotate(n=Sum("requests")).values("n")[:1]),
+        tokens_today=Subquery(
+            today.annotate(n=Sum(F("tokens_in") + F("tokens_out"))).values("n")[:1]
+        ),
+    )
+
+
 def _page(
     request: HttpRequest,
     *,
@@ -62,7 +86,9 @@ def _page(
     status: int = 200,
 ) -> HttpResponse:
     context = {
-        "keys": ClientKey.objects.select_related("created_by").order_by("name", "-created")[:500],
+        "keys": with_usage(
+            ClientKey.objects.select_related("created_by").order_by("name", "-created")
+        )[:500],
         "form": form or KeyForm(),
         "created": created,
     }

@@ -118,3 +118,55 @@ def test_a_viewer_sees_a_nodes_page_but_not_an_engines_log(
     answer = page.goto(f"{live_server.url}/cluster/replicas/{rid}/log/")
     assert answer is not None and answer.status == 403
     assert "CUDA out of memory" not in page.content()
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
+def test_the_keys_page_shows_each_keys_usage_today_and_when_it_was_last_used(
+    open_page: Any, viewer: Any, viewport: dict[str, int]
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway import keys
+    from gateway.models import Usage
+    from gateway.views import today_start
+
+    keys.create(name="busy-app", via="test")
+    keys.create(name="idle-app", via="test")
+    start = today_start()
+    now = timezone.now().replace(second=0, microsecond=0)
+    for minute, model, n, tin, tout in [
+        (now, "chat", 3, 100, 20),
+        (now - timedelta(minutes=1), "other", 2, 10, 5),
+        (start - timedelta(minutes=1), "chat", 50, 1000, 1000),  # yesterday: not counted
+    ]:
+        Usage.objects.create(
+            minute=minute, key="busy-app", model=model, requests=n, tokens_in=tin, tokens_out=tout
+        )
+    page = open_page(viewer, "/gateway/keys/", viewport)
+    busy = page.locator("tr[data-key='busy-app']")
+    assert busy.locator("[data-role=today]").inner_text() == "5 requests, 135 tokens"
+    assert busy.locator("[data-role=last-used] time").get_attribute("datetime") == now.isoformat()
+    idle = page.locator("tr[data-key='idle-app']")
+    assert idle.locator("[data-role=today]").inner_text() == "0 requests, 0 tokens"
+    assert idle.locator("[data-role=last-used]").inner_text() == "never"
+    fits(page)
+    assert page.errors == []
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
+def test_a_new_key_is_copied_by_its_copy_button(
+    open_page: Any, operator: Any, viewport: dict[str, int]
+) -> None:
+    page = open_page(operator, "/gateway/keys/", viewport)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.fill("#id_name", "copied-app")
+    page.click("#key-form button[type=submit]")
+    secret = page.locator("#key-secret").inner_text().strip()
+    assert secret.startswith("llmgw-ck-")
+    page.locator("button[data-role=copy]").click()
+    page.locator("[data-role=copied]", has_text="Copied.").wait_for()
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    fits(page)
+    assert page.errors == []

@@ -131,6 +131,8 @@ def policy_edit(request: HtmxHttpRequest) -> HttpResponse:
     Refused: the form comes back with each problem at its field and nothing saved.
     """
     if request.method == "GET":
+        if not request.htmx:  # opened directly: the fragment alone is an unstyled page
+            return redirect(reverse("guard:guard_index") + "#guard-policy")
         return render(request, "guard/partials/policy_form.html", _policy_context(request))
     _need_operator(request)
     form = PolicyForm(request.POST)

@@ -86,3 +86,14 @@ def test_roll_asks_first_as_restart_and_drain_do(open_page: Any, operator: Any) 
     assert "Roll rolled?" in asked[0] and "2 outdated" in asked[0]
     assert set(Replica.objects.values_list("pk", flat=True)) == before  # dismissed: nothing
     assert page.errors == [], page.errors
+
+
+def test_the_policy_opened_directly_is_the_whole_guard_page(
+    open_page: Any, operator: Any, live_server: Any
+) -> None:
+    page = open_page(operator, "/guard/")
+    page.goto(f"{live_server.url}/guard/policy/")
+    assert page.url == f"{live_server.url}/guard/#guard-policy"
+    assert page.locator("link[rel=stylesheet]").count() >= 1  # the console's page, styled
+    page.locator("#guard-policy form").wait_for()
+    assert page.errors == [], page.errors

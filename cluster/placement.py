@@ -26,7 +26,7 @@ How a request is placed:
    one node is always within one rack.
 5. Among the nodes that fit, a one-node replica goes where its model has the fewest
    replicas (spread, as Kubernetes spreads a deployment's pods): on the node, then in
-   its ``llmgw.io/rack``, row, room and site; where it must share, the placement's
+   its ``llmgw.io/rack``; where it must share, the placement's
    ``note`` says so. Then those holding the weights come first, then the best fit
    (the fewest free cards of the class that suffice, so large holes stay for large
    models; for a CPU profile, nodes without cards and then the fewest free cores), then
@@ -70,6 +70,7 @@ from catalog.spec import Model
 
 DEFAULT_CPU_CORE_WATTS = 10.0
 LABEL_PREFIX = "llmgw.io/"
+RACK_LABEL = LABEL_PREFIX + "rack"
 CLASS_NAMES = {3: "critical", 2: "standard", 1: "opportunistic"}
 # How a reason starts when no node of the cluster could run the replica even were every
 # node empty and taking replicas: no card of the class, no engine, too little memory...
@@ -839,8 +840,8 @@ class _State:
         """Return the best nodes for a replica, or [] when none fit.
 
         A one-node replica goes where its model has the fewest replicas: on the node,
-        then in its rack, row, room and site (``spread``); then on a node holding the
-        weights, then the best fit.
+        then in its rack (``spread``); then on a node holding the weights, then the best
+        fit.
         """
         if need.n > 1:
             return self._find_multi(need, elig)
@@ -858,7 +859,7 @@ class _State:
                 if i in elig and self.fits(i, need):
                     return [i]
             return []
-        found: tuple[tuple[int, ...], int, int] | None = None
+        found: tuple[tuple[int, int], int, int] | None = None
         if holders:
             for _, i in sorted(
                 (self.fit_key(i, need), i) for i in holders & elig if self.fits(i, need)
@@ -877,20 +878,13 @@ class _State:
                     found = (score, 1, i)
         return [found[2]] if found else []
 
-    def spread(self, model: str, i: int) -> tuple[int, ...]:
+    def spread(self, model: str, i: int) -> tuple[int, int]:
         """Return how many replicas of a model node i would share with: on the node, then
-        in its rack, row, room and site (where it carries those labels)."""
+        in its rack (where it carries ``llmgw.io/rack``)."""
         mine = self.model_on.get(model, {})
-        out = [mine.get(i, 0)]
-        labels = self.labels[i]
-        for level in FACILITY_LEVELS:
-            value = labels.get(LABEL_PREFIX + level)
-            if not value:
-                out.append(0)
-                continue
-            label = LABEL_PREFIX + level
-            out.append(sum(k for j, k in mine.items() if self.labels[j].get(label) == value))
-        return tuple(out)
+        rack = self.labels[i].get(RACK_LABEL)
+        shared = sum(k for j, k in mine.items() if self.labels[j].get(RACK_LABEL) == rack)
+        return (mine.get(i, 0), shared if rack else 0)
 
     def count_model(self, model: str, nodes: Iterable[int], sign: int) -> None:
         """Count a replica of a model on these nodes (sign 1), or stop counting it (-1)."""
@@ -1291,12 +1285,10 @@ class _State:
                 f"beside another replica of {req.model} on {self.nodes[chosen[0]].name}: "
                 "no other node has room for it"
             )
-        elif score and any(score):
-            level = FACILITY_LEVELS[next(k for k, v in enumerate(score[1:]) if v)]
-            name = self.labels[chosen[0]][LABEL_PREFIX + level]
+        elif score and score[1]:
             note = (
-                f"in {level} {name} beside another replica of {req.model}: no node in "
-                f"another {level} has room for it"
+                f"in rack {self.labels[chosen[0]][RACK_LABEL]} beside another replica of "
+                f"{req.model}: no node in another rack has room for it"
             )
         assignments = self.commit(need, chosen)
         self.count_model(req.model, chosen, 1)

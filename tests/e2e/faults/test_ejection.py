@@ -11,6 +11,7 @@ when it comes back, and it comes back on its own once its while (30 s) is over."
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Replica
@@ -50,6 +52,19 @@ def scraped(plane: FaultPlane, token: str, name: str) -> float:
     )
 
 
+def pin(replica: int, endpoint: str, done: threading.Event) -> None:
+    """Hold ``replica``'s endpoint on the proxy: an agent's report of it sets it again from
+    the engine's port (cluster.services.refresh_replica_state), which would route around
+    the proxy the test cuts."""
+    try:
+        while True:
+            Replica.objects.filter(pk=replica).exclude(endpoint=endpoint).update(endpoint=endpoint)
+            if done.wait(0.2):
+                return
+    finally:
+        connection.close()
+
+
 def ejections_of(plane: FaultPlane, replica: int) -> dict[str, int]:
     said = re.compile(rf"replica {replica} of steady ejected from routing")
     return {gw.name: len(said.findall(gw.output())) for gw in plane.gateways}
@@ -62,57 +77,68 @@ def test_a_replica_refusing_connections_is_ejected_and_comes_back(
     plane = fault_plane
     plane.sim_cluster(agents, model="steady", replicas=2)
     key = plane.key("load")
-    # One replica reached through a proxy (the agents report its port once, when ready).
+    # One replica reached through a proxy (its endpoint held there: see pin).
     replica = Replica.objects.filter(model_name="steady", state="ready").order_by("pk")[0]
     real = urlsplit(replica.endpoint)
     proxy = FaultProxy((real.hostname or "127.0.0.1", real.port or 80)).start()
-    Replica.objects.filter(pk=replica.pk).update(endpoint=f"http://127.0.0.1:{proxy.port}")
-    _, token = ApiToken.issue(viewer, "prometheus")
-    page = console(viewer, "/gateway/traffic/")
-    row = page.locator(f'#gateway-ejected tr[data-ejected="steady:{replica.pk}"]')
-    with plane.load(key, "steady") as load:
-        wait_for(lambda: proxy.passed >= 4, 60, "requests through the proxied replica")
-        load.wait_for_answers(20)
-        # Its port refuses connections from now on.
-        cut = load.now()
-        cut_at = time.monotonic()
-        proxy.stop()
-        try:
-            wait_for(lambda: all(ejections_of(plane, replica.pk).values()), 30,
-                     "both gateways to eject it")  # fmt: skip
-        except AssertionError as missed:
-            told = "\n".join(f"{gw.name}: {gw.output()[-1500:]}" for gw in plane.gateways)
-            raise AssertionError(f"{missed}; {load.summary()}\n{told}") from None
-        ejected_after = time.monotonic() - cut_at
-        failed = failures_on(plane, replica.pk)
-        # A handful: AFTER in a row, and requests that chose it before it was out.
-        assert all(AFTER <= n <= AFTER + load.clients for n in failed.values()), failed
-        wait_for(lambda: row.count() == 1, 15, "the Traffic page to show it ejected")
-        shown_after = time.monotonic() - cut_at
-        # Each gateway's seconds arrive on their own: both say so soon.
-        processes = row.locator("[data-role=processes]")
-        wait_for(lambda: processes.inner_text() == "2", 15, "both gateways to show it out")
-        assert "UTC" in row.locator("[data-role=until]").inner_text()
-        assert scraped(plane, token, "llmgw_gateway_ejections_total") == 2  # one each
-        wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 1, 10,
-                 "the gauge to say one replica is out")  # fmt: skip
-        # While it is out, the load goes on, no attempt is made on it, retries stop.
-        retries = scraped(plane, token, "llmgw_gateway_retries_total")
-        load.wait_for_answers(60)
-        assert failures_on(plane, replica.pk) == failed
-        assert scraped(plane, token, "llmgw_gateway_retries_total") == retries
-        # It listens again; once its while is over it is chosen again, and answers.
-        back = FaultProxy((real.hostname or "127.0.0.1", real.port or 80), port=proxy.port)
-        back.start()
-        try:
-            wait_for(lambda: back.passed > 0, 60, "requests through it again")
-            wait_for(lambda: row.count() == 0, 15, "the Traffic page to show it back")
-            wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 0, 10,
-                     "the gauge to say none is out")  # fmt: skip
+    pinned = threading.Event()
+    pinning = threading.Thread(target=pin, args=(replica.pk, f"http://127.0.0.1:{proxy.port}",
+                                                 pinned), daemon=True)  # fmt: skip
+    pinning.start()
+    try:
+        _, token = ApiToken.issue(viewer, "prometheus")
+        page = console(viewer, "/gateway/traffic/")
+        row = page.locator(f'#gateway-ejected tr[data-ejected="steady:{replica.pk}"]')
+        with plane.load(key, "steady") as load:
+            wait_for(lambda: proxy.passed >= 4, 60, "requests through the proxied replica")
             load.wait_for_answers(20)
-        finally:
-            load.stop()
-            back.stop()
+            # Its port refuses connections from now on.
+            cut = load.now()
+            cut_at = time.monotonic()
+            # Refused first: a connection the proxy accepted while stopping would live on
+            # (FaultProxy.stop cuts only those it already holds) and answer through it.
+            proxy.refuse()
+            proxy.stop()
+            try:
+                wait_for(lambda: all(ejections_of(plane, replica.pk).values()), 30,
+                         "both gateways to eject it")  # fmt: skip
+            except AssertionError as missed:
+                told = "\n".join(f"{gw.name}: {gw.output()[-1500:]}" for gw in plane.gateways)
+                raise AssertionError(f"{missed}; {load.summary()}\n{told}") from None
+            ejected_after = time.monotonic() - cut_at
+            failed = failures_on(plane, replica.pk)
+            # A handful: AFTER in a row (a stream cut before its first token counts too,
+            # logged without the replica), and requests that chose it before it was out.
+            assert all(n <= AFTER + load.clients for n in failed.values()), failed
+            wait_for(lambda: row.count() == 1, 15, "the Traffic page to show it ejected")
+            shown_after = time.monotonic() - cut_at
+            # Each gateway's seconds arrive on their own: both say so soon.
+            processes = row.locator("[data-role=processes]")
+            wait_for(lambda: processes.inner_text() == "2", 15, "both gateways to show it out")
+            assert "UTC" in row.locator("[data-role=until]").inner_text()
+            assert scraped(plane, token, "llmgw_gateway_ejections_total") == 2  # one each
+            wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 1, 10,
+                     "the gauge to say one replica is out")  # fmt: skip
+            # While it is out, the load goes on, no attempt is made on it, retries stop.
+            retries = scraped(plane, token, "llmgw_gateway_retries_total")
+            load.wait_for_answers(60)
+            assert failures_on(plane, replica.pk) == failed
+            assert scraped(plane, token, "llmgw_gateway_retries_total") == retries
+            # It listens again; once its while is over it is chosen again, and answers.
+            back = FaultProxy((real.hostname or "127.0.0.1", real.port or 80), port=proxy.port)
+            back.start()
+            try:
+                wait_for(lambda: back.passed > 0, 60, "requests through it again")
+                wait_for(lambda: row.count() == 0, 15, "the Traffic page to show it back")
+                wait_for(lambda: scraped(plane, token, "llmgw_gateway_ejected_replicas") == 0, 10,
+                         "the gauge to say none is out")  # fmt: skip
+                load.wait_for_answers(20)
+            finally:
+                load.stop()
+                back.stop()
+    finally:
+        pinned.set()
+        pinning.join(5)
     after_cut = load.since(cut)
     assert [o for o in after_cut if o.status != 200] == [], load.summary()
     assert ejections_of(plane, replica.pk) == {gw.name: 1 for gw in plane.gateways}

@@ -20,7 +20,8 @@ import torch and CUDA libraries on the way to their parsers):
 Usage (downloads with pip when no path is given)::
 
     python3 scripts/engine-flags.py --vllm 0.33.0 --vllm 0.10.2 --sglang 0.5.23 \\
-        --llama-cpp-python 0.3.36 --trtllm-serve PATH/serve.py --trtllm-version 1.2.1
+        --llama-cpp-python 0.3.36 --llama-cpp-python 0.3.16 --sim \\
+        --trtllm-serve PATH/serve.py --trtllm-version VERSION
 
 Only the engines named are rewritten. What each flag is to the catalog (the agent's own,
 one naming a file or source, or allowed) is decided in agent/flags/__init__.py, not here.
@@ -54,9 +55,7 @@ def _download(spec: str, dest: Path, binary: bool) -> Path:
             if found.suffix in (".whl", ".gz"):
                 return found
     dest.mkdir(parents=True, exist_ok=True)
-    kind = (
-        ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:", "--no-build-isolation"]
-    )
+    kind = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", *kind, spec, "-d", str(dest)],
         check=True,
@@ -550,26 +549,46 @@ def _llama_table(arg_cpp: Path) -> tuple[list[dict], list[dict]]:
     return flags, env
 
 
-def llamacpp(version: str, work: Path) -> None:
-    sdist = _download(f"llama-cpp-python=={version}", work / "llama", binary=False)
-    root = _unpack(sdist, work / "llama-src", "")
-    arg_cpp = next(root.glob("llama_cpp_python-*/vendor/llama.cpp/common/arg.cpp"))
-    flags, env = _llama_table(arg_cpp)
+def llamacpp(versions: list[str], work: Path) -> None:
+    """The union of the given llama-cpp-python releases' llama-server flags; each flag
+    lists the releases that take it, and how it takes a value is the first release's
+    (the newest: give it first)."""
+    merged: dict[str, dict] = {}
+    env: dict[str, dict] = {}
+    sources = []
+    for version in versions:
+        sdist = _download(f"llama-cpp-python=={version}", work / f"llama-{version}", binary=False)
+        root = _unpack(sdist, work / f"llama-{version}-src", "")
+        arg_cpp = next(root.glob("llama_cpp_python-*/vendor/llama.cpp/common/arg.cpp"))
+        sources.append(f"llama-cpp-python {version} sdist from PyPI ({sdist.name})")
+        flags, envs = _llama_table(arg_cpp)
+        for f in flags:
+            held = next((merged[n] for n in f["names"] if n in merged), None)
+            if held is None:
+                held = {**f, "versions": []}
+            held["names"] = list(dict.fromkeys(held["names"] + f["names"]))
+            if version not in held["versions"]:
+                held["versions"].append(version)
+            for n in held["names"]:
+                merged[n] = held
+        for e in envs:
+            env.setdefault(e["name"], e)
+    unique = list({id(f): f for f in merged.values()}.values())
     _write(
         "llamacpp",
         {
             "engine": "llamacpp",
             "program": "llama-server",
-            "versions": [f"llama.cpp vendored by llama-cpp-python {version}"],
-            "source": f"llama-cpp-python {version} sdist from PyPI ({sdist.name}): "
-            "vendor/llama.cpp/common/arg.cpp, the add_opt(common_arg(...)) calls "
+            "versions": [f"llama.cpp vendored by llama-cpp-python {v}" for v in versions],
+            "source": "; ".join(sources)
+            + ": vendor/llama.cpp/common/arg.cpp, the add_opt(common_arg(...)) calls "
             "llama-server takes (LLAMA_EXAMPLE_SERVER or COMMON, not excluded); a flag "
             "given twice keeps only its last value there (it warns), so none repeats",
             "underscores": True,
             "equals": False,
-            "flags": flags,
-            "env_flags": env,
-            "env": [e["name"] for e in env],
+            "flags": unique,
+            "env_flags": list(env.values()),
+            "env": list(env),
         },
     )
 
@@ -646,7 +665,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm", action="append", default=[], metavar="VERSION")
     p.add_argument("--sglang", metavar="VERSION")
-    p.add_argument("--llama-cpp-python", metavar="VERSION")
+    p.add_argument("--llama-cpp-python", action="append", default=[], metavar="VERSION")
     p.add_argument("--trtllm-serve", type=Path, metavar="PATH")
     p.add_argument("--trtllm-version", default="")
     p.add_argument("--trtllm-origin", default="TensorRT-LLM's repository")

@@ -584,7 +584,7 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
         flag = table(e).env_flags.get(key)
         if flag and (why := kinds(e).get(flag)):
             return f"it is {flag}'s variable, and {why}"
-    if key not in env_allowed(engine):
+    if key not in env_allowed(engine) and not sim_own:  # the sim's own LLMGW_SIM_* pass
         for_engine = f" for {engine}" if engine else ""
         return (
             f"it is not one an operator may set{for_engine}: not a variable the engine "

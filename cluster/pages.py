@@ -1,4 +1,5 @@
-"""The cluster's pages of one thing: a node's page and a replica's engine log.
+"""The cluster's pages of one thing: a node's page and a replica's engine log; and the
+model page's Scale and Wake buttons (operators), which act on the cluster.
 
 The dashboard (``llmgw_admin.dashboard``) shows every node and model at once; these show
 one node whole (its cards and the replica holding each, the replicas it runs, its agent)
@@ -10,10 +11,17 @@ dashboard hears, and a page of one node or replica is opened by a few operators 
 
 from __future__ import annotations
 
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
+import dataclasses
 
-from cluster import nodepage
+from django.contrib import messages
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from catalog import services as catalog_services
+from catalog.choices import Surface
+from catalog.models import ServedModel
+from cluster import nodepage, services
 from cluster.models import Node, Replica
 from llmgw_admin.htmx import HtmxHttpRequest
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
@@ -51,3 +59,63 @@ def replica_log(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if request.htmx and request.GET.get("region") == "1":
         return render(request, "cluster/replica_log.html#region", context)
     return render(request, "cluster/replica_log.html", context)
+
+
+# The most replicas the Scale form takes (the rules take more; the form is for a person).
+SCALE_MAX = 10_000
+
+
+def _whole(raw: str, field: str) -> tuple[int | None, str]:
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 5 or int(raw) > SCALE_MAX:
+        return None, f"{field} must be a whole number from 0 to {SCALE_MAX}, not {raw[:20]!r}"
+    return int(raw), ""
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_scale(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Set a model's scaling.min and scaling.max through the catalog's one write path
+    (checked, written, logged with who did it, as the edit form's save is)."""
+    obj = ServedModel.objects.filter(name=name).first()
+    if obj is None:
+        raise Http404(f"model {name!r} is not in the catalog")
+    low, low_error = _whole(request.POST.get("min", ""), "scaling.min")
+    high, high_error = _whole(request.POST.get("max", ""), "scaling.max")
+    if low is None or high is None:
+        messages.error(request, f"Not scaled: {low_error or high_error}. Nothing changed.")
+        return redirect("catalog:servedmodel_detail", name)
+    m = obj.to_spec()
+    new = dataclasses.replace(m, scaling=dataclasses.replace(m.scaling, min=low, max=high))
+    actor = catalog_services.Actor(user=request.user, surface=Surface.CONSOLE)
+    try:
+        catalog_services.save_model(new, actor, replacing=name, note="scaled on its page")
+    except catalog_services.Refused as exc:
+        said = "; ".join(f"{p.field}: {p.message}" for p in exc.problems)
+        messages.error(request, f"Not scaled: {said}. Nothing changed.")
+        return redirect("catalog:servedmodel_detail", name)
+    if (m.scaling.min, m.scaling.max) == (low, high):
+        messages.info(request, f"{name} already scales from {low} to {high} replicas.")
+    else:
+        messages.success(
+            request,
+            f"Scaled {name}: min {m.scaling.min} → {low}, max {m.scaling.max} → {high}.",
+        )
+    return redirect("catalog:servedmodel_detail", name)
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_wake(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Record demand for a model, as the API's demand call does: an on-demand model
+    scaled to zero is started now (logged with who did it)."""
+    try:
+        services.demand(name)
+    except services.AgentError as exc:
+        raise Http404(str(exc)) from exc
+    services.log_action(request.user, "wake", f"model {name}", "demand recorded", "console")
+    messages.success(
+        request,
+        f"Asked for {name}: a replica starts if none runs; it stays up for its idle_timeout.",
+    )
+    return redirect("catalog:servedmodel_detail", name)

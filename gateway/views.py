@@ -189,7 +189,13 @@ def chat(request: HttpRequest) -> HttpResponse:
         replicas[str(r.pk)] = f"{r.model_name}/{r.profile} #{r.pk}" + (
             f" on {nodes}" if nodes else ""
         )
-    context = {"models": options, "replicas_json": json.dumps(replicas), "chat_path": PATH}
+    context = {
+        "models": options,
+        "replicas_json": json.dumps(replicas),
+        "chat_path": PATH,
+        # ?model=NAME (a model page's "Try in Chat") chooses it.
+        "chosen": request.GET.get("model", ""),
+    }
     return render(request, "gateway/chat.html", context)
 
 

@@ -170,3 +170,71 @@ def test_a_new_key_is_copied_by_its_copy_button(
     assert page.evaluate("navigator.clipboard.readText()") == secret
     fits(page)
     assert page.errors == []
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
+def test_a_models_page_tries_it_in_chat_scales_it_and_wakes_it(
+    open_page: Any, operator: Any, viewport: dict[str, int]
+) -> None:
+    from catalog.models import ChangeRecord, ServedModel
+    from cluster.models import ClusterAction, ModelDemand
+
+    store(gpu_model("sleepy", scaling={"min": 0, "max": 1, "idle_timeout": "10m"}))
+    page = open_page(operator, "/catalog/models/sleepy/", viewport)
+    fits(page)
+    # Wake: demand recorded as the API's call records it, logged with who did it.
+    page.locator("button[data-role=wake]").click()
+    page.locator(".messages", has_text="Asked for sleepy").wait_for()
+    assert ModelDemand.objects.filter(model_name="sleepy").exists()
+    assert ClusterAction.objects.filter(action="wake", target="model sleepy").get().actor_name == (
+        "otto (console)"
+    )
+    # Scale: through the catalog's write path, in its change log.
+    page.fill("#scale-min", "1")
+    page.fill("#scale-max", "3")
+    page.locator("button[data-role=scale]").click()
+    page.locator(".messages", has_text="Scaled sleepy: min 0 → 1, max 1 → 3").wait_for()
+    scaling = ServedModel.objects.get(name="sleepy").to_spec().scaling
+    assert (scaling.min, scaling.max) == (1, 3)
+    assert ChangeRecord.objects.filter(model_name="sleepy").count() == 2
+    # A min above its max is refused by the rules, saying where, and changes nothing.
+    page.fill("#scale-min", "5")
+    page.fill("#scale-max", "2")
+    page.locator("button[data-role=scale]").click()
+    page.locator(".messages", has_text="Not scaled:").wait_for()
+    assert page.locator(".messages").inner_text() == (
+        "Not scaled: scaling.max: scaling max 2 is below min 5: raise max or lower min."
+        " Nothing changed."
+    )
+    scaling = ServedModel.objects.get(name="sleepy").to_spec().scaling
+    assert (scaling.min, scaling.max) == (1, 3)
+    # Try: Chat opens with the model chosen.
+    page.locator("a[data-role=try]").click()
+    page.wait_for_url("**/gateway/chat/?model=sleepy")
+    assert page.locator("#chat-model").input_value() == "sleepy"
+    fits(page)
+    assert page.errors == []
+
+
+def test_a_viewer_may_try_a_model_but_neither_scale_nor_wake_it(
+    open_page: Any, viewer: Any, live_server: Any
+) -> None:
+    from catalog.models import ServedModel
+    from cluster.models import ModelDemand
+
+    store(gpu_model("sleepy", scaling={"min": 0, "max": 1, "idle_timeout": "10m"}))
+    page = open_page(viewer, "/catalog/models/sleepy/")
+    assert page.locator("a[data-role=try]").count() == 1
+    assert page.locator("button[data-role=wake], button[data-role=scale]").count() == 0
+    # The endpoints refuse a viewer's post (with a valid CSRF token), changing nothing.
+    token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    for action, form in (("wake", {}), ("scale", {"min": "2", "max": "2"})):
+        answer = page.request.post(
+            f"{live_server.url}/cluster/models/sleepy/{action}/",
+            form=form,
+            headers={"X-CSRFToken": token, "Referer": live_server.url},
+        )
+        assert answer.status == 403, (action, answer.status)
+    assert not ModelDemand.objects.exists()
+    scaling = ServedModel.objects.get(name="sleepy").to_spec().scaling
+    assert (scaling.min, scaling.max) == (0, 1)

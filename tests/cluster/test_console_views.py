@@ -174,3 +174,41 @@ def test_heartbeats_give_every_nodes_last_one_to_viewers_only(
     assert body["now"] >= node.last_heartbeat.isoformat()
     assert client.get("/cluster/heartbeats/").status_code == 302  # to sign in
     assert client_for(outsider).get("/cluster/heartbeats/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    "form, says",
+    [
+        (
+            {"min": "abc", "max": "2"},
+            "scaling.min must be a whole number from 0 to 10000, not 'abc'",
+        ),
+        ({"min": "1"}, "scaling.max must be a whole number from 0 to 10000, not ''"),
+        ({"min": "-1", "max": "2"}, "scaling.min must be a whole number"),
+        ({"min": "1", "max": "99999999999"}, "scaling.max must be a whole number"),
+    ],
+)
+def test_scale_refuses_what_is_not_a_replica_count_saying_which_and_changes_nothing(
+    client_for: Any, operator: Any, form: dict[str, str], says: str
+) -> None:
+    from catalog.models import ChangeRecord, ServedModel
+    from tests.catalog.samples import gpu_model, store
+
+    store(gpu_model("chat"))
+    r = client_for(operator).post("/cluster/models/chat/scale/", form, follow=True)
+    assert r.status_code == 200
+    shown = [str(m) for m in r.context["messages"]]
+    assert len(shown) == 1 and says in shown[0] and shown[0].endswith("Nothing changed."), shown
+    scaling = ServedModel.objects.get(name="chat").to_spec().scaling
+    assert (scaling.min, scaling.max) == (1, 2)
+    assert ChangeRecord.objects.count() == 1
+
+
+def test_scale_and_wake_of_a_model_not_in_the_catalog_are_404(
+    client_for: Any, operator: Any
+) -> None:
+    c = client_for(operator)
+    assert c.post("/cluster/models/ghost/scale/", {"min": "1", "max": "1"}).status_code == 404
+    assert c.post("/cluster/models/ghost/wake/").status_code == 404
+    assert c.get("/cluster/models/ghost/wake/").status_code == 405
+    assert not ClusterAction.objects.exists()

@@ -92,7 +92,7 @@ class FaultProxy:
                 continue
             except OSError:
                 return
-            if self.mode == REFUSE:
+            if self.mode == REFUSE or self._stopped.is_set():
                 with contextlib.suppress(OSError):
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
                     client.close()
@@ -108,6 +108,12 @@ class FaultProxy:
                 continue
             upstream.settimeout(None)
             with self._lock:
+                if self._stopped.is_set() or self.mode == REFUSE:
+                    # Stopped or cut while connecting: this one must not outlive it.
+                    for s in (client, upstream):
+                        with contextlib.suppress(OSError):
+                            s.close()
+                    continue
                 self._open.update((client, upstream))
                 self.passed += 1
             for a, b in ((client, upstream), (upstream, client)):

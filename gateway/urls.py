@@ -10,6 +10,7 @@ app_name = "gateway"
 
 urlpatterns = [
     path("chat/", views.chat, name="chat"),
+    path("chat/state/", views.chat_state, name="chat_state"),
     path("traffic/", views.traffic, name="traffic"),
     path("refusals/", views.refusal_list, name="refusal_list"),
     path("keys/", views.key_list, name="key_list"),

@@ -271,3 +271,34 @@ def refusal_list(request: HttpRequest) -> HttpResponse:
         "days": settings.LLMGW_GATEWAY_REFUSAL_DAYS,
     }
     return render(request, "gateway/refusal_list.html", context, status=400 if errors else 200)
+
+
+@role_required(VIEWER)
+@require_GET
+def chat_state(request: HttpRequest) -> HttpResponse:
+    """What a chat message to a model waits for: its wanted replicas as they are now.
+
+    ``static/gateway/chat.js`` asks for this about once a second while a send is held
+    (a model woken from zero, a replica starting or loading) until the first token, and
+    says it under the conversation. ``?model=`` is a model's or an adapter's name.
+    """
+    from django.http import JsonResponse
+
+    from catalog.models import Adapter
+    from cluster.models import Replica
+
+    name = request.GET.get("model", "")
+    base = Adapter.objects.filter(name=name).values_list("model__name", flat=True).first() or name
+    replicas = [
+        {
+            "id": r.pk,
+            "state": r.state,
+            "progress": None if r.progress is None else round(r.progress * 100),
+            "reason": r.reason,
+            "nodes": sorted({a.node.name for a in r.assignments.all()}),
+        }
+        for r in Replica.objects.filter(desired=True, model_name=base)
+        .prefetch_related("assignments__node")
+        .order_by("pk")
+    ]
+    return JsonResponse({"model": base, "replicas": replicas})

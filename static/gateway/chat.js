@@ -11,6 +11,7 @@
   }
   var path = root.getAttribute("data-chat-path");
   var refusals = root.getAttribute("data-refusals-path");
+  var statePath = root.getAttribute("data-state-path");
   var form = document.getElementById("chat-form");
   var log = document.getElementById("chat-log");
   var stats = document.getElementById("chat-stats");
@@ -65,6 +66,64 @@
     stats.textContent = text;
   }
 
+  // While a send waits for its first token, what it waits for (gateway.views.chat_state,
+  // asked about once a second): a model woken from zero, its replica starting or loading,
+  // waiting for room. Returns the function that stops it.
+  function describe(model, state) {
+    var rs = (state.replicas || []).slice();
+    if (rs.some(function (r) { return r.state === "ready"; })) {
+      return "waiting for the first token from " + model + "…";
+    }
+    if (!rs.length) {
+      return "waking " + model + ": asking for a replica…";
+    }
+    var order = ["loading", "starting", "pending", "failed", "stopping", "stopped"];
+    rs.sort(function (a, b) { return order.indexOf(a.state) - order.indexOf(b.state); });
+    var r = rs[0];
+    var text = "waking " + model + ": replica #" + r.id + " " + r.state;
+    if (r.nodes.length) {
+      text += " on " + r.nodes.join(", ");
+    }
+    if (r.state === "loading" && r.progress !== null) {
+      text += " (" + r.progress + "%)";
+    }
+    if (r.reason && r.state !== "loading" && r.state !== "starting") {
+      text += ": " + r.reason;
+    }
+    return text + "…";
+  }
+
+  function waiting(model) {
+    var stopped = false;
+    var timer = null;
+    function ask() {
+      fetch(statePath + "?model=" + encodeURIComponent(model), { credentials: "same-origin" })
+        .then(function (resp) { return resp.ok ? resp.json() : null; })
+        .then(function (state) {
+          if (!stopped && state) {
+            say(describe(model, state));
+          }
+        })
+        .catch(function () { /* asked again below */ })
+        .then(function () {
+          if (!stopped) {
+            timer = window.setTimeout(ask, 1000);
+          }
+        });
+    }
+    stats.setAttribute("data-phase", "waiting");
+    say("sent to " + model + "…");
+    timer = window.setTimeout(ask, 250);
+    return function () {
+      if (!stopped) {
+        stopped = true;
+        window.clearTimeout(timer);
+        stats.removeAttribute("data-phase");
+        say("");
+      }
+    };
+  }
+
   document.getElementById("chat-clear").addEventListener("click", function () {
     messages = [];
     log.textContent = "";
@@ -89,6 +148,7 @@
     var answer = "";
     var out = null;
     var refused = false;
+    var stop = waiting(model);
     fetch(path, {
       method: "POST",
       credentials: "same-origin",
@@ -108,14 +168,23 @@
         if (!resp.ok || !resp.body) {
           return resp.text().then(function (body) {
             var message = body;
+            var code = "";
             try {
-              message = JSON.parse(body).error.message;
+              var error = JSON.parse(body).error;
+              message = error.message;
+              code = error.code || "";
             } catch (e) {
               /* the body as it came */
             }
+            stop();
             refusal(message, requestId);
             messages.pop();
-            say("HTTP " + resp.status + (replica ? " from " + who : ""));
+            // The guard's refusal is no replica's error (the message names the judge).
+            if (code === "content_filter") {
+              say("refused by the guard");
+            } else {
+              say("HTTP " + resp.status + (code ? " " + code : "") + (replica ? " from " + who : ""));
+            }
           });
         }
         out = line("assistant", "");
@@ -136,6 +205,7 @@
           }
           if (chunk.error) {
             refused = true;
+            stop();
             refusal(chunk.error.message, requestId);
             return;
           }
@@ -147,6 +217,7 @@
             if (delta) {
               if (first === null) {
                 first = performance.now();
+                stop();
               }
               answer += delta;
               out.textContent = answer;
@@ -177,6 +248,7 @@
         }
 
         return pump().then(function () {
+          stop();
           var end = performance.now();
           var parts = ["answered by " + who];
           if (first !== null) {
@@ -198,6 +270,7 @@
         });
       })
       .catch(function (error) {
+        stop();
         refusal("the request failed: " + error);
         messages.pop();
       })

@@ -16,7 +16,9 @@ from catalog.services import Actor, delete_model
 from cluster.models import Node, Replica
 from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
-from tests.e2e.conftest import Agent, wait_for
+from tests.e2e.conftest import Agent, ControlPlane, wait_for
+from tests.e2e.test_gateway import FAST, H100, ready, set_policy
+from tests.e2e.test_gateway import sim_model as gw_model
 from tests.e2e.test_live_console import sim_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -86,3 +88,52 @@ def test_a_refused_drain_is_dropped_once_a_model_it_named_is_deleted(
     wait_for(lambda: refused.count() == 0, 10, "the refusal dropped with its model")
     assert Node.objects.get(pk=node.pk).cordoned is False  # nothing was drained
     assert errors == [], errors
+
+
+# Records, in the page, every text the chat's status line shows.
+STATS_SEEN = """
+() => {
+  window.__stats = [];
+  const stats = document.getElementById('chat-stats');
+  new MutationObserver(() => window.__stats.push(stats.textContent))
+    .observe(stats, {childList: true, characterData: true, subtree: true});
+}
+"""
+
+
+def test_chat_says_a_model_is_waking_and_a_guard_refusal_is_the_guards(
+    control_plane: ControlPlane, console: Callable[..., Any], agents: Callable[..., Agent],
+    viewer: Any,
+) -> None:  # fmt: skip
+    agents("wake-chat", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
+    store(
+        gw_model("sleepy", scaling={"min": 0, "max": 1},
+                 profile={"args": ["--load-time", "6"], "env": dict(FAST)}),
+        gw_model("judge", role="guard", guard={"format": "qwen3guard"}),
+    )  # fmt: skip
+    wait_for(ready("judge"), 90, "the judge ready")
+    set_policy(control_plane, "--judges", "judge", "--directions", "requests",
+               "--fail", "closed", "--controversial", "safe")  # fmt: skip
+    page = console(viewer, "/gateway/chat/")
+    errors = collect(page)
+    page.evaluate(STATS_SEEN)
+    page.select_option("#chat-model", "sleepy")
+    page.fill("#chat-message", "/echo good morning")
+    page.click("#chat-send")
+    answer = page.locator(".chatline.assistant .text").last
+    wait_for(lambda: answer.count() and answer.inner_text() == "good morning", 90, "the answer")
+    seen = page.evaluate("window.__stats")
+    waking = [s for s in seen if s.startswith("waking sleepy: replica #")]
+    assert waking, seen  # from the held send to the first token, it said what it waited for
+    assert any(" loading" in s or " starting" in s for s in waking), seen
+    wait_for(lambda: "answered by" in page.inner_text("#chat-stats"), 10, "the stats")
+
+    page.fill("#chat-message", "/echo UNSAFE-MARKER")
+    page.click("#chat-send")
+    refusal = page.locator(".chatline.refusal").last
+    wait_for(lambda: refusal.count() and "judge" in refusal.inner_text(), 30, "the refusal")
+    stats = page.inner_text("#chat-stats")
+    assert stats == "refused by the guard" and "HTTP 400" not in stats, stats
+    # Chromium logs the refusal's 400 as a failed load: the route's answer, not the page's.
+    assert [e for e in errors if "status of 400" not in e] == [], errors

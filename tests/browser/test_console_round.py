@@ -97,3 +97,18 @@ def test_the_policy_opened_directly_is_the_whole_guard_page(
     assert page.locator("link[rel=stylesheet]").count() >= 1  # the console's page, styled
     page.locator("#guard-policy form").wait_for()
     assert page.errors == [], page.errors
+
+
+def test_the_guard_pages_evaluations_card_starts_one_in_the_console(
+    open_page: Any, operator: Any, viewer: Any
+) -> None:
+    page = open_page(operator, "/guard/")
+    card = page.locator("#guard-evals")
+    assert "manage.py" not in card.locator("h2").inner_text()
+    card.locator("[data-role=eval-run]").click()
+    page.locator("#guard-eval-start", has_text="Run an evaluation").wait_for()
+    assert page.errors == [], page.errors
+    # A viewer starts none: no button, and the way is said (operators, the page).
+    card = open_page(viewer, "/guard/").locator("#guard-evals")
+    assert card.locator("[data-role=eval-run]").count() == 0
+    assert "operators start one on the Evaluations page" in card.inner_text()

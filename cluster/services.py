@@ -641,15 +641,34 @@ def report(node: Node, reports: Any) -> int:
         if a is None:
             # A replica deleted meanwhile: its engine is being stopped; nothing to record.
             continue
+        port = rep["port"] if rep["port"] is not None else a.port
+        pid = rep["pid"] if rep["pid"] is not None else a.pid
+        r = a.replica
+        same = (
+            (a.state, a.reason, a.port, a.pid, r.progress)
+            == (
+                state,
+                rep["reason"],
+                port,
+                pid,
+                rep["progress"],
+            )
+            and rep["restarts"] in (None, r.restarts)
+            and r.state == state
+        )
         a.state = state
         a.reason = rep["reason"]
-        a.port = rep["port"] if rep["port"] is not None else a.port
-        a.pid = rep["pid"] if rep["pid"] is not None else a.pid
+        a.port = port
+        a.pid = pid
         a.reported = at or timezone.now()
         if rep["log"] is not None:
             a.log = rep["log"]
+        if same:
+            # Only the engine's log moved (a running engine's lines, every few seconds):
+            # written without a save's signals, so no live event to every open dashboard.
+            Assignment.objects.filter(pk=a.pk).update(reported=a.reported, log=a.log)
+            continue
         a.save()
-        r = a.replica
         r.progress = rep["progress"]
         if rep["restarts"] is not None:
             r.restarts = rep["restarts"]

@@ -600,3 +600,60 @@ def test_a_nodes_detail_has_its_cards_replicas_and_agent_version(
     # The list keeps its shape (no replicas there).
     listed = api_for(viewer).get("/api/v1/cluster/nodes/").json()["results"][0]
     assert "replicas" not in listed and listed["cards"][0]["index"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_report_that_moves_only_the_engines_log_tells_no_console(settings: Any) -> None:
+    """A running engine's lines come every few seconds: kept, but no live event (every
+    open dashboard would render its model). A change of state still tells them."""
+    import uuid
+
+    from channels.layers import channel_layers, get_channel_layer
+
+    from cluster.events import BY_TOPIC
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [getattr(settings, "LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")],
+                "prefix": f"llmgw-test-{uuid.uuid4().hex[:8]}",
+            },
+        }
+    }
+    channel_layers.backends.clear()
+    client, _ = joined("gpu-1", [H100, H100])
+    other, _ = join_node("gpu-2", [])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    reconciler.tick()
+    rid = Replica.objects.get(model_name="chat").pk
+    node_id = Node.objects.get(name="gpu-1").pk
+    ready = {"replica": rid, "state": "ready", "reason": "up", "port": 41000, "pid": 7}
+    assert (
+        client.post("/api/v1/agent/report", {"reports": [ready]}, format="json").status_code == 200
+    )
+
+    async def listen() -> list[Any]:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(BY_TOPIC["nodes"].group, channel)
+        from asgiref.sync import sync_to_async
+
+        def log_only_then_another_node() -> None:
+            body = {"reports": [{**ready, "log": ["a new line"]}]}
+            assert client.post("/api/v1/agent/report", body, format="json").status_code == 200
+            Node.objects.get(pk=other.pk).save()  # a change consoles hear: the marker
+
+        await sync_to_async(log_only_then_another_node)()
+        first = await asyncio.wait_for(layer.receive(channel), 30)
+        await layer.flush()
+        return [first]
+
+    try:
+        (first,) = asyncio.run(listen())
+    finally:
+        channel_layers.backends.clear()
+    assert first["pks"] == [other.pk], first  # nothing was published for gpu-1 before it
+    a = Assignment.objects.get(replica_id=rid)
+    assert a.log == ["a new line"] and a.state == "ready"
+    assert node_id != other.pk

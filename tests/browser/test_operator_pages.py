@@ -238,3 +238,17 @@ def test_a_viewer_may_try_a_model_but_neither_scale_nor_wake_it(
     assert not ModelDemand.objects.exists()
     scaling = ServedModel.objects.get(name="sleepy").to_spec().scaling
     assert (scaling.min, scaling.max) == (0, 1)
+
+
+def test_a_new_join_token_is_copied_by_its_copy_button(open_page: Any, admin_user: Any) -> None:
+    page = open_page(admin_user, "/tokens/", PHONE)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.fill("#id_join-name", "rack-7")
+    page.click("#join-token-form button[type=submit]")
+    secret = page.locator("#token-secret").inner_text().strip()
+    assert secret.startswith("llmgw_join_")
+    page.locator("button[data-role=copy]").click()
+    page.locator("[data-role=copied]", has_text="Copied.").wait_for()
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    fits(page)
+    assert page.errors == []

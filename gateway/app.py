@@ -1228,4 +1228,3 @@ def _without_usage(payload: bytes) -> bytes | None:
         return None
     chunk.pop("usage", None)
     return json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
-

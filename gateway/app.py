@@ -647,10 +647,13 @@ class Gateway:
                 return _told(error)
             if resp.status >= 500:
                 self._replica_failed(target_model.name, replica, f"HTTP {resp.status}")
-            if resp.status in RETRY_STATUSES or (resp.status == 401 and not external):
+            if resp.status == 401 and not external:
                 # A replica's 401: its engine holds another key than its replica's (the
                 # secret key changed and its agent has not restarted it yet, or another
-                # server took its port). Another replica may answer.
+                # server took its port). Another replica may answer; this one fails every
+                # request until then, so it counts toward its ejection as a 5xx does.
+                self._replica_failed(target_model.name, replica, "HTTP 401 (engine key)")
+            if resp.status in RETRY_STATUSES or (resp.status == 401 and not external):
                 detail = f"HTTP {resp.status}"
                 resp.release()
                 return detail

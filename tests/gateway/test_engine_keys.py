@@ -65,6 +65,13 @@ def test_a_sim_engine_answers_for_its_key_and_one_on_another_key_is_skipped(h: H
         h.serve([model("m")], [(1, "m", good), (2, "m", stale)])  # type: ignore[list-item]
         for i in range(8):
             assert chat(h, f"/echo answer {i}", stream=i % 2 == 1) == f"answer {i}"
+        # Refusing every request it is asked, it is ejected as a replica answering 5xx is
+        # (it was never counted as failing, so it was tried again on every pick).
+        for i in range(40):
+            if h.gateway.outliers.excluded((1, 2)):
+                break
+            assert chat(h, f"/echo more {i}") == f"more {i}"
+        assert h.gateway.outliers.excluded((1, 2)) == {2}
     finally:
         good.stop()
         stale.stop()

@@ -6,8 +6,10 @@ within the test's wait was placed because the change woke the reconciler.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,21 +117,45 @@ def test_with_redis_a_change_sends_the_task_a_worker_runs(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_of_changes_sends_one_task(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cluster.tasks import reconcile_cluster
+    """Five commits within a fraction of a second put one reconcile task on the real
+    broker's queue, to run after the burst and expire before the next tick."""
+    import redis
 
-    settings.REDIS_URL = "redis://127.0.0.1:6379/15"
-    sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(reconcile_cluster, "apply_async", lambda **kw: sent.append(kw))
-    monkeypatch.setattr(wake, "_sent_at", -wake.COALESCE)
-    now = [100.0]
-    monkeypatch.setattr(wake, "_clock", lambda: now[0])
-    for i in range(5):  # five commits within the same fraction of a second
-        store(gpu_model(f"m{i}"))
-        now[0] += wake.COALESCE / 10
-    assert len(sent) == 1
-    # It runs after the burst's last commit; with Redis away the request does not wait.
-    assert sent[0]["countdown"] == wake.COALESCE
-    assert sent[0]["expires"] > wake.COALESCE and sent[0]["retry"] is False
-    now[0] += wake.COALESCE
-    store(gpu_model("later"))
-    assert len(sent) == 2
+    from llmgw_admin.celery import app
+    from tests.cluster.test_celery_worker import REDIS, _new_pools
+
+    settings.REDIS_URL = REDIS
+    queue = redis.Redis.from_url(REDIS, socket_timeout=5)
+    queue.delete("celery")
+    old = app.conf.broker_url
+    app.conf.broker_url = REDIS
+    _new_pools(app)
+
+    def sent() -> list[dict[str, Any]]:
+        return [json.loads(m) for m in queue.lrange("celery", 0, -1)]
+
+    try:
+        monkeypatch.setattr(wake, "_sent_at", -wake.COALESCE)
+        now = [100.0]
+        monkeypatch.setattr(wake, "_clock", lambda: now[0])
+        for i in range(5):  # five commits within the same fraction of a second
+            store(gpu_model(f"m{i}"))
+            now[0] += wake.COALESCE / 10
+        tasks = sent()
+        assert [t["headers"]["task"] for t in tasks] == ["cluster.tasks.reconcile_cluster"]
+        # It runs after the burst's last commit (an eta COALESCE ahead) and expires before
+        # the next scheduled tick would make it pointless.
+        headers = tasks[0]["headers"]
+        assert headers["eta"] is not None and headers["expires"] is not None
+        eta = datetime.fromisoformat(headers["eta"])
+        expires = datetime.fromisoformat(headers["expires"])
+        assert (expires - eta).total_seconds() == pytest.approx(
+            float(settings.LLMGW_RECONCILE_INTERVAL), abs=0.05
+        )
+        now[0] += wake.COALESCE
+        store(gpu_model("later"))
+        assert len(sent()) == 2
+    finally:
+        queue.delete("celery")
+        app.conf.broker_url = old
+        _new_pools(app)

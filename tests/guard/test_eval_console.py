@@ -112,7 +112,11 @@ def test_embedded_the_run_is_asked_by_a_thread_and_its_page_fills_in(
     )
     run = wait_done(run.pk)
     assert run.status == "done" and run.error == ""
-    assert EvalResult.objects.filter(run=run, verdict="safe").count() == run.texts
+    # The sim judge calls a text unsafe only by its marker, or when it is the guard's own
+    # harmful probe, which this set holds once (labelled harmful).
+    unsafe = list(EvalResult.objects.filter(run=run, verdict="unsafe"))
+    assert len(unsafe) == 1
+    assert EvalResult.objects.filter(run=run, verdict="safe").count() == run.texts - 1
     page = c.get(r["Location"]).content.decode()
     assert "ws-connect" not in page  # done: nothing left to push
     assert 'data-status="done"' in page and 'data-judge="qwen3guard-0.6b"' in page

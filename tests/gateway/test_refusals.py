@@ -22,6 +22,7 @@ from gateway.observe import Fanout
 from gateway.observe import Refusal as Heard
 from gateway.refusals import RefusalRecorder, prune, write
 from tests.gateway.harness import KEY, Harness, model
+from tests.waiting import wait_until
 
 AT = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 
@@ -226,6 +227,10 @@ def test_every_refusal_the_gateway_makes_is_recorded_by_its_request_id(
             refused_answer = resp.headers["x-request-id"]
         assert resp.status_code == 200 and "safe0" in raw and "UNSAFE" not in raw
         assert "content_filter" in raw
+        # The stream's refusal is heard as the gateway ends it, which may be just after
+        # the client read its last bytes: wait for its record, then stop the recorder.
+        wait_until(lambda: Refusal.objects.filter(request_id=refused_answer).exists(),
+                   what="the refused answer's record")  # fmt: skip
     finally:
         recorder.stop()
     rows = {r.request_id: r for r in Refusal.objects.all()}

@@ -104,6 +104,8 @@ def edit_and_roll(page: Any, name: str) -> None:
     block = page.locator(".live-replicas article")
     assert block.locator(".badge", has_text="old definition").count() == 2
     page.evaluate(RECORD_READY, [".live-replicas article", name])
+    # Roll asks first, as Restart and Drain do: the operator says yes.
+    page.once("dialog", lambda dialog: dialog.accept())
     block.locator("button", has_text="Roll").click()
 
 

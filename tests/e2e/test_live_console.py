@@ -217,7 +217,12 @@ def test_enabling_a_sim_judge_shows_its_replica_go_from_pending_to_ready(
         block = p.locator("#cluster-models article", has_text="llamaguard3-1b")
         block.locator("tr.replica[data-state=ready]").wait_for(timeout=60_000)
     seen = watcher.evaluate("window.__states")
-    assert seen[0] == "pending" and seen[-1] == "ready", seen
+    # It appeared before it was ready and moved forward only; how many of the states
+    # before ready a push shows depends on how fast the node is (a loaded machine may
+    # be starting it by the time the first push lands).
+    order = ["pending", "starting", "loading", "ready"]
+    assert seen[-1] == "ready" and seen[0] != "ready", seen
+    assert [order.index(s) for s in seen] == sorted(order.index(s) for s in seen), seen
     # The judge's health block says it has a ready replica.
     watcher.locator(
         "#guard-judges [data-judge='llamaguard3-1b'] [data-role=judge-status]"

@@ -26,23 +26,22 @@ from gateway.watch import CanaryWatch  # noqa: E402
 # the change events' listener and the canary watch start with the first request.
 state = State()
 metrics = Metrics()
+gateway = Gateway(
+    state=state,
+    # Who hears each request: the canaries' judge, the usage and the refusal records
+    # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
+    observer=Fanout(
+        CanaryWatch(lambda: state.table),
+        usage.RECORDER,
+        refusals.RECORDER,
+        metrics,
+        Traffic(),
+    ),
+)
 application = HealthRoute(
     HostCheck(
-        exported(
-            Gateway(
-                state=state,
-                # Who hears each request: the canaries' judge, the usage and the refusal records
-                # written in batches, the Prometheus counts (GET /metrics, gateway.metrics).
-                observer=Fanout(
-                    CanaryWatch(lambda: state.table),
-                    usage.RECORDER,
-                    refusals.RECORDER,
-                    metrics,
-                    Traffic(),
-                ),
-            ),
-            metrics,
-        )
+        exported(gateway, metrics),
+        gateway,
     ),
     # What a load balancer asks (no credential): has this process read its table, and
     # can it read it again (stale, with its age).

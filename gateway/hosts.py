@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import ApiError
+from gateway.observe import Done
 from llmgw_admin.lean import allowed_host, headers
 
 CHECKED = ("/v1/", "/metrics", "/console/chat/")
@@ -34,10 +35,12 @@ def refusal(host: bytes | None) -> ApiError:
 
 
 class HostCheck:
-    """Refuse (400) a ``/v1/`` or ``/metrics`` request for a host not allowed."""
+    """Refuse (400) a ``/v1/`` or ``/metrics`` request for a host not allowed, counted as
+    every status the gateway answers is (``gateway.observer``: /metrics and usage)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, gateway: Any = None) -> None:
         self.app = app
+        self.gateway = gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and checked(scope.get("path", "")):
@@ -50,5 +53,10 @@ class HostCheck:
                     (b"content-length", str(len(data)).encode()),
                 ]})  # fmt: skip
                 await send({"type": "http.response.body", "body": data})
+                if self.gateway is not None:
+                    self.gateway.observer.request(Done(
+                        model="", status=400, owner="", key="", seconds=0.0, ttft=None,
+                        tokens_in=0, tokens_out=0, replica=None, stream=False,
+                    ))  # fmt: skip
                 return
         await self.app(scope, receive, send)

@@ -55,7 +55,8 @@ application = ProtocolTypeRouter(
         # web process serves /v1/ too. A host not allowed is refused on /v1/, /metrics
         # and the chat (gateway/hosts.py); Django checks the rest.
         "http": HealthRoute(
-            HostCheck(SessionChat(exported(gateway, gateway_metrics), gateway)), gateway_state
+            HostCheck(SessionChat(exported(gateway, gateway_metrics), gateway), gateway),
+            gateway_state,
         ),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))

@@ -81,7 +81,12 @@ def test_a_foreign_host_is_refused_on_v1_with_a_clear_error(h: Harness) -> None:
 def test_both_assemblies_refuse_a_foreign_host_on_v1_and_metrics(where: str) -> None:
     import importlib
 
-    application: Any = importlib.import_module(where).application
+    from gateway.observe import Observer
+
+    module = importlib.import_module(where)
+    application: Any = module.application
+    heard = Observer()  # the counting listener every status reaches (/metrics and usage)
+    saved, module.gateway.observer = module.gateway.observer, heard
 
     async def scenario() -> None:
         transport = httpx.ASGITransport(app=application)
@@ -96,7 +101,12 @@ def test_both_assemblies_refuse_a_foreign_host_on_v1_and_metrics(where: str) -> 
 
     import asyncio
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        module.gateway.observer = saved
+    # Each refusal is counted as any answer of the gateway is: two 400s, and the 401.
+    assert heard.requests[("", 400, "")] == 2, heard.requests
 
 
 def test_the_web_process_answers_healthz() -> None:

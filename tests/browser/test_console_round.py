@@ -6,51 +6,14 @@ Content-Security-Policy's, the page's exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser.conftest import PASSWORD
 from tests.catalog.samples import gpu_model, store
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-# live_server serves HTTP only (WSGI): the dashboard's socket cannot open there and the
-# ws extension says so (an Event, logged); the live pages are walked in tests/e2e.
-_SOCKET = ("WebSocket connection to", "[object Event]")
-
-
-@pytest.fixture
-def open_page(browser: Any, live_server: Any) -> Iterator[Callable[..., Any]]:
-    """Return a function opening a signed-in page; ``page.errors`` collects its errors."""
-    contexts = []
-
-    def open_as(user: Any, path: str, viewport: dict[str, int] | None = None) -> Any:
-        context = browser.new_context(viewport=viewport or {"width": 1280, "height": 1000})
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(10_000)
-        errors: list[str] = []
-
-        def said(m: Any) -> None:
-            if m.type in ("error", "warning") and not any(s in m.text for s in _SOCKET):
-                errors.append(f"{m.type}: {m.text}")
-
-        page.on("console", said)
-        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-        page.errors = errors
-        page.goto(f"{live_server.url}/login/?next={path}")
-        page.fill("#id_username", user.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{live_server.url}{path}")
-        return page
-
-    yield open_as
-    for context in contexts:
-        context.close()
 
 
 def test_a_new_windows_min_takes_what_is_typed(open_page: Any, operator: Any) -> None:

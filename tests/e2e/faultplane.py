@@ -44,7 +44,8 @@ import openai
 from cluster.models import Node, Replica
 from tests.catalog.samples import store
 from tests.dburl import database_url
-from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
+from tests.e2e.conftest import ROOT, Agent, free_port, wait_for
+from tests.e2e.test_faults import Plane
 from tests.faultproxy import FaultProxy
 
 H100 = "nvidia-h100-80gb"
@@ -82,36 +83,24 @@ class GatewayProcess:
 
 
 @dataclass
-class FaultPlane(ControlPlane):
-    """Web, worker, beat and gateways, with PostgreSQL and Redis each behind a FaultProxy."""
+class FaultPlane(Plane):
+    """Production's web, worker and beat (``tests.e2e.test_faults.Plane``) and gateways,
+    with PostgreSQL and Redis each behind a FaultProxy."""
 
     pg: FaultProxy | None = None
     redis: FaultProxy | None = None
-    others: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     gateways: list[GatewayProcess] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
         assert self.pg is not None and self.redis is not None
-        url = database_url(host="127.0.0.1", port=self.pg.port)
         return dict(
             super().env(),
-            LLMGW_DATABASE_URL=url,
+            LLMGW_DATABASE_URL=database_url(host="127.0.0.1", port=self.pg.port),
             LLMGW_REDIS_URL=f"redis://127.0.0.1:{self.redis.port}/0",
-            LLMGW_PROBE_INTERVAL="2",
         )
 
-    def start_all(self, gateways: int = 2) -> None:
-        self.start()
-        schedule = self.tmp / "beat-schedule"
-        for name, args in (
-            ("worker", ["worker", "--loglevel", "INFO"]),
-            ("beat", ["beat", "--loglevel", "INFO", "--schedule", str(schedule)]),
-        ):
-            log = (self.tmp / f"{name}.log").open("wb")  # noqa: SIM115
-            self.others[name] = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "llmgw_admin", *args],
-                cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+    def start_all(self, gateways: int = 2) -> None:  # type: ignore[override]
+        super().start_all()
         for n in range(gateways):
             self.start_gateway(f"gw{n}")
 
@@ -133,22 +122,10 @@ class FaultPlane(ControlPlane):
         wait_for(listening, 60, f"gateway {name} to listen")
         return gw
 
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
-
     def stop_all(self) -> None:
         for gw in self.gateways:
             gw.stop()
-        self.stop()
-        for proc in self.others.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.others.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        super().stop_all()
 
     # What a fault test sets up first.
 

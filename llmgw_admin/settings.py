@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "cluster",
     "guard",
     "gateway",
+    "updates",
 ]
 
 MIDDLEWARE = [

@@ -4,7 +4,7 @@ An AST walk of every module of the layers (every import, function-level ones inc
 nothing is imported or run) that fails naming the file, the line and the imported name:
 
 - against the direction ``agent`` ← ``catalog`` ← ``cluster`` ← ``guard`` ← ``gateway`` ←
-  ``llmgw_admin``: a layer imports only itself and the layers before it (a lower layer
+  ``updates`` ← ``llmgw_admin``: a layer imports only itself and the layers before it (a lower layer
   lets a higher one act through a signal the higher one connects in its
   ``AppConfig.ready()``);
 - Django (or a package built on it) imported in ``agent``, which runs on nodes without it;
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first: each may import only itself and the ones before it.
-LAYERS = ("agent", "catalog", "cluster", "guard", "gateway", "llmgw_admin")
+LAYERS = ("agent", "catalog", "cluster", "guard", "gateway", "updates", "llmgw_admin")
 APPS = LAYERS[:-1]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 

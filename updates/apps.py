@@ -1,0 +1,13 @@
+"""The updates app: the weights mirror, the update check and the update flow."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class UpdatesConfig(AppConfig):
+    """A model's weights mirrored once, checked for updates, moved to new ones."""
+
+    name = "updates"
+    verbose_name = "Updates"
+    default_auto_field = "django.db.models.BigAutoField"

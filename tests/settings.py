@@ -22,8 +22,15 @@ os.environ.setdefault(
         + f"/llmgw_run{os.getpid()}",
     ),
 )
+# Redis likewise: a server of this run's own (tests/redisserver.py).
+from tests.redisserver import start_for_run  # noqa: E402
+
+start_for_run()
+
 os.environ.setdefault("LLMGW_DATA_DIR", tempfile.mkdtemp(prefix="llmgw-test-"))
 os.environ.setdefault("LLMGW_SECRET_KEY", "test-only-not-secret")
 os.environ.setdefault("LLMGW_ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
 
 from llmgw_admin.settings import *  # noqa: E402,F403
+
+LLMGW_TEST_REDIS_URL = os.environ["LLMGW_TEST_REDIS_URL"]

@@ -24,6 +24,7 @@ from guard import services as guard_services
 from guard.models import PolicyChange
 from llmgw_admin import demo
 from tests.cluster.helpers import join_node
+from tests.redisserver import url as redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = [demo.CHAT, demo.ON_DEMAND, demo.SIM_JUDGE]
@@ -91,7 +92,7 @@ def settings_simulate(tmp_path: Path, **env: str) -> str:
 
 
 def test_simulate_is_on_only_on_the_embedded_default_unless_asked(tmp_path: Path) -> None:
-    redis = "redis://127.0.0.1:6379/15"
+    redis = redis_url(15)
     assert settings_simulate(tmp_path) == "['sim-1', 'sim-2']"
     assert settings_simulate(tmp_path, REDIS_URL=redis) == "[]"
     assert settings_simulate(tmp_path, DATABASE_URL="postgres://x@127.0.0.1/x") == "[]"

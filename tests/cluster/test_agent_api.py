@@ -16,6 +16,7 @@ from cluster.choices import NodeHealth
 from cluster.models import Assignment, Card, JoinToken, Node, Replica
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import inventory, join_node
+from tests.redisserver import url as redis_url
 
 pytestmark = pytest.mark.django_db
 
@@ -311,7 +312,7 @@ def test_lean_heartbeat_tells_consoles_when_a_node_comes_back_and_only_then(
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                "hosts": [getattr(settings, "LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")],
+                "hosts": [redis_url(0)],
                 "prefix": f"llmgw-test-{uuid.uuid4().hex[:8]}",
             },
         }
@@ -616,7 +617,7 @@ def test_a_report_that_moves_only_the_engines_log_tells_no_console(settings: Any
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                "hosts": [getattr(settings, "LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")],
+                "hosts": [redis_url(0)],
                 "prefix": f"llmgw-test-{uuid.uuid4().hex[:8]}",
             },
         }

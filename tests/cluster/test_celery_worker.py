@@ -19,9 +19,10 @@ from cluster.models import Replica
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 from tests.dburl import database_url
+from tests.redisserver import url as redis_url
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS = redis_url(15)
 
 
 @contextlib.contextmanager

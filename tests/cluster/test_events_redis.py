@@ -6,7 +6,6 @@ FaultProxy the test cuts; the write goes through the API as an operator's script
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -22,10 +21,11 @@ from cluster import events
 from cluster.models import ClusterAction, Node
 from tests.cluster.helpers import join_node
 from tests.faultproxy import FaultProxy
+from tests.redisserver import url as redis_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+URL = redis_url(15)
 TIMEOUT_MS = 200
 # Generous: a loaded 2-core machine adds scheduling delay, never several seconds.
 BOUND = 5.0

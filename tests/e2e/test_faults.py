@@ -33,49 +33,14 @@ from django.utils import timezone
 from cluster.models import Assignment, ControlMark, Node, Replica
 from llmgw_admin.models import ApiToken
 from tests.catalog.samples import store
-from tests.e2e.conftest import ROOT, Agent, ControlPlane, free_port, wait_for
+from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
+from tests.redisserver import RedisServer as Redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 L4 = "nvidia-l4-24gb"
 LOST_AFTER = 4  # ControlPlane.env's LLMGW_NODE_LOST_AFTER
 CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
-
-
-@dataclass
-class Redis:
-    """A redis-server of the test's own, on a port of its own: stopping it harms no one."""
-
-    tmp: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        if shutil.which("redis-server") is None:
-            pytest.fail("redis-server is missing: apt-get install -y redis-server")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for(self._pong, 20, "redis-server to answer")
-
-    def _pong(self) -> bool:
-        import redis
-
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass

@@ -19,6 +19,7 @@ from cluster.models import Node, Replica
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, engine_auth, free_port, wait_for
 from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
+from tests.redisserver import url as redis_url
 
 pytestmark = pytest.mark.e2e
 
@@ -385,7 +386,7 @@ def test_a_budget_is_shared_by_two_gateway_processes_through_redis(
     cluster: ControlPlane, tmp_path: Path
 ) -> None:
     key = new_key(cluster, "shared", "--rpm", "3")
-    redis = {"LLMGW_REDIS_URL": "redis://127.0.0.1:6379/13"}
+    redis = {"LLMGW_REDIS_URL": redis_url(13)}
     with (
         gateway_process(cluster, tmp_path, **redis) as one,
         gateway_process(cluster, tmp_path, **redis) as two,

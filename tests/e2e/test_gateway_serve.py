@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import ROOT, ControlPlane, wait_for
+from tests.redisserver import url as redis_url
 
 pytestmark = pytest.mark.e2e
 
@@ -150,7 +151,7 @@ def test_port_0_prints_the_port_it_got_and_warns_budgets_are_per_process(
 
 
 def test_with_redis_no_warning_about_budgets(transactional_db: Any, tmp_path: Path) -> None:
-    with serving(tmp_path, "--port", "0", LLMGW_REDIS_URL="redis://127.0.0.1:6379/13") as running:
+    with serving(tmp_path, "--port", "0", LLMGW_REDIS_URL=redis_url(13)) as running:
         started(running)
         assert "LLMGW_REDIS_URL" not in running.output()[1]
 

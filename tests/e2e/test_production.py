@@ -23,12 +23,13 @@ from cluster.models import Node, Replica
 from guard.models import JudgeProbe
 from llmgw_admin.models import ApiToken
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
+from tests.redisserver import url as redis_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 L4 = "nvidia-l4-24gb"
 # A database of the local Redis that no other test uses; emptied before each test.
-REDIS = "redis://127.0.0.1:6379/13"
+REDIS = redis_url(13)
 
 
 @dataclass

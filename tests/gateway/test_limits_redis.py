@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,8 +22,9 @@ import redis
 from gateway.limits import WINDOW, RedisLimits
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness, model, wait
+from tests.redisserver import url as redis_url
 
-URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+URL = redis_url(15)
 TIMEOUT = 0.2
 # Generous: a loaded 2-core machine adds scheduling delay, never a second.
 BOUND = TIMEOUT + 1.5

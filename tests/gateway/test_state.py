@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from cluster.choices import NodeHealth
@@ -20,6 +19,7 @@ from gateway.models import digest
 from gateway.state import load_table
 from tests.catalog.samples import store
 from tests.guard.helpers import guard_model
+from tests.redisserver import url as redis_url
 
 SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "weight": 2}]
 
@@ -100,8 +100,7 @@ def test_local_budgets_refuse_past_the_limit_until_the_minute_ends() -> None:
 
 def test_a_budget_in_redis_is_shared_by_every_process() -> None:
     """Two limiters (as two gateway processes have) share one key's budget."""
-    url = settings.LLMGW_TEST_REDIS_URL if hasattr(settings, "LLMGW_TEST_REDIS_URL") else None
-    url = url or "redis://127.0.0.1:6379/14"
+    url = redis_url(14)
     now = [1_000_040.0]  # 20 s into a minute
 
     async def run() -> list[float | None]:

@@ -21,6 +21,7 @@ from django.test import Client
 from cluster import services
 from cluster.models import FacilityBudget, Node, Replica
 from tests.cluster.helpers import join_node
+from tests.redisserver import url as redis_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -29,9 +30,7 @@ ORIGIN = (b"origin", b"http://localhost")
 
 @pytest.fixture(autouse=True)
 def redis_layer(settings: Any) -> Any:
-    from django.conf import settings as conf
-
-    url = getattr(conf, "LLMGW_TEST_REDIS_URL", None) or "redis://127.0.0.1:6379/0"
+    url = redis_url(0)
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",

@@ -9,7 +9,6 @@ hung is accepted and closed with 1013 (the page retries), never an error; one ov
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,10 +23,11 @@ from django.test import Client
 
 from llmgw_admin.consumer import LAYER_AWAY, TOO_MANY
 from tests.faultproxy import FaultProxy
+from tests.redisserver import url as redis_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
-URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+URL = redis_url(15)
 ORIGIN = (b"origin", b"http://localhost")
 PATH = "/ws/live/nodes,models,judges/"
 

@@ -20,6 +20,7 @@ from django.core.cache import caches
 from django.test import Client, override_settings
 
 from llmgw_admin.throttle import THROTTLE
+from tests.redisserver import url as redis_url
 
 pytestmark = pytest.mark.django_db
 
@@ -182,7 +183,7 @@ def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(
         ).signed_in
 
 
-REDIS = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS = redis_url(15)
 
 
 def test_failures_counted_by_another_process_lock_here_through_redis(

@@ -9,6 +9,7 @@ time whatever the rules would (``command_for``). No Django here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -432,6 +433,10 @@ def _sim(
     context = _int(replica, "context_length", 0)
     if context > 0:
         argv += ["--context-length", str(context)]
+    # A source that is a file or folder on this node (the mirror's copy) is the sim's
+    # weights file: how well it answers (agent.simweights); any other is a name only.
+    if weights_path and os.path.exists(weights_path):
+        argv += ["--weights", weights_path]
     return argv, env, "/health"
 
 

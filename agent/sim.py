@@ -36,6 +36,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent import simweights
+
 SIM_VERSION = "1"
 
 GUARD_FORMATS = ("qwen3guard", "llamaguard3", "shieldgemma", "json")
@@ -362,6 +364,8 @@ class Config:
     fail_every: int = 0
     # Asked of every request but /health's as "Authorization: Bearer <key>" ("": none).
     api_key: str = ""
+    # How good the model is, read from --weights (agent.simweights); None: a plain sim.
+    weights: simweights.Weights | None = None
 
 
 def render_chat(
@@ -823,6 +827,7 @@ class SimServer:
         # that went away (a gateway cancelling) stopped the generation.
         self.stats = {"completed": 0, "cancelled": 0}
         self.generations = 0  # generation requests, for --fail-every
+        self.weighted = 0  # generation requests, for the weights' error rate
 
     # -- connections --------------------------------------------------------------------
 
@@ -886,6 +891,12 @@ class SimServer:
             self.generations += 1
             if self.generations % self.cfg.fail_every == 0:
                 raise HttpError(500, "simulated engine failure (--fail-every)", "server_error")
+        if self.cfg.weights and handler in (self.chat_completions, self.completions):
+            self.weighted += 1
+            if simweights.fails(self.cfg.weights, self.weighted):
+                raise HttpError(
+                    500, "simulated engine failure (weights' error_rate)", "server_error"
+                )
         return await handler(request)
 
     def authorized(self, request: Request) -> bool:
@@ -1038,6 +1049,8 @@ class SimServer:
         if not self.cfg.guard_format:
             users = [c for r, c in _messages(body["messages"]) if r == "user"]
             echo = _echo(users[-1]) if users else None
+            if echo is None and users and self.cfg.weights is not None:
+                echo = simweights.answer(self.cfg.weights, users[-1])
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         job = self.job(body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens, echo)
         return await self.run(job, request.reader)
@@ -1471,6 +1484,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the agent passes it in the environment, so ps does not show it",
         default="",
     )
+    option(
+        "--weights",
+        "a sim weights file (or a folder holding sim-weights.json) saying how well it "
+        "answers: docs/updates.md; a file that is none (a real model's) is ignored",
+        default="",
+    )
     parser.add_argument("--version", action="version", version=f"llmgw-sim {SIM_VERSION}")
     return parser
 
@@ -1488,6 +1507,12 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     if not args.unsafe_marker:
         parser.error("--unsafe-marker must not be empty")
     categories = tuple(c.strip() for c in args.guard_categories.split(",") if c.strip())
+    weights = None
+    if args.weights:
+        try:
+            weights = simweights.load(args.weights)
+        except (OSError, simweights.WeightsFileError) as exc:
+            parser.error(f"--weights: {exc}")
     return Config(
         model=args.model,
         host=args.host,
@@ -1504,6 +1529,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         controversial_marker=args.controversial_marker,
         fail_every=args.fail_every,
         api_key=args.api_key or "",
+        weights=weights,
     )
 
 
@@ -1515,6 +1541,8 @@ async def serve(cfg: Config) -> None:
     role = f"guard {cfg.guard_format}" if cfg.guard_format else "generator"
     if cfg.api_key:
         role += ", key required"
+    if cfg.weights is not None:
+        role += f", weights {cfg.weights.name or 'unnamed'}"
     sys.stdout.write(
         f"llmgw-sim {SIM_VERSION}: listening on http://{cfg.host}:{port} "
         f"(model {cfg.model}, {role}, ctx {cfg.context_length}, parallel {cfg.parallel})\n"

@@ -102,6 +102,7 @@ AGENT: dict[str, dict[str, str]] = {
         "--api-key": _KEY,
         "--guard-format": _GUARD,
         "--guard-categories": _GUARD,
+        "--weights": _SOURCE,
     },
 }
 

@@ -49,3 +49,4 @@ class Surface(models.TextChoices):
     FILE = "file", "file import"
     CLI = "cli", "command line"
     GATEWAY = "gateway", "gateway"
+    UPDATES = "updates", "updates"

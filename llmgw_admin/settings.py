@@ -6,6 +6,7 @@ the data folder, the in-memory channel layer and periodic work inside the web pr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -190,6 +191,33 @@ if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
         f"LLMGW_GATEWAY_REFUSAL_DAYS is {LLMGW_GATEWAY_REFUSAL_DAYS}: write 1 or more days"
     )
 LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 3600)
+# Updates (docs/updates.md): the weights mirror, a folder every web and worker process
+# reaches (LLMGW_MIRROR=off: nodes fetch from the registry themselves, as before), its size
+# cap in GB (0: none; a fetch past it is refused with the reason), the registry (the Hugging
+# Face Hub's API at HF_ENDPOINT, its token read from LLMGW_HF_TOKEN_FILE), the hosts a plain
+# http(s) source may name, and how often every model with an origin is checked for updates.
+LLMGW_MIRROR = envbool("MIRROR", True)
+LLMGW_MIRROR_DIR = Path(envstr("MIRROR_DIR") or DATA_DIR / "mirror")
+if not LLMGW_MIRROR_DIR.is_absolute():
+    LLMGW_MIRROR_DIR = BASE_DIR / LLMGW_MIRROR_DIR
+try:
+    LLMGW_MIRROR_MAX_GB = float(envstr("MIRROR_MAX_GB", "0") or 0)
+except ValueError:
+    raise ImproperlyConfigured(
+        f"LLMGW_MIRROR_MAX_GB is {envstr('MIRROR_MAX_GB')!r}: write a number of GB, 0 for no cap"
+    ) from None
+if LLMGW_MIRROR_MAX_GB < 0:
+    raise ImproperlyConfigured(
+        f"LLMGW_MIRROR_MAX_GB is {LLMGW_MIRROR_MAX_GB}: write a number of GB, 0 for no cap"
+    )
+HF_ENDPOINT = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+LLMGW_HF_TOKEN_FILE = envstr("HF_TOKEN_FILE")
+LLMGW_MIRROR_HOSTS = envlist("MIRROR_HOSTS", ["https://huggingface.co", HF_ENDPOINT])
+LLMGW_UPDATE_CHECK_EVERY = envint("UPDATE_CHECK_EVERY", 86400)
+if LLMGW_UPDATE_CHECK_EVERY < 60:
+    raise ImproperlyConfigured(
+        f"LLMGW_UPDATE_CHECK_EVERY is {LLMGW_UPDATE_CHECK_EVERY}: write 60 or more seconds"
+    )
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
 # web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())

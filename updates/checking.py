@@ -1,0 +1,103 @@
+"""The update check's shell: each model with an origin compared with its registry.
+
+``check_models(names, by=...)`` asks the registry (``updates.registry.latest``) for the
+revision each model pins, or the newest, compares the weights file by file
+(``updates.check.compare``, pure), keeps the result (``UpdateCheck``, one row a model) and
+marks the model live. A registry that fails is that model's ``error`` with the reason: the
+others are checked, and nothing of the catalog changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.utils import timezone
+
+from updates import check, registry
+from updates.models import UpdateCheck
+
+log = logging.getLogger(__name__)
+
+
+def checkable(m: object) -> bool:
+    """Return whether a model can be checked: it has an origin and a registry source."""
+    origin = getattr(m, "origin", None)
+    return origin is not None and registry.kind(str(getattr(m, "source", "") or "")) is not None
+
+
+def check_model(m: object) -> check.Result:
+    """Check one model (a catalog spec); never raises for the registry's failures."""
+    name = str(getattr(m, "name", ""))
+    origin = getattr(m, "origin", None)
+    source = str(getattr(m, "source", "") or "").strip()
+    if origin is None:
+        return check.error(
+            name, "", "no origin: the mirror writes it when it fetches the model's files"
+        )
+    if registry.kind(source) is None:
+        return check.error(
+            name, origin.revision, f"source {source} has no registry to check (a local path)"
+        )
+    have = [check.Weights(f.path, f.sha256, f.bytes) for f in origin.files]
+    try:
+        # The newest revision: a model's origin records the commit it was fetched at, which
+        # is what is compared, not what is asked for.
+        state = registry.latest(source, None)
+    except registry.RegistryError as exc:
+        return check.error(name, origin.revision, str(exc))
+    published = [check.Weights(f.path, f.sha256, int(f.size or 0)) for f in state.weights]
+    return check.compare(name, origin.revision, have, state.commit, published)
+
+
+def check_models(names: Iterable[str] | None = None, *, by: str = "") -> list[check.Result]:
+    """Check the models named (every model with an origin for None); keep each result.
+
+    A model named that is not in the catalog is an ``error`` result saying so.
+    """
+    from catalog.services import stored_specs
+
+    wanted = None if names is None else list(dict.fromkeys(names))
+    specs = stored_specs(names=wanted)
+    found = {m.name: m for m in specs}
+    results = []
+    for name in wanted if wanted is not None else [m.name for m in specs if checkable(m)]:
+        m = found.get(name)
+        if m is None:
+            results.append(check.error(name, "", f'model "{name}" is not in the catalog'))
+            continue
+        result = check_model(m)
+        results.append(result)
+        _keep(result, by)
+    return results
+
+
+def _keep(result: check.Result, by: str) -> None:
+    UpdateCheck.objects.update_or_create(
+        model=result.model,
+        defaults={
+            "state": result.state,
+            "revision": result.revision,
+            "latest": result.latest,
+            "changed": result.changed,
+            "added": result.added,
+            "removed": result.removed,
+            "message": result.message[:4000],
+            "checked": timezone.now(),
+            "checked_by": by[:300],
+        },
+    )
+    try:
+        from cluster import events
+
+        events.changed(models=[result.model])
+    except Exception:
+        log.debug("marking %s changed failed", result.model, exc_info=True)
+
+
+def last_checks(names: Iterable[str] | None = None) -> dict[str, UpdateCheck]:
+    """Return the last check of each model (of those named), by name."""
+    q = UpdateCheck.objects.all()
+    if names is not None:
+        q = q.filter(model__in=list(names))
+    return {c.model: c for c in q}

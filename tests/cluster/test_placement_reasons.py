@@ -3,7 +3,7 @@
 Plain data, no database. A base node fits the base profile; ``spoil`` makes it miss one
 condition (or several). The reason for a request that fits nowhere must name the
 condition the closest node misses, and between nodes as close, the first in
-``cluster.placement._CONDITIONS``.
+``cluster.placement.reasons.CONDITIONS``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.placement import (
-    _CONDITIONS,
     Assignment,
     Card,
     Domain,
@@ -27,6 +26,7 @@ from cluster.placement import (
     Running,
     place,
 )
+from cluster.placement.reasons import CONDITIONS
 
 L4 = "nvidia-l4-24gb"
 H100 = "nvidia-h100-80gb"
@@ -47,7 +47,7 @@ PROFILE = PlacementProfile(
 )
 
 # The conditions a single-node profile can miss (keep_within's label needs several nodes).
-SINGLE = [c for c in _CONDITIONS if c != "label"]
+SINGLE = [c for c in CONDITIONS if c != "label"]
 # Conditions of one chain: a node missing the first is not said to miss the next.
 CHAINS = [{"real", "engine", "version"}, {"class", "count", "free"}]
 
@@ -168,7 +168,7 @@ def test_of_two_nodes_each_missing_one_the_first_condition_is_told(first: str, s
     elif first in HARD or second in HARD:
         expect = second if first in HARD else first  # the other node has the cards
     else:
-        expect = min(first, second, key=_CONDITIONS.index)
+        expect = min(first, second, key=CONDITIONS.index)
     assert said(text) == [expect], text
 
 

@@ -285,8 +285,7 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
     The filter form asks again with htmx and gets only the table back (``#table``); the
     query count does not grow with the number of models (prefetched rows).
     """
-    queryset = with_effective_class(services.stored_queryset())
-    filterset = ServedModelFilterSet(request.GET, queryset=queryset)
+    filterset = listed(request.GET)
     rows = []
     for obj in filterset.qs:
         m = obj.to_spec()  # from the prefetched rows: no query per model
@@ -316,6 +315,9 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
         values["class"] = request.GET.get("capacity_class", "")
     context = {
         "rows": rows,
+        "names": [r["obj"].name for r in rows],
+        # The live socket's filters: the consumer pushes the ready cells of these rows.
+        "live_query": request.GET.urlencode(),
         "values": values,
         "filter_errors": filterset.errors,
         "engines": ENGINES,
@@ -324,6 +326,18 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
         "filtered": any(values.values()),
     }
     return render(request, _template(request, "catalog/servedmodel_list.html", "table"), context)
+
+
+def listed(params: Mapping[str, Any]) -> ServedModelFilterSet:
+    """Return the catalog list's filter over its query string (the page and the live
+    view's ready column, ``llmgw_admin.consumer``, list the same models)."""
+    queryset = with_effective_class(services.stored_queryset())
+    return ServedModelFilterSet(params, queryset=queryset)
+
+
+def listed_names(params: Mapping[str, Any]) -> set[str]:
+    """Return the names the catalog list shows for these filters."""
+    return set(listed(params).qs.values_list("name", flat=True))
 
 
 def _stored(name: str) -> ServedModel:

@@ -447,3 +447,46 @@ def models_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
     }
     out[("unplaced",)] = render_unplaced()
     return out
+
+
+# The catalog list's ready column: ready/total replicas per model, by name.
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """A model's replicas as the catalog list counts them: those serving, of those wanted.
+
+    ``total`` is the replicas the reconciler wants now (a roll's replacement not counted
+    twice); ``ready`` those of them answering, at most ``total``, as the dashboard's
+    "1 of 1 ready" counts them (``ModelRow.ready`` and ``ModelRow.wanted``).
+    """
+
+    name: str
+    ready: int
+    total: int
+
+    @property
+    def dom_id(self) -> str:
+        return "catalog-ready-" + model_dom_id(self.name).removeprefix("cluster-model-")
+
+
+def readiness(names: Iterable[str]) -> dict[str, Readiness]:
+    """Return each named model's readiness (one query; a model with no replica: 0/0)."""
+    wanted = list(dict.fromkeys(names))
+    ready: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    for name, state, replaces in Replica.objects.filter(
+        model_name__in=wanted, desired=True
+    ).values_list("model_name", "state", "replaces_id"):
+        ready[name] += state == ReplicaState.READY
+        total[name] += replaces is None
+    return {n: Readiness(n, min(ready[n], total[n]), total[n]) for n in wanted}
+
+
+def render_ready(row: Readiness) -> str:
+    return render_to_string("cluster/partials/ready.html", {"r": row})
+
+
+def ready_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    """Return each model's ready cell by name (the catalog list's live view)."""
+    return {n: render_ready(r) for n, r in readiness(names).items()}

@@ -3,6 +3,8 @@
 ``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges``, ``evals`` and
 ``traffic`` (the gateway's, pushed once a second, ``gateway.live``)
 (comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
+``?view=catalog`` makes ``models`` the catalog list's ready column, for the models its
+other parameters, the list's filters, show (``catalog.views.listed_names``);
 ``evals`` needs ``?eval=ID``, the evaluation whose page is open). On connect the
 consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
 for each event of cluster.events, the changed elements by id. htmx's ws extension swaps
@@ -37,6 +39,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from catalog.views import listed_names
 from cluster import events
 from cluster import live as cluster_live
 from gateway import live as gateway_live
@@ -118,6 +121,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
     can_act: bool
     model: str | None
     evaluation: int | None
+    # The catalog list's ready cells (?view=catalog): the names its filters show, or None.
+    listed: set[str] | None = None
     shown_nodes: set[int]
     shown_models: set[str]
     # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
@@ -153,6 +158,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.model = query["model"][0] if query.get("model") else None
+        if query.get("view") == ["catalog"]:
+            filters = {k: v[-1] for k, v in query.items() if k != "view"}
+            self.listed = await database_sync_to_async(listed_names)(filters)
         wanted = query.get("eval", [""])[0]
         # An id a bigint column holds; any other is no evaluation's (the socket is closed).
         self.evaluation = int(wanted) if wanted.isdigit() and len(wanted) <= 18 else None
@@ -188,6 +196,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
+        if self.listed is not None:
+            cells = cluster_live.ready_changed(sorted(self.listed), self.can_act)
+            return "\n".join(h for h in cells.values() if h), set(), set()
         html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
         nodes = {r.pk for r in cluster_live.node_rows()} if "nodes" in self.topics else set()
         if "models" not in self.topics:
@@ -270,6 +281,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def cluster_models_changed(self, event: dict[str, Any]) -> None:
         names = events.keys_of(event)
+        if self.listed is not None:
+            shown = [n for n in names if n in self.listed]
+            if shown:
+                cells = await self._rendered(event, "ready", cluster_live.ready_changed, names)
+                await self.send(text_data="\n".join(cells[n] or "" for n in shown))
+            return
         if self.model is not None:
             # A model's own page: its block only, empty when it has no replicas left.
             if self.model not in names:

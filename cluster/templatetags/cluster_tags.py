@@ -38,3 +38,19 @@ def reconciler_status() -> dict:
     from cluster import marks
 
     return {"tick": marks.tick_status()}
+
+
+@register.simple_tag
+def readiness(names: list[str]) -> dict:
+    """Each named model's ready replicas of those wanted (cluster.live.readiness, one query)."""
+    from cluster import live
+
+    return live.readiness(names)
+
+
+@register.inclusion_tag("cluster/partials/ready.html")
+def ready_cell(counts: dict, name: str) -> dict:
+    """A model's ready cell in the catalog list, as the live view pushes it."""
+    from cluster import live
+
+    return {"r": counts.get(name) or live.Readiness(name, 0, 0)}

@@ -20,6 +20,10 @@ A process's replicas out of routing (``gateway.outliers``) ride along: each seco
 publishes (one with no traffic too, while any is out), a model's item carries
 ``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
 one until the latest ``until`` any process said, with how many processes said it.
+
+The same thread writes the process's load report for the reconciler's scaling each
+second (``gateway.loadreport``, given by ``report_load``): in flight and waiting per
+model now, and the TTFT counts of the seconds it just took.
 """
 
 from __future__ import annotations
@@ -76,6 +80,13 @@ class Traffic(Listener):
         self._lock = threading.Lock()
         # Replicas this process ejected: (model, replica) -> until (a Unix time).
         self.ejections: dict[tuple[str, int], float] = {}
+        self.load: Any = None  # gateway.loadreport.LoadReport, once report_load is called
+
+    def report_load(self, gateway: Any) -> None:
+        """Report ``gateway``'s load each second too (``gateway.loadreport``)."""
+        from gateway.loadreport import LoadReport
+
+        self.load = LoadReport(gateway, self.process)
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         _refused.set(True)  # the request's own task: its Done follows
@@ -153,6 +164,8 @@ class Traffic(Listener):
 
     def publish_once(self) -> None:
         items = self.take(int(time.time()))
+        if self.load is not None:
+            self.load.tick(items)  # never raises
         for second in sorted({i["second"] for i in items}):
             of = [i for i in items if i["second"] == second]
             message = {"type": TYPE, "id": f"{self.process}:{second}", "models": of}

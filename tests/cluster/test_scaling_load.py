@@ -1,0 +1,128 @@
+"""The gateway processes' load reports (cluster.load) and their writer (gateway.loadreport):
+summed per model, expired after their TTL, kept in a real Redis in production."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis import Redis
+
+from cluster import load
+from cluster.scaling import Load
+from gateway.loadreport import LoadReport
+from gateway.traffic import EDGES_MS
+from tests.redisserver import url as redis_url
+
+N = len(EDGES_MS) + 1
+
+
+def hist(**at: int) -> list[int]:
+    counts = [0] * N
+    for edge, count in at.items():
+        counts[EDGES_MS.index(int(edge[1:]))] = count
+    return counts
+
+
+def report(process: str, **models: dict) -> dict:
+    return {"process": process, "at": time.time(), "edges": list(EDGES_MS), "models": models}
+
+
+def test_the_sum_over_processes() -> None:
+    a = report("a:1", chat={"in_flight": 3, "waiting": 1, "ttft": hist(e100=98)})
+    b = report("b:2", chat={"in_flight": 4, "waiting": 0, "ttft": hist(e2000=2)},
+               other={"in_flight": 1})  # fmt: skip
+    out = load.total([a, b])
+    assert out["chat"] == Load(in_flight=7, waiting=1, ttft_p99_ms=2000.0, samples=100)
+    assert out["other"] == Load(in_flight=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=8), st.none() | st.integers() | st.text()
+                                | st.lists(st.integers()) | st.dictionaries(st.text(max_size=5),
+                                st.integers() | st.lists(st.integers())))))  # fmt: skip
+def test_malformed_reports_are_left_out_never_raise(items: list) -> None:
+    out = load.total(items)
+    for figures in out.values():
+        assert figures.in_flight >= 0 and figures.waiting >= 0
+
+
+def test_in_process_reports_expire(settings: object) -> None:
+    settings.REDIS_URL = ""  # type: ignore[attr-defined]
+    load.clear()
+    load.write(report("a:1", chat={"in_flight": 2}))
+    assert load.read()["chat"].in_flight == 2
+    load._local["a:1"] = (time.monotonic() - 1, load._local["a:1"][1])
+    assert load.read() == {}
+
+
+@pytest.fixture
+def redis_settings(settings: object) -> str:
+    url = redis_url(12)
+    Redis.from_url(url).flushdb()
+    settings.REDIS_URL = url  # type: ignore[attr-defined]
+    load._client = None
+    yield url
+    load._client = None
+
+
+def test_reports_in_redis_with_a_ttl(redis_settings: str) -> None:
+    load.write(report("a:1", chat={"in_flight": 2}))
+    load.write(report("b:2", chat={"in_flight": 5}))
+    assert load.read()["chat"].in_flight == 7
+    client = Redis.from_url(redis_settings)
+    assert 0 < client.ttl(load.PREFIX + "a:1") <= load.TTL
+    client.delete(load.PREFIX + "a:1")  # as its TTL would
+    assert load.read()["chat"].in_flight == 5
+    assert client.smembers(load.INDEX) == {b"b:2"}
+
+
+def test_redis_away_is_unavailable(settings: object) -> None:
+    from tests.redisserver import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # type: ignore[attr-defined]
+    load._client = None
+    try:
+        with pytest.raises(load.Unavailable, match="Redis did not answer"):
+            load.read()
+    finally:
+        load._client = None
+
+
+def test_the_gateway_writes_its_in_flight_waiting_and_ttft(settings: object) -> None:
+    settings.REDIS_URL = ""  # type: ignore[attr-defined]
+    load.clear()
+    pool = SimpleNamespace(endpoints={11: "http://a", 12: "http://b"})
+    state = SimpleNamespace(table=SimpleNamespace(pools={"chat": pool}),
+                            _waiters={"cold": [object(), object()], "none": []})  # fmt: skip
+    gateway = SimpleNamespace(state=state, in_flight={11: 2, 12: 1, 99: 4})
+    writer = LoadReport(gateway, "here:1")
+    now = time.time()
+    second = int(now) - 1
+    writer.tick([{"second": second, "model": "chat", "ttft": hist(e50=3)}])
+    out = load.read()
+    assert out["chat"] == Load(in_flight=3, waiting=0, ttft_p99_ms=50.0, samples=3)
+    assert out["cold"] == Load(in_flight=0, waiting=2)
+    assert "none" not in out
+    # The TTFT counts cover the last WINDOW seconds, then are dropped.
+    later = writer.report([], now=now + load.WINDOW + 2)
+    assert sum(later["models"]["chat"]["ttft"]) == 0
+
+
+def test_a_failed_write_is_dropped_and_counted(settings: object) -> None:
+    from tests.redisserver import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # type: ignore[attr-defined]
+    load._client = None
+    gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={}),
+                                                    _waiters={}), in_flight={})  # fmt: skip
+    writer = LoadReport(gateway, "here:1")
+    try:
+        writer.tick([])
+        writer.tick([])
+    finally:
+        load._client = None
+    assert writer.failures == 2

@@ -218,6 +218,13 @@ if LLMGW_UPDATE_CHECK_EVERY < 60:
     raise ImproperlyConfigured(
         f"LLMGW_UPDATE_CHECK_EVERY is {LLMGW_UPDATE_CHECK_EVERY}: write 60 or more seconds"
     )
+# An update's eval gate (docs/updates.md): an operator's own suites (name.yaml) beside the
+# ones the project carries, and the gateway its cases are sent through, as a client's
+# requests are (default: this machine's web process, on LLMGW_PORT).
+LLMGW_EVAL_DIR = envstr("EVAL_DIR")
+LLMGW_GATEWAY_URL = (
+    envstr("GATEWAY_URL") or f"http://127.0.0.1:{envint('PORT', 8000)}"
+).rstrip("/")
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
 # web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())

@@ -222,9 +222,8 @@ if LLMGW_UPDATE_CHECK_EVERY < 60:
 # ones the project carries, and the gateway its cases are sent through, as a client's
 # requests are (default: this machine's web process, on LLMGW_PORT).
 LLMGW_EVAL_DIR = envstr("EVAL_DIR")
-LLMGW_GATEWAY_URL = (
-    envstr("GATEWAY_URL") or f"http://127.0.0.1:{envint('PORT', 8000)}"
-).rstrip("/")
+_GATEWAY_URL = envstr("GATEWAY_URL") or f"http://127.0.0.1:{envint('PORT', 8000)}"
+LLMGW_GATEWAY_URL = _GATEWAY_URL.rstrip("/")
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
 # web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
 CELERY_BEAT_SCHEDULE = beat_schedule(globals())

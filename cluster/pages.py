@@ -18,10 +18,11 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from catalog import rules
 from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
-from cluster import nodepage, services
+from cluster import nodepage, placement, replace, services
 from cluster.models import Node, Replica
 from llmgw_admin.htmx import HtmxHttpRequest
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
@@ -119,3 +120,37 @@ def model_wake(request: HtmxHttpRequest, name: str) -> HttpResponse:
         f"Asked for {name}: a replica starts if none runs; it stays up for its idle_timeout.",
     )
     return redirect("catalog:servedmodel_detail", name)
+
+
+def wake_room(names: list[str]) -> dict[str, str]:
+    """Return, for each named model that no replica is wanted for (asleep), why a wake
+    would find no room now: placement tried with one replica of it on the cluster as it
+    is, as the reconciler's tick would place it. A model a wake would start is left out.
+
+    The Chat page (``gateway.views.chat``) says "started when asked" only of a model a
+    message would start; one a send would get "no room" for says so before the send.
+    """
+    asleep = set(names) - set(
+        Replica.objects.filter(desired=True, model_name__in=names).values_list(
+            "model_name", flat=True
+        )
+    )
+    if not asleep:
+        return {}
+    specs = {m.name: rules.normalize(m) for m in catalog_services.stored_specs()}
+    snap = replace.snapshot(specs)
+    found: dict[str, str] = {}
+    for name in sorted(asleep):
+        m = specs.get(name)
+        if m is None or rules.is_external(m):
+            continue
+        request = placement.Request(
+            f"{name}/wake",
+            name,
+            tuple(placement.profiles_from_spec(m)),
+            rules.class_rank(rules.effective_class(m)),
+        )
+        trial = placement.place(snap.p_nodes, snap.domains, snap.running, [request])
+        if trial.unplaced:
+            found[name] = trial.unplaced[0].told
+    return found

@@ -151,6 +151,7 @@ def chat(request: HttpRequest) -> HttpResponse:
     gateway and its guard, as the signed-in user (``gateway.session``)."""
     from catalog.models import Adapter, ServedModel
     from cluster.models import Replica
+    from cluster.pages import wake_room
     from cluster.placement import unplaceable
     from cluster.services import no_room
     from gateway.session import PATH
@@ -166,6 +167,10 @@ def chat(request: HttpRequest) -> HttpResponse:
     ready = set(wanted.filter(state="ready").values_list("model_name", flat=True))
     placed = set(wanted.filter(assignments__isnull=False).values_list("model_name", flat=True))
     rooms = no_room(models)
+    # An asleep model a message would wake: tried on the cluster as it is now, so one a
+    # send would get "no room" for is not offered as "started when asked".
+    woken = wake_room([name for name, _, hi in rows if hi > 0 and name not in rooms])
+    rooms.update(woken)
     roomless = set(rooms)
     never = {name for name, why in rooms.items() if unplaceable(why)}
     # What a message to each would meet: an answer, a start, or no room (as the gateway

@@ -124,6 +124,19 @@
     };
   }
 
+  // A send answered "no room" says so in the model's note too (the note said what the
+  // page knew when it opened: a wake may meet a cluster that has filled since).
+  function noted(model, code, message) {
+    var note = code === "model_unplaceable" ? "no node in this cluster can run it"
+      : code === "model_unavailable" && message.indexOf("no room") !== -1
+        ? "no room in the cluster now" : "";
+    Array.prototype.forEach.call(select.options, function (option) {
+      if (note && option.value === model) {
+        option.textContent = (option.getAttribute("data-label") || model) + " — " + note;
+      }
+    });
+  }
+
   document.getElementById("chat-clear").addEventListener("click", function () {
     messages = [];
     log.textContent = "";
@@ -179,6 +192,7 @@
             stop();
             refusal(message, requestId);
             messages.pop();
+            noted(model, code, message);
             // The guard's refusal is no replica's error (the message names the judge).
             if (code === "content_filter") {
               say("refused by the guard");

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from cluster.choices import NodeHealth
-from cluster.models import Assignment, Node, Replica
+from cluster.models import Assignment, Replica
 from tests.catalog.samples import store
+from tests.cluster.helpers import join_node
 
 SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]
 
@@ -26,7 +26,8 @@ def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
     store(model("ready", 1, 1, adapters=[{"name": "ready-sql", "source": "/lora/sql"}]),
           model("roomless", 1, 1), model("lazy", 0, 1), model("off", 0, 0), model("never", 1, 1),
           model("judge", 1, 1, role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
-    node = Node.objects.create(name="n1", health=NodeHealth.READY)
+    store(model("asleep-roomless", 0, 1, profiles=[dict(SIM[0], gpu_class="nvidia-b200-180gb")]))
+    node, _ = join_node("n1", ["nvidia-h100-80gb"])  # room for one replica of lazy
     r = Replica.objects.create(model_name="ready", state="ready", endpoint="http://n1:9000")
     Assignment.objects.create(replica=r, node=node)
     Replica.objects.create(model_name="roomless", state="pending", unplaced=True,
@@ -35,9 +36,11 @@ def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
                            reason="no node in this cluster can run it: no node has "
                            "nvidia-h100-80gb cards")  # fmt: skip
     html = client_for(viewer).get("/gateway/chat/").content.decode()
-    offered = dict(re.findall(r'<option value="([^"]*)">([^<]*)</option>', html))
+    offered = dict(re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>', html))
     assert offered == {
         "lazy": "lazy — started when asked",
+        # Asleep, and no node has its class: a message would wake it into no room.
+        "asleep-roomless": "asleep-roomless — no node in this cluster can run it",
         "off": "off — not running (scaling.max 0)",
         "ready": "ready",
         "roomless": "roomless — no room in the cluster now",

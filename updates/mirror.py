@@ -492,7 +492,8 @@ def _bytes_with_folder(folder: str, exclude: int) -> int:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+    """Return a size as a person reads it: GB from 1 GB, MB below."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> None:

@@ -1,0 +1,122 @@
+"""The update check: pure (hypothesis) and against the Hub stand-in through the library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.catalog.samples import gpu_model, store
+from tests.updates.hubstandin import HubStandIn
+from updates import check, checking, mirror
+
+paths = st.sampled_from(["a.safetensors", "b.safetensors", "c.gguf", "d.bin"])
+shas = st.sampled_from(["1" * 64, "2" * 64, "3" * 64])
+files = st.dictionaries(paths, shas, max_size=4)
+
+
+def _w(d: dict[str, str]) -> list[check.Weights]:
+    return [check.Weights(p, s, 10) for p, s in d.items()]
+
+
+@given(files, files)
+def test_an_update_is_exactly_the_weights_changed_added_or_removed(
+    have: dict[str, str], published: dict[str, str]
+) -> None:
+    r = check.compare("m", "r1", _w(have), "r2", _w(published))
+    assert r.added == sorted(set(published) - set(have))
+    assert r.removed == sorted(set(have) - set(published))
+    assert r.changed == sorted(p for p in set(have) & set(published) if have[p] != published[p])
+    assert (r.state == check.AVAILABLE) == bool(r.added or r.removed or r.changed)
+    assert r.state in (check.AVAILABLE, check.CURRENT)
+
+
+@given(files)
+def test_a_new_commit_with_the_same_weights_is_not_an_update(have: dict[str, str]) -> None:
+    r = check.compare("m", "r1", _w(have), "r2", _w(have))
+    assert r.state == check.CURRENT and "not an update" in r.message
+
+
+# -- against the stand-in ----------------------------------------------------------------
+
+
+def _mirrored(hub: HubStandIn, files: dict[str, bytes]) -> str:
+    sha = hub.commit("org/chat", files)
+    store(gpu_model("chat"))
+    f = mirror.request_fetch("chat", start=False)
+    assert mirror.run_fetch(f.pk).state == "done"
+    return sha
+
+
+BASE = {"model.safetensors": b"w1" * 500, "README.md": b"# one", "config.json": b"{}"}
+
+
+@pytest.mark.django_db
+def test_weights_changed_is_an_update(hub: HubStandIn) -> None:
+    first = _mirrored(hub, BASE)
+    latest = hub.commit("org/chat", {"model.safetensors": b"w2" * 500}, keep=True)
+    [r] = checking.check_models(["chat"], by="test")
+    assert (r.state, r.revision, r.latest, r.changed) == (
+        "available",
+        first,
+        latest,
+        ["model.safetensors"],
+    )
+    assert checking.last_checks(["chat"])["chat"].state == "available"
+
+
+@pytest.mark.django_db
+def test_a_readme_only_commit_is_not_an_update(hub: HubStandIn) -> None:
+    _mirrored(hub, BASE)
+    hub.commit("org/chat", {"README.md": b"# two", "config.json": b'{"a": 1}'}, keep=True)
+    [r] = checking.check_models(["chat"])
+    assert r.state == "current" and r.changed == r.added == r.removed == []
+    assert "not an update" in r.message
+
+
+@pytest.mark.django_db
+def test_a_file_added_and_a_file_removed_are_updates(hub: HubStandIn) -> None:
+    _mirrored(hub, {**BASE, "extra.safetensors": b"x" * 100})
+    hub.commit("org/chat", {"model-2.safetensors": b"y" * 100}, keep=True)
+    hub.remove("org/chat", "extra.safetensors")
+    [r] = checking.check_models(["chat"])
+    assert (r.state, r.added, r.removed, r.changed) == (
+        "available",
+        ["model-2.safetensors"],
+        ["extra.safetensors"],
+        [],
+    )
+
+
+@pytest.mark.django_db
+def test_a_repository_gone_is_an_error_with_the_reason_and_changes_nothing(
+    hub: HubStandIn,
+) -> None:
+    from catalog.services import stored_specs
+
+    _mirrored(hub, BASE)
+    before = stored_specs(names=["chat"])[0]
+    hub.delete("org/chat")
+    [r] = checking.check_models(["chat"])
+    assert r.state == "error" and "is not there" in r.message
+    assert stored_specs(names=["chat"])[0] == before
+
+
+@pytest.mark.django_db
+def test_a_model_not_in_the_catalog_is_an_error_and_the_others_are_checked(
+    hub: HubStandIn,
+) -> None:
+    _mirrored(hub, BASE)
+    results = checking.check_models(["nope", "chat"])
+    assert [(r.model, r.state) for r in results] == [("nope", "error"), ("chat", "current")]
+
+
+@pytest.mark.django_db
+def test_every_model_with_an_origin_is_checked_when_none_is_named(
+    hub: HubStandIn, settings: Any
+) -> None:
+    _mirrored(hub, BASE)
+    store(gpu_model("other"))  # no origin: not checked
+    assert [r.model for r in checking.check_models()] == ["chat"]

@@ -1,0 +1,203 @@
+"""The weights mirror against the Hub stand-in, through the real library: fetched once,
+resumed, checked against the sha256 published, renamed into place, the origin written."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from tests.catalog.samples import gpu_model, store
+from tests.updates.hubstandin import Blob, HubStandIn
+from updates import mirror
+from updates.models import Fetch, FetchState
+
+pytestmark = pytest.mark.django_db
+
+WEIGHTS = bytes(range(256)) * 4096  # 1 MiB
+
+
+def _fetch(name: str = "chat", revision: str | None = None) -> Fetch:
+    f = mirror.request_fetch(name, revision, by="test", surface="cli", start=False)
+    out = mirror.run_fetch(f.pk)
+    assert out is not None
+    return out
+
+
+def _origin(name: str = "chat") -> Any:
+    from catalog.services import stored_specs
+
+    return stored_specs(names=[name])[0].origin
+
+
+def test_a_fetch_puts_every_file_in_place_and_writes_the_origin(hub: HubStandIn) -> None:
+    sha = hub.commit(
+        "org/chat",
+        {"model.safetensors": WEIGHTS, "config.json": b"{}", "README.md": b"# chat"},
+    )
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    assert f.commit == sha
+    folder = mirror.local_path("chat", sha)
+    assert folder is not None and (folder / "model.safetensors").read_bytes() == WEIGHTS
+    assert (folder / "config.json").read_bytes() == b"{}"
+    assert not list(folder.parent.glob("*.part"))
+    origin = _origin()
+    assert origin.repo == "org/chat" and origin.revision == sha
+    assert [(o.path, o.sha256, o.bytes) for o in origin.files] == [
+        ("model.safetensors", hashlib.sha256(WEIGHTS).hexdigest(), len(WEIGHTS))
+    ]
+    from catalog.models import ChangeRecord
+
+    record = ChangeRecord.objects.filter(model_name="chat").order_by("-id").first()
+    assert record.surface == "updates" and "origin" in record.summary
+    assert record.actor_name == "mirror (test)"
+    assert f.bytes_done == f.bytes_total == len(WEIGHTS) + 2 + 6
+
+
+def test_asking_again_while_queued_gets_the_same_fetch(hub: HubStandIn) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    first = mirror.request_fetch("chat", start=False)
+    assert all(mirror.request_fetch("chat", start=False).pk == first.pk for _ in range(3))
+    assert Fetch.objects.count() == 1
+
+
+def test_four_nodes_asking_cost_one_download(hub: HubStandIn) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS, "config.json": b"{}"})
+    store(gpu_model("chat"))
+    answers = [mirror.manifest("chat", by=f"node-{i}") for i in range(4)]
+    assert {a.fetch.pk for a in answers} == {answers[0].fetch.pk}
+    mirror.run_fetch(answers[0].fetch.pk)
+    for _ in range(4):
+        m = mirror.manifest("chat")
+        assert m.state == "done" and {f["path"] for f in m.files} == {
+            "model.safetensors",
+            "config.json",
+        }
+    assert hub.count("GET", "/resolve/") == 2  # each file once
+    assert hub.count("GET", "/api/models/org/chat") == 1
+
+
+def test_a_download_broken_halfway_is_resumed_with_range(hub: HubStandIn) -> None:
+    # huggingface_hub writes in 10 MiB chunks: a break past the first leaves some held.
+    big = WEIGHTS * 24
+    hub.commit("org/chat", {"model.safetensors": big})
+    store(gpu_model("chat"))
+    hub.break_after["model.safetensors"] = len(big) // 2
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    ranges = [r for m, p, r in hub.requests if m == "GET" and "/resolve/" in p]
+    assert ranges == ["", f"bytes={10 << 20}-"]
+    assert (mirror.local_path("chat") / "model.safetensors").read_bytes() == big
+
+
+def test_a_fetch_that_failed_halfway_resumes_from_its_part_file(hub: HubStandIn) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    # A partial download left by an earlier try (a worker that died): the same folder.
+    state = mirror.registry.latest("org/chat")
+    part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
+    part_dir.mkdir(parents=True)
+    (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:300_000])
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    assert [r for m, p, r in hub.requests if m == "GET" and "/resolve/" in p] == ["bytes=300000-"]
+
+
+def test_bytes_that_do_not_match_their_sha256_are_refused_and_nothing_is_renamed(
+    hub: HubStandIn,
+) -> None:
+    sha = hub.commit("org/chat", {"model.safetensors": WEIGHTS, "config.json": b"{}"})
+    store(gpu_model("chat"))
+    hub.wrong_bytes.add("model.safetensors")
+    f = _fetch()
+    assert f.state == FetchState.FAILED
+    assert "model.safetensors" in f.reason and "sha256" in f.reason
+    assert mirror.local_path("chat", sha) is None
+    final = mirror.root() / mirror.folder_for("org/chat", sha)
+    assert not final.exists()
+    assert not list(final.parent.rglob("model.safetensors*"))
+    assert _origin() is None  # nothing written
+
+
+def test_a_repository_gone_fails_the_fetch_with_the_reason_and_changes_nothing(
+    hub: HubStandIn,
+) -> None:
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.FAILED and "is not there" in f.reason
+    assert _origin() is None
+
+
+def test_the_size_cap_refuses_a_fetch_with_the_reason(hub: HubStandIn, settings: Any) -> None:
+    settings.LLMGW_MIRROR_MAX_GB = 0.0005  # 500 kB
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.FAILED
+    assert "LLMGW_MIRROR_MAX_GB" in f.reason and "needs 1.0 MB" in f.reason
+    assert hub.count("GET", "/resolve/") == 0
+
+
+def test_a_url_source_is_mirrored_and_checked_against_its_sha256(hub: HubStandIn) -> None:
+    hub.plain["small.gguf"] = Blob(WEIGHTS)
+    store(gpu_model("chat", source=f"{hub.url}/plain/small.gguf"))
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    assert (mirror.local_path("chat") / "small.gguf").read_bytes() == WEIGHTS
+    origin = _origin()
+    assert origin.revision == hashlib.sha256(WEIGHTS).hexdigest()
+    assert origin.files[0].path == "small.gguf"
+
+
+def test_the_mirror_keeps_the_current_and_previous_revision_and_drops_others(
+    hub: HubStandIn,
+) -> None:
+    from catalog import spec
+    from catalog.services import SYSTEM, save_model, stored_specs
+
+    first = hub.commit("org/chat", {"model.safetensors": b"1" * 1000})
+    store(gpu_model("chat"))
+    assert _fetch().state == FetchState.DONE
+    second = hub.commit("org/chat", {"model.safetensors": b"2" * 1000})
+    assert _fetch(revision=second).state == FetchState.DONE
+    third = hub.commit("org/chat", {"model.safetensors": b"3" * 1000})
+    # An update's promote: the origin moves to the second, the first kept as previous.
+    m = stored_specs(names=["chat"])[0]
+    m.origin = spec.Origin(
+        repo="org/chat",
+        revision=second,
+        files=m.origin.files,
+        previous=spec.PreviousOrigin(source="org/chat", revision=first),
+    )
+    save_model(m, SYSTEM, replacing="chat")
+    assert _fetch(revision=third).state == FetchState.DONE  # the next candidate
+    held = {h.commit: h.roles for h in mirror.holdings()}
+    assert held == {first: ["previous"], second: ["current"], third: ["candidate"]}
+    m = stored_specs(names=["chat"])[0]
+    m.origin.previous = spec.PreviousOrigin(source="org/chat", revision=second)
+    m.origin.revision = third
+    save_model(m, SYSTEM, replacing="chat")
+    mirror.prune()
+    assert mirror.local_path("chat", first) is None
+    assert not (mirror.root() / mirror.folder_for("org/chat", first)).exists()
+    assert mirror.local_path("chat", second) is not None
+    assert mirror.local_path("chat", third) is not None
+
+
+def test_a_model_without_a_registry_source_is_refused(hub: HubStandIn) -> None:
+    from tests.catalog.samples import cpu_model
+
+    store(cpu_model("small"))
+    with pytest.raises(mirror.MirrorError, match="nothing to mirror"):
+        mirror.request_fetch("small")
+
+
+def test_the_mirror_off_refuses_a_fetch(hub: HubStandIn, settings: Any) -> None:
+    settings.LLMGW_MIRROR = False
+    store(gpu_model("chat"))
+    with pytest.raises(mirror.MirrorError, match="LLMGW_MIRROR=off"):
+        mirror.request_fetch("chat")

@@ -130,3 +130,76 @@ class UpdateCheck(models.Model):
             "message": self.message,
             "checked": self.checked.isoformat(),
         }
+
+
+# -- the update flow's records (H19flow; updates.run drives them, updates.flow decides) ------
+
+
+class UpdateState(models.TextChoices):
+    """Where an update is: running a step, waiting for promote by hand, or ended."""
+
+    RUNNING = "running", _("running")
+    WAITING = "waiting", _("ready to promote")
+    PROMOTED = "promoted", _("promoted")
+    FAILED = "failed", _("failed")
+
+
+class UpdateRun(models.Model):
+    """One update of a model to new weights: its steps, what each found, who started it.
+
+    ``plan`` is ``updates.flow.Plan`` as it started (the steps, the canary's settings, the
+    eval gate, ``auto``); ``lines`` a progress line per step as it went (each
+    ``{"at", "step", "text"}``); ``failed_cases`` the eval's failed cases (``{"case",
+    "answer", "why"}``); ``canary`` the canary's figures (``{"percent", "served",
+    "min_requests", "why"}``). At most one update a model is running or waiting.
+    """
+
+    model = models.CharField(max_length=200, db_index=True)
+    candidate = models.CharField(max_length=200, blank=True)
+    revision = models.CharField(max_length=200, blank=True, help_text=_("as asked"))
+    commit = models.CharField(max_length=200, blank=True, help_text=_("the new revision"))
+    from_commit = models.CharField(max_length=200, blank=True, help_text=_("the one replaced"))
+    state = models.CharField(
+        max_length=20, choices=UpdateState.choices, default=UpdateState.RUNNING
+    )
+    step = models.CharField(max_length=20, default="fetch")
+    plan = models.JSONField(default=dict, blank=True)
+    lines = models.JSONField(default=list, blank=True)
+    fetch_id = models.BigIntegerField(null=True, blank=True)
+    score = models.FloatField(null=True, blank=True)
+    threshold = models.FloatField(null=True, blank=True)
+    eval_total = models.PositiveIntegerField(default=0)
+    eval_done = models.PositiveIntegerField(default=0)
+    eval_passed = models.PositiveIntegerField(default=0)
+    eval_started = models.DateTimeField(null=True, blank=True)
+    eval_key = models.CharField(max_length=100, blank=True)
+    failed_cases = models.JSONField(default=list, blank=True)
+    canary = models.JSONField(default=dict, blank=True)
+    canary_started = models.DateTimeField(null=True, blank=True)
+    canary_reached = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    started_by = models.CharField(max_length=300, blank=True)
+    surface = models.CharField(max_length=20, blank=True)
+    ended_by = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created", "-id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=("model",),
+                condition=Q(state__in=("running", "waiting")),
+                name="updates_updaterun_one_active",
+                violation_error_message="an update of this model is running already",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"update #{self.pk} of {self.model} ({self.state}, {self.step})"
+
+    @property
+    def active(self) -> bool:
+        """Return whether the update has not ended."""
+        return self.state in (UpdateState.RUNNING, UpdateState.WAITING)

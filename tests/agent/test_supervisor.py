@@ -596,14 +596,14 @@ def test_a_running_engines_new_lines_are_reported_while_it_runs(make: Any) -> No
 
 
 def test_an_engines_log_is_bounded_in_lines_and_length(tmp_path: Path) -> None:
-    from agent.supervisor import LOG_LINE_CHARS, LOG_LINES, _tail
+    from agent.enginelog import LOG_LINE_CHARS, LOG_LINES, tail
 
     path = tmp_path / "engine.log"
     path.write_text("".join(f"{i} " + "x" * 100 + "\n" for i in range(5000)))
-    lines = _tail(path)
+    lines = tail(path)
     assert len(lines) == LOG_LINES
     assert lines[-1].startswith("4999 ")
     path.write_text("".join(f"{i} " + "x" * 100_000 + "\n" for i in range(50)))
-    lines = _tail(path)
+    lines = tail(path)
     assert lines and all(len(line) <= LOG_LINE_CHARS for line in lines)
-    assert _tail(tmp_path / "missing.log") == []
+    assert tail(tmp_path / "missing.log") == []

@@ -768,11 +768,13 @@ def restart_replica(replica: Replica) -> Replica:
 
 
 @transaction.atomic
-def roll(model_name: str) -> list[int]:
+def roll(model_name: str, *, every: bool = False) -> list[int]:
     """Start a replacement for each replica running an old definition of its profile.
 
     The replacement is placed by the reconciler; once it is ready the old one is stopped
     (cluster.reconciler), so the model never has fewer ready replicas than before.
+    ``every`` replaces every replica, whatever its definition: the model's weights
+    changed (an update's promote or rollback, ``updates.run``), which no profile shows.
     """
     served = ServedModel.objects.filter(name=model_name).first()
     if served is None:
@@ -781,7 +783,7 @@ def roll(model_name: str) -> list[int]:
     current = {p.name: rules.fingerprint(p) for p in m.profiles}
     started = []
     for r in Replica.objects.filter(model_name=model_name, desired=True):
-        if current.get(r.profile) == r.fingerprint or r.replaces_id is not None:
+        if (current.get(r.profile) == r.fingerprint and not every) or r.replaces_id is not None:
             continue
         if Replica.objects.filter(replaces=r, desired=True).exists():
             continue

@@ -26,7 +26,15 @@ from catalog.models import ServedModel
 from catalog.services import stored_specs
 from cluster import placement
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
+from cluster.models import (
+    Assignment,
+    Card,
+    ClusterAction,
+    FacilityBudget,
+    ModelScale,
+    Node,
+    Replica,
+)
 from cluster.plan import ONE_AT_A_TIME
 
 DOMAIN_LABEL = "llmgw.io/{level}"
@@ -254,6 +262,11 @@ class ModelRow:
     catalog_pk: int | None
     replicas: list[ReplicaRow]
     rolls: list[Roll]
+    # Load scaling's target and why (cluster.scaling, kept as ModelScale); none while the
+    # model's count is fixed (min equal to max, switched off, not asked for).
+    scale_target: int | None = None
+    scale_range: str = ""
+    scale_reason: str = ""
 
     @property
     def dom_id(self) -> str:
@@ -368,6 +381,11 @@ def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
             if r.replaces is not None
         ]
         rows.append(ModelRow(name, catalog.get(name), reps, rolls))
+    for scale in ModelScale.objects.filter(model_name__in=[r.name for r in rows]):
+        row = next(r for r in rows if r.name == scale.model_name)
+        row.scale_target = scale.target
+        row.scale_range = f"{scale.lo}–{scale.hi}"
+        row.scale_reason = scale.shown
     return rows
 
 

@@ -307,6 +307,30 @@ class ModelDemand(models.Model):
         return f"{self.model_name} at {self.last_demand}"
 
 
+class ModelScale(models.Model):
+    """A model's load scaling as the reconciler last decided it (``cluster.scaling``):
+    the target between the min and max in force, why, and the windows it counts."""
+
+    model_name = models.CharField(max_length=200, unique=True)
+    target = models.IntegerField(null=True, blank=True)
+    lo = models.IntegerField(default=0)
+    hi = models.IntegerField(default=0)
+    over_since = models.FloatField(null=True, blank=True)
+    quiet_since = models.FloatField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    # Set while a replica it scaled up to has no room anywhere: placement's reason.
+    no_room = models.TextField(blank=True)
+    changed = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.model_name}: {self.target} ({self.shown})"
+
+    @property
+    def shown(self) -> str:
+        """What the console shows: placement's word when it found no room, else why."""
+        return self.no_room or self.reason
+
+
 class ClusterAction(models.Model):
     """An operator's action on the cluster (cordon, drain, restart, roll, budgets, tokens):
     who, when, on what. The catalog's changes have their own log (catalog.ChangeRecord)."""

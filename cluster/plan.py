@@ -22,21 +22,35 @@ class Want:
     why: str
 
 
-def wanted(
+@dataclass(frozen=True)
+class Bounds:
+    """The replica counts a model may have now: load scaling (``cluster.scaling``) picks
+    between ``lo`` and ``hi``. ``fixed`` is set where there is nothing to pick: the count,
+    and why (external, switched off, an on-demand model not asked for, min equal to max).
+    """
+
+    lo: int
+    hi: int
+    where: str
+    fixed: Want | None = None
+
+
+def bounds(
     m: Model,
     now: datetime,
     last_demand: datetime | None = None,
     idle_default_ns: int = 15 * 60 * SECOND,
-) -> Want:
-    """Return how many replicas a (normalized) model should have at ``now``.
+) -> Bounds:
+    """Return the min and max in force for a (normalized) model at ``now``.
 
     ``now`` is aware, in the control time zone. Outside every schedule window the model's
-    own min applies; inside one, the window's. An on-demand model (min 0, max above it)
-    has one replica while it was asked for within its idle timeout (the model's, or the
-    cluster default), else none. External models have none: they are served elsewhere.
+    own min and max apply; inside one, the window's (its max, when set, else the
+    model's). An on-demand model (min 0, max above it) has 1 to max while it was asked
+    for within its idle timeout (the model's, or the cluster default), else none.
+    External models have none: they are served elsewhere.
     """
     if rules.is_external(m):
-        return Want(0, "external: served elsewhere")
+        return Bounds(0, 0, "external", Want(0, "external: served elsewhere"))
     lo, hi = m.scaling.min, m.scaling.max
     window = rules.window_at(m.scaling, now)
     where = "scaling"
@@ -45,17 +59,38 @@ def wanted(
         hi = max(window.max or m.scaling.max, lo)
         days = ",".join(window.days) or "every day"
         where = f"window {days} {window.from_}-{window.to}"
+    hi = max(hi, lo)
     if lo == 0 and hi > 0:
         idle = m.scaling.idle_timeout or idle_default_ns
         if last_demand is not None:
             idle_s = (now - last_demand).total_seconds()
             if idle_s * SECOND < idle:
-                return Want(1, f"on demand: asked for {int(idle_s)} s ago")
-            return Want(0, f"on demand: idle for {int(idle_s)} s")
-        return Want(0, "on demand: not asked for")
+                why = f"on demand: asked for {int(idle_s)} s ago"
+                return Bounds(1, hi, why, Want(1, why) if hi == 1 else None)
+            return Bounds(0, 0, where, Want(0, f"on demand: idle for {int(idle_s)} s"))
+        return Bounds(0, 0, where, Want(0, "on demand: not asked for"))
     if hi == 0 and lo == 0:
-        return Want(0, f"switched off ({where}: min 0, max 0)")
-    return Want(lo, f"{where}: min {lo}")
+        return Bounds(0, 0, where, Want(0, f"switched off ({where}: min 0, max 0)"))
+    if hi == lo:
+        return Bounds(lo, hi, where, Want(lo, f"{where}: min {lo}"))
+    return Bounds(lo, hi, where)
+
+
+def wanted(
+    m: Model,
+    now: datetime,
+    last_demand: datetime | None = None,
+    idle_default_ns: int = 15 * 60 * SECOND,
+) -> Want:
+    """Return how many replicas a (normalized) model should have at ``now``, load aside:
+    the count ``bounds`` fixes, else the min in force (an on-demand model asked for: 1).
+    """
+    b = bounds(m, now, last_demand, idle_default_ns)
+    if b.fixed is not None:
+        return b.fixed
+    if b.lo == 1 and b.where.startswith("on demand"):
+        return Want(1, b.where)
+    return Want(b.lo, f"{b.where}: min {b.lo}")
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ thread lock). Steps, each over the database's current state so a tick can be rep
 1. nodes silent past ``LLMGW_NODE_LOST_AFTER`` are lost and their replicas re-placed,
    unless most nodes fell silent at once: then they are held, not ready with their
    replicas kept (``cluster.silence.judge``);
-2. each model's wanted count (``cluster.plan.wanted``: min/max, the schedule window in
-   force in ``LLMGW_TIMEZONE`` opened early by prewarm, demand for on-demand models with
-   their idle timeout or ``LLMGW_IDLE_TIMEOUT``) is met by creating or stopping replicas;
+2. each model's wanted count is met by creating or stopping replicas: between the min
+   and max in force (``cluster.plan.bounds``: the schedule window in force in
+   ``LLMGW_TIMEZONE`` opened early by prewarm, demand for on-demand models with their
+   idle timeout or ``LLMGW_IDLE_TIMEOUT``), on the load the gateway processes report
+   (``cluster.load``; ``cluster.scaling`` decides, ``LLMGW_SCALE_UP_AFTER`` and
+   ``LLMGW_SCALE_DOWN_AFTER`` its windows; ``ModelScale`` keeps what it decided);
 3. a rolling update's old replica stops once its replacement is ready;
 4. replicas without a node are placed (``cluster.placement.place``); evictions of lower
    classes are applied; what cannot be placed says why.
@@ -29,16 +32,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import events, marks, placement, plan, replace, services, silence, wake
+from cluster import load, marks, placement, plan, replace, scaling, services, silence, wake
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import Assignment, ModelDemand, Node, Replica
+from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
 from cluster.signals import reconcile_tick
+from llmgw_admin import events
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +112,7 @@ def tick(now: datetime | None = None) -> TickResult:
             _finish_rolls(result)
         with transaction.atomic():
             _place(wants, specs, result)
+            _no_room(result)
         marks.ticked(_ticker or marks.who("reconciler"))
         return result
 
@@ -173,10 +179,9 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
 def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str, plan.Want]:
     idle_default = int(float(getattr(settings, "LLMGW_IDLE_TIMEOUT", 900)) * SECOND)
     demands = dict(ModelDemand.objects.values_list("model_name", "last_demand"))
-    wants = {
-        name: plan.wanted(m, now, demands.get(name), idle_default) for name, m in specs.items()
-    }
-    views = _views(specs, _replicas_with_placement())
+    replicas = _replicas_with_placement()
+    wants = _wants(now, specs, demands, idle_default, replicas)
+    views = _views(specs, replicas)
     changes = plan.scale(wants, views)
     served = dict(ServedModel.objects.values_list("name", "pk"))
     for name, count in changes.create.items():
@@ -194,6 +199,107 @@ def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str
             services.stop_replicas(ids, reason)
         result.stopped.extend(rid for rid, _ in changes.stop)
     return wants
+
+
+def _wants(
+    now: datetime,
+    specs: dict[str, Any],
+    demands: dict[str, datetime],
+    idle_default: int,
+    replicas: list[Replica],
+) -> dict[str, plan.Want]:
+    """Each model's count: fixed by its bounds, or load scaling's pick between them."""
+    bounds = {name: plan.bounds(m, now, demands.get(name), idle_default)
+              for name, m in specs.items()}  # fmt: skip
+    kept = {s.model_name: s for s in ModelScale.objects.all()}
+    wants: dict[str, plan.Want] = {}
+    scaled = [name for name, b in bounds.items() if b.fixed is None]
+    for name, b in bounds.items():
+        if b.fixed is not None:
+            wants[name] = b.fixed
+    gone = [n for n in kept if n not in scaled]
+    if gone:
+        # Fixed again (or gone): its windows start afresh when it scales next.
+        ModelScale.objects.filter(model_name__in=gone).delete()
+        events.changed(models=[n for n in gone if n in specs])
+    if not scaled:
+        return wants
+    try:
+        loads = load.read()
+        unavailable = ""
+    except load.Unavailable as error:
+        loads, unavailable = {}, str(error)
+    running: dict[str, list[str]] = defaultdict(list)
+    ready: dict[str, int] = defaultdict(int)
+    for r in replicas:
+        if r.desired and r.state == ReplicaState.READY:
+            running[r.model_name].append(r.profile)
+            ready[r.model_name] += 1
+    up_after = float(getattr(settings, "LLMGW_SCALE_UP_AFTER", 30))
+    down_after = float(getattr(settings, "LLMGW_SCALE_DOWN_AFTER", 300))
+    for name in scaled:
+        m, b = specs[name], bounds[name]
+        row = kept.get(name) or ModelScale(model_name=name)
+        memory = scaling.Memory(row.target, row.over_since, row.quiet_since, row.reason,
+                                None if row.pk is None else row.lo)  # fmt: skip
+        if unavailable:
+            target = b.lo if row.target is None else min(max(row.target, b.lo), b.hi)
+            reason = f"holding at {target}: no load figures ({unavailable})"
+            decision = scaling.Decision(target, scaling.Memory(target, None, None, reason), reason)
+        else:
+            capacity, _ = scaling.capacity_of(
+                [(p.name, p.engine, getattr(p, "capacity", 0)) for p in m.profiles],
+                running.get(name, ()),
+            )
+            decision = scaling.decide(
+                memory, loads.get(name, scaling.Load()), lo=b.lo, hi=b.hi,
+                ready=ready.get(name, 0), capacity=capacity,
+                slo_ttft_ms=m.slo.ttft_p99 / 1e6, now=now.timestamp(),
+                up_after=up_after, down_after=down_after,
+            )  # fmt: skip
+        reason = decision.reason
+        if b.where.startswith("on demand"):
+            reason = f"{b.where}; {reason}"
+        if decision.step:
+            log.info("%s %s: %s", name, decision.step, reason)
+        new = decision.memory
+        if (row.pk is None or row.target != new.target or row.reason != reason
+                or (row.lo, row.hi) != (b.lo, b.hi) or row.over_since != new.over_since
+                or row.quiet_since != new.quiet_since):  # fmt: skip
+            pushed = row.pk is None or row.target != new.target or row.reason != reason
+            row.target, row.over_since, row.quiet_since = (
+                new.target,
+                new.over_since,
+                new.quiet_since,
+            )
+            row.lo, row.hi, row.reason = b.lo, b.hi, reason
+            row.save()
+            if pushed:
+                events.changed(models=[name])
+        wants[name] = plan.Want(decision.target, reason)
+    return wants
+
+
+def _no_room(result: TickResult) -> None:
+    """A model scaled up past its min whose new replica found no room says so (and
+    stops saying it once none is left without room)."""
+    names: dict[str, str] = {}
+    if result.unplaced:
+        for rid, name in sorted(
+            Replica.objects.filter(
+                pk__in=list(result.unplaced), unplaced=True, desired=True
+            ).values_list("pk", "model_name")
+        ):
+            names.setdefault(name, result.unplaced[rid])
+    for row in ModelScale.objects.filter(Q(model_name__in=list(names)) | ~Q(no_room="")):
+        why = names.get(row.model_name)
+        text = ""
+        if why is not None and row.target is not None and row.target > row.lo:
+            text = f"no room: scaled up to {row.target}, a replica waits: {why}"
+        if row.no_room != text:
+            row.no_room = text
+            row.save(update_fields=["no_room", "changed"])
+            events.changed(models=[row.model_name])
 
 
 def _views(specs: dict[str, Any], replicas: list[Replica]) -> list[plan.ReplicaView]:

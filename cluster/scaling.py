@@ -60,6 +60,7 @@ class Memory:
     over_since: float | None = None  # the load first needed more, in this run of it
     quiet_since: float | None = None  # the load first fit in one fewer, in this run
     reason: str = ""
+    lo: int | None = None  # the min in force when it was decided
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,10 @@ def decide(
     capacity = max(1, capacity)
     current = lo if memory.target is None else min(max(memory.target, lo), hi)
     need = math.ceil(load.demand / capacity)
+    # The min fell (a schedule window closed): replicas only the old min held go at
+    # once, down to what the load needs; the load's own go slowly as ever.
+    if memory.lo is not None and memory.target is not None and lo < memory.lo >= memory.target:
+        current = min(max(need, lo), current)
     slow = (
         slo_ttft_ms > 0
         and load.ttft_p99_ms is not None
@@ -151,24 +156,24 @@ def decide(
     if over and current >= hi:
         why = _slow_words(load, slo_ttft_ms) if slow_counts and need <= hi else words
         reason = f"holding at max {hi}: {why}"
-        return Decision(current, Memory(current, None, None, reason), reason)
+        return Decision(current, Memory(current, None, None, reason, lo), reason)
     if over:
         since = memory.over_since if memory.over_since is not None else now
         if now - since >= up_after:
             target = min(hi, max(need, current + 1))
             reason = f"scaled up to {target}: {words}"
-            return Decision(target, Memory(target, None, None, reason), reason, "up")
+            return Decision(target, Memory(target, None, None, reason, lo), reason, "up")
         reason = f"at {current}, scaling up if it holds {_left(since, now, up_after)}: {words}"
-        return Decision(current, Memory(current, since, None, reason), reason)
+        return Decision(current, Memory(current, since, None, reason, lo), reason)
     if quiet:
         since = memory.quiet_since if memory.quiet_since is not None else now
         if now - since >= down_after:
             target = current - 1
             reason = f"scaled down to {target}: {words}, quiet for {down_after:g} s"
             # The next step down needs a quiet window of its own.
-            return Decision(target, Memory(target, None, now, reason), reason, "down")
+            return Decision(target, Memory(target, None, now, reason, lo), reason, "down")
         reason = f"at {current}, scaling down if quiet {_left(since, now, down_after)}: {words}"
-        return Decision(current, Memory(current, None, since, reason), reason)
+        return Decision(current, Memory(current, None, since, reason, lo), reason)
     if current == lo and load.demand == 0:
         reason = f"at min {lo}: no load"
     elif current == lo:
@@ -176,9 +181,9 @@ def decide(
     else:
         reason = f"steady at {current}: {words}"
     if memory.target is not None and memory.target != current:
-        reason = f"{reason} (was {memory.target}, outside min {lo} to max {hi})"
+        reason = f"{reason} (was {memory.target}; min {lo}, max {hi} now)"
     return Decision(current, replace(memory, target=current, over_since=None,
-                                     quiet_since=None, reason=reason), reason)  # fmt: skip
+                                     quiet_since=None, reason=reason, lo=lo), reason)  # fmt: skip
 
 
 def _left(since: float, now: float, window: float) -> str:

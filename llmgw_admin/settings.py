@@ -181,6 +181,10 @@ CELERY_TIMEZONE = envstr("TIMEZONE", "UTC")
 LLMGW_NODE_LOST_AFTER = envint("NODE_LOST_AFTER", 30)
 LLMGW_IDLE_TIMEOUT = envint("IDLE_TIMEOUT", 900)
 LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
+# Load scaling (cluster/scaling.py): a model's load over what its replicas carry (or its
+# TTFT p99 past its slo) held this many seconds scales it up; quiet this long, down by one.
+LLMGW_SCALE_UP_AFTER = envint("SCALE_UP_AFTER", 30)
+LLMGW_SCALE_DOWN_AFTER = envint("SCALE_DOWN_AFTER", 300)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
 # The gateway's refusal records (gateway/refusals.py) are kept this many days; the job that

@@ -104,6 +104,15 @@ def test_a_target_outside_new_bounds_is_brought_inside() -> None:
     assert d.target == 2 and "was 1" in d.reason
 
 
+def test_a_closing_window_drops_what_only_its_min_held() -> None:
+    held = Memory(target=3, lo=3)
+    d = step(held, Load(in_flight=5), 0.0, lo=1, hi=4, ready=3)
+    assert d.target == 2 and "(was 3; min 1, max 4 now)" in d.reason
+    by_load = Memory(target=4, lo=3)  # one over the old min: the load's, goes slowly
+    d = step(by_load, Load(in_flight=1), 0.0, lo=1, hi=4, ready=4)
+    assert d.target == 4
+
+
 def test_capacity_of_profiles() -> None:
     profiles = [("big", "sim", 6), ("small", "sim", 2), ("new", "vllm", 0)]
     assert capacity_of(profiles, ["big", "small"]) == (4, True)

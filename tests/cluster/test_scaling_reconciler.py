@@ -1,0 +1,177 @@
+"""Load scaling in the reconciler, with a frozen clock and the gateway's reports written as
+a gateway process writes them (cluster.load, in this process's memory)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from cluster import live, load, reconciler, services
+from cluster.models import ModelScale, Node, Replica
+from gateway.traffic import EDGES_MS
+from tests.catalog.samples import gpu_model, store
+from tests.cluster.helpers import join_node
+
+pytestmark = pytest.mark.django_db
+
+H100 = "nvidia-h100-80gb"
+T0 = datetime(2026, 11, 30, 12, tzinfo=ZoneInfo("UTC"))
+UP, DOWN = 10, 60
+
+
+@pytest.fixture(autouse=True)
+def windows(settings: Any) -> None:
+    settings.REDIS_URL = ""
+    settings.LLMGW_SCALE_UP_AFTER = UP
+    settings.LLMGW_SCALE_DOWN_AFTER = DOWN
+    load.clear()
+    yield
+    load.clear()
+
+
+def report(model: str, in_flight: int = 0, waiting: int = 0, ttft_ms: int | None = None) -> None:
+    ttft = [0] * (len(EDGES_MS) + 1)
+    if ttft_ms is not None:
+        ttft[EDGES_MS.index(ttft_ms)] = 50
+    load.write({"process": "gw:1", "at": time.time(), "edges": list(EDGES_MS),
+                "models": {model: {"in_flight": in_flight, "waiting": waiting, "ttft": ttft}}})  # fmt: skip
+
+
+def tick(seconds: float) -> reconciler.TickResult:
+    now = T0 + timedelta(seconds=seconds)
+    Node.objects.update(last_heartbeat=now)
+    return reconciler.tick(now)
+
+
+def wanted(name: str) -> int:
+    return Replica.objects.filter(model_name=name, desired=True).count()
+
+
+def sim_model(name: str = "chat", **extra: Any) -> dict[str, Any]:
+    profile = {"name": "h100", "engine": "sim", "gpu_class": H100, "gpus_per_node": 1}
+    return gpu_model(name, profiles=[profile], **extra)
+
+
+def test_up_after_the_window_held_at_max_then_down_one_at_a_time() -> None:
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 3}))
+    tick(0)
+    assert wanted("chat") == 1
+    assert ModelScale.objects.get().reason == "at min 1: no load"
+    report("chat", in_flight=10)  # capacity 4 each (the sim's default): 3 needed
+    tick(1)
+    assert wanted("chat") == 1
+    assert "scaling up if it holds" in ModelScale.objects.get().reason
+    tick(1 + UP)
+    assert wanted("chat") == 3
+    scale = ModelScale.objects.get()
+    assert scale.target == 3
+    assert scale.reason == "scaled up to 3: 10 in flight over 0 replicas, capacity 4 each"
+    row = live.model_row("chat")
+    assert (row.scale_target, row.scale_range) == (3, "1–3")
+    report("chat", in_flight=30)
+    tick(2 + UP)
+    assert ModelScale.objects.get().reason.startswith("holding at max 3: 30 in flight")
+    report("chat", in_flight=1)
+    tick(100)
+    tick(100 + DOWN)
+    assert wanted("chat") == 2
+    assert ModelScale.objects.get().reason.startswith("scaled down to 2: 1 in flight")
+    tick(101 + DOWN)
+    assert wanted("chat") == 2
+    load.clear()  # no gateway reports: no load
+    tick(100 + 2 * DOWN)
+    assert wanted("chat") == 1
+
+
+def test_a_burst_shorter_than_the_window_adds_nothing() -> None:
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 3}))
+    tick(0)
+    report("chat", in_flight=12)
+    tick(1)
+    report("chat", in_flight=2)
+    tick(UP - 1)
+    report("chat", in_flight=12)
+    tick(UP + 1)
+    assert wanted("chat") == 1
+
+
+def test_ttft_past_the_slo_at_max_says_so() -> None:
+    join_node("n1", [H100] * 4)
+    store(sim_model("fixed", scaling={"min": 1, "max": 1}))
+    store(sim_model(scaling={"min": 1, "max": 2}, slo={"ttft_p99": "1s"}))
+    tick(1)
+    assert not ModelScale.objects.filter(model_name="fixed").exists()  # nothing to scale
+    Replica.objects.update(state="ready")
+    report("chat", in_flight=2, ttft_ms=3000)
+    tick(2)
+    tick(2 + UP)
+    assert wanted("chat") == 2
+    Replica.objects.update(state="ready")
+    tick(3 + UP)
+    assert (
+        ModelScale.objects.get(model_name="chat").reason
+        == "holding at max 2: TTFT p99 3 s over the 1 s slo"
+    )
+
+
+def test_a_scale_up_with_no_room_says_so() -> None:
+    join_node("n1", [H100] * 1)
+    store(sim_model(scaling={"min": 1, "max": 3}))
+    tick(0)
+    report("chat", in_flight=12)
+    tick(1)
+    tick(1 + UP)
+    scale = ModelScale.objects.get()
+    assert scale.target == 3
+    assert scale.shown.startswith("no room: scaled up to 3, a replica waits: ")
+    assert live.model_row("chat").scale_reason == scale.shown
+    # Room again: the word goes.
+    join_node("n2", [H100] * 2)
+    tick(2 + UP)
+    assert ModelScale.objects.get().no_room == ""
+
+
+def test_redis_away_holds_every_target(settings: Any) -> None:
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 3}))
+    report("chat", in_flight=12)
+    tick(0)
+    tick(UP)
+    assert wanted("chat") == 3
+    from tests.redisserver import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    load._client = None
+    try:
+        tick(UP + DOWN * 3)
+    finally:
+        load._client = None
+    assert wanted("chat") == 3
+    assert ModelScale.objects.get().reason.startswith("holding at 3: no load figures (Redis")
+
+
+def test_on_demand_zero_to_n_and_back_to_zero() -> None:
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 0, "max": 3, "idle_timeout": "2m"}))
+    tick(0)
+    assert wanted("chat") == 0
+    services.demand("chat")  # the gateway's first request
+    from cluster.models import ModelDemand
+
+    ModelDemand.objects.update(last_demand=T0)
+    report("chat", waiting=9)
+    tick(1)
+    assert wanted("chat") == 1
+    tick(1 + UP)
+    assert wanted("chat") == 3
+    assert ModelScale.objects.get().reason.startswith("on demand: asked for")
+    load.clear()
+    tick(200)  # idle past its timeout
+    assert wanted("chat") == 0
+    assert not ModelScale.objects.exists()

@@ -141,6 +141,188 @@ def upstream_failed(model: str, detail: str) -> ApiError:
     )
 
 
+def not_found(path: str | None = None) -> ApiError:
+    """A path the gateway does not serve (``None``: a gateway with nothing behind it)."""
+    if path is None:
+        return ApiError(404, "not found", code="not_found")
+    return ApiError(
+        404,
+        f"Unknown path {path}: the gateway serves /v1/models, /v1/chat/completions, "
+        "/v1/completions and /v1/embeddings.",
+        code="not_found",
+    )
+
+
+def method_not_allowed(path: str, method: str) -> ApiError:
+    """``path`` answers ``method`` only (named in ``Allow``)."""
+    return ApiError(
+        405, f"{path} takes {method}", code="method_not_allowed", headers={"allow": method}
+    )
+
+
+def body_too_large(limit: int, declared: int | None = None) -> ApiError:
+    """A body over the gateway's limit: told at once when its Content-Length says so."""
+    if declared is not None:
+        message = (
+            f"The body is {declared} bytes (its Content-Length), over the gateway's limit "
+            f"of {limit} bytes: send less."
+        )
+    else:
+        message = f"The body is over {limit} bytes."
+    return ApiError(413, message, code="request_too_large")
+
+
+def invalid_host(host: bytes | None) -> ApiError:
+    """A ``Host`` not in ``LLMGW_ALLOWED_HOSTS`` (``gateway.hosts``)."""
+    said = repr(host.decode("latin-1")[:200]) if host else "nothing"
+    return ApiError(
+        400,
+        f"The Host header names {said}, which this server does not answer to: reach it by "
+        "one of its names, or add this one to LLMGW_ALLOWED_HOSTS.",
+        code="invalid_host",
+    )
+
+
+def internal(request_id: str) -> ApiError:
+    """The gateway itself failed (a defect): the log says why under ``request_id``."""
+    return ApiError(
+        500,
+        f"The gateway failed this request ({request_id}); its log says why under that id.",
+        type="server_error",
+        code="internal_error",
+    )
+
+
+def starting() -> ApiError:
+    """The process has not read its table yet."""
+    return unavailable("the gateway is starting: try again")
+
+
+def not_ready(model: str, retry_after: float) -> ApiError:
+    """No ready replica within the model's wait: it is being started."""
+    return unavailable(
+        f"The model '{model}' has no ready replica yet (it is being started, or the "
+        "cluster has no room for it): try again shortly.",
+        retry_after,
+    )
+
+
+def no_room(model: str, retry_after: float) -> ApiError:
+    """Placement found no room for the model now (it frees slowly)."""
+    return unavailable(
+        f"The model '{model}' has no ready replica and the cluster has no room to start one "
+        "now: try again later, or another model.",
+        retry_after,
+    )
+
+
+def no_embeddings(model: str) -> ApiError:
+    return bad_request(
+        f"The model '{model}' does not serve embeddings (its capabilities do not list "
+        "them): name an embedding model.",
+        "model",
+        "model_not_supported",
+    )
+
+
+def no_tools(model: str, param: str | None) -> ApiError:
+    return bad_request(
+        f"The model '{model}' does not take tools or functions (its capabilities do not "
+        "list them).",
+        param,
+        "model_not_supported",
+    )
+
+
+def max_tokens_exceeded(name: str, asked: int, limit: int) -> ApiError:
+    """``name`` (``max_tokens`` or ``max_completion_tokens``) over the model's max_output."""
+    return bad_request(
+        f"{name} is {asked}, above this model's max_output of {limit}: ask for at most {limit}.",
+        name,
+        "max_tokens_exceeded",
+    )
+
+
+def over_budget(key: str, tokens: int, budget: int, out: int) -> ApiError:
+    """A request whose reservation alone is more than its key's whole token budget."""
+    said = f", and {out} for its answer" if out else ""
+    return bad_request(
+        f"This request may use up to {tokens} tokens (its prompt, counted by its "
+        f"bytes{said}), more than the budget of {key}, {budget} tokens a minute: send less, "
+        "or ask for fewer max_tokens.",
+        "max_tokens" if out else "messages",
+        "tokens_exceed_budget",
+    )
+
+
+def token_ids_unjudgeable(field: str) -> ApiError:
+    """Token ids under a policy that judges requests: the guard reads text."""
+    return bad_request(
+        f"{field} is token ids, which the guard cannot read, and its policy judges "
+        "requests: send it as text.",
+        field,
+        "content_filter",
+    )
+
+
+def unjudged(direction: str) -> ApiError:
+    """Every judge failed and the guard's policy fails closed."""
+    return ApiError(
+        400,
+        f"The {direction} could not be judged (every judge failed) and the guard's policy "
+        "fails closed: it was refused. Try again when the judges answer.",
+        code="content_filter",
+        headers={"x-should-retry": "false"},
+    )
+
+
+def too_long_to_judge(direction: str, characters: int) -> ApiError:
+    """A part of ``characters`` still too long for the judge: nothing unjudged passes."""
+    return ApiError(
+        400,
+        f"The {direction} could not be judged: {characters} characters of it are still too "
+        "long for the judge's context, and nothing unjudged is let through.",
+        code="content_filter",
+        headers={"x-should-retry": "false"},
+    )
+
+
+def stream_failed(told: str) -> ApiError:
+    """An engine's stream failed after its first byte: sent as an event, then [DONE]."""
+    return ApiError(
+        502, f"the engine's stream failed: {told}", type="server_error", code="upstream_error"
+    )
+
+
+# The console's chat (gateway.session): the signed-in user, not a client key.
+def chat_origin() -> ApiError:
+    return ApiError(
+        403, "the chat answers pages of this console only (Origin differs)", code="forbidden"
+    )
+
+
+def chat_sign_in() -> ApiError:
+    return ApiError(401, "sign in to the console to chat", code="invalid_session")
+
+
+def chat_no_role() -> ApiError:
+    return ApiError(403, "chatting needs a role (viewer or more)", code="forbidden")
+
+
+def chat_csrf() -> ApiError:
+    return ApiError(403, "CSRF check failed: reload the chat page and send again", code="forbidden")
+
+
+def chat_sessions_away() -> ApiError:
+    """The console's sign-in lives in the database, which does not answer."""
+    return unavailable(
+        "the console cannot check your sign-in now (its database does not answer): try "
+        "again shortly",
+        10,
+        code="unavailable",
+    )
+
+
 # How much of an engine's error message reaches the client, and how much of its body is
 # read for it (an error is short: a longer body is not parsed, its start is the message).
 ENGINE_MESSAGE_CHARS = 2000

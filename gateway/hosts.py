@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import ApiError
+from gateway import errors
 from gateway.observe import Done
 from llmgw_admin.lean import allowed_host, headers
 
@@ -22,16 +22,6 @@ CHECKED = ("/v1/", "/metrics", "/console/chat/")
 def checked(path: str) -> bool:
     """Whether a request to ``path`` has its host checked here."""
     return path.startswith(CHECKED[0]) or path == CHECKED[1] or path.startswith(CHECKED[2])
-
-
-def refusal(host: bytes | None) -> ApiError:
-    said = repr(host.decode("latin-1")[:200]) if host else "nothing"
-    return ApiError(
-        400,
-        f"The Host header names {said}, which this server does not answer to: reach it by "
-        "one of its names, or add this one to LLMGW_ALLOWED_HOSTS.",
-        code="invalid_host",
-    )
 
 
 class HostCheck:
@@ -46,7 +36,7 @@ class HostCheck:
         if scope["type"] == "http" and checked(scope.get("path", "")):
             found = headers(scope)
             if not allowed_host(found):
-                error = refusal(found.get(b"host"))
+                error = errors.invalid_host(found.get(b"host"))
                 data = error.body()
                 await send({"type": "http.response.start", "status": 400, "headers": [
                     (b"content-type", b"application/json"),

@@ -28,7 +28,7 @@ from django.conf import settings
 from catalog.rules.names import shown
 from gateway import body as bodies
 from gateway import errors
-from gateway.app import CLIENT_GONE, _read_body, _send_error, _Sent, _watch_disconnect
+from gateway.cycle import Cycle, read_body, send_error
 from gateway.errors import ApiError
 from gateway.table import Key
 
@@ -50,56 +50,42 @@ class SessionChat:
             await self.app(scope, receive, send)
             return
         if scope.get("method") != "POST":
-            await _send_error(send, ApiError(405, f"{PATH} takes POST", code="method_not_allowed"))
+            await send_error(send, errors.method_not_allowed(PATH, "POST"))
             return
         try:
             key = await asyncio.to_thread(_session_key, scope)
         except ApiError as error:
-            await _send_error(send, error)
+            await send_error(send, error)
             return
-        await self._serve(scope, receive, send, key)
+        await self._serve(receive, send, key)
 
-    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any, key: Key) -> None:
+    async def _serve(self, receive: Any, send: Any, key: Key) -> None:
         gateway = self.gateway
-        gateway._start()
-        if not gateway.state.loaded and not await gateway.state.first_load():
-            await _send_error(send, errors.unavailable("the gateway is starting: try again"))
+        if not await gateway.ready():
+            await send_error(send, errors.starting())
             return
-        sent: _Sent
+        cycle: Cycle
 
         async def send_naming(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 # shown(): a name stored before the catalog refused control characters
                 # would make the header invalid, and the server drop the connection.
-                extra = [(b"x-llmgw-model", shown(sent.model).encode()),
-                         (b"x-llmgw-replica", str(sent.replica or "").encode())]  # fmt: skip
+                extra = [(b"x-llmgw-model", shown(cycle.model).encode()),
+                         (b"x-llmgw-replica", str(cycle.replica or "").encode())]  # fmt: skip
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
-        sent = _Sent(send_naming, time.perf_counter())
-        task = asyncio.current_task()
-        watcher: asyncio.Task[None] | None = None
-        try:
-            raw = await _read_body(receive, gateway.options.max_body)
+        cycle = Cycle(send_naming, time.perf_counter())
+        cycle.key = key
+
+        async def chat() -> None:
+            raw = await read_body(receive, gateway.options.max_body)
             if raw is None:
                 return
-            watcher = asyncio.create_task(_watch_disconnect(receive, task))
-            await gateway._complete(sent, gateway.state.table, key, bodies.CHAT, raw)
-        except ApiError as error:
-            if not sent.started:
-                sent.status = error.status
-                await _send_error(send_naming, error, sent.request_id)
-        except asyncio.CancelledError:
-            if watcher is not None and watcher.done():
-                sent.outcome = CLIENT_GONE
-                return
-            raise
-        except Exception:
-            await gateway._failed(sent)  # a 500 with the request id, logged
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            gateway._done(sent, key)
+            cycle.watch(receive)
+            await gateway.complete(cycle, bodies.CHAT, raw)
+
+        await gateway.serve(cycle, chat)  # a 500 with the request id, logged, when it fails
 
 
 def _session_key(scope: dict[str, Any]) -> Key:
@@ -116,8 +102,7 @@ def _session_key(scope: dict[str, Any]) -> Key:
         origin = head.get(b"origin")
         host = head.get(b"host", b"")
         if origin is not None and origin.split(b"://", 1)[-1] != host:
-            raise ApiError(403, "the chat answers pages of this console only (Origin differs)",
-                           code="forbidden")  # fmt: skip
+            raise errors.chat_origin()
         from importlib import import_module
 
         store = import_module(settings.SESSION_ENGINE).SessionStore(
@@ -129,23 +114,20 @@ def _session_key(scope: dict[str, Any]) -> Key:
 
         user = get_user(_Request())  # type: ignore[arg-type]
         if not user.is_authenticated:
-            raise ApiError(401, "sign in to the console to chat", code="invalid_session")
+            raise errors.chat_sign_in()
         if not has_role(user, VIEWER):
-            raise ApiError(403, "chatting needs a role (viewer or more)", code="forbidden")
+            raise errors.chat_no_role()
         # Signed in (a stranger is told to sign in first), and posting from this console.
         if not _csrf_ok(head.get(b"x-csrftoken", b"").decode("latin-1"),
                         cookies.get(settings.CSRF_COOKIE_NAME, "")):  # fmt: skip
-            raise ApiError(403, "CSRF check failed: reload the chat page and send again",
-                           code="forbidden")  # fmt: skip
+            raise errors.chat_csrf()
         return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None,
                    rpm=int(getattr(settings, "LLMGW_CHAT_RPM", 30)))  # fmt: skip
     except DatabaseError as error:
         # The console's sign-in lives in the database: while it is away the chat cannot
         # tell who is asking (the clients' /v1/ goes on from memory).
         log.warning("the console's chat could not read a session: %s", error)
-        raise ApiError(503, "the console cannot check your sign-in now (its database does "
-                       "not answer): try again shortly", type="server_error",
-                       code="unavailable", headers={"retry-after": "10"}) from None  # fmt: skip
+        raise errors.chat_sessions_away() from None
     finally:
         connection.close()
 

@@ -221,6 +221,11 @@ class Response:
                 return value
         return None
 
+    async def next(self, timeout: float | None) -> bytes | None:
+        """The body's bytes received since the last call, waiting at most ``timeout``
+        seconds for some (``UpstreamError`` ``timeout``); None at its end."""
+        return await self._conn.next_data(timeout)
+
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             while True:

@@ -134,7 +134,7 @@ def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
 
     settings.LLMGW_REDIS_TIMEOUT_MS = int(TIMEOUT * 1000)
     h = gateway_h
-    h.gateway._limits = RedisLimits(_through(proxy))
+    h.gateway.limits = RedisLimits(_through(proxy))
     engine = h.engine("e")
     h.serve([model("m")], [(1, "m", engine)])
     secret = "llmgw-ck-budgeted-" + secrets.token_hex(4)
@@ -156,12 +156,12 @@ def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     getattr(proxy, fault)()
     took = [ask(stream) for stream in (False, True) * 4]
     assert max(took) < BOUND + 1, f"{fault}: the slowest request took {max(took):.2f} s"
-    assert h.gateway._limits.away
+    assert h.gateway.limits.away
     from gateway import metrics
 
     counted = [line for line in metrics.scrape().decode().splitlines()
                if line.startswith('llmgw_gateway_budget_local_total{kind="requests"}')]  # fmt: skip
     assert counted and float(counted[0].split()[-1]) >= 8, counted
     proxy.heal()
-    wait(lambda: not h.gateway._limits.away, 10, "budgets shared in Redis again")
+    wait(lambda: not h.gateway.limits.away, 10, "budgets shared in Redis again")
     ask(False)

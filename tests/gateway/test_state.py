@@ -257,7 +257,7 @@ def test_a_model_has_no_room_only_while_none_of_its_replicas_is_on_a_node() -> N
 @pytest.mark.django_db
 def test_a_models_created_is_when_it_was_added_not_when_the_table_was_read() -> None:
     from catalog.models import ServedModel
-    from gateway.app import _describe
+    from gateway.listing import describe as _describe
 
     store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
            "scaling": {"min": 1, "max": 1}})  # fmt: skip

@@ -66,7 +66,7 @@ class Buggy(Upstream):
 def h(transactional_db: Any) -> Iterator[Harness]:
     harness = Harness()
     harness.keys[digest(TIGHT)] = Key(2, "tight", "team:t", (), None, rpm=1)
-    harness.gateway._upstream = Buggy()
+    harness.gateway.upstream = Buggy()
     harness.recorder = UsageRecorder(interval=0.05)  # type: ignore[attr-defined]
     harness.gateway.observer = Fanout(metrics.Metrics(), harness.recorder)  # type: ignore[attr-defined]
     harness.recorder.start()  # type: ignore[attr-defined]

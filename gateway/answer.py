@@ -1,0 +1,256 @@
+"""An engine's answer passed on to the client: whole, or streamed event by event.
+
+A whole answer is read to its end (bounded), made OpenAI's shape when it is an engine's
+error, judged whole when the policy judges answers, and sent. A stream is framed as
+server-sent events and relayed as they come; under a guard that judges answers it is
+held in windows (``gateway.holdback``) and only judged text leaves. Before the first
+byte reaches the client a failure raises ``Retry`` (another replica may answer); after
+it the stream ends with an error event and ``[DONE]``.
+
+Tokens in and out are read from the answer's usage on the way (without parsing it all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from gateway import body as bodies
+from gateway import errors, sse
+from gateway.guarding import GuardRefused, filtered_end, held_text
+from gateway.holdback import Holdback
+from gateway.upstream import BROKEN, TIMEOUT, Response, UpstreamError
+
+if TYPE_CHECKING:
+    from catalog.timeouts import Waits
+    from gateway.cycle import Cycle
+
+log = logging.getLogger("gateway")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+# Chunks before a stream's first token held back with it, at most (then sent as they are).
+MAX_EARLY = 64
+DONE = b"data: [DONE]\n\n"
+
+
+class Retry(Exception):
+    """The engine failed before any byte reached the client: another replica may answer."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
+    """Read, judge (when the policy judges answers) and send a whole answer."""
+    req = cycle.req
+    assert req is not None
+    raw = await resp.read(gateway.options.max_answer)
+    status = resp.status
+    content_type = resp.header(b"content-type") or b"application/json"
+    if status >= 400:
+        # The engine's own shape of error (FastAPI's detail, a numeric code, text),
+        # made OpenAI's.
+        raw = errors.from_engine(status, raw, content_type)
+        content_type = b"application/json"
+    if status == 200 and cycle.answers and req.kind != bodies.EMBEDDING:
+        await gateway.judging.whole(req, raw)
+    usage_from(raw, cycle)
+    await cycle.start(status, [(b"content-type", content_type)])
+    await cycle.body(raw, more=False)
+
+
+class Stream:
+    """One streamed answer relayed: its first event is due ``waits.first_token`` after
+    it was sent (``sent_at``, the loop's clock), each next within ``waits.between`` of
+    the last."""
+
+    def __init__(
+        self, gateway: Any, cycle: Cycle, resp: Response, waits: Waits, sent_at: float
+    ) -> None:
+        self.gateway = gateway
+        self.cycle = cycle
+        self.resp = resp
+        self.waits = waits
+        self.sent_at = sent_at
+        self.loop = asyncio.get_running_loop()
+        self.framer = sse.Framer()
+        options = gateway.options
+        self.hold = (
+            Holdback(options.window_tokens, options.window_ms / 1000) if cycle.answers else None
+        )
+        assert cycle.req is not None
+        self.req = cycle.req
+        self.strip_usage = not self.req.include_usage
+        self.ended = False  # [DONE] came
+        self.seen = False  # the first token (not a chunk with only the role)
+        # What came before the first token (the role) waits for it: until a byte has
+        # reached the client the request can still move to another replica.
+        self.early: list[bytes] = []
+        self.read = 0  # how far into the answer's text the judges have read every character
+
+    async def relay(self) -> bool:
+        """Relay the stream to its end; False when the engine failed after the first byte
+        (the client was told so)."""
+        try:
+            while not self.ended:
+                data = await self._next()
+                if data is None:
+                    break
+                out = self._events(data)
+                if self.hold is not None:
+                    if self.hold.due(self.loop.time()):
+                        self.read = await self.gateway.judging.window(
+                            self.req, self.hold, self.read
+                        )
+                    out = self.hold.releasable()
+                await self._forward(out)
+            await self._finish()
+            return True
+        except GuardRefused as refused:
+            self._drop()
+            if not self.cycle.started:
+                raise
+            await self.cycle.body(filtered_end(refused), more=False)
+            raise
+        except UpstreamError as error:
+            self._drop()
+            return await self._failed(error)
+
+    async def _next(self) -> bytes | None:
+        """The engine's next bytes (b'' when a window falls due before they come)."""
+        hold, waits, loop = self.hold, self.waits, self.loop
+        timeout = (waits.between if self.seen
+                   else max(0.0, self.sent_at + waits.first_token - loop.time()))  # fmt: skip
+        if hold is not None:
+            wait = hold.wait(loop.time())
+            if wait is not None:
+                timeout = min(timeout, wait + 0.001)
+        try:
+            return await self.resp.next(timeout)
+        except UpstreamError as error:
+            if error.kind == TIMEOUT and hold is not None and hold.wait(loop.time()) == 0:
+                return b""
+            raise
+
+    def _events(self, data: bytes) -> list[bytes]:
+        """The events in ``data``, as the client may have them (held, under a guard)."""
+        out: list[bytes] = []
+        cycle = self.cycle
+        for event in self.framer.feed(data):
+            payload = sse.data_of(event)
+            if payload is None:
+                continue
+            if payload == sse.DONE:
+                self.ended = True
+                break
+            if not self.seen:
+                self.seen = carries_token(payload)
+            if b'"usage":{' in payload or b'"usage": {' in payload:
+                usage_from(payload, cycle)
+            if self.strip_usage and b'"usage"' in payload:
+                payload = without_usage(payload)
+                if payload is None:
+                    continue
+            chunk_bytes = b"data: " + payload + b"\n\n"
+            if self.hold is None:
+                out.append(chunk_bytes)
+            else:
+                self.hold.add(chunk_bytes, held_text(payload), self.loop.time())
+        return out
+
+    async def _forward(self, out: list[bytes]) -> None:
+        """Send ``out``, or keep it with what came before the first token."""
+        if out and not self.seen and len(self.early) + len(out) <= MAX_EARLY:
+            self.early += out
+        elif out:
+            if self.early:
+                out, self.early = self.early + out, []
+            if not self.cycle.started:
+                await self.cycle.start(200, SSE_HEADERS)
+            await self.cycle.body(b"".join(out), text=self.seen)  # TTFT: from the first token
+
+    async def _finish(self) -> None:
+        rest = self.early
+        if self.hold is not None:
+            if self.hold.unjudged:
+                await self.gateway.judging.window(self.req, self.hold, self.read, final=True)
+            rest += self.hold.releasable()
+        if not self.cycle.started:
+            await self.cycle.start(200, SSE_HEADERS)
+        await self.cycle.body(b"".join(rest) + DONE, more=False, text=bool(rest))
+
+    def _drop(self) -> None:
+        self.resp.release()  # the engine stops
+        if self.hold is not None:
+            self.hold.drop()
+
+    async def _failed(self, error: UpstreamError) -> bool:
+        cycle, waits = self.cycle, self.waits
+        if error.kind == TIMEOUT:
+            error = UpstreamError(TIMEOUT, (
+                f"the engine sent nothing for {waits.between:g} s" if self.seen
+                else f"no first token within {waits.first_token:g} s"))  # fmt: skip
+        log.warning("%s: %s's stream failed: %s", cycle.request_id, cycle.model, error)
+        told = error.args[0] if error.kind == TIMEOUT else told_of(error)
+        if not cycle.started:
+            raise Retry(told) from None
+        self.gateway.routing.replica_failed(cycle.model, cycle.replica, told)
+        failure = errors.stream_failed(told).payload()
+        await cycle.body(sse.encode_json(failure) + DONE, more=False)
+        return False
+
+
+def told_of(error: UpstreamError) -> str:
+    """What a client is told of an engine's failure: its kind, never an address (the
+    operator's log has the whole error, by request id)."""
+    if error.kind == TIMEOUT:
+        return "timeout"
+    if error.kind == BROKEN:
+        return "the engine's connection broke"
+    return "no connection to the engine"
+
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def usage_from(raw: bytes, cycle: Cycle) -> None:
+    """Tokens in and out from an answer's (or a chunk's) usage, without parsing it all."""
+    found = _PROMPT_TOKENS.search(raw)
+    if found:
+        cycle.tokens_in = int(found.group(1))
+    found = _COMPLETION_TOKENS.search(raw)
+    if found:
+        cycle.tokens_out = int(found.group(1))
+
+
+def carries_token(payload: bytes) -> bool:
+    """Whether a streamed event is the first token or later (``sse.carries_token``)."""
+    try:
+        return sse.carries_token(json.loads(payload))
+    except (ValueError, RecursionError):
+        return True
+
+
+def without_usage(payload: bytes) -> bytes | None:
+    """A chunk without the usage the client did not ask for; None for a usage-only one."""
+    if payload.endswith(b',"usage":null}'):
+        return payload[: -len(b',"usage":null}')] + b"}"
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return payload
+    if not isinstance(chunk, dict) or "usage" not in chunk:
+        return payload
+    if not chunk.get("choices"):
+        return None
+    chunk.pop("usage", None)
+    return json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()

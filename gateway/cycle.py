@@ -1,0 +1,175 @@
+"""One request's life in the gateway, as uvicorn keeps a ``RequestResponseCycle`` beside
+its protocol: what the client sent (its key, its body read, the catalog entry it named),
+what is running for it (the guard's verdict on the request, the watch on the client),
+and what the response has come to (its status, its first byte, its tokens, the replica
+that answered). Each step of the walk (``gateway.app``, ``gateway.routing``,
+``gateway.answer``, ``gateway.guarding``) takes the cycle instead of a handful of
+parameters; the observers hear of it once, as it ends (``Gateway.done``).
+
+Here too the small ASGI helpers the gateway's routes share: reading a bounded body,
+answering an ``ApiError``, watching for the client going away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway import errors
+from gateway.errors import ApiError
+from llmgw_admin import lean
+
+if TYPE_CHECKING:
+    from gateway import body as bodies
+    from gateway.table import Entry, Key
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON = [(b"content-type", b"application/json")]
+# What a request came to when its client went away before its answer ended (nginx's).
+CLIENT_GONE = 499
+
+
+class Cycle:
+    """One request from its first byte to the observers' last word on it."""
+
+    __slots__ = (
+        # The response as sent so far.
+        "send", "started", "status", "outcome", "request_id",
+        # What the observers are told (gateway.observe.Done).
+        "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
+        "tokens_out", "stream", "unreserved",
+        # What the client sent, and what runs for it.
+        "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
+    )  # fmt: skip
+
+    def __init__(self, send: Send, start_at: float | None = None) -> None:
+        self.send = send
+        self.started = False
+        self.status = 0  # the status sent (0: none yet)
+        # What the request came to when not its status: 499 (the client went away before
+        # the answer ended), 500 (the gateway failed after the head was sent).
+        self.outcome = 0
+        # The id the client gets (x-request-id, as OpenAI's API sends it); a refusal's
+        # record carries it.
+        self.request_id = "req_" + secrets.token_hex(12)
+        self.start_at = time.perf_counter() if start_at is None else start_at
+        # The client's first byte of text (after the guard's hold, when it holds), and
+        # the engine's (its first token as it reached the gateway).
+        self.first_at: float | None = None
+        self.engine_first_at: float | None = None
+        self.model = ""
+        self.replica: int | None = None
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.stream = False
+        self.unreserved = False  # a token budget reserved nothing for the answer
+        self.key: Key | None = None
+        self.entry: Entry | None = None
+        self.req: bodies.Request | None = None
+        self.data: dict[str, Any] = {}
+        self.raw = b""  # the body as the client sent it
+        self.verdict: asyncio.Task[dict[str, Any]] | None = None  # the guard's, running
+        self.answers = False  # whether the policy judges answers
+        self.watcher: asyncio.Task[None] | None = None
+
+    # The response.
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        headers = [*headers, (b"x-request-id", self.request_id.encode())]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = True, text: bool = True) -> None:
+        """Send ``data``; ``text``: it carries the answer's text (its first such byte is
+        the client's time to first token)."""
+        if self.first_at is None and data and text:
+            self.first_at = time.perf_counter()
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, value: Any) -> None:
+        data = json.dumps(value, ensure_ascii=False).encode()
+        await self.start(status, [*JSON, (b"content-length", str(len(data)).encode())])
+        await self.body(data, more=False)
+
+    async def error(self, error: ApiError) -> None:
+        """Answer ``error`` unless the answer has begun (then it is too late to)."""
+        if not self.started:
+            self.status = error.status
+            await send_error(self.send, error, self.request_id)
+
+    def engine_token(self) -> None:
+        """The engine's first token reached the gateway (held or not)."""
+        if self.engine_first_at is None:
+            self.engine_first_at = time.perf_counter()
+
+    # The client.
+    def watch(self, receive: Receive) -> None:
+        """From now a client that goes away cancels the task serving this request."""
+        self.watcher = asyncio.create_task(watch_disconnect(receive, asyncio.current_task()))
+
+    @property
+    def client_gone(self) -> bool:
+        return self.watcher is not None and self.watcher.done()
+
+    def unwatch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+
+async def send_error(send: Send, error: ApiError, request_id: str = "") -> None:
+    data = error.body()
+    headers = [*JSON, (b"content-length", str(len(data)).encode())]
+    if request_id:
+        headers.append((b"x-request-id", request_id.encode()))
+    headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def read_body(receive: Receive, limit: int, scope: Scope | None = None) -> bytes | None:
+    """The whole body (None: the client went away first); 413 past ``limit``, at once
+    (before any of it is read) when the request's ``Content-Length`` says so."""
+    declared = content_length(scope) if scope is not None else None
+    if declared is not None and declared > limit:
+        raise errors.body_too_large(limit, declared)
+    read = await lean.read_body(receive, limit)
+    if read is None:
+        return None
+    body, more = read
+    if more or len(body) > limit:
+        raise errors.body_too_large(limit)
+    return body
+
+
+def content_length(scope: Scope) -> int | None:
+    """The request's declared ``Content-Length`` (the server has checked it is a number
+    when it framed the body by it); None when absent or unreadable."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
+
+
+def bearer(scope: Scope) -> str | None:
+    """The secret of ``Authorization: Bearer …`` (None: no such header)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            parts = value.decode("latin-1").split()
+            return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
+    return None
+
+
+async def watch_disconnect(receive: Receive, task: asyncio.Task[Any] | None) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if task is not None and not task.done():
+                task.cancel()
+            return

@@ -1,0 +1,56 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: what a key may name, from the table in
+memory (models, aliases, adapters, external models the key lists)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway import errors
+from gateway.cycle import Cycle
+from gateway.table import Entry, Key, Table
+
+PATH = "/v1/models"
+
+
+async def answer(cycle: Cycle, method: str, path: str, table: Table, key: Key) -> None:
+    """Answer a request to ``/v1/models`` or below it (GET only)."""
+    if method != "GET":
+        raise errors.method_not_allowed(path, "GET")
+    if path == PATH:
+        await cycle.json(200, {"object": "list",
+                               "data": [describe(e, table) for e in table.listed(key)]})  # fmt: skip
+        return
+    name = path[len(PATH) + 1 :]
+    entry = table.resolve(name)
+    if entry is None or not key.may_name(entry):
+        raise errors.model_not_found(name)
+    await cycle.json(200, describe(entry, table))
+
+
+def describe(entry: Entry, table: Table) -> dict[str, Any]:
+    """A model, alias or adapter as ``GET /v1/models`` lists it."""
+    m = entry.model
+    pool = table.pool(m.name)
+    context = pool.context if pool and pool.context else m.context_length
+    out: dict[str, Any] = {
+        "id": entry.name,
+        "object": "model",
+        "created": table.added.get(m.name, table.created),
+        "owned_by": m.owner or "llmgw",
+        "description": m.description,
+        "context_length": context or None,
+        "max_output": m.max_output or None,
+        "capabilities": {
+            "tools": m.capabilities.tools,
+            "vision": m.capabilities.vision,
+            "embeddings": m.capabilities.embeddings,
+        },
+    }
+    if entry.adapter:
+        out["parent"] = m.name
+        out["adapter"] = True
+    elif entry.name != m.name:
+        out["alias_of"] = m.name
+    if m.external is not None:
+        out["external"] = True
+    return out

@@ -16,48 +16,24 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
-from gateway import refusals, usage  # noqa: E402
-from gateway.app import Gateway  # noqa: E402
-from gateway.health import HealthRoute  # noqa: E402
-from gateway.hosts import HostCheck  # noqa: E402
-from gateway.metrics import Metrics, exported  # noqa: E402
-from gateway.observe import Fanout  # noqa: E402
-from gateway.session import SessionChat  # noqa: E402
-from gateway.state import State  # noqa: E402
-from gateway.traffic import Traffic  # noqa: E402
-from gateway.watch import CanaryWatch  # noqa: E402
+from gateway.assembly import build  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
 
-gateway_state = State()
-# Who hears each request the gateway served: the canaries' judge (gateway.watch), the
-# usage and the refusal records written in batches (gateway.usage, gateway.refusals; the
-# server starts their threads), the Prometheus counts (GET /metrics, gateway.metrics).
-gateway_metrics = Metrics()
-gateway_observer = Fanout(
-    CanaryWatch(lambda: gateway_state.table), usage.RECORDER, refusals.RECORDER,
-    gateway_metrics, Traffic(),
-)  # fmt: skip
-
-gateway = Gateway(
-    LeanAgentRoutes(GuardCheckRoute(django_asgi_app)),
-    state=gateway_state,
-    observer=gateway_observer,
-)
+# The gateway as `manage.py gateway serve` has it (gateway.assembly), with the console's
+# chat in front and, behind it, the agents' and guard checks' lean routes, then Django.
+gateway_assembly = build(LeanAgentRoutes(GuardCheckRoute(django_asgi_app)), chat=True)
+gateway_state = gateway_assembly.state
+gateway_metrics = gateway_assembly.metrics
+gateway = gateway_assembly.gateway
 
 application = ProtocolTypeRouter(
     {
-        # Agents' heartbeats and desired lists skip Django's stack (cluster/api/lean.py),
-        # and so do guard checks (guard/api/lean.py).
-        # /v1/ is the gateway's (gateway/app.py): clients' OpenAI-compatible calls.
-        # /metrics (gateway/metrics.py) and the console's chat (gateway/session.py) in front.
-        # /healthz (gateway/health.py) for a load balancer, as a gateway process's: the
-        # web process serves /v1/ too. A host not allowed is refused on /v1/, /metrics
-        # and the chat (gateway/hosts.py); Django checks the rest.
-        "http": HealthRoute(
-            HostCheck(SessionChat(exported(gateway, gateway_metrics), gateway), gateway),
-            gateway_state,
-        ),
+        # /healthz, the Host check, the console's chat and /metrics in front of the
+        # gateway's /v1/ (gateway.assembly.LAYERS); agents' heartbeats and desired lists
+        # skip Django's stack (cluster/api/lean.py), and so do guard checks
+        # (guard/api/lean.py); Django has the rest, and checks its own hosts.
+        "http": gateway_assembly.application,
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

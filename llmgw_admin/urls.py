@@ -15,6 +15,7 @@ from llmgw_admin import api_views, status_views, token_views
 from llmgw_admin.dashboard import dashboard
 from llmgw_admin.roles import VIEWER, role_required
 from llmgw_admin.throttle import LoginForm
+from updates import api_urls as updates_api_urls
 
 access_router = DefaultRouter()
 access_router.register("tokens", api_views.ApiTokenViewSet, basename="apitoken")
@@ -46,7 +47,10 @@ urlpatterns = [
     path("tokens/<str:kind>/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
     path("favicon.ico", token_views.favicon, name="favicon"),
     path("admin/", admin.site.urls),
+    path("api/v1/catalog/", include((updates_api_urls.catalog_patterns, "updates-catalog"))),
     path("api/v1/catalog/", include("catalog.api.urls")),
+    path("api/v1/updates/", include((updates_api_urls.node_patterns, "updates-api"))),
+    path("updates/", include("updates.urls")),
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),
     path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/guard/", include(("guard.api.urls", "guard-api"))),

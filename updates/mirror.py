@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
+# A failed fetch is queued again by a node's ask only after this many seconds.
+RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
 
 
@@ -301,7 +303,25 @@ def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest
         if active is not None:
             return Manifest(active.state, active)
         return Manifest("absent", None, message="the mirror does not hold this model")
+    failed = (
+        Fetch.objects.filter(model=model_name, source=source, revision=revision)
+        .order_by("-id")
+        .first()
+    )
+    if (
+        failed is not None
+        and failed.state == FetchState.FAILED
+        and failed.finished is not None
+        and (timezone.now() - failed.finished).total_seconds() < RETRY_FAILED_AFTER_S
+    ):
+        # Every node asks again every few seconds: a failed fetch is tried again after a
+        # while, not at each ask (an operator's "fetch" or an update asks at once).
+        return Manifest("failed", failed, message=failed.reason)
     fetch = request_fetch(model_name, by=by, surface="node")
+    if fetch.state in ACTIVE and (timezone.now() - fetch.updated).total_seconds() > STALE_AFTER_S:
+        # Left by a worker that died: taken up again (it resumes from its .part files).
+        Fetch.objects.filter(pk=fetch.pk).update(updated=timezone.now())
+        dispatch(fetch.pk)
     if fetch.state == FetchState.DONE:
         return Manifest("done", fetch, list(fetch.files))
     if fetch.state == FetchState.FAILED:
@@ -750,6 +770,11 @@ class Holding:
     roles: list[str]  # "current", "previous", "candidate", per model
     fetched: Any
 
+    @property
+    def models_roles(self) -> list[tuple[str, str]]:
+        """Return each model this folder is for, with what it is to it."""
+        return list(zip(self.models, self.roles, strict=True))
+
 
 def holdings() -> list[Holding]:
     """Return what the mirror holds, a folder a line, largest first."""
@@ -779,7 +804,7 @@ def holdings() -> list[Holding]:
 def _mark(model_name: str) -> None:
     """Tell the open consoles that a model's fetch moved (its page shows the progress)."""
     try:
-        from cluster import events
+        from llmgw_admin import events
 
         events.changed(models=[model_name])
     except Exception:

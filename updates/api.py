@@ -1,0 +1,218 @@
+"""The updates app's API: the nodes' side of the mirror, and the update check.
+
+Nodes (their node token, ``Authorization: Bearer llmgw_node_…``), for a model placed on
+them (a replica of it assigned to the node):
+
+- ``GET /api/v1/updates/mirror/models/<name>/`` the model's files in the mirror at the
+  revision it pins: 200 ``{"state": "done", "revision", "folder", "files": [{"path",
+  "sha256", "bytes", "url"}]}``; 202 ``{"state": "queued" | "fetching", "bytes_done",
+  "bytes_total"}`` (the fetch is queued by the first node to ask: four nodes asking cost
+  one fetch; ``?enqueue=0`` asks without queueing); 409 ``{"state": "failed", "reason"}``;
+  404 ``{"state": "off" | "none", "detail"}`` when the mirror is off or the model's source
+  has nothing to mirror: the node fetches as it did before;
+- ``GET /api/v1/updates/mirror/files/<fetch>/<path>`` a file's bytes, with ``Range``
+  (206 and ``Content-Range``), ``ETag`` its sha256.
+
+Operators (an API token or a session): ``POST /api/v1/catalog/models/<name>/update-check/``
+checks one model now and answers the check's JSON object (``updates.check.Result``);
+viewers read the last one with ``GET`` there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.http import require_http_methods
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from updates import checking, mirror
+from updates.models import Fetch, FetchState
+
+_CHUNK = 1 << 20
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+def _node(request: HttpRequest) -> Any:
+    """Return the node a request's node token speaks for, or None."""
+    from cluster.services import node_for_token
+
+    parts = request.headers.get("Authorization", "").split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return node_for_token(parts[1])
+
+
+def _unauthorized() -> JsonResponse:
+    response = JsonResponse(
+        {"detail": "send the node token: Authorization: Bearer llmgw_node_..."}, status=401
+    )
+    response["WWW-Authenticate"] = 'Bearer realm="agent"'
+    return response
+
+
+def _placed_on(node: Any, model: str) -> bool:
+    from cluster.models import Assignment
+
+    return Assignment.objects.filter(node=node, replica__model__name=model).exists()
+
+
+def _not_placed(model: str) -> JsonResponse:
+    return JsonResponse(
+        {"state": "none", "detail": f'no replica of model "{model}" is placed on this node'},
+        status=403,
+    )
+
+
+@require_http_methods(["GET"])
+def node_manifest(request: HttpRequest, name: str) -> HttpResponse:
+    """Answer a model's files in the mirror to a node it is placed on."""
+    node = _node(request)
+    if node is None:
+        return _unauthorized()
+    if not _placed_on(node, name):
+        return _not_placed(name)
+    if not mirror.enabled():
+        return JsonResponse(
+            {"state": "off", "detail": "the mirror is off (LLMGW_MIRROR=off)"}, status=404
+        )
+    enqueue = request.GET.get("enqueue", "1") not in ("0", "false")
+    try:
+        found = mirror.manifest(name, enqueue=enqueue, by=f"node {node.name}")
+    except mirror.MirrorError as exc:
+        return JsonResponse({"state": "none", "detail": str(exc)}, status=404)
+    f = found.fetch
+    if found.state == "done" and f is not None:
+        return JsonResponse(
+            {
+                "state": "done",
+                "revision": f.commit,
+                "folder": f.folder,
+                "files": [
+                    {
+                        "path": x["path"],
+                        "sha256": x["sha256"],
+                        "bytes": x["bytes"],
+                        "url": f"/api/v1/updates/mirror/files/{f.pk}/{x['path']}",
+                    }
+                    for x in found.files
+                ],
+            }
+        )
+    if found.state == "failed":
+        return JsonResponse({"state": "failed", "reason": found.message}, status=409)
+    if f is None:
+        return JsonResponse({"state": "absent", "detail": found.message}, status=404)
+    return JsonResponse(
+        {"state": f.state, "bytes_done": f.bytes_done, "bytes_total": f.bytes_total}, status=202
+    )
+
+
+@require_http_methods(["GET", "HEAD"])
+def node_file(request: HttpRequest, pk: int, path: str) -> HttpResponse:
+    """Send one file of a done fetch to a node, whole or from a ``Range``."""
+    node = _node(request)
+    if node is None:
+        return _unauthorized()
+    f = Fetch.objects.filter(pk=pk, state=FetchState.DONE).first()
+    listed = {x["path"]: x for x in (f.files if f is not None else [])}
+    if f is None or path not in listed:
+        return JsonResponse({"detail": "the mirror holds no such file"}, status=404)
+    if not _placed_on(node, f.model):
+        return _not_placed(f.model)
+    try:
+        file_path = mirror._file_in(mirror.root() / f.folder, path)
+        size = file_path.stat().st_size
+    except (mirror.MirrorError, OSError):
+        return JsonResponse({"detail": "the mirror holds no such file"}, status=404)
+    start, end, partial = 0, size, False
+    header = request.headers.get("Range", "").strip()
+    if header:
+        m = _RANGE.fullmatch(header)
+        if m is None:
+            return JsonResponse(
+                {"detail": "Range must be bytes=START- or bytes=START-END"}, status=400
+            )
+        start = int(m.group(1))
+        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+        if start >= size or end <= start:
+            response = HttpResponse(status=416)
+            response["Content-Range"] = f"bytes */{size}"
+            return response
+        partial = True
+    if request.method == "HEAD":
+        response: HttpResponse = HttpResponse(status=206 if partial else 200)
+    else:
+        response = StreamingHttpResponse(
+            _read(file_path, start, end), status=206 if partial else 200
+        )
+    response["Content-Type"] = "application/octet-stream"
+    response["Content-Length"] = str(end - start)
+    response["Accept-Ranges"] = "bytes"
+    if listed[path]["sha256"]:
+        response["ETag"] = f'"{listed[path]["sha256"]}"'
+    if partial:
+        response["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    return response
+
+
+def _read(path: Any, start: int, end: int) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        left = end - start
+        while left > 0:
+            chunk = fh.read(min(_CHUNK, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+            yield chunk
+
+
+_RESULT = inline_serializer(
+    "UpdateCheckResult",
+    {
+        "model": serializers.CharField(),
+        "state": serializers.CharField(help_text="current, available or error"),
+        "revision": serializers.CharField(),
+        "latest": serializers.CharField(),
+        "changed": serializers.ListField(child=serializers.CharField()),
+        "added": serializers.ListField(child=serializers.CharField()),
+        "removed": serializers.ListField(child=serializers.CharField()),
+        "message": serializers.CharField(),
+    },
+)
+
+
+@extend_schema(
+    summary="Check a model for updates now (operators), or read its last check",
+    request=None,
+    responses={200: _RESULT, 404: dict},
+)
+@api_view(["GET", "POST"])
+def update_check(request: Request, name: str) -> Response:
+    """Compare a model's origin with its registry's latest revision, file by file.
+
+    A registry that fails is ``"state": "error"`` with the reason (200: the check was
+    made), and changes nothing; a model not in the catalog is 404.
+    """
+    from catalog.services import stored_specs
+
+    if not stored_specs(names=[name]):
+        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    if request.method == "GET":
+        last = checking.last_checks([name]).get(name)
+        if last is None:
+            return Response(
+                {"detail": f'model "{name}" has not been checked yet: POST here to check it'},
+                status=404,
+            )
+        return Response(last.as_json())
+    who = getattr(request.user, "username", "") or "api"
+    [result] = checking.check_models([name], by=f"{who} (api)")
+    return Response(result.as_json(), status=status.HTTP_200_OK)

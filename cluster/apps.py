@@ -13,6 +13,26 @@ class ClusterConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from cluster import signals
+        from cluster import relay, signals
+        from llmgw_admin.events import Event, derive, register, relay_with
 
+        # The cluster's live events (llmgw_admin.events; their renderers: cluster.live).
+        register(
+            Event("nodes", "cluster.nodes_changed", "cluster.nodes", "pks", int,
+                  "nodes: their cards, reservations, power (an empty list: the power alone)"),
+            Event("models", "cluster.models_changed", "cluster.models", "names", str,
+                  "models' replicas: states, reasons, progress, rolls, unplaced"),
+        )  # fmt: skip
+        # ``changed(replicas=[pk])``: a replica shows as its model, read when published (a
+        # replica deleted in the same transaction is named by its model instead).
+        derive("replicas", "models", _models_of_replicas)
+        # A process no console listens on hands its events to the embedded web process.
+        relay_with(relay.hand_over)
         signals.connect()
+
+
+def _models_of_replicas(pks: set[int]) -> list[str]:
+    """Return the models of these replicas (those that still exist)."""
+    from cluster.models import Replica
+
+    return list(Replica.objects.filter(pk__in=pks).values_list("model_name", flat=True))

@@ -15,7 +15,7 @@ The same socket carries one more thing: ``WAKE``, a change that wants the reconc
 loop's next interval.
 
 What arrives is checked before it is used (:func:`parse`): the keys-only events of
-``cluster.events.EVENTS`` (its group, type and keys), or ``WAKE``, and nothing else;
+``llmgw_admin.events.EVENTS`` (its group, type and keys), or ``WAKE``, and nothing else;
 anything else is logged and dropped.
 """
 
@@ -31,8 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cluster import events
-from llmgw_admin import lean
+from llmgw_admin import events, lean
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ WAKE = b"wake: reconcile"
 
 
 class BadEvent(ValueError):
-    """A datagram that is not one of the events ``cluster.events`` publishes."""
+    """A datagram that is not one of the events ``llmgw_admin.events`` publishes."""
 
 
 def path(data_dir: Path | str | None = None) -> Path:
@@ -66,7 +65,7 @@ def encode(group: str, message: dict[str, Any]) -> bytes:
 def parse(data: bytes) -> tuple[str, dict[str, Any]]:
     """Return the group and message a datagram carries, or raise :class:`BadEvent`.
 
-    Pure: the catalogue the publishing side follows (``cluster.events.EVENTS``).
+    Pure: the catalogue the publishing side follows (``llmgw_admin.events.EVENTS``).
     """
     try:
         doc = lean.loads(data)
@@ -99,6 +98,13 @@ def parse(data: bytes) -> tuple[str, dict[str, Any]]:
 def send(group: str, message: dict[str, Any], data_dir: Path | str | None = None) -> bool:
     """Hand one event to the web process listening on ``data_dir``; True if one took it."""
     return _send(encode(group, message), data_dir)
+
+
+def hand_over(group: str, message: dict[str, Any]) -> None:
+    """Hand an event to the web process on this data folder, unless this process is it
+    (``llmgw_admin.events`` calls this when no console listens on this process)."""
+    if not listening():
+        send(group, message)
 
 
 def send_wake(data_dir: Path | str | None = None) -> bool:

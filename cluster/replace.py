@@ -19,9 +19,10 @@ from django.db import transaction
 
 from catalog import rules
 from catalog.services import stored_specs
-from cluster import events, placement, wake
+from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, Node, Replica
+from llmgw_admin import events
 
 
 @dataclass

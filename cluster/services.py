@@ -21,7 +21,7 @@ from django.utils.dateparse import parse_datetime
 from catalog import rules
 from catalog.convert import CHILD_GROUPS
 from catalog.models import ServedModel
-from cluster import events, wake
+from cluster import wake
 from cluster.address import check_allowed, host_port
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.enginekeys import engine_key
@@ -37,6 +37,7 @@ from cluster.models import (
     token_digest,
 )
 from cluster.reasons import public as public_reason
+from llmgw_admin import events
 
 STATES = {s.value for s in ReplicaState}
 
@@ -82,7 +83,7 @@ def _watts(value: Any, where: str) -> float:
 
 # What an inventory carries that changes while nothing about the node does: left out of
 # its digest, and written by every heartbeat.
-VOLATILE = ("disk_free_mb",)
+VOLATILE = ("disk_free_mb", "cards_use")
 
 
 def inventory_digest(inv: Any) -> str:
@@ -144,7 +145,9 @@ def read_inventory(inv: Any) -> dict[str, Any]:
     weights = inv.get("weights", [])
     if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):
         raise AgentError("inventory.weights must be a list of sources")
+    use = read_card_use(inv)
     return {
+        **({"card_use": use} if use is not None else {}),
         "hostname": str(inv.get("hostname") or "")[:200],
         "agent_version": str(inv.get("agent_version") or "")[:50],
         "cpu_cores": _whole(inv.get("cpu_cores"), "inventory.cpu_cores", INT32),
@@ -157,6 +160,55 @@ def read_inventory(inv: Any) -> dict[str, Any]:
         "cards": clean_cards,
         "inventory_digest": inventory_digest(inv),
     }
+
+
+def read_card_use(inv: Any) -> dict[str, dict[str, int | None]] | None:
+    """Return what each card uses as an inventory's ``cards_use`` says (docs/agent-protocol.md),
+    by card index as text; None when it says nothing (an older agent: what was held stays).
+
+    Each entry names a card of the inventory's ``cards`` once; ``memory_used_mb`` is a whole
+    number up to that card's ``memory_mb`` and ``utilization`` a percent from 0 to 100,
+    each or null (the card cannot say). Anything else raises AgentError naming the field:
+    the heartbeat is refused and nothing of it is written.
+    """
+    if not isinstance(inv, dict) or "cards_use" not in inv:
+        return None
+    use = inv["cards_use"]
+    if not isinstance(use, list):
+        raise AgentError("inventory.cards_use must be a list (docs/agent-protocol.md)")
+    sizes = {
+        c["index"]: c.get("memory_mb")
+        for c in inv.get("cards") or ()
+        if isinstance(c, dict) and isinstance(c.get("index"), int)
+    }
+    out: dict[str, dict[str, int | None]] = {}
+    for i, u in enumerate(use):
+        where = f"inventory.cards_use[{i}]"
+        if not isinstance(u, dict) or isinstance(u.get("index"), bool):
+            raise AgentError(f"{where} must be an object with a card's index")
+        index = u.get("index")
+        if index not in sizes:
+            raise AgentError(
+                f"{where}.index must be the index of one of inventory.cards "
+                f"({', '.join(map(str, sorted(sizes))) or 'none'}), not {index!r:.40}"
+            )
+        if str(index) in out:
+            raise AgentError(f"{where}: card {index} is listed twice")
+        size = sizes[index]
+        top = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else INT64
+        memory = _whole(u.get("memory_used_mb"), f"{where}.memory_used_mb", top, None)
+        busy = u.get("utilization")
+        if busy is not None and (
+            isinstance(busy, bool) or not isinstance(busy, int | float) or not 0 <= busy <= 100
+        ):
+            raise AgentError(
+                f"{where}.utilization must be a percent from 0 to 100, not {busy!r:.40}"
+            )
+        out[str(index)] = {
+            "memory_used_mb": memory,
+            "utilization": None if busy is None else round(busy),
+        }
+    return out
 
 
 def _apply_inventory(node: Node, fields: dict[str, Any]) -> None:
@@ -314,6 +366,9 @@ def heartbeat(node: Node, inventory: Any, address: str = "") -> Node:
         disk = _whole(inventory.get("disk_free_mb"), "inventory.disk_free_mb")
         if disk != node.disk_free_mb:
             changes["disk_free_mb"] = disk
+        use = read_card_use(inventory)
+        if use is not None and use != node.card_use:
+            changes["card_use"] = use
         cards = None
     else:
         fields = read_inventory(inventory)
@@ -339,7 +394,7 @@ def heartbeat(node: Node, inventory: Any, address: str = "") -> Node:
             }
             if existing != {c["index"]: c for c in cards}:
                 _sync_cards(node, cards)
-        if set(changes) - {"last_heartbeat", "disk_free_mb", "inventory_digest"}:
+        if set(changes) - {"last_heartbeat", "disk_free_mb", "inventory_digest", "card_use"}:
             # What the console shows changed: the node came back, or its inventory did.
             events.changed(nodes=[node.pk])
     for key, value in changes.items():
@@ -402,6 +457,7 @@ WITH lazily AS (
 UPDATE {Node._meta.db_table} AS n
 SET last_heartbeat = %(now)s,
     disk_free_mb = %(disk)s,
+    card_use = COALESCE(%(use)s::jsonb, n.card_use),
     health = %(ready)s,
     reason = CASE
         WHEN before.health = %(ready)s THEN n.reason
@@ -431,6 +487,8 @@ def heartbeat_by_token(secret: str, inventory: Any, address: str = "") -> Beat |
     if not secret.startswith(NODE_PREFIX):
         return None
     digest = inventory_digest(inventory)
+    # Checked first: a bad one refuses the heartbeat before anything is written.
+    use = read_card_use(inventory) if isinstance(inventory, dict) else None
     if digest and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
@@ -441,6 +499,7 @@ def heartbeat_by_token(secret: str, inventory: Any, address: str = "") -> Beat |
                     "address": address[:100],
                     "now": timezone.now(),
                     "disk": _whole(inventory.get("disk_free_mb"), "inventory.disk_free_mb"),
+                    "use": None if use is None else json.dumps(use),
                     "ready": NodeHealth.READY.value,
                     "lost": NodeHealth.LOST.value,
                     "back": BACK,

@@ -13,8 +13,8 @@ Received:
   the reconciler (``cluster.wake``) and pushes the changed models' rows to the consoles;
 - saves and deletions of the cluster's rows mark what the live console shows as changed:
   a catch-all for the ORM's saves (services, the reconciler, the admin); writes that
-  bypass signals (``QuerySet.update``, ``bulk_create``) call ``cluster.events.changed``
-  themselves. Publishing happens after commit (cluster.events).
+  bypass signals (``QuerySet.update``, ``bulk_create``) call ``llmgw_admin.events.changed``
+  themselves. Publishing happens after commit (llmgw_admin.events).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal
 
 from catalog.signals import catalog_changed
-from cluster import events, wake
+from cluster import wake
 from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
+from llmgw_admin import events
 
 # Sent with now=(the tick's time, control time zone) as a tick of the leader begins.
 reconcile_tick = Signal()
@@ -58,7 +59,8 @@ def _card(sender: Any, instance: Card, **kwargs: Any) -> None:
 
 
 def _budget(sender: Any, instance: FacilityBudget, **kwargs: Any) -> None:
-    events.changed(power=True)
+    # The nodes' event with no keys: the facility domains' power alone.
+    events.changed(refresh=["nodes"])
 
 
 def _action(sender: Any, instance: ClusterAction, created: bool, **kwargs: Any) -> None:

@@ -1,3 +1,5 @@
+"""The gateway app: the data path clients use, its keys, and its records."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -7,3 +9,15 @@ class GatewayConfig(AppConfig):
     name = "gateway"
     verbose_name = "Gateway"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from gateway import traffic
+        from llmgw_admin.events import Event, register
+
+        # The gateway's live event (llmgw_admin.events; its renderers: gateway.live). Not
+        # keys but figures: each gateway process's last second per model, sent by
+        # ``gateway.traffic`` with ``events.send`` once a second, never by ``changed()``.
+        register(
+            Event("traffic", "gateway.traffic_changed", traffic.GROUP, "models", dict,
+                  "the gateway's traffic: one process's second, per model (figures, not keys)"),
+        )  # fmt: skip

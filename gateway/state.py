@@ -225,14 +225,14 @@ class State:
     async def listen(self) -> None:
         """Read again at once when the cluster's live events say something changed.
 
-        The same events the consoles hear (``cluster.events``: Redis in production, this
+        The same events the consoles hear (``llmgw_admin.events``: Redis in production, this
         process's own layer embedded): a model's replicas or the catalog
         (``cluster.models``), a node cordoned, drained or lost (``cluster.nodes``). A
         missed event costs at most ``interval``: the thread reads again anyway.
         """
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-        from cluster import events
+        from llmgw_admin import events
 
         layer = get_channel_layer()
         if layer is None:

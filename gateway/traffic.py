@@ -2,17 +2,20 @@
 published off the request path, summed by the web processes that show them.
 
 A process's ``Traffic`` observer counts each request into the current second's bucket
-(requests, errors, refusals, tokens out, and TTFT and time-per-output-token histograms
-on fixed edges): a few additions, no I/O. A thread of its own, once a second, takes
+(requests, errors, refusals, tokens out, and histograms on fixed edges of the client's
+TTFT, the engine's and the time per output token): a few additions, no I/O. A thread of its own, once a second, takes
 the finished seconds and publishes them as one ``gateway.traffic`` event
-(``cluster.events``: Redis in production, ``live.sock`` embedded), skipping seconds
+(``llmgw_admin.events``: Redis in production, ``live.sock`` embedded), skipping seconds
 with no traffic. Nothing of the request path waits on it; a publish that fails is
 dropped (the next second brings fresh figures).
 
 A web process keeps the last seconds of every process (``Window``, bounded) and its
 consoles are pushed, at most once a second, each model's figures over the last
 ``SPAN`` seconds: requests/s, TTFT p50 and p99, tokens/s, error and refusal rates, and
-the model's ``slo`` (``ttft_p99``, ``tpot_p99``) met or missed. Percentiles are read
+the model's ``slo`` (``ttft_p99``, ``tpot_p99``) met or missed. The TTFT is the client's:
+to the first byte of text released to it, after the guard's hold of a streamed window
+(``gateway.observe.Done.ttft``), which is what an SLO is held to; the engine's (its first
+token reaching the gateway) is shown beside it, p50 and p99. Percentiles are read
 from the summed histograms (the upper edge of the bucket the quantile falls in, so a
 "met" is never optimistic).
 
@@ -65,6 +68,7 @@ class Bucket:
     refusals: int = 0
     tokens_out: int = 0
     ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
+    engine_ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
 
 
@@ -121,6 +125,8 @@ class Traffic(Listener):
             b.tokens_out += done.tokens_out
             if done.ttft is not None and done.status == 200:
                 b.ttft[_bucket(done.ttft * 1000)] += 1
+                if done.engine_ttft is not None:
+                    b.engine_ttft[_bucket(done.engine_ttft * 1000)] += 1
                 if done.stream and done.tokens_out > 1:
                     per = (done.seconds - done.ttft) * 1000 / (done.tokens_out - 1)
                     b.tpot[_bucket(per)] += 1
@@ -145,7 +151,7 @@ class Traffic(Listener):
         items = [
             {"process": self.process, "second": s, "model": name, "requests": b.requests,
              "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
-             "ttft": b.ttft, "tpot": b.tpot}
+             "ttft": b.ttft, "engine_ttft": b.engine_ttft, "tpot": b.tpot}
             for s, models in sorted(taken.items()) for name, b in models.items()
         ]  # fmt: skip
         if out:
@@ -181,7 +187,7 @@ class Traffic(Listener):
 
 
 def _send(message: dict[str, Any]) -> None:
-    from cluster import events
+    from llmgw_admin import events
 
     events.send(GROUP, message)
 
@@ -235,11 +241,14 @@ class Window:
                 continue
             s = sums.setdefault(model, {"requests": 0, "errors": 0, "refusals": 0,
                                         "tokens_out": 0, "ttft": [0] * (len(EDGES_MS) + 1),
+                                        "engine_ttft": [0] * (len(EDGES_MS) + 1),
                                         "tpot": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
             for k in ("requests", "errors", "refusals", "tokens_out"):
                 s[k] += item[k]
-            for k in ("ttft", "tpot"):
-                s[k] = [a + b for a, b in zip(s[k], item[k], strict=True)]
+            for k in ("ttft", "engine_ttft", "tpot"):
+                # A process of an older release sends no engine_ttft: none counted.
+                got = item.get(k) or [0] * (len(EDGES_MS) + 1)
+                s[k] = [a + b for a, b in zip(s[k], got, strict=True)]
         out = {}
         for model, s in sorted(sums.items()):
             n = s["requests"]
@@ -250,6 +259,8 @@ class Window:
                 "refusal_rate": s["refusals"] / n if n else 0.0,
                 "ttft_p50_ms": quantile(s["ttft"], 0.5),
                 "ttft_p99_ms": quantile(s["ttft"], 0.99),
+                "engine_ttft_p50_ms": quantile(s["engine_ttft"], 0.5),
+                "engine_ttft_p99_ms": quantile(s["engine_ttft"], 0.99),
                 "tpot_p99_ms": quantile(s["tpot"], 0.99),
             }
         return out
@@ -275,7 +286,7 @@ def _well_formed(item: dict[str, Any]) -> bool:
             isinstance(item.get(k), list)
             and len(item[k]) == len(EDGES_MS) + 1
             and all(isinstance(v, int) and v >= 0 for v in item[k])
-            for k in ("ttft", "tpot")
+            for k in ("ttft", "tpot", *(("engine_ttft",) if "engine_ttft" in item else ()))
         )
     )
 

@@ -26,13 +26,13 @@ from django.utils import timezone
 from catalog import rules
 from catalog.models import ServedModel
 from catalog.problems import Problem
-from cluster import events
 from cluster.choices import ReplicaState
 from cluster.models import Replica
 from guard import client, known, services
 from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
+from llmgw_admin import events
 
 log = logging.getLogger(__name__)
 

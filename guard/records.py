@@ -31,10 +31,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
-from cluster import events
 from guard.breaker import State as BreakerState
 from guard.chain import NO_JUDGE, ChainResult, Stats
 from guard.models import JudgeBreaker, JudgeDecision, JudgeHealth
+from llmgw_admin import events
 from llmgw_admin.batches import Batcher
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
   with the judge's answers, failures and decisions so far (two queries and an insert a
   judge a probe, every ``LLMGW_PROBE_INTERVAL`` seconds).
 - **The live console**: saves of a judge's health or probe, and of the policy, mark the
-  judges changed (``cluster.events``), pushed after commit.
+  judges changed (``llmgw_admin.events``), pushed after commit.
 - **What the check keeps in memory** is dropped when what it was read from changes in
   this process: the policy, a judge's catalog row or replica (``guard.services``'s
   snapshot), a token, a user or a user's groups (``guard.api.auth``'s tokens); a migrate
@@ -30,12 +30,12 @@ from django.db.models.signals import m2m_changed, post_delete, post_migrate, pos
 
 from catalog.models import ServedModel
 from catalog.signals import change_refusals, change_warnings
-from cluster import events
 from cluster.models import Replica
 from cluster.signals import reconcile_tick
 from guard import services
 from guard.api import auth
 from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample
+from llmgw_admin import events
 from llmgw_admin.models import ApiToken
 
 # Samples kept a judge: at the default one a minute, about four days.

@@ -59,6 +59,7 @@ FRAMEWORK = {
     "api",  # the API's error shape and parsers
     "celery",  # the Celery app the apps' tasks bind to
     "env",  # reading LLMGW_* settings
+    "events",  # the live-event bus, each app's events registered in its ready()
     "htmx",  # typing of htmx requests
     "lean",  # helpers of the routes that skip Django's stack
     "migrations",

@@ -88,7 +88,7 @@ def _keep(result: check.Result, by: str) -> None:
         },
     )
     try:
-        from cluster import events
+        from llmgw_admin import events
 
         events.changed(models=[result.model])
     except Exception:

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import events, relay
+from cluster import relay
+from llmgw_admin import events
 
 
 def good() -> list[tuple[str, dict[str, Any]]]:

@@ -52,7 +52,7 @@ class ProfileInline(_Inline):
         ("gpu_class", "tp", "pp", "gpus_per_node", "nodes"),
         ("args", "env", "node_selector"),
         ("min_memory_gb", "cpu_cores", "min_disk_gb", "power_watts"),
-        ("keep_within", "weight", "priority", "startup_timeout", "kv_events"),
+        ("keep_within", "weight", "capacity", "priority", "startup_timeout", "kv_events"),
     )
 
 

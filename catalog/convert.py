@@ -21,8 +21,8 @@ CHILD_GROUPS = ("profiles", "windows", "adapters", "aliases", "origin_files")
 _PROFILE_FIELDS = [
     "name", "engine", "engine_version", "gpu_class", "tp", "pp", "gpus_per_node",
     "nodes", "args", "env", "min_memory_gb", "cpu_cores", "min_disk_gb",
-    "node_selector", "power_watts", "keep_within", "weight", "priority",
-    "startup_timeout", "kv_events",
+    "node_selector", "power_watts", "keep_within", "weight", "capacity",
+    "priority", "startup_timeout", "kv_events",
 ]  # fmt: skip
 _FLAT_BLOCKS = ("scaling", "external", "canary", "eval", "slo", "capabilities", "guard")
 

@@ -236,7 +236,7 @@ class ProfileForm(BlankNumbersAreZero):
         fields = (
             "name", "engine", "engine_version", "gpu_class", "tp", "pp", "gpus_per_node",
             "nodes", "args", "env", "min_memory_gb", "cpu_cores", "min_disk_gb",
-            "node_selector", "power_watts", "keep_within", "weight", "priority",
+            "node_selector", "power_watts", "keep_within", "weight", "capacity", "priority",
             "startup_timeout", "kv_events",
         )  # fmt: skip
         widgets = {

@@ -123,6 +123,11 @@ class Profile(models.Model):
     power_watts = models.FloatField(default=0)
     keep_within = models.CharField(max_length=20, blank=True)
     weight = models.FloatField(default=0)
+    capacity = models.IntegerField(
+        default=0,
+        help_text="Requests one replica carries within the slo, as the bench measured it; "
+        "0: not measured.",
+    )
     priority = models.IntegerField(default=0)
     startup_timeout = models.BigIntegerField(default=0)
     kv_events = models.BooleanField(default=False)

@@ -482,6 +482,26 @@ def save_model(
     return instance
 
 
+@transaction.atomic
+def set_measured(name: str, profile: str, weight: float, capacity: int, actor: Actor,
+                 note: str) -> ServedModel:  # fmt: skip
+    """Write a profile's measured ``weight`` and ``capacity`` (the capacity bench's), with
+    ``note`` (the figures) in the change log; refused, writing nothing, when the model or
+    the profile is not in the catalog or the figures break a rule."""
+    row = stored_queryset().filter(name=name).first()
+    if row is None:
+        raise Refused([Problem(("name",), f'model "{name}" is not in the catalog', "not_found")])
+    m = row.to_spec()
+    target = next((p for p in m.profiles if p.name == profile), None)
+    if target is None:
+        names = ", ".join(p.name for p in m.profiles) or "none"
+        raise Refused([Problem(("profiles",), f'model "{name}" has no profile "{profile}" '
+                               f"(its profiles: {names})", "not_found")])  # fmt: skip
+    target.weight = weight
+    target.capacity = capacity
+    return save_model(m, actor, replacing=name, note=note)
+
+
 def reference_specs() -> list[spec.Model]:
     """Return every model with only what names other models: aliases, fallbacks, canary.
 

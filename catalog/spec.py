@@ -68,6 +68,10 @@ class Profile:
     power_watts: float = 0.0
     keep_within: str = ""
     weight: float = 0.0
+    # Requests one replica carries within the model's slo, as the capacity bench measured
+    # it (``manage.py cluster bench``); 0: not measured (load scaling takes its engine's
+    # default, cluster.scaling.DEFAULT_CAPACITY).
+    capacity: int = 0
     priority: int = 0
     startup_timeout: int = field(default=0, metadata=DURATION)
     kv_events: bool = False

@@ -33,6 +33,13 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
             )
     if not math.isfinite(p.weight):
         _not_finite(out, (*at, "weight"), f"{label}: weight", p.weight)
+    if p.capacity < 0:
+        out.add(
+            (*at, "capacity"),
+            "negative_capacity",
+            f"{label}: capacity {p.capacity} is negative: give the requests one replica "
+            "carries within the slo (manage.py cluster bench measures it), or 0",
+        )
     if not math.isfinite(p.power_watts):
         _not_finite(out, (*at, "power_watts"), f"{label}: power_watts", p.power_watts)
     elif p.power_watts < 0:

@@ -11,3 +11,8 @@ class UpdatesConfig(AppConfig):
     name = "updates"
     verbose_name = "Updates"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from updates import signals
+
+        signals.connect()

@@ -26,3 +26,13 @@ def fetch_into_mirror(pk: int) -> None:
     from updates import mirror
 
     mirror.run_fetch(pk)
+
+
+# The update flow's (H19flow): an eval runs apart from the reconcile tick that moves the
+# update (updates.run); its cases take a while.
+@shared_task(ignore_result=True)
+def run_update_eval(*, pk: int) -> None:
+    """Run an update's eval suite against its candidate (``updates.run.run_eval``)."""
+    from updates import run
+
+    run.run_eval(pk)

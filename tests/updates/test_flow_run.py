@@ -1,0 +1,223 @@
+"""The update flow's shell (updates.run) over the database, the mirror against the Hub
+stand-in (the real huggingface_hub), and the gateway's own canary rollback: each step,
+each way it ends, promote, rollback. The eval through a gateway is proved end to end
+(tests/e2e/test_updates.py); here its result is what the eval task writes."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from catalog.models import ChangeRecord, ServedModel
+from catalog.services import Actor, save_model, stored_specs
+from catalog.spec import EvalGate
+from cluster.models import Replica
+from gateway.models import Usage
+from gateway.watch import roll_back
+from tests.catalog.samples import gpu_model, store
+from tests.updates.hubstandin import HubStandIn
+from updates import cli, flow, mirror, run
+from updates.models import Fetch, UpdateRun
+
+pytestmark = pytest.mark.django_db
+
+V1 = b'{"llmgw-sim-weights": 1, "name": "v1"}' + b" " * 1000
+V2 = b'{"llmgw-sim-weights": 1, "name": "v2"}' + b" " * 1000
+
+
+def spec(name: str = "chat") -> Any:
+    found = stored_specs(names=[name])
+    return found[0] if found else None
+
+
+@pytest.fixture
+def chat(hub: HubStandIn) -> str:
+    """Model chat at v1 of org/chat (fetched, origin written), with a ready replica; v2
+    committed to the repository since."""
+    first = hub.commit("org/chat", {"model.safetensors": V1, "README.md": b"v1"})
+    store(gpu_model("chat"))
+    f = mirror.request_fetch("chat", by="test", surface="cli", start=False)
+    assert mirror.run_fetch(f.pk).state == "done"
+    assert spec().origin.revision == first
+    served = ServedModel.objects.get(name="chat")
+    Replica.objects.create(model=served, model_name="chat", state="ready")
+    return hub.commit("org/chat", {"model.safetensors": V2, "README.md": b"v2"})
+
+
+def fetched(r: UpdateRun) -> UpdateRun:
+    """Run the update's fetch (the worker's part) and look once."""
+    assert mirror.run_fetch(r.fetch_id).state == "done"
+    out = run.advance(r.pk)
+    assert out is not None
+    return out
+
+
+def ready(r: UpdateRun) -> UpdateRun:
+    """Make the candidate's replica ready (its agent's report) and look once."""
+    served = ServedModel.objects.get(name=r.candidate)
+    Replica.objects.create(model=served, model_name=r.candidate, state="ready")
+    out = run.advance(r.pk)
+    assert out is not None
+    return out
+
+
+def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat: str) -> None:
+    r = run.start("chat", surface="cli", via="ops@host")
+    assert (r.state, r.step, r.started_by, r.surface) == (
+        "running",
+        "fetch",
+        "system (ops@host)",
+        "cli",
+    )
+    r = fetched(r)
+    assert (r.step, r.commit, r.candidate) == ("candidate", chat, f"chat@{chat[:8]}")
+    candidate = spec(r.candidate)
+    assert candidate.origin.revision == chat and candidate.scaling.min == 1
+    assert spec().origin.revision != chat  # the model is untouched until promoted
+    r = ready(r)
+    assert (r.state, r.step) == ("waiting", "promote")
+    assert "ready to promote" in r.lines[-1]["text"]
+    old_replica = Replica.objects.get(model_name="chat")
+
+    promoted = run.promote("chat", surface="cli", via="ops@host")
+    assert promoted.state == "promoted"
+    m = spec()
+    assert m.origin.revision == chat
+    assert m.origin.previous.revision == r.from_commit
+    assert [f.path for f in m.origin.files] == ["model.safetensors"]
+    assert spec(r.candidate) is None  # the candidate went away
+    assert Replica.objects.filter(model_name="chat", replaces=old_replica).count() == 1
+    log = ChangeRecord.objects.filter(model_name="chat").first()
+    assert "promoted to" in log.summary and "ops@host" in log.actor_name
+
+    said = run.rollback("chat", surface="cli", via="ops@host")
+    assert said.startswith(f"chat is back at {r.from_commit[:8]}")
+    assert spec().origin.revision == r.from_commit
+    assert spec().origin.previous.revision == chat
+
+
+def test_rollback_says_so_when_the_mirror_no_longer_holds_the_previous_revision(chat: str) -> None:
+    r = ready(fetched(run.start("chat", auto=True)))
+    assert r.state == "promoted"
+    held = mirror.local_path("chat", r.from_commit)
+    assert held is not None
+    shutil.rmtree(held)
+    with pytest.raises(flow.Refused, match=f"no longer holds chat at {r.from_commit[:8]}"):
+        run.rollback("chat")
+    assert spec().origin.revision == chat  # nothing changed
+
+
+def test_a_second_update_is_refused_naming_the_first(chat: str) -> None:
+    first = run.start("chat", via="alice@host")
+    with pytest.raises(flow.Refused, match=f"#{first.pk}, started by system \\(alice@host\\)"):
+        run.start("chat")
+    assert UpdateRun.objects.count() == 1
+
+
+def test_an_update_to_the_revision_it_is_at_fails_saying_so(chat: str, hub: HubStandIn) -> None:
+    r = fetched(run.start("chat", revision=spec().origin.revision))
+    assert r.state == "failed" and "nothing to update to" in r.reason
+
+
+def test_an_eval_below_its_threshold_fails_names_the_cases_and_removes_the_candidate(
+    chat: str,
+) -> None:
+    m = spec()
+    m.eval = EvalGate(suite="arithmetic", min_score=0.9)
+    save_model(m, Actor(user=None, surface="cli", name="test"), replacing="chat")
+    r = ready(fetched(run.start("chat")))
+    assert r.step == "eval" and r.eval_started is not None
+    # What the eval task writes at its end (updates.run.run_eval).
+    UpdateRun.objects.filter(pk=r.pk).update(
+        score=0.5,
+        threshold=0.9,
+        failed_cases=[{"case": "sum-1", "answer": "758", "why": "expected 757"}],
+    )
+    r = run.advance(r.pk)
+    assert r.state == "failed"
+    assert r.reason == "eval arithmetic: score 0.50, below 0.90; failed: sum-1"
+    assert spec(r.candidate) is None and spec().canary is None
+
+
+def test_a_canary_the_gateway_rolls_back_fails_the_update_with_its_figures(chat: str) -> None:
+    r = ready(fetched(run.start("chat", canary_percent=50)))
+    assert r.step == "canary"
+    assert spec().canary.model == r.candidate and spec().canary.percent == 50
+    why = f"canary {r.candidate} rolled back: error rate 50% vs 0% over 50 requests"
+    assert roll_back("chat", r.candidate, why)  # the gateway's own write
+    r = run.advance(r.pk)
+    assert (r.state, r.reason) == ("failed", why)
+    assert spec().canary is None and spec(r.candidate) is None
+
+
+def test_a_canary_past_min_requests_and_settled_passes_and_auto_promotes(chat: str) -> None:
+    r = ready(fetched(run.start("chat", canary_percent=20, auto=True)))
+    minute = timezone.now().replace(second=0, microsecond=0)
+    Usage.objects.create(minute=minute, key="app", model=r.candidate, requests=30)
+    r = run.advance(r.pk)
+    assert (r.state, r.canary["served"]) == ("running", 30)  # below the default 50
+    Usage.objects.filter(model=r.candidate).update(requests=60)
+    r = run.advance(r.pk)
+    assert r.state == "running" and r.canary_reached is not None  # not settled yet
+    UpdateRun.objects.filter(pk=r.pk).update(canary_reached=timezone.now() - timedelta(seconds=10))
+    r = run.advance(r.pk)
+    assert r.state == "promoted" and spec().canary is None
+
+
+def test_a_fetch_that_fails_fails_the_update_with_the_mirrors_reason(
+    chat: str, hub: HubStandIn
+) -> None:
+    r = run.start("chat")
+    hub.delete("org/chat")
+    r = fetched_or_failed(r)
+    assert r.state == "failed" and r.reason.startswith("fetch failed: ")
+    assert spec().origin.revision != chat
+
+
+def fetched_or_failed(r: UpdateRun) -> UpdateRun:
+    mirror.run_fetch(r.fetch_id)
+    out = run.advance(r.pk)
+    assert out is not None
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "said"),
+    [
+        ("nope", {}, 'model "nope" is not in the catalog'),
+        ("local", {}, "there is no registry to update it from"),
+        ("chat", {"canary_percent": 150}, "canary percent 150"),
+    ],
+)
+def test_an_update_that_cannot_start_changes_nothing(
+    chat: str, model: str, kwargs, said: str
+) -> None:
+    store(gpu_model("local", source="/models/local.gguf"))
+    before = Fetch.objects.count()
+    with pytest.raises(flow.Refused, match=said):
+        run.start(model, **kwargs)
+    assert UpdateRun.objects.count() == 0 and Fetch.objects.count() == before
+
+
+def test_the_command_starts_promotes_and_refuses_in_one_line(chat: str) -> None:
+    out, err = Lines(), Lines()
+    assert cli.handle("start", {"model": "chat"}, out, err) == 0
+    assert out.lines[0].startswith("update #") and "fetching" in out.lines[0]
+    assert cli.handle("start", {"model": "chat"}, out, err) == 1
+    assert "is running already" in err.lines[-1]
+    assert cli.handle("promote", {"model": "chat"}, out, err) == 1
+    assert "not ready to promote yet" in err.lines[-1]
+    assert cli.handle("status", {"models": ["chat"], "json": True}, out, err) == 0
+    assert '"state": "running"' in out.lines[-1]
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)

@@ -53,6 +53,7 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
     req = cycle.req
     assert req is not None
     raw = await resp.read(gateway.options.max_answer)
+    cycle.engine_token()  # the engine's answer is here; the client's when it is sent
     status = resp.status
     content_type = resp.header(b"content-type") or b"application/json"
     if status >= 400:
@@ -153,6 +154,8 @@ class Stream:
                 break
             if not self.seen:
                 self.seen = carries_token(payload)
+                if self.seen:
+                    cycle.engine_token()
             if b'"usage":{' in payload or b'"usage": {' in payload:
                 usage_from(payload, cycle)
             if self.strip_usage and b'"usage"' in payload:
@@ -175,7 +178,9 @@ class Stream:
                 out, self.early = self.early + out, []
             if not self.cycle.started:
                 await self.cycle.start(200, SSE_HEADERS)
-            await self.cycle.body(b"".join(out), text=self.seen)  # TTFT: from the first token
+            # The client's TTFT: the first token released to it (held, only once judged).
+            text = self.seen if self.hold is None else self.hold.released_text
+            await self.cycle.body(b"".join(out), text=text)
 
     async def _finish(self) -> None:
         rest = self.early

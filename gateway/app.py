@@ -263,14 +263,14 @@ class Gateway:
         """Tell the observers how the request ended: every request, whatever its status
         (``model`` empty when it named none, ``key`` and ``owner`` empty without a valid
         key; 499 when the client went away before its answer ended)."""
-        key, first = cycle.key, cycle.first_at
+        key, first, engine = cycle.key, cycle.first_at, cycle.engine_first_at
         status = cycle.outcome or cycle.status or CLIENT_GONE
         self.observer.request(Done(
             model=cycle.model, status=status, owner=key.owner if key else "",
             key=key.name if key else "", seconds=time.perf_counter() - cycle.start_at,
             ttft=None if first is None else first - cycle.start_at,
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
-            stream=cycle.stream,
+            stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
         ))  # fmt: skip
         if key is None:
             if status == 401:

@@ -56,6 +56,7 @@ class Holdback:
         "interval",
         "windows",
         "margin",
+        "released_text",
     )
 
     def __init__(
@@ -73,6 +74,9 @@ class Holdback:
         self.interval = interval
         self.windows = 0
         self.margin = max(0, margin)
+        # Whether an event carrying text has been released yet (the client's first
+        # token: what came before it carried none, a role chunk say).
+        self.released_text = False
 
     @property
     def judging(self) -> bool:
@@ -129,9 +133,10 @@ class Holdback:
         """The events that may be sent now, in order; they leave the hold."""
         out: list[bytes] = []
         while self._held and self._held[0][1] <= self._judged:
-            event, _ = self._held.popleft()
+            event, upto = self._held.popleft()
             self.held_bytes -= len(event)
             out.append(event)
+            self.released_text = self.released_text or upto > 0
         return out
 
     def text(self) -> str:

@@ -18,8 +18,11 @@ The token is read from memory when fresh (``guard.api.auth``), else on a thread.
 
 The series (all ``llmgw_gateway_`` but the judge's):
 
-- ``requests_total{model,status,owner}``; ``request_seconds{model}`` and
-  ``ttft_seconds{model}`` (histograms: the whole request, and its first byte of text);
+- ``requests_total{model,status,owner}``; ``request_seconds{model}``,
+  ``ttft_seconds{model}`` and ``engine_ttft_seconds{model}`` (histograms: the whole
+  request; the client's time to first token, to the first byte of text released to it,
+  after the guard's hold of a window; the engine's, to its first token as it reached
+  the gateway);
 - ``tokens_in_total{model}``, ``tokens_out_total{model}`` (the engines' usage);
 - ``refusals_total{direction,category}`` (the guard's, on requests and answers);
   ``failed_open_windows_total`` (answers released unjudged under ``fail: open``);
@@ -89,8 +92,13 @@ def _setup() -> dict[str, Any]:
             "requests": counter("requests", "requests answered", ("model", "status", "owner")),
             "seconds": Histogram("request_seconds", "a request from its start to its end",
                                  ("model",), namespace=NS, buckets=SECONDS, registry=None),
-            "ttft": Histogram("ttft_seconds", "a request's start to its first byte of text",
+            "ttft": Histogram("ttft_seconds", "the client's time to first token: a request's "
+                              "start to the first byte of text released to it",
                               ("model",), namespace=NS, buckets=SECONDS, registry=None),
+            "engine_ttft": Histogram("engine_ttft_seconds", "the engine's time to first "
+                                     "token: a request's start to its first token reaching "
+                                     "the gateway, before the guard's hold",
+                                     ("model",), namespace=NS, buckets=SECONDS, registry=None),
             "tokens_in": counter("tokens_in", "prompt tokens (the engines' usage)", ("model",)),
             "tokens_out": counter("tokens_out", "answer tokens (the engines' usage)", ("model",)),
             "refusals": counter("refusals", "the guard's refusals", ("direction", "category")),
@@ -202,12 +210,15 @@ class Metrics(Listener):
         if per_model is None:
             m = self.m
             per_model = self._per_model[done.model] = tuple(
-                m[k].labels(done.model) for k in ("seconds", "ttft", "tokens_in", "tokens_out")
+                m[k].labels(done.model)
+                for k in ("seconds", "ttft", "engine_ttft", "tokens_in", "tokens_out")
             )
-        seconds, ttft, tokens_in, tokens_out = per_model
+        seconds, ttft, engine_ttft, tokens_in, tokens_out = per_model
         seconds.observe(done.seconds)
         if done.ttft is not None:
             ttft.observe(done.ttft)
+            if done.engine_ttft is not None:
+                engine_ttft.observe(done.engine_ttft)
         if done.tokens_in:
             tokens_in.inc(done.tokens_in)
         if done.tokens_out:

@@ -20,11 +20,16 @@ class Done:
     owner: str
     key: str
     seconds: float
-    ttft: float | None  # to the first byte of the answer's text (streams), or the answer
+    # The client's time to first token: to the first byte of the answer's text released
+    # to it (streams: after the guard's hold of a window), or to the answer sent.
+    ttft: float | None
     tokens_in: int
     tokens_out: int
     replica: int | None
     stream: bool
+    # The engine's: to its first token as it reached the gateway (or its whole answer),
+    # before any hold of the guard's.
+    engine_ttft: float | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,10 @@ class Engine:
     """One engine: how it answers, and what it saw."""
 
     name: str
-    behaviour: str = "ok"  # ok | 503 | 429 | refuse | cut | slow | tools | garbled | nested | stall
+    # ok | 503 | 429 | refuse | cut | slow | tools | garbled | nested | stall | vllm (a
+    # stream's role chunk written with its first token, after first_token_delay, as vLLM
+    # and llama-server send it once the prefill is done)
+    behaviour: str = "ok"
     say: str = ""  # the answer's words, when given (else NAME0 NAME1 ...)
     words: int = 5
     delay: float = 0.0  # before the answer's head
@@ -130,7 +133,14 @@ class Engine:
             payload = f"data: {raw}\n\n".encode()
             return b"%x\r\n" % len(payload) + payload + b"\r\n"
 
-        if self.first_token_delay and self.behaviour != "stall":
+        lead = b""  # written with the first token
+        if self.behaviour == "vllm":
+            if not await self._sleep(self.first_token_delay, reader):
+                return False
+            lead = chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                          "choices": [{"index": 0, "finish_reason": None,
+                                       "delta": {"role": "assistant", "content": ""}}]})  # fmt: skip
+        elif self.first_token_delay and self.behaviour != "stall":
             writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
                                 "choices": [{"index": 0, "finish_reason": None,
                                              "delta": {"role": "assistant", "content": ""}}]}))  # fmt: skip
@@ -155,10 +165,12 @@ class Engine:
                 writer.write(chunk("[" * 50_000 + json.dumps(" ".join(words)) + "]" * 50_000))
                 await writer.drain()
                 break
-            writer.write(chunk({"id": "x", "object": "chat.completion.chunk", "created": 1,
-                                "model": data.get("model"),
-                                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-                                "usage": None}))  # fmt: skip
+            writer.write(lead + chunk({"id": "x", "object": "chat.completion.chunk",
+                                       "created": 1, "model": data.get("model"),
+                                       "choices": [{"index": 0, "delta": delta,
+                                                    "finish_reason": None}],
+                                       "usage": None}))  # fmt: skip
+            lead = b""
             await writer.drain()
             if self.behaviour == "slow":
                 await asyncio.sleep(0.05)

@@ -30,6 +30,8 @@ from typing import Any
 
 from agent import discovery, weights
 from agent.client import ControlPlane, ControlPlaneError, Unauthorized, Unreachable
+from agent.mirror import MirrorClient
+from agent.mirror import enabled as mirror_enabled
 from agent.supervisor import Supervisor
 
 log = logging.getLogger("agent")
@@ -217,6 +219,12 @@ class Agent:
             devices=devices,
             simulated=self.simulated,
             grace_s=float(args.grace),
+            # The control plane's weights mirror, unless this node's LLMGW_MIRROR=off.
+            mirror=(
+                MirrorClient(args.server, lambda: self.control.token, self.weights_dir)
+                if mirror_enabled()
+                else None
+            ),
         )
 
     def stop(self) -> None:

@@ -25,6 +25,7 @@ def prepare(
     adapters_dir: Path,
     cancel: threading.Event,
     progress: Callable[[int, int | None], None],
+    mirror: Any = None,
 ) -> Prepared:
     """Return a replica's weights path, its adapters' paths by name, and the folder that
     holds the adapters by name for vLLM ("" when it loads none by name)."""
@@ -38,6 +39,8 @@ def prepare(
         cancel=cancel,
         folders=folders,
         hosts=hosts,
+        mirror=mirror,
+        model=str(spec.get("model") or ""),
     )
     adapters = {
         str(a["name"]): weights.resolve(

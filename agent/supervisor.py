@@ -90,6 +90,7 @@ class Supervisor:
         grace_s: float = DEFAULT_GRACE_S,
         poll_interval_s: float = 0.25,
         backoff_cap_s: float = BACKOFF_CAP_S,
+        mirror: Any = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +99,9 @@ class Supervisor:
         # given), and the origins URL sources may name (agent.weights.check_source).
         self.weights_folders = [self.weights_dir, *(Path(f) for f in weights_folders or ())]
         self.weights_hosts = None if weights_hosts is None else list(weights_hosts)
+        # The control plane's weights mirror (agent.mirror.MirrorClient), or None: sources
+        # fetched by this node itself.
+        self.mirror = mirror
         self.report = report or (lambda r: None)
         self.binaries = dict(binaries or {})
         # None: take every engine as installed (tests); the agent passes discovery's.
@@ -284,6 +288,7 @@ class Supervisor:
                 self.state_dir / "adapters" / str(r.id),
                 r.cancel,
                 progress,
+                mirror=self.mirror,
             )
         except weights.WeightsError as exc:
             r.prep_error = exc

@@ -17,6 +17,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
@@ -158,17 +159,28 @@ def resolve(
     client: httpx.Client | None = None,
     folders: Sequence[str | os.PathLike[str]] | None = None,
     hosts: Sequence[str] | None = None,
+    mirror: Any = None,
+    model: str = "",
 ) -> str:
     """Return what to hand the engine for a source: a local path or a Hugging Face id.
 
     ``folders`` are where local sources may be (the weights folder alone for None), and
-    ``hosts`` the origins URLs may name (``check_source``).
+    ``hosts`` the origins URLs may name (``check_source``). With ``mirror`` (an
+    ``agent.mirror.MirrorClient``) a URL or a Hugging Face id is taken from the control
+    plane's mirror when it serves ``model``: the file, or the mirrored folder (so an engine
+    that would fetch a Hugging Face id itself is given the folder); the node fetches as
+    below only when the mirror does not serve it.
 
     Raises:
         WeightsError: the source cannot be had on this node, or failed its check.
     """
+    if mirror is not None and kind(source) in ("url", "hf"):
+        got = mirror.fetch(model, source, engine, progress=progress, cancel=cancel)
+        if got is not None:
+            return str(got)
     if engine == "sim":
-        # The simulator makes its answers up: it reads no weights.
+        # The simulator makes its answers up: it reads no weights (but those the mirror
+        # holds, above).
         return source
     check_source(source, [weights_dir] if folders is None else folders, hosts)
     what = kind(source)

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
+# A fetch of "the newest" revision that ended this many seconds ago answers an ask for it.
+FRESH_S = 60
 # A failed fetch is queued again by a node's ask only after this many seconds.
 RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
@@ -157,6 +159,21 @@ def request_fetch(
         done = _done_at(model_name, source, wanted)
         if done is not None:
             return done
+    else:
+        # "The newest" asked again right after a fetch of it ended (a node's ask racing
+        # the fetch's end): that fetch is it.
+        recent = (
+            Fetch.objects.filter(
+                model=model_name,
+                source=source,
+                state=FetchState.DONE,
+                finished__gte=timezone.now() - timezone.timedelta(seconds=FRESH_S),
+            )
+            .order_by("-finished")
+            .first()
+        )
+        if recent is not None and (root() / recent.folder).is_dir():
+            return recent
     fetch = _active(model_name, source, wanted)
     if fetch is not None:
         return fetch

@@ -5,7 +5,8 @@ memory, like ``nvidia-h100-80gb``. A MIG instance is its card's class, ``-mig-``
 MIG profile: ``nvidia-a100-80gb-mig-1g.10gb``.
 
 Cards come from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` and MIG
-instances from ``nvidia-smi -L``; the parsers take the text, so they are tested against
+instances from ``nvidia-smi -L``; what each card uses now (memory used, utilisation) from
+``USE_QUERY`` with every heartbeat. The parsers take the text, so they are tested against
 recorded outputs of real cards without one.
 """
 
@@ -32,6 +33,12 @@ GPU_QUERY = [
     "--format=csv,noheader,nounits",
 ]
 MIG_QUERY = ["nvidia-smi", "-L"]
+# What each card is using now, read with every heartbeat (the cards themselves once).
+USE_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,memory.used,utilization.gpu",
+    "--format=csv,noheader,nounits",
+]
 
 # The sizes cards are sold by, in GB. nvidia-smi reports what the driver can use, in
 # MiB, which is a little under (an L4 sold as 24 GB reports 23034 MiB): a class is named
@@ -230,6 +237,39 @@ def discover_cards(run: Run = _run) -> list[dict[str, Any]]:
     return cards_from(gpus, run(MIG_QUERY) or "")
 
 
+def parse_use_csv(text: str, cards: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return each advertised whole card's memory used (MiB) and utilisation (percent) from
+    the output of ``USE_QUERY``.
+
+    A figure nvidia-smi cannot give ("[N/A]", "[Not Supported]") is null. A card split into
+    MIG instances is not advertised whole, and nvidia-smi gives no utilisation per
+    instance: its instances have no figures.
+    """
+    whole = {int(c["index"]) for c in cards if c.get("mig_of") is None}
+    use = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 3 or not fields[0].isdigit() or int(fields[0]) not in whole:
+            continue
+        memory, busy = _number(fields[1]), _number(fields[2])
+        use.append(
+            {
+                "index": int(fields[0]),
+                "memory_used_mb": None if memory is None else max(0, round(memory)),
+                "utilization": None if busy is None else min(100, max(0, round(busy))),
+            }
+        )
+    return use
+
+
+def discover_use(cards: Sequence[Mapping[str, Any]], run: Run = _run) -> list[dict[str, Any]]:
+    """Return what this node's cards use now; none when nvidia-smi is missing or fails."""
+    if not cards:
+        return []
+    text = run(USE_QUERY)
+    return parse_use_csv(text, cards) if text else []
+
+
 def device_names(cards: Sequence[Mapping[str, Any]]) -> dict[int, str]:
     """Return what CUDA_VISIBLE_DEVICES calls each MIG instance: its UUID.
 
@@ -412,9 +452,11 @@ def inventory(
     weights: Sequence[str] = (),
     simulated: bool = False,
     host: str | None = None,
+    cards_use: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Return the inventory the agent sends on join and every heartbeat."""
-    return {
+    """Return the inventory the agent sends on join and every heartbeat; ``cards_use``,
+    what each card uses now (``discover_use``, or the sim's figures), when known."""
+    inv: dict[str, Any] = {
         "hostname": host or hostname(),
         "agent_version": AGENT_VERSION,
         "cpu_cores": cpu_cores(),
@@ -426,3 +468,6 @@ def inventory(
         "weights": sorted(set(weights)),
         "simulated": simulated,
     }
+    if cards_use is not None:
+        inv["cards_use"] = [dict(u) for u in cards_use]
+    return inv

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import discovery, weights
+from agent import discovery, simcards, weights
 from agent.client import ControlPlane, ControlPlaneError, Unauthorized, Unreachable
 from agent.mirror import MirrorClient
 from agent.mirror import enabled as mirror_enabled
@@ -192,6 +192,8 @@ class Agent:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.simulated = bool(args.simulate)
+        # The last desired list read: which cards each replica holds (cards_use).
+        self.desired: list[dict[str, Any]] = []
         if self.simulated:
             self.cards = discovery.parse_simulate(args.simulate)
             devices: dict[int, str] = {}
@@ -236,9 +238,32 @@ class Agent:
         self.control.queue_report(report)
         self._wake.set()
 
+    def cards_use(self) -> list[dict[str, Any]]:
+        """Return what each card uses now: nvidia-smi's figures, or a simulated node's
+        derived from its replicas (agent.simcards)."""
+        if not self.simulated:
+            return discovery.discover_use(self.cards)
+        states = self.supervisor.states()
+        replicas = []
+        for spec in self.desired:
+            report = states.get(spec.get("id"))
+            if report is None:
+                continue
+            ready = report["state"] == "ready"
+            replicas.append(
+                {
+                    "cards": spec.get("cards") or [],
+                    "state": report["state"],
+                    "progress": report["progress"],
+                    "load": simcards.engine_load(report["port"]) if ready else None,
+                }
+            )
+        return simcards.card_figures(self.cards, replicas)
+
     def inventory(self) -> dict[str, Any]:
         """Return the node's inventory as it is now."""
         inv = discovery.inventory(
+            cards_use=self.cards_use(),
             cards=self.cards,
             engines=self.engines,
             labels=self.args.labels,
@@ -295,6 +320,7 @@ class Agent:
                     if version != last_version or beats >= RELOAD_EVERY:
                         desired = self.control.desired()
                         self.supervisor.converge(desired["replicas"])
+                        self.desired = list(desired["replicas"])
                         last_version = desired.get("version", version)
                         beats = 0
                     self.control.flush_reports()

@@ -798,6 +798,22 @@ Result = tuple[int, Any] | AsyncIterator[dict[str, Any]]
 _PUBLIC = frozenset({"/health", "/v1/health"})
 
 
+class Slots:
+    """The engine's generation slots (``--parallel``), counting those in use."""
+
+    def __init__(self, n: int) -> None:
+        self.free = asyncio.Semaphore(n)
+        self.busy = 0
+
+    async def __aenter__(self) -> None:
+        await self.free.acquire()
+        self.busy += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.busy -= 1
+        self.free.release()
+
+
 class SimServer:
     """The sim engine's HTTP server: one process, one model."""
 
@@ -805,7 +821,7 @@ class SimServer:
         self.cfg = cfg
         self.created = int(time.time())
         self.ready_at = time.monotonic() + cfg.load_time
-        self.slots = asyncio.Semaphore(cfg.parallel)
+        self.slots = Slots(cfg.parallel)
         self.connections: set[asyncio.Task[Any]] = set()
         self.routes = {
             "/health": ("GET", self.health),
@@ -914,7 +930,13 @@ class SimServer:
         """Answer like llama-server: 503 while loading, then 200."""
         if self.loading():
             raise HttpError(503, "Loading model", "unavailable_error")
-        return 200, {"status": "ok"}
+        # Its load, which a simulated node's agent turns into its cards' utilisation
+        # (agent.simcards): no card to ask.
+        return 200, {
+            "status": "ok",
+            "slots_busy": self.slots.busy,
+            "slots_total": self.cfg.parallel,
+        }
 
     async def models(self, request: Request) -> Result:
         """List the one model, with vLLM's max_model_len and llama-server's meta (null while loading)."""

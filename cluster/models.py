@@ -65,6 +65,10 @@ class Node(models.Model):
     # (cluster.services.inventory_digest). A heartbeat carrying the same inventory then only
     # stamps last_heartbeat; any other writer of the inventory's fields must clear it.
     inventory_digest = models.CharField(max_length=64, blank=True, editable=False)
+    # What each card uses, as its last heartbeat said (docs/agent-protocol.md, cards_use):
+    # card index (text) → {"memory_used_mb": int or null, "utilization": int or null}.
+    # One column written with the heartbeat's stamp, not a row per card per heartbeat.
+    card_use = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         ordering = ("name",)

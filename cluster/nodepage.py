@@ -1,6 +1,7 @@
 """What a node's page and a replica's log show, read once for the console and the API.
 
-``node_detail`` gathers a node's cards (with the replica holding each), the replicas it runs (its share of each: rank, cards, state, reason) and its
+``node_detail`` gathers a node's cards (with the replica holding each, and what each uses
+as the last heartbeat said: memory used, utilisation), the replicas it runs (its share of each: rank, cards, state, reason) and its
 agent's version; ``replica_log`` a replica's engine log as each of its nodes' agents last
 reported it (docs/agent-protocol.md, "report"). The log is for operators only, as the
 detail of a reason is (cluster.reasons): an engine's output names paths and hosts.
@@ -27,8 +28,11 @@ def node_detail(node: Node, operator: bool) -> dict[str, Any]:
             for index in a.cards:
                 held[index] = a
     cards = []
+    # What each card uses, as the node's last heartbeat said (none: its agent did not).
+    use = node.card_use or {}
     for c in sorted(node.cards.all(), key=lambda c: c.index):
         a = held.get(c.index)
+        now = use.get(str(c.index)) or {}
         cards.append(
             {
                 "index": c.index,
@@ -37,6 +41,8 @@ def node_detail(node: Node, operator: bool) -> dict[str, Any]:
                 "power_limit_w": c.power_limit_w,
                 "uuid": c.uuid,
                 "mig_of": c.mig_of,
+                "memory_used_mb": now.get("memory_used_mb"),
+                "utilization": now.get("utilization"),
                 "replica": a.replica_id if a is not None else None,
                 "model": a.replica.model_name if a is not None else None,
             }

@@ -69,6 +69,12 @@ class NodeCardSerializer(serializers.Serializer[None]):
     power_limit_w = serializers.FloatField()
     uuid = serializers.CharField()
     mig_of = serializers.IntegerField(allow_null=True)
+    memory_used_mb = serializers.IntegerField(
+        allow_null=True, help_text="memory in use (MiB), as the last heartbeat said"
+    )
+    utilization = serializers.IntegerField(
+        allow_null=True, help_text="percent busy, as the last heartbeat said"
+    )
     replica = serializers.IntegerField(allow_null=True)
     model = serializers.CharField(allow_null=True)
 

@@ -149,11 +149,9 @@ def request_fetch(
         raise MirrorError("the mirror is off (LLMGW_MIRROR=off): nodes fetch weights themselves")
     m = _model_spec(model_name)
     source = str(m.source or "").strip()
-    if registry.kind(source) is None:
-        raise MirrorError(
-            f'model "{model_name}" has source {source or "(none)"}, which is not a Hugging '
-            "Face repository or an http(s) URL: there is nothing to mirror"
-        )
+    why = registry.mirrored(source)
+    if why:
+        raise MirrorError(f'model "{model_name}": {why}')
     wanted = pinned_revision(m) if revision is None else revision.strip()
     if wanted:
         done = _done_at(model_name, source, wanted)
@@ -303,9 +301,14 @@ def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest
     Raises:
         MirrorError: the mirror is off, or the model has nothing to mirror.
     """
+    if not enabled():
+        raise MirrorError("the mirror is off (LLMGW_MIRROR=off): nodes fetch weights themselves")
     m = _model_spec(model_name)
     revision = pinned_revision(m)
     source = str(m.source or "").strip()
+    why = registry.mirrored(source)
+    if why:
+        raise MirrorError(f'model "{model_name}": {why}')
     done = (
         _done_at(model_name, source, revision)
         if revision

@@ -108,6 +108,30 @@ def kind(source: str) -> str | None:
     return "hf" if _HF_ID.fullmatch(text) else None
 
 
+def mirrored(source: str) -> str | None:
+    """Return why the mirror does not fetch ``source``, or None when it does: a Hugging
+    Face repository always; an http(s) URL when its host is one of ``LLMGW_MIRROR_HOSTS``
+    (a URL elsewhere is fetched by the nodes themselves, each under its own
+    ``--weights-hosts``, as before)."""
+    what = kind(source)
+    if what == "hf":
+        return None
+    if what == "url":
+        from agent.weights import allowed_origins, origin_of
+
+        allowed = allowed_origins(list(settings.LLMGW_MIRROR_HOSTS))
+        if origin_of(source) in allowed:
+            return None
+        return (
+            f"{origin_of(source)} is not a host the mirror fetches from: add it to "
+            f"LLMGW_MIRROR_HOSTS (now {', '.join(sorted(allowed)) or 'none'})"
+        )
+    return (
+        f"source {source or '(none)'} is not a Hugging Face repository or an http(s) URL: "
+        "there is nothing to mirror"
+    )
+
+
 # -- the token ------------------------------------------------------------------------------
 
 _token_lock = threading.Lock()

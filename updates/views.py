@@ -52,6 +52,7 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
         "check": checking.last_checks([name]).get(name),
         "checkable": checking.checkable(m),
         "mirrorable": mirror.registry.kind(str(m.source or "")) is not None,
+        "not_mirrored": mirror.registry.mirrored(str(m.source or "")),
         "mirror_on": mirror.enabled(),
         "can_check": has_role(request.user, OPERATOR),
         "refresh_s": FAST_S if active else SLOW_S,

@@ -177,3 +177,15 @@ def test_the_mirror_page_says_what_it_holds_for_whom(
     assert "org/chat" in page and "chat" in page and "(current)" in page
     assert "of its cap of" in page and "LLMGW_MIRROR_MAX_GB=1.0" in page
     assert str(settings.LLMGW_MIRROR_DIR) not in page  # operators see the folder
+
+
+def test_a_url_on_a_host_the_mirror_does_not_fetch_from_is_left_to_the_nodes(
+    hub: HubStandIn, settings: Any
+) -> None:
+    settings.LLMGW_MIRROR_HOSTS = ["https://huggingface.co"]
+    store(gpu_model("chat", source=f"{hub.url}/plain/w.gguf"))
+    node, token = join_node("n1")
+    _place("chat", node)
+    answer = _node_client(token).get("/api/v1/updates/mirror/models/chat/")
+    assert answer.status_code == 404 and "LLMGW_MIRROR_HOSTS" in answer.json()["detail"]
+    assert Fetch.objects.count() == 0 and hub.requests == []

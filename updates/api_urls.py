@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from django.urls import path
 
-from updates import api
+from updates import api, flowapi
 
 node_patterns = [
     path("mirror/models/<str:name>/", api.node_manifest, name="mirror-manifest"),
     path("mirror/files/<int:pk>/<path:path>", api.node_file, name="mirror-file"),
+    # The update flow's (updates.flowapi).
+    path("runs/", flowapi.runs, name="update-runs"),
 ]
 
 catalog_patterns = [
     path("models/<str:name>/update-check/", api.update_check, name="update-check"),
+    # The update flow's (updates.flowapi).
+    path("models/<str:name>/update/", flowapi.model_update, name="update"),
+    path("models/<str:name>/update/promote/", flowapi.model_promote, name="update-promote"),
+    path("models/<str:name>/update/rollback/", flowapi.model_rollback, name="update-rollback"),
 ]

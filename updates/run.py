@@ -128,6 +128,7 @@ def start(
             it cannot be updated, or the mirror refuses the fetch (with why).
     """
     by = label(user, via)
+    commit = _resolve(model_name, revision)
     with transaction.atomic():
         row = stored_queryset().select_for_update().filter(name=model_name).first()
         if row is None:
@@ -142,7 +143,7 @@ def start(
             has_registry=registry.kind(str(m.source or "").strip()) is not None,
         )
         try:
-            fetch = mirror.request_fetch(model_name, p.revision, by=by, surface=str(surface))
+            fetch = mirror.request_fetch(model_name, commit, by=by, surface=str(surface))
         except mirror.MirrorError as exc:
             raise flow.Refused(str(exc)) from None
         run = UpdateRun(
@@ -168,6 +169,35 @@ def start(
         _mark(model_name)
     wake.reconcile_soon()
     return run
+
+
+def _resolve(model_name: str, revision: str) -> str:
+    """Return the commit an update goes to: ``revision``'s, or the newest, asked of the
+    registry before anything is written (a branch names a commit only now).
+
+    Raises:
+        flow.Refused: the model is not in the catalog, has no registry, or the registry
+            cannot say (a repository gone, a revision unknown: its reason), or the model
+            is at that commit already.
+    """
+    m = _spec(model_name)
+    if m is None:
+        raise flow.Refused(f'model "{model_name}" is not in the catalog')
+    source = str(m.source or "").strip()
+    if registry.kind(source) is None:
+        return ""  # flow.plan refuses it, saying why
+    try:
+        state = registry.latest(source, revision.strip() or None)
+    except registry.RegistryError as exc:
+        raise flow.Refused(f"{model_name}: {exc}") from None
+    at = m.origin.revision if m.origin is not None else ""
+    if at and state.commit == at:
+        raise flow.Refused(
+            f"{model_name} is at {flow.short(at)} already, "
+            f"{'the newest revision' if not revision.strip() else revision.strip()}: "
+            "nothing to update to"
+        )
+    return str(state.commit)
 
 
 # -- one look ---------------------------------------------------------------------------------

@@ -118,9 +118,15 @@ def test_a_second_update_is_refused_naming_the_first(chat: str) -> None:
     assert UpdateRun.objects.count() == 1
 
 
-def test_an_update_to_the_revision_it_is_at_fails_saying_so(chat: str, hub: HubStandIn) -> None:
-    r = fetched(run.start("chat", revision=spec().origin.revision))
-    assert r.state == "failed" and "nothing to update to" in r.reason
+def test_an_update_to_the_revision_it_is_at_is_refused_saying_so(chat: str) -> None:
+    at = spec().origin.revision
+    with pytest.raises(
+        flow.Refused, match=f"chat is at {at[:8]} already, {at}: nothing to update to"
+    ):
+        run.start("chat", revision=at)
+    with pytest.raises(flow.Refused, match="has no revision ffff"):
+        run.start("chat", revision="f" * 40)
+    assert UpdateRun.objects.count() == 0
 
 
 def test_an_eval_below_its_threshold_fails_names_the_cases_and_removes_the_candidate(

@@ -7,26 +7,25 @@ next one fails the same way: gpustack #4725, a 10 s idle timeout) or too long fo
 ones (a hung replica holds its requests for minutes before they move). The catalog already
 says what each model is expected to do: ``slo.ttft_p99`` and ``slo.tpot_p99``, and each
 profile's ``startup_timeout``. The gateway's waits are read from them; a model that gives
-none takes the gateway's settings.
+none takes the site's defaults, which the gateway gives (``use_site_defaults``).
 
 - ``first_token``: to the first token. For a stream, the engine's answer head and its
   first event, counted from when the request was sent to that replica; for an embedding,
   the whole answer. ``FIRST_TOKEN_FACTOR`` times ``slo.ttft_p99``, never under
-  ``FIRST_TOKEN_FLOOR``; else ``LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT``. Before the first byte
+  ``FIRST_TOKEN_FLOOR``; else the default. Before the first byte
   reached the client, running out of it moves the request to another replica.
 - ``between``: the longest silence after that (a stream's next event, the rest of a whole
   answer's body). ``BETWEEN_FACTOR`` times ``slo.tpot_p99``, never under ``BETWEEN_FLOOR``;
-  else ``LLMGW_GATEWAY_READ_TIMEOUT``.
+  else the default.
 - ``whole``: an answer that is not streamed arrives all at once, after its last token, so
   its wait is ``first_token`` plus, for each token the request may generate (its own
   ``max_tokens``, else the model's ``max_output``), ``BETWEEN_FACTOR`` times
-  ``slo.tpot_p99``. Without either number, ``LLMGW_GATEWAY_WHOLE_TIMEOUT``. (A single
+  ``slo.tpot_p99``. Without either number, the default. (A single
   first-byte timeout for whole answers cut off every one that took longer to generate
   than a stream's first token may take.)
 - ``wake``: how long a request for a model with no ready replica is held while one
   starts: the profiles' longest ``startup_timeout`` (the longest a start may take) and
-  ``WAKE_MARGIN``, at most ``LLMGW_GATEWAY_WAKE_WAIT`` (the longest the site lets a
-  client be held: 600 s, the ``openai`` client's own timeout, by default). Every profile
+  ``WAKE_MARGIN``, at most the default (the longest the site lets a client be held). Every profile
   has a startup_timeout (20 minutes when not written), so the setting is what bounds
   most models; one that loads in a minute and says so is given up on sooner.
 
@@ -36,7 +35,8 @@ model's page calls ``explain`` to say what they are and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.durations import format_duration
@@ -52,22 +52,44 @@ WAKE_MARGIN = 30.0
 
 @dataclass(frozen=True)
 class Defaults:
-    """The gateway's settings, for a model whose catalog entry says nothing."""
+    """The waits of a model whose catalog entry says nothing, and, for ``explain``, where
+    each is set (``set_by["wake"]``: the setting, as the model's page names it).
 
-    first_token: float = 300.0  # LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT
-    between: float = 300.0  # LLMGW_GATEWAY_READ_TIMEOUT
-    whole: float = 1800.0  # LLMGW_GATEWAY_WHOLE_TIMEOUT
-    wake: float = 600.0  # LLMGW_GATEWAY_WAKE_WAIT
+    The layer that owns them gives them: the gateway registers its settings' in its
+    ``AppConfig.ready()`` (``use_site_defaults``); the catalog knows none of their names.
+    """
+
+    first_token: float
+    between: float
+    whole: float
+    wake: float
+    set_by: Mapping[str, str] = field(default_factory=dict)
+
+    def said(self, name: str) -> str:
+        """Return where the wait ``name`` is set, as ``explain`` says it."""
+        return self.set_by.get(name, "the site's default")
 
     @classmethod
     def from_settings(cls, settings: Any) -> Defaults:
-        """The four settings (``django.conf.settings`` or anything with those names)."""
-        return cls(
-            first_token=float(getattr(settings, "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", 300.0)),
-            between=float(getattr(settings, "LLMGW_GATEWAY_READ_TIMEOUT", 300.0)),
-            whole=float(getattr(settings, "LLMGW_GATEWAY_WHOLE_TIMEOUT", 1800.0)),
-            wake=float(getattr(settings, "LLMGW_GATEWAY_WAKE_WAIT", 600.0)),
-        )
+        """The site's (``site_defaults()``): kept for gateway/app.py's Options until it
+        reads the gateway's own (``gateway.routing.waits_defaults``)."""
+        return site_defaults()
+
+
+_site: Callable[[], Defaults] | None = None
+
+
+def use_site_defaults(read: Callable[[], Defaults]) -> None:
+    """Set what gives the site's defaults (the gateway's ``ready()`` does)."""
+    global _site
+    _site = read
+
+
+def site_defaults() -> Defaults:
+    """Return the site's defaults; raise LookupError when no app gave them."""
+    if _site is None:
+        raise LookupError("no app gave the gateway's waits (catalog.timeouts.use_site_defaults)")
+    return _site()
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,7 @@ def waits(model: Any, defaults: Defaults) -> Waits:
 
 def wake_wait(model: Any, most: float) -> float:
     """How long a request for ``model`` with no ready replica waits for one, at most
-    ``most`` (``LLMGW_GATEWAY_WAKE_WAIT``)."""
+    ``most`` (the site's default)."""
     longest = max((p.startup_timeout for p in model.profiles), default=0)
     if longest <= 0:
         return most
@@ -117,9 +139,9 @@ def _seconds(value: float) -> str:
     return format_duration(round(value * NS))
 
 
-def _why_slo(field: str, ns: int, factor: int, floor: float, setting: str) -> str:
+def _why_slo(field: str, ns: int, factor: int, floor: float, default: str) -> str:
     if not ns:
-        return f"no slo.{field}: the gateway's LLMGW_GATEWAY_{setting}"
+        return f"no slo.{field}: {default}"
     return f"{factor} × slo.{field} of {format_duration(ns)}, at least {_seconds(floor)}"
 
 
@@ -129,9 +151,10 @@ def explain(model: Any, defaults: Defaults) -> list[tuple[str, str, str]]:
     ttft, tpot = model.slo.ttft_p99, model.slo.tpot_p99
     rows = [
         ("first token", _seconds(w.first_token),
-         _why_slo("ttft_p99", ttft, FIRST_TOKEN_FACTOR, FIRST_TOKEN_FLOOR, "FIRST_BYTE_TIMEOUT")),
+         _why_slo("ttft_p99", ttft, FIRST_TOKEN_FACTOR, FIRST_TOKEN_FLOOR,
+                  defaults.said("first_token"))),
         ("between tokens", _seconds(w.between),
-         _why_slo("tpot_p99", tpot, BETWEEN_FACTOR, BETWEEN_FLOOR, "READ_TIMEOUT")),
+         _why_slo("tpot_p99", tpot, BETWEEN_FACTOR, BETWEEN_FLOOR, defaults.said("between"))),
     ]  # fmt: skip
     if w.per_token and w.max_output:
         whole = (f"{_seconds(w.first_token)} + {_seconds(w.per_token)} a token asked for",
@@ -140,19 +163,19 @@ def explain(model: Any, defaults: Defaults) -> list[tuple[str, str, str]]:
     elif w.per_token:
         rows.append(("whole answer",
                      f"{_seconds(w.first_token)} + {_seconds(w.per_token)} a token asked for",
-                     "a request without max_tokens (and no max_output): the gateway's "
-                     "LLMGW_GATEWAY_WHOLE_TIMEOUT"))  # fmt: skip
+                     "a request without max_tokens (and no max_output): "
+                     + defaults.said("whole")))  # fmt: skip
     else:
         rows.append(("whole answer", _seconds(w.whole(None)),
-                     "no slo.tpot_p99: the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT"))  # fmt: skip
+                     "no slo.tpot_p99: " + defaults.said("whole")))  # fmt: skip
     longest = max((p.startup_timeout for p in model.profiles), default=0)
     if longest and w.wake < defaults.wake:
         why = (f"the longest startup_timeout, {format_duration(longest)}, and "
                f"{_seconds(WAKE_MARGIN)}")  # fmt: skip
     elif longest:
-        why = (f"the gateway's LLMGW_GATEWAY_WAKE_WAIT, shorter than the longest "
+        why = (f"{defaults.said('wake')}, shorter than the longest "
                f"startup_timeout, {format_duration(longest)}, and {_seconds(WAKE_MARGIN)}")  # fmt: skip
     else:
-        why = "no profile: the gateway's LLMGW_GATEWAY_WAKE_WAIT"
+        why = "no profile: " + defaults.said("wake")
     rows.append(("held while waking", _seconds(w.wake), why))
     return rows

@@ -394,7 +394,7 @@ def _detail_context(
         "gateway_waits": (
             []
             if m.role == "guard"
-            else timeouts.explain(m, timeouts.Defaults.from_settings(settings))
+            else timeouts.explain(m, timeouts.site_defaults())
         ),
         "durations": {
             key: format_duration(value) if value else ""

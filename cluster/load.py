@@ -46,7 +46,7 @@ class Unavailable(Exception):
 
 
 def _timeout() -> float:
-    return max(float(getattr(settings, "LLMGW_REDIS_TIMEOUT_MS", 500)) / 1000, 0.1)
+    return max(settings.LLMGW_REDIS_TIMEOUT_MS / 1000, 0.1)
 
 
 def _redis() -> Any:
@@ -63,7 +63,7 @@ def _redis() -> Any:
 def write(report: dict[str, Any]) -> None:
     """Keep one process's report for ``TTL`` seconds (raises on a Redis failure)."""
     process = str(report["process"])
-    if getattr(settings, "REDIS_URL", ""):
+    if settings.REDIS_URL:
         data = json.dumps(report, separators=(",", ":"))
         pipe = _redis().pipeline(transaction=False)
         pipe.set(PREFIX + process, data, ex=TTL)
@@ -77,7 +77,7 @@ def write(report: dict[str, Any]) -> None:
 
 def reports() -> list[dict[str, Any]]:
     """Every process's report still in force."""
-    if getattr(settings, "REDIS_URL", ""):
+    if settings.REDIS_URL:
         try:
             client = _redis()
             processes = sorted(p.decode() for p in client.smembers(INDEX))

@@ -149,7 +149,7 @@ def start_listening(at: datetime | None = None, role: str = "web process") -> No
 
 
 def _mark_lost(now: datetime, result: TickResult) -> None:
-    lost_after = float(getattr(settings, "LLMGW_NODE_LOST_AFTER", 30))
+    lost_after = float(settings.LLMGW_NODE_LOST_AFTER)
     candidates = Node.objects.exclude(health=NodeHealth.LOST).values_list("name", "last_heartbeat")
     # Silence counts from when heartbeats could be heard: this process's start, or the
     # latest web process's, whichever is later.
@@ -177,7 +177,7 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
 
 
 def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str, plan.Want]:
-    idle_default = int(float(getattr(settings, "LLMGW_IDLE_TIMEOUT", 900)) * SECOND)
+    idle_default = int(float(settings.LLMGW_IDLE_TIMEOUT) * SECOND)
     demands = dict(ModelDemand.objects.values_list("model_name", "last_demand"))
     replicas = _replicas_with_placement()
     wants = _wants(now, specs, demands, idle_default, replicas)
@@ -235,8 +235,8 @@ def _wants(
         if r.desired and r.state == ReplicaState.READY:
             running[r.model_name].append(r.profile)
             ready[r.model_name] += 1
-    up_after = float(getattr(settings, "LLMGW_SCALE_UP_AFTER", 30))
-    down_after = float(getattr(settings, "LLMGW_SCALE_DOWN_AFTER", 300))
+    up_after = float(settings.LLMGW_SCALE_UP_AFTER)
+    down_after = float(settings.LLMGW_SCALE_DOWN_AFTER)
     for name in scaled:
         m, b = specs[name], bounds[name]
         row = kept.get(name) or ModelScale(model_name=name)

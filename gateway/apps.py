@@ -11,8 +11,13 @@ class GatewayConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from gateway import traffic
+        from catalog import timeouts
+        from gateway import routing, traffic
         from llmgw_admin.events import Event, register
+
+        # The waits of a model whose catalog entry gives none, as the model's page tells
+        # them (catalog.timeouts.explain): the gateway's settings.
+        timeouts.use_site_defaults(routing.waits_defaults)
 
         # The gateway's live event (llmgw_admin.events; its renderers: gateway.live). Not
         # keys but figures: each gateway process's last second per model, sent by

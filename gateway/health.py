@@ -27,7 +27,6 @@ from django.conf import settings
 PATH = "/healthz"
 OK = b'{"status":"ok"}'
 STARTING = b'{"status":"starting"}'
-STALE_LIMIT = 300
 
 
 def verdict(loaded: bool, stale: bool, age: float | None, limit: float) -> tuple[int, bytes]:
@@ -62,7 +61,7 @@ class HealthRoute:
             # The server starts the table's reader when it listens (gateway.server); an
             # application served another way starts it with its first check.
             self.state.start(asyncio.get_running_loop())
-        limit = getattr(settings, "LLMGW_GATEWAY_STALE_LIMIT", STALE_LIMIT)
+        limit = settings.LLMGW_GATEWAY_STALE_LIMIT
         status, body = verdict(loaded, self.state.stale, self.state.age(), limit)
         await _answer(send, status, body, b"application/json",
                       head=method == "HEAD")  # fmt: skip

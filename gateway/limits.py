@@ -79,7 +79,7 @@ return 1
 def _timeout_setting() -> float:
     from django.conf import settings
 
-    return float(getattr(settings, "LLMGW_REDIS_TIMEOUT_MS", 250)) / 1000
+    return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
 
 
 _counter: Any = None

@@ -102,5 +102,4 @@ def from_settings() -> type[TimedHttp]:
     """``protocol`` with ``LLMGW_HTTP_HEADER_TIMEOUT`` and ``LLMGW_HTTP_BODY_TIMEOUT``."""
     from django.conf import settings
 
-    return protocol(getattr(settings, "LLMGW_HTTP_HEADER_TIMEOUT", 10),
-                    getattr(settings, "LLMGW_HTTP_BODY_TIMEOUT", 60))  # fmt: skip
+    return protocol(settings.LLMGW_HTTP_HEADER_TIMEOUT, settings.LLMGW_HTTP_BODY_TIMEOUT)

@@ -51,10 +51,10 @@ class Rules:
     @classmethod
     def from_settings(cls, settings: Any) -> Rules:
         return cls(
-            after=getattr(settings, "LLMGW_GATEWAY_EJECT_AFTER", cls.after),
-            base=float(getattr(settings, "LLMGW_GATEWAY_EJECT_SECONDS", cls.base)),
-            most=float(getattr(settings, "LLMGW_GATEWAY_EJECT_MAX_SECONDS", cls.most)),
-            max_percent=getattr(settings, "LLMGW_GATEWAY_EJECT_MAX_PERCENT", cls.max_percent),
+            after=settings.LLMGW_GATEWAY_EJECT_AFTER,
+            base=float(settings.LLMGW_GATEWAY_EJECT_SECONDS),
+            most=float(settings.LLMGW_GATEWAY_EJECT_MAX_SECONDS),
+            max_percent=settings.LLMGW_GATEWAY_EJECT_MAX_PERCENT,
         )
 
 

@@ -56,13 +56,13 @@ def key(model: Any) -> str:
     when the provider must not be asked."""
     ext = model.external
     why = environment.url_problem(
-        ext.url, frozenset(getattr(settings, "LLMGW_EXTERNAL_HTTP_HOSTS", ()))
+        ext.url, frozenset(settings.LLMGW_EXTERNAL_HTTP_HOSTS)
     )
     if why:
         raise Refused(model.name, f"external url {ext.url!r} {why}")
     if not ext.api_key_file:
         return ""
-    secrets_dir = getattr(settings, "LLMGW_SECRETS_DIR", "")
+    secrets_dir = settings.LLMGW_SECRETS_DIR
     full, why = environment.key_file(ext.api_key_file, secrets_dir)
     if why:
         raise Refused(model.name, f"api_key_file {ext.api_key_file!r} {why}")

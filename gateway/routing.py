@@ -40,12 +40,35 @@ PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completion
          bodies.EMBEDDING: "/v1/embeddings"}  # fmt: skip
 
 
+def waits_defaults() -> timeouts.Defaults:
+    """The gateway's waits for a model whose catalog entry gives none: its settings
+    (registered with ``catalog.timeouts`` by the gateway's ``ready()``)."""
+    from django.conf import settings
+
+    return timeouts.Defaults(
+        first_token=float(settings.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
+        between=float(settings.LLMGW_GATEWAY_READ_TIMEOUT),
+        whole=float(settings.LLMGW_GATEWAY_WHOLE_TIMEOUT),
+        wake=float(settings.LLMGW_GATEWAY_WAKE_WAIT),
+        set_by=SET_BY,
+    )
+
+
+# Where each default wait is set, as the model's page says it (catalog.timeouts.explain).
+SET_BY = {
+    "first_token": "the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT",
+    "between": "the gateway's LLMGW_GATEWAY_READ_TIMEOUT",
+    "whole": "the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT",
+    "wake": "the gateway's LLMGW_GATEWAY_WAKE_WAIT",
+}
+
+
 def model_waits(model: Any, options: Any) -> timeouts.Waits:
     """The waits for ``model``: its own where its catalog entry gives its latency and
     startup (``catalog.timeouts``), else the options'."""
     return timeouts.waits(model, timeouts.Defaults(
         first_token=options.first_byte_timeout, between=options.read_timeout,
-        whole=options.whole_timeout, wake=options.wake_wait,
+        whole=options.whole_timeout, wake=options.wake_wait, set_by=SET_BY,
     ))  # fmt: skip
 
 

@@ -59,11 +59,9 @@ class Config:
     def from_settings(cls, settings: Any) -> Config:
         """The settings' (``django.conf.settings`` or anything with those names)."""
         return cls(
-            failures=max(1, int(getattr(settings, "LLMGW_GUARD_BREAKER_FAILURES", 5))),
-            backoff=max(0.001, float(getattr(settings, "LLMGW_GUARD_BREAKER_BACKOFF", 5))),
-            max_backoff=max(
-                0.001, float(getattr(settings, "LLMGW_GUARD_BREAKER_MAX_BACKOFF", 300))
-            ),
+            failures=max(1, int(settings.LLMGW_GUARD_BREAKER_FAILURES)),
+            backoff=max(0.001, float(settings.LLMGW_GUARD_BREAKER_BACKOFF)),
+            max_backoff=max(0.001, float(settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF)),
         )
 
 

@@ -416,7 +416,7 @@ class Asked:
 
 def default_timeout() -> float:
     """A judge's timeout when its model has no slo (``LLMGW_GUARD_JUDGE_TIMEOUT``)."""
-    return float(getattr(settings, "LLMGW_GUARD_JUDGE_TIMEOUT", 5))
+    return float(settings.LLMGW_GUARD_JUDGE_TIMEOUT)
 
 
 # Each judge's circuit breaker in this process (guard.breaker): a judge that keeps failing

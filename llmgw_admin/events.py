@@ -214,7 +214,7 @@ _outage = _Outage()
 def _timeout() -> float:
     from django.conf import settings
 
-    return float(getattr(settings, "LLMGW_REDIS_TIMEOUT_MS", 250)) / 1000
+    return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
 
 
 async def _bounded_send(layer: Any, group: str, message: dict, timeout: float) -> None:

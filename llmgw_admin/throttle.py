@@ -77,7 +77,7 @@ def client_address(request: HttpRequest) -> str:
     return peer_address(
         request.META.get("REMOTE_ADDR", ""),
         request.META.get("HTTP_X_FORWARDED_FOR", ""),
-        getattr(settings, "LLMGW_TRUSTED_PROXIES", ()),
+        settings.LLMGW_TRUSTED_PROXIES,
     )
 
 

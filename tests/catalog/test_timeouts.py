@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +22,13 @@ from catalog.timeouts import (
 )
 
 S = 10**9
-DEFAULTS = Defaults(first_token=300, between=200, whole=1800, wake=120)
+# Where the defaults are set, as the gateway names them (gateway.routing.SET_BY).
+SET_BY = {
+    "first_token": "the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT",
+    "whole": "the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT",
+    "wake": "the gateway's LLMGW_GATEWAY_WAKE_WAIT",
+}
+DEFAULTS = Defaults(first_token=300, between=200, whole=1800, wake=120, set_by=SET_BY)
 
 
 def model(ttft: float = 0, tpot: float = 0, max_output: int = 0, startups: tuple[float, ...] = ()):
@@ -54,7 +63,7 @@ def test_a_fast_models_waits_are_never_below_the_floors() -> None:
 
 
 def test_the_wake_wait_is_the_longest_startup_and_a_margin_at_most_the_setting() -> None:
-    long_wake = Defaults(wake=3600)
+    long_wake = replace(DEFAULTS, wake=3600)
     assert waits(model(startups=(600, 60)), long_wake).wake == 600 + WAKE_MARGIN
     assert waits(model(startups=(60,)), DEFAULTS).wake == 60 + WAKE_MARGIN
     # Past the setting, the setting: the longest the site lets a client be held.
@@ -103,3 +112,20 @@ def test_the_models_page_says_each_wait_and_why() -> None:
     assert plain["first token"] == ("5m", "no slo.ttft_p99: the gateway's "
                                           "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")  # fmt: skip
     assert plain["whole answer"][0] == "30m"
+
+
+def test_the_site_defaults_are_the_gateways_settings_named_by_the_gateway(settings) -> None:
+    """The catalog names no setting of the gateway's: the gateway gives its waits and
+    their names (gateway.routing.waits_defaults, registered by its ready())."""
+    from catalog.timeouts import site_defaults
+
+    settings.LLMGW_GATEWAY_WAKE_WAIT = 45
+    got = site_defaults()
+    assert (got.first_token, got.between, got.whole, got.wake) == (
+        settings.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT, settings.LLMGW_GATEWAY_READ_TIMEOUT,
+        settings.LLMGW_GATEWAY_WHOLE_TIMEOUT, 45,
+    )  # fmt: skip
+    assert got.said("between") == "the gateway's LLMGW_GATEWAY_READ_TIMEOUT"
+    assert Defaults(1, 2, 3, 4).said("between") == "the site's default"
+    source = (Path(__file__).parents[2] / "catalog" / "timeouts.py").read_text()
+    assert "LLMGW_" not in source

@@ -56,7 +56,7 @@ class Loaded:
 
 def folders() -> list[Path]:
     """Return where suites are looked for, in order: the operator's, then the shipped."""
-    own = str(getattr(settings, "LLMGW_EVAL_DIR", "") or "")
+    own = str(settings.LLMGW_EVAL_DIR or "")
     return [Path(own), SHIPPED] if own else [SHIPPED]
 
 

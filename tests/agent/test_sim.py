@@ -233,7 +233,8 @@ def test_health_is_503_while_loading_then_200(start_sim: Callable[..., Sim]) -> 
         assert ready.status_code == 503
         time.sleep(0.05)
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok"}
+    # With its load: a simulated node's agent reads it for its cards' utilisation.
+    assert ready.json() == {"status": "ok", "slots_busy": 0, "slots_total": 4}
     assert server.text("hi", max_tokens=2)
 
 

@@ -15,8 +15,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
+from catalog import extensions, services
 from catalog import forms as catalog_forms
-from catalog import services
 from catalog.choices import Surface
 from catalog.filtersets import with_effective_class
 from catalog.models import (
@@ -203,6 +203,21 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
     search_fields = ("name", "description", "source", "aliases__name")
     action_form = SetClassForm
     actions = ("set_class", "switch_off", "set_min_max", "delete_selected")
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        """Return this admin's actions and those the layers above registered
+        (``catalog.extensions.ADMIN_ACTIONS``: the updates app's), each for the roles its
+        ``permissions`` name."""
+        actions = super().get_actions(request)
+        extra = [
+            self.get_action(fn)
+            for fn in extensions.ADMIN_ACTIONS
+            if getattr(fn, "allowed_permissions", None)  # an action naming no role is none's
+        ]
+        for func, name, description in self._filter_actions_by_permissions(request, extra):
+            actions.setdefault(name, (func, name, description))
+        return actions
+
     fieldsets = (
         (None, {"fields": ("name", "description", "source", "role", "capacity_class", "owner")}),
         ("scaling", {"fields": ("scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm")}),

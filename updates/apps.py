@@ -13,6 +13,9 @@ class UpdatesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from updates import signals
+        from updates import command, signals
 
         signals.connect()
+        # The catalog command's `update` group and the admin's "Check for updates"
+        # (catalog.extensions: the catalog does not import this app).
+        command.register()

@@ -3,6 +3,8 @@
     manage.py catalog validate FILE          exit 0 if valid, else 1 and one line a problem
     manage.py catalog import FILE [--dry-run] [--replace]
     manage.py catalog export [FILE]
+    manage.py catalog update check [MODEL ...] [--json]   (and the rest of the updates app's
+                                                             group, catalog.extensions)
 
 A stable interface (architecture.md): scripts and CI depend on the exit codes and lines.
 """
@@ -17,7 +19,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog import files, services
+from catalog import extensions, files, services
 from catalog.choices import Surface
 from catalog.problems import Problem
 
@@ -52,6 +54,10 @@ class Command(BaseCommand):
         )
         exp = sub.add_parser("export", help="write the catalog as a file (standard output if none)")
         exp.add_argument("file", nargs="?")
+        # Subcommands the layers above register (catalog.extensions): `update` is the
+        # updates app's.
+        for name, extra in sorted(extensions.SUBCOMMANDS.items()):
+            extra.add_arguments(sub.add_parser(name, help=extra.help))
 
     def _fail(self, problems: list[Problem]) -> None:
         for p in problems:
@@ -60,6 +66,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        if action in extensions.SUBCOMMANDS:
+            extensions.SUBCOMMANDS[action].handle(self, options)
+            return
         if action == "export":
             text = files.dump_catalog(services.export_specs())
             if options["file"]:

@@ -1,0 +1,26 @@
+"""The admin's bulk actions on catalog models that belong to the updates app, registered
+with the catalog's admin by ``UpdatesConfig.ready()`` (``catalog.extensions``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+
+from llmgw_admin.roles import OPERATOR
+
+
+@admin.action(permissions=[OPERATOR], description="Check selected models for updates")
+def check_for_updates(modeladmin: Any, request: Any, queryset: Any) -> None:
+    """Check each selected model for updates now; say what each check found."""
+    from updates import checking
+
+    names = list(queryset.values_list("name", flat=True))
+    results = checking.check_models(names, by=f"{request.user.get_username()} (admin)")
+    for state, level in (("available", messages.WARNING), ("error", messages.ERROR)):
+        found = [r for r in results if r.state == state]
+        for r in found:
+            modeladmin.message_user(request, f"{r.model}: {r.state}: {r.message}", level)
+    current = [r.model for r in results if r.state == "current"]
+    if current:
+        modeladmin.message_user(request, f"Up to date: {', '.join(current)}.", messages.SUCCESS)

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # Lines kept a run (a long canary moves its line, it does not add one a look).
 MAX_LINES = 200
+# Seconds a candidate that had canary traffic is kept after its update ended (``sweep``).
+DRAIN_S = 10.0
 EVAL_KEY_PREFIX = "update-eval-"
 
 
@@ -211,7 +213,35 @@ def advance_all() -> list[int]:
             advance(pk)
         except Exception:
             log.exception("update #%s: a look failed; the next tick looks again", pk)
+    try:
+        sweep()
+    except Exception:
+        log.exception("removing ended updates' candidates failed; the next tick tries again")
     return ids
+
+
+def sweep(now: datetime | None = None) -> list[str]:
+    """Delete the candidates of updates that ended ``DRAIN_S`` ago or more; return them.
+
+    A candidate that had a canary's share is left that long after the canary is taken
+    off it, so every gateway process's table has stopped sending to it and what it was
+    answering is answered before its engine stops (no client request fails for it).
+    """
+    from catalog.models import ServedModel
+
+    now = now or _now()
+    ended = UpdateRun.objects.filter(
+        state__in=(UpdateState.PROMOTED, UpdateState.FAILED),
+        finished__lte=now - timedelta(seconds=DRAIN_S),
+    ).exclude(candidate="")
+    names = dict(ended.values_list("candidate", "pk"))
+    present = set(ServedModel.objects.filter(name__in=list(names)).values_list("name", flat=True))
+    for name in sorted(present):
+        run = UpdateRun.objects.get(pk=names[name])
+        with transaction.atomic():
+            delete_model(name, actor_for(run))
+            _mark(run.model, name)
+    return sorted(present)
 
 
 def advance(pk: int) -> UpdateRun | None:
@@ -361,6 +391,20 @@ def _enter(run: UpdateRun, p: flow.Plan) -> None:
         except Refused as exc:
             _fail(run, f"the catalog refused the candidate: {exc}")
             return
+        # The mirror keeps files by model: the candidate's are the update's fetch's, at
+        # its commit, found complete in the mirror (one registry look, no download), so
+        # its nodes (a sim engine among them) take them as soon as it is placed.
+        try:
+            own = mirror.request_fetch(candidate.name, run.commit, by=run.started_by,
+                                       surface=Surface.UPDATES, start=False)  # fmt: skip
+            if own.state != "done":
+                own = mirror.run_fetch(own.pk) or own
+        except mirror.MirrorError as exc:
+            _fail(run, f"the mirror refused the candidate's files: {exc}")
+            return
+        if own.state != "done":
+            _fail(run, f"the mirror could not give the candidate its files: {own.reason}")
+            return
         _add_line(run, flow.CANDIDATE, f"candidate {candidate.name} added: placing its replica")
     elif run.step == flow.EVAL:
         _add_line(run, flow.EVAL, f"eval {p.suite}: starting")
@@ -405,7 +449,8 @@ def _fail(run: UpdateRun, why: str, by: str = "") -> None:
 
 
 def _remove_candidate(run: UpdateRun) -> None:
-    """Take the model's canary off the candidate and delete the candidate, if there."""
+    """Take the model's canary off the candidate; delete the candidate now when it never
+    had clients' traffic, else leave it to ``sweep`` once drained."""
     actor = actor_for(run)
     if not run.candidate:
         return
@@ -413,7 +458,7 @@ def _remove_candidate(run: UpdateRun) -> None:
     if m is not None and m.canary is not None and m.canary.model == run.candidate:
         save_model(flow.without_candidate(m, run.candidate), actor, replacing=run.model,
                    note=f"update #{run.pk}: the canary removed")  # fmt: skip
-    if _spec(run.candidate) is not None:
+    if run.step in (flow.FETCH, flow.CANDIDATE, flow.EVAL) and _spec(run.candidate) is not None:
         delete_model(run.candidate, actor)
     _revoke_eval_key(run)
 
@@ -563,8 +608,7 @@ def _promote(run: UpdateRun, actor: Actor, ended_by: str = "") -> None:
     except Refused as exc:
         _fail(run, f"the catalog refused the promote: {exc}")
         return
-    if _spec(run.candidate) is not None:
-        delete_model(run.candidate, actor)
+    # The candidate goes once drained (``sweep``): the canary is off it from this change.
     _revoke_eval_key(run)
     rolled = services.roll(run.model, every=True)
     run.state = UpdateState.PROMOTED

@@ -89,6 +89,9 @@ def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat:
     assert m.origin.revision == chat
     assert m.origin.previous.revision == r.from_commit
     assert [f.path for f in m.origin.files] == ["model.safetensors"]
+    assert spec().canary is None and spec(r.candidate) is not None  # drained first
+    assert run.sweep() == []
+    assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [r.candidate]
     assert spec(r.candidate) is None  # the candidate went away
     assert Replica.objects.filter(model_name="chat", replaces=old_replica).count() == 1
     log = ChangeRecord.objects.filter(model_name="chat").first()
@@ -157,7 +160,9 @@ def test_a_canary_the_gateway_rolls_back_fails_the_update_with_its_figures(chat:
     assert roll_back("chat", r.candidate, why)  # the gateway's own write
     r = run.advance(r.pk)
     assert (r.state, r.reason) == ("failed", why)
-    assert spec().canary is None and spec(r.candidate) is None
+    assert spec().canary is None
+    assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [r.candidate]
+    assert spec(r.candidate) is None
 
 
 def test_a_canary_past_min_requests_and_settled_passes_and_auto_promotes(chat: str) -> None:

@@ -26,6 +26,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
@@ -544,6 +545,12 @@ def run_eval(pk: int) -> None:
 
     try:
         target = runner.Target(settings.LLMGW_GATEWAY_URL, secret, run.candidate)
+        with httpx.Client() as http:
+            why = runner.wait_ready(http, target)
+        if why:
+            UpdateRun.objects.filter(pk=pk).update(reason=f"the eval could not start: {why}"[:4000])
+            _poke(run)
+            return
         results = runner.run(suite, target, grader=runner.judge_grader(p.judge),
                              on_result=progress)  # fmt: skip
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ SHIPPED = Path(__file__).resolve().parent / "suites"
 SUFFIXES = (".yaml", ".yml", ".json")
 ATTEMPTS = 3
 TIMEOUT_S = 60.0
+# How long a new key and candidate may take to reach the gateway's table.
+READY_S = 60.0
 
 
 class SuiteRefused(Exception):
@@ -160,6 +163,32 @@ def _error(r: httpx.Response) -> str:
     except (ValueError, KeyError, TypeError):
         message = r.text
     return str(message)[:200]
+
+
+def wait_ready(http: httpx.Client, target: Target, timeout: float = READY_S) -> str:
+    """Wait until the gateway takes the key and lists the model (a new key and a new
+    candidate reach every gateway process's table a moment after they are written);
+    return "" then, or why not after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    why = ""
+    while True:
+        try:
+            r = http.get(target.url.rstrip("/") + "/v1/models",
+                         headers={"Authorization": f"Bearer {target.key}"}, timeout=10)  # fmt: skip
+            if r.status_code == 200 and any(
+                m.get("id") == target.model for m in r.json().get("data", []) if isinstance(m, dict)
+            ):
+                return ""
+            why = (
+                f"the gateway answered {r.status_code}"
+                if r.status_code != 200
+                else (f"the gateway does not list {target.model} yet")
+            )
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            why = f"no answer from the gateway at {target.url}: {type(exc).__name__}"
+        if time.monotonic() >= deadline:
+            return f"{why} after {timeout:g} s"
+        time.sleep(0.5)
 
 
 Grader = Callable[[s.Case, str], s.Result]

@@ -16,10 +16,11 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from catalog import rules
 from catalog.models import ServedModel
@@ -267,6 +268,8 @@ class ModelRow:
     scale_target: int | None = None
     scale_range: str = ""
     scale_reason: str = ""
+    # The capacity bench's last word on it today (started, done with its figure, failed).
+    bench: str = ""
 
     @property
     def dom_id(self) -> str:
@@ -386,7 +389,21 @@ def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
         row.scale_target = scale.target
         row.scale_range = f"{scale.lo}–{scale.hi}"
         row.scale_reason = scale.shown
+    by_name = {r.name: r for r in rows}
+    for action, target, detail in (
+        ClusterAction.objects.filter(action__in=BENCH_ACTIONS, at__gte=timezone.now()
+                                     - timedelta(days=1)).order_by("-at", "-id")
+        .values_list("action", "target", "detail")[:200]
+    ):  # fmt: skip
+        name = target.removeprefix("model ").split(" profile ")[0]
+        row = by_name.get(name)
+        if row is not None and not row.bench:
+            row.bench = f"{action}: {detail.splitlines()[0] if detail else ''}"
     return rows
+
+
+# The cluster actions a bench run logs (cluster.benchrun).
+BENCH_ACTIONS = ("bench", "bench done", "bench failed")
 
 
 def model_row(name: str) -> ModelRow | None:

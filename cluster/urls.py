@@ -20,6 +20,7 @@ urlpatterns = [
     path("nodes/<int:pk>/<str:action>/", views.node_action, name="node_action"),
     path("replicas/<int:pk>/restart/", views.replica_restart, name="replica_restart"),
     path("models/<name:name>/roll/", views.model_roll, name="model_roll"),
+    path("models/<name:name>/bench/", views.model_bench, name="model_bench"),
     path("models/<name:name>/scale/", pages.model_scale, name="model_scale"),
     path("models/<name:name>/wake/", pages.model_wake, name="model_wake"),
 ]

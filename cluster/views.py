@@ -105,6 +105,26 @@ def replica_restart(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @role_required(OPERATOR)
 @require_POST
+def model_bench(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Start the capacity bench on a ready replica of the model (the profile posted, or the
+    first ready one's); answer with its fragment, which says it started or why not."""
+    from cluster import benchrun
+
+    profile = (request.POST.get("profile") or "").strip() or None
+    row = live.model_row(name)
+    try:
+        benchrun._replica(name, profile)
+    except benchrun.BenchError as exc:
+        if row is not None:
+            row.bench = f"bench not started: {exc}"
+        return HttpResponse(render_model(row, True, name))
+    benchrun.start(name, profile, request.user, "console", "console")
+    row = live.model_row(name)
+    return HttpResponse(render_model(row, True, name))
+
+
+@role_required(OPERATOR)
+@require_POST
 def model_roll(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Roll a model's outdated replicas (new ready before old stops); answer with its fragment."""
     try:

@@ -20,6 +20,7 @@ urlpatterns = [
     path("status/", status.cluster_status, name="cluster-status"),
     path("models/<path:name>/roll/", views.roll_model, name="model-roll"),
     path("models/<path:name>/demand/", views.demand_model, name="model-demand"),
+    path("models/<path:name>/bench/", views.bench_model, name="model-bench"),
     path("gpu-classes/", include("cluster.api.classes")),
 ]
 

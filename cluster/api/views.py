@@ -329,7 +329,52 @@ def demand_model(request: Request, name: str) -> Response:
     return Response({"model": name, "last_demand": d.last_demand}, status=status.HTTP_202_ACCEPTED)
 
 
+class BenchSerializer(serializers.Serializer[None]):
+    """Which profile the capacity bench measures."""
+
+    profile = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=200,
+        help_text="The profile to measure; empty: the first ready replica's.",
+    )
+
+
+@extend_schema(
+    summary="Measure a profile's capacity and write its router weight (the capacity bench)",
+    request=BenchSerializer,
+    responses={202: dict, 404: dict, 409: dict},
+)
+@api_view(["POST"])
+def bench_model(request: Request, name: str) -> Response:
+    """Start the bench on a ready replica; its end is logged as a cluster action
+    (``bench done`` with the table, or ``bench failed``)."""
+    from cluster import benchrun
+
+    body = BenchSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    profile = body.validated_data["profile"] or None
+    m = next(iter(stored_specs(names=[name])), None)
+    if m is None:
+        return Response({"detail": f"model {name} is not in the catalog"}, status=404)
+    if profile and rules.profile_by_name(m, profile) is None:
+        names = ", ".join(p.name for p in m.profiles) or "none"
+        return Response({"detail": f"model {name} has no profile {profile} (its profiles: "
+                                   f"{names})"}, status=404)  # fmt: skip
+    try:
+        benchrun._replica(name, profile)
+    except benchrun.BenchError as exc:
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    token = request.auth
+    via = f"token {token.name}" if getattr(token, "name", None) else "api"
+    benchrun.start(name, profile, request.user, "api", via)
+    return Response({"model": name, "profile": profile or "", "status": "started"},
+                    status=status.HTTP_202_ACCEPTED)  # fmt: skip
+
+
 roll_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
+bench_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
 demand_model.cls.required_role = OPERATOR  # type: ignore[attr-defined]
 
 

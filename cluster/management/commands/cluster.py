@@ -19,7 +19,7 @@ from cluster.models import JoinToken, Node, Replica
 class Command(BaseCommand):
     help = (
         "Cluster: join-token create|list|revoke, node release|address, reconcile (one tick), "
-        "status."
+        "status, bench MODEL [--profile P] (measure a profile's capacity, write its weight)."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -48,6 +48,15 @@ class Command(BaseCommand):
         address.add_argument("address", nargs="?", default="", help="empty: where it is seen")
         sub.add_parser("reconcile", help="run one reconcile tick now and print what it did")
         sub.add_parser("status", help="nodes and replicas, one line each")
+        b = sub.add_parser(
+            "bench",
+            help="measure what one ready replica carries within the model's slo and write "
+            "the profile's capacity and weight",
+        )
+        b.add_argument("model")
+        b.add_argument("--profile", default=None, help="the profile to measure (default: the "
+                       "first ready replica's)")  # fmt: skip
+        b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -55,6 +64,8 @@ class Command(BaseCommand):
             self._join_token(options)
         elif action == "node":
             self._node(options)
+        elif action == "bench":
+            self._bench(options)
         elif action == "reconcile":
             result = reconciler.tick()
             if not result.leader:
@@ -80,6 +91,25 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"replica #{r.pk}\t{r.model_name}\t{r.state}\t{where}\t{r.reason}"
                 )
+
+    def _bench(self, options: dict[str, Any]) -> None:
+        from cluster import benchrun
+
+        who = SimpleNamespace(username=f"{getpass.getuser()}@{socket.gethostname()}", pk=None)
+        say = self.stdout.write
+        try:
+            if options["dry_run"]:
+                out = benchrun.measure(options["model"], options["profile"], say=say)
+            else:
+                out = benchrun.run(options["model"], options["profile"], who, "cli", "cli", say)
+        except benchrun.BenchError as exc:
+            raise CommandError(str(exc)) from None
+        for line in out.lines:
+            self.stdout.write(line)
+        if out.written:
+            self.stdout.write(f"{out.summary}: weight {out.capacity:g} and capacity written")
+        else:
+            self.stdout.write(f"{out.summary}: nothing written (--dry-run)")
 
     def _node(self, options: dict[str, Any]) -> None:
         node = Node.objects.filter(name=options["name"]).first()

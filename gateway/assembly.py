@@ -71,10 +71,13 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
     metrics = Metrics()
     # Who hears each request: the canaries' judge, the usage and the refusal records
     # written in batches, the Prometheus counts (GET /metrics), the console's traffic.
+    traffic = Traffic()
     observer = Fanout(
-        CanaryWatch(lambda: state.table), usage.RECORDER, refusals.RECORDER, metrics, Traffic()
+        CanaryWatch(lambda: state.table), usage.RECORDER, refusals.RECORDER, metrics, traffic
     )
     gateway = Gateway(inner, state=state, observer=observer)
+    # Its load too, each second with its traffic, for the reconciler's scaling.
+    traffic.report_load(gateway)
     exported(gateway, metrics)  # its in-flight counts and its guard's time told to metrics
     assembly = Assembly(state, metrics, gateway, gateway, chat)
     application: Any = gateway

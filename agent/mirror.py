@@ -79,8 +79,9 @@ class MirrorClient:
         """Return the path to hand the engine, from the mirror; None when the mirror does
         not serve this model (the node fetches as before).
 
-        A sim engine reads weights only when the mirror holds them already: it never waits,
-        and never has a fetch queued for it.
+        A sim engine needs no weights to start: it asks without having a fetch queued,
+        which the control plane then queues only for a model with an origin (whose files
+        are what it runs from), and waits only for such a fetch.
 
         Raises:
             weights.WeightsError: the mirror failed the fetch, a file's sha256 differs, or
@@ -96,7 +97,7 @@ class MirrorClient:
                 body, code = self._manifest(http, model, wait)
                 if code == 200:
                     return self._download(http, body, source, engine, progress, cancel)
-                if code == 202 and wait:
+                if code == 202:
                     if progress:
                         total = body.get("bytes_total")
                         progress(int(body.get("bytes_done") or 0), int(total) if total else None)
@@ -105,7 +106,7 @@ class MirrorClient:
                     else:
                         threading.Event().wait(self.poll_s)
                     continue
-                if code in (202, 404):
+                if code == 404:
                     return None
                 if code == 409:
                     raise weights.WeightsError(

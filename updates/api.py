@@ -7,7 +7,8 @@ them (a replica of it assigned to the node):
   revision it pins: 200 ``{"state": "done", "revision", "folder", "files": [{"path",
   "sha256", "bytes", "url"}]}``; 202 ``{"state": "queued" | "fetching", "bytes_done",
   "bytes_total"}`` (the fetch is queued by the first node to ask: four nodes asking cost
-  one fetch; ``?enqueue=0`` asks without queueing); 409 ``{"state": "failed", "reason"}``;
+  one fetch; ``?enqueue=0``, a node that needs no weights to start, has it queued only
+  for a model with an origin); 409 ``{"state": "failed", "reason"}``;
   404 ``{"state": "off" | "none", "detail"}`` when the mirror is off or the model's source
   has nothing to mirror: the node fetches as it did before;
 - ``GET /api/v1/updates/mirror/files/<fetch>/<path>`` a file's bytes, with ``Range``

@@ -295,8 +295,9 @@ class Manifest:
 def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest:
     """Return a model's files as the mirror holds them at its pinned revision.
 
-    ``state`` "done" with the files; "queued"/"fetching" (queued now when ``enqueue``)
-    with the fetch's progress; "failed" with why; "absent" when not held and not asked.
+    ``state`` "done" with the files; "queued"/"fetching" (queued now when ``enqueue``, or
+    when the model has an origin) with the fetch's progress; "failed" with why; "absent"
+    when not held and not asked.
 
     Raises:
         MirrorError: the mirror is off, or the model has nothing to mirror.
@@ -318,7 +319,10 @@ def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest
     )
     if done is not None and (root() / done.folder).is_dir():
         return Manifest("done", done, list(done.files))
-    if not enqueue:
+    if not enqueue and not revision:
+        # Asked by a node that needs no weights to start (a sim engine): a model with no
+        # origin yet is not fetched for it; one with an origin is (its files are what the
+        # model runs from).
         active = _active(model_name, source, revision)
         if active is not None:
             return Manifest(active.state, active)

@@ -29,8 +29,8 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from gateway.table import Key, ReplicaRow, Table, build
-from gateway.upstream import Key as UpstreamKey
-from gateway.upstream import UpstreamError, split
+from llmgw_admin.upstream import Key as UpstreamKey
+from llmgw_admin.upstream import UpstreamError, split
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class State:
 
     def engine_key(self, upstream: UpstreamKey) -> str | None:
         """Return the engine key of the replica reached at ``upstream`` (scheme, host,
-        port), or None: ``gateway.upstream.Upstream``'s credentials. One dict lookup."""
+        port), or None: ``llmgw_admin.upstream.Upstream``'s credentials. One dict lookup."""
         return self._engine_keys.get(upstream)
 
     def poke(self) -> None:

@@ -1,6 +1,14 @@
-"""Kept-alive HTTP/1.1 connections to engines and providers, streamed, bounded, cancellable.
+"""Kept-alive HTTP/1.1 connections to engines, judges and providers, streamed, bounded,
+cancellable: the one async HTTP client of the project's hot paths.
 
-One ``Upstream`` per gateway process (per event loop). A request takes a connection of
+The gateway sends every request to an engine or a provider through one ``Upstream`` per
+process (per event loop); the guard asks its judges through one per event loop too
+(``guard.pool.AsyncPool``, which gives ``post_json``'s answer as ``Pool.post`` gives
+it). httpx's ``AsyncClient`` does the same job and was measured in its place through
+``bench/gateway.py`` (issue 18): it carried fewer requests a second and added more to
+each (docs/gateway.md, "What it holds, and what it costs"), so this one stays.
+
+ A request takes a connection of
 its upstream (``scheme, host, port``) from the idle ones or opens one, at most
 ``max_per_upstream`` at once (more wait, bounded by the connect timeout); the answer's
 head is awaited within the first-byte timeout; its body is read as it comes
@@ -11,17 +19,19 @@ connections; one abandoned early is closed, which is how an engine is told to st
 vLLM and llama-server cancel a request whose client went away.
 
 Failures are ``UpstreamError``s with a ``kind``: ``connect`` (refused, unreachable, or no
-connection in time), ``timeout`` (no answer in time), ``broken`` (the connection failed
-mid-answer or the answer was not HTTP). Before any byte of an answer a request on a kept
+connection in time: ``timed_out`` tells the last apart), ``timeout`` (no answer in time),
+``broken`` (the connection failed mid-answer or the answer was not HTTP). Before any byte of an answer a request on a kept
 connection that the engine had closed while idle is made once more on a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -37,9 +47,11 @@ _DEFAULT_PORT = {"http": 80, "https": 443}
 
 
 class UpstreamError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        # No answer, or no connection, within the time given.
+        self.timed_out = timed_out or kind == TIMEOUT
 
 
 Key = tuple[str, str, int]
@@ -58,6 +70,32 @@ def split(url: str) -> tuple[Key, str]:
     if parts.query:
         path += "?" + parts.query
     return (parts.scheme, parts.hostname, port or _DEFAULT_PORT[parts.scheme]), path
+
+
+def host_header(key: Key) -> str:
+    """The ``Host`` an upstream is asked by: its port left out when the scheme's own, an
+    IPv6 address in brackets."""
+    scheme, host, port = key
+    host = f"[{host}]" if ":" in host else host
+    return host if port == _DEFAULT_PORT[scheme] else f"{host}:{port}"
+
+
+class Reply:
+    """A whole answer: its status and body (``httpx.Response``'s names for them)."""
+
+    __slots__ = ("status_code", "content")
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """Return the body read as JSON. Raises ValueError when it is not JSON."""
+        return json.loads(self.content)
 
 
 class _Conn(asyncio.Protocol):
@@ -87,6 +125,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.received = False
         self.paused = False
+        self.until_close = False  # a body with no length nor chunks: it ends with the connection
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,6 +142,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.until_close and exc is None and not self.complete and self.error is None:
+            self.complete = True  # (httptools has no call to say the stream ended)
+            self._wake()
         if not self.complete:
             self._fail(UpstreamError(BROKEN, "the upstream closed the connection mid-answer"))
 
@@ -114,6 +156,8 @@ class _Conn(asyncio.Protocol):
         self.status = self.parser.get_status_code()
         # Read here: llhttp's answer is not kept past the message's end.
         self.keep_alive = self.parser.should_keep_alive()
+        framed = {n for n, _ in self.headers} & {b"content-length", b"transfer-encoding"}
+        self.until_close = not framed and self.status not in (204, 304) and self.status >= 200
         if not self.head.done():
             self.head.set_result(None)
 
@@ -294,11 +338,15 @@ class Upstream:
             try:
                 await asyncio.wait_for(slots.acquire(), connect_timeout)
             except TimeoutError:
-                raise UpstreamError(CONNECT, "every connection to the upstream is busy") from None
+                raise UpstreamError(CONNECT, "every connection to the upstream is busy",
+                                    timed_out=True) from None  # fmt: skip
         else:
             await slots.acquire()  # free: returns at once
-        host = key[1] if key[2] == _DEFAULT_PORT[key[0]] else f"{key[1]}:{key[2]}"
-        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
+        head = [
+            f"{method} {target} HTTP/1.1",
+            f"Host: {host_header(key)}",
+            "Connection: keep-alive",
+        ]
         given = False
         for name, value in headers or ():
             head.append(f"{name}: {value}")
@@ -343,6 +391,21 @@ class Upstream:
             slots.release()
             raise
 
+    async def post_json(
+        self, url: str, body: bytes, *, timeout: float, headers: list[tuple[str, str]]
+    ) -> Reply:
+        """POST a JSON ``body`` and read the whole answer, all within ``timeout`` seconds
+        (a judge's call). Raises ``UpstreamError`` (``timed_out`` when out of time)."""
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await self.request("POST", url, body, [
+                    ("Content-Type", "application/json"), ("Accept", "application/json"),
+                    *headers,
+                ], connect_timeout=timeout, first_byte_timeout=timeout, read_timeout=timeout)  # fmt: skip
+                return Reply(resp.status, await resp.read())
+        except TimeoutError:
+            raise UpstreamError(TIMEOUT, f"no whole answer in {timeout:g} s") from None
+
     async def _take(self, key: Key, timeout: float) -> tuple[_Conn, bool]:
         idle = self._idle.get(key)
         while idle:
@@ -363,7 +426,8 @@ class Upstream:
                 timeout,
             )
         except TimeoutError:
-            raise UpstreamError(CONNECT, f"no connection to {host}:{port} in time") from None
+            raise UpstreamError(CONNECT, f"no connection to {host}:{port} in time",
+                                timed_out=True) from None  # fmt: skip
         except OSError as error:
             raise UpstreamError(
                 CONNECT, f"cannot connect to {host}:{port} ({error.strerror or error})"

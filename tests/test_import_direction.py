@@ -70,6 +70,7 @@ FRAMEWORK = {
     "roles",  # roles for views, the API, the admin
     "security",  # response headers
     "tokens",  # API token authentication
+    "upstream",  # the one async HTTP client: engines, providers and judges
 }
 WIRING = {
     "admin",  # users, groups and tokens in the admin; the admin's sign-in

@@ -20,7 +20,7 @@ from gateway import metrics
 from gateway.models import Usage, digest
 from gateway.observe import Fanout
 from gateway.table import Key
-from gateway.upstream import Upstream
+from llmgw_admin.upstream import Upstream
 from gateway.usage import UsageRecorder
 from tests.gateway.harness import KEY, Harness, model, wait
 

@@ -3,7 +3,7 @@
 Against real servers on real sockets: the sim engine, and small servers written here
 for the behaviours an engine may show (closing an idle connection without saying so,
 never answering, answering something that is not HTTP, chunked answers). The thread's
-pool (``Pool``) and the event loop's (``AsyncPool``) alike.
+pool (``Pool``) and the event loop's (``AsyncPool``, through ``llmgw_admin.upstream``) alike.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ def test_the_loops_pool_times_out_refuses_and_rejects_what_is_not_http(
     with pytest.raises(pool.Timeout, match="no answer"):  # before the 10 s handler closes
         on_loop(silent.url + "/x", timeout=0.3)
     quiet.set()
-    with pytest.raises(pool.Unreachable, match="not an HTTP answer"):
+    with pytest.raises(pool.Unreachable, match="answer is not HTTP"):
         on_loop(other.url + "/x")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

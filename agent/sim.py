@@ -355,6 +355,9 @@ class Config:
     load_time: float = 0.0
     context_length: int = 4096
     parallel: int = 4
+    # How a batch slows as it fills: each request generating beside another stretches a
+    # new request's TTFT and time per token by this fraction (0: not at all).
+    slowdown: float = 0.0
     logprob_style: str = "vllm"
     guard_format: str | None = None
     guard_categories: tuple[str, ...] = ()
@@ -1166,7 +1169,8 @@ class SimServer:
         async with self.slots:
             loop = asyncio.get_running_loop()
             start = loop.time()
-            due = start + self.cfg.ttft + max(job.plan.generated - 1, 0) / self.cfg.tps
+            stretch = self.stretch()
+            due = start + (self.cfg.ttft + max(job.plan.generated - 1, 0) / self.cfg.tps) * stretch
             while True:
                 left = due - loop.time()
                 if reader is not None and reader.at_eof():
@@ -1178,9 +1182,14 @@ class SimServer:
         self.stats["completed"] += 1
         return 200, self.whole(job)
 
-    async def wait_for_token(self, start: float, index: int) -> None:
+    def stretch(self) -> float:
+        """How much slower a request taking a slot now runs (``--slowdown``): the batch's
+        other requests each cost it that fraction of its time."""
+        return 1.0 + self.cfg.slowdown * max(self.slots.busy - 1, 0)
+
+    async def wait_for_token(self, start: float, index: int, stretch: float = 1.0) -> None:
         """Sleep until the index-th token is due: TTFT after start, then one per 1/TPS."""
-        due = start + self.cfg.ttft + index / self.cfg.tps
+        due = start + (self.cfg.ttft + index / self.cfg.tps) * stretch
         delay = due - asyncio.get_running_loop().time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -1268,8 +1277,9 @@ class SimServer:
         finished = False
         async with self.slots:
             start = asyncio.get_running_loop().time()
+            stretch = self.stretch()
             for index in range(job.plan.generated):
-                await self.wait_for_token(start, index)
+                await self.wait_for_token(start, index, stretch)
                 if reader is not None and reader.at_eof():
                     raise ConnectionResetError("the client went away")
                 if index < len(pieces):
@@ -1278,7 +1288,7 @@ class SimServer:
                     offset += len(pieces[index])
                     finished = finish is not None
             if not finished:
-                await self.wait_for_token(start, max(last, 0))
+                await self.wait_for_token(start, max(last, 0), stretch)
                 yield self.chunk(job, None, job.plan.finish, offset)
         if job.include_usage:
             tail = self.chunk(job, None, None, offset)
@@ -1473,6 +1483,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
     )
     option(
+        "--slowdown",
+        "how a batch slows as it fills: each request generating beside another stretches a "
+        "new one's TTFT and time per token by this fraction (default %(default)s)",
+        type=_non_negative,
+        default=0.0,
+    )
+    option(
         "--logprob-style",
         "shape of /v1/completions logprobs: vllm (OpenAI legacy) or llamacpp (default %(default)s)",
         default="vllm",
@@ -1544,6 +1561,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         load_time=args.load_time,
         context_length=args.context_length,
         parallel=args.parallel,
+        slowdown=args.slowdown,
         logprob_style=args.logprob_style,
         guard_format=guard_format,
         guard_categories=categories,

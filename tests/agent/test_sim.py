@@ -211,7 +211,7 @@ def test_help_names_every_option() -> None:
     for flag in (
         "--host", "--port", "--model", "--ttft", "--tps", "--load-time", "--guard-format",
         "--guard-categories", "--unsafe-marker", "--controversial-marker", "--context-length",
-        "--parallel", "--logprob-style", "--fail-every", "--api-key",
+        "--parallel", "--slowdown", "--logprob-style", "--fail-every", "--api-key",
     ):  # fmt: skip
         assert flag in done.stdout
 

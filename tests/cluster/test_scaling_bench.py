@@ -218,3 +218,16 @@ def test_the_console_button_and_the_api_start_it_in_the_background(
     assert ServedModel.objects.get(name="chat").to_spec().profiles[1].capacity == 2
     html = client_for(operator).get("/cluster/").content.decode()
     assert "bench done: chat profile small: capacity 2" in html
+
+
+def test_the_sim_slows_as_its_batch_fills() -> None:
+    from agent.sim import Config, SimServer
+
+    async def stretch_at(busy: int) -> float:
+        server = SimServer(Config(model="m", parallel=4, slowdown=0.5))
+        server.slots.busy = busy
+        return server.stretch()
+
+    import asyncio
+
+    assert [asyncio.run(stretch_at(n)) for n in (0, 1, 2, 4)] == [1.0, 1.0, 1.5, 2.5]

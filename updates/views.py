@@ -56,7 +56,16 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
         "mirror_on": mirror.enabled(),
         "can_check": has_role(request.user, OPERATOR),
         "refresh_s": FAST_S if active else SLOW_S,
-    }
+    } | _flow_context(request, name)
+
+
+def _flow_context(request: Any, name: str) -> dict[str, Any]:
+    """The update flow's part of the panel (H19flow: updates.flowviews), refreshed fast
+    while an update runs."""
+    from updates import flowviews
+
+    found = flowviews.panel_context(request, name)
+    return found | ({"refresh_s": FAST_S} if found["update_active"] else {})
 
 
 @role_required(VIEWER)

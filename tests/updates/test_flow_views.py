@@ -1,0 +1,72 @@
+"""The update flow's console: the Updates page, the model panel's Update, Promote and
+Rollback, by role."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.updates.test_flow_run import chat, fetched, ready  # noqa: F401 - fixtures
+from updates import flowviews, run
+from updates.models import UpdateRun
+
+pytestmark = pytest.mark.django_db
+
+PANEL = "/updates/models/chat/panel/"
+
+
+def test_the_updates_page_lists_each_models_state_filtered(
+    chat: str,  # noqa: F811
+    client_for: Any,
+    viewer: Any,
+) -> None:
+    c = client_for(viewer)
+    page = c.get("/updates/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'data-model="chat" data-state="current"' in body
+    r = run.start("chat", via="ops")
+    region = c.get("/updates/?region=1&state=fetching", HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in region and 'data-model="chat" data-state="fetching"' in region
+    assert (
+        'data-model="chat"'
+        not in c.get("/updates/?region=1&state=failed", HTTP_HX_REQUEST="true").content.decode()
+    )
+    r = ready(fetched(r))
+    assert flowviews.rows()[0].state == "ready"
+    assert 'data-state="ready"' in c.get("/updates/?q=CHA").content.decode()
+    assert 'data-model="chat"' not in c.get("/updates/?q=other").content.decode()
+    # A candidate is not a row of its own.
+    assert [row.model for row in flowviews.rows()] == ["chat"]
+
+
+def test_an_operator_starts_and_rolls_back_from_the_panel_a_viewer_sees_no_button(
+    chat: str,  # noqa: F811
+    client_for: Any,
+    operator: Any,
+    viewer: Any,
+) -> None:
+    ops, view = client_for(operator), client_for(viewer)
+    assert 'data-role="update-start"' in ops.get(PANEL).content.decode()
+    assert 'data-role="update-start"' not in view.get(PANEL).content.decode()
+    assert view.post("/updates/models/chat/update/", HTTP_HX_REQUEST="true").status_code == 403
+    assert UpdateRun.objects.count() == 0
+    started = ops.post("/updates/models/chat/update/", HTTP_HX_REQUEST="true").content.decode()
+    assert "update #" in started and 'data-role="update-said"' in started
+    assert 'data-role="update-start"' not in started  # one at a time
+    r = UpdateRun.objects.get()
+    assert (r.surface, r.started_by) == ("console", f"{operator.username} (console)")
+    again = ops.post("/updates/models/chat/update/", HTTP_HX_REQUEST="true").content.decode()
+    assert "is running already" in again
+    r = ready(fetched(r))
+    promoted = ops.post("/updates/models/chat/promote/", HTTP_HX_REQUEST="true").content.decode()
+    assert "promoted to" in promoted
+    panel = view.get(PANEL).content.decode()
+    assert 'data-state="promoted"' in panel and 'data-role="update-rollback"' not in panel
+    assert 'data-role="update-rollback"' in ops.get(PANEL).content.decode()
+    back = ops.post("/updates/models/chat/rollback/", HTTP_HX_REQUEST="true").content.decode()
+    assert "chat is back at" in back
+    # Without htmx: the model's page, with the message.
+    answer = ops.post("/updates/models/chat/rollback/")
+    assert answer.status_code == 302 and answer.url.endswith("/catalog/models/chat/")

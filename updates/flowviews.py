@@ -1,0 +1,225 @@
+"""The update flow's console (H19flow's part of ``updates``).
+
+- the **Updates page** (``updates_page``, ``/updates/``): every model's update state:
+  current, update available (the last check), fetching with progress, evaluating with
+  the score so far, canary with its figures, ready to promote, promoted, failed with why;
+  filtered by name and state; its table asked for again every two seconds while open;
+- on a model's page, inside its weights-and-updates panel (``panel_context``): the last
+  update's state and a progress line per step, and for operators **Update**, **Promote**
+  and **Rollback** (``model_update``, ``model_promote``, ``model_rollback``), each
+  recorded as made from the console by the signed-in user. Viewers see the states and no
+  button.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from catalog.choices import Surface
+from llmgw_admin.htmx import HtmxHttpRequest
+from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from updates import flow, run
+from updates.models import Fetch, UpdateRun
+
+# What the page's state filter offers, in the order a model goes through them.
+STATES = (
+    "current", "available", "fetching", "candidate", "evaluating", "canary", "ready",
+    "promoted", "failed",
+)  # fmt: skip
+REFRESH_S = 2
+
+
+@dataclass
+class Row:
+    """One model on the Updates page."""
+
+    model: str
+    state: str  # one of STATES
+    line: str  # what it is doing, or why it failed
+    run: UpdateRun | None = None
+    percent: int | None = None  # a fetch's progress
+    revision: str = ""
+
+
+def state_of(r: UpdateRun | None, check_state: str = "") -> str:
+    """Return a model's state on the Updates page from its last update and check."""
+    if r is not None and r.state == "running":
+        return {
+            flow.FETCH: "fetching",
+            flow.CANDIDATE: "candidate",
+            flow.EVAL: "evaluating",
+            flow.CANARY: "canary",
+            flow.PROMOTE: "ready",
+        }[r.step]
+    if r is not None and r.state == "waiting":
+        return "ready"
+    if check_state == "available":
+        return "available"
+    if r is not None and r.state == "failed" and check_state != "current":
+        return "failed"
+    if r is not None and r.state == "promoted" and check_state != "available":
+        return "promoted"
+    return "current"
+
+
+def line_of(r: UpdateRun | None) -> str:
+    """Return what a model's update is doing: the step's line, the score so far, the
+    canary's figures, or why it failed."""
+    if r is None:
+        return ""
+    if r.state == "failed":
+        return r.reason
+    if r.state == "running" and r.step == flow.EVAL and r.eval_total:
+        return flow.eval_progress(r.eval_passed, r.eval_done, r.eval_total)
+    return r.lines[-1]["text"] if r.lines else ""
+
+
+def rows(name: str = "", state: str = "") -> list[Row]:
+    """Return every model's row (an update's candidate apart), filtered."""
+    from catalog.services import stored_specs
+    from updates import checking
+
+    specs = [m for m in stored_specs() if not flow.is_candidate(m.name) and m.external is None]
+    if name:
+        specs = [m for m in specs if name.lower() in m.name.lower()]
+    names = [m.name for m in specs]
+    last: dict[str, UpdateRun] = {}
+    for r in UpdateRun.objects.filter(model__in=names).order_by("model", "-created", "-id"):
+        last.setdefault(r.model, r)
+    checks = checking.last_checks(names)
+    fetches = {
+        f.pk: f
+        for f in Fetch.objects.filter(pk__in=[r.fetch_id for r in last.values() if r.fetch_id])
+    }
+    out = []
+    for m in specs:
+        r = last.get(m.name)
+        check = checks.get(m.name)
+        row = Row(m.name, state_of(r, check.state if check else ""), line_of(r), r,
+                  revision=m.origin.revision if m.origin is not None else "")  # fmt: skip
+        if row.state == "available" and check is not None and not row.line:
+            row.line = check.message
+        elif row.state == "available" and check is not None:
+            row.line = f"{check.message} (last update: {row.line})"
+        if row.state == "fetching" and r is not None:
+            f = fetches.get(r.fetch_id or 0)
+            if f is not None and f.fraction is not None:
+                row.percent = round(100 * f.fraction)
+        out.append(row)
+    return [row for row in out if not state or row.state == state]
+
+
+@role_required(VIEWER)
+def updates_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Show every model's update state, filtered by ``q`` (name) and ``state``."""
+    name = request.GET.get("q", "").strip()[:200]
+    state = request.GET.get("state", "").strip()
+    if state not in STATES:
+        state = ""
+    context = {
+        "rows": rows(name, state),
+        "q": name,
+        "state": state,
+        "states": STATES,
+        "refresh_s": REFRESH_S,
+        "is_operator": has_role(request.user, OPERATOR),
+    }
+    if request.htmx and request.GET.get("region"):
+        return render(request, "updates/updates.html#region", context)
+    return render(request, "updates/updates.html", context)
+
+
+def panel_context(request: Any, name: str) -> dict[str, Any]:
+    """Return what a model's panel shows of its updates (the panel's view adds it)."""
+    r = UpdateRun.objects.filter(model=name).first()
+    operator = has_role(request.user, OPERATOR)
+    active = r is not None and r.active
+    from catalog.services import stored_specs
+
+    found = stored_specs(names=[name])
+    m = found[0] if found else None
+    previous = m is not None and m.origin is not None and m.origin.previous is not None
+    return {
+        "update_run": r,
+        "update_state": state_of(r),
+        "update_line": line_of(r),
+        "update_lines": list(r.lines)[-12:] if r is not None else [],
+        "can_update": operator and not active and m is not None and not flow.is_candidate(name),
+        "can_promote": operator
+        and active
+        and r is not None
+        and r.step in (flow.EVAL, flow.CANARY, flow.PROMOTE),
+        "can_rollback": operator and not active and previous,
+        "update_active": active,
+        "update_said": getattr(request, "update_said", ""),
+        "update_refused": getattr(request, "update_refused", False),
+    }
+
+
+def _answer(request: HtmxHttpRequest, name: str, said: str, refused: bool = False) -> HttpResponse:
+    """Answer an action: the panel saying what was done or why not (htmx), or the model's
+    page with it as a message."""
+    if request.htmx:
+        from updates.views import panel_context as whole
+
+        request.update_said, request.update_refused = said, refused  # type: ignore[attr-defined]
+        return render(request, "updates/partials/model_panel.html", whole(request, name))
+    (messages.error if refused else messages.success)(request, said)
+    return redirect("catalog:servedmodel_detail", name)
+
+
+def _known(name: str) -> None:
+    from catalog.services import stored_specs
+
+    if not stored_specs(names=[name]):
+        raise Http404(f"model {name!r} is not in the catalog")
+
+
+def _via(request: HtmxHttpRequest) -> str:
+    return "console"
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Start an update of a model (the newest revision; auto with its own canary)."""
+    _known(name)
+    auto = request.POST.get("auto", "") in ("1", "on", "true")
+    try:
+        r = run.start(
+            name, auto=auto, user=request.user, surface=Surface.CONSOLE, via=_via(request)
+        )
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, f"update #{r.pk} of {name} started")
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_promote(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Promote a model's running update now."""
+    _known(name)
+    try:
+        r = run.promote(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, r.reason if r.state == "failed" else r.lines[-1]["text"],
+                   refused=r.state == "failed")  # fmt: skip
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Move a model back to its previous revision while the mirror holds it."""
+    _known(name)
+    try:
+        said = run.rollback(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, said)

@@ -126,7 +126,8 @@ def open_page(browser: Any, live_server: Any) -> Iterator[Callable[..., Any]]:
         context = browser.new_context(viewport=viewport or {"width": 1280, "height": 1000})
         contexts.append(context)
         page = context.new_page()
-        page.set_default_timeout(10_000)
+        # Generous: a loaded 2-core machine has kept the live server's login past 10 s.
+        page.set_default_timeout(30_000)
         errors: list[str] = []
 
         def said(m: Any) -> None:

@@ -6,7 +6,8 @@ The report's format and where it is kept are the cluster's; the gateway writes i
     {"process": "host:pid", "at": 1767000000.0, "edges": [5, 10, ...],
      "models": {"chat": {"in_flight": 3, "waiting": 0, "ttft": [0, 4, ...]}}}
 
-``in_flight`` is the process's requests on the model's replicas now, ``waiting`` its
+``in_flight`` is the process's requests on the model's replicas (a mean over its last
+seconds: a number, not always whole), ``waiting`` its
 requests waiting for a replica of the model (scaled to zero, starting), and ``ttft`` the
 counts of its answers' times to the first token over the last ``WINDOW`` seconds, in the
 buckets ``edges`` (milliseconds; the last bucket is everything above).
@@ -139,7 +140,7 @@ def total(items: list[dict[str, Any]]) -> dict[str, Load]:
             s = sums.setdefault(model, {"in_flight": 0, "waiting": 0, "ttft": None})
             for k in ("in_flight", "waiting"):
                 v = figures.get(k, 0)
-                if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e9:
                     s[k] += v
             ttft = _counts(figures.get("ttft"))
             if ttft is not None and these == edges and edges and len(ttft) == len(edges) + 1:

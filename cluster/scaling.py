@@ -42,13 +42,13 @@ MIN_SAMPLES = 10
 class Load:
     """What every gateway process measured of one model, summed."""
 
-    in_flight: int = 0
+    in_flight: float = 0  # a mean over the gateways' last seconds
     waiting: int = 0
     ttft_p99_ms: float | None = None  # None: no request answered in the window
     samples: int = 0  # the requests the p99 is over
 
     @property
-    def demand(self) -> int:
+    def demand(self) -> float:
         return self.in_flight + self.waiting
 
 
@@ -133,7 +133,7 @@ def decide(
     hi = max(hi, lo)
     capacity = max(1, capacity)
     current = lo if memory.target is None else min(max(memory.target, lo), hi)
-    need = math.ceil(load.demand / capacity)
+    need = math.ceil(round(load.demand / capacity, 6))
     # The min fell (a schedule window closed): replicas only the old min held go at
     # once, down to what the load needs; the load's own go slowly as ever.
     if memory.lo is not None and memory.target is not None and lo < memory.lo >= memory.target:

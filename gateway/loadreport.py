@@ -1,10 +1,11 @@
 """This gateway process's load, reported once a second for the reconciler's scaling.
 
 ``gateway.traffic``'s thread calls :meth:`LoadReport.tick` each second with the seconds it
-just took: the report is the process's requests in flight per model now (on the
-model's ready replicas), its requests waiting for a replica of a model (one scaled to
-zero, or starting), and its answers' TTFT counts over the last ``cluster.load.WINDOW``
-seconds. It is written in the cluster's format (``cluster.load``: Redis with a TTL in
+just took: the report is the process's requests in flight per model (on the model's
+ready replicas; the mean of samples taken every ``SAMPLE_EVERY`` seconds over the last
+``SMOOTH`` seconds by a thread of its own, so one instant between two requests does not
+read as no load), its requests waiting for a replica of a model (one scaled to zero, or
+starting), and its answers' TTFT counts over the last ``cluster.load.WINDOW`` seconds. It is written in the cluster's format (``cluster.load``: Redis with a TTL in
 production, this process's memory embedded). Off the request path: a copy of two dicts
 the request path keeps anyway, no lock it takes. A write that fails is logged once a
 minute and dropped; the next second brings fresh figures, and a report not renewed
@@ -14,6 +15,7 @@ expires by itself.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -24,6 +26,8 @@ from gateway.traffic import EDGES_MS
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 60.0
+SAMPLE_EVERY = 0.1  # seconds between two samples of the requests in flight
+SMOOTH = 2.0  # seconds the reported in-flight figure is the mean over
 
 
 class LoadReport:
@@ -35,6 +39,56 @@ class LoadReport:
         self.seconds: deque[tuple[int, dict[str, list[int]]]] = deque()
         self._logged = 0.0
         self.failures = 0
+        # (monotonic time, {model: in flight}) of the last SMOOTH seconds.
+        self.samples: deque[tuple[float, dict[str, int]]] = deque()
+        self._lock = threading.Lock()
+        self._sampling = False
+
+    def in_flight_now(self) -> dict[str, int]:
+        """The requests in flight per model at this instant (a copy: safe beside the loop)."""
+        in_flight = dict(self.gateway.in_flight)  # one C-level copy
+        out = {}
+        for name, pool in list(self.gateway.state.table.pools.items()):
+            count = sum(in_flight.get(replica, 0) for replica in pool.endpoints)
+            if count:
+                out[name] = count
+        return out
+
+    def sample(self, now: float | None = None) -> None:
+        """Take one sample, forgetting those older than ``SMOOTH``."""
+        now = time.monotonic() if now is None else now
+        counts = self.in_flight_now()
+        with self._lock:
+            self.samples.append((now, counts))
+            while self.samples and self.samples[0][0] < now - SMOOTH:
+                self.samples.popleft()
+
+    def smoothed(self) -> dict[str, float]:
+        """The mean requests in flight per model over the samples kept."""
+        with self._lock:
+            kept = list(self.samples)
+        if not kept:
+            return {name: float(n) for name, n in self.in_flight_now().items()}
+        sums: dict[str, int] = {}
+        for _, counts in kept:
+            for name, n in counts.items():
+                sums[name] = sums.get(name, 0) + n
+        return {name: round(total / len(kept), 2) for name, total in sums.items()}
+
+    def _sample_forever(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception:  # a table being swapped: the next sample reads the new one
+                log.debug("could not sample the requests in flight", exc_info=True)
+            time.sleep(SAMPLE_EVERY)
+
+    def start_sampling(self) -> None:
+        with self._lock:
+            if self._sampling:
+                return
+            self._sampling = True
+        threading.Thread(target=self._sample_forever, name="gateway-load", daemon=True).start()
 
     def report(self, items: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
         """The report for now, given the traffic items of the seconds just taken."""
@@ -53,12 +107,9 @@ class LoadReport:
                                             "ttft": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
 
         state = self.gateway.state
-        table = state.table
-        in_flight = dict(self.gateway.in_flight)  # one C-level copy: safe beside the loop
-        for name, pool in list(table.pools.items()):
-            count = sum(in_flight.get(replica, 0) for replica in pool.endpoints)
-            if count:
-                of(name)["in_flight"] = count
+        for name, mean in self.smoothed().items():
+            if mean:
+                of(name)["in_flight"] = mean
         waiters = getattr(state, "_waiters", {})
         for name, futures in list(waiters.items()):
             if futures:
@@ -71,6 +122,7 @@ class LoadReport:
 
     def tick(self, items: list[dict[str, Any]]) -> None:
         """Write this second's report; a failure is logged (once a minute) and dropped."""
+        self.start_sampling()
         try:
             load.write(self.report(items))
         except Exception as error:

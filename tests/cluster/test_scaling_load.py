@@ -126,3 +126,22 @@ def test_a_failed_write_is_dropped_and_counted(settings: object) -> None:
     finally:
         load._client = None
     assert writer.failures == 2
+
+
+def test_in_flight_is_the_mean_of_the_last_seconds_samples(settings: object) -> None:
+    from gateway.loadreport import SMOOTH
+
+    pool = SimpleNamespace(endpoints={11: "http://a"})
+    gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={"chat": pool}),
+                                                    _waiters={}), in_flight={11: 4})  # fmt: skip
+    writer = LoadReport(gateway, "here:1")
+    writer.sample(now=100.0)
+    gateway.in_flight = {}
+    writer.sample(now=100.5)
+    writer.sample(now=101.0)
+    gateway.in_flight = {11: 2}
+    writer.sample(now=101.5)
+    assert writer.smoothed() == {"chat": 1.5}  # (4 + 0 + 0 + 2) / 4
+    writer.sample(now=101.5 + SMOOTH)  # the older ones are forgotten
+    assert writer.smoothed() == {"chat": 2.0}
+    assert load.total([writer.report([])])["chat"].in_flight == 2.0

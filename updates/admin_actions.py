@@ -24,3 +24,27 @@ def check_for_updates(modeladmin: Any, request: Any, queryset: Any) -> None:
     current = [r.model for r in results if r.state == "current"]
     if current:
         modeladmin.message_user(request, f"Up to date: {', '.join(current)}.", messages.SUCCESS)
+
+
+# The update flow's (H19flow: updates.run).
+@admin.action(permissions=[OPERATOR], description="Update selected models to their newest weights")
+def update_models(modeladmin: Any, request: Any, queryset: Any) -> None:
+    """Start an update of each selected model (the newest revision, promoted by hand);
+    say which started and why the others did not."""
+    from catalog.choices import Surface
+    from updates import flow, run
+
+    started = []
+    for name in queryset.values_list("name", flat=True):
+        try:
+            r = run.start(name, user=request.user, surface=Surface.ADMIN, via="admin")
+        except flow.Refused as exc:
+            modeladmin.message_user(request, f"{name}: {exc}", messages.ERROR)
+        else:
+            started.append(f"{name} (#{r.pk})")
+    if started:
+        modeladmin.message_user(
+            request,
+            f"Update started: {', '.join(started)}. The Updates page follows them.",
+            messages.SUCCESS,
+        )

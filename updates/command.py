@@ -69,7 +69,7 @@ def _check(command: Any, options: dict[str, Any]) -> None:
 
 def register() -> None:
     """Add the ``update`` group to the catalog command, and the admin's bulk action."""
-    from updates.admin_actions import check_for_updates
+    from updates.admin_actions import check_for_updates, update_models
 
     extensions.add_subcommand(
         extensions.Subcommand(
@@ -80,3 +80,4 @@ def register() -> None:
         )
     )
     extensions.add_admin_action(check_for_updates)
+    extensions.add_admin_action(update_models)

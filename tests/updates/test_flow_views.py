@@ -70,3 +70,31 @@ def test_an_operator_starts_and_rolls_back_from_the_panel_a_viewer_sees_no_butto
     # Without htmx: the model's page, with the message.
     answer = ops.post("/updates/models/chat/rollback/")
     assert answer.status_code == 302 and answer.url.endswith("/catalog/models/chat/")
+
+
+def test_the_admin_bulk_action_update_starts_one_a_model_and_says_why_not(
+    chat: str,  # noqa: F811
+    client_for: Any,
+    operator: Any,
+    viewer: Any,
+) -> None:
+    from catalog.models import ServedModel
+    from tests.catalog.samples import gpu_model, store
+
+    store(gpu_model("local", source="/models/local.gguf"))
+    pks = list(ServedModel.objects.values_list("pk", flat=True))
+    assert (
+        "update_models"
+        not in client_for(viewer).get("/admin/catalog/servedmodel/").content.decode()
+    )
+    c = client_for(operator)
+    answer = c.post("/admin/catalog/servedmodel/",
+                    {"action": "update_models", "_selected_action": pks}, follow=True)  # fmt: skip
+    text = answer.content.decode()
+    assert "Update started: chat (#" in text
+    assert "local: " in text and "no registry" in text
+    r = UpdateRun.objects.get()
+    assert (r.model, r.surface, r.started_by) == ("chat", "admin", f"{operator.username} (admin)")
+    refused = client_for(viewer).post("/admin/catalog/servedmodel/",
+                                      {"action": "update_models", "_selected_action": pks})  # fmt: skip
+    assert refused.status_code in (200, 403) and UpdateRun.objects.count() == 1  # not run

@@ -16,6 +16,7 @@ this node's own ``LLMGW_MIRROR=off`` (``enabled``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -29,6 +30,8 @@ from agent import weights
 from agent.state import write_atomic
 
 VERIFIED = ".llmgw-verified.json"
+# Broken transfers of one file resumed within one fetch before it fails.
+ATTEMPTS = 4
 # Seconds between asks while the mirror is fetching.
 POLL_S = 2.0
 
@@ -178,8 +181,7 @@ class MirrorClient:
                     if progress:
                         progress(base + have, total)
 
-                weights._fetch(http, str(f.get("url") or ""), part, moved, cancel)
-                got = weights.sha256_of(part)
+                got = _stream(http, str(f.get("url") or ""), part, size, moved, cancel)
                 if sha and got != sha:
                     part.unlink(missing_ok=True)
                     raise weights.WeightsError(
@@ -193,6 +195,65 @@ class MirrorClient:
                 write_atomic(dest / VERIFIED, json.dumps(verified, indent=1, sort_keys=True))
                 done += size
         return str(_for_engine(dest, [str(f.get("path") or "") for f in files], source, engine))
+
+
+def _stream(
+    http: httpx.Client,
+    url: str,
+    part: Path,
+    size: int,
+    progress: weights.Progress,
+    cancel: threading.Event | None,
+) -> str:
+    """Fill ``part`` with a file from the control plane, resuming what it holds (Range),
+    and return the whole file's sha256, hashed as the bytes arrive (one pass over them).
+
+    Raises:
+        weights.WeightsError: the control plane refused, or the transfer kept breaking.
+    """
+    digest = hashlib.sha256()
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    if have:
+        with open(part, "rb") as held:
+            while chunk := held.read(1 << 20):
+                digest.update(chunk)
+    last = ""
+    for _ in range(ATTEMPTS):
+        try:
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            with http.stream("GET", url, headers=headers) as r:
+                if r.status_code == 416 and have:
+                    return digest.hexdigest()
+                if r.status_code == 200 and have:
+                    have, digest = 0, hashlib.sha256()
+                    part.unlink(missing_ok=True)
+                elif r.status_code not in (200, 206):
+                    raise weights.WeightsError(
+                        "the control plane's mirror refused a file",
+                        retry=r.status_code >= 500,
+                        detail=f"{url} answered HTTP {r.status_code}",
+                    )
+                with open(part, "ab") as out:
+                    for chunk in r.iter_raw():
+                        if cancel is not None and cancel.is_set():
+                            raise weights.DownloadCancelled("download cancelled", detail=url)
+                        out.write(chunk)
+                        digest.update(chunk)
+                        have += len(chunk)
+                        progress(have, size)
+            if have >= size:
+                return digest.hexdigest()
+            last = f"the transfer stopped at {have} of {size} bytes"
+        except httpx.TransportError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+    raise weights.WeightsError(
+        "downloading the weights from the control plane's mirror failed",
+        retry=True,
+        detail=f"{url}: {last} (holding {have} bytes to resume from)",
+    )
 
 
 def _parts(rel: str) -> tuple[str, ...]:

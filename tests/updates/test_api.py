@@ -71,12 +71,12 @@ def test_a_node_reads_a_file_whole_and_by_range(
     f = files["model.safetensors"]
     assert f["sha256"] == hashlib.sha256(WEIGHTS).hexdigest() and f["bytes"] == len(WEIGHTS)
     whole = node.get(f["url"])
-    assert whole.status_code == 200 and b"".join(whole.streaming_content) == WEIGHTS
+    assert whole.status_code == 200 and b"".join(whole) == WEIGHTS
     assert whole["ETag"] == f'"{f["sha256"]}"'
     part = node.get(f["url"], HTTP_RANGE="bytes=1000-")
     assert part.status_code == 206
     assert part["Content-Range"] == f"bytes 1000-{len(WEIGHTS) - 1}/{len(WEIGHTS)}"
-    assert b"".join(part.streaming_content) == WEIGHTS[1000:]
+    assert b"".join(part) == WEIGHTS[1000:]
     assert node.get(f["url"], HTTP_RANGE=f"bytes={len(WEIGHTS)}-").status_code == 416
     assert node.get(f["url"], HTTP_RANGE="lines=1-2").status_code == 400
 

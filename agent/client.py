@@ -39,7 +39,7 @@ class Unauthorized(ControlPlaneError):
     """
 
 
-class Refused(ControlPlaneError):
+class RequestRefused(ControlPlaneError):
     """Be refused for what was asked (another 4xx)."""
 
     def __init__(self, status: int, detail: str) -> None:
@@ -137,7 +137,7 @@ class ControlPlane:
                 return 0
             try:
                 self._call("POST", "/report", {"reports": batch})
-            except Refused as exc:
+            except RequestRefused as exc:
                 if exc.status != 403:
                     raise
                 # One report in the batch is for a replica no longer this node's, and
@@ -151,7 +151,7 @@ class ControlPlane:
         for report in batch:
             try:
                 self._call("POST", "/report", {"reports": [report]})
-            except Refused as exc:
+            except RequestRefused as exc:
                 if exc.status != 403:
                     raise
                 log.warning(
@@ -196,5 +196,5 @@ class ControlPlane:
         if response.status_code == 401:
             raise Unauthorized(detail)
         if response.status_code >= 400:
-            raise Refused(response.status_code, detail)
+            raise RequestRefused(response.status_code, detail)
         return data

@@ -8,14 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gateway import keys
+from gateway import keys, services
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import KEY_PREFIX, ClientKey, Refusal, Usage
+from llmgw_admin.api import shown_once
 from llmgw_admin.roles import OPERATOR, VIEWER
 
 VIA = "api"
@@ -28,8 +29,8 @@ class ClientKeySerializer(serializers.ModelSerializer[ClientKey]):
         child=serializers.CharField(max_length=200), required=False, max_length=1000,
         help_text="models, aliases and adapters it may name; empty: every cluster model",
     )  # fmt: skip
-    rpm = serializers.IntegerField(min_value=0, max_value=keys.MAX_LIMIT, required=False)
-    tpm = serializers.IntegerField(min_value=0, max_value=keys.MAX_LIMIT, required=False)
+    rpm = serializers.IntegerField(min_value=0, max_value=services.MAX_LIMIT, required=False)
+    tpm = serializers.IntegerField(min_value=0, max_value=services.MAX_LIMIT, required=False)
     prefix = serializers.SerializerMethodField()
     state = serializers.CharField(read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -76,18 +77,14 @@ class ClientKeyViewSet(
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            key, secret = keys.create(
-                name=data["name"], owner=data.get("owner", ""), models=data.get("models", ()),
+            key, secret = services.create_key(
+                data["name"], owner=data.get("owner", ""), models=data.get("models", ()),
                 expires=data.get("expires"), rpm=data.get("rpm", 0), tpm=data.get("tpm", 0),
                 user=request.user, via=VIA,
             )  # fmt: skip
-        except keys.FieldErrors as error:
-            raise serializers.ValidationError(error.errors) from None
-        out = dict(ClientKeySerializer(key).data)
-        out["key"] = secret
-        response = Response(out, status=status.HTTP_201_CREATED)
-        response["Cache-Control"] = "no-store"
-        return response
+        except services.KeyRefused as error:
+            raise serializers.ValidationError(error.by_field()) from None
+        return shown_once(dict(ClientKeySerializer(key).data), "key", secret)
 
     @extend_schema(request=None, responses=ClientKeySerializer)
     @action(detail=True, methods=["post"])

@@ -8,7 +8,6 @@ import secrets
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models as db
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 # Stored as SHA-256, as API tokens are: 32 random bytes need no salt, and checking one
@@ -37,7 +36,7 @@ def validate_name(value: str) -> None:
         )
 
 
-class ClientKey(db.Model):
+class ClientKey(tokens.ShownOnce):
     """A named key an application sends to the gateway; shown once, kept hashed."""
 
     name = db.CharField(_("name"), max_length=100, validators=[validate_name])
@@ -52,15 +51,10 @@ class ClientKey(db.Model):
     )  # fmt: skip
     rpm = db.PositiveIntegerField(_("requests per minute"), default=0, help_text=_("0: none"))
     tpm = db.PositiveIntegerField(_("tokens per minute"), default=0, help_text=_("0: none"))
-    prefix = db.CharField(max_length=12, editable=False)
-    digest = db.CharField(max_length=64, unique=True, editable=False)
-    created = db.DateTimeField(auto_now_add=True)
     created_by = db.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=db.SET_NULL,
         related_name="+", editable=False,
     )  # fmt: skip
-    expires = db.DateTimeField(null=True, blank=True)
-    revoked = db.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ("name",)
@@ -76,14 +70,6 @@ class ClientKey(db.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    @property
-    def state(self) -> str:
-        if self.revoked:
-            return "revoked"
-        if self.expires and self.expires <= timezone.now():
-            return "expired"
-        return "live"
 
     def clean(self) -> None:
         if not isinstance(self.models, list) or not all(

@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from gateway import keys
+from gateway import keys, services
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import ClientKey, Refusal, Usage
 from llmgw_admin.roles import OPERATOR, VIEWER, role_required
@@ -44,11 +44,11 @@ class KeyForm(forms.Form):
         "Empty: every model in the cluster (external models only when listed).",
     )  # fmt: skip
     rpm = forms.IntegerField(
-        label="Requests per minute", min_value=0, max_value=keys.MAX_LIMIT, initial=0,
+        label="Requests per minute", min_value=0, max_value=services.MAX_LIMIT, initial=0,
         required=False, help_text="0: no limit.",
     )  # fmt: skip
     tpm = forms.IntegerField(
-        label="Tokens per minute", min_value=0, max_value=keys.MAX_LIMIT, initial=0,
+        label="Tokens per minute", min_value=0, max_value=services.MAX_LIMIT, initial=0,
         required=False, help_text="0: no limit.",
     )  # fmt: skip
     expires = forms.DateTimeField(
@@ -110,13 +110,13 @@ def key_create(request: HttpRequest) -> HttpResponse:
         return _page(request, form=form, status=400)
     data = form.cleaned_data
     try:
-        key, secret = keys.create(
-            name=data["name"], owner=data["owner"], models=keys.split_models(data["models"]),
+        key, secret = services.create_key(
+            data["name"], owner=data["owner"], models=keys.split_models(data["models"]),
             expires=data["expires"], rpm=data["rpm"] or 0, tpm=data["tpm"] or 0,
             user=request.user, via=VIA,
         )  # fmt: skip
-    except keys.FieldErrors as error:
-        for field, msgs in error.errors.items():
+    except services.KeyRefused as error:
+        for field, msgs in error.by_field().items():
             for message in msgs:
                 form.add_error(field if field in form.fields else None, message)
         return _page(request, form=form, status=400)

@@ -31,6 +31,14 @@ def problems_response(problems: Iterable[Problem], detail: str) -> Response:
     return Response({"detail": detail, "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
 
 
+def shown_once(listed: dict[str, Any], field: str, secret: str) -> Response:
+    """Return 201 with a secret just made (an API token, a client key) beside its listing,
+    the one time it is shown: under ``field``, and never kept by a cache."""
+    response = Response({**listed, field: secret}, status=status.HTTP_201_CREATED)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Answer a refused change (any app's ``Refused``) with 400 and its problems; else as
     DRF does."""

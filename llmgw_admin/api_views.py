@@ -7,11 +7,12 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from llmgw_admin.api import shown_once
 from llmgw_admin.models import ApiToken
 from llmgw_admin.roles import ADMIN
 
@@ -83,9 +84,7 @@ class ApiTokenViewSet(
                 }
             )
         token, secret = ApiToken.issue(data["user"], data["name"], data.get("expires"))
-        out = dict(ApiTokenSerializer(token).data)
-        out["token"] = secret
-        return Response(out, status=status.HTTP_201_CREATED)
+        return shown_once(dict(ApiTokenSerializer(token).data), "token", secret)
 
     @extend_schema(request=None, responses=ApiTokenSerializer)
     @action(detail=True, methods=["post"])

@@ -23,7 +23,30 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class ApiToken(models.Model):
+class ShownOnce(models.Model):
+    """A secret shown once, when it is made, and kept as its hash (``digest``): what API
+    tokens and the gateway's client keys share. Live until it expires or is revoked."""
+
+    prefix = models.CharField(max_length=12, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def state(self) -> str:
+        """Return live, expired or revoked."""
+        if self.revoked:
+            return "revoked"
+        if self.expires and self.expires <= timezone.now():
+            return "expired"
+        return "live"
+
+
+class ApiToken(ShownOnce):
     """A named token a script uses to call the API as a user; shown once, kept hashed."""
 
     user = models.ForeignKey(
@@ -31,10 +54,6 @@ class ApiToken(models.Model):
     )
     name = models.CharField(_("name"), max_length=100)
     prefix = models.CharField(max_length=12, db_index=True, editable=False)
-    digest = models.CharField(max_length=64, unique=True, editable=False)
-    created = models.DateTimeField(auto_now_add=True)
-    expires = models.DateTimeField(null=True, blank=True)
-    revoked = models.DateTimeField(null=True, blank=True)
     last_used = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
@@ -63,12 +82,3 @@ class ApiToken(models.Model):
         token.full_clean()
         token.save()
         return token, secret
-
-    @property
-    def state(self) -> str:
-        """Return live, expired or revoked."""
-        if self.revoked:
-            return "revoked"
-        if self.expires and self.expires <= timezone.now():
-            return "expired"
-        return "live"

@@ -92,12 +92,12 @@ def test_the_keys_page_shows_each_keys_usage_today_and_when_it_was_last_used(
 
     from django.utils import timezone
 
-    from gateway import keys
+    from gateway import services
     from gateway.models import Usage
     from gateway.views import today_start
 
-    keys.create(name="busy-app", via="test")
-    keys.create(name="idle-app", via="test")
+    services.create_key("busy-app", via="test")
+    services.create_key("idle-app", via="test")
     start = today_start()
     now = timezone.now().replace(second=0, microsecond=0)
     for minute, model, n, tin, tout in [

@@ -359,9 +359,9 @@ def test_a_superuser_still_grants_superuser_status(make_user: Any) -> None:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_no_one_sees_a_client_keys_digest_in_the_admin(make_user: Any, role: str) -> None:
-    from gateway import keys
+    from gateway import services
 
-    key, _secret = keys.create(name="probe", via="test")
+    key, _secret = services.create_key("probe", via="test")
     page = signed_in(make_user("someone", role)).get(f"/admin/gateway/clientkey/{key.pk}/change/")
     assert page.status_code == 200
     assert key.digest not in page.content.decode()

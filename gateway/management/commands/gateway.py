@@ -15,7 +15,6 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
@@ -93,8 +92,6 @@ class Command(BaseCommand):
                 )  # fmt: skip
             except services.KeyRefused as error:
                 raise CommandError(str(error)) from None
-            except ValidationError as error:
-                raise CommandError(_validation(error)) from None
             self.stdout.write(
                 f"client key {key.name} (owner {key.owner or '-'}; models "
                 f"{', '.join(key.models) or 'every cluster model'}; expires "
@@ -133,11 +130,3 @@ class Command(BaseCommand):
     def _say(self, line: str) -> None:
         self.stdout.write(line)
         self.stdout.flush()  # a pipe or a log file holds it back otherwise
-
-
-def _validation(error: ValidationError) -> str:
-    if hasattr(error, "message_dict"):
-        # A rule over the whole key (a live name taken) is told as itself, not "__all__".
-        return "; ".join(" ".join(msgs) if field == "__all__" else f"{field}: {' '.join(msgs)}"
-                         for field, msgs in error.message_dict.items())  # fmt: skip
-    return " ".join(error.messages)

@@ -1,5 +1,10 @@
 """The canary watch: its share routed through the real Gateway, its outcomes judged, the
-rollback written once through the catalog's services, as done by the gateway."""
+rollback written once through the catalog's services, as done by the gateway.
+
+Every rollback here is the real one (``gateway.watch.roll_back``, through
+``catalog.services``): the tests look at the catalog's state and its change log, and a
+harness whose table is read from the stored catalog (``CatalogHarness``) routes by what
+the write left there, as a gateway process's state does."""
 
 from __future__ import annotations
 
@@ -27,6 +32,59 @@ def h() -> Iterator[Harness]:
     harness = Harness()
     yield harness
     harness.close()
+
+
+class CatalogHarness(Harness):
+    """The harness with its models read from the stored catalog each time its state
+    reads the table (every 0.05 s, in the state's reader thread), as gateway.state's
+    loader reads them: a rollback the watch writes is what the gateway routes by next."""
+
+    def _table(self) -> Table:
+        from catalog.services import stored_specs
+
+        self.models = stored_specs()
+        return super()._table()
+
+
+@pytest.fixture
+def hc(transactional_db: Any) -> Iterator[CatalogHarness]:
+    harness = CatalogHarness()
+    yield harness
+    harness.close()
+
+
+def rollbacks(name: str = "m") -> list[Any]:
+    """Return the catalog's change log entries the gateway wrote for a model."""
+    from catalog.models import ChangeRecord
+
+    return list(ChangeRecord.objects.filter(model_name=name, surface="gateway").order_by("id"))
+
+
+def canary_percent(name: str = "m") -> int:
+    from catalog.models import ServedModel
+
+    return ServedModel.objects.get(name=name).to_spec().canary.percent
+
+
+def store_canaried(percent: int, candidate: str = "c", **limits: Any) -> None:
+    """Store "c" and "m" whose canary sends ``percent`` to ``candidate``, as an operator."""
+    from tests.catalog.samples import cpu_model, store
+
+    store(cpu_model("c", aliases=["c-next"]),
+          cpu_model("m", canary={"model": candidate, "percent": percent, **limits}))  # fmt: skip
+
+
+def set_share(percent: int) -> None:
+    """An operator puts the canary's share back (the catalog's own write)."""
+    from catalog import codec, services
+    from catalog.choices import Surface
+    from tests.catalog.samples import cpu_model
+
+    data = cpu_model("m", canary={"model": "c", "percent": percent, "min_requests": 10})
+    m, problems = codec.decode_model(data)
+    assert not problems, problems
+    services.save_model(m, services.Actor(user=None, surface=Surface.CLI, name="operator"),
+                        replacing="m")  # fmt: skip
 
 
 def api(h: Harness) -> openai.OpenAI:
@@ -57,39 +115,38 @@ def test_the_canary_takes_its_share_of_conversations_and_keeps_them(h: Harness) 
     assert cand.requests == before
 
 
-def test_a_failing_candidate_is_rolled_back_once_and_clients_never_see_it(h: Harness) -> None:
-    main, cand = h.engine("main"), h.engine("cand", behaviour="503")
-    h.serve(canaried(50, min_requests=20), [(1, "m", main), (2, "c", cand)])
-    writes: list[tuple[str, str, str]] = []
-
-    def write(name: str, candidate: str, why: str) -> bool:
-        # As the catalog's services would: the table then shows the share at 0.
-        writes.append((name, candidate, why))
-        h.models = canaried(0, min_requests=20)
-        return True
-
-    watch = CanaryWatch(lambda: h.state.table, interval=0.02, write=write)
-    h.gateway.observer = Fanout(watch)
+def test_a_failing_candidate_is_rolled_back_once_and_clients_never_see_it(
+    hc: CatalogHarness,
+) -> None:
+    main, cand = hc.engine("main"), hc.engine("cand", behaviour="503")
+    store_canaried(50, min_requests=20)
+    hc.serve([], [(1, "m", main), (2, "c", cand)])
+    watch = CanaryWatch(lambda: hc.state.table, interval=0.02)  # the real write: roll_back
+    hc.gateway.observer = Fanout(watch)
     watch.start()
     wait(lambda: watch.tracked, what="the watch to track the canary")
     try:
         n = 0
-        while not writes:
+        while not watch.rolled:
             # Every answer is the model's: the candidate's 503s moved on to it.
-            assert ask(h, f"conversation {n}").startswith("main")
+            assert ask(hc, f"conversation {n}").startswith("main")
             n += 1
             assert n < 400, "never rolled back"
-        wait(lambda: h.state.table.models["m"].canary.percent == 0, what="the share at 0")
+        # The gateway routes by what the write left in the catalog.
+        wait(lambda: hc.state.table.models["m"].canary.percent == 0, what="the share at 0")
         served = cand.requests
         for k in range(60):
-            assert ask(h, f"later {k}").startswith("main")
+            assert ask(hc, f"later {k}").startswith("main")
         assert cand.requests == served  # the candidate takes nothing more
     finally:
         watch.stop()
-    assert len(writes) == 1
-    name, candidate, why = writes[0]
-    assert (name, candidate) == ("m", "c")
-    assert why.startswith("canary c rolled back: error rate 100% vs 0% over 20 requests"), why
+    assert canary_percent() == 0
+    (change,) = rollbacks()  # written once
+    assert change.action == "update" and change.actor is None
+    assert change.summary.startswith(
+        "canary: canary c rolled back: error rate 100% vs 0% over 20 requests"
+    ), change.summary
+    assert change.before["canary"]["percent"] == 50 and change.after["canary"]["percent"] == 0
 
 
 def table(percent: int = 10, **limits: Any) -> Table:
@@ -101,52 +158,62 @@ def done(name: str, status: int = 200, ttft: float = 0.1) -> Done:
                 tokens_in=1, tokens_out=1, replica=1, stream=False)  # fmt: skip
 
 
-def test_a_rollback_is_not_written_again_until_the_table_shows_it() -> None:
-    current = [table(min_requests=10)]
-    writes: list[str] = []
-    watch = CanaryWatch(lambda: current[0], write=lambda n, c, why: writes.append(why) or True,
-                        start_on_request=False)  # fmt: skip
+def test_a_rollback_is_not_written_again_until_the_table_shows_it(transactional_db: Any) -> None:
+    from gateway.state import load_table
+
+    store_canaried(10, min_requests=10)
+    current = [load_table()]  # the table as this process last read it
+    watch = CanaryWatch(lambda: current[0], start_on_request=False)
     watch.check()
     for _ in range(10):
         watch.request(done("c", 500))
         watch.request(done("m"))
     watch.check()
-    assert len(writes) == 1
-    # More failures while the table still shows the old share (the write is on its way):
-    # not written again.
+    assert canary_percent() == 0 and len(rollbacks()) == 1
+    # An operator puts the share back while this process's table still shows the old one
+    # (its read is on its way): more failures are not written again, though the catalog
+    # would take a second rollback now.
+    set_share(10)
     for _ in range(30):
         watch.request(done("c", 500))
     watch.check()
     watch.check()
-    assert len(writes) == 1
-    # A table read after the write still shows a share (an operator put it back): judged
-    # afresh, from new outcomes only.
-    current[0] = table(min_requests=10)
+    assert canary_percent() == 10 and len(rollbacks()) == 1
+    # A table read after the write still shows a share (the operator's): judged afresh,
+    # from new outcomes only.
+    current[0] = load_table()
     watch.check()
-    assert len(writes) == 1 and watch.window("c").requests == 0
+    assert len(rollbacks()) == 1 and watch.window("c").requests == 0
     for _ in range(10):
         watch.retried("c")
     watch.check()
-    assert len(writes) == 2
+    assert canary_percent() == 0 and len(rollbacks()) == 2
     watch.stop()
 
 
-def test_a_failed_write_is_tried_again_later() -> None:
-    calls: list[float] = []
+def test_a_refused_write_is_tried_again_later(transactional_db: Any) -> None:
+    """The catalog refuses the rollback while the candidate is gone from it (removed by
+    SQL, under the catalog's services: its canary then names nothing); tried again after
+    the back-off, it is written once the candidate is back."""
+    from catalog.models import ServedModel
+    from gateway.state import load_table
+    from tests.catalog.samples import cpu_model, store
 
-    def fail(name: str, candidate: str, why: str) -> bool:
-        calls.append(1)
-        raise RuntimeError("database away")
-
-    watch = CanaryWatch(lambda: table(min_requests=5), write=fail, start_on_request=False)
+    store_canaried(30, min_requests=5)
+    table = load_table()  # as this process read it, before "c" went
+    watch = CanaryWatch(lambda: table, start_on_request=False)
     watch.check(now=0)
+    ServedModel.objects.filter(name="c").delete()
     for _ in range(5):
         watch.request(done("c", 502))
-    watch.check(now=1)
-    watch.check(now=2)
-    assert len(calls) == 1
+    watch.check(now=1)  # refused by the catalog: nothing written
+    assert canary_percent() == 30 and rollbacks() == [] and watch.rolled == []
+    store(cpu_model("c"))
+    watch.check(now=2)  # within the back-off: not tried
+    assert canary_percent() == 30
     watch.check(now=7)
-    assert len(calls) == 2
+    assert canary_percent() == 0 and len(rollbacks()) == 1
+    watch.stop()
 
 
 def test_outcomes_that_say_nothing_of_the_engines_are_not_counted() -> None:
@@ -163,11 +230,20 @@ def test_outcomes_that_say_nothing_of_the_engines_are_not_counted() -> None:
     watch.stop()
 
 
-def test_the_watch_judges_off_the_request_path() -> None:
-    """The write runs in the watch's own thread, not the one telling it of requests."""
+def test_the_watch_judges_off_the_request_path(transactional_db: Any) -> None:
+    """The write runs in the watch's own thread, not the one telling it of requests: the
+    catalog's change is committed there (its catalog_changed is sent from that thread)."""
+    from catalog.signals import catalog_changed
+    from gateway.state import load_table
+
+    store_canaried(30, min_requests=5)
     threads: list[threading.Thread] = []
-    watch = CanaryWatch(lambda: table(min_requests=5), interval=0.01,
-                        write=lambda *a: threads.append(threading.current_thread()) or True)  # fmt: skip
+
+    def receiver(sender: Any, names: list[str], **kw: Any) -> None:
+        threads.append(threading.current_thread())
+
+    catalog_changed.connect(receiver, weak=False, dispatch_uid="test-canary-thread")
+    watch = CanaryWatch(load_table, interval=0.01)
     watch.start()
     try:
         wait(lambda: watch.tracked, what="tracking")
@@ -176,8 +252,10 @@ def test_the_watch_judges_off_the_request_path() -> None:
         wait(lambda: threads, what="the rollback")
     finally:
         watch.stop()
+        catalog_changed.disconnect(dispatch_uid="test-canary-thread")
     assert threads[0] is not threading.current_thread()
     assert threads[0].name == "gateway-canary"
+    assert canary_percent() == 0 and len(rollbacks()) == 1
 
 
 # The rollback written through the catalog's services.
@@ -266,39 +344,33 @@ def test_the_watch_over_the_stored_catalog_rolls_back(stored: None) -> None:
     watch.stop()
 
 
-def test_a_canary_named_by_an_alias_takes_its_share_and_is_watched(h: Harness) -> None:
+def test_a_canary_named_by_an_alias_takes_its_share_and_is_watched(hc: CatalogHarness) -> None:
     """The catalog lets a canary name an alias; the gateway sent it nothing and the watch
     never looked at it."""
-    main, cand = h.engine("main"), h.engine("cand", behaviour="503")
-    aliased = [model("m", canary=spec.Canary(model="c-next", percent=50, min_requests=20)),
-               model("c", aliases=["c-next"])]  # fmt: skip
-    h.serve(aliased, [(1, "m", main), (2, "c", cand)])
-    writes: list[tuple[str, str, str]] = []
-
-    def write(name: str, reference: str, why: str) -> bool:
-        writes.append((name, reference, why))
-        h.models = [dataclasses.replace(aliased[0], canary=dataclasses.replace(
-            aliased[0].canary, percent=0)), aliased[1]]  # fmt: skip
-        return True
-
-    watch = CanaryWatch(lambda: h.state.table, interval=0.02, write=write)
-    h.gateway.observer = Fanout(watch)
+    main, cand = hc.engine("main"), hc.engine("cand", behaviour="503")
+    store_canaried(50, candidate="c-next", min_requests=20)
+    hc.serve([], [(1, "m", main), (2, "c", cand)])
+    watch = CanaryWatch(lambda: hc.state.table, interval=0.02)
+    hc.gateway.observer = Fanout(watch)
     watch.start()
     wait(lambda: watch.tracked, what="the watch to track the canary")
     try:
         assert set(watch.tracked) == {"m", "c"}
         n = 0
-        while not writes:
-            assert ask(h, f"conversation {n}").startswith("main")
+        while not watch.rolled:
+            assert ask(hc, f"conversation {n}").startswith("main")
             n += 1
             assert n < 400, "never rolled back"
     finally:
         watch.stop()
     assert cand.requests >= 20  # it had its share
-    name, reference, why = writes[0]
     # The rollback is written against the canary as the catalog names it.
-    assert (name, reference) == ("m", "c-next")
-    assert why.startswith("canary c rolled back: error rate 100%"), why
+    from catalog.models import ServedModel
+
+    m = ServedModel.objects.get(name="m").to_spec()
+    assert (m.canary.model, m.canary.percent) == ("c-next", 0)
+    (change,) = rollbacks()
+    assert change.summary.startswith("canary: canary c rolled back: error rate 100%"), change
 
 
 def test_a_rollback_of_a_canary_named_by_an_alias_is_written(db: Any) -> None:

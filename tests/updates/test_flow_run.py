@@ -5,6 +5,7 @@ each way it ends, promote, rollback. The eval through a gateway is proved end to
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import timedelta
 from typing import Any
@@ -232,3 +233,22 @@ class Lines:
 
     def write(self, text: str) -> None:
         self.lines.append(text)
+
+
+def test_manage_py_catalog_update_start_status_and_a_refusal(chat: str) -> None:  # noqa: F811
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("catalog", "update", "start", "chat", "--canary", "20", stdout=out)
+    assert out.getvalue().startswith("update #") and "fetching" in out.getvalue()
+    r = UpdateRun.objects.get()
+    assert r.surface == "cli" and flow.CANARY in r.plan["steps"]
+    out = StringIO()
+    call_command("catalog", "update", "status", "chat", "--json", stdout=out)
+    assert json.loads(out.getvalue())["state"] == "running"
+    err = StringIO()
+    with pytest.raises(SystemExit) as code:
+        call_command("catalog", "update", "rollback", "chat", stderr=err)
+    assert code.value.code == 1 and f"update #{r.pk} of chat is running" in err.getvalue()

@@ -49,35 +49,15 @@ def test_a_committed_change_wakes_the_loop_and_a_rolled_back_one_does_not(
     assert woken.is_set()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_changes_that_wake_it(woken: threading.Event) -> None:
-    def wakes(change: Any) -> bool:
-        woken.clear()
-        change()
-        return woken.is_set()
-
-    assert wakes(lambda: join_node("n1", [H100, H100]))
-    node = Node.objects.get(name="n1")
-    assert not wakes(lambda: services.set_cordon(node, True))  # cordoning places nothing
-    assert wakes(lambda: services.set_cordon(node, False))
-    assert wakes(lambda: store(cpu_model("small", scaling={"min": 0, "max": 1})))
-    # An on-demand model asked for while it has no replica starts now...
-    assert wakes(lambda: services.demand("small"))
-    reconciler.tick()
-    assert Replica.objects.filter(model_name="small", desired=True).exists()
-    # ... and asking for it again while it runs wakes nothing.
-    assert not wakes(lambda: services.demand("small"))
-    assert wakes(lambda: services.drain(node))
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_embedded_loop_places_a_saved_model_at_once() -> None:
-    join_node("n1", [H100, H100])
+@pytest.fixture
+def embedded_loop(transactional_db: Any) -> Iterator[None]:
+    """The embedded web process's reconciler loop, ticking once an hour: what it does
+    within a test's wait, a wake-up made it do."""
     stop = threading.Event()
 
     def loop() -> None:
         try:
-            reconciler.run_forever(3600, stop)  # an hour: only a wake-up ticks again
+            reconciler.run_forever(3600, stop)
         finally:
             connections.close_all()
 
@@ -86,15 +66,54 @@ def test_the_embedded_loop_places_a_saved_model_at_once() -> None:
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
         wait_for(lambda: wake._looping, 10, "the loop")
-        placed = Replica.objects.filter(model_name="chat", assignments__isnull=False)
         try:
-            store(gpu_model("chat", scaling={"min": 1, "max": 1}))
-            wait_for(placed.exists, 20, "the replica placed")
+            yield
         finally:
             stop.set()
             wake.wake()
             thread.join(timeout=20)
     assert not thread.is_alive()
+
+
+def placed_on(model: str, node: str) -> Any:
+    return Replica.objects.filter(
+        model_name=model, desired=True, assignments__node__name=node
+    ).exists
+
+
+def test_the_changes_that_wake_it_place_what_was_waiting_at_once(embedded_loop: None) -> None:
+    """Each change an operator or an agent makes is acted on at once, as the one who made
+    it sees: a replica waiting for a node is placed on the node that joins, on the node
+    uncordoned, an on-demand model asked for is started, a drained node's replica is
+    replaced elsewhere. (The loop's interval is an hour.)"""
+    store(gpu_model("waiting", scaling={"min": 1, "max": 1}))
+    wait_for(lambda: Replica.objects.filter(model_name="waiting").exists(), 20, "a replica")
+    join_node("n1", [H100, H100, H100])  # room for "waiting" (tp 2) and one more
+    wait_for(placed_on("waiting", "n1"), 20, "the replica placed on the node that joined")
+
+    node = Node.objects.get(name="n1")
+    services.set_cordon(node, True)
+    store(gpu_model("cordoned", scaling={"min": 1, "max": 1}, profiles=[
+        {"name": "h100", "engine": "vllm", "gpu_class": H100, "tp": 1}]))  # fmt: skip
+    reason = Replica.objects.filter(model_name="cordoned", unplaced=True)
+    wait_for(reason.exists, 20, "the new model waiting (its node cordoned)")
+    services.set_cordon(node, False)
+    wait_for(placed_on("cordoned", "n1"), 20, "the replica placed on the node uncordoned")
+
+    join_node("n2", [H100, H100, H100])
+    store(cpu_model("small", scaling={"min": 0, "max": 1}))
+    services.demand("small")
+    started = Replica.objects.filter(model_name="small", desired=True, assignments__isnull=False)
+    wait_for(started.exists, 20, "the on-demand model started when asked for")
+
+    services.drain(node, force=True)
+    wait_for(placed_on("waiting", "n2"), 20, "the drained node's replica replaced on n2")
+
+
+def test_the_embedded_loop_places_a_saved_model_at_once(embedded_loop: None) -> None:
+    join_node("n1", [H100, H100])
+    store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+    wait_for(placed_on("chat", "n1"), 20, "the replica placed")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -23,5 +23,6 @@ catalog_patterns = [
     # The update flow's (updates.flowapi).
     path("models/<str:name>/update/", flowapi.model_update, name="update"),
     path("models/<str:name>/update/promote/", flowapi.model_promote, name="update-promote"),
+    path("models/<str:name>/update/cancel/", flowapi.model_cancel, name="update-cancel"),
     path("models/<str:name>/update/rollback/", flowapi.model_rollback, name="update-rollback"),
 ]

@@ -2,6 +2,7 @@
 
     manage.py catalog update start MODEL [--revision REV] [--auto] [--canary PERCENT] [--wait]
     manage.py catalog update promote MODEL
+    manage.py catalog update cancel MODEL
     manage.py catalog update rollback MODEL
     manage.py catalog update status [MODEL ...] [--json]
 
@@ -25,7 +26,7 @@ from catalog.choices import Surface
 from updates import flow, run
 from updates.models import UpdateRun
 
-ACTIONS = ("start", "promote", "rollback", "status")
+ACTIONS = ("start", "promote", "cancel", "rollback", "status")
 # How often --wait looks again, in seconds.
 WAIT_LOOK_S = 1.0
 
@@ -80,6 +81,10 @@ def handle(action: str, options: dict[str, Any], out: Any, err: Any) -> int:
                 err.write(f"update #{r.pk} of {r.model} failed: {r.reason}")
                 return 1
             out.write(r.lines[-1]["text"])
+            return 0
+        if action == "cancel":
+            r = run.cancel(options["model"], surface=Surface.CLI, via=via())
+            out.write(f"update #{r.pk} of {r.model}: {r.reason}")
             return 0
         if action == "rollback":
             out.write(run.rollback(options["model"], surface=Surface.CLI, via=via()))

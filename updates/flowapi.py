@@ -5,6 +5,7 @@
   "canary_percent": null}``, every key optional; 202 with the update, or 400 saying why
   (an update of it running, named; a model with no registry; the mirror refusing).
 - ``POST …/update/promote/``: promote its running update now (operators).
+- ``POST …/update/cancel/``: end its running update; the model stays as it is.
 - ``POST …/update/rollback/``: back to its previous revision while the mirror holds it.
 - ``GET /api/v1/updates/runs/``: every model's last update (``?model=``, ``?state=``).
 
@@ -140,6 +141,20 @@ def model_promote(request: Request, name: str) -> Response:
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     try:
         r = run.promote(name, user=request.user, surface=Surface.API, via=_via(request))
+    except flow.Refused as exc:
+        return _refused(exc)
+    return Response(cli.as_json(r))
+
+
+@extend_schema(summary="End a model's running update (the model stays as it is)", request=None,
+               responses={200: _RUN, 400: dict, 404: dict})  # fmt: skip
+@api_view(["POST"])
+def model_cancel(request: Request, name: str) -> Response:
+    """Cancel a model's running update: its candidate and canary removed."""
+    if not _model_known(name):
+        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    try:
+        r = run.cancel(name, user=request.user, surface=Surface.API, via=_via(request))
     except flow.Refused as exc:
         return _refused(exc)
     return Response(cli.as_json(r))

@@ -156,6 +156,7 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
         and r is not None
         and r.step in (flow.EVAL, flow.CANARY, flow.PROMOTE),
         "can_rollback": operator and not active and previous,
+        "can_cancel": operator and active,
         "update_active": active,
         "update_said": getattr(request, "update_said", ""),
         "update_refused": getattr(request, "update_refused", False),
@@ -223,3 +224,15 @@ def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
     except flow.Refused as exc:
         return _answer(request, name, str(exc), refused=True)
     return _answer(request, name, said)
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_cancel(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """End a model's running update; the model stays as it is."""
+    _known(name)
+    try:
+        r = run.cancel(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, f"update #{r.pk}: {r.reason}")

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 # Lines kept a run (a long canary moves its line, it does not add one a look).
 MAX_LINES = 200
+# The longest an eval may run before the update gives up on it (a worker that died with it).
+EVAL_LIMIT_S = 3600
 # Seconds a candidate that had canary traffic is kept after its update ended (``sweep``).
 DRAIN_S = 10.0
 EVAL_KEY_PREFIX = "update-eval-"
@@ -296,6 +298,9 @@ def _facts(run: UpdateRun, p: flow.Plan) -> flow.Facts:
         if run.reason and run.score is None:
             return flow.Facts(eval_error=run.reason)
         if run.score is None:
+            if (_now() - run.eval_started).total_seconds() > EVAL_LIMIT_S:
+                return flow.Facts(eval_error=f"it did not end within {EVAL_LIMIT_S // 60} minutes "
+                                  "(its worker stopped?): start the update again")  # fmt: skip
             return flow.Facts()
         return flow.Facts(eval_done=True, score=run.score, threshold=run.threshold or 0.0,
                           failed_cases=tuple(c["case"] for c in run.failed_cases))  # fmt: skip
@@ -570,6 +575,30 @@ def _poke(run: UpdateRun, live_only: bool = False) -> None:
 
 
 # -- promote and rollback ---------------------------------------------------------------------
+
+
+def cancel(
+    model_name: str, *, user: Any = None, surface: str = Surface.CLI, via: str = ""
+) -> UpdateRun:
+    """End a model's running update as failed, "cancelled by <who>": its candidate and the
+    canary to it are removed, the model is as it was.
+
+    Raises:
+        flow.Refused: no update of the model is running.
+    """
+    by = label(user, via)
+    with transaction.atomic():
+        run = (
+            UpdateRun.objects.select_for_update()
+            .filter(model=model_name, state__in=flow.ACTIVE)
+            .first()
+        )
+        if run is None:
+            raise flow.Refused(f'no update of "{model_name}" is running')
+        _fail(run, f"cancelled by {by}", by=by)
+        run.save()
+        _mark(run.model, run.candidate)
+    return run
 
 
 def promote(

@@ -17,4 +17,5 @@ urlpatterns = [
     path("models/<str:name>/update/", flowviews.model_update, name="model_update"),
     path("models/<str:name>/promote/", flowviews.model_promote, name="model_promote"),
     path("models/<str:name>/rollback/", flowviews.model_rollback, name="model_rollback"),
+    path("models/<str:name>/cancel/", flowviews.model_cancel, name="model_cancel"),
 ]

@@ -92,3 +92,14 @@ def test_an_unknown_model_is_404(api_for: Any, operator: Any) -> None:
         "/api/v1/catalog/models/nope/update/rollback/",
     ):
         assert api.post(path, {}, format="json").status_code == 404
+
+
+def test_cancel_through_the_api(chat: str, api_for: Any, operator: Any, viewer: Any) -> None:  # noqa: F811
+    api = api_for(operator)
+    assert api.post(URL + "cancel/").status_code == 400
+    api.post(URL, {}, format="json")
+    assert api_for(viewer).post(URL + "cancel/").status_code == 403
+    done = api.post(URL + "cancel/")
+    assert done.status_code == 200 and done.json()["reason"].startswith(
+        f"cancelled by {operator.username}"
+    )

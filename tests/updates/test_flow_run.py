@@ -252,3 +252,32 @@ def test_manage_py_catalog_update_start_status_and_a_refusal(chat: str) -> None:
     with pytest.raises(SystemExit) as code:
         call_command("catalog", "update", "rollback", "chat", stderr=err)
     assert code.value.code == 1 and f"update #{r.pk} of chat is running" in err.getvalue()
+
+
+def test_cancel_ends_a_running_update_and_removes_its_candidate(chat: str) -> None:  # noqa: F811
+    with pytest.raises(flow.Refused, match='no update of "chat" is running'):
+        run.cancel("chat")
+    r = fetched(run.start("chat", canary_percent=30))
+    assert spec(r.candidate) is not None
+    r = run.cancel("chat", surface="cli", via="ops@host")
+    assert (r.state, r.reason, r.ended_by) == (
+        "failed",
+        "cancelled by system (ops@host)",
+        "system (ops@host)",
+    )
+    assert spec(r.candidate) is None and spec().canary is None
+    run.start("chat")  # the next one may start
+
+
+def test_an_eval_that_never_ends_fails_the_update_past_its_limit(chat: str) -> None:  # noqa: F811
+    m = spec()
+    m.eval = EvalGate(suite="arithmetic")
+    save_model(m, Actor(user=None, surface="cli", name="test"), replacing="chat")
+    r = ready(fetched(run.start("chat")))
+    assert r.step == "eval"
+    assert run.advance(r.pk).state == "running"
+    UpdateRun.objects.filter(pk=r.pk).update(
+        eval_started=timezone.now() - timedelta(seconds=run.EVAL_LIMIT_S + 1)
+    )
+    r = run.advance(r.pk)
+    assert r.state == "failed" and "did not end within 60 minutes" in r.reason

@@ -23,11 +23,11 @@ from llmgw_admin.roles import OPERATOR, RoleAdminMixin
 
 @admin.register(ClientKey)
 class ClientKeyAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("name", "state", "owner", "models_shown", "rpm", "tpm", "expires",
+    list_display = ("name", "state", "owner", "models_shown", "priority", "rpm", "tpm", "expires",
                     "prefix_shown", "created", "revoked")  # fmt: skip
     list_filter = ("owner",)
     search_fields = ("name", "owner")
-    readonly_fields = ("name", "owner", "models", "rpm", "tpm", "prefix_shown",
+    readonly_fields = ("name", "owner", "models", "priority", "rpm", "tpm", "prefix_shown",
                        "created", "created_by", "expires", "revoked")  # fmt: skip
     fields = readonly_fields
     actions = ("revoke_selected",)

@@ -38,7 +38,7 @@ class ClientKeySerializer(serializers.ModelSerializer[ClientKey]):
     class Meta:
         model = ClientKey
         fields = (
-            "id", "name", "owner", "models", "rpm", "tpm", "expires", "prefix", "state",
+            "id", "name", "owner", "models", "priority", "rpm", "tpm", "expires", "prefix", "state",
             "created", "created_by", "revoked",
         )  # fmt: skip
         read_only_fields = ("created", "revoked")
@@ -80,7 +80,7 @@ class ClientKeyViewSet(
             key, secret = services.create_key(
                 data["name"], owner=data.get("owner", ""), models=data.get("models", ()),
                 expires=data.get("expires"), rpm=data.get("rpm", 0), tpm=data.get("tpm", 0),
-                user=request.user, via=VIA,
+                priority=data.get("priority", "normal"), user=request.user, via=VIA,
             )  # fmt: skip
         except services.KeyRefused as error:
             raise serializers.ValidationError(error.by_field()) from None

@@ -18,6 +18,7 @@ digest = tokens.digest
 
 KEY_PREFIX = "llmgw-ck-"
 OWNER_RE = re.compile(r"^(org|team|project):[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+PRIORITIES = [("high", _("high")), ("normal", _("normal")), ("low", _("low"))]
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -48,6 +49,11 @@ class ClientKey(tokens.ShownOnce):
         _("models"), default=list, blank=True,
         help_text=_("the models, aliases and adapters it may name; empty: every model in the "
                     "cluster (external models only when listed)"),
+    )  # fmt: skip
+    priority = db.CharField(
+        _("priority"), max_length=8, choices=PRIORITIES, default="normal",
+        help_text=_("its band when a model is past its latency SLO: high is always admitted, "
+                    "normal and low are held back first (docs/gateway.md, Admission)"),
     )  # fmt: skip
     rpm = db.PositiveIntegerField(_("requests per minute"), default=0, help_text=_("0: none"))
     tpm = db.PositiveIntegerField(_("tokens per minute"), default=0, help_text=_("0: none"))

@@ -44,6 +44,7 @@ def create_key(
     expires: datetime | None = None,
     rpm: int = 0,
     tpm: int = 0,
+    priority: str = "normal",
     user: Any = None,
     via: str = "",
 ) -> tuple[ClientKey, str]:
@@ -58,6 +59,8 @@ def create_key(
     for field, value in (("rpm", rpm), ("tpm", tpm)):
         if not 0 <= value <= MAX_LIMIT:
             errors[field] = [f"{field} is 0 (no limit) up to {MAX_LIMIT}"]
+    if priority not in ("high", "normal", "low"):
+        errors["priority"] = [f"priority is {priority!r}: write high, normal or low"]
     if errors:
         raise KeyRefused(errors)
     models = list(dict.fromkeys(models))  # a name given twice is kept once
@@ -88,14 +91,16 @@ def create_key(
     secret = new_secret()
     key = ClientKey(
         name=name, owner=owner, models=list(models), expires=expires, rpm=rpm, tpm=tpm,
-        prefix=secret[len("llmgw-ck-"):][:8], digest=digest(secret),
+        priority=priority, prefix=secret[len("llmgw-ck-"):][:8], digest=digest(secret),
         created_by=user if getattr(user, "pk", None) else None,
     )  # fmt: skip
     try:
         key.full_clean()
         with transaction.atomic():
             key.save()
-            log_action(user, "client key create", name, f"owner {owner or '-'}", via)
+            log_action(
+                user, "client key create", name, f"owner {owner or '-'}, priority {priority}", via
+            )
     except ValidationError as error:
         found: dict[str, list[str]] = {}
         for field, messages in error.message_dict.items():

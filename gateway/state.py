@@ -113,6 +113,7 @@ class Loader:
                 expires=k.expires.timestamp() if k.expires else None,
                 rpm=k.rpm,
                 tpm=k.tpm,
+                priority=k.priority,
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }

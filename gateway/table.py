@@ -43,6 +43,7 @@ class Key:
     expires: float | None  # a Unix time
     rpm: int = 0
     tpm: int = 0
+    priority: str = "normal"  # its admission band (gateway.admission)
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires

@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from gateway import keys, services
 from gateway.filtersets import RefusalFilterSet
-from gateway.models import ClientKey, Refusal, Usage
+from gateway.models import PRIORITIES, ClientKey, Refusal, Usage
 from llmgw_admin.roles import OPERATOR, VIEWER, role_required
 
 VIA = "console"
@@ -42,6 +42,11 @@ class KeyForm(forms.Form):
         required=False, max_length=10_000,
         help_text="Models, aliases or adapters it may name, separated by spaces or commas. "
         "Empty: every model in the cluster (external models only when listed).",
+    )  # fmt: skip
+    priority = forms.ChoiceField(
+        choices=PRIORITIES, initial="normal", required=False,
+        help_text="Its band while a model is past its latency SLO: high is always admitted, "
+        "normal and low are held back first.",
     )  # fmt: skip
     rpm = forms.IntegerField(
         label="Requests per minute", min_value=0, max_value=services.MAX_LIMIT, initial=0,
@@ -113,7 +118,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
         key, secret = services.create_key(
             data["name"], owner=data["owner"], models=keys.split_models(data["models"]),
             expires=data["expires"], rpm=data["rpm"] or 0, tpm=data["tpm"] or 0,
-            user=request.user, via=VIA,
+            priority=data["priority"] or "normal", user=request.user, via=VIA,
         )  # fmt: skip
     except services.KeyRefused as error:
         for field, msgs in error.by_field().items():

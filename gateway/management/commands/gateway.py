@@ -2,7 +2,7 @@
 
 manage.py gateway serve [--bind H] [--port P]
 manage.py gateway key create NAME [--owner O] [--model M ...] [--expires DURATION]
-                                  [--rpm N] [--tpm N]
+                                  [--rpm N] [--tpm N] [--priority high|normal|low]
 manage.py gateway key list
 manage.py gateway key revoke NAME
 """
@@ -67,6 +67,10 @@ class Command(BaseCommand):
         create.add_argument("--expires", help="30d, 12h, 90m")
         create.add_argument("--rpm", type=int, default=0, help="requests a minute (0: none)")
         create.add_argument("--tpm", type=int, default=0, help="tokens a minute (0: none)")
+        create.add_argument(
+            "--priority", choices=("high", "normal", "low"), default="normal",
+            help="its band while a model is past its latency SLO (high: always admitted)",
+        )  # fmt: skip
         ksub.add_parser("list", help="every key (never its secret)")
         revoke = ksub.add_parser(
             "revoke", help="revoke a key (every gateway refuses it within a second)"
@@ -88,12 +92,12 @@ class Command(BaseCommand):
             try:
                 key, secret = services.create_key(
                     opts["name"], owner=opts["owner"], models=opts["models"], expires=expires,
-                    rpm=opts["rpm"], tpm=opts["tpm"], via=f"cli {_cli_name()}",
+                    rpm=opts["rpm"], tpm=opts["tpm"], priority=opts["priority"], via=f"cli {_cli_name()}",
                 )  # fmt: skip
             except services.KeyRefused as error:
                 raise CommandError(str(error)) from None
             self.stdout.write(
-                f"client key {key.name} (owner {key.owner or '-'}; models "
+                f"client key {key.name} (owner {key.owner or '-'}; priority {key.priority}; models "
                 f"{', '.join(key.models) or 'every cluster model'}; expires "
                 f"{key.expires.isoformat() if key.expires else 'never'}). It is shown once:"
             )
@@ -102,7 +106,7 @@ class Command(BaseCommand):
             for k in ClientKey.objects.order_by("name", "-created"):
                 self.stdout.write(
                     f"{k.name}\t{k.state}\t{k.owner or '-'}\t{','.join(k.models) or '*'}\t"
-                    f"llmgw-ck-{k.prefix}…\trpm {k.rpm or '-'}\ttpm {k.tpm or '-'}\t"
+                    f"llmgw-ck-{k.prefix}…\t{k.priority}\trpm {k.rpm or '-'}\ttpm {k.tpm or '-'}\t"
                     f"expires {k.expires.isoformat() if k.expires else 'never'}"
                 )
         elif action == "revoke":

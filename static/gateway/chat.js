@@ -128,7 +128,7 @@
   // page knew when it opened: a wake may meet a cluster that has filled since).
   function noted(model, code, message) {
     var note = code === "model_unplaceable" ? "no node in this cluster can run it"
-      : code === "model_unavailable" && message.indexOf("no room") !== -1
+      : code === "model_unavailable" && message.indexOf("has no room to start") !== -1
         ? "no room in the cluster now" : "";
     Array.prototype.forEach.call(select.options, function (option) {
       if (note && option.value === model) {

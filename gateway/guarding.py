@@ -64,7 +64,7 @@ def breaker_metric(judge: str, state: breaker.State) -> None:
 
             from gateway import metrics
 
-            metrics._setup()  # the multiprocess mode, before any metric is made
+            metrics.setup()  # the multiprocess mode, before any metric is made
             _gauge = Gauge("llmgw_guard_judge_breaker",
                            "a judge's circuit breaker in this process: 1 for its state",
                            ("judge", "state"), multiprocess_mode="liveall",

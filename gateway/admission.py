@@ -233,6 +233,16 @@ class Admission:
         m = self._models.get(model)
         return m.gate.level if m else 0
 
+    def heard(self, done: Done) -> None:
+        """A request ended (``Gateway.done``, in its own task): an answered one's TTFT,
+        less what it waited at the door, joins the window."""
+        waited = held_for.get()
+        if waited:
+            held_for.set(0.0)
+        if done.status != 200 or done.ttft is None or not done.model:
+            return
+        self.record(done.model, max(0.0, done.ttft - waited))
+
     # The decision.
     def check(self, model: str, band: str, slo_ms: float) -> Decision:
         """Whether a request of ``band`` goes in now (steps the model's gate)."""
@@ -305,9 +315,4 @@ class Listener(_Listener):
         self.admission = admission
 
     def request(self, done: Done) -> None:
-        if done.status != 200 or done.ttft is None or not done.model:
-            return
-        waited = held_for.get()
-        if waited:
-            held_for.set(0.0)
-        self.admission.record(done.model, max(0.0, done.ttft - waited))
+        self.admission.heard(done)

@@ -13,7 +13,9 @@ database. The order of a request's life:
    (guard models for every key; external models unless the key lists them).
 4. What the model allows: ``max_tokens`` within ``max_output``; the prompt within its
    context length (``gateway.sizing``: the bytes first, the engine's ``/tokenize`` when
-   they cannot say); embeddings only from a model that has them.
+   they cannot say); embeddings only from a model that has them. Then admission by the
+   key's band (``gateway.admission``): while the model's TTFT p99 is past its ``slo``, a
+   lower band waits briefly, then 429 with ``Retry-After`` and ``x-should-retry``.
 5. The key's budgets: 429 with ``Retry-After``.
 6. A replica: the canary's share to the candidate, else the model's ready replicas by
    its routing profile (``gateway.balance``); with none ready the demand is recorded
@@ -47,15 +49,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
-from catalog import timeouts
+from gateway import admission, errors, listing, sizing, sse
 from gateway import body as bodies
-from gateway import errors, listing, sizing, sse
 from gateway.adapters import Placer
+from gateway.admission import Admission
 from gateway.cycle import CLIENT_GONE, Cycle, Receive, Scope, Send, bearer, read_body, send_error
 from gateway.errors import ApiError
 from gateway.guarding import Guard, Judging
@@ -64,6 +65,7 @@ from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer
 from gateway.outliers import Outliers, Rules
 from gateway.routing import Routing
+from gateway.options import Options
 from gateway.state import State
 from gateway.table import Key, Table
 from llmgw_admin.upstream import Upstream
@@ -75,37 +77,6 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def _setting(name: str, default: Any) -> Any:
     return getattr(settings, name, default)
-
-
-@dataclass
-class Options:
-    connect_timeout: float = 5.0
-    # The waits for a model whose catalog entry says nothing of its latency
-    # (catalog.timeouts): to the first token, between tokens, for a whole answer, and
-    # held while it wakes.
-    first_byte_timeout: float = 300.0
-    read_timeout: float = 300.0
-    whole_timeout: float = 1800.0
-    wake_wait: float = 600.0
-    max_body: int = 16 << 20
-    max_answer: int = 64 << 20
-    window_tokens: int = 16
-    window_ms: float = 150.0
-    retry_after: int = 10
-
-    @classmethod
-    def from_settings(cls) -> Options:
-        waits = timeouts.Defaults.from_settings(settings)
-        return cls(
-            connect_timeout=_setting("LLMGW_GATEWAY_CONNECT_TIMEOUT", 5.0),
-            first_byte_timeout=waits.first_token,
-            read_timeout=waits.between,
-            whole_timeout=waits.whole,
-            wake_wait=waits.wake,
-            max_body=_setting("LLMGW_GATEWAY_MAX_BODY", 16 << 20),
-            window_tokens=_setting("LLMGW_GUARD_WINDOW_TOKENS", 16),
-            window_ms=_setting("LLMGW_GUARD_WINDOW_MS", 150.0),
-        )
 
 
 class Gateway:
@@ -120,8 +91,11 @@ class Gateway:
         options: Options | None = None,
         observer: Observer | None = None,
         outliers: Outliers | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.app = app
+        # Lower bands held while a model is past its latency SLO (gateway.admission).
+        self.admission = admission or Admission.from_settings()
         self.state = state or State()
         self._upstream = upstream
         self._limits = limits
@@ -265,13 +239,15 @@ class Gateway:
         key; 499 when the client went away before its answer ended)."""
         key, first, engine = cycle.key, cycle.first_at, cycle.engine_first_at
         status = cycle.outcome or cycle.status or CLIENT_GONE
-        self.observer.request(Done(
+        ended = Done(
             model=cycle.model, status=status, owner=key.owner if key else "",
             key=key.name if key else "", seconds=time.perf_counter() - cycle.start_at,
             ttft=None if first is None else first - cycle.start_at,
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
-        ))  # fmt: skip
+        )  # fmt: skip
+        self.observer.request(ended)
+        self.admission.heard(ended)
         if key is None:
             if status == 401:
                 self.observer.unauthenticated()
@@ -302,6 +278,7 @@ class Gateway:
         """Answer a completion (or embeddings) request whose body is ``raw``."""
         self._read(cycle, kind, raw)  # 2. the body, 3. the name
         self._allows(cycle)  # 4. what the model allows
+        await self._admit(cycle)  # 4b. admission by the key's band (gateway.admission)
         await self._budget(cycle)  # 5. the key's budgets
         # A new step before routing (admission, say) goes here: it takes the cycle
         # and raises an ApiError (gateway.errors) to refuse.
@@ -343,6 +320,23 @@ class Gateway:
                 "max_completion_tokens" if "max_completion_tokens" in cycle.data else "max_tokens"
             )
             raise errors.max_tokens_exceeded(name, req.max_tokens, model.max_output)
+
+    async def _admit(self, cycle: Cycle) -> None:
+        """The key's band at the door: while the model's TTFT p99 over the last window
+        is past its slo, a lower band waits briefly, then 429 with ``Retry-After``."""
+        key, entry = cycle.key, cycle.entry
+        assert key is not None and entry is not None
+        model = entry.model
+        slo_ms = model.slo.ttft_p99 / 1e6
+        if not slo_ms:
+            return
+        decision = await self.admission.admit(model.name, key.priority, slo_ms)
+        if not decision.admit:
+            a = self.admission
+            raise errors.held_back(
+                admission.reason(key.priority, model.name, decision, a.window),
+                admission.retry_after(a.window),
+            )
 
     async def _budget(self, cycle: Cycle) -> None:
         """The key's budgets: 429 with ``Retry-After`` when over."""

@@ -243,6 +243,18 @@ def max_tokens_exceeded(name: str, asked: int, limit: int) -> ApiError:
     )
 
 
+def held_back(message: str, retry_after: int) -> ApiError:
+    """A lower band held at the door while its model is past its latency SLO
+    (``gateway.admission``): worth retrying after the window."""
+    return ApiError(
+        429,
+        message,
+        type="requests",
+        code="held_for_slo",
+        headers={"retry-after": str(max(1, retry_after)), "x-should-retry": "true"},
+    )
+
+
 def over_budget(key: str, tokens: int, budget: int, out: int) -> ApiError:
     """A request whose reservation alone is more than its key's whole token budget."""
     said = f", and {out} for its answer" if out else ""

@@ -294,6 +294,17 @@ if not 0 <= LLMGW_GATEWAY_EJECT_MAX_PERCENT <= 100:
     )
 # Requests a minute each console user may send from the Chat page (gateway/session.py).
 LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
+# Admission by priority band (gateway.admission): the window a model's TTFT p99 is read
+# over (seconds), how long a held request waits at the door before its 429, and how many
+# wait a model in one process at most.
+LLMGW_ADMISSION_WINDOW = envint("ADMISSION_WINDOW", 10)
+LLMGW_ADMISSION_QUEUE_MS = envint("ADMISSION_QUEUE_MS", 2000)
+LLMGW_ADMISSION_QUEUE_MAX = envint("ADMISSION_QUEUE_MAX", 100)
+if LLMGW_ADMISSION_WINDOW < 1 or LLMGW_ADMISSION_QUEUE_MS < 0 or LLMGW_ADMISSION_QUEUE_MAX < 0:
+    raise ImproperlyConfigured(
+        "LLMGW_ADMISSION_WINDOW is 1 s or more, LLMGW_ADMISSION_QUEUE_MS and "
+        "LLMGW_ADMISSION_QUEUE_MAX 0 or more"
+    )
 # External providers (catalog/rules/environment.py): the one folder an external model's
 # api_key_file may name a file in (unset: no key file is allowed), and the hosts a
 # provider may be reached at over plain http besides loopback.

@@ -46,6 +46,7 @@ from guard import live as guard_live
 from llmgw_admin import events
 from llmgw_admin.hub import hub
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role
+from updates import live as updates_live
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
             shown = [n for n in names if n in self.listed]
             if shown:
                 cells = await self._rendered(event, "ready", cluster_live.ready_changed, names)
-                await self.send(text_data="\n".join(cells[n] or "" for n in shown))
+                # Each model's "update available" badge beside its name (updates.live).
+                badges = await self._rendered(
+                    event, "update-badges", updates_live.badges_changed, names
+                )
+                await self.send(
+                    text_data="\n".join((cells[n] or "") + (badges[n] or "") for n in shown)
+                )
             return
         if self.model is not None:
             # A model's own page: its block only, empty when it has no replicas left.

@@ -189,3 +189,22 @@ def test_a_url_on_a_host_the_mirror_does_not_fetch_from_is_left_to_the_nodes(
     answer = _node_client(token).get("/api/v1/updates/mirror/models/chat/")
     assert answer.status_code == 404 and "LLMGW_MIRROR_HOSTS" in answer.json()["detail"]
     assert Fetch.objects.count() == 0 and hub.requests == []
+
+
+def test_the_catalog_list_shows_update_available_as_the_live_view_pushes_it(
+    hub: HubStandIn, viewer: Any
+) -> None:
+    from updates import checking, live
+
+    hub.commit("org/chat", {"model.safetensors": b"1" * 100})
+    store(gpu_model("chat"), gpu_model("other"))
+    mirror.run_fetch(mirror.request_fetch("chat", start=False).pk)
+    hub.commit("org/chat", {"model.safetensors": b"2" * 100})
+    checking.check_models(["chat"])
+    c = Client()
+    c.force_login(viewer)
+    page = c.get("/catalog/").content.decode()
+    pushed = live.badges_changed(["chat", "other"], False)
+    assert pushed["chat"].strip() in page and "update available" in pushed["chat"]
+    assert pushed["other"].strip() in page and "update available" not in pushed["other"]
+    assert f'id="{live.badge_dom_id("chat")}"' in pushed["chat"]

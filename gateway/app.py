@@ -63,9 +63,9 @@ from gateway.guarding import Guard, Judging
 from gateway.limits import LocalLimits
 from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer
+from gateway.options import Options
 from gateway.outliers import Outliers, Rules
 from gateway.routing import Routing
-from gateway.options import Options
 from gateway.state import State
 from gateway.table import Key, Table
 from llmgw_admin.upstream import Upstream

@@ -280,7 +280,7 @@ class Gateway:
         self._allows(cycle)  # 4. what the model allows
         await self._admit(cycle)  # 4b. admission by the key's band (gateway.admission)
         await self._budget(cycle)  # 5. the key's budgets
-        # A new step before routing (admission, say) goes here: it takes the cycle
+        # A new step before routing goes here, as admission above: it takes the cycle
         # and raises an ApiError (gateway.errors) to refuse.
         self.judging.start(cycle)  # 7. the guard on the request, beside the engine's start
         try:

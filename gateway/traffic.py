@@ -19,6 +19,11 @@ token reaching the gateway) is shown beside it, p50 and p99. Percentiles are rea
 from the summed histograms (the upper edge of the bucket the quantile falls in, so a
 "met" is never optimistic).
 
+Admission (``gateway.admission``) rides along too: an item carries ``bands``,
+``{band: [admitted, held]}`` for its second, when any request of the model met its gate;
+the window sums them per model and band over the span (the Traffic page's "admitted ·
+held" column).
+
 A process's replicas out of routing (``gateway.outliers``) ride along: each second it
 publishes (one with no traffic too, while any is out), a model's item carries
 ``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
@@ -41,6 +46,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import admission
 from gateway.observe import Done, Listener
 
 log = logging.getLogger(__name__)
@@ -142,6 +148,13 @@ class Traffic(Listener):
             out: dict[str, list[list[float]]] = {}
             for (model, replica), until in sorted(self.ejections.items()):
                 out.setdefault(model, []).append([replica, until])
+        # Admitted and held per band (gateway.admission), with the same seconds.
+        bands = admission.COUNTS.take(before)
+        for s, models in bands.items():
+            into = taken.setdefault(s, {})
+            for model in models:
+                if model not in into and len(into) < MAX_MODELS:
+                    into[model] = Bucket()
         if out:
             # The last second taken says what is out now (a second of its own if none).
             last = taken.setdefault(max(taken, default=before - 1), {})
@@ -154,6 +167,10 @@ class Traffic(Listener):
              "ttft": b.ttft, "engine_ttft": b.engine_ttft, "tpot": b.tpot}
             for s, models in sorted(taken.items()) for name, b in models.items()
         ]  # fmt: skip
+        for item in items:
+            counted = bands.get(item["second"], {}).get(item["model"])
+            if counted:
+                item["bands"] = counted
         if out:
             last_second = items[-1]["second"]
             for item in items:
@@ -245,6 +262,10 @@ class Window:
                                         "tpot": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
             for k in ("requests", "errors", "refusals", "tokens_out"):
                 s[k] += item[k]
+            for band, (took, held) in item.get("bands", {}).items():
+                pair = s.setdefault("bands", {}).setdefault(band, [0, 0])
+                pair[0] += took
+                pair[1] += held
             for k in ("ttft", "engine_ttft", "tpot"):
                 # A process of an older release sends no engine_ttft: none counted.
                 got = item.get(k) or [0] * (len(EDGES_MS) + 1)
@@ -262,6 +283,12 @@ class Window:
                 "engine_ttft_p50_ms": quantile(s["engine_ttft"], 0.5),
                 "engine_ttft_p99_ms": quantile(s["engine_ttft"], 0.99),
                 "tpot_p99_ms": quantile(s["tpot"], 0.99),
+                # Admission per band: [admitted, held] over the span, top band first.
+                "bands": [
+                    {"band": b, "admitted": s["bands"][b][0], "held": s["bands"][b][1]}
+                    for b in admission.BANDS
+                    if b in s.get("bands", {})
+                ],
             }
         return out
 
@@ -269,8 +296,17 @@ class Window:
 def _well_formed(item: dict[str, Any]) -> bool:
     ints = ("second", "requests", "errors", "refusals", "tokens_out")
     ejected = item.get("ejected", [])
+    bands = item.get("bands", {})
     return (
-        isinstance(ejected, list)
+        isinstance(bands, dict)
+        and all(
+            b in admission.RANK
+            and isinstance(v, list)
+            and len(v) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)
+            for b, v in bands.items()
+        )
+        and isinstance(ejected, list)
         and all(
             isinstance(e, list)
             and len(e) == 2

@@ -28,6 +28,9 @@ from tests.redisserver import start_for_run  # noqa: E402
 start_for_run()
 
 os.environ.setdefault("LLMGW_DATA_DIR", tempfile.mkdtemp(prefix="llmgw-test-"))
+# The registry (updates/registry.py): a closed port on loopback unless a test points it at
+# the Hub stand-in (tests/updates/hubstandin.py), so no test ever asks the real hub.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("LLMGW_SECRET_KEY", "test-only-not-secret")
 os.environ.setdefault("LLMGW_ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
 

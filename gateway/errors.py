@@ -122,12 +122,16 @@ def unplaceable(model: str, why: str) -> ApiError:
 def content_filter(direction: str, judge: str, categories: list[str]) -> ApiError:
     named = ", ".join(categories) if categories else "unsafe"
     what = "request" if direction == "request" else "answer"
-    return ApiError(
-        400,
+    return _guard_refused(
         f"The {what} was refused by the guard: judge '{judge}' found it unsafe ({named}).",
-        param="messages" if direction == "request" else None,
-        code="content_filter",
-        headers={"x-should-retry": "false"},
+        "messages" if direction == "request" else None,
+    )
+
+
+def _guard_refused(message: str, param: str | None = None) -> ApiError:
+    """The guard's refusal (or a text it cannot judge): retrying will not help."""
+    return ApiError(
+        400, message, param=param, code="content_filter", headers={"x-should-retry": "false"}
     )
 
 
@@ -279,23 +283,17 @@ def token_ids_unjudgeable(field: str) -> ApiError:
 
 def unjudged(direction: str) -> ApiError:
     """Every judge failed and the guard's policy fails closed."""
-    return ApiError(
-        400,
+    return _guard_refused(
         f"The {direction} could not be judged (every judge failed) and the guard's policy "
-        "fails closed: it was refused. Try again when the judges answer.",
-        code="content_filter",
-        headers={"x-should-retry": "false"},
+        "fails closed: it was refused. Try again when the judges answer."
     )
 
 
 def too_long_to_judge(direction: str, characters: int) -> ApiError:
     """A part of ``characters`` still too long for the judge: nothing unjudged passes."""
-    return ApiError(
-        400,
+    return _guard_refused(
         f"The {direction} could not be judged: {characters} characters of it are still too "
-        "long for the judge's context, and nothing unjudged is let through.",
-        code="content_filter",
-        headers={"x-should-retry": "false"},
+        "long for the judge's context, and nothing unjudged is let through."
     )
 
 

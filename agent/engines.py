@@ -149,20 +149,7 @@ def command_for(
     """
     bins = {**default_binaries(), **(binaries or {})}
     engine = replica.get("engine", "")
-    if engine not in ENGINES:
-        raise CommandError(f'engine "{engine}" is not one of {", ".join(ENGINES)}')
-    args = [str(a) for a in replica.get("args") or []]
-    why = unsafe_args(engine, args)
-    if why:
-        raise CommandError(why)
-    args = spelled(engine, args)
-    env = {str(k): str(v) for k, v in (replica.get("env") or {}).items()}
-    for key, value in env.items():
-        why = unsafe_env(key, engine, value)
-        if why:
-            raise CommandError(f"env {key} is not allowed: {why}")
-    if replica.get("kv_events") and engine != "vllm":
-        raise CommandError(f'kv_events is vLLM\'s; engine "{engine}" publishes no cache events')
+    args, env = _checked(replica, engine)
     paths = {a["name"]: (adapters or {}).get(a["name"], a["source"]) for a in _adapters(replica)}
     build = _BUILDERS[engine]
     argv, extra_env, health = build(
@@ -194,6 +181,25 @@ def command_for(
                 "KV index assumes; the index stays empty for this replica"
             )
     return Command(argv=argv + args, env=env, health_path=health, warnings=warnings)
+
+
+def _checked(replica: Mapping[str, Any], engine: str) -> tuple[list[str], dict[str, str]]:
+    """Return the profile's arguments (as the engine spells them) and environment, or
+    raise CommandError for an engine, argument, variable or kv_events it cannot have."""
+    if engine not in ENGINES:
+        raise CommandError(f'engine "{engine}" is not one of {", ".join(ENGINES)}')
+    args = [str(a) for a in replica.get("args") or []]
+    why = unsafe_args(engine, args)
+    if why:
+        raise CommandError(why)
+    env = {str(k): str(v) for k, v in (replica.get("env") or {}).items()}
+    for key, value in env.items():
+        why = unsafe_env(key, engine, value)
+        if why:
+            raise CommandError(f"env {key} is not allowed: {why}")
+    if replica.get("kv_events") and engine != "vllm":
+        raise CommandError(f'kv_events is vLLM\'s; engine "{engine}" publishes no cache events')
+    return spelled(engine, args), env
 
 
 # Arguments that undo what kv_events sets: events published, hashed as the router does.

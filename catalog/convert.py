@@ -48,54 +48,6 @@ def spec_from_instance(
         return list(children[group]) if group in children else _children(instance, group)
 
     i = instance
-    external = None
-    if i.external_url or i.external_model or i.external_api_key_file or i.external_peer:
-        external = spec.External(
-            url=i.external_url,
-            model=i.external_model,
-            api_key_file=i.external_api_key_file,
-            peer=i.external_peer,
-        )
-    canary = None
-    if (
-        i.canary_model
-        or i.canary_percent
-        or i.canary_min_requests
-        or i.canary_max_error_increase
-        or i.canary_max_ttft_ratio
-    ):
-        canary = spec.Canary(
-            model=i.canary_model,
-            percent=i.canary_percent,
-            min_requests=i.canary_min_requests,
-            max_error_increase=i.canary_max_error_increase,
-            max_ttft_ratio=i.canary_max_ttft_ratio,
-        )
-    eval_gate = None
-    if i.eval_suite or i.eval_min_score or i.eval_judge:
-        eval_gate = spec.EvalGate(
-            suite=i.eval_suite, min_score=i.eval_min_score, judge=i.eval_judge
-        )
-    guard = None
-    if i.guard_format or i.guard_categories:
-        guard = spec.GuardModel(format=i.guard_format, categories=list(i.guard_categories or []))
-    files = [f for f in rows("origin_files") if not f.previous]
-    previous_files = [f for f in rows("origin_files") if f.previous]
-    previous = None
-    if i.origin_previous_source or i.origin_previous_revision or previous_files:
-        previous = spec.PreviousOrigin(
-            source=i.origin_previous_source,
-            revision=i.origin_previous_revision,
-            files=[_origin_file(f) for f in previous_files],
-        )
-    origin = None
-    if i.origin_repo or i.origin_revision or files or previous:
-        origin = spec.Origin(
-            repo=i.origin_repo,
-            revision=i.origin_revision,
-            files=[_origin_file(f) for f in files],
-            previous=previous,
-        )
     return spec.Model(
         name=i.name,
         aliases=[a.name for a in rows("aliases")],
@@ -112,32 +64,17 @@ def spec_from_instance(
             )
             for p in rows("profiles")
         ],
-        scaling=spec.Scaling(
-            min=i.scaling_min,
-            max=i.scaling_max,
-            idle_timeout=i.scaling_idle_timeout,
-            schedule=[
-                spec.ScaleWindow(
-                    days=list(w.days or []),
-                    from_=w.from_time,
-                    to=w.to_time,
-                    min=w.min,
-                    max=w.max,
-                )
-                for w in rows("windows")
-            ],
-            prewarm=i.scaling_prewarm,
-        ),
+        scaling=_scaling(i, rows("windows")),
         class_=i.capacity_class,
         owner=i.owner,
-        external=external,
+        external=_external(i),
         adapters=[
             spec.Adapter(name=a.name, source=a.source, scale=a.scale) for a in rows("adapters")
         ],
         max_loaded_adapters=i.max_loaded_adapters,
         fallbacks=list(i.fallbacks or []),
-        canary=canary,
-        eval=eval_gate,
+        canary=_canary(i),
+        eval=_eval_gate(i),
         routing_profile=i.routing_profile,
         slo=spec.SLO(ttft_p99=i.slo_ttft_p99, tpot_p99=i.slo_tpot_p99),
         context_length=i.context_length,
@@ -148,8 +85,90 @@ def spec_from_instance(
             embeddings=i.capabilities_embeddings,
         ),
         role=i.role,
-        guard=guard,
-        origin=origin,
+        guard=_guard(i),
+        origin=_origin(i, rows("origin_files")),
+    )
+
+
+def _scaling(i: Any, windows: list[Any]) -> spec.Scaling:
+    """Return a row's scaling block, its schedule from its window rows."""
+    return spec.Scaling(
+        min=i.scaling_min,
+        max=i.scaling_max,
+        idle_timeout=i.scaling_idle_timeout,
+        schedule=[
+            spec.ScaleWindow(
+                days=list(w.days or []), from_=w.from_time, to=w.to_time, min=w.min, max=w.max
+            )
+            for w in windows
+        ],
+        prewarm=i.scaling_prewarm,
+    )
+
+
+def _external(i: Any) -> spec.External | None:
+    """Return a row's external block, or None when none of its columns is set."""
+    if not (i.external_url or i.external_model or i.external_api_key_file or i.external_peer):
+        return None
+    return spec.External(
+        url=i.external_url,
+        model=i.external_model,
+        api_key_file=i.external_api_key_file,
+        peer=i.external_peer,
+    )
+
+
+def _canary(i: Any) -> spec.Canary | None:
+    """Return a row's canary block, or None when none of its columns is set."""
+    if not (
+        i.canary_model
+        or i.canary_percent
+        or i.canary_min_requests
+        or i.canary_max_error_increase
+        or i.canary_max_ttft_ratio
+    ):
+        return None
+    return spec.Canary(
+        model=i.canary_model,
+        percent=i.canary_percent,
+        min_requests=i.canary_min_requests,
+        max_error_increase=i.canary_max_error_increase,
+        max_ttft_ratio=i.canary_max_ttft_ratio,
+    )
+
+
+def _eval_gate(i: Any) -> spec.EvalGate | None:
+    """Return a row's eval gate, or None when none of its columns is set."""
+    if not (i.eval_suite or i.eval_min_score or i.eval_judge):
+        return None
+    return spec.EvalGate(suite=i.eval_suite, min_score=i.eval_min_score, judge=i.eval_judge)
+
+
+def _guard(i: Any) -> spec.GuardModel | None:
+    """Return a row's guard block, or None when none of its columns is set."""
+    if not (i.guard_format or i.guard_categories):
+        return None
+    return spec.GuardModel(format=i.guard_format, categories=list(i.guard_categories or []))
+
+
+def _origin(i: Any, file_rows: list[Any]) -> spec.Origin | None:
+    """Return a row's origin block (with its previous one), or None when none is set."""
+    files = [f for f in file_rows if not f.previous]
+    previous_files = [f for f in file_rows if f.previous]
+    previous = None
+    if i.origin_previous_source or i.origin_previous_revision or previous_files:
+        previous = spec.PreviousOrigin(
+            source=i.origin_previous_source,
+            revision=i.origin_previous_revision,
+            files=[_origin_file(f) for f in previous_files],
+        )
+    if not (i.origin_repo or i.origin_revision or files or previous):
+        return None
+    return spec.Origin(
+        repo=i.origin_repo,
+        revision=i.origin_revision,
+        files=[_origin_file(f) for f in files],
+        previous=previous,
     )
 
 

@@ -161,6 +161,52 @@ def drain(node: Node, force: bool = False) -> Drained:
         return done
     specs = {m.name: rules.normalize(m) for m in stored_specs()}
     snap = snapshot(specs, unschedulable=frozenset({node.pk}))
+    plan = _plan_drain(here, specs, snap)
+    dark = _darkened(here, snap, plan)
+    if dark and not force:
+        raise DrainRefused(node.name, dark)
+    Node.objects.filter(pk=node.pk).update(cordoned=True)
+    events.changed(nodes=[node.pk])
+    served = {r.pk: r.model_id for r in here}
+    evict_now = [e for h in plan.held.values() for e in h.evictions]
+    if evict_now:
+        _evict(evict_now, node.name)
+    for r in plan.movers:
+        if r.pk not in plan.room and str(r.pk) not in plan.held:
+            continue
+        new = Replica.objects.create(
+            model_id=served[r.pk],
+            model_name=r.model_name,
+            replaces=r,
+            reason=f"replacing #{r.pk} from drained node {node.name}",
+        )
+        done.replacing[r.pk] = new.pk
+    stop_now = [r.pk for r in plan.stuck]
+    if stop_now:
+        stop_replicas(stop_now, f"node {node.name} drained (no room elsewhere)")
+    done.stopped = stop_now
+    done.dark = sorted(dark)
+    events.changed(models=[r.model_name for r in here])
+    wake.reconcile_soon()  # the replacements are placed elsewhere
+    return done
+
+
+@dataclass
+class _DrainPlan:
+    """Where a drained node's replicas would go: ``movers`` get a replacement (``room``:
+    placed; ``held``: waiting, patient, for room another model's last replica holds);
+    ``stuck`` have no room and stop now (``why``: placement's reason)."""
+
+    replaced: set[int]
+    movers: list[Replica]
+    room: set[int]
+    stuck: list[Replica]
+    held: dict[str, placement.Held]
+    why: dict[int, str]
+
+
+def _plan_drain(here: list[Replica], specs: dict[str, Any], snap: Any) -> _DrainPlan:
+    """Place replacements for the replicas ``here`` as the reconciler will, off the node."""
     replaced = {r.replaces_id for r in snap.replicas if r.desired and r.replaces_id is not None}
     movers = [r for r in here if r.pk not in replaced and r.model_name in specs]
     requests = [
@@ -172,7 +218,6 @@ def drain(node: Node, force: bool = False) -> Drained:
         )
         for r in movers
     ]
-    here_ids = {r.pk for r in here}
     ready: dict[str, set[int]] = defaultdict(set)
     for r in snap.replicas:
         if r.desired and r.state == ReplicaState.READY:
@@ -197,6 +242,13 @@ def drain(node: Node, force: bool = False) -> Drained:
             break
         stuck_ready |= now_stuck
     why = {int(u.key): u.told for u in result.unplaced}
+    return _DrainPlan(replaced, movers, room, stuck, held, why)
+
+
+def _darkened(here: list[Replica], snap: Any, plan: _DrainPlan) -> dict[str, str]:
+    """Return the models the drain would leave with no ready replica, and why."""
+    here_ids = {r.pk for r in here}
+    room, replaced, stuck, held, why = plan.room, plan.replaced, plan.stuck, plan.held, plan.why
     ready_elsewhere: dict[str, int] = defaultdict(int)
     for r in snap.replicas:
         if r.desired and r.state == ReplicaState.READY and r.pk not in here_ids:
@@ -228,32 +280,31 @@ def drain(node: Node, force: bool = False) -> Drained:
                     f"replacement of {old.model_name} #{old.pk}, and no other node could hold "
                     f"{e.model} ({h.nowhere[e.model]})",
                 )
-    if dark and not force:
-        raise DrainRefused(node.name, dark)
-    Node.objects.filter(pk=node.pk).update(cordoned=True)
-    events.changed(nodes=[node.pk])
-    served = {r.pk: r.model_id for r in here}
-    evict_now = [e for h in held.values() for e in h.evictions]
-    if evict_now:
-        _evict(evict_now, node.name)
-    for r in movers:
-        if r.pk not in room and str(r.pk) not in held:
-            continue
-        new = Replica.objects.create(
-            model_id=served[r.pk],
-            model_name=r.model_name,
-            replaces=r,
-            reason=f"replacing #{r.pk} from drained node {node.name}",
-        )
-        done.replacing[r.pk] = new.pk
-    stop_now = [r.pk for r in stuck]
-    if stop_now:
-        stop_replicas(stop_now, f"node {node.name} drained (no room elsewhere)")
-    done.stopped = stop_now
-    done.dark = sorted(dark)
-    events.changed(models=[r.model_name for r in here])
-    wake.reconcile_soon()  # the replacements are placed elsewhere
-    return done
+    return dark
+
+
+def _replace_elsewhere(
+    m: Any, snap: Snapshot, v: Replica, wanted: placement.Placement, for_key: str
+) -> int | None:
+    """Start a replacement for ``v`` (its model ``m``) where it has room without evicting,
+    off the nodes ``wanted`` is to take; return its pk, or None when there is no room."""
+    taken = {a.node for a in wanted.assignments}
+    request = placement.Request(
+        "spare", m.name, tuple(placement.profiles_from_spec(m)), _class_rank(m)
+    )
+    nodes = [replace_node(pn, schedulable=False) if pn.name in taken else pn for pn in snap.p_nodes]
+    trial = placement.place(nodes, snap.domains, snap.running, [request])
+    if not trial.placed or trial.evictions:
+        return None
+    new_pk = Replica.objects.create(
+        model_id=v.model_id,
+        model_name=v.model_name,
+        replaces=v,
+        reason=f"replacing #{v.pk} elsewhere: its room is wanted by {for_key}",
+    ).pk
+    events.changed(models=[v.model_name])
+    wake.reconcile_soon()  # placed at the next tick
+    return new_pk
 
 
 def _evict(evictions: list[placement.Eviction], node: str) -> None:
@@ -312,26 +363,7 @@ def spare_evicted(
         wanted = placed.get(e.for_key)
         new_pk = replaced.get(v.pk)
         if new_pk is None and v.model_name in specs and wanted is not None:
-            # Elsewhere: not on the nodes the request that evicts it is to take.
-            taken = {a.node for a in wanted.assignments}
-            m = specs[v.model_name]
-            request = placement.Request(
-                "spare", m.name, tuple(placement.profiles_from_spec(m)), _class_rank(m)
-            )
-            nodes = [
-                replace_node(pn, schedulable=False) if pn.name in taken else pn
-                for pn in snap.p_nodes
-            ]
-            trial = placement.place(nodes, snap.domains, snap.running, [request])
-            if trial.placed and not trial.evictions:
-                new_pk = Replica.objects.create(
-                    model_id=v.model_id,
-                    model_name=v.model_name,
-                    replaces=v,
-                    reason=f"replacing #{v.pk} elsewhere: its room is wanted by {e.for_key}",
-                ).pk
-                events.changed(models=[v.model_name])
-                wake.reconcile_soon()  # placed at the next tick
+            new_pk = _replace_elsewhere(specs[v.model_name], snap, v, wanted, e.for_key)
         if new_pk is not None:
             waits[e.for_key] = (
                 f"waiting for #{new_pk} to be ready on another node before evicting "

@@ -138,68 +138,72 @@ def read_set(
             add((key,), "unknown_key", f'unknown key "{key}": a set has {", ".join(SET_KEYS)}')
     name = _text(data, "name", (), add, required=True, limit=NAME_CHARS)
     description = _text(data, "description", (), add, required=False, limit=2000)
-    texts: list[LabelledText] = []
-    items = data.get("texts")
-    if "texts" not in data:
-        add((), "missing", 'no "texts": list the labelled texts under "texts:"')
-    elif not isinstance(items, list):
-        add(("texts",), "bad_type", f'"texts" is a list of texts, not {_kind(items)}')
-    elif not items:
-        add(("texts",), "empty", '"texts" is empty: list at least one labelled text')
-    else:
-        seen: dict[str, int] = {}
-        for i, item in enumerate(items):
-            path: tuple[PathPart, ...] = ("texts", i)
-            if not isinstance(item, dict):
-                add(path, "bad_type", f"a text is a mapping with text and label, not {_kind(item)}")
-                continue
-            for key in item:
-                if key not in TEXT_KEYS:
-                    add(
-                        (*path, key),
-                        "unknown_key",
-                        f'unknown key "{key}": a text has {", ".join(TEXT_KEYS)}',
-                    )
-            text = _text(item, "text", path, add, required=True, limit=MAX_TEXT_CHARS, strip=False)
-            label = _text(item, "label", path, add, required=True, limit=NAME_CHARS)
-            category = _text(item, "category", path, add, required=False, limit=NAME_CHARS)
-            note = _text(item, "note", path, add, required=False, limit=2000)
-            answer = _text(
-                item, "answer", path, add, required=False, limit=MAX_TEXT_CHARS, strip=False
-            )
-            if label is not None and label not in LABELS:
-                add(
-                    (*path, "label"),
-                    "bad_value",
-                    f'label "{label}" is not {" or ".join(LABELS)}',
-                )
-                label = None
-            if text is not None and answer is not None:
-                key = text.strip() + ("\0" + answer.strip() if "answer" in item else "")
-                if key in seen:
-                    what = "text and answer" if "answer" in item else "text"
-                    add(
-                        (*path, "text"),
-                        "duplicate",
-                        f"this {what} repeats texts[{seen[key]}]: list each {what} once",
-                    )
-                    continue
-                seen[key] = i
-            if text is None or label is None or category is None or note is None or answer is None:
-                continue
-            texts.append(
-                LabelledText(
-                    text,
-                    label,
-                    category,
-                    note,
-                    doc.line(path) or 0,
-                    answer if "answer" in item else None,
-                )
-            )
+    texts = _read_texts(data, add, doc)
     if out or name is None or description is None:
         return None, out
     return LabelledSet(name, description, tuple(texts)), []
+
+
+def _read_texts(data: dict[str, Any], add: Any, doc: Any) -> list[LabelledText]:
+    """Return the set's labelled texts that have no problem; ``add`` each problem."""
+    items = data.get("texts")
+    if "texts" not in data:
+        add((), "missing", 'no "texts": list the labelled texts under "texts:"')
+        return []
+    if not isinstance(items, list):
+        add(("texts",), "bad_type", f'"texts" is a list of texts, not {_kind(items)}')
+        return []
+    if not items:
+        add(("texts",), "empty", '"texts" is empty: list at least one labelled text')
+        return []
+    texts: list[LabelledText] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        found = _read_one(item, ("texts", i), add, doc, seen)
+        if found is not None:
+            texts.append(found)
+    return texts
+
+
+def _read_one(
+    item: Any, path: tuple[PathPart, ...], add: Any, doc: Any, seen: dict[str, int]
+) -> LabelledText | None:
+    """Return one labelled text, or None (its problems ``add``-ed); ``seen``: the texts
+    (and answers) read so far, by where, so a repeated one is told."""
+    if not isinstance(item, dict):
+        add(path, "bad_type", f"a text is a mapping with text and label, not {_kind(item)}")
+        return None
+    for key in item:
+        if key not in TEXT_KEYS:
+            add(
+                (*path, key),
+                "unknown_key",
+                f'unknown key "{key}": a text has {", ".join(TEXT_KEYS)}',
+            )
+    text = _text(item, "text", path, add, required=True, limit=MAX_TEXT_CHARS, strip=False)
+    label = _text(item, "label", path, add, required=True, limit=NAME_CHARS)
+    category = _text(item, "category", path, add, required=False, limit=NAME_CHARS)
+    note = _text(item, "note", path, add, required=False, limit=2000)
+    answer = _text(item, "answer", path, add, required=False, limit=MAX_TEXT_CHARS, strip=False)
+    if label is not None and label not in LABELS:
+        add((*path, "label"), "bad_value", f'label "{label}" is not {" or ".join(LABELS)}')
+        label = None
+    if text is not None and answer is not None:
+        key = text.strip() + ("\0" + answer.strip() if "answer" in item else "")
+        if key in seen:
+            what = "text and answer" if "answer" in item else "text"
+            add(
+                (*path, "text"),
+                "duplicate",
+                f"this {what} repeats texts[{seen[key]}]: list each {what} once",
+            )
+            return None
+        seen[key] = int(path[-1])
+    if text is None or label is None or category is None or note is None or answer is None:
+        return None
+    return LabelledText(
+        text, label, category, note, doc.line(path) or 0, answer if "answer" in item else None
+    )
 
 
 def _text(

@@ -244,14 +244,21 @@ def complete(
         )
     if problems:
         return None, [], problems
+    categories = _closed(kept, reportable, changes)
+    return replace(policy, refuse_categories=tuple(categories)), changes, []
+
+
+def _closed(kept: list[str], reportable: set[str], changes: list[Replacement]) -> list[str]:
+    """Return ``kept`` once each (without case) with every equivalent a listed judge
+    reports added, equivalents of equivalents too (Indiscriminate Weapons -> Violent ->
+    Violent Crimes), so the result is its own completion; each addition goes in
+    ``changes``."""
     categories: list[str] = []
     have: set[str] = set()
     for c in kept:
         if c.casefold() not in have:
             categories.append(c)
             have.add(c.casefold())
-    # Equivalents of equivalents too (Indiscriminate Weapons -> Violent -> Violent
-    # Crimes), so the result is its own completion.
     i = 0
     while i < len(categories):
         category = categories[i]
@@ -265,7 +272,7 @@ def complete(
             have |= {c.casefold() for c in added}
             changes.append(Replacement(category, added, added=True))
         i += 1
-    return replace(policy, refuse_categories=tuple(categories)), changes, []
+    return categories
 
 
 def to_data(policy: Policy) -> dict[str, Any]:

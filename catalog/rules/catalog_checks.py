@@ -7,7 +7,7 @@ and ``build_catalog`` makes one only from a catalog that passes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from catalog.problems import Problem
@@ -37,8 +37,30 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
     def add(i: int, path: Path, code: str, message: str) -> None:
         out.append(Problem(path, message, code, model=ms[i].name, index=i))
 
-    # The first of two models of one name is the one the rest are checked against;
-    # the second is only reported, as checking it would repeat every clash.
+    first = _names(ms, add)
+    kept = [(i, ms[i]) for i in first.values()]
+    aliases = _aliases(kept, first, add)
+    _adapters(kept, first, aliases, add)
+
+    def resolve(name: str) -> Model | None:
+        base = name if name in first else aliases.get(name)
+        return ms[first[base]] if base is not None else None
+
+    _fallbacks(kept, resolve, add)
+    _canaries(kept, resolve, add)
+    return out
+
+
+Add = Callable[[int, Path, str, str], None]
+Resolve = Callable[[str], "Model | None"]
+
+
+def _names(ms: list[Model], add: Add) -> dict[str, int]:
+    """Return where each name is first declared; report the second of two of one name.
+
+    The first is the one the rest are checked against; the second is only reported, as
+    checking it would repeat every clash.
+    """
     first: dict[str, int] = {}
     for i, m in enumerate(ms):
         if m.name in first:
@@ -51,7 +73,11 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
             )
         elif m.name:
             first[m.name] = i
-    kept = [(i, ms[i]) for i in first.values()]
+    return first
+
+
+def _aliases(kept: list[tuple[int, Model]], first: dict[str, int], add: Add) -> dict[str, str]:
+    """Return each alias's model; report an alias that is a name or another's alias."""
     aliases: dict[str, str] = {}
     for i, m in kept:
         for j, a in enumerate(m.aliases):
@@ -75,6 +101,13 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
                 )
             else:
                 aliases[a] = m.name
+    return aliases
+
+
+def _adapters(
+    kept: list[tuple[int, Model]], first: dict[str, int], aliases: dict[str, str], add: Add
+) -> None:
+    """Report an adapter whose name is a model's, an alias or another model's adapter."""
     adapters: dict[str, str] = {}
     for i, m in kept:
         own: set[str] = set()
@@ -100,10 +133,9 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
                 "model names share one namespace",
             )
 
-    def resolve(name: str) -> Model | None:
-        base = name if name in first else aliases.get(name)
-        return ms[first[base]] if base is not None else None
 
+def _fallbacks(kept: list[tuple[int, Model]], resolve: Resolve, add: Add) -> None:
+    """Report a fallback that is not in the catalog, or is a judge."""
     for i, m in kept:
         for j, f in enumerate(m.fallbacks):
             target = resolve(f)
@@ -123,9 +155,11 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
                     f'fallback "{f}" is a guard model, which judges traffic and answers no '
                     "client: name another model",
                 )
-    # A canary is a candidate for this model's place: another catalog model, not a
-    # judge, not itself tested against a canary, and the candidate of one model only.
-    # Its percent is check_model's.
+
+
+def _canaries(kept: list[tuple[int, Model]], resolve: Resolve, add: Add) -> None:
+    """Report a canary that is not another catalog model, a judge, tested against a canary
+    itself, or the candidate of two models. Its percent is check_model's."""
     canary_of: dict[str, str] = {}
     for i, m in kept:
         if m.canary is None or not m.canary.model:
@@ -147,7 +181,6 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
             canary_of[target.name] = m.name
             continue
         add(i, ("canary", "model"), code, f"{what}: name another catalog model")
-    return out
 
 
 class Catalog:

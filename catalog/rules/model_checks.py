@@ -142,6 +142,11 @@ def _check_adapters(m: Model, out: _Found) -> None:
                 "runtime_lora_env",
                 f"{_label(p, i)}: set max_loaded_adapters rather than {RUNTIME_LORA_ENV}",
             )
+    _check_each_adapter(m, out)
+
+
+def _check_each_adapter(m: Model, out: _Found) -> None:
+    """Check each adapter: its name and source, its name's uniqueness, its scale."""
     seen: set[str] = set()
     for j, a in enumerate(m.adapters):
         at: Path = ("adapters", j)

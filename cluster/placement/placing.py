@@ -24,6 +24,7 @@ from cluster.placement.evicting import evict_for
 from cluster.placement.finding import find
 from cluster.placement.reasons import never, why_unplaced
 from cluster.placement.state import Need, State
+from cluster.quotas import Book, Ledger, held_by, need_of
 
 
 def place(
@@ -32,30 +33,50 @@ def place(
     running: Iterable[Running],
     requests: Iterable[Request],
     cpu_core_watts: float = DEFAULT_CPU_CORE_WATTS,
+    quotas: Book | None = None,
 ) -> Plan:
     """Return where each request goes, what it evicts, and why the rest fit nowhere.
+
+    With ``quotas`` (``cluster.quotas``), each replica counts against its model's owner's
+    quota and its parents'; a request whose profiles would all pass one waits with the
+    quota named, and evicts nothing for it.
 
     Raises ValueError for two nodes of one name, two running replicas of one id or two
     requests of one key.
     """
-    state = State(list(nodes), list(domains), cpu_core_watts)
-    state.hold(list(running))
+    nodes = list(nodes)
+    running = list(running)
+    state = State(nodes, list(domains), cpu_core_watts)
+    state.hold(running)
+    ledger = None
+    if quotas is not None:
+        ledger = Ledger(quotas)
+        ledger.classes = {(n.name, c.index): c.gpu_class for n in nodes for c in n.cards}
+        for r in running:
+            ledger.take(r.model, *held_by(r.assignments, ledger.classes))
     reqs = list(requests)
     if len({r.key for r in reqs}) != len(reqs):
         raise ValueError("two requests share a key")
     reqs.sort(key=lambda r: (-r.class_rank, -r.priority, r.key))
     plan = Plan()
     for req in reqs:
-        place_one(state, req, plan)
+        place_one(state, req, plan, ledger)
     return plan
 
 
-def place_one(state: State, req: Request, plan: Plan) -> None:
+def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = None) -> None:
     """Place one request, evicting if it must, or record why it cannot be placed."""
     if not req.profiles:
         plan.unplaced.append(Unplaced(req.key, req.model, "has no profiles to place"))
         return
     profiles = sorted(req.profiles, key=lambda p: -p.priority)
+    if ledger is not None:
+        # Only the profiles within the owner's quotas (and its parents') are tried.
+        whys = [ledger.refusal(req.model, *_need(p)) for p in profiles]
+        if all(whys):
+            plan.unplaced.append(Unplaced(req.key, req.model, str(whys[0])))
+            return
+        profiles = [p for p, why in zip(profiles, whys, strict=True) if why is None]
     tries = [(p, state.need(p), state.eligible(p)) for p in profiles]
     memo_key = (req.class_rank, req.protect, *(profile_key(p) for p in profiles))
     fetched = sum(state.fetched.get(p.source, 0) for p in profiles)
@@ -73,6 +94,8 @@ def place_one(state: State, req: Request, plan: Plan) -> None:
         chosen = find(state, need, elig, req.model)
         if chosen:
             _record(state, req, p, need, chosen, plan)
+            if ledger is not None:
+                ledger.take(req.model, *_need(p))
             return
     for p, need, elig in tries:
         if (need.level and need.level not in FACILITY_LEVELS) or (
@@ -84,6 +107,8 @@ def place_one(state: State, req: Request, plan: Plan) -> None:
             chosen, victims = found
             where = ", ".join(state.nodes[i].name for i in chosen)
             for v in victims:
+                if ledger is not None:
+                    ledger.give_back(v.model, *held_by(v.assignments, ledger.classes))
                 del state.alive[v.id]
                 state.count_model(v.model, {h.i for h in state.holds_of[v.id]}, -1)
                 for i in {h.i for h in state.holds_of[v.id]}:
@@ -99,10 +124,17 @@ def place_one(state: State, req: Request, plan: Plan) -> None:
                 )
             state.epoch += 1
             _record(state, req, p, need, chosen, plan)
+            if ledger is not None:
+                ledger.take(req.model, *_need(p))
             return
     reason = why_unplaced(state, req, tries)
     state.failed[memo_key] = (state.epoch, fetched, state.commits, reason)
     plan.unplaced.append(Unplaced(req.key, req.model, reason, never(state, req) or ""))
+
+
+def _need(p: PlacementProfile) -> tuple[str, int]:
+    """What one replica of ``p`` counts against its owner's quotas."""
+    return need_of(p.gpu_class, p.gpus_per_node, p.nodes, p.cpu_cores)
 
 
 def _record(

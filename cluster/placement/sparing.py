@@ -17,6 +17,7 @@ from cluster.placement.data import (
     Running,
 )
 from cluster.placement.placing import place
+from cluster.quotas import Book
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def place_sparing(
     patient: Iterable[str],
     profiles: Mapping[str, tuple[PlacementProfile, ...]],
     cpu_core_watts: float = DEFAULT_CPU_CORE_WATTS,
+    quotas: Book | None = None,
 ) -> tuple[Plan, dict[str, Held]]:
     """Place as ``place`` does, but a patient request never darkens another model.
 
@@ -88,6 +90,7 @@ def place_sparing(
                 running,
                 [Request("spare", model, profiles[model], rank)],
                 cpu_core_watts,
+                quotas,
             )
             why = None if trial.placed and not trial.evictions else _why(trial)
         nowhere_memo[(model, taken)] = why
@@ -95,7 +98,7 @@ def place_sparing(
 
     # Each round protects at least one more replica from one request: it ends.
     while True:
-        plan = place(nodes, domains, running, reqs, cpu_core_watts)
+        plan = place(nodes, domains, running, reqs, cpu_core_watts, quotas)
         gone = {e.running_id for e in plan.evictions}
         placed = {p.key: p for p in plan.placed}
         darkening: dict[str, list[tuple[Eviction, str]]] = {}

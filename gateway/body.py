@@ -264,61 +264,13 @@ def read(kind: str, body: Any) -> Request:
         max_tokens = _positive_int(body, "max_tokens")
     tokens: int | None = None
     if kind == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BodyError("messages must be a non-empty list", "messages")
-        # The tools first, where chat templates put them: in the prompt's lead.
-        texts: list[str] = _definitions(body)
-        leading: list[str] = []
-        past_leading = False
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise BodyError(f"messages[{i}] must be an object", f"messages[{i}]")
-            role = message.get("role")
-            if not isinstance(role, str):
-                raise BodyError(f"messages[{i}].role must be a string", f"messages[{i}].role")
-            content, read_text = _message_text(message, f"messages[{i}]")
-            texts.append(read_text)
-            # The leading system prompts and the first other message make the key.
-            if not past_leading:
-                leading.append(content)
-                past_leading = role != "system"
-        text = "\n".join(texts)
-        affinity = "\x00".join(leading)[:AFFINITY_CHARS]
-        count = len(messages)
+        text, affinity, count = _chat(body)
     elif kind == COMPLETION:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            text = "\n".join(prompt)
-        elif isinstance(prompt, str):
-            text = prompt
-        elif (tokens := _token_count(prompt)) is not None:
-            text = ""
-        else:
-            raise BodyError(
-                "prompt must be a string, a list of strings, or token ids (a list of whole "
-                "numbers, or a list of such lists)",
-                "prompt",
-            )
-        affinity = text[:AFFINITY_CHARS]
-        count = 1
+        text, tokens = _prompt(body.get("prompt"), "prompt", "a list of strings")
+        affinity, count = text[:AFFINITY_CHARS], 1
     elif kind == EMBEDDING:
-        value = body.get("input")
-        if isinstance(value, str):
-            text = value
-        elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
-            text = "\n".join(value)
-        elif (tokens := _token_count(value)) is not None:
-            text = ""
-        else:
-            raise BodyError(
-                "input must be a string, a non-empty list of strings, or token ids (a list "
-                "of whole numbers, or a list of such lists)",
-                "input",
-            )
-        affinity = ""
-        count = 1
-        stream = False
+        text, tokens = _prompt(body.get("input"), "input", "a non-empty list of strings")
+        affinity, count, stream = "", 1, False
     else:  # pragma: no cover - the route table names only the three kinds
         raise BodyError(f"unknown kind {kind}")
     return Request(
@@ -333,6 +285,49 @@ def read(kind: str, body: Any) -> Request:
         messages=count,
         token_ids=tokens is not None,
         tools_param=_tools_param(body),
+    )
+
+
+def _chat(body: dict[str, Any]) -> tuple[str, str, int]:
+    """Return a chat's text (tools first, where chat templates put them, then each
+    message's), its affinity key (the leading system prompts and the first other
+    message) and how many messages it has."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BodyError("messages must be a non-empty list", "messages")
+    texts: list[str] = _definitions(body)
+    leading: list[str] = []
+    past_leading = False
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BodyError(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise BodyError(f"messages[{i}].role must be a string", f"messages[{i}].role")
+        content, read_text = _message_text(message, f"messages[{i}]")
+        texts.append(read_text)
+        if not past_leading:
+            leading.append(content)
+            past_leading = role != "system"
+    return "\n".join(texts), "\x00".join(leading)[:AFFINITY_CHARS], len(messages)
+
+
+def _prompt(value: Any, field: str, strings: str) -> tuple[str, int | None]:
+    """Return a completion's prompt or an embedding's input as text, or "" and its count
+    of token ids; ``strings`` says which lists of strings it takes."""
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, list) and value and all(isinstance(p, str) for p in value):
+        return "\n".join(value), None
+    if field == "prompt" and value == []:
+        return "", None  # an empty list of strings, as a completion takes it
+    tokens = _token_count(value)
+    if tokens is not None:
+        return "", tokens
+    raise BodyError(
+        f"{field} must be a string, {strings}, or token ids (a list of whole numbers, or a "
+        "list of such lists)",
+        field,
     )
 
 

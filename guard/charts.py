@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -206,6 +206,53 @@ def nice_ceiling(value: float) -> float:
     return float(10 * power)  # pragma: no cover - the loop always returns
 
 
+def _deltas(samples: Sequence[Sample]) -> list[tuple[Sample, Sample, dict[str, int]]]:
+    """Return each interval between samples with its verdicts' counts; a counter that went
+    down (the records were reset) starts the interval from zero."""
+    deltas = []
+    for before, after in zip(samples, samples[1:], strict=False):
+        counts = {}
+        for verdict, attr in (
+            ("safe", "safe"),
+            ("controversial", "controversial"),
+            ("unsafe", "unsafe"),
+            ("failed", "failures"),
+        ):
+            a, b = getattr(before, attr), getattr(after, attr)
+            counts[verdict] = b - a if b >= a else b
+        deltas.append((before, after, counts))
+    return deltas
+
+
+def _bar(
+    before: Sample,
+    after: Sample,
+    counts: dict[str, int],
+    x_of: Callable[[datetime], float],
+    top_count: float,
+    bottom: float,
+    room: float,
+    right: float,
+) -> Bar:
+    """Return one interval's bar: its verdicts stacked from ``bottom``, and its title."""
+    x0, x1 = x_of(before.at), x_of(after.at)
+    bar_width = max(round(x1 - x0 - 1, 1), 1.0)
+    parts = []
+    y = float(bottom)
+    for verdict in VERDICT_ORDER:
+        n = counts[verdict]
+        if n <= 0:
+            continue
+        h = round(n / top_count * room, 1)
+        y = round(y - h, 1)
+        parts.append((verdict, y, h))
+    said = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER if counts[v])
+    title = f"{before.at:%H:%M:%S}–{after.at:%H:%M:%S}: {said or 'nothing'}"
+    # Samples at one instant at the right edge still get a visible bar inside the plot.
+    bar_x = min(round(x0 + 0.5, 1), right - bar_width)
+    return Bar(bar_x, bar_width, parts, title)
+
+
 def timeline(samples: Sequence[Sample], width: int = 960) -> Timeline:
     """Return the layout of a judge's samples (oldest first), each at its time.
 
@@ -245,39 +292,13 @@ def timeline(samples: Sequence[Sample], width: int = 960) -> Timeline:
     failed = [(x_of(s.at), f"{s.at:%Y-%m-%d %H:%M:%S}: probe failed") for s in samples if not s.ok]
     line = " ".join(f"{x},{y}" for x, y, _ in points)
 
-    deltas = []
-    for before, after in zip(samples, samples[1:], strict=False):
-        counts = {}
-        for verdict, attr in (
-            ("safe", "safe"),
-            ("controversial", "controversial"),
-            ("unsafe", "unsafe"),
-            ("failed", "failures"),
-        ):
-            a, b = getattr(before, attr), getattr(after, attr)
-            counts[verdict] = b - a if b >= a else b
-        deltas.append((before, after, counts))
+    deltas = _deltas(samples)
     busiest = max((sum(c.values()) for _, _, c in deltas), default=0)
     top_count = nice_ceiling(busiest) if busiest else 1.0
-    bars = []
     room = bars_bottom - bars_top
-    for before, after, counts in deltas:
-        x0, x1 = x_of(before.at), x_of(after.at)
-        bar_width = max(round(x1 - x0 - 1, 1), 1.0)
-        parts = []
-        y = float(bars_bottom)
-        for verdict in VERDICT_ORDER:
-            n = counts[verdict]
-            if n <= 0:
-                continue
-            h = round(n / top_count * room, 1)
-            y = round(y - h, 1)
-            parts.append((verdict, y, h))
-        said = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER if counts[v])
-        title = f"{before.at:%H:%M:%S}–{after.at:%H:%M:%S}: {said or 'nothing'}"
-        # Samples at one instant at the right edge still get a visible bar inside the plot.
-        bar_x = min(round(x0 + 0.5, 1), right - bar_width)
-        bars.append(Bar(bar_x, bar_width, parts, title))
+    bars = [
+        _bar(b, a, counts, x_of, top_count, bars_bottom, room, right) for b, a, counts in deltas
+    ]
     latency_ticks = [(y_of(v), f"{v:g} ms") for v in (0, top_ms / 2, top_ms)]
     count_ticks = [(round(bars_bottom - v / top_count * room, 1), f"{v:g}") for v in (0, top_count)]
     time_ticks = [(x_of(start), f"{start:%m-%d %H:%M}")]

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -168,7 +169,7 @@ def request_fetch(
                 model=model_name,
                 source=source,
                 state=FetchState.DONE,
-                finished__gte=timezone.now() - timezone.timedelta(seconds=FRESH_S),
+                finished__gte=timezone.now() - timedelta(seconds=FRESH_S),
             )
             .order_by("-finished")
             .first()
@@ -250,7 +251,7 @@ def _in_thread(pk: int) -> None:
 def resume_stale(now: float | None = None) -> list[int]:
     """Queue again the fetches a dead worker left: queued or fetching, unmoved for
     ``STALE_AFTER_S``. Return their ids (the periodic check calls this)."""
-    cutoff = timezone.now() - timezone.timedelta(seconds=STALE_AFTER_S)
+    cutoff = timezone.now() - timedelta(seconds=STALE_AFTER_S)
     ids = list(
         Fetch.objects.filter(state__in=ACTIVE, updated__lt=cutoff).values_list("pk", flat=True)
     )

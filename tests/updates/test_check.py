@@ -120,3 +120,28 @@ def test_every_model_with_an_origin_is_checked_when_none_is_named(
     _mirrored(hub, BASE)
     store(gpu_model("other"))  # no origin: not checked
     assert [r.model for r in checking.check_models()] == ["chat"]
+
+
+@pytest.mark.django_db
+def test_the_periodic_job_checks_every_model_with_an_origin_and_resumes_a_dead_fetch(
+    hub: HubStandIn,
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from updates import tasks
+    from updates.models import Fetch, UpdateCheck
+
+    _mirrored(hub, BASE)
+    hub.commit("org/chat", {"model.safetensors": b"w2" * 500}, keep=True)
+    store(gpu_model("left"))
+    hub.commit("org/left", {"model.safetensors": b"l" * 10})
+    left = mirror.request_fetch("left", start=False)
+    Fetch.objects.filter(pk=left.pk).update(
+        state="fetching", updated=timezone.now() - timedelta(minutes=10)
+    )
+    assert tasks.check_for_updates() == 1
+    assert UpdateCheck.objects.get(model="chat").state == "available"
+    # Taken up again (queued for a worker): its row was moved.
+    assert Fetch.objects.get(pk=left.pk).updated > timezone.now() - timedelta(minutes=1)

@@ -392,9 +392,7 @@ def _detail_context(
         "profile_rows": profile_table(m.profiles),
         # How long the gateway waits on this model, and why (catalog.timeouts).
         "gateway_waits": (
-            []
-            if m.role == "guard"
-            else timeouts.explain(m, timeouts.site_defaults())
+            [] if m.role == "guard" else timeouts.explain(m, timeouts.site_defaults())
         ),
         "durations": {
             key: format_duration(value) if value else ""

@@ -55,9 +55,7 @@ def key(model: Any) -> str:
     """The key to send ``model``'s provider ("" when it names no key file); ``Refused``
     when the provider must not be asked."""
     ext = model.external
-    why = environment.url_problem(
-        ext.url, frozenset(settings.LLMGW_EXTERNAL_HTTP_HOSTS)
-    )
+    why = environment.url_problem(ext.url, frozenset(settings.LLMGW_EXTERNAL_HTTP_HOSTS))
     if why:
         raise Refused(model.name, f"external url {ext.url!r} {why}")
     if not ext.api_key_file:

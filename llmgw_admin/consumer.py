@@ -304,7 +304,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             html = rendered.get(self.model) or await database_sync_to_async(
                 cluster_live.render_model
             )(None, self.can_act, self.model)
-            await self.send(text_data=html)
+            # Its weights and updates panel too: a fetch's progress, a check's result.
+            panel = await self._rendered(
+                event, "update-panels", updates_live.panel_pokes, [self.model]
+            )
+            await self.send(text_data=html + (panel.get(self.model) or ""))
             return
         rendered = await self._rendered(event, "models", cluster_live.models_changed, names)
         parts = [rendered[("unplaced",)] or ""]

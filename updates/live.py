@@ -34,6 +34,22 @@ def render_badge(name: str, check: UpdateCheck | None) -> str:
     )
 
 
+def panel_pokes(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    """Return, by name, what tells a model's page to ask for its updates panel at once (a
+    fetch moved, a check ended): an element swapped into the panel's holder that asks for
+    the panel when htmx loads it. The page asks with its own session, so the panel is the
+    user's (an operator's buttons, the update flow's lines), as its own refresh shows it."""
+    from django.urls import reverse
+
+    return {
+        name: render_to_string(
+            "updates/partials/panel_poke.html",
+            {"url": reverse("updates:model_panel", args=[name])},
+        )
+        for name in names
+    }
+
+
 def badges_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
     """Return each named model's badge, by name (the catalog list's live view)."""
     states = update_states(names)

@@ -62,3 +62,27 @@ async def test_the_catalog_list_hears_update_available(hub: HubStandIn, viewer: 
             break
     assert f'id="{badge}"' in frame and "update available" in frame
     await comm.disconnect()
+
+
+async def test_a_model_page_is_told_to_ask_for_its_panel_when_a_check_ends(
+    hub: HubStandIn, viewer: Any
+) -> None:
+    from llmgw_admin.asgi import application
+
+    cookie = await sync_to_async(_prepare)(hub, viewer)
+    comm = WebsocketCommunicator(
+        application,
+        "/ws/live/models/?model=chat",
+        headers=[(b"origin", b"http://localhost"), cookie],
+    )
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    await comm.receive_from(timeout=10)  # the snapshot
+    await sync_to_async(checking.check_models)(["chat"])
+    for _ in range(5):
+        frame = await comm.receive_from(timeout=10)
+        if 'id="updates-panel-poke"' in frame:
+            break
+    # The page is told to ask for its panel (with its own session: the viewer's panel).
+    assert 'hx-get="/updates/models/chat/panel/"' in frame and 'hx-trigger="load"' in frame
+    await comm.disconnect()

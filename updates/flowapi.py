@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from catalog.choices import Surface
 from llmgw_admin.api import problems_response
 from updates import cli, flow, run
-from updates.models import UpdateRun, UpdateState
+from updates.models import UpdateRun
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,9 @@ _RUN = inline_serializer(
     {
         "id": serializers.IntegerField(),
         "model": serializers.CharField(),
-        "state": serializers.ChoiceField(choices=UpdateState.choices),
-        "step": serializers.ChoiceField(choices=[(s, s) for s in flow.STEPS]),
+        # Text, not enums: "state" names other choice sets in the schema already.
+        "state": serializers.CharField(help_text="running, waiting, promoted or failed"),
+        "step": serializers.CharField(help_text="fetch, candidate, eval, canary or promote"),
         "candidate": serializers.CharField(),
         "revision": serializers.CharField(),
         "commit": serializers.CharField(),

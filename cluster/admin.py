@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from cluster import services
-from cluster.models import Node
+from cluster.models import Node, Quota
 from llmgw_admin.roles import OPERATOR, RoleAdminMixin
 
 
@@ -57,3 +57,32 @@ class NodeAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             "next agent to join under its name takes it",
             messages.SUCCESS,
         )
+
+
+@admin.register(Quota)
+class QuotaAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Capacity quotas per owner (``cluster.quotas``): checked by the model's ``clean``
+    (the same check the console, the API and the command make), logged on each change."""
+
+    list_display = ("owner", "parent", "cards", "cpu_cores", "updated")
+    search_fields = ("owner", "parent")
+    fields = ("owner", "parent", "cards", "cpu_cores")
+
+    def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
+        from cluster import tenancy, wake
+
+        super().save_model(request, obj, form, change)
+        services.log_action(request.user, "quota set", obj.owner, tenancy.describe(obj), "admin")
+        wake.reconcile_soon()
+
+    def delete_model(self, request: HttpRequest, obj: Quota) -> None:
+        from cluster import wake
+
+        services.log_action(request.user, "quota removed", obj.owner, "", "admin")
+        super().delete_model(request, obj)
+        wake.reconcile_soon()
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # one at a time, each logged
+        return actions

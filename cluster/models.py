@@ -11,6 +11,7 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
@@ -373,3 +374,42 @@ class ControlMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.at} by {self.by}"
+
+
+class Quota(models.Model):
+    """A capacity quota of an owner of the tenancy tree (``org:``, ``team:``, ``project:``):
+    cards per GPU class and CPU cores its models' replicas may hold, its children's
+    included (``cluster.quotas``); ``parent`` is the owner it counts in."""
+
+    owner = models.CharField(
+        _("owner"), max_length=120, unique=True,
+        help_text=_("org:ID, team:ID or project:ID, as catalog models name their owner"),
+    )  # fmt: skip
+    parent = models.CharField(
+        _("parent"), max_length=120, blank=True,
+        help_text=_("the owner this one counts in: a project's team, a team's org; empty: none"),
+    )  # fmt: skip
+    cards = models.JSONField(
+        _("cards"), default=dict, blank=True,
+        help_text=_('cards per GPU class, e.g. {"nvidia-h100-80gb": 4}; a class not named '
+                    "is not limited"),
+    )  # fmt: skip
+    cpu_cores = models.PositiveIntegerField(
+        _("CPU cores"), null=True, blank=True,
+        help_text=_("cores for profiles with no GPU; empty: not limited"),
+    )  # fmt: skip
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("owner",)
+        verbose_name = _("quota")
+
+    def __str__(self) -> str:
+        return self.owner
+
+    def clean(self) -> None:
+        from cluster.quotas import check
+
+        errors = check(self.owner, self.parent, self.cards, self.cpu_cores)
+        if errors:
+            raise ValidationError(errors)

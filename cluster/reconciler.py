@@ -39,7 +39,7 @@ from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import load, marks, placement, plan, replace, scaling, services, silence, wake
+from cluster import load, marks, placement, plan, replace, scaling, services, silence, tenancy, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
 from cluster.signals import reconcile_tick
@@ -406,8 +406,9 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
         if name not in profiles and name in specs:
             profiles[name] = tuple(placement.profiles_from_spec(specs[name]))
     result_plan, held = placement.place_sparing(
-        snap.p_nodes, snap.domains, snap.running, requests, ready, patient, profiles
-    )
+        snap.p_nodes, snap.domains, snap.running, requests, ready, patient, profiles,
+        quotas=tenancy.book(specs),  # each owner's quotas (cluster.quotas)
+    )  # fmt: skip
     # An eviction that would leave a model dark waits for a replacement elsewhere.
     result_plan, waiting = replace.spare_evicted(specs, snap, result_plan)
     waiting.update({int(k): h.reason for k, h in held.items()})

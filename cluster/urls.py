@@ -9,12 +9,16 @@ from __future__ import annotations
 from django.urls import path
 
 import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
-from cluster import pages, views
+from cluster import pages, quotapages, views
 
 app_name = "cluster"
 
 urlpatterns = [
     path("heartbeats/", views.heartbeats, name="heartbeats"),
+    path("quotas/", quotapages.quota_list, name="quota_list"),
+    path("quotas/set/", quotapages.quota_set, name="quota_set"),
+    path("quotas/<str:owner>/delete/", quotapages.quota_delete, name="quota_delete"),
+    path("owners/<str:owner>/", quotapages.owner_detail, name="owner_detail"),
     path("nodes/<int:pk>/", pages.node_detail, name="node_detail"),
     path("replicas/<int:pk>/log/", pages.replica_log, name="replica_log"),
     path("nodes/<int:pk>/<str:action>/", views.node_action, name="node_action"),

@@ -15,6 +15,7 @@ from cluster.models import (
     FacilityBudget,
     JoinToken,
     Node,
+    Quota,
     Replica,
 )
 from llmgw_admin.roles import OPERATOR, has_role
@@ -239,3 +240,22 @@ class ClusterActionSerializer(serializers.ModelSerializer[ClusterAction]):
         model = ClusterAction
         fields = ("id", "at", "actor_name", "action", "target", "detail")
         read_only_fields = fields
+
+
+class QuotaSerializer(serializers.ModelSerializer[Quota]):
+    """An owner's capacity quota (``cluster.quotas``), with what its replicas hold now."""
+
+    cards = serializers.DictField(
+        child=serializers.IntegerField(min_value=0), required=False,
+        help_text="cards per GPU class; a class not named is not limited",
+    )  # fmt: skip
+    in_use = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Quota
+        fields = ("id", "owner", "parent", "cards", "cpu_cores", "in_use", "updated")
+        read_only_fields = ("updated",)
+        validators: list[Any] = []  # the owner's uniqueness: set_quota replaces
+
+    def get_in_use(self, obj: Quota) -> dict[str, int]:
+        return dict(self.context.get("usage", {}).get(obj.owner, {}))

@@ -12,6 +12,7 @@ router.register("nodes", views.NodeViewSet, basename="node")
 router.register("cards", views.CardViewSet, basename="card")
 router.register("replicas", views.ReplicaViewSet, basename="replica")
 router.register("budgets", views.FacilityBudgetViewSet, basename="budget")
+router.register("quotas", views.QuotaViewSet, basename="quota")
 router.register("join-tokens", views.JoinTokenViewSet, basename="jointoken")
 router.register("actions", views.ClusterActionViewSet, basename="clusteraction")
 

@@ -22,7 +22,7 @@ from rest_framework.response import Response
 
 from catalog import rules
 from catalog.services import stored_specs
-from cluster import nodepage, services
+from cluster import nodepage, services, tenancy
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -33,6 +33,7 @@ from cluster.api.serializers import (
     NodeDetailSerializer,
     NodeReplicaSerializer,
     NodeSerializer,
+    QuotaSerializer,
     ReplicaLogSerializer,
     ReplicaSerializer,
 )
@@ -43,6 +44,7 @@ from cluster.models import (
     FacilityBudget,
     JoinToken,
     Node,
+    Quota,
     Replica,
 )
 from cluster.replace import DrainRefused
@@ -257,6 +259,50 @@ class FacilityBudgetViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
     def perform_destroy(self, instance: FacilityBudget) -> None:
         _log(self.request, "budget removed", f"{instance.level} {instance.name}")
         instance.delete()
+
+
+class QuotaViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
+    """Capacity quotas per owner (org:, team:, project:): cards per GPU class and CPU
+    cores its models' replicas may hold, with what they hold now (``in_use``). A write
+    goes through ``cluster.tenancy`` (checked, logged); a replica past a quota waits with
+    it named."""
+
+    queryset = Quota.objects.all()
+    serializer_class = QuotaSerializer
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        from catalog.models import ServedModel
+
+        context = super().get_serializer_context()
+        if self.request is not None and self.request.method == "GET":
+            context["usage"] = tenancy.usage(dict(ServedModel.objects.values_list("name", "owner")))
+        return context
+
+    def _write(self, serializer: Any, owner: str) -> None:
+        data = serializer.validated_data
+        try:
+            serializer.instance = tenancy.set_quota(
+                owner, parent=data.get("parent", ""), cards=data.get("cards", {}),
+                cpu_cores=data.get("cpu_cores"), user=self.request.user, via="api",
+            )  # fmt: skip
+        except tenancy.QuotaRefused as error:
+            raise serializers.ValidationError(error.errors) from None
+
+    def perform_create(self, serializer: Any) -> None:
+        self._write(serializer, serializer.validated_data.get("owner", ""))
+
+    def perform_update(self, serializer: Any) -> None:
+        data = serializer.validated_data
+        instance = serializer.instance
+        if "owner" in data and data["owner"] != instance.owner:
+            raise serializers.ValidationError({"owner": ["an owner's quota keeps its owner: "
+                                                         "make another for a new owner"]})  # fmt: skip
+        for field in ("parent", "cards", "cpu_cores"):
+            data.setdefault(field, getattr(instance, field))
+        self._write(serializer, instance.owner)
+
+    def perform_destroy(self, instance: Quota) -> None:
+        tenancy.delete_quota(instance.owner, user=self.request.user, via="api")
 
 
 class JoinTokenViewSet(

@@ -19,7 +19,8 @@ from cluster.models import JoinToken, Node, Replica
 class Command(BaseCommand):
     help = (
         "Cluster: join-token create|list|revoke, node release|address, reconcile (one tick), "
-        "status, bench MODEL [--profile P] (measure a profile's capacity, write its weight)."
+        "status, bench MODEL [--profile P] (measure a profile's capacity, write its weight), "
+        "quota set|list|delete (capacity quotas per owner)."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -57,6 +58,20 @@ class Command(BaseCommand):
         b.add_argument("--profile", default=None, help="the profile to measure (default: the "
                        "first ready replica's)")  # fmt: skip
         b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+        quota = sub.add_parser("quota", help="capacity quotas of org:, team: and project: owners")
+        qsub = quota.add_subparsers(dest="quota_action", required=True)
+        qset = qsub.add_parser(
+            "set", help="set an owner's quota (whole: what is not given is not limited)"
+        )
+        qset.add_argument("owner", help="org:ID, team:ID or project:ID")
+        qset.add_argument("--parent", default="", help="the owner it counts in (a project's "
+                          "team, a team's org)")  # fmt: skip
+        qset.add_argument("--cards", action="append", default=[], metavar="CLASS=N",
+                          help="cards of a GPU class, e.g. nvidia-h100-80gb=4 (repeat)")  # fmt: skip
+        qset.add_argument("--cpu-cores", type=int, default=None, help="cores for CPU profiles")
+        qsub.add_parser("list", help="every quota, with what its owner's replicas hold now")
+        qdel = qsub.add_parser("delete", help="remove an owner's quota")
+        qdel.add_argument("owner")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -66,6 +81,8 @@ class Command(BaseCommand):
             self._node(options)
         elif action == "bench":
             self._bench(options)
+        elif action == "quota":
+            self._quota(options)
         elif action == "reconcile":
             result = reconciler.tick()
             if not result.leader:
@@ -91,6 +108,34 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"replica #{r.pk}\t{r.model_name}\t{r.state}\t{where}\t{r.reason}"
                 )
+
+    def _quota(self, options: dict[str, Any]) -> None:
+        from catalog.models import ServedModel
+        from cluster import tenancy
+        from cluster.models import Quota
+
+        via = f"cli {getpass.getuser()}@{socket.gethostname()}"
+        sub = options["quota_action"]
+        try:
+            if sub == "set":
+                try:
+                    cards = tenancy.parse_cards(options["cards"])
+                except ValueError as error:
+                    raise CommandError(f"--cards: {error}") from None
+                q = tenancy.set_quota(options["owner"], parent=options["parent"], cards=cards,
+                                      cpu_cores=options["cpu_cores"], via=via)  # fmt: skip
+                self.stdout.write(f"quota {q.owner}: {tenancy.describe(q)}")
+            elif sub == "delete":
+                tenancy.delete_quota(options["owner"], via=via)
+                self.stdout.write(f"quota {options['owner']} removed")
+            else:
+                owners = dict(ServedModel.objects.values_list("name", "owner"))
+                used = tenancy.usage(owners)
+                for q in Quota.objects.all():
+                    held = ", ".join(f"{n} {r}" for r, n in used.get(q.owner, {}).items()) or "-"
+                    self.stdout.write(f"{q.owner}\t{tenancy.describe(q)}\tin use: {held}")
+        except tenancy.QuotaRefused as error:
+            raise CommandError(str(error)) from None
 
     def _bench(self, options: dict[str, Any]) -> None:
         from cluster import benchrun

@@ -626,6 +626,11 @@ def promote(
             raise flow.Refused(
                 f"update #{run.pk} of {model_name} is being evaluated: wait for its score"
             )
+        if run.step == flow.EVAL and run.score < (run.threshold or 0.0) - 1e-9:
+            raise flow.Refused(
+                f"update #{run.pk} of {model_name} scored {run.score:.2f}, below "
+                f"{run.threshold:.2f}: its eval failed; it cannot be promoted"
+            )
         _promote(run, actor_for(run, user, surface, via), ended_by=label(user, via))
         run.save()
         _mark(run.model, run.candidate)

@@ -281,3 +281,24 @@ def test_an_eval_that_never_ends_fails_the_update_past_its_limit(chat: str) -> N
     )
     r = run.advance(r.pk)
     assert r.state == "failed" and "did not end within 60 minutes" in r.reason
+
+
+def test_a_candidate_with_no_room_waits_saying_why(chat: str) -> None:  # noqa: F811
+    r = fetched(run.start("chat"))
+    served = ServedModel.objects.get(name=r.candidate)
+    why = "no room: no node has a free nvidia-h100-80gb (n1: 2 of 2 cards taken by chat)"
+    Replica.objects.create(model=served, model_name=r.candidate, state="pending", reason=why)
+    r = run.advance(r.pk)
+    assert (r.state, r.step) == ("running", "candidate")
+    assert r.lines[-1]["text"] == f"candidate {r.candidate}: {why}"
+    assert run.advance(r.pk).lines == r.lines  # said once, not a line a look
+
+
+def test_an_eval_below_its_threshold_cannot_be_promoted_by_hand(chat: str) -> None:  # noqa: F811
+    m = spec()
+    m.eval = EvalGate(suite="arithmetic", min_score=0.9)
+    save_model(m, Actor(user=None, surface="cli", name="test"), replacing="chat")
+    r = ready(fetched(run.start("chat")))
+    UpdateRun.objects.filter(pk=r.pk).update(score=0.5, threshold=0.9)
+    with pytest.raises(flow.Refused, match="scored 0.50, below 0.90"):
+        run.promote("chat")

@@ -93,8 +93,9 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
     page = console(operator, "/catalog/models/chat/")
     page.wait_for_selector("[data-role=update-start]", timeout=30_000)
     page.click("[data-role=update-start]")
-    page.wait_for_selector("[data-role=update-said]")
-    assert "update #" in page.locator("[data-role=update-said]").inner_text()
+    # The panel says it started; it is asked for again every 2 s while the update runs.
+    page.wait_for_selector("[data-role=update-run]")
+    assert "started by" in page.locator("[data-role=update-run]").inner_text()
     seen: set[str] = set()
 
     def steps() -> bool:
@@ -119,8 +120,9 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
     assert r.started_by == f"{operator.username} (console)" and r.surface == "console"
 
     page.click("[data-role=update-promote]")
-    wait_js(page, "document.querySelector('[data-role=update-said]')?.textContent.includes('promoted to')",
-            timeout=30, what="the promote said")  # fmt: skip
+    wait_js(page, "document.querySelector('[data-role=update-lines]')?.textContent.includes('promoted to')",
+            timeout=30, what="the promote's line")  # fmt: skip
+
     assert stored_specs(names=["chat"])[0].origin.revision == better
 
     # A viewer sees the state and no button, on the model's page and the Updates page.

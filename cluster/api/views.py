@@ -390,7 +390,7 @@ class BenchSerializer(serializers.Serializer[None]):
 @extend_schema(
     summary="Measure a profile's capacity and write its router weight (the capacity bench)",
     request=BenchSerializer,
-    responses={202: dict, 404: dict, 409: dict},
+    responses={202: dict, 400: dict, 404: dict, 409: dict},
 )
 @api_view(["POST"])
 def bench_model(request: Request, name: str) -> Response:

@@ -64,9 +64,9 @@ class QuotaAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Capacity quotas per owner (``cluster.quotas``): checked by the model's ``clean``
     (the same check the console, the API and the command make), logged on each change."""
 
-    list_display = ("owner", "parent", "cards", "cpu_cores", "updated")
+    list_display = ("owner", "parent", "cards", "cpu_cores", "tpm", "updated")
     search_fields = ("owner", "parent")
-    fields = ("owner", "parent", "cards", "cpu_cores")
+    fields = ("owner", "parent", "cards", "cpu_cores", "tpm")
 
     def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
         from cluster import tenancy, wake

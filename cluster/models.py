@@ -398,6 +398,10 @@ class Quota(models.Model):
         _("CPU cores"), null=True, blank=True,
         help_text=_("cores for profiles with no GPU; empty: not limited"),
     )  # fmt: skip
+    tpm = models.PositiveIntegerField(
+        _("tokens per minute"), default=0,
+        help_text=_("a token budget shared by every client key of this owner (0: none)"),
+    )  # fmt: skip
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

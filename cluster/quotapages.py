@@ -36,6 +36,10 @@ class QuotaForm(forms.Form):
         label="CPU cores", min_value=0, required=False,
         help_text="Cores for profiles with no GPU. Empty: not limited.",
     )  # fmt: skip
+    tpm = forms.IntegerField(
+        label="Tokens per minute", min_value=0, required=False,
+        help_text="A token budget shared by every client key of this owner. Empty or 0: none.",
+    )  # fmt: skip
 
 
 def _owners() -> dict[str, str]:
@@ -81,7 +85,8 @@ def quota_set(request: HttpRequest) -> HttpResponse:
         return _page(request, form, status=400)
     try:
         q = tenancy.set_quota(data["owner"], parent=data["parent"], cards=cards,
-                              cpu_cores=data["cpu_cores"], user=request.user, via=VIA)  # fmt: skip
+                              cpu_cores=data["cpu_cores"], tpm=data["tpm"] or 0,
+                              user=request.user, via=VIA)  # fmt: skip
     except tenancy.QuotaRefused as error:
         for field, msgs in error.errors.items():
             for message in msgs:

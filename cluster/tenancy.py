@@ -36,6 +36,7 @@ def set_quota(
     parent: str = "",
     cards: Mapping[str, int] | None = None,
     cpu_cores: int | None = None,
+    tpm: int = 0,
     user: Any = None,
     via: str = "",
 ) -> Quota:
@@ -43,7 +44,7 @@ def set_quota(
     from cluster.services import log_action
 
     q = Quota.objects.filter(owner=owner).first() or Quota(owner=owner)
-    q.parent, q.cards, q.cpu_cores = parent, dict(cards or {}), cpu_cores
+    q.parent, q.cards, q.cpu_cores, q.tpm = parent, dict(cards or {}), cpu_cores, tpm
     try:
         q.full_clean()
     except ValidationError as error:
@@ -73,6 +74,8 @@ def describe(q: Quota) -> str:
     parts = [f"{n} {c}" for c, n in sorted(q.cards.items())]
     if q.cpu_cores is not None:
         parts.append(f"{q.cpu_cores} CPU cores")
+    if q.tpm:
+        parts.append(f"{q.tpm} tokens a minute")
     limits = ", ".join(parts) or "no limit"
     return f"{limits}; in {q.parent}" if q.parent else limits
 

@@ -251,8 +251,13 @@ class Gateway:
         if key is None:
             if status == 401:
                 self.observer.unauthenticated()
-        elif cycle.unreserved and cycle.tokens_out:
-            self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+        else:
+            if cycle.unreserved and cycle.tokens_out:
+                self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+            if cycle.owner_reserved is not None:
+                window, reserved = cycle.owner_reserved
+                spent = cycle.tokens_in + cycle.tokens_out
+                self.later(self._limits.settle(key.owner, window, reserved, spent))
 
     def later(self, work: Awaitable[None]) -> None:
         """Run ``work`` off the request's path, kept until it ends."""
@@ -358,6 +363,25 @@ class Gateway:
                                           "tokens")  # fmt: skip
             # No bound on the answer was reserved: what it takes is charged when it ends.
             cycle.unreserved = not out
+        if key.owner_tpm:
+            await self._owner_budget(cycle)
+
+    async def _owner_budget(self, cycle: Cycle) -> None:
+        """The owner's token budget, shared by all its keys and every gateway process:
+        the request's bound reserved up front (``limits.reserve``: one Redis script),
+        settled with what it used when it ends (``Gateway.done``)."""
+        key, req, entry = cycle.key, cycle.req, cycle.entry
+        assert key is not None and req is not None and entry is not None
+        _, high = sizing.prompt_bounds(req.prompt_bytes, req.messages)
+        out = req.max_tokens or entry.model.max_output or 0
+        what = f"{key.owner}, shared by its keys"
+        if high + out > key.owner_tpm:
+            raise errors.over_budget(what, high + out, key.owner_tpm, out)
+        wait, window = await self._limits.reserve(key.owner, high + out, key.owner_tpm)
+        if wait is not None:
+            raise errors.rate_limited(f"{what} ({key.owner_tpm} tokens a minute)", wait,
+                                      "tokens")  # fmt: skip
+        cycle.owner_reserved = (window, high + out)
 
 
 def _key(scope: Scope, table: Table) -> Key:

@@ -44,7 +44,7 @@ class Cycle:
         "send", "started", "status", "outcome", "request_id",
         # What the observers are told (gateway.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
-        "tokens_out", "stream", "unreserved",
+        "tokens_out", "stream", "unreserved", "owner_reserved",
         # What the client sent, and what runs for it.
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
     )  # fmt: skip
@@ -70,6 +70,8 @@ class Cycle:
         self.tokens_out = 0
         self.stream = False
         self.unreserved = False  # a token budget reserved nothing for the answer
+        # The owner's tokens reserved for it: (minute, tokens), settled as it ends.
+        self.owner_reserved: tuple[int, int] | None = None
         self.key: Key | None = None
         self.entry: Entry | None = None
         self.req: bodies.Request | None = None

@@ -12,6 +12,17 @@ end; a request that could never fit (``Gateway._budget``) is refused before.
 counts in Redis, so every gateway process shares one budget: one round trip per request
 of a key that has a limit, none for keys without.
 
+An owner's token budget (``Quota.tpm``: ``manage.py cluster quota set OWNER --tpm N``) is
+shared by all its keys and every gateway process: ``reserve`` takes the request's bound
+(its prompt by its bytes plus ``max_tokens``, else the model's ``max_output``) up front in
+Redis with one script (read, compare, add: atomic), strictly (a reservation that would
+pass the budget is refused, unless the minute has nothing yet), and ``settle`` gives back
+(or takes) the difference with the real count (the engine's usage, prompt and answer)
+when the answer ends. So N processes never let through more than the budget plus one
+request's reservation, and the count is exact once settled. With Redis away: the same
+local fallback as the keys' budgets (each process alone, then this minute's counts added
+back; docs/gateway.md).
+
 Redis away or hung never fails a request nor holds it: each call to Redis has
 ``LLMGW_REDIS_TIMEOUT_MS`` (the whole call, connecting included). A call that fails or
 times out turns the process to counting in its own memory (a ``LocalLimits``) at once,
@@ -43,7 +54,7 @@ log = logging.getLogger(__name__)
 class LocalLimits:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._counts: dict[tuple[int, str, int], int] = {}
+        self._counts: dict[tuple[int | str, str, int], int] = {}
 
     async def take(self, key_id: int, kind: str, amount: int, limit: int) -> float | None:
         """Take ``amount``; return None, or the seconds to wait when over ``limit``."""
@@ -65,6 +76,47 @@ class LocalLimits:
         slot = (key_id, kind, int(self._clock() // WINDOW))
         self._counts[slot] = self._counts.get(slot, 0) + amount
 
+    # An owner's token budget, shared by all its keys: reserved up front, settled.
+    async def reserve(self, owner: str, amount: int, limit: int) -> tuple[float | None, int]:
+        """Reserve ``amount`` of ``owner``'s tokens this minute: (None, window) when
+        reserved (settle it with ``window``), else (seconds to wait, window)."""
+        now = self._clock()
+        window = int(now // WINDOW)
+        slot = (owner, "owner", window)
+        used = self._counts.get(slot, 0)
+        if used + amount > limit and used > 0:
+            return (window + 1) * WINDOW - now, window
+        self._counts[slot] = used + amount
+        return None, window
+
+    async def settle(self, owner: str, window: int, reserved: int, spent: int) -> None:
+        """The answer ended having used ``spent``: the reservation's difference goes back
+        to (or is taken from) the minute it was made in."""
+        slot = (owner, "owner", window)
+        if slot in self._counts or spent > reserved:
+            self._counts[slot] = max(0, self._counts.get(slot, 0) + spent - reserved)
+
+
+# An owner's reservation: strict (a reservation past the budget is refused, unless the
+# minute has nothing yet: one request larger than the budget is refused before, at 400),
+# so what N processes let through is never more than the budget plus one request's
+# reservation.
+_RESERVE = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local amount = tonumber(ARGV[1])
+if used > 0 and used + amount > tonumber(ARGV[2]) then return 0 end
+redis.call('INCRBY', KEYS[1], amount)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+# The settlement: the difference, never below zero, on a key that still exists.
+_SETTLE = """
+if redis.call('EXISTS', KEYS[1]) == 0 and tonumber(ARGV[1]) <= 0 then return 0 end
+local now = redis.call('INCRBY', KEYS[1], ARGV[1])
+if now < 0 then redis.call('SET', KEYS[1], 0) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
 
 _TAKE = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -127,6 +179,8 @@ class RedisLimits:
             retry=Retry(NoBackoff(), 0), health_check_interval=0,
         )  # fmt: skip
         self._take = self._redis.register_script(_TAKE)
+        self._reserve = self._redis.register_script(_RESERVE)
+        self._settle = self._redis.register_script(_SETTLE)
         self._clock = clock
         self._monotonic = monotonic
         self.local = LocalLimits(clock)
@@ -176,6 +230,45 @@ class RedisLimits:
                 return
         self._counted_here(kind)
         await self.local.charge(key_id, kind, amount)
+
+    def _owner_name(self, owner: str, window: int) -> str:
+        return f"llmgw:gateway:owner:{owner}:tokens:{window}"
+
+    async def reserve(self, owner: str, amount: int, limit: int) -> tuple[float | None, int]:
+        """Reserve ``owner``'s tokens in Redis (one script: read, compare, add), shared by
+        every process; counted here while Redis is away, as the keys' budgets are."""
+        now = self._clock()
+        window = int(now // WINDOW)
+        if self.away_since is None:
+            try:
+                ok = await asyncio.wait_for(
+                    self._reserve(keys=[self._owner_name(owner, window)],
+                                  args=[amount, limit, WINDOW * 2]),
+                    self.timeout,
+                )  # fmt: skip
+            except Exception as exc:
+                self._went_away(exc)
+            else:
+                return (None if ok else (window + 1) * WINDOW - now), window
+        self._counted_here("owner")
+        return await self.local.reserve(owner, amount, limit)
+
+    async def settle(self, owner: str, window: int, reserved: int, spent: int) -> None:
+        if spent == reserved:
+            return
+        if self.away_since is None:
+            try:
+                await asyncio.wait_for(
+                    self._settle(keys=[self._owner_name(owner, window)],
+                                 args=[spent - reserved, WINDOW * 2]),
+                    self.timeout,
+                )  # fmt: skip
+            except Exception as exc:
+                self._went_away(exc)
+            else:
+                return
+        self._counted_here("owner")
+        await self.local.settle(owner, window, reserved, spent)
 
     async def _incr(self, amounts: dict[str, int]) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -232,7 +325,11 @@ class RedisLimits:
         window = int(self._clock() // WINDOW)
         counts, self.local._counts = self.local._counts, {}
         self.away_since = None
-        mine = {self._name(k, kind, w): n for (k, kind, w), n in counts.items() if w == window}
+        mine = {
+            (self._owner_name(k, w) if kind == "owner" else self._name(k, kind, w)): n
+            for (k, kind, w), n in counts.items()
+            if w == window
+        }
         try:
             if mine:
                 await asyncio.wait_for(self._incr(mine), self.timeout)

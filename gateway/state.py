@@ -73,7 +73,7 @@ class Loader:
         from catalog.models import ChangeRecord, ServedModel
         from catalog.services import stored_specs
         from cluster.choices import NodeHealth, ReplicaState
-        from cluster.models import Replica
+        from cluster.models import Quota, Replica
         from cluster.services import no_room
         from gateway.models import ClientKey
 
@@ -104,6 +104,7 @@ class Loader:
             for r in sorted(found, key=lambda r: r["id"])
         )
         unplaced = no_room()
+        owner_tpm = dict(Quota.objects.filter(tpm__gt=0).values_list("owner", "tpm"))
         keys = {
             k.digest: Key(
                 id=k.id,
@@ -114,6 +115,7 @@ class Loader:
                 rpm=k.rpm,
                 tpm=k.tpm,
                 priority=k.priority,
+                owner_tpm=owner_tpm.get(k.owner, 0) if k.owner else 0,
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }

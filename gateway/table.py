@@ -44,6 +44,7 @@ class Key:
     rpm: int = 0
     tpm: int = 0
     priority: str = "normal"  # its admission band (gateway.admission)
+    owner_tpm: int = 0  # its owner's token budget a minute, shared by its keys (0: none)
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires

@@ -253,7 +253,7 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
 
     class Meta:
         model = Quota
-        fields = ("id", "owner", "parent", "cards", "cpu_cores", "in_use", "updated")
+        fields = ("id", "owner", "parent", "cards", "cpu_cores", "tpm", "in_use", "updated")
         read_only_fields = ("updated",)
         validators: list[Any] = []  # the owner's uniqueness: set_quota replaces
 

@@ -283,7 +283,8 @@ class QuotaViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
         try:
             serializer.instance = tenancy.set_quota(
                 owner, parent=data.get("parent", ""), cards=data.get("cards", {}),
-                cpu_cores=data.get("cpu_cores"), user=self.request.user, via="api",
+                cpu_cores=data.get("cpu_cores"), tpm=data.get("tpm", 0),
+                user=self.request.user, via="api",
             )  # fmt: skip
         except tenancy.QuotaRefused as error:
             raise serializers.ValidationError(error.errors) from None
@@ -297,7 +298,7 @@ class QuotaViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
         if "owner" in data and data["owner"] != instance.owner:
             raise serializers.ValidationError({"owner": ["an owner's quota keeps its owner: "
                                                          "make another for a new owner"]})  # fmt: skip
-        for field in ("parent", "cards", "cpu_cores"):
+        for field in ("parent", "cards", "cpu_cores", "tpm"):
             data.setdefault(field, getattr(instance, field))
         self._write(serializer, instance.owner)
 

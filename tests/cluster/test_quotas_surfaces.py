@@ -138,8 +138,9 @@ def test_admin_sets_a_quota_checked_and_logged(operator: Any, client_for: Any) -
                                                  "cards": "{}", "cpu_cores": ""})  # fmt: skip
     assert bad.status_code == 200 and b"the parent of a project is a team" in bad.content
     ok = web.post("/admin/cluster/quota/add/", {"owner": "team:t", "parent": "",
-                                                "cards": '{"nvidia-h100-80gb": 2}', "cpu_cores": "8"})  # fmt: skip
+                                                "cards": '{"nvidia-h100-80gb": 2}', "cpu_cores": "8", "tpm": "500"})  # fmt: skip
     assert ok.status_code == 302
     assert Quota.objects.get(owner="team:t").cpu_cores == 8
+    assert Quota.objects.get(owner="team:t").tpm == 500
     assert ClusterAction.objects.filter(action="quota set", target="team:t",
                                         actor_name=f"{operator.username} (admin)").exists()  # fmt: skip

@@ -69,6 +69,8 @@ class Command(BaseCommand):
         qset.add_argument("--cards", action="append", default=[], metavar="CLASS=N",
                           help="cards of a GPU class, e.g. nvidia-h100-80gb=4 (repeat)")  # fmt: skip
         qset.add_argument("--cpu-cores", type=int, default=None, help="cores for CPU profiles")
+        qset.add_argument("--tpm", type=int, default=0, help="tokens a minute, shared by every "
+                          "client key of the owner (0: none)")  # fmt: skip
         qsub.add_parser("list", help="every quota, with what its owner's replicas hold now")
         qdel = qsub.add_parser("delete", help="remove an owner's quota")
         qdel.add_argument("owner")
@@ -123,7 +125,8 @@ class Command(BaseCommand):
                 except ValueError as error:
                     raise CommandError(f"--cards: {error}") from None
                 q = tenancy.set_quota(options["owner"], parent=options["parent"], cards=cards,
-                                      cpu_cores=options["cpu_cores"], via=via)  # fmt: skip
+                                      cpu_cores=options["cpu_cores"], tpm=options["tpm"],
+                                      via=via)  # fmt: skip
                 self.stdout.write(f"quota {q.owner}: {tenancy.describe(q)}")
             elif sub == "delete":
                 tenancy.delete_quota(options["owner"], via=via)

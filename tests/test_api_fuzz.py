@@ -141,6 +141,7 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("post", "/api/v1/cluster/models/chat/demand/", {}),
     ("post", "/api/v1/cluster/models/chat/roll/", {}),
+    ("post", "/api/v1/cluster/models/chat/bench/", {"profile": "h100"}),
     ("post", "/api/v1/guard/check", {"request": "hello", "answer": "hi"}),
     (
         "put",

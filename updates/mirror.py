@@ -427,7 +427,8 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.state = FetchState.DONE
         fetch.reason = ""
         fetch.finished = timezone.now()
-        fetch.save()
+        # Named fields: a row deleted meanwhile is an error here, never inserted again.
+        fetch.save(update_fields=["files", "bytes_done", "state", "reason", "finished", "updated"])
     except (registry.RegistryError, MirrorError) as exc:
         return _fail(fetch, str(exc))
     except Exception as exc:

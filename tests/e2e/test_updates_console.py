@@ -113,6 +113,7 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
         wait_for(steps, 240, "the panel to show the update ready to promote")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the update: {why()}") from None
+    steps()  # the lines as the panel shows them now (it may have been swapped mid-look)
     assert {"fetch", "candidate", "eval", "promote"} <= seen, seen
     text = panel_text(page)
     assert "eval arithmetic: score 1.00" in text and "ready to promote" in text

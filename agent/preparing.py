@@ -68,3 +68,12 @@ def _link_adapters(folder: Path, adapters: Mapping[str, str]) -> Path:
             link.unlink()
         link.symlink_to(os.path.abspath(path))
     return folder
+
+
+def readable(source: str, folders: Sequence[Path], hosts: Sequence[str] | None) -> bool:
+    """Return whether a local source is in a weights folder and there."""
+    try:
+        weights.check_source(source, folders, hosts)
+    except weights.WeightsError:
+        return False
+    return os.path.exists(os.path.expanduser(source))

@@ -81,6 +81,13 @@ class Replica:
         SGLang prints its arguments), for what is logged and reported."""
         return enginelog.redact(text, {self.key, self.started_key})
 
+    def recent_crashes(self, window_s: float) -> int:
+        """Return how many times it crashed in the last ``window_s``, forgetting older ones."""
+        now = time.monotonic()
+        while self.crashes and now - self.crashes[0] > window_s:
+            self.crashes.popleft()
+        return len(self.crashes)
+
     def report(self, log: list[str]) -> dict[str, Any]:
         """Return the replica's report (docs/agent-protocol.md), with its engine's log."""
         return {

@@ -1180,7 +1180,7 @@ class SimServer:
                     break
                 await asyncio.sleep(min(left, 0.05))
         self.stats["completed"] += 1
-        return 200, self.whole(job)
+        return 200, whole(self.cfg, job)
 
     def stretch(self) -> float:
         """How much slower a request taking a slot now runs (``--slowdown``): the batch's
@@ -1193,63 +1193,6 @@ class SimServer:
         delay = due - asyncio.get_running_loop().time()
         if delay > 0:
             await asyncio.sleep(delay)
-
-    def usage(self, job: Job) -> dict[str, int]:
-        """Return the OpenAI usage block of a job."""
-        return {
-            "prompt_tokens": job.prompt_tokens,
-            "completion_tokens": job.plan.generated,
-            "total_tokens": job.prompt_tokens + job.plan.generated,
-        }
-
-    def whole(self, job: Job) -> dict[str, Any]:
-        """Return the non-streaming answer of a finished job."""
-        text = "".join(job.plan.pieces)
-        indexes = range(len(job.plan.pieces))
-        logprobs = None if job.top_n is None else self.logprobs(job, indexes, 0)
-        if job.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": job.plan.finish,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": job.plan.finish,
-            }
-        return {
-            "id": job.ident,
-            "object": "chat.completion" if job.chat else "text_completion",
-            "created": job.created,
-            "model": self.cfg.model,
-            "choices": [choice],
-            "usage": self.usage(job),
-        }
-
-    def chunk(self, job: Job, index: int | None, finish: str | None, offset: int) -> dict[str, Any]:
-        """Return one stream event carrying token ``index`` (None: no text) and the finish."""
-        piece = "" if index is None else job.plan.pieces[index]
-        logprobs = None
-        if job.top_n is not None and index is not None:
-            logprobs = self.logprobs(job, [index], offset)
-        if job.chat:
-            delta = {"content": piece} if index is not None else {}
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-        else:
-            choice = {"index": 0, "text": piece}
-        choice["logprobs"] = logprobs
-        choice["finish_reason"] = finish
-        return {
-            "id": job.ident,
-            "object": "chat.completion.chunk" if job.chat else "text_completion",
-            "created": job.created,
-            "model": self.cfg.model,
-            "choices": [choice],
-        }
 
     async def events(
         self, job: Job, reader: asyncio.StreamReader | None = None
@@ -1268,7 +1211,7 @@ class SimServer:
         self, job: Job, reader: asyncio.StreamReader | None
     ) -> AsyncIterator[dict[str, Any]]:
         if job.chat:
-            role = self.chunk(job, None, None, 0)
+            role = chunk(self.cfg, job, None, None, 0)
             role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
             yield role
         pieces = job.plan.pieces
@@ -1284,57 +1227,123 @@ class SimServer:
                     raise ConnectionResetError("the client went away")
                 if index < len(pieces):
                     finish = job.plan.finish if index == last else None
-                    yield self.chunk(job, index, finish, offset)
+                    yield chunk(self.cfg, job, index, finish, offset)
                     offset += len(pieces[index])
                     finished = finish is not None
             if not finished:
                 await self.wait_for_token(start, max(last, 0), stretch)
-                yield self.chunk(job, None, job.plan.finish, offset)
+                yield chunk(self.cfg, job, None, job.plan.finish, offset)
         if job.include_usage:
-            tail = self.chunk(job, None, None, offset)
+            tail = chunk(self.cfg, job, None, None, offset)
             tail["choices"] = []
-            tail["usage"] = self.usage(job)
+            tail["usage"] = usage(job)
             yield tail
 
-    def logprobs(self, job: Job, indexes: Sequence[int], offset: int) -> dict[str, Any]:
-        """Return the logprobs of some emitted tokens in the shape the style and endpoint use.
 
-        ``offset`` is the text offset of the first of them.
-        """
-        top_n = job.top_n or 0
-        llamacpp = self.cfg.logprob_style == "llamacpp"
-        rows = [candidates(job, i) for i in indexes]
-        if job.chat or llamacpp:
-            content = []
-            for row in rows:
-                token, logprob = row[0]
-                entry: dict[str, Any] = {"token": token, "logprob": logprob, "bytes": _bytes(token)}
-                tops = []
-                for alt, alt_lp in row[:top_n]:
-                    top: dict[str, Any] = {"token": alt, "logprob": alt_lp, "bytes": _bytes(alt)}
-                    if llamacpp:
-                        top = {"id": token_id(alt), **top}
-                    tops.append(top)
-                entry["top_logprobs"] = tops
-                if llamacpp:
-                    entry = {"id": token_id(token), **entry}
-                content.append(entry)
-            return {"content": content}
-        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+# The OpenAI answers' shapes: a whole answer, a stream's chunk, usage and logprobs.
+
+
+def usage(job: Job) -> dict[str, int]:
+    """Return the OpenAI usage block of a job."""
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.plan.generated,
+        "total_tokens": job.prompt_tokens + job.plan.generated,
+    }
+
+
+def whole(cfg: Config, job: Job) -> dict[str, Any]:
+    """Return the non-streaming answer of a finished job."""
+    text = "".join(job.plan.pieces)
+    indexes = range(len(job.plan.pieces))
+    logprobs = None if job.top_n is None else logprobs_of(cfg, job, indexes, 0)
+    if job.chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": job.plan.finish,
+        }
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": job.plan.finish,
+        }
+    return {
+        "id": job.ident,
+        "object": "chat.completion" if job.chat else "text_completion",
+        "created": job.created,
+        "model": cfg.model,
+        "choices": [choice],
+        "usage": usage(job),
+    }
+
+
+def chunk(
+    cfg: Config, job: Job, index: int | None, finish: str | None, offset: int
+) -> dict[str, Any]:
+    """Return one stream event carrying token ``index`` (None: no text) and the finish."""
+    piece = "" if index is None else job.plan.pieces[index]
+    logprobs = None
+    if job.top_n is not None and index is not None:
+        logprobs = logprobs_of(cfg, job, [index], offset)
+    if job.chat:
+        delta = {"content": piece} if index is not None else {}
+        choice: dict[str, Any] = {"index": 0, "delta": delta}
+    else:
+        choice = {"index": 0, "text": piece}
+    choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
+    return {
+        "id": job.ident,
+        "object": "chat.completion.chunk" if job.chat else "text_completion",
+        "created": job.created,
+        "model": cfg.model,
+        "choices": [choice],
+    }
+
+
+def logprobs_of(cfg: Config, job: Job, indexes: Sequence[int], offset: int) -> dict[str, Any]:
+    """Return the logprobs of some emitted tokens in the shape the style and endpoint use.
+
+    ``offset`` is the text offset of the first of them.
+    """
+    top_n = job.top_n or 0
+    llamacpp = cfg.logprob_style == "llamacpp"
+    rows = [candidates(job, i) for i in indexes]
+    if job.chat or llamacpp:
+        content = []
         for row in rows:
             token, logprob = row[0]
-            tokens.append(token)
-            token_logprobs.append(logprob)
-            # Keyed by text, as vLLM does; the emitted token is always among them.
-            top_logprobs.append(dict(row[: max(top_n, 1)]))
-            text_offset.append(offset)
-            offset += len(token)
-        return {
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "top_logprobs": top_logprobs,
-            "text_offset": text_offset,
-        }
+            entry: dict[str, Any] = {"token": token, "logprob": logprob, "bytes": _bytes(token)}
+            tops = []
+            for alt, alt_lp in row[:top_n]:
+                top: dict[str, Any] = {"token": alt, "logprob": alt_lp, "bytes": _bytes(alt)}
+                if llamacpp:
+                    top = {"id": token_id(alt), **top}
+                tops.append(top)
+            entry["top_logprobs"] = tops
+            if llamacpp:
+                entry = {"id": token_id(token), **entry}
+            content.append(entry)
+        return {"content": content}
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for row in rows:
+        token, logprob = row[0]
+        tokens.append(token)
+        token_logprobs.append(logprob)
+        # Keyed by text, as vLLM does; the emitted token is always among them.
+        top_logprobs.append(dict(row[: max(top_n, 1)]))
+        text_offset.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
 ECHO = "/echo "

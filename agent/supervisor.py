@@ -229,17 +229,11 @@ class Supervisor:
                     for r in self._replicas.values()
                     if r.desired.get("source")
                     and weights.kind(str(r.desired["source"])) == "path"
-                    and self._readable(str(r.desired["source"]))
+                    and preparing.readable(
+                        str(r.desired["source"]), self.weights_folders, self.weights_hosts
+                    )
                 }
             )
-
-    def _readable(self, source: str) -> bool:
-        """Return whether a local source is in a weights folder and there."""
-        try:
-            weights.check_source(source, self.weights_folders, self.weights_hosts)
-        except weights.WeightsError:
-            return False
-        return os.path.exists(os.path.expanduser(source))
 
     # -- the steps ---------------------------------------------------------------------
 
@@ -449,10 +443,8 @@ class Supervisor:
         self._set(r, "failed", f"{why}; restarting in {delay:g} s")
 
     def _backoff(self, r: Replica) -> float:
-        now = time.monotonic()
-        while r.crashes and now - r.crashes[0] > CRASH_WINDOW_S:
-            r.crashes.popleft()
-        return backoff_s(len(r.crashes), self.backoff_cap_s)
+        """Return how long ``r`` waits to start again after its crashes of the window."""
+        return backoff_s(r.recent_crashes(CRASH_WINDOW_S), self.backoff_cap_s)
 
     def _begin_stop(self, r: Replica, reason: str) -> None:
         # A stop asked for (not wanted, shutting down) ends in stopped, even for a

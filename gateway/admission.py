@@ -51,6 +51,9 @@ QUEUE_MAX = 100
 # How often a held request looks at its gate again when no sample arrives to wake it.
 RECHECK = 0.1
 
+# Whether the running request was held and refused (the traffic history counts it).
+was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_held",
+                                                                default=False)  # fmt: skip
 # Seconds the running request waited at the door (taken off its TTFT when it ends).
 held_for: contextvars.ContextVar[float] = contextvars.ContextVar("admission_held_for",
                                                                  default=0.0)  # fmt: skip
@@ -265,6 +268,8 @@ class Admission:
             decision = await self._wait(model, band, slo_ms)
         if self.counts is not None:
             self.counts.add(int(self._wall()), model, band, not decision.admit)
+        if not decision.admit:
+            was_held.set(True)
         return decision
 
     async def _wait(self, model: str, band: str, slo_ms: float) -> Decision:

@@ -144,3 +144,50 @@ class RefusalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: i
     read_role = VIEWER
     filterset_class = RefusalFilterSet
     ordering_fields = ("at",)
+
+
+class HistoryQuerySerializer(serializers.Serializer[None]):
+    """Which series: one of ``model``, ``key`` or ``owner``; ``span`` hour, day or week."""
+
+    model = serializers.CharField(required=False, max_length=200)
+    key = serializers.CharField(required=False, max_length=100)
+    owner = serializers.CharField(required=False, max_length=120)
+    span = serializers.ChoiceField(choices=["hour", "day", "week"], default="day")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = [f for f in ("model", "key", "owner") if attrs.get(f)]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"model": ["give one of model, key or owner (and span: hour, day or week)"]}
+            )
+        return attrs
+
+
+class HistoryViewSet(viewsets.ViewSet):
+    """Traffic over time (``gateway.history``): a model's requests, errors, refusals,
+    admission holds, tokens, mean in flight and TTFT p50/p99 per point, with its scale
+    events and bench runs (``marks``); a key's or an owner's requests and tokens. A point
+    a minute over the last hour, ten minutes over a day, an hour over a week."""
+
+    read_role = VIEWER
+
+    @extend_schema(parameters=[HistoryQuerySerializer])
+    def list(self, request: Request) -> Response:
+        from gateway import history
+
+        q = HistoryQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        d = q.validated_data
+        start, _, step = history.window(d["span"])
+        body: dict[str, Any] = {"span": d["span"], "step_s": step}
+        if d.get("model"):
+            points = history.series(d["model"], d["span"])
+            body["model"] = d["model"]
+            body["marks"] = [{"at": at.isoformat(), "kind": kind, "what": what}
+                             for at, kind, what in history.marks(d["model"], start)]  # fmt: skip
+        else:
+            points = history.usage_series(key=d.get("key", ""), owner=d.get("owner", ""),
+                                          span=d["span"])  # fmt: skip
+            body["key" if d.get("key") else "owner"] = d.get("key") or d.get("owner")
+        body["points"] = [p.as_dict() for p in points]
+        return Response(body)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
-from gateway.api import ClientKeyViewSet, RefusalViewSet, UsageViewSet
+from gateway.api import ClientKeyViewSet, HistoryViewSet, RefusalViewSet, UsageViewSet
 
 router = DefaultRouter()
 router.register("keys", ClientKeyViewSet, basename="clientkey")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("refusals", RefusalViewSet, basename="refusal")
+router.register("history", HistoryViewSet, basename="history")
 
 urlpatterns = router.urls

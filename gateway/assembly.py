@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import refusals, usage
+from gateway import history, refusals, usage
 from gateway.app import App, Gateway
 from gateway.health import HealthRoute
 from gateway.hosts import HostCheck
@@ -73,7 +73,12 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
     # written in batches, the Prometheus counts (GET /metrics), the console's traffic.
     traffic = Traffic()
     observer = Fanout(
-        CanaryWatch(lambda: state.table), usage.RECORDER, refusals.RECORDER, metrics, traffic
+        CanaryWatch(lambda: state.table),
+        usage.RECORDER,
+        refusals.RECORDER,
+        metrics,
+        traffic,
+        history.RECORDER,  # traffic over time per model (gateway.history)
     )
     gateway = Gateway(inner, state=state, observer=observer)
     # Its load too, each second with its traffic, for the reconciler's scaling.

@@ -176,3 +176,40 @@ class Refusal(db.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} ({self.direction})"
+
+
+class TrafficPoint(db.Model):
+    """A model's traffic over a minute or an hour (``gateway.history``): written off the
+    request path by every gateway process (added to), minutes summed into hours after
+    ``LLMGW_HISTORY_MINUTE_HOURS``, hours deleted after ``LLMGW_HISTORY_HOUR_DAYS``."""
+
+    MINUTE, HOUR = "minute", "hour"
+
+    resolution = db.CharField(
+        _("resolution"), max_length=6, choices=[(MINUTE, _("minute")), (HOUR, _("hour"))]
+    )
+    at = db.DateTimeField(_("at"), help_text=_("the minute's or hour's start (UTC)"))
+    model = db.CharField(_("model"), max_length=200)
+    requests = db.PositiveBigIntegerField(default=0)
+    errors = db.PositiveBigIntegerField(default=0)
+    refusals = db.PositiveBigIntegerField(default=0, help_text=_("refused by the guard"))
+    held = db.PositiveBigIntegerField(default=0, help_text=_("held back by admission (429)"))
+    tokens_in = db.PositiveBigIntegerField(default=0)
+    tokens_out = db.PositiveBigIntegerField(default=0)
+    busy_ms = db.PositiveBigIntegerField(
+        default=0, help_text=_("request-milliseconds in flight (/ the period: the mean in flight)")
+    )
+    ttft = db.JSONField(default=list, blank=True,
+                        help_text=_("TTFT histogram on gateway.traffic's edges"))  # fmt: skip
+
+    class Meta:
+        ordering = ("-at", "model")
+        constraints = [
+            db.UniqueConstraint(
+                fields=["resolution", "at", "model"], name="%(app_label)s_%(class)s_unique_point"
+            )
+        ]
+        indexes = [db.Index(fields=["model", "at"], name="gateway_trafficpoint_model_at")]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.resolution} {self.at:%Y-%m-%d %H:%M}"

@@ -101,7 +101,7 @@ def where(sock: socket.socket) -> str:
 def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     """Serve on ``sock`` (from ``listen``) until SIGINT or SIGTERM; ``say`` the line that
     tells where, once it listens."""
-    from gateway import refusals, usage
+    from gateway import history, refusals, usage
     from guard import records
 
     signal.signal(signal.SIGTERM, _exit)
@@ -109,6 +109,7 @@ def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     # written off the request path.
     records.start()
     usage.start()
+    history.start()
     refusals.start()
     _Server(config(), lambda: _listening(sock, say)).run(sockets=[sock])
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gateway import refusals
+from gateway import history, refusals
 
 
 @shared_task(ignore_result=True)
 def prune_refusals() -> int:
     """Delete refusal records older than ``LLMGW_GATEWAY_REFUSAL_DAYS``; return how many."""
     return refusals.prune()
+
+
+@shared_task(ignore_result=True)
+def roll_history() -> int:
+    """Sum the traffic history's old minutes into hours, delete old hours; return how
+    many minute rows were rolled (``gateway.history.roll``)."""
+    return history.roll()[0]

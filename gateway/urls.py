@@ -12,6 +12,7 @@ urlpatterns = [
     path("chat/", views.chat, name="chat"),
     path("chat/state/", views.chat_state, name="chat_state"),
     path("traffic/", views.traffic, name="traffic"),
+    path("history/", views.history_page, name="history"),
     path("refusals/", views.refusal_list, name="refusal_list"),
     path("keys/", views.key_list, name="key_list"),
     path("keys/create/", views.key_create, name="key_create"),

@@ -238,8 +238,45 @@ def traffic(request: HttpRequest) -> HttpResponse:
     from django.utils.safestring import mark_safe
 
     from gateway.live import render_traffic
+    from gateway.models import TrafficPoint
 
-    return render(request, "gateway/traffic.html", {"panel": mark_safe(render_traffic())})
+    recorded = sorted(set(TrafficPoint.objects.values_list("model", flat=True)[:1000]))
+    context = {"panel": mark_safe(render_traffic()), "recorded": recorded}
+    model = request.GET.get("model")
+    if model:
+        context["history"] = history_context(request, model=model)
+    return render(request, "gateway/traffic.html", context)
+
+
+def history_context(request: HttpRequest, **which: str) -> dict[str, Any]:
+    """The history partial's context for a model, a key or an owner (``gateway.history``)."""
+    from django.utils.http import urlencode
+
+    from gateway import history
+
+    span = request.GET.get("span", "day")
+    if span not in history.SPANS:
+        span = "day"
+    ((field, name),) = which.items()
+    keep = {k: v for k, v in request.GET.items() if k not in ("span",)}
+    return {
+        "charts": history.charts_for(span=span, **which), "span": span,
+        "spans": list(history.SPANS), "what": f"{field} {name}",
+        "what_id": f"{field}-{name}".replace(":", "-"),
+        "query": urlencode(keep) + "&" if keep else "",
+    }  # fmt: skip
+
+
+@role_required(VIEWER)
+@require_GET
+def history_page(request: HttpRequest) -> HttpResponse:
+    """A model's, a key's or an owner's traffic over time (``?model=``, ``?key=``,
+    ``?owner=``; ``span`` hour, day, week)."""
+    which = {f: request.GET[f] for f in ("model", "key", "owner") if request.GET.get(f)}
+    if len(which) != 1:
+        return render(request, "gateway/history.html",
+                      {"error": "Name one of model, key or owner."}, status=400)  # fmt: skip
+    return render(request, "gateway/history.html", history_context(request, **which))
 
 
 # Refusal records on one page of the console's list.

@@ -102,13 +102,14 @@ def _start_recorder() -> None:
 
     if not apps.ready:
         django.setup()
-    from gateway import refusals, usage
+    from gateway import history, refusals, usage
     from guard import records
 
     records.start()
     # What the gateway served on this port (gateway.usage) and what its guard refused
     # (gateway.refusals), written in batches too.
     usage.start()
+    history.start()
     refusals.start()
 
 

@@ -195,6 +195,16 @@ if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
         f"LLMGW_GATEWAY_REFUSAL_DAYS is {LLMGW_GATEWAY_REFUSAL_DAYS}: write 1 or more days"
     )
 LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 3600)
+# Traffic over time (gateway.history): minutes kept this many hours, then summed into
+# hours, kept this many days; the job that rolls them runs every this many seconds.
+LLMGW_HISTORY_MINUTE_HOURS = envint("HISTORY_MINUTE_HOURS", 24)
+LLMGW_HISTORY_HOUR_DAYS = envint("HISTORY_HOUR_DAYS", 30)
+LLMGW_HISTORY_ROLL_INTERVAL = envint("HISTORY_ROLL_INTERVAL", 600)
+if LLMGW_HISTORY_MINUTE_HOURS < 1 or LLMGW_HISTORY_HOUR_DAYS < 1 or LLMGW_HISTORY_ROLL_INTERVAL < 1:
+    raise ImproperlyConfigured(
+        "LLMGW_HISTORY_MINUTE_HOURS, LLMGW_HISTORY_HOUR_DAYS and LLMGW_HISTORY_ROLL_INTERVAL "
+        "are 1 or more"
+    )
 # Updates (docs/updates.md): the weights mirror, a folder every web and worker process
 # reaches (LLMGW_MIRROR=off: nodes fetch from the registry themselves, as before), its size
 # cap in GB (0: none; a fetch past it is refused with the reason), the registry (the Hugging

@@ -1,5 +1,5 @@
-"""Measure how the cluster reacts to its load: load scaling (issue 20, item 1), and, added
-by its own section, admission by priority band (item 3).
+"""Measure how the cluster reacts to its load: load scaling (issue 20, item 1), and
+admission by priority band (item 3).
 
     .venv/bin/python bench/autoscale.py [--up 10] [--down 20] [--clients 8]
 
@@ -17,6 +17,11 @@ Sections (each a function taking the running ``Setup``; ``main`` runs them in or
   with when the new replicas were ready. The load stops: ``scale-down reaction`` is the
   time from its end to the first replica given up (``LLMGW_SCALE_DOWN_AFTER`` plus the
   same delays), with when it was back at its min.
+- ``admission``: ``admission decision p50`` (``gateway.admission``'s check, in this
+  process); then a model of two sim slots and a 500 ms TTFT slo offered twice that by a
+  high and a low key (``--overload`` seconds): the high band's TTFT p99 against its slo
+  (from the first hold on, and over the whole run), the low band's 429s, and when each
+  band is answered again once the load falls.
 """
 
 from __future__ import annotations
@@ -129,9 +134,94 @@ def scaling(s: Setup) -> None:
     s.say(f"  back at min 1 {at_min:.1f} s after the load ended (one replica a window)")
 
 
-# The sections, in order. Admission by priority band (issue 20, item 3) goes here as its
-# own function, ``admission(s)``, printing its lines through ``s.say``.
-SECTIONS: list[Callable[[Setup], None]] = [scaling]
+# -- admission by priority band (issue 20, item 3) -----------------------------------------
+
+
+def admission_decision(s: Setup) -> None:
+    """The decision's own time, in this process: a model past its slo, a window of
+    samples, ``Admission.check`` for a low and a high key."""
+    from gateway.admission import Admission
+
+    a = Admission(window=10.0)
+    for i in range(2000):
+        a.record("m", 0.2 + (i % 50) / 10)  # up to 5 s: past a 1 s slo
+    took = []
+    for i in range(20000):
+        band = "low" if i % 2 else "high"
+        t = time.perf_counter_ns()
+        a.check("m", band, 1000.0)
+        took.append(time.perf_counter_ns() - t)
+    took.sort()
+    s.say(f"admission decision p50: {took[len(took) // 2] / 1000:.1f} us")
+    s.say(f"  p99 {took[len(took) * 99 // 100] / 1000:.1f} us (a window of 10 s, 21 buckets a "
+          "second, read on each check)")  # fmt: skip
+
+
+def admission(s: Setup) -> None:
+    """A model of two slots (the sim's --parallel 2) offered twice that by a high and a low
+    key (two streaming clients each, no pause): the high band's TTFT p99 against the slo,
+    the low band's 429s, then both back once the load falls."""
+    import openai
+
+    from cluster.models import Replica
+    from tests.e2e.bandload import BandLoad, p99
+
+    admission_decision(s)
+    name, slo_ms = "banded", 500
+    store({"name": name, "source": f"sim/{name}", "scaling": {"min": 1, "max": 1},
+           "slo": {"ttft_p99": f"{slo_ms}ms"},
+           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1,
+                         "env": {**SLOW, "LLMGW_SIM_PARALLEL": "2"}}]})  # fmt: skip
+    wait(lambda: Replica.objects.filter(model_name=name, state="ready").exists(), 120,
+         "the banded model's replica ready")  # fmt: skip
+    keys = {}
+    for band in ("high", "low"):
+        made = subprocess.run(
+            [sys.executable, "manage.py", "gateway", "key", "create", f"bench-{band}",
+             "--priority", band],
+            cwd=ROOT, env=s.env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        keys[band] = made.stdout.strip().splitlines()[-1]
+    time.sleep(1.5)  # the gateway reads new keys within a second
+    high = BandLoad(s.url, keys["high"], name, clients=2)
+    low = BandLoad(s.url, keys["low"], name, clients=2)
+    t0 = time.monotonic()
+    high.start(t0)
+    low.start(t0)
+    time.sleep(s.args.overload)
+    high.stop()
+    low.stop()
+    held = [a for a in low.answers if a.status == 429]
+    first_hold = min((a.at for a in held), default=float("inf"))
+    high_ok = [a.ttft for a in high.answers if a.status == 200 and a.ttft is not None]
+    steady = [a.ttft for a in high.answers
+              if a.status == 200 and a.ttft is not None and a.at >= first_hold]  # fmt: skip
+    s.say(f"admission: slo ttft_p99 {slo_ms} ms; 2 high + 2 low streaming clients on 2 slots "
+          f"for {s.args.overload} s")  # fmt: skip
+    s.say(f"high band TTFT p99 under overload: {p99(steady) * 1000:.0f} ms against its slo "
+          f"{slo_ms} ms (from the first hold on, {len(steady)} answers; "
+          f"{p99(high_ok) * 1000:.0f} ms over the whole run, {len(high_ok)} answers); "
+          f"high 429s: {sum(a.status == 429 for a in high.answers)}")  # fmt: skip
+    retry = sorted({a.retry_after for a in held})
+    s.say(f"  low band: {len(held)} of {len(low.answers)} refused 429 (Retry-After "
+          f"{', '.join(retry) or '-'}), first {first_hold:.1f} s in")  # fmt: skip
+    # The load falls: one request a second from each; when is each band answered again.
+    back: dict[str, float] = {}
+    fell = time.monotonic()
+    while len(back) < 2 and time.monotonic() - fell < 60:
+        for band, load in (("high", high), ("low", low)):
+            if band not in back:
+                c = openai.OpenAI(base_url=s.url + "/v1", api_key=keys[band], max_retries=0)
+                if load.ask(c).status == 200:
+                    back[band] = time.monotonic() - fell
+        time.sleep(1.0)
+    s.say("  after the load fell, answered again: " + ", ".join(
+        f"{b} {back[b]:.1f} s" if b in back else f"{b} not within 60 s" for b in ("high", "low")
+    ) + " (LLMGW_ADMISSION_WINDOW 10 s)")  # fmt: skip
+
+
+# The sections, in order.
+SECTIONS: list[Callable[[Setup], None]] = [scaling, admission]
 
 
 def main() -> None:
@@ -139,6 +229,8 @@ def main() -> None:
     parser.add_argument("--up", type=int, default=10, help="LLMGW_SCALE_UP_AFTER (s)")
     parser.add_argument("--down", type=int, default=20, help="LLMGW_SCALE_DOWN_AFTER (s)")
     parser.add_argument("--clients", type=int, default=8, help="clients of the load")
+    parser.add_argument("--overload", type=int, default=40,
+                        help="seconds of the admission section's overload")  # fmt: skip
     args = parser.parse_args()
 
     old_name, db_name = webproc.throwaway_database("llmgw_bench_autoscale")

@@ -207,6 +207,20 @@ def run_bounded(cmd: list[str], env: dict[str, str]) -> int:
         return 130
 
 
+# Workers the run's test files are shared among (pytest-xdist, a whole file to a worker, so a
+# module's plane or server is started once). Most of an end-to-end test is waiting on its
+# processes, so more workers than cores still shortens the run. 0 runs them in this process.
+WORKERS = os.environ.get("LLMGW_TEST_WORKERS", "3")
+
+
+def worker_args(args: list[str]) -> list[str]:
+    if WORKERS in ("", "0") or any(
+        a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args
+    ):
+        return []
+    return ["-n", WORKERS, "--dist", "loadfile"]
+
+
 def test(args: list[str]) -> int:
     ensure_venv("requirements-dev.txt")
     start_services()
@@ -214,7 +228,7 @@ def test(args: list[str]) -> int:
     env = dict(os.environ)
     test_database_server(env)
     ensure_real_engine(env)
-    code = run_bounded([str(PY), "-m", "pytest", *args], env)
+    code = run_bounded([str(PY), "-m", "pytest", *worker_args(args), *args], env)
     if code == 5:
         say("no test ran: that is a failure")
         return 1

@@ -1,27 +1,73 @@
 """The updates app's receivers, connected by ``connect()`` (``UpdatesConfig.ready``).
 
-- **Each reconcile tick** (the cluster's ``reconcile_tick``) looks once at every running
-  update and moves it as its step decides (``updates.run.advance_all``): the flow moves
-  with the cluster it waits on (a candidate placed and ready, a canary's requests).
+- **Each reconcile tick** (the cluster's ``reconcile_tick``) has every running update
+  looked at once and moved as its step decides (``updates.run.advance_all``): the flow
+  moves with the cluster it waits on (a candidate placed and ready, a canary's requests).
+  The look runs beside the tick, never in it (a step may ask the registry): a worker's
+  task in production, a thread of the process embedded, one at a time there; two looks
+  at once skip each other's updates (``advance`` claims each row).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
+
+from django.conf import settings
 
 from cluster.signals import reconcile_tick
 
 log = logging.getLogger(__name__)
 
 
+_looking = threading.Lock()
+
+
 def _tick(sender: Any, **kwargs: Any) -> None:
+    from updates.models import UpdateRun, UpdateState
+
+    try:
+        if (
+            not UpdateRun.objects.filter(state=UpdateState.RUNNING).exists()
+            and not _ended_recently()
+        ):
+            return
+        if settings.REDIS_URL:
+            from updates.tasks import advance_updates
+
+            advance_updates.apply_async(expires=30)
+        elif _looking.acquire(blocking=False):
+            threading.Thread(target=_look, name="updates-advance", daemon=True).start()
+    except Exception:
+        log.exception("moving the running updates failed; the next tick tries again")
+
+
+def _ended_recently() -> bool:
+    """Whether an update ended lately (its candidate may wait to be removed: run.sweep)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from updates import run
+    from updates.models import UpdateRun
+
+    since = timezone.now() - timedelta(seconds=run.DRAIN_S * 6)
+    return UpdateRun.objects.filter(finished__gte=since).exclude(candidate="").exists()
+
+
+def _look() -> None:
+    from django.db import close_old_connections
+
     from updates import run
 
     try:
         run.advance_all()
     except Exception:
         log.exception("moving the running updates failed; the next tick tries again")
+    finally:
+        _looking.release()
+        close_old_connections()
 
 
 def connect() -> None:

@@ -31,6 +31,15 @@ def fetch_into_mirror(pk: int) -> None:
 # The update flow's (H19flow): an eval runs apart from the reconcile tick that moves the
 # update (updates.run); its cases take a while.
 @shared_task(ignore_result=True)
+def advance_updates() -> int:
+    """Look once at every running update (``updates.run.advance_all``), sent at each
+    reconcile tick; return how many."""
+    from updates import run
+
+    return len(run.advance_all())
+
+
+@shared_task(ignore_result=True)
 def run_update_eval(*, pk: int) -> None:
     """Run an update's eval suite against its candidate (``updates.run.run_eval``)."""
     from updates import run

@@ -101,6 +101,10 @@ def rows(make_user: Any) -> dict[str, Any]:
 
     Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="app")
     Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="request", key="app")
+    from updates.models import Fetch, UpdateCheck
+
+    Fetch.objects.create(model="chat", source="org/chat")
+    UpdateCheck.objects.create(model="chat", state="current", checked=timezone.now())
     for model, _ in REGISTRY:
         assert model._default_manager.exists(), f"{model._meta.label}: add a row in rows()"
     assert ServedModel.objects.get(name="chat").scaling_max == 2

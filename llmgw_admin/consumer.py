@@ -46,6 +46,7 @@ from guard import live as guard_live
 from llmgw_admin import events
 from llmgw_admin.hub import hub
 from llmgw_admin.roles import OPERATOR, VIEWER, has_role
+from updates import flowviews as updates_flowviews
 from updates import live as updates_live
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
     evaluation: int | None
     # The catalog list's ready cells (?view=catalog): the names its filters show, or None.
     listed: set[str] | None = None
+    # The Updates page (?view=updates): its filters, to ask for its table again; or None.
+    updates_view: dict[str, str] | None = None
     shown_nodes: set[int]
     shown_models: set[str]
     # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
@@ -159,6 +162,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.model = query["model"][0] if query.get("model") else None
+        if query.get("view") == ["updates"]:
+            self.updates_view = {k: query[k][-1][:200] for k in ("q", "state") if query.get(k)}
         if query.get("view") == ["catalog"]:
             filters = {k: v[-1] for k, v in query.items() if k != "view"}
             self.listed = await database_sync_to_async(listed_names)(filters)
@@ -197,6 +202,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
+        if self.updates_view is not None:
+            return "", set(), set()  # the page's own render is its snapshot
         if self.listed is not None:
             cells = cluster_live.ready_changed(sorted(self.listed), self.can_act)
             return "\n".join(h for h in cells.values() if h), set(), set()
@@ -282,6 +289,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def cluster_models_changed(self, event: dict[str, Any]) -> None:
         names = events.keys_of(event)
+        if self.updates_view is not None:
+            # The Updates page: asked to fetch its table again, filters and all (its own
+            # session renders it; updates.flowviews).
+            await self.send(text_data=updates_flowviews.region_poke(self.updates_view))
+            return
         if self.listed is not None:
             shown = [n for n in names if n in self.listed]
             if shown:

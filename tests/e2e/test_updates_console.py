@@ -96,6 +96,8 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
     # The panel says it started; it is asked for again every 2 s while the update runs.
     page.wait_for_selector("[data-role=update-run]")
     assert "started by" in page.locator("[data-role=update-run]").inner_text()
+    # A viewer's Updates page, open (and live) while the update runs.
+    listing = console(viewer, "/updates/")
     seen: set[str] = set()
 
     def steps() -> bool:
@@ -132,9 +134,9 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
     assert seen_by_viewer.locator("[data-role=update-run-state]").inner_text() == "promoted"
     for role in ("update-start", "update-promote", "update-rollback", "check-updates"):
         assert seen_by_viewer.locator(f"[data-role={role}]").count() == 0, role
-    listing = console(viewer, "/updates/")
-    row = listing.locator("tr[data-model=chat]")
-    assert row.get_attribute("data-state") == "promoted"
+    wait_js(listing, "document.querySelector('tr[data-model=chat]')?.dataset.state === 'promoted'",
+            timeout=30, what="the viewer's Updates page to show chat promoted")  # fmt: skip
+    assert listing.locator("[data-live-status].on").count() == 1
     listing.select_option("[data-role=filter-state]", "failed")
     listing.click("form[data-role=update-filters] button")
     listing.wait_for_url("**/updates/?q=&state=failed")

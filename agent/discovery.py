@@ -33,7 +33,9 @@ GPU_QUERY = [
     "--format=csv,noheader,nounits",
 ]
 MIG_QUERY = ["nvidia-smi", "-L"]
-# What each card is using now, read with every heartbeat (the cards themselves once).
+# What each card is using now, read with every heartbeat (the cards themselves once),
+# given USE_TIMEOUT_S seconds.
+USE_TIMEOUT_S = 5
 USE_QUERY = [
     "nvidia-smi",
     "--query-gpu=index,memory.used,utilization.gpu",
@@ -218,10 +220,12 @@ def cards_from(gpu_csv: str, mig_list: str = "") -> list[dict[str, Any]]:
     return cards
 
 
-def _run(argv: Sequence[str]) -> str | None:
+def _run(argv: Sequence[str], timeout: float = 20) -> str | None:
     """Return a command's standard output (and error), or None when it cannot run."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=20, check=False)
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
@@ -262,7 +266,13 @@ def parse_use_csv(text: str, cards: Sequence[Mapping[str, Any]]) -> list[dict[st
     return use
 
 
-def discover_use(cards: Sequence[Mapping[str, Any]], run: Run = _run) -> list[dict[str, Any]]:
+def _run_quick(argv: Sequence[str]) -> str | None:
+    """Run a query asked with every heartbeat: a hung nvidia-smi costs one heartbeat at
+    most a few seconds, never the node's (it would be lost after 30 s without one)."""
+    return _run(argv, timeout=USE_TIMEOUT_S)
+
+
+def discover_use(cards: Sequence[Mapping[str, Any]], run: Run = _run_quick) -> list[dict[str, Any]]:
     """Return what this node's cards use now; none when nvidia-smi is missing or fails."""
     if not cards:
         return []

@@ -187,7 +187,7 @@ def read_card_use(inv: Any) -> dict[str, dict[str, int | None]] | None:
         if not isinstance(u, dict) or isinstance(u.get("index"), bool):
             raise AgentError(f"{where} must be an object with a card's index")
         index = u.get("index")
-        if index not in sizes:
+        if not isinstance(index, int) or index not in sizes:  # a list is no key: not a 500
             raise AgentError(
                 f"{where}.index must be the index of one of inventory.cards "
                 f"({', '.join(map(str, sorted(sizes))) or 'none'}), not {index!r:.40}"

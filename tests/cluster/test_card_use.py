@@ -60,6 +60,8 @@ BAD = [
     (use((1, 1, 140)), "inventory.cards_use[0].utilization must be a percent from 0 to 100, not 140"),
     (use((1, 1, "high")), "inventory.cards_use[0].utilization must be a percent from 0 to 100, not 'high'"),
     ([3], "inventory.cards_use[0] must be an object with a card's index"),
+    ([{"index": [0]}], "inventory.cards_use[0].index must be the index of one of inventory.cards (0, 1), not [0]"),
+    ([{"index": True}], "inventory.cards_use[0] must be an object with a card's index"),
 ]  # fmt: skip
 
 

@@ -105,6 +105,9 @@ def rows(make_user: Any) -> dict[str, Any]:
 
     Fetch.objects.create(model="chat", source="org/chat")
     UpdateCheck.objects.create(model="chat", state="current", checked=timezone.now())
+    from updates.models import UpdateRun
+
+    UpdateRun.objects.create(model="chat", state="failed", reason="cancelled by ada")
     for model, _ in REGISTRY:
         assert model._default_manager.exists(), f"{model._meta.label}: add a row in rows()"
     assert ServedModel.objects.get(name="chat").scaling_max == 2

@@ -98,3 +98,28 @@ def test_the_admin_bulk_action_update_starts_one_a_model_and_says_why_not(
     refused = client_for(viewer).post("/admin/catalog/servedmodel/",
                                       {"action": "update_models", "_selected_action": pks})  # fmt: skip
     assert refused.status_code in (200, 403) and UpdateRun.objects.count() == 1  # not run
+
+
+def test_the_update_runs_admin_cancels_in_bulk_for_operators(
+    chat: str,  # noqa: F811
+    client_for: Any,
+    operator: Any,
+    viewer: Any,
+) -> None:
+    r = run.start("chat")
+    page = client_for(viewer).get("/admin/updates/updaterun/").content.decode()
+    assert "chat" in page and "cancel_updates" not in page
+    answer = client_for(operator).post(
+        "/admin/updates/updaterun/", {"action": "cancel_updates", "_selected_action": [r.pk]},
+        follow=True,
+    )  # fmt: skip
+    assert "Cancelled: chat." in answer.content.decode()
+    r.refresh_from_db()
+    assert (r.state, r.surface) == ("failed", "cli") and r.reason.startswith(
+        f"cancelled by {operator.username}"
+    )
+    again = client_for(operator).post(
+        "/admin/updates/updaterun/", {"action": "promote_updates", "_selected_action": [r.pk]},
+        follow=True,
+    )  # fmt: skip
+    assert "no update of &quot;chat&quot; is running" in again.content.decode()

@@ -33,6 +33,9 @@ def test_traffic_through_another_process_is_pushed_with_its_slo(
     key = new_key(control_plane, "traffic")
 
     page = console(viewer, "/gateway/traffic/")
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     assert "No traffic in the last" in page.locator("#gateway-traffic").inner_text()
     with gateway_process(control_plane, tmp_path) as alone:
         api = openai.OpenAI(base_url=alone + "/v1", api_key=key, max_retries=0)
@@ -51,6 +54,14 @@ def test_traffic_through_another_process_is_pushed_with_its_slo(
         assert float(row.locator("[data-role=rps]").inner_text()) > 0
         assert float(row.locator("[data-role=tps]").inner_text()) > 0
         assert "ms" in row.locator("[data-role=ttft-p99]").inner_text()
+        # The engine's TTFT beside the client's (which the SLO is held to).
+        assert "ms" in row.locator("[data-role=engine-ttft-p50]").inner_text()
+        assert "ms" in row.locator("[data-role=engine-ttft-p99]").inner_text()
+        for width in (1280, 390):  # the panel as pushed, at a desktop's width and a phone's
+            page.set_viewport_size({"width": width, "height": 900})
+            row.locator("[data-role=engine-ttft]").scroll_into_view_if_needed()
+            assert row.locator("[data-role=engine-ttft]").is_visible()
+        assert errors == []
         assert row.locator('[data-slo="ttft"]').inner_text() == "TTFT met"
         assert row.locator('[data-slo="tpot"]').inner_text() == "TPOT missed"
         assert row.locator("[data-role=errors]").inner_text() == "0.0 %"

@@ -1,0 +1,75 @@
+"""Production: a fetch into the mirror is run by a real Celery worker on the local Redis
+(the task ``updates.tasks.fetch_into_mirror``), the Hub stand-in as the registry."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.catalog.samples import gpu_model, store
+from tests.cluster.test_celery_worker import REDIS, ROOT, _new_pools
+from tests.dburl import database_url
+from tests.updates.hubstandin import HubStandIn
+from tests.waiting import wait_until
+from updates import mirror
+from updates.models import Fetch
+
+WEIGHTS = bytes(range(256)) * 4096
+
+
+@contextlib.contextmanager
+def worker(tmp_path: Path, hub: HubStandIn, mirror_dir: Path) -> Iterator[None]:
+    from llmgw_admin.celery import app
+
+    env = dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
+        LLMGW_DATABASE_URL=database_url(),
+        LLMGW_REDIS_URL=REDIS,
+        LLMGW_DATA_DIR=str(tmp_path / "data"),
+        LLMGW_SECRET_KEY="test-only",
+        HF_ENDPOINT=hub.url,
+        LLMGW_MIRROR_HOSTS=hub.url,
+        LLMGW_MIRROR_DIR=str(mirror_dir),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "llmgw_admin", "worker", "--pool", "solo",
+         "--concurrency", "1", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    old = app.conf.broker_url
+    app.conf.broker_url = REDIS
+    _new_pools(app)
+    try:
+        yield
+    finally:
+        app.conf.broker_url = old
+        _new_pools(app)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_fetches_into_the_mirror(hub: HubStandIn, tmp_path: Path, settings: Any) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    with worker(tmp_path, hub, Path(settings.LLMGW_MIRROR_DIR)):
+        fetch = mirror.request_fetch("chat", by="test", surface="cli")
+        done = wait_until(
+            lambda: Fetch.objects.filter(pk=fetch.pk, state__in=("done", "failed")).first(),
+            timeout=90,
+            what="the worker to end the fetch",
+        )
+    assert done.state == "done", done.reason
+    assert (mirror.local_path("chat") / "model.safetensors").read_bytes() == WEIGHTS
+    assert hub.count("GET", "/resolve/") == 1

@@ -163,6 +163,37 @@ class HistoryQuerySerializer(serializers.Serializer[None]):
         return attrs
 
 
+class HistoryPointSerializer(serializers.Serializer[None]):
+    at = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()
+    refusals = serializers.IntegerField()
+    held = serializers.IntegerField()
+    tokens_in = serializers.IntegerField()
+    tokens_out = serializers.IntegerField()
+    in_flight = serializers.FloatField()
+    ttft_p50_ms = serializers.FloatField(allow_null=True)
+    ttft_p99_ms = serializers.FloatField(allow_null=True)
+
+
+class HistoryMarkSerializer(serializers.Serializer[None]):
+    at = serializers.DateTimeField()
+    kind = serializers.CharField(help_text="scale (a replica made) or bench")
+    what = serializers.CharField()
+
+
+class HistorySerializer(serializers.Serializer[None]):
+    """A series: its span, the seconds a point, the points, a model's marks."""
+
+    span = serializers.CharField()
+    step_s = serializers.IntegerField()
+    model = serializers.CharField(required=False)
+    key = serializers.CharField(required=False)
+    owner = serializers.CharField(required=False)
+    marks = HistoryMarkSerializer(many=True, required=False)
+    points = HistoryPointSerializer(many=True)
+
+
 class HistoryViewSet(viewsets.ViewSet):
     """Traffic over time (``gateway.history``): a model's requests, errors, refusals,
     admission holds, tokens, mean in flight and TTFT p50/p99 per point, with its scale
@@ -170,8 +201,9 @@ class HistoryViewSet(viewsets.ViewSet):
     a minute over the last hour, ten minutes over a day, an hour over a week."""
 
     read_role = VIEWER
+    serializer_class = HistorySerializer
 
-    @extend_schema(parameters=[HistoryQuerySerializer])
+    @extend_schema(parameters=[HistoryQuerySerializer], responses=HistorySerializer)
     def list(self, request: Request) -> Response:
         from gateway import history
 

@@ -223,3 +223,72 @@ def update_check(request: Request, name: str) -> Response:
     who = getattr(request.user, "username", "") or "api"
     [result] = checking.check_models([name], by=f"{who} (api)")
     return Response(result.as_json(), status=status.HTTP_200_OK)
+
+
+_FETCH = inline_serializer(
+    "MirrorFetch",
+    {
+        "id": serializers.IntegerField(),
+        "model": serializers.CharField(),
+        "source": serializers.CharField(),
+        "revision": serializers.CharField(),
+        "commit": serializers.CharField(),
+        "state": serializers.CharField(help_text="queued, fetching, done, failed or dropped"),
+        "bytes_done": serializers.IntegerField(),
+        "bytes_total": serializers.IntegerField(allow_null=True),
+        "reason": serializers.CharField(),
+        "requested_by": serializers.CharField(),
+        "created": serializers.CharField(allow_null=True),
+        "finished": serializers.CharField(allow_null=True),
+    },
+    many=True,
+)
+
+
+@extend_schema(
+    summary="A model's fetches into the weights mirror, newest first (viewers)",
+    responses={200: _FETCH, 404: dict},
+)
+@api_view(["GET"])
+def model_fetches(request: Request, name: str) -> Response:
+    """Answer a model's fetches into the mirror, newest first (at most 20): the state,
+    the bytes done of the total while one runs, the reason of one that failed."""
+    from catalog.services import stored_specs
+
+    if not stored_specs(names=[name]):
+        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    rows = Fetch.objects.filter(model=name).order_by("-id")[:20]
+    return Response([f.as_json() for f in rows])
+
+
+@extend_schema(
+    summary="What the weights mirror holds, for whom, and how much (viewers)",
+    responses={200: dict},
+)
+@api_view(["GET"])
+def mirror_holdings(request: Request) -> Response:
+    """Answer the mirror's folders (source, commit, bytes, the models each is for and what
+    it is to each), the total, the cap, and the fetches queued or running."""
+    from django.conf import settings
+
+    from updates.models import ACTIVE
+
+    held = mirror.holdings()
+    cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
+    return Response(
+        {
+            "enabled": mirror.enabled(),
+            "bytes": sum(h.bytes for h in held),
+            "cap_bytes": int(cap_gb * 1e9) if cap_gb else None,
+            "held": [
+                {
+                    "source": h.source,
+                    "commit": h.commit,
+                    "bytes": h.bytes,
+                    "models": [{"model": m, "as": r} for m, r in h.models_roles],
+                }
+                for h in held
+            ],
+            "fetching": [f.as_json() for f in Fetch.objects.filter(state__in=ACTIVE)],
+        }
+    )

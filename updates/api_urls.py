@@ -14,12 +14,14 @@ from updates import api, flowapi
 node_patterns = [
     path("mirror/models/<str:name>/", api.node_manifest, name="mirror-manifest"),
     path("mirror/files/<int:pk>/<path:path>", api.node_file, name="mirror-file"),
+    path("mirror/", api.mirror_holdings, name="mirror-holdings"),
     # The update flow's (updates.flowapi).
     path("runs/", flowapi.runs, name="update-runs"),
 ]
 
 catalog_patterns = [
     path("models/<str:name>/update-check/", api.update_check, name="update-check"),
+    path("models/<str:name>/mirror/", api.model_fetches, name="model-fetches"),
     # The update flow's (updates.flowapi).
     path("models/<str:name>/update/", flowapi.model_update, name="update"),
     path("models/<str:name>/update/promote/", flowapi.model_promote, name="update-promote"),

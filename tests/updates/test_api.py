@@ -208,3 +208,24 @@ def test_the_catalog_list_shows_update_available_as_the_live_view_pushes_it(
     assert pushed["chat"].strip() in page and "update available" in pushed["chat"]
     assert pushed["other"].strip() in page and "update available" not in pushed["other"]
     assert f'id="{live.badge_dom_id("chat")}"' in pushed["chat"]
+
+
+def test_the_api_shows_a_model_s_fetches_and_what_the_mirror_holds(
+    hub: HubStandIn, viewer: Any, outsider: Any
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    f = mirror.request_fetch("chat", start=False)
+    c = Client()
+    c.force_login(viewer)
+    [queued] = c.get("/api/v1/catalog/models/chat/mirror/").json()
+    assert queued["state"] == "queued" and queued["id"] == f.pk
+    mirror.run_fetch(f.pk)
+    [done] = c.get("/api/v1/catalog/models/chat/mirror/").json()
+    assert done["state"] == "done" and done["bytes_done"] == done["bytes_total"] == len(WEIGHTS)
+    held = c.get("/api/v1/updates/mirror/").json()
+    assert held["bytes"] == len(WEIGHTS)
+    assert held["held"][0]["models"] == [{"model": "chat", "as": "current"}]
+    assert c.get("/api/v1/catalog/models/nope/mirror/").status_code == 404
+    c.force_login(outsider)
+    assert c.get("/api/v1/updates/mirror/").status_code == 403

@@ -30,6 +30,8 @@ from agent import weights
 from agent.state import write_atomic
 
 VERIFIED = ".llmgw-verified.json"
+# Written once every file of a folder is checked: the source the folder holds.
+SOURCE = ".llmgw-source"
 # Broken transfers of one file resumed within one fetch before it fails.
 ATTEMPTS = 4
 # Seconds between asks while the mirror is fetching.
@@ -194,6 +196,11 @@ class MirrorClient:
                 verified[rel] = sha
                 write_atomic(dest / VERIFIED, json.dumps(verified, indent=1, sort_keys=True))
                 done += size
+            # Every file is here and checked: the node holds this source's weights (its
+            # inventory says so: agent.weights.held_sources).
+            marker = dest / SOURCE
+            if not marker.is_file() or marker.read_text(encoding="utf-8") != source:
+                write_atomic(marker, source)
         return str(_for_engine(dest, [str(f.get("path") or "") for f in files], source, engine))
 
 

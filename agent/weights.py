@@ -220,13 +220,21 @@ def load_manifest(weights_dir: str | os.PathLike[str]) -> dict[str, dict[str, ob
 
 
 def held_sources(weights_dir: str | os.PathLike[str]) -> list[str]:
-    """Return the URLs whose downloads are complete in the weights folder."""
+    """Return the URLs whose downloads are complete in the weights folder, and the sources
+    (URLs, Hugging Face ids) whose files the node took whole from the control plane's
+    mirror (``agent.mirror``: ``mirror/<folder>/.llmgw-source``)."""
     folder = Path(weights_dir)
-    return sorted(
+    held = {
         url
         for url, entry in load_manifest(folder).items()
         if (folder / str(entry.get("file", ""))).is_file()
-    )
+    }
+    for marker in (folder / "mirror").glob("**/.llmgw-source"):
+        try:
+            held.add(marker.read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+    return sorted(s for s in held if s)
 
 
 def _record(folder: Path, url: str, name: str, digest: str, size: int) -> None:

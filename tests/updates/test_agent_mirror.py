@@ -62,6 +62,8 @@ def test_a_node_waits_for_the_mirror_then_takes_the_folder(
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert client.fetch("chat", "org/chat", "vllm") == path
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    # The node's inventory says it holds the model's weights (placement prefers it).
+    assert weights.held_sources(tmp_path / "weights") == ["org/chat"]
     assert Fetch.objects.count() == 1, [
         (f.revision, f.commit, f.state, f.requested_by, f.surface) for f in Fetch.objects.all()
     ]

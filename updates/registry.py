@@ -84,7 +84,10 @@ class RepoState:
 
     @property
     def weights(self) -> tuple[RepoFile, ...]:
-        """Return the files an engine loads weights from."""
+        """Return the files an engine loads weights from (a URL's one file, whatever its
+        name)."""
+        if kind(self.source) == "url":
+            return self.files
         return tuple(f for f in self.files if f.weights)
 
     @property

@@ -145,3 +145,17 @@ def test_the_periodic_job_checks_every_model_with_an_origin_and_resumes_a_dead_f
     assert UpdateCheck.objects.get(model="chat").state == "available"
     # Taken up again (queued for a worker): its row was moved.
     assert Fetch.objects.get(pk=left.pk).updated > timezone.now() - timedelta(minutes=1)
+
+
+@pytest.mark.django_db
+def test_a_url_source_s_new_content_is_an_update_whatever_its_name(hub: HubStandIn) -> None:
+    from tests.updates.hubstandin import Blob
+
+    hub.plain["weights"] = Blob(b"v1" * 100)
+    store(gpu_model("chat", source=f"{hub.url}/plain/weights"))
+    assert mirror.run_fetch(mirror.request_fetch("chat", start=False).pk).state == "done"
+    [same] = checking.check_models(["chat"])
+    assert same.state == "current"
+    hub.plain["weights"] = Blob(b"v2" * 100)
+    [r] = checking.check_models(["chat"])
+    assert (r.state, r.changed) == ("available", ["weights"])

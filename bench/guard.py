@@ -107,7 +107,7 @@ def main() -> None:
         from guard import formats, records, services
         from guard.models import JudgeHealth
         from llmgw_admin.asgi import application
-        from llmgw_admin.models import ApiToken
+        from llmgw_core.models import ApiToken
 
         records.start()  # as the web process's server does (llmgw_admin/server.py)
 

@@ -188,7 +188,7 @@ def main() -> None:
 
     from cluster import services
     from cluster.models import JoinToken
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
 
     viewer = User.objects.create_user("bench-viewer", password="x")
     viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])

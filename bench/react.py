@@ -56,8 +56,8 @@ def main() -> None:
 
     from cluster import services
     from cluster.models import Assignment, JoinToken
-    from llmgw_admin.models import ApiToken
-    from llmgw_admin.roles import OPERATOR
+    from llmgw_core.models import ApiToken
+    from llmgw_core.roles import OPERATOR
     from tests.cluster.helpers import inventory
 
     _, secret = JoinToken.issue("bench")

@@ -29,7 +29,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from llmgw_admin.roles import OPERATOR, RoleAdminMixin
+from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
 
 class _Inline(RoleAdminMixin, admin.StackedInline):  # type: ignore[type-arg]

@@ -28,8 +28,8 @@ from catalog.views import (
     save_bundle,
     week_context,
 )
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, role_required
 
 
 def _bundle(data: Any, obj: ServedModel) -> tuple[ScheduleForm, dict[str, Any]]:

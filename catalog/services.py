@@ -30,7 +30,7 @@ from catalog.models import (
     ServedModel,
 )
 from catalog.problems import Problem
-from llmgw_admin import refused
+from llmgw_core import refused
 
 CHILD_MODELS: dict[str, type[Any]] = {
     "profiles": Profile,

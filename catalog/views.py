@@ -2,7 +2,7 @@
 
 Function views, thin over ``catalog.forms`` (every check is ``check_bundle``) and
 ``catalog.services`` (every write, delete and revert). A page asked for by htmx answers
-with a named partial of its own template (``llmgw_admin.htmx.is_partial``), so the first
+with a named partial of its own template (``llmgw_core.htmx.is_partial``), so the first
 render and every refresh come from the same fragment.
 """
 
@@ -43,8 +43,8 @@ from catalog.forms import (
 )
 from catalog.models import Alias, ChangeRecord, Profile, ServedModel
 from catalog.problems import Problem
-from llmgw_admin.htmx import HtmxHttpRequest, is_partial
-from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+from llmgw_core.htmx import HtmxHttpRequest, is_partial
+from llmgw_core.roles import OPERATOR, VIEWER, role_required
 
 # The form page's sections: a title, the model's fields in it, and the formset (if any)
 # shown under them. Every field of ServedModelForm is in exactly one section

@@ -15,7 +15,7 @@ from django.http import HttpRequest
 
 from cluster import services
 from cluster.models import Node, Quota
-from llmgw_admin.roles import OPERATOR, RoleAdminMixin
+from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
 
 @admin.register(Node)

@@ -14,9 +14,9 @@ class ClusterConfig(AppConfig):
 
     def ready(self) -> None:
         from cluster import relay, signals
-        from llmgw_admin.events import Event, derive, register, relay_with
+        from llmgw_core.events import Event, derive, register, relay_with
 
-        # The cluster's live events (llmgw_admin.events; their renderers: cluster.live).
+        # The cluster's live events (llmgw_core.events; their renderers: cluster.live).
         register(
             Event("nodes", "cluster.nodes_changed", "cluster.nodes", "pks", int,
                   "nodes: their cards, reservations, power (an empty list: the power alone)"),

@@ -38,7 +38,7 @@ from catalog.models import ServedModel
 from cluster import bench, enginekeys, services
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from llmgw_admin import events
+from llmgw_core import events
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from catalog.choices import Surface
 from catalog.models import ServedModel
 from cluster import nodepage, placement, replace, services
 from cluster.models import Node, Replica
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 
 # How often an open page asks for its region again.
 NODE_REFRESH_S = 5

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from catalog.models import ServedModel
 from cluster import quotas, tenancy
 from cluster.models import Quota, Replica
-from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+from llmgw_core.roles import OPERATOR, VIEWER, role_required
 
 VIA = "console"
 

@@ -43,7 +43,7 @@ from cluster import load, marks, placement, plan, replace, scaling, services, si
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
 from cluster.signals import reconcile_tick
-from llmgw_admin import events
+from llmgw_core import events
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ The same socket carries one more thing: ``WAKE``, a change that wants the reconc
 loop's next interval.
 
 What arrives is checked before it is used (:func:`parse`): the keys-only events of
-``llmgw_admin.events.EVENTS`` (its group, type and keys), or ``WAKE``, and nothing else;
+``llmgw_core.events.EVENTS`` (its group, type and keys), or ``WAKE``, and nothing else;
 anything else is logged and dropped.
 """
 
@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from llmgw_admin import events, lean
+from llmgw_core import events, lean
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ WAKE = b"wake: reconcile"
 
 
 class BadEvent(ValueError):
-    """A datagram that is not one of the events ``llmgw_admin.events`` publishes."""
+    """A datagram that is not one of the events ``llmgw_core.events`` publishes."""
 
 
 def path(data_dir: Path | str | None = None) -> Path:
@@ -65,7 +65,7 @@ def encode(group: str, message: dict[str, Any]) -> bytes:
 def parse(data: bytes) -> tuple[str, dict[str, Any]]:
     """Return the group and message a datagram carries, or raise :class:`BadEvent`.
 
-    Pure: the catalogue the publishing side follows (``llmgw_admin.events.EVENTS``).
+    Pure: the catalogue the publishing side follows (``llmgw_core.events.EVENTS``).
     """
     try:
         doc = lean.loads(data)
@@ -102,7 +102,7 @@ def send(group: str, message: dict[str, Any], data_dir: Path | str | None = None
 
 def hand_over(group: str, message: dict[str, Any]) -> None:
     """Hand an event to the web process on this data folder, unless this process is it
-    (``llmgw_admin.events`` calls this when no console listens on this process)."""
+    (``llmgw_core.events`` calls this when no console listens on this process)."""
     if not listening():
         send(group, message)
 

@@ -22,7 +22,7 @@ from catalog.services import stored_specs
 from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, Node, Replica
-from llmgw_admin import events
+from llmgw_core import events
 
 
 @dataclass

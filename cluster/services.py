@@ -37,7 +37,7 @@ from cluster.models import (
     token_digest,
 )
 from cluster.reasons import public as public_reason
-from llmgw_admin import events
+from llmgw_core import events
 
 STATES = {s.value for s in ReplicaState}
 

@@ -13,8 +13,8 @@ Received:
   the reconciler (``cluster.wake``) and pushes the changed models' rows to the consoles;
 - saves and deletions of the cluster's rows mark what the live console shows as changed:
   a catch-all for the ORM's saves (services, the reconciler, the admin); writes that
-  bypass signals (``QuerySet.update``, ``bulk_create``) call ``llmgw_admin.events.changed``
-  themselves. Publishing happens after commit (llmgw_admin.events).
+  bypass signals (``QuerySet.update``, ``bulk_create``) call ``llmgw_core.events.changed``
+  themselves. Publishing happens after commit (llmgw_core.events).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from django.dispatch import Signal
 from catalog.signals import catalog_changed
 from cluster import wake
 from cluster.models import Assignment, Card, ClusterAction, FacilityBudget, Node, Replica
-from llmgw_admin import events
+from llmgw_core import events
 
 # Sent with now=(the tick's time, control time zone) as a tick of the leader begins.
 reconcile_tick = Signal()

@@ -18,8 +18,8 @@ from cluster import live, services
 from cluster.live import render_model, render_node
 from cluster.models import Node, Replica
 from cluster.replace import DrainRefused
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, VIEWER, role_required
 
 NODE_ACTIONS = ("cordon", "uncordon", "drain", "release")
 

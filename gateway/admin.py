@@ -18,7 +18,7 @@ from django.http import HttpRequest
 
 from gateway import keys
 from gateway.models import ClientKey, Refusal, Usage
-from llmgw_admin.roles import OPERATOR, RoleAdminMixin
+from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
 
 @admin.register(ClientKey)

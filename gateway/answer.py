@@ -22,7 +22,7 @@ from gateway import body as bodies
 from gateway import errors, sse
 from gateway.guarding import GuardRefused, filtered_end, held_text
 from gateway.holdback import Holdback
-from llmgw_admin.upstream import BROKEN, TIMEOUT, Response, UpstreamError
+from llmgw_core.upstream import BROKEN, TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
     from catalog.timeouts import Waits

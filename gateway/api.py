@@ -16,8 +16,8 @@ from rest_framework.response import Response
 from gateway import keys, services
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import KEY_PREFIX, ClientKey, Refusal, Usage
-from llmgw_admin.api import shown_once
-from llmgw_admin.roles import OPERATOR, VIEWER
+from llmgw_core.api import shown_once
+from llmgw_core.roles import OPERATOR, VIEWER
 
 VIA = "api"
 

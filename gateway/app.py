@@ -3,7 +3,7 @@
 ``Gateway(app)`` answers every ``/v1/`` request itself and hands anything else to
 ``app`` (Django and the lean routes). A request reads the process's table (``state``),
 the policy in memory (``guard.services.policy_in_memory``), and goes to an engine over
-kept-alive connections (``llmgw_admin.upstream``); nothing on its path queries the
+kept-alive connections (``llmgw_core.upstream``); nothing on its path queries the
 database. The order of a request's life:
 
 1. The client key (``Authorization: Bearer llmgw-ck-…``): 401 when unknown, revoked or
@@ -68,7 +68,7 @@ from gateway.outliers import Outliers, Rules
 from gateway.routing import Routing
 from gateway.state import State
 from gateway.table import Key, Table
-from llmgw_admin.upstream import Upstream
+from llmgw_core.upstream import Upstream
 
 log = logging.getLogger("gateway")
 

@@ -13,13 +13,13 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         from catalog import timeouts
         from gateway import routing, traffic
-        from llmgw_admin.events import Event, register
+        from llmgw_core.events import Event, register
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
         # them (catalog.timeouts.explain): the gateway's settings.
         timeouts.use_site_defaults(routing.waits_defaults)
 
-        # The gateway's live event (llmgw_admin.events; its renderers: gateway.live). Not
+        # The gateway's live event (llmgw_core.events; its renderers: gateway.live). Not
         # keys but figures: each gateway process's last second per model, sent by
         # ``gateway.traffic`` with ``events.send`` once a second, never by ``changed()``.
         register(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import errors
 from gateway.errors import ApiError
-from llmgw_admin import lean
+from llmgw_core import lean
 
 if TYPE_CHECKING:
     from gateway import body as bodies

@@ -35,7 +35,7 @@ from typing import Any
 from gateway import admission
 from gateway.observe import Done, Listener
 from gateway.traffic import EDGES_MS, quantile
-from llmgw_admin.batches import Batcher
+from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.observe import Done
-from llmgw_admin.lean import allowed_host, headers
+from llmgw_core.lean import allowed_host, headers
 
 CHECKED = ("/v1/", "/metrics", "/console/chat/")
 

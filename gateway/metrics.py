@@ -348,9 +348,9 @@ class MetricsRoute:
 
 async def _refusal(scope: dict[str, Any]) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
     from guard.api.auth import token_user, token_user_in_memory
-    from llmgw_admin.lean import bearer, headers
-    from llmgw_admin.models import TOKEN_PREFIX
-    from llmgw_admin.roles import VIEWER, has_role
+    from llmgw_core.lean import bearer, headers
+    from llmgw_core.models import TOKEN_PREFIX
+    from llmgw_core.roles import VIEWER, has_role
 
     secret = bearer(headers(scope))
     challenge = [(b"www-authenticate", b'Bearer realm="llmgw metrics"')]

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 # Stored as SHA-256, as API tokens are: 32 random bytes need no salt, and checking one
 # stays cheap on every request.
-from llmgw_admin import models as tokens
+from llmgw_core import models as tokens
 
 digest = tokens.digest
 

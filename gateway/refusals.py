@@ -32,7 +32,7 @@ from django.utils import timezone
 from gateway import observe
 from gateway.models import Refusal
 from gateway.observe import Listener
-from llmgw_admin.batches import Batcher
+from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def write(batch: list[Pending]) -> None:
 
 class RefusalRecorder(Batcher, Listener):
     """Gathers the guard's refusals in memory; a background thread writes them in
-    batches (``llmgw_admin.batches``).
+    batches (``llmgw_core.batches``).
 
     ``writer`` writes a batch (``write``; a test may pass one that fails); ``clock``
     gives the Unix time a refusal was heard at.

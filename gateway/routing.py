@@ -25,7 +25,7 @@ from gateway import answer, balance, errors, providers, sizing
 from gateway import body as bodies
 from gateway.answer import Retry, told_of
 from gateway.guarding import GuardRefused
-from llmgw_admin.upstream import TIMEOUT, Response, UpstreamError
+from llmgw_core.upstream import TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
     from gateway.cycle import Cycle

@@ -93,8 +93,8 @@ def _session_key(scope: dict[str, Any]) -> Key:
     from django.contrib.auth import get_user
     from django.db import DatabaseError, connection
 
-    from llmgw_admin.lean import headers
-    from llmgw_admin.roles import VIEWER, has_role
+    from llmgw_core.lean import headers
+    from llmgw_core.roles import VIEWER, has_role
 
     try:
         head = headers(scope)

@@ -29,8 +29,8 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from gateway.table import Key, ReplicaRow, Table, build
-from llmgw_admin.upstream import Key as UpstreamKey
-from llmgw_admin.upstream import UpstreamError, split
+from llmgw_core.upstream import Key as UpstreamKey
+from llmgw_core.upstream import UpstreamError, split
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class State:
 
     def engine_key(self, upstream: UpstreamKey) -> str | None:
         """Return the engine key of the replica reached at ``upstream`` (scheme, host,
-        port), or None: ``llmgw_admin.upstream.Upstream``'s credentials. One dict lookup."""
+        port), or None: ``llmgw_core.upstream.Upstream``'s credentials. One dict lookup."""
         return self._engine_keys.get(upstream)
 
     def poke(self) -> None:
@@ -228,14 +228,14 @@ class State:
     async def listen(self) -> None:
         """Read again at once when the cluster's live events say something changed.
 
-        The same events the consoles hear (``llmgw_admin.events``: Redis in production, this
+        The same events the consoles hear (``llmgw_core.events``: Redis in production, this
         process's own layer embedded): a model's replicas or the catalog
         (``cluster.models``), a node cordoned, drained or lost (``cluster.nodes``). A
         missed event costs at most ``interval``: the thread reads again anyway.
         """
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-        from llmgw_admin import events
+        from llmgw_core import events
 
         layer = get_channel_layer()
         if layer is None:

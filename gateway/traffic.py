@@ -5,7 +5,7 @@ A process's ``Traffic`` observer counts each request into the current second's b
 (requests, errors, refusals, tokens out, and histograms on fixed edges of the client's
 TTFT, the engine's and the time per output token): a few additions, no I/O. A thread of its own, once a second, takes
 the finished seconds and publishes them as one ``gateway.traffic`` event
-(``llmgw_admin.events``: Redis in production, ``live.sock`` embedded), skipping seconds
+(``llmgw_core.events``: Redis in production, ``live.sock`` embedded), skipping seconds
 with no traffic. Nothing of the request path waits on it; a publish that fails is
 dropped (the next second brings fresh figures).
 
@@ -204,7 +204,7 @@ class Traffic(Listener):
 
 
 def _send(message: dict[str, Any]) -> None:
-    from llmgw_admin import events
+    from llmgw_core import events
 
     events.send(GROUP, message)
 

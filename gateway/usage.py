@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import F
 
 from gateway.observe import Done, Listener
-from llmgw_admin.batches import Batcher
+from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _minute(seconds: int) -> dt.datetime:
 
 class UsageRecorder(Batcher, Listener):
     """Gathers requests' usage in memory; a background thread writes it in batches
-    (``llmgw_admin.batches``).
+    (``llmgw_core.batches``).
 
     ``writer`` writes a batch (``write``; a test may pass one that fails); ``clock``
     gives the Unix time a request ended at.

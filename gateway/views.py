@@ -27,7 +27,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from gateway import keys, services
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import PRIORITIES, ClientKey, Refusal, Usage
-from llmgw_admin.roles import OPERATOR, VIEWER, role_required
+from llmgw_core.roles import OPERATOR, VIEWER, role_required
 
 VIA = "console"
 

@@ -16,7 +16,7 @@ from catalog.choices import Surface
 from guard import services
 from guard.forms import PolicyForm
 from guard.models import EvalRun, GuardPolicy, JudgeHealth, PolicyChange
-from llmgw_admin.roles import RoleAdminMixin
+from llmgw_core.roles import RoleAdminMixin
 
 
 class GuardPolicyAdminForm(PolicyForm, forms.ModelForm):  # type: ignore[misc]

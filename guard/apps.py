@@ -14,9 +14,9 @@ class GuardConfig(AppConfig):
 
     def ready(self) -> None:
         from guard import signals
-        from llmgw_admin.events import Event, derive, register
+        from llmgw_core.events import Event, derive, register
 
-        # The guard's live events (llmgw_admin.events; their renderers: guard.live).
+        # The guard's live events (llmgw_core.events; their renderers: guard.live).
         register(
             Event("judges", "guard.judges_changed", "guard.judges", "names", str,
                   "judges' health (the list is sent whole)"),

@@ -32,7 +32,7 @@ from guard import client, known, services
 from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
-from llmgw_admin import events
+from llmgw_core import events
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ safe). Failures raise ``Timeout`` (no connection or no answer in time) or
 ``AsyncPool`` does the same on an event loop, for the checks the web process answers
 without leaving its loop (``guard.services.check_on_loop``): no thread to hand the check
 to and back, which cost about 0.6 ms a check on these machines. It asks through the
-project's one async HTTP client, ``llmgw_admin.upstream.Upstream`` (the gateway's to its
+project's one async HTTP client, ``llmgw_core.upstream.Upstream`` (the gateway's to its
 engines), one per loop: its connections belong to the loop that made them.
 """
 
@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from llmgw_admin.upstream import Reply, Upstream, UpstreamError, host_header, split
+from llmgw_core.upstream import Reply, Upstream, UpstreamError, host_header, split
 
 # Idle connections kept per engine: more than the checks one web process makes at once
 # to one judge replica (its pool threads, guard.api.lean.THREADS) is never needed.
@@ -181,7 +181,7 @@ def _call(
 
 class AsyncPool:
     """``Pool`` for one event loop: connections kept alive between calls on that loop
-    (``llmgw_admin.upstream.Upstream``)."""
+    (``llmgw_core.upstream.Upstream``)."""
 
     def __init__(self, max_idle: int = MAX_IDLE) -> None:
         self._upstream = Upstream(max_idle=max_idle)

@@ -34,8 +34,8 @@ from django.db.models import Case, F, Q, Value, When
 from guard.breaker import State as BreakerState
 from guard.chain import NO_JUDGE, ChainResult, Stats
 from guard.models import JudgeBreaker, JudgeDecision, JudgeHealth
-from llmgw_admin import events
-from llmgw_admin.batches import Batcher
+from llmgw_core import events
+from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def _if(condition: Q, value: object, column: str) -> Case:
 
 class Recorder(Batcher):
     """Gathers checks' results in memory; a background thread writes them in batches
-    (``llmgw_admin.batches``).
+    (``llmgw_core.batches``).
 
     ``writer`` is what writes a batch (``write``; a test may pass one that fails).
     """

@@ -5,7 +5,7 @@
   with the judge's answers, failures and decisions so far (two queries and an insert a
   judge a probe, every ``LLMGW_PROBE_INTERVAL`` seconds).
 - **The live console**: saves of a judge's health or probe, and of the policy, mark the
-  judges changed (``llmgw_admin.events``), pushed after commit.
+  judges changed (``llmgw_core.events``), pushed after commit.
 - **What the check keeps in memory** is dropped when what it was read from changes in
   this process: the policy, a judge's catalog row or replica (``guard.services``'s
   snapshot), a token, a user or a user's groups (``guard.api.auth``'s tokens); a migrate
@@ -35,8 +35,8 @@ from cluster.signals import reconcile_tick
 from guard import services
 from guard.api import auth
 from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample
-from llmgw_admin import events
-from llmgw_admin.models import ApiToken
+from llmgw_core import events
+from llmgw_core.models import ApiToken
 
 # Samples kept a judge: at the default one a minute, about four days.
 KEEP = 6000

@@ -32,8 +32,8 @@ from guard import charts, enabling, evalrun, known, live, services
 from guard.forms import EvalStartForm, PolicyForm
 from guard.judgeprompt import judge_prompt
 from guard.models import EvalRun, JudgeDecision, JudgeSample, PolicyChange
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 
 POLICY_CHANGES_SHOWN = 10
 RUNS_SHOWN = 5

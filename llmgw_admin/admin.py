@@ -10,9 +10,9 @@ from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 from django.utils import timezone
 
-from llmgw_admin.models import ApiToken
-from llmgw_admin.roles import ADMIN, RoleAdminMixin, has_role
 from llmgw_admin.throttle import AdminLoginForm
+from llmgw_core.models import ApiToken
+from llmgw_core.roles import ADMIN, RoleAdminMixin, has_role
 
 
 class AdminRoleMixin(RoleAdminMixin):

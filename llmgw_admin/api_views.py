@@ -12,9 +12,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from llmgw_admin.api import shown_once
-from llmgw_admin.models import ApiToken
-from llmgw_admin.roles import ADMIN
+from llmgw_core.api import shown_once
+from llmgw_core.models import ApiToken
+from llmgw_core.roles import ADMIN
 
 
 class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):

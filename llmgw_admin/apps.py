@@ -1,4 +1,5 @@
-"""The project's own app: users' roles, API tokens and the house framework."""
+"""The project's own app: the wiring on top (the framework, API tokens included, is
+``llmgw_core``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from django.apps import AppConfig
 
 
 class LlmgwAdminConfig(AppConfig):
-    """Roles, tokens and shared wiring."""
+    """The wiring: what puts the apps together."""
 
     name = "llmgw_admin"
     verbose_name = "Access"

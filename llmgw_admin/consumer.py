@@ -7,7 +7,7 @@
 other parameters, the list's filters, show (``catalog.views.listed_names``);
 ``evals`` needs ``?eval=ID``, the evaluation whose page is open). On connect the
 consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
-for each event of llmgw_admin.events, the changed elements by id. htmx's ws extension swaps
+for each event of llmgw_core.events, the changed elements by id. htmx's ws extension swaps
 each top-level element by id (out of band). Nothing is written over the socket.
 
 Each process subscribes to the channel layer once per group (llmgw_admin.hub) and hands
@@ -43,9 +43,9 @@ from catalog.views import listed_names
 from cluster import live as cluster_live
 from gateway import live as gateway_live
 from guard import live as guard_live
-from llmgw_admin import events
 from llmgw_admin.hub import hub
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role
+from llmgw_core import events
+from llmgw_core.roles import OPERATOR, VIEWER, has_role
 from updates import flowviews as updates_flowviews
 from updates import live as updates_live
 
@@ -256,7 +256,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def handle_event(self, event: dict[str, Any]) -> None:
         """Take an event from the process's hub (llmgw_admin.hub): handled by the method
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
-        event of ``llmgw_admin.events.EVENTS``."""
+        event of ``llmgw_core.events.EVENTS``."""
         await self.ready.wait()
         handler = getattr(self, event["type"].replace(".", "_"), None)
         if handler is not None:

@@ -1,4 +1,4 @@
-"""Template context every console page gets beyond the role (``llmgw_admin.roles``)."""
+"""Template context every console page gets beyond the role (``llmgw_core.roles``)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from django.views.decorators.http import require_GET
 
 from cluster import live as cluster_live
 from guard import live as guard_live
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 
 
 def _enable_judge_form(request: HtmxHttpRequest, simulated: bool) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from llmgw_admin import events
+from llmgw_core import events
 
 log = logging.getLogger(__name__)
 

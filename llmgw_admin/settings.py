@@ -12,7 +12,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from llmgw_admin.demo import DEFAULT_SIMULATE, parse_simulate
-from llmgw_admin.env import (
+from llmgw_admin.jobs import beat_schedule
+from llmgw_core.env import (
     database_from_url,
     envbool,
     envint,
@@ -22,7 +23,6 @@ from llmgw_admin.env import (
     private_file,
     secret_key,
 )
-from llmgw_admin.jobs import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("DATA_DIR", "var"))
@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "channels",
+    "llmgw_core",
     "llmgw_admin",
     "catalog",
     "cluster",
@@ -71,7 +72,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "llmgw_admin.security.security_headers_middleware",
+    "llmgw_core.security.security_headers_middleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -97,7 +98,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "llmgw_admin.roles.role_context",
+                "llmgw_core.roles.role_context",
                 "llmgw_admin.context_processors.simulated",
             ],
         },
@@ -378,24 +379,24 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "llmgw_admin.tokens.TokenAuthentication",
+        "llmgw_core.tokens.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["llmgw_admin.roles.RolePermission"],
+    "DEFAULT_PERMISSION_CLASSES": ["llmgw_core.roles.RolePermission"],
     # DRF's JSON, form and multipart parsers, with JSON refusing deep nesting with 400.
     "DEFAULT_PARSER_CLASSES": [
-        "llmgw_admin.api.JSONParser",
+        "llmgw_core.api.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_PAGINATION_CLASS": "llmgw_admin.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "llmgw_core.pagination.Pagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "llmgw_admin.api.exception_handler",
+    "EXCEPTION_HANDLER": "llmgw_core.api.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
@@ -403,7 +404,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema is for signed-in users and API tokens (viewers), as the docs page is.
-    "SERVE_PERMISSIONS": ["llmgw_admin.roles.RolePermission"],
+    "SERVE_PERMISSIONS": ["llmgw_core.roles.RolePermission"],
     "COMPONENT_SPLIT_REQUEST": True,
     # The docs page's assets come from the sidecar package, not a CDN (air-gapped).
     "SWAGGER_UI_DIST": "SIDECAR",

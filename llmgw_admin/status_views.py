@@ -11,8 +11,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from cluster import marks
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import VIEWER, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import VIEWER, role_required
 
 
 @role_required(VIEWER)

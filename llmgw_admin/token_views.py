@@ -22,8 +22,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cluster.models import JoinToken
 from cluster.services import log_action
-from llmgw_admin.models import ApiToken
-from llmgw_admin.roles import ADMIN, role_required
+from llmgw_core.models import ApiToken
+from llmgw_core.roles import ADMIN, role_required
 
 VIA = "console"
 KINDS = ("api", "join")

@@ -13,8 +13,8 @@ from cluster import urls as cluster_urls
 from cluster.api.urls import agent_urlpatterns
 from llmgw_admin import api_views, status_views, token_views
 from llmgw_admin.dashboard import dashboard
-from llmgw_admin.roles import VIEWER, role_required
 from llmgw_admin.throttle import LoginForm
+from llmgw_core.roles import VIEWER, role_required
 from updates import api_urls as updates_api_urls
 
 access_router = DefaultRouter()

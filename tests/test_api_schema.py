@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 

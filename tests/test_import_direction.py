@@ -7,20 +7,21 @@ nothing is imported or run) that fails naming the file, the line and the importe
   ``updates`` ← ``llmgw_admin``: a layer imports only itself and the layers before it (a lower layer
   lets a higher one act through a signal the higher one connects in its
   ``AppConfig.ready()``);
-- Django (or a package built on it) imported in ``agent``, which runs on nodes without it;
-- the two kinds of ``llmgw_admin`` module crossing. ``FRAMEWORK`` is what every app builds
-  on (roles, the API base, htmx helpers, lean-route helpers, tokens, settings helpers):
-  it imports no app and no wiring, and any app may import it. ``WIRING`` is the project on
-  top (settings, urls, the ASGI routing, the console's home and live view, the server, the
-  commands, the demo): it imports any app, and no app imports it. A module of
-  ``llmgw_admin`` in neither list fails: say which it is here;
+- Django (or a package built on it, the framework ``llmgw_core`` too) imported in
+  ``agent``, which runs on nodes without it;
+- the framework, ``llmgw_core`` (roles, the API base, htmx helpers, lean-route helpers,
+  tokens, settings helpers, the live-event bus, the Celery app, the HTTP client),
+  importing an app or the wiring: it imports none of the layers, and any app but
+  ``agent`` may import it. ``llmgw_admin`` is the wiring on top (settings, urls, the ASGI
+  routing, the console's home and live view, the server, the commands, the demo): it
+  imports any app, and no app imports it (it is the last layer);
 - a signal receiver connected outside its app's ``signals.py``, or connected at import
   time (at a module's top level, or by ``@receiver``): each app connects its receivers
   in a function its ``AppConfig.ready()`` calls. A connect is a ``.connect(...)`` call
   given ``sender=``, ``dispatch_uid=`` or ``weak=`` (as every one here is; a socket's
   connect takes none).
 
-docs/development.md ("The import direction") explains the rule and the two kinds.
+docs/development.md ("The import direction") explains the rule.
 """
 
 from __future__ import annotations
@@ -51,47 +52,8 @@ DJANGO = {
     "celery",
 }
 
-# llmgw_admin's modules by kind, named below the package ("management" and "migrations"
-# hold everything under them). "__init__" is the package itself, which every import of
-# a module of it runs: it loads the Celery app, itself framework (it imports no app).
-FRAMEWORK = {
-    "__init__",
-    "api",  # the API's error shape and parsers
-    "celery",  # the Celery app the apps' tasks bind to
-    "env",  # reading LLMGW_* settings
-    "events",  # the live-event bus, each app's events registered in its ready()
-    "htmx",  # typing of htmx requests
-    "lean",  # helpers of the routes that skip Django's stack
-    "migrations",
-    "models",  # API tokens
-    "pagination",  # the API's page limits
-    "batches",  # writing in batches off the request path, by a thread
-    "refused",  # the base of every app's refusal
-    "roles",  # roles for views, the API, the admin
-    "security",  # response headers
-    "tokens",  # API token authentication
-    "upstream",  # the one async HTTP client: engines, providers and judges
-}
-WIRING = {
-    "admin",  # users, groups and tokens in the admin; the admin's sign-in
-    "api_views",  # the tokens' API
-    "apps",  # the project app's ready(): registers the cluster's inventory with the catalog
-    "asgi",  # the ASGI application: HTTP, lean routes, websockets
-    "consumer",  # the live view's websocket consumer (reads every app's renderers)
-    "context_processors",
-    "dashboard",  # the console's home page
-    "demo",  # the first start's simulated nodes and demo catalog
-    "hub",  # the live view's one subscription per process
-    "jobs",  # the periodic jobs, for beat and the embedded threads
-    "management",  # init, serve, token, user
-    "routing",  # the websocket routes
-    "server",  # the web process's server
-    "settings",
-    "status_views",
-    "throttle",  # the sign-in's throttle
-    "token_views",
-    "urls",
-}
+# The framework every app builds on: it imports no layer (tests below).
+FRAMEWORK = "llmgw_core"
 
 
 @dataclass(frozen=True)
@@ -107,7 +69,7 @@ class Module:
 
 def modules() -> list[Module]:
     out = []
-    for layer in LAYERS:
+    for layer in (*LAYERS, FRAMEWORK):
         base = ROOT / layer
         if not base.is_dir():  # gateway arrives with its issue
             continue
@@ -154,42 +116,27 @@ def imported(module: Module, tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(set(out))
 
 
-def kind(dotted: str) -> str | None:
-    """Return "framework" or "wiring" for a module of llmgw_admin, None when unlisted."""
-    rest = dotted.split(".")[1:] or ["__init__"]
-    if rest[0] in FRAMEWORK:
-        return "framework"
-    if rest[0] in WIRING:
-        return "wiring"
-    return None
-
-
 def problem(module: Module, line: int, name: str) -> str | None:
     """Return what is wrong with ``module`` importing ``name``, or None."""
     src, top = module.layer, name.split(".")[0]
-    if src == "agent" and top in DJANGO:
+    if src == "agent" and (top in DJANGO or top == FRAMEWORK):
         return "agent imports nothing of Django: it runs on nodes without it"
-    if top not in RANK or top == src and src != "llmgw_admin":
-        return None
-    if src == "llmgw_admin":
-        if kind(module.name) != "framework":
-            return None  # wiring imports what it wires
-        if top != "llmgw_admin":
+    if src == FRAMEWORK:
+        if top in RANK:
             return (
-                f"{module.name} is framework (apps build on it) and imports no app: "
-                "move what it needs into llmgw_admin's framework, or have the app hand it in"
+                f"{FRAMEWORK} is the framework (every app builds on it) and imports no app "
+                "and not the wiring: move what it needs into it, or have the app hand it in "
+                "(a registration in the app's AppConfig.ready())"
             )
-        if kind(name) == "wiring":
-            return f"{module.name} is framework and imports no wiring ({name} imports apps)"
         return None
-    if top == "llmgw_admin":
-        if kind(name) == "wiring":
-            return (
-                f"{name} is llmgw_admin's wiring, which no app imports: "
-                "move what the app needs into the app, or into llmgw_admin's framework"
-            )
-        return None  # framework: every app builds on it
+    if top not in RANK or top == src:
+        return None
     if RANK[top] > RANK[src]:
+        if top == "llmgw_admin":
+            return (
+                "llmgw_admin is the wiring, which no app imports: move what the app needs "
+                f"into the app, or into the framework ({FRAMEWORK})"
+            )
         return (
             f"{src} may not import {top} ({' <- '.join(LAYERS)}): send a signal from "
             f"{src}/signals.py that {top} connects in its AppConfig.ready()"
@@ -224,16 +171,26 @@ def connects(tree: ast.Module) -> list[tuple[int, str, bool]]:
     return out
 
 
-def test_a_module_of_llmgw_admin_is_framework_or_wiring_and_not_both() -> None:
-    assert not FRAMEWORK & WIRING
-    found = {m.name for m in modules() if m.layer == "llmgw_admin"}
-    unlisted = sorted(n for n in found if kind(n) is None)
-    assert not unlisted, (
-        "llmgw_admin modules in neither FRAMEWORK nor WIRING of "
-        f"tests/test_import_direction.py: {unlisted}: list each as one or the other"
-    )
-    tops = {(n.split(".")[1:] or ["__init__"])[0] for n in found}
-    assert not (FRAMEWORK | WIRING) - tops, f"listed but gone: {(FRAMEWORK | WIRING) - tops}"
+def test_the_framework_holds_only_what_imports_no_layer() -> None:
+    """The framework is a package of its own beside the layers, and the wiring holds none
+    of it: a module of llmgw_admin that an app imports fails the walk below."""
+    found = [m for m in modules() if m.layer == FRAMEWORK]
+    assert found, f"{FRAMEWORK}/ has no module"
+    assert FRAMEWORK not in LAYERS
+
+
+def test_the_walk_finds_an_import_against_the_framework_rule() -> None:
+    """The rule can fail: a framework module importing an app, an app importing the
+    wiring, the agent importing the framework are each named."""
+    core = Module(Path(FRAMEWORK, "x.py"), f"{FRAMEWORK}.x", FRAMEWORK)
+    app = Module(Path("cluster", "x.py"), "cluster.x", "cluster")
+    agent = Module(Path("agent", "x.py"), "agent.x", "agent")
+    assert problem(core, 1, "cluster.models")
+    assert problem(core, 1, "llmgw_admin.settings")
+    assert problem(app, 1, "llmgw_admin.demo")
+    assert problem(agent, 1, f"{FRAMEWORK}.roles")
+    assert problem(app, 1, f"{FRAMEWORK}.roles") is None
+    assert problem(core, 1, f"{FRAMEWORK}.refused") is None
 
 
 def test_every_import_points_down_the_layers() -> None:

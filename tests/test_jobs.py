@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from llmgw_admin import jobs
-from llmgw_admin.celery import app
+from llmgw_core.celery import app
 from tests.waiting import wait_until
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each app's index; the framework's tests live with llmgw_admin's.
+# Each app's index; the framework's (llmgw_core) tests live with llmgw_admin's.
 INDEX = {app: f"tests/{app}/README.md" for app in
          ("agent", "catalog", "cluster", "guard", "gateway", "updates", "llmgw_admin")}  # fmt: skip
+INDEX["llmgw_core"] = "tests/llmgw_admin/README.md"
 
 
 def _modules(app: str) -> list[str]:

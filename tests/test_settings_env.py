@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_admin import env
+from llmgw_core import env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,11 +78,17 @@ def test_a_database_that_does_not_answer_a_connection_is_given_up_on(
 
 def test_env_example_lists_every_variable_the_code_reads() -> None:
     read = set()
-    for path in [*ROOT.glob("llmgw_admin/*.py"), ROOT / "run.py"]:
+    for path in [*ROOT.glob("llmgw_admin/*.py"), *ROOT.glob("llmgw_core/*.py"), ROOT / "run.py"]:
         text = path.read_text()
         read |= set(re.findall(r'env(?:str|bool|int|list|secret)\("([A-Z_]+)"', text))
         read |= set(re.findall(r'"LLMGW_([A-Z_]+)"', text))
-    read -= {"TEST_DATABASE_URL", "TEST_DATABASE_SERVER", "TEST_REDIS_URL", "TEST_RUN_LIMIT", "TEST_WORKERS"}
+    read -= {
+        "TEST_DATABASE_URL",
+        "TEST_DATABASE_SERVER",
+        "TEST_REDIS_URL",
+        "TEST_RUN_LIMIT",
+        "TEST_WORKERS",
+    }
     example = {
         line.split("=", 1)[0].removeprefix("LLMGW_")
         for line in (ROOT / ".env.example").read_text().splitlines()

@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from catalog.choices import Surface
-from llmgw_admin.roles import OPERATOR, RoleAdminMixin
+from llmgw_core.roles import OPERATOR, RoleAdminMixin
 from updates import flow, run
 from updates.models import Fetch, UpdateCheck, UpdateRun
 

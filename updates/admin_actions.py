@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 
-from llmgw_admin.roles import OPERATOR
+from llmgw_core.roles import OPERATOR
 
 
 @admin.action(permissions=[OPERATOR], description="Check selected models for updates")

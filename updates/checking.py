@@ -88,7 +88,7 @@ def _keep(result: check.Result, by: str) -> None:
         },
     )
     try:
-        from llmgw_admin import events
+        from llmgw_core import events
 
         events.changed(models=[result.model])
     except Exception:

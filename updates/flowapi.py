@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from catalog.choices import Surface
-from llmgw_admin.api import problems_response
+from llmgw_core.api import problems_response
 from updates import cli, flow, run
 from updates.models import UpdateRun
 

@@ -23,8 +23,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from catalog.choices import Surface
-from llmgw_admin.htmx import HtmxHttpRequest
-from llmgw_admin.roles import OPERATOR, VIEWER, has_role, role_required
+from llmgw_core.htmx import HtmxHttpRequest
+from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 from updates import flow, run
 from updates.models import Fetch, UpdateRun
 

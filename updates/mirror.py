@@ -831,7 +831,7 @@ def holdings() -> list[Holding]:
 def _mark(model_name: str) -> None:
     """Tell the open consoles that a model's fetch moved (its page shows the progress)."""
     try:
-        from llmgw_admin import events
+        from llmgw_core import events
 
         events.changed(models=[model_name])
     except Exception:

@@ -37,7 +37,7 @@ from catalog.choices import Surface
 from catalog.services import Actor, Refused, delete_model, save_model, stored_queryset
 from cluster import services, wake
 from cluster.models import Replica
-from llmgw_admin import events
+from llmgw_core import events
 from updates import flow, mirror, registry
 from updates.models import Fetch, UpdateRun, UpdateState
 

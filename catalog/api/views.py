@@ -28,7 +28,7 @@ from catalog.choices import Surface
 from catalog.filtersets import ServedModelFilterSet, with_effective_class
 from catalog.models import ChangeRecord, ServedModel
 from catalog.problems import Problem
-from llmgw_admin.api import problems_response
+from llmgw_core.api import problems_response
 
 
 def actor_for(request: Request) -> services.Actor:

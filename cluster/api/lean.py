@@ -32,8 +32,8 @@ from django.db import connection
 
 from cluster import services
 from cluster.address import peer_address
-from llmgw_admin import lean
-from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
+from llmgw_core import lean
+from llmgw_core.lean import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from cluster.models import (
     Quota,
     Replica,
 )
-from llmgw_admin.roles import OPERATOR, has_role
+from llmgw_core.roles import OPERATOR, has_role
 
 
 class CardSerializer(serializers.ModelSerializer[Card]):

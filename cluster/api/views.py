@@ -1,7 +1,7 @@
 """The cluster's REST API: operators' views and actions, and the agents' endpoints.
 
 Agents authenticate with their node token (docs/agent-protocol.md) and may speak only for
-their own node; operators with a session or an API token and the roles of llmgw_admin.roles.
+their own node; operators with a session or an API token and the roles of llmgw_core.roles.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from cluster.models import (
     Replica,
 )
 from cluster.replace import DrainRefused
-from llmgw_admin.roles import ADMIN, OPERATOR, has_role
+from llmgw_core.roles import ADMIN, OPERATOR, has_role
 
 
 class DrainSerializer(serializers.Serializer[None]):

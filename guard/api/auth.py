@@ -34,9 +34,9 @@ from rest_framework import authentication
 
 from guard.cache import CachedMap
 from guard.services import in_background
-from llmgw_admin.models import TOKEN_PREFIX, ApiToken, digest
-from llmgw_admin.roles import role_of
-from llmgw_admin.tokens import TokenAuthentication
+from llmgw_core.models import TOKEN_PREFIX, ApiToken, digest
+from llmgw_core.roles import role_of
+from llmgw_core.tokens import TokenAuthentication
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from catalog.choices import Surface
 from catalog.problems import Problem
 from guard import enabling
-from llmgw_admin.api import problems_response
+from llmgw_core.api import problems_response
 
 FIELDS = {"name", "where", "add_to_policy"}
 

@@ -33,10 +33,10 @@ from django.db import connection
 from guard import services
 from guard.api.auth import token_user, token_user_in_memory
 from guard.api.views import read_check
-from llmgw_admin import lean
-from llmgw_admin.lean import ASGIApp, Receive, Scope, Send
-from llmgw_admin.models import TOKEN_PREFIX
-from llmgw_admin.roles import VIEWER, has_role
+from llmgw_core import lean
+from llmgw_core.lean import ASGIApp, Receive, Scope, Send
+from llmgw_core.models import TOKEN_PREFIX
+from llmgw_core.roles import VIEWER, has_role
 
 log = logging.getLogger(__name__)
 

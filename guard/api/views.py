@@ -25,8 +25,8 @@ from guard import policy as policy_rules
 from guard import services
 from guard.api.auth import CachedTokenAuthentication
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
-from llmgw_admin.api import TextJSONParser, problems_response
-from llmgw_admin.roles import OPERATOR, VIEWER
+from llmgw_core.api import TextJSONParser, problems_response
+from llmgw_core.roles import OPERATOR, VIEWER
 
 
 class CheckSerializer(serializers.Serializer[Any]):

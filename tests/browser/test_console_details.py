@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from cluster.models import ClusterAction, JoinToken, Node
 from guard.models import EvalResult, EvalRun
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.browser.conftest import PASSWORD
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node

@@ -1,6 +1,6 @@
 """``wait_js``, the browser tests' wait for the page, works under the console's real policy.
 
-The console refuses eval (``llmgw_admin/security.py``), so Playwright's
+The console refuses eval (``llmgw_core/security.py``), so Playwright's
 ``page.wait_for_function`` cannot run there; the tests wait with ``wait_js`` instead.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Error
 
-from llmgw_admin.security import CONTENT_SECURITY_POLICY
+from llmgw_core.security import CONTENT_SECURITY_POLICY
 from tests.browser.conftest import wait_js
 
 pytestmark = pytest.mark.django_db(transaction=True)

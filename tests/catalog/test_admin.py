@@ -103,7 +103,7 @@ def test_roles_in_the_admin(
     assert not ServedModel.objects.filter(name="x").exists()
     # Users and tokens are the admin role's.
     assert client_for(operator).get("/admin/auth/user/").status_code == 403
-    assert client_for(operator).get("/admin/llmgw_admin/apitoken/").status_code == 403
+    assert client_for(operator).get("/admin/llmgw_core/apitoken/").status_code == 403
     assert client_for(admin_user).get("/admin/auth/user/").status_code == 200
     # No role, no admin (the user is not staff).
     assert client_for(outsider).get(CHANGELIST).status_code == 302

@@ -185,7 +185,7 @@ def test_tokens_issue_use_revoke_expire(api_for: Any, admin_user: Any, operator:
     assert r.status_code == 201, r.json()
     secret = r.json()["token"]
     assert secret.startswith("llmgw_")
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
 
     stored = ApiToken.objects.get()
     assert secret not in (stored.digest, stored.prefix)

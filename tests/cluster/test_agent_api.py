@@ -306,7 +306,7 @@ def test_lean_heartbeat_tells_consoles_when_a_node_comes_back_and_only_then(
 
     from channels.layers import channel_layers, get_channel_layer
 
-    from llmgw_admin.events import BY_TOPIC
+    from llmgw_core.events import BY_TOPIC
 
     settings.CHANNEL_LAYERS = {
         "default": {
@@ -611,7 +611,7 @@ def test_a_report_that_moves_only_the_engines_log_tells_no_console(settings: Any
 
     from channels.layers import channel_layers, get_channel_layer
 
-    from llmgw_admin.events import BY_TOPIC
+    from llmgw_core.events import BY_TOPIC
 
     settings.CHANNEL_LAYERS = {
         "default": {

@@ -29,7 +29,7 @@ REDIS = redis_url(15)
 def celery_worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker on the test database and the local Redis; this process's
     Celery app sends to that Redis meanwhile."""
-    from llmgw_admin.celery import app
+    from llmgw_core.celery import app
 
     env = dict(
         os.environ,
@@ -69,7 +69,7 @@ def _new_pools(app: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
     from cluster.tasks import reconcile_cluster
-    from llmgw_admin.celery import app
+    from llmgw_core.celery import app
 
     join_node("n1", ["nvidia-h100-80gb"] * 2)
     store(gpu_model("chat", scaling={"min": 1, "max": 1}))
@@ -95,7 +95,7 @@ def test_a_catalog_change_sends_the_reconcile_task_only_once_it_commits(
     import redis
 
     from cluster import wake
-    from llmgw_admin.celery import app
+    from llmgw_core.celery import app
 
     settings.REDIS_URL = REDIS
     queue = redis.Redis.from_url(REDIS, socket_timeout=5)

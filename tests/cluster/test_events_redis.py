@@ -18,7 +18,7 @@ from channels.layers import channel_layers
 from django.db import connection
 
 from cluster.models import ClusterAction, Node
-from llmgw_admin import events
+from llmgw_core import events
 from tests.cluster.helpers import join_node
 from tests.faultproxy import FaultProxy
 from tests.redisserver import url as redis_url
@@ -89,9 +89,9 @@ def test_a_cordon_through_the_api_finishes_and_is_recorded_while_redis_is_cut(
     status, took = _post(api, "/api/v1/cluster/nodes/a/uncordon/")
     assert status == 200 and took < BOUND
     assert ClusterAction.objects.filter(action="uncordon", target="node a").exists()
-    said = [r.getMessage() for r in caplog.records if r.name == "llmgw_admin.events"]
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgw_core.events"]
     assert len(said) == 1 and "live events are dropped" in said[0], said
-    assert not any(r.exc_info for r in caplog.records if r.name == "llmgw_admin.events")
+    assert not any(r.exc_info for r in caplog.records if r.name == "llmgw_core.events")
 
 
 def test_a_push_as_the_interpreter_shuts_down_is_dropped_without_a_traceback(
@@ -117,5 +117,5 @@ def test_a_push_as_the_interpreter_shuts_down_is_dropped_without_a_traceback(
     finally:
         pool._shutdown = False
     assert done.is_set()
-    logged = [r for r in caplog.records if r.name == "llmgw_admin.events" and r.levelno >= 30]
+    logged = [r for r in caplog.records if r.name == "llmgw_core.events" and r.levelno >= 30]
     assert logged == [], [r.getMessage() for r in logged]

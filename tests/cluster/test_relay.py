@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster import relay
-from llmgw_admin import events
+from llmgw_core import events
 
 
 def good() -> list[tuple[str, dict[str, Any]]]:

@@ -140,7 +140,7 @@ def test_a_burst_of_changes_sends_one_task(settings: Any, monkeypatch: pytest.Mo
     broker's queue, to run after the burst and expire before the next tick."""
     import redis
 
-    from llmgw_admin.celery import app
+    from llmgw_core.celery import app
     from tests.cluster.test_celery_worker import REDIS, _new_pools
 
     settings.REDIS_URL = REDIS

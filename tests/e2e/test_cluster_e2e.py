@@ -141,7 +141,7 @@ def test_faults_engine_killed_agent_lost_web_restarted(
 def _operator_token() -> dict[str, str]:
     from django.contrib.auth.models import Group, User
 
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
 
     user = User.objects.create_user("ops", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name="operator")[0])

@@ -31,7 +31,7 @@ import pytest
 from django.utils import timezone
 
 from cluster.models import Assignment, ControlMark, Node, Replica
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 from tests.redisserver import RedisServer as Redis

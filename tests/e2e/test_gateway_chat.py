@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Node, Replica
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_gateway import H100, ready, set_policy, sim_model

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.services import create_key
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import ControlPlane, wait_for
 from tests.e2e.test_gateway import gateway_process
 

@@ -16,7 +16,7 @@ import pytest
 
 from cluster.models import Node
 from gateway.models import Refusal
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_gateway import (

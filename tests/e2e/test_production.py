@@ -21,7 +21,7 @@ import pytest
 
 from cluster.models import Node, Replica
 from guard.models import JudgeProbe
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 from tests.redisserver import url as redis_url
 

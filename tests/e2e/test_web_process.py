@@ -14,7 +14,7 @@ import pytest
 
 from guard import services
 from guard.models import JudgeHealth
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.browser.conftest import PASSWORD
 from tests.e2e.conftest import ControlPlane
 from tests.guard.helpers import guard_model

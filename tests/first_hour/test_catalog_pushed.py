@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cluster.models import Node, Replica
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

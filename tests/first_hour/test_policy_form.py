@@ -21,7 +21,7 @@ from catalog.services import Actor
 from cluster.models import Node, Replica
 from guard import services
 from guard.formats import QWEN3GUARD_CATEGORIES
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

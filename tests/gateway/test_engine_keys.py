@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from cluster.enginekeys import engine_key
-from llmgw_admin.upstream import Upstream
+from llmgw_core.upstream import Upstream
 from tests.agent.test_sim import launch
 from tests.gateway.harness import KEY, Harness, model
 

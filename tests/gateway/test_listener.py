@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from gateway import listener
-from llmgw_admin import lean
+from llmgw_core import lean
 
 HEADER, BODY = 1.0, 1.5
 

@@ -139,7 +139,7 @@ def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute(
     once, not at the next poll. (This process plays the embedded web process: it holds
     live.sock, as ``manage.py serve`` does.)"""
     from cluster import relay
-    from llmgw_admin import events
+    from llmgw_core import events
 
     monkeypatch.setattr(relay, "_listening", (tmp_path / "live.sock", 0))
     # The listener makes the harness's loop this process's home loop: put it back after,
@@ -189,7 +189,7 @@ def test_a_gateway_process_of_its_own_leaves_its_events_to_the_relay() -> None:
     traffic) in a layer of its own, where no console hears them."""
     from cluster import relay
     from gateway.state import State
-    from llmgw_admin import events
+    from llmgw_core import events
 
     assert not relay.listening()
     before = events._home_loop

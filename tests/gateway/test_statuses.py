@@ -20,8 +20,8 @@ from gateway import metrics
 from gateway.models import Usage, digest
 from gateway.observe import Fanout
 from gateway.table import Key
-from llmgw_admin.upstream import Upstream
 from gateway.usage import UsageRecorder
+from llmgw_core.upstream import Upstream
 from tests.gateway.harness import KEY, Harness, model, wait
 
 TIGHT = "llmgw-ck-statuses-tight"

@@ -15,7 +15,7 @@ import pytest
 
 from guard import records, services
 from guard.models import JudgeDecision, JudgeHealth
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.guard.helpers import guard_model
 from tests.guard.test_lean import answered_by_django, fresh_memory, judge_url, send
 from tests.guard.test_pool import Server, answering, servers

@@ -24,7 +24,7 @@ from guard import records, services
 from guard.api import auth
 from guard.chain import ChainResult, Failure, Stats
 from guard.models import JudgeDecision, JudgeHealth
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.dburl import database_url
 from tests.guard.test_client import launch, stop

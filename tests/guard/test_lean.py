@@ -19,7 +19,7 @@ from guard import services
 from guard.api import auth
 from guard.api.lean import GuardCheckRoute
 from guard.models import JudgeDecision, JudgeHealth
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.guard.test_client import launch, stop
 

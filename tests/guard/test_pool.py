@@ -3,7 +3,7 @@
 Against real servers on real sockets: the sim engine, and small servers written here
 for the behaviours an engine may show (closing an idle connection without saying so,
 never answering, answering something that is not HTTP, chunked answers). The thread's
-pool (``Pool``) and the event loop's (``AsyncPool``, through ``llmgw_admin.upstream``) alike.
+pool (``Pool``) and the event loop's (``AsyncPool``, through ``llmgw_core.upstream``) alike.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The live events each app registers in its ``ready()``, the bus they go through
-(``llmgw_admin.events``), and what reads them.
+(``llmgw_core.events``), and what reads them.
 
 The publisher, the embedded relay's parser (tests/cluster/test_relay.py reads back one
 message of every event), the hub and the consumer all take an event's topic, type, group
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 
-from llmgw_admin import events
 from llmgw_admin.consumer import LiveConsumer
+from llmgw_core import events
 
 BUS = Path(events.__file__)
 

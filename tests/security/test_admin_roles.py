@@ -20,12 +20,12 @@ from django.core import checks
 from django.test import Client
 from django.utils import timezone
 
-from llmgw_admin.roles import ADMIN, OPERATOR, ROLES, VIEWER, RoleAdminMixin
+from llmgw_core.roles import ADMIN, OPERATOR, ROLES, VIEWER, RoleAdminMixin
 
 pytestmark = pytest.mark.django_db
 
 REGISTRY = sorted(admin.site._registry.items(), key=lambda kv: kv[0]._meta.label)
-APPS = ("catalog", "cluster", "guard", "llmgw_admin", "auth", "gateway")
+APPS = ("catalog", "cluster", "guard", "llmgw_core", "llmgw_admin", "auth", "gateway")
 
 
 def _actions(model_admin: Any) -> list[tuple[str, Any]]:
@@ -67,7 +67,7 @@ def rows(make_user: Any) -> dict[str, Any]:
     from catalog.models import ServedModel
     from guard import services as guard_services
     from guard.models import EvalRun, JudgeHealth
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
     from tests.catalog.samples import gpu_model, store
     from tests.cluster.helpers import join_node
 

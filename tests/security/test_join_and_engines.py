@@ -28,7 +28,7 @@ H100 = "nvidia-h100-80gb"
 def _operator_headers() -> dict[str, str]:
     from django.contrib.auth.models import Group, User
 
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
 
     user = User.objects.create_user("ops", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name="operator")[0])

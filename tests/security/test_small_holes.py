@@ -89,7 +89,7 @@ def _list_paths(schema: dict[str, Any]) -> list[str]:
 def _a_row_in_every_list(admin_user: Any) -> None:
     from cluster import reconciler
     from cluster.models import ClusterAction, FacilityBudget, JoinToken
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
     from tests.catalog.samples import gpu_model, store
     from tests.cluster.helpers import join_node
 
@@ -133,7 +133,7 @@ def test_a_huge_limit_or_offset_is_a_page_not_a_500(api_for: Any, admin_user: An
 def test_the_api_schema_needs_a_signed_in_user_or_a_token(make_user: Any, client_for: Any) -> None:
     from django.test import Client
 
-    from llmgw_admin.models import ApiToken
+    from llmgw_core.models import ApiToken
 
     anonymous = Client().get("/api/schema/")
     assert anonymous.status_code in (401, 403), anonymous.status_code
@@ -182,7 +182,7 @@ def _console_pages() -> list[str]:
 def test_every_page_has_a_content_security_policy_and_no_inline_script(
     admin_user: Any, client_for: Any
 ) -> None:
-    from llmgw_admin.security import CONTENT_SECURITY_POLICY
+    from llmgw_core.security import CONTENT_SECURITY_POLICY
     from tests.catalog.samples import gpu_model, store
 
     store(gpu_model("chat"))
@@ -256,7 +256,7 @@ def test_hsts_behind_the_tls_proxy_only(
     carry Strict-Transport-Security; without LLMGW_TLS_PROXY, or over plain HTTP, none."""
     import httpx
 
-    from llmgw_admin.security import CONTENT_SECURITY_POLICY
+    from llmgw_core.security import CONTENT_SECURITY_POLICY
     from tests.e2e.test_web_process import WebProcess
 
     monkeypatch.setenv("LLMGW_SIMULATE", "off")

@@ -26,7 +26,7 @@ WEIGHTS = bytes(range(256)) * 4096
 
 @contextlib.contextmanager
 def worker(tmp_path: Path, hub: HubStandIn, mirror_dir: Path) -> Iterator[None]:
-    from llmgw_admin.celery import app
+    from llmgw_core.celery import app
 
     env = dict(
         os.environ,

@@ -25,7 +25,7 @@ from django.db import transaction
 
 from catalog.models import ChangeRecord
 from llmgw_admin.demo import INIT_ACTOR as INIT
-from llmgw_admin.roles import ADMIN, ROLES
+from llmgw_core.roles import ADMIN, ROLES
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.durations import DurationError, parse_duration
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandError
 
-from llmgw_admin.roles import ROLES
+from llmgw_core.roles import ROLES
 
 
 class Command(BaseCommand):

@@ -23,7 +23,7 @@ from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Replica
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane
 from tests.faultproxy import FaultProxy

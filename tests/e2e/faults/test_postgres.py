@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from cluster.models import ClusterAction, Node
-from llmgw_admin.models import ApiToken
+from llmgw_core.models import ApiToken
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane, Outcome
 

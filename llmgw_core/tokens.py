@@ -8,7 +8,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from llmgw_admin.models import TOKEN_PREFIX, ApiToken, digest
+from llmgw_core.models import TOKEN_PREFIX, ApiToken, digest
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -46,7 +46,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """Describe token authentication in the OpenAPI schema as a bearer scheme."""
 
-    target_class = "llmgw_admin.tokens.TokenAuthentication"
+    target_class = "llmgw_core.tokens.TokenAuthentication"
     name = "apiToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

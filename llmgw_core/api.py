@@ -1,6 +1,6 @@
 """Shared API pieces: the error shape every refused change answers with, the parsers.
 
-Framework: imports no app. An app's refusal extends ``llmgw_admin.refused.Refused``.
+Framework: imports no app. An app's refusal extends ``llmgw_core.refused.Refused``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rest_framework.parsers import JSONParser as DRFJSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from llmgw_admin.refused import Problem, Refused
+from llmgw_core.refused import Problem, Refused
 
 
 def problems_response(problems: Iterable[Problem], detail: str) -> Response:
@@ -95,7 +95,7 @@ class JSONParser(TextJSONParser):
     PostgreSQL cannot store, naming where it is."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        from llmgw_admin.lean import nul_at
+        from llmgw_core.lean import nul_at
 
         data = super().parse(stream, media_type, parser_context)
         where = nul_at(data)

@@ -1,6 +1,6 @@
 """A change refused for reasons its maker can fix: the base every app's refusal extends.
 
-The API answers any :class:`Refused` with 400 and its problems (``llmgw_admin.api``), so an
+The API answers any :class:`Refused` with 400 and its problems (``llmgw_core.api``), so an
 app raises its own subclass (``catalog.services.Refused``) and the framework never
 imports the app. Nothing here imports Django REST framework: services import this.
 """

@@ -59,11 +59,14 @@ class ApiToken(ShownOnce):
     class Meta:
         ordering = ("-created",)
         verbose_name = _("API token")
+        # Made by llmgw_admin before the framework had a package of its own: the table and
+        # its constraint keep their names (llmgw_core's migration 0001 moved the state only).
+        db_table = "llmgw_admin_apitoken"
         constraints = [
             models.UniqueConstraint(
                 fields=["user", "name"],
                 condition=models.Q(revoked__isnull=True),
-                name="%(app_label)s_%(class)s_unique_live_name",
+                name="llmgw_admin_apitoken_unique_live_name",
                 violation_error_message=_("this user already has a live token of that name"),
             )
         ]

@@ -176,7 +176,7 @@ class RoleAdminMixin:
                         checks.Error(
                             f"the admin action {name!r} {problem}",
                             hint="decorate it with @admin.action(permissions=[OPERATOR]) "
-                            "(a role from llmgw_admin.roles, or view, add, change or delete)",
+                            "(a role from llmgw_core.roles, or view, add, change or delete)",
                             obj=type(self),
                             id="llmgw.E001",
                         )

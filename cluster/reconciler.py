@@ -259,7 +259,8 @@ def _wants(
             )  # fmt: skip
         reason = decision.reason
         if b.where.startswith("on demand"):
-            reason = f"{b.where}; {reason}"
+            # Not how long ago it was asked for: that would change (and push) every tick.
+            reason = f"on demand: {reason}"
         if decision.step:
             log.info("%s %s: %s", name, decision.step, reason)
         new = decision.memory

@@ -170,7 +170,7 @@ def test_on_demand_zero_to_n_and_back_to_zero() -> None:
     assert wanted("chat") == 1
     tick(1 + UP)
     assert wanted("chat") == 3
-    assert ModelScale.objects.get().reason.startswith("on demand: asked for")
+    assert ModelScale.objects.get().reason.startswith("on demand: scaled up to 3: ")
     load.clear()
     tick(200)  # idle past its timeout
     assert wanted("chat") == 0

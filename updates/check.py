@@ -19,11 +19,17 @@ ERROR = "error"
 
 @dataclass(frozen=True)
 class Weights:
-    """One weights file as the origin recorded it or the registry published it."""
+    """One weights file as the origin recorded it or the registry published it.
+
+    ``blob_id`` is git's object id of a file kept in git itself rather than LFS (a small
+    weights file such as the sim's ``sim-weights.json``): the registry gives no sha256 for
+    it, so the mirror's copy's blob id is compared with the registry's.
+    """
 
     path: str
     sha256: str = ""
     bytes: int = 0
+    blob_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,9 @@ def compare(
 ) -> Result:
     """Compare the weights a model has (its origin) with those the registry publishes.
 
-    A file is "changed" when both sides give a sha256 and they differ, or, when either
-    side lacks one, when both give a size and it differs (a file with neither is taken as
-    unchanged: nothing says it changed).
+    A file is "changed" when both sides give a sha256 and they differ, else when both
+    give a git blob id and they differ, else when both give a size and it differs (a file
+    with none of them is taken as unchanged: nothing says it changed).
     """
     mine = {w.path: w for w in have}
     theirs = {w.path: w for w in published}
@@ -93,6 +99,8 @@ def error(model: str, revision: str, message: str) -> Result:
 def _differs(a: Weights, b: Weights) -> bool:
     if a.sha256 and b.sha256:
         return a.sha256.lower() != b.sha256.lower()
+    if a.blob_id and b.blob_id:
+        return a.blob_id.lower() != b.blob_id.lower()
     if a.bytes and b.bytes:
         return a.bytes != b.bytes
     return False

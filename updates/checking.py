@@ -39,15 +39,40 @@ def check_model(m: object) -> check.Result:
         return check.error(
             name, origin.revision, f"source {source} has no registry to check (a local path)"
         )
-    have = [check.Weights(f.path, f.sha256, f.bytes) for f in origin.files]
+    have = _have(name, origin)
     try:
         # The newest revision: a model's origin records the commit it was fetched at, which
         # is what is compared, not what is asked for.
         state = registry.latest(source, None)
     except registry.RegistryError as exc:
         return check.error(name, origin.revision, str(exc))
-    published = [check.Weights(f.path, f.sha256, int(f.size or 0)) for f in state.weights]
+    published = [
+        check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.weights
+    ]
     return check.compare(name, origin.revision, have, state.commit, published)
+
+
+def _have(name: str, origin: object) -> list[check.Weights]:
+    """Return the origin's weights files; one the registry keeps in git (no sha256 in the
+    origin) with the git blob id of the mirror's copy when the mirror holds it."""
+    from updates import mirror
+
+    files = list(getattr(origin, "files", ()))
+    folder = None
+    if any(not f.sha256 for f in files):
+        try:
+            folder = mirror.local_path(name, str(getattr(origin, "revision", "") or ""))
+        except Exception:  # no mirror to look into: compared by size, as before
+            log.debug("looking up %s's mirror folder failed", name, exc_info=True)
+    have = []
+    for f in files:
+        blob_id = ""
+        if not f.sha256 and folder is not None:
+            path = folder / f.path
+            if path.is_file():
+                blob_id = mirror.git_blob_id(path)
+        have.append(check.Weights(f.path, f.sha256, f.bytes, blob_id))
+    return have
 
 
 def check_models(names: Iterable[str] | None = None, *, by: str = "") -> list[check.Result]:

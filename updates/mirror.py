@@ -630,7 +630,7 @@ def _verify(f: registry.RepoFile, part: Path, fetch: Fetch, got: str) -> None:
                 f"sha256 is {got}, not {f.sha256}; deleted it and kept nothing of this fetch"
             )
     elif f.blob_id and len(f.blob_id) == 40:
-        got = _git_blob_id(part)
+        got = git_blob_id(part)
         if got != f.blob_id:
             part.unlink(missing_ok=True)
             raise MirrorError(
@@ -651,7 +651,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _git_blob_id(path: Path) -> str:
+def git_blob_id(path: Path) -> str:
     digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):

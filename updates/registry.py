@@ -97,8 +97,12 @@ class RepoState:
 
 
 def is_weights(path: str) -> bool:
-    """Return whether a file of a repository holds weights (by how its name ends)."""
-    return path.lower().endswith(WEIGHTS_SUFFIXES)
+    """Return whether a file of a repository holds weights: by how its name ends, or the
+    sim engine's weights file (``sim-weights.json``: its content sets how the sim answers,
+    so a commit that changes it is an update)."""
+    from agent.simweights import FILE_NAME as SIM_WEIGHTS
+
+    return path.lower().endswith(WEIGHTS_SUFFIXES) or PurePosixPath(path).name == SIM_WEIGHTS
 
 
 def kind(source: str) -> str | None:

@@ -436,7 +436,7 @@ def _revision(fetch: Fetch) -> flow.Revision:
         spec.OriginFile(path=str(f["path"]), sha256=str(f.get("sha256") or ""),
                         bytes=int(f.get("bytes") or 0))
         for f in fetch.files
-        if registry.is_weights(str(f["path"])) or str(f["path"]).endswith("sim-weights.json")
+        if registry.is_weights(str(f["path"]))
     )  # fmt: skip
     return flow.Revision(fetch.commit, files)
 

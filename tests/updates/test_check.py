@@ -159,3 +159,44 @@ def test_a_url_source_s_new_content_is_an_update_whatever_its_name(hub: HubStand
     hub.plain["weights"] = Blob(b"v2" * 100)
     [r] = checking.check_models(["chat"])
     assert (r.state, r.changed) == ("available", ["weights"])
+
+
+def test_a_file_kept_in_git_is_compared_by_its_blob_id_before_its_size() -> None:
+    have = [check.Weights("sim-weights.json", "", 40, "a" * 40)]
+    same_size = [check.Weights("sim-weights.json", "", 40, "b" * 40)]
+    assert check.compare("m", "r1", have, "r2", same_size).changed == ["sim-weights.json"]
+    unchanged = [check.Weights("sim-weights.json", "", 40, "a" * 40)]
+    assert check.compare("m", "r1", have, "r2", unchanged).state == "current"
+
+
+def test_the_sim_s_weights_file_is_weights_wherever_it_lies() -> None:
+    from updates import registry
+
+    assert registry.is_weights("sim-weights.json")
+    assert registry.is_weights("v2/sim-weights.json")
+    assert not registry.is_weights("config.json")
+    assert not registry.is_weights("my-sim-weights.json.md")
+
+
+SIM_V1 = b'{"llmgw-sim-weights": 1, "name": "v1", "arithmetic": 0.95}'
+SIM_V2 = b'{"llmgw-sim-weights": 1, "name": "v2", "arithmetic": 0.50}'
+
+
+@pytest.mark.django_db
+def test_a_sim_repository_whose_weights_file_changed_is_an_update(hub: HubStandIn) -> None:
+    # The same size, kept in git (not LFS, as the Hub keeps a small .json): only its
+    # git blob id tells the two apart; a README-only commit after it is still current.
+    assert len(SIM_V1) == len(SIM_V2)
+    first = _mirrored(hub, {"sim-weights.json": SIM_V1, "README.md": b"# sim"})
+    [same] = checking.check_models(["chat"])
+    assert same.state == "current", same.message
+    hub.commit("org/chat", {"README.md": b"# sim, again"}, keep=True)
+    assert checking.check_models(["chat"])[0].state == "current"
+    latest = hub.commit("org/chat", {"sim-weights.json": SIM_V2}, keep=True)
+    [r] = checking.check_models(["chat"])
+    assert (r.state, r.revision, r.latest, r.changed) == (
+        "available",
+        first,
+        latest,
+        ["sim-weights.json"],
+    )

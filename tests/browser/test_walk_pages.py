@@ -1,6 +1,6 @@
-"""Every console page issues 16 and 17 touched, walked in a real Chromium at 1280 and
+"""Every console page issues 16 to 20 touched, walked in a real Chromium at 1280 and
 390 px, as an admin and as a viewer, with a cluster in it (a node, a model with a replica
-and a failed one's log, a guard judge, a key): no console error, no CSP violation, and
+and a failed one's log, a guard judge, a key, a team's quota): no console error, no CSP violation, and
 nothing wider than the window (a page scrolling sideways has something cut off or
 overlapping at 390). Screenshots of each go to ``LLMGW_WALK_SHOTS`` when it is set."""
 
@@ -66,7 +66,16 @@ def cluster() -> dict[str, Any]:
     from gateway import services
 
     node, _ = join_node("gpu-walk-with-a-long-name-1", [H100, H100, H100], agent_version="0.9.1")
-    store(gpu_model("chat-model-with-a-rather-long-name", scaling={"min": 1, "max": 1}))
+    from cluster import tenancy
+
+    tenancy.set_quota("team:walk-team", cards={H100: 4}, via="test")
+    store(
+        gpu_model(
+            "chat-model-with-a-rather-long-name",
+            scaling={"min": 1, "max": 1},
+            owner="team:walk-team",
+        )
+    )
     store(gpu_model("sleepy", scaling={"min": 0, "max": 1}))
     reconciler.tick()
     rid = Replica.objects.get(model_name="chat-model-with-a-rather-long-name").pk
@@ -93,6 +102,11 @@ def pages(ids: dict[str, Any], admin: bool) -> list[str]:
         "/gateway/chat/",
         "/gateway/traffic/",
         "/gateway/refusals/",
+        f"/gateway/history/?model={m}",
+        "/cluster/quotas/",
+        "/cluster/owners/team:walk-team/",
+        "/updates/",
+        "/updates/mirror/",
     ]
     if admin:
         out += [
@@ -107,7 +121,7 @@ def pages(ids: dict[str, Any], admin: bool) -> list[str]:
 
 @pytest.mark.parametrize("width", sorted(WIDTHS))
 @pytest.mark.parametrize("role", ["admin", "viewer"])
-def test_every_page_of_issues_16_and_17_fits_and_says_no_error(
+def test_every_page_of_issues_16_to_20_fits_and_says_no_error(
     open_page: Any, make_user: Any, live_server: Any, role: str, width: str
 ) -> None:
     ids = cluster()
@@ -121,7 +135,7 @@ def test_every_page_of_issues_16_and_17_fits_and_says_no_error(
         assert answer is not None and answer.status == 200, (path, answer and answer.status)
         page.wait_for_load_state("networkidle")
         if shots:
-            name = path.strip("/").replace("/", "_") or "home"
+            name = path.strip("/").replace("/", "_").replace("?", "_") or "home"
             page.screenshot(path=str(Path(shots) / f"{role}-{width}-{name}.png"), full_page=True)
         wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         cut = page.evaluate(OVERFLOW)

@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
-# A fetch of "the newest" revision that ended this many seconds ago answers an ask for it.
-FRESH_S = 60
 # A failed fetch is queued again by a node's ask only after this many seconds.
 RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
@@ -161,24 +159,17 @@ def request_fetch(
         done = _done_at(model_name, source, wanted)
         if done is not None:
             return done
+        fetch = _active(model_name, source, wanted)
+        if fetch is not None:
+            return fetch
     else:
-        # "The newest" asked again right after a fetch of it ended (a node's ask racing
-        # the fetch's end): that fetch is it.
-        recent = (
-            Fetch.objects.filter(
-                model=model_name,
-                source=source,
-                state=FetchState.DONE,
-                finished__gte=timezone.now() - timedelta(seconds=FRESH_S),
-            )
-            .order_by("-finished")
-            .first()
-        )
-        if recent is not None and (root() / recent.folder).is_dir():
-            return recent
-    fetch = _active(model_name, source, wanted)
-    if fetch is not None:
-        return fetch
+        found, newest = _newest(model_name, source, asked=revision is not None)
+        if found is not None:
+            return found
+        if newest and _active(model_name, source, "") is not None:
+            # One of "the newest" is being fetched at an older commit: this one is the
+            # newer commit's, by name.
+            wanted = newest
     try:
         with transaction.atomic():
             fetch = Fetch.objects.create(
@@ -198,6 +189,33 @@ def request_fetch(
     if start:
         dispatch(fetch.pk)
     return fetch
+
+
+def _newest(model_name: str, source: str, *, asked: bool) -> tuple[Fetch | None, str]:
+    """Return the fetch that answers an ask for the newest revision, or None (queue one),
+    and the newest commit when the registry was asked ("" when not, or when it failed).
+
+    A fetch of the newest that is still queued is it (it asks the registry when it runs).
+    Asked for by name (``asked``: an operator, an update), the registry is asked for the
+    newest commit first, so a fetch that just finished at an older one is not taken for
+    it: a done fetch, or one fetching, at that commit is. A node's ask (the model pins
+    nothing) takes a fetch of the newest in progress as it is, asking no registry at each
+    of its asks (the fetch queued for it asks when it runs). A registry that does not answer leaves only a fetch in progress to take:
+    a new one fails with the registry's reason.
+    """
+    active = _active(model_name, source, "")
+    if not asked or (active is not None and active.state == FetchState.QUEUED):
+        return active, ""
+    try:
+        commit = registry.latest(source, None).commit
+    except registry.RegistryError:
+        return active, ""
+    done = _done_at(model_name, source, commit)
+    if done is not None:
+        return done, commit
+    if active is not None and active.commit in ("", commit):
+        return active, commit
+    return _active(model_name, source, commit), commit
 
 
 def _active(model_name: str, source: str, revision: str) -> Fetch | None:

@@ -200,3 +200,49 @@ def test_the_mirror_off_refuses_a_fetch(hub: HubStandIn, settings: Any) -> None:
     store(gpu_model("chat"))
     with pytest.raises(mirror.MirrorError, match="LLMGW_MIRROR=off"):
         mirror.request_fetch("chat")
+
+
+def test_the_newest_asked_right_after_a_fetch_is_the_registry_s_newest_commit(
+    hub: HubStandIn,
+) -> None:
+    v1 = hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    first = _fetch("chat", "")
+    assert (first.state, first.commit) == ("done", v1)
+    # Asked again at once with nothing new: that fetch is it (no second download).
+    assert mirror.request_fetch("chat", "", start=False).pk == first.pk
+    v2 = hub.commit("org/chat", {"model.safetensors": WEIGHTS[::-1]})
+    asked = mirror.request_fetch("chat", "", start=False)
+    assert asked.pk != first.pk
+    again = mirror.run_fetch(asked.pk)
+    assert again is not None and (again.state, again.commit) == ("done", v2)
+    assert mirror.request_fetch("chat", "", start=False).pk == again.pk
+    # The model pins v1 (its origin): asked with no revision, that is what it gets.
+    assert mirror.request_fetch("chat", start=False).pk == first.pk
+
+
+def test_the_newest_asked_while_an_older_commit_is_being_fetched_is_its_own_fetch(
+    hub: HubStandIn,
+) -> None:
+    v1 = hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    older = mirror.request_fetch("chat", "", start=False)
+    Fetch.objects.filter(pk=older.pk).update(state=FetchState.FETCHING, commit=v1)
+    v2 = hub.commit("org/chat", {"model.safetensors": WEIGHTS[::-1]})
+    # A node's ask takes the fetch in progress as it is; one asking for the newest by
+    # name gets a fetch of the newer commit.
+    assert mirror.request_fetch("chat", None, start=False).pk == older.pk
+    newer = mirror.request_fetch("chat", "", start=False)
+    assert newer.pk != older.pk and newer.revision == v2
+    assert mirror.request_fetch("chat", "", start=False).pk == newer.pk
+
+
+def test_the_newest_asked_of_a_registry_that_does_not_answer_fails_with_its_reason(
+    hub: HubStandIn,
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    first = _fetch("chat", "")
+    hub.delete("org/chat")
+    f = _fetch("chat", "")
+    assert f.pk != first.pk and f.state == "failed" and "is not there" in f.reason

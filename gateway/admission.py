@@ -1,25 +1,33 @@
-"""Admission by priority band: while a model's recent TTFT p99 is past its ``slo``, the
-lower bands wait at the door, briefly, then get 429 (issue 20, item 3).
+"""Admission by priority band: while a model is under pressure (its recent TTFT p99 past
+its ``slo``), the bands below the top get an allowance of requests in flight, found as TCP
+and Envoy's adaptive concurrency find theirs; past it they wait at the door, briefly, then
+get 429 (issue 20, item 3).
 
 A client key has a band (``high``, ``normal``, ``low``; ``ClientKey.priority``). Each
 gateway process keeps, per model, the first-token times of the requests it admitted over
-the last ``window`` seconds (a histogram per second on ``gateway.traffic``'s edges; the
-time a request waited here is taken off, so a hold does not feed itself) and decides
-from them alone: no database, no Redis, a few dictionary look-ups (``bench/autoscale.py``
+the last ``window`` seconds (a histogram per second on ``gateway.traffic``'s edges, and
+the last ``RECENT`` of them as they were; the time a request waited here is taken off, so
+a hold does not feed itself) and how many of its requests are in flight, and decides from
+them alone: no database, no Redis, a few dictionary look-ups (``bench/autoscale.py``
 prints the decision's p50).
 
-The gate of a model has three levels, changed only by ``Gate.step`` (pure):
+The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
 
-- 0, open: p99 within the slo (or no slo, or nothing seen in the window): every band in;
-- 1: p99 past the slo: ``low`` is held;
-- 2: still past it a whole window after level 1 began: ``normal`` is held too.
+- open (``limit`` None) while the window's p99 is within the slo: every band in;
+- the window's p99 past the slo puts the model under pressure: the bands below the top
+  get an allowance, ``limit``, of requests in flight (half those in flight then);
+- then at most once a ``STEP``: the last ``RECENT`` first-token times past the slo halve
+  the allowance (multiplicative decrease); all of them under ``HEADROOM`` of the slo, or
+  nothing heard and nothing in flight, while a lower band waits for room, add one
+  (additive increase); in between it stays (a dead band, as TCP Vegas', so a band does
+  not keep probing past what the slo allows and the top band pay for each probe);
+- a whole window with the p99 within the slo and no lower band kept waiting: open again.
 
-``high`` (the top band) is always admitted. When the window's p99 is back within the
-slo (a window after the load fell, at most, as the slow samples age out of it) the gate
-opens at once, every band together.
+``high`` (the top band) is always admitted. Within the allowance ``normal`` goes first: a
+``low`` request goes in only if the waiting ``normal`` ones leave room.
 
-A held request waits up to ``queue`` seconds for its gate to open (at most ``queue_max``
-waiting a model in this process; past it, refused at once), then is refused: 429 with
+A held request waits up to ``queue`` seconds for room (at most ``queue_max`` waiting a
+model in this process; past it, refused at once), then is refused: 429 with
 ``Retry-After`` (the window), ``x-should-retry: true`` and a message naming the band, the
 p99 and the slo. Admitted and held requests are counted per model, band and second
 (``Counts``) and ride the traffic event to the console's Traffic page.
@@ -33,6 +41,7 @@ import contextvars
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,8 +57,15 @@ EDGES_MS = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 200
 WINDOW = 10.0
 QUEUE = 2.0
 QUEUE_MAX = 100
-# How often a held request looks at its gate again when no sample arrives to wake it.
+# How often a held request looks at its gate again when nothing wakes it.
 RECHECK = 0.1
+# The allowance's control: how many recent first-token times it reads, how often at most
+# it changes, what a cut keeps of it, and under what share of the slo they must all be
+# for it to grow.
+RECENT = 3
+STEP = 1.0
+BETA = 0.5
+HEADROOM = 0.5
 
 # Whether the running request was held and refused (the traffic history counts it).
 was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_held",
@@ -57,6 +73,10 @@ was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_h
 # Seconds the running request waited at the door (taken off its TTFT when it ends).
 held_for: contextvars.ContextVar[float] = contextvars.ContextVar("admission_held_for",
                                                                  default=0.0)  # fmt: skip
+# The model and band the running request was admitted as (counted in flight until it ends).
+taken: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar(
+    "admission_taken", default=None
+)
 
 
 def bucket(ms: float) -> int:
@@ -78,54 +98,97 @@ def quantile(counts: list[int], q: float) -> float | None:
     return float("inf")
 
 
+def lower(band: str) -> bool:
+    """Whether ``band`` is below the top one (an unknown band counts as the default)."""
+    return RANK.get(band, RANK[DEFAULT_BAND]) > 0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a process knows of a model when it decides (plain data)."""
+
+    p99_ms: float | None  # the window's TTFT p99, None with no sample
+    recent_ms: float | None  # the slowest of the last RECENT first tokens, None if fewer
+    slo_ms: float
+    lower: int = 0  # requests of the lower bands in flight here
+    busy: int = 0  # requests of every band in flight here
+
+    @property
+    def over(self) -> bool:
+        return bool(self.slo_ms) and self.p99_ms is not None and self.p99_ms > self.slo_ms
+
+
 @dataclass(frozen=True)
 class Gate:
-    """A model's gate: its level (0 open, 1 low held, 2 normal and low held) and since
-    when (a monotonic time)."""
+    """A model's gate: ``limit`` the lower bands' allowance in flight (None: open, no
+    cap), ``pressed`` the last time it was under pressure (p99 past the slo, or a lower
+    band kept waiting), ``stepped`` the last time the allowance changed (monotonic)."""
 
-    level: int = 0
-    since: float = 0.0
+    limit: int | None = None
+    pressed: float = 0.0
+    stepped: float = 0.0
 
-    def step(self, p99_ms: float | None, slo_ms: float, now: float, window: float) -> Gate:
-        """The gate after seeing ``p99_ms`` over the last window at ``now``."""
-        over = bool(slo_ms) and p99_ms is not None and p99_ms > slo_ms
-        if not over:
-            return self if self.level == 0 else Gate(0, now)
-        if self.level == 0:
-            return Gate(1, now)
-        if self.level == 1 and now - self.since >= window:
-            return Gate(2, now)
-        return self
+    def step(self, r: Reading, now: float, window: float, wanting: bool = False) -> Gate:
+        """The gate at ``now`` after ``r``; ``wanting``: a lower band waits for room."""
+        if not r.slo_ms:
+            return Gate() if self.limit is not None else self
+        if self.limit is None:
+            if not r.over:
+                return self
+            return Gate(int(r.lower * BETA), now, now)
+        pressed = now if (r.over or wanting) else self.pressed
+        if not r.over and now - pressed >= window:
+            return Gate()
+        limit, stepped = self.limit, self.stepped
+        if now - stepped >= STEP:
+            if r.recent_ms is not None and r.recent_ms > r.slo_ms:
+                if limit:
+                    limit, stepped = int(limit * BETA), now
+            elif wanting and (
+                (r.recent_ms is None and r.busy == 0)
+                or (r.recent_ms is not None and r.recent_ms < HEADROOM * r.slo_ms)
+            ):
+                limit, stepped = limit + 1, now
+        if (limit, pressed, stepped) == (self.limit, self.pressed, self.stepped):
+            return self
+        return Gate(limit, pressed, stepped)
 
-    def holds(self, band: str) -> bool:
-        """Whether ``band`` waits at this gate (the top band never does)."""
-        rank = RANK.get(band, RANK[DEFAULT_BAND])
-        return rank > 0 and rank >= len(BANDS) - self.level
+    def room(self, band: str, r: Reading, ahead: int = 0) -> bool:
+        """Whether ``band`` fits now, ``ahead`` requests of higher lower bands waiting
+        before it (the top band always does)."""
+        if self.limit is None or not lower(band):
+            return True
+        return r.lower + ahead < self.limit
 
 
 @dataclass(frozen=True)
 class Decision:
     admit: bool
-    level: int
+    limit: int | None  # the lower bands' allowance then (None: no cap)
     p99_ms: float | None
     slo_ms: float
 
 
-def decide(gate: Gate, band: str, p99_ms: float | None, slo_ms: float, now: float,
-           window: float) -> tuple[Gate, Decision]:  # fmt: skip
-    """Step ``gate`` with the window's p99 and say whether ``band`` goes in (pure)."""
-    gate = gate.step(p99_ms, slo_ms, now, window)
-    return gate, Decision(not gate.holds(band), gate.level, p99_ms, slo_ms)
+def decide(gate: Gate, band: str, r: Reading, now: float, window: float,
+           ahead: int = 0) -> tuple[Gate, Decision]:  # fmt: skip
+    """Step ``gate`` with what is known and say whether ``band`` goes in (pure)."""
+    wanting = lower(band) and not gate.room(band, r, ahead)
+    gate = gate.step(r, now, window, wanting)
+    admit = gate.room(band, r, ahead)
+    if not admit and gate.pressed != now:
+        gate = Gate(gate.limit, now, gate.stepped)  # kept waiting: still under pressure
+    return gate, Decision(admit, gate.limit, r.p99_ms, r.slo_ms)
 
 
 def reason(band: str, model: str, decision: Decision, window: float) -> str:
     """What a refused client is told: the band, the p99 and the slo."""
-    p99 = "over 60000" if decision.p99_ms == float("inf") else f"{decision.p99_ms:.0f}"
+    p = decision.p99_ms
+    p99 = "none" if p is None else "over 60000" if p == float("inf") else f"{p:.0f}"
     return (
-        f"The model '{model}' is past its latency SLO (TTFT p99 {p99} ms over the last "
-        f"{window:g} s, slo {decision.slo_ms:.0f} ms), so requests of the {band!r} band are "
-        f"held back for the higher bands: try again in {max(1, round(window))} s, or use a "
-        "key of a higher band."
+        f"The model '{model}' is under pressure (TTFT p99 {p99} ms over the last "
+        f"{window:g} s, slo {decision.slo_ms:.0f} ms), so requests of the {band!r} band get "
+        f"at most {decision.limit} in flight here and those are taken: try again in "
+        f"{max(1, round(window))} s, or use a key of a higher band."
     )
 
 
@@ -134,7 +197,11 @@ class _Model:
     gate: Gate = field(default_factory=Gate)
     # second -> TTFT histogram of that second
     seconds: dict[int, list[int]] = field(default_factory=dict)
-    waiting: int = 0
+    # the last RECENT first tokens: (when, ms)
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    lower: int = 0  # lower bands in flight
+    busy: int = 0  # every band in flight
+    waiting: dict[str, int] = field(default_factory=dict)
     opened: asyncio.Event | None = None
 
 
@@ -165,7 +232,7 @@ COUNTS = Counts()
 
 
 class Admission:
-    """One process's admission: the recent TTFTs per model and their gates."""
+    """One process's admission: the recent TTFTs per model, what is in flight, the gates."""
 
     def __init__(
         self,
@@ -194,23 +261,31 @@ class Admission:
             queue_max=int(getattr(settings, "LLMGW_ADMISSION_QUEUE_MAX", QUEUE_MAX)),
         )
 
+    def _model(self, model: str) -> _Model | None:
+        m = self._models.get(model)
+        if m is None and len(self._models) < 10000:
+            m = self._models[model] = _Model()
+        return m
+
     # Figures.
     def record(self, model: str, ttft: float) -> None:
         """An admitted request of ``model`` had its first token after ``ttft`` seconds."""
-        m = self._models.get(model)
+        m = self._model(model)
         if m is None:
-            if len(self._models) >= 10000:
-                return
-            m = self._models[model] = _Model()
-        second = int(self._clock())
+            return
+        now = self._clock()
+        second = int(now)
         hist = m.seconds.get(second)
         if hist is None:
             hist = m.seconds[second] = [0] * (len(EDGES_MS) + 1)
             self._trim(m, second)
         hist[bucket(ttft * 1000)] += 1
-        if m.opened is not None and m.gate.level and m.waiting:
-            # A sample may open the gate: its waiters look again.
-            m.opened.set()
+        m.recent.append((now, ttft * 1000))
+        self._wake(m)
+
+    def _wake(self, m: _Model) -> None:
+        if m.opened is not None and m.gate.limit is not None and m.waiting:
+            m.opened.set()  # a sample or a request ended may make room: waiters look again
 
     def _trim(self, m: _Model, second: int) -> None:
         first = second - int(self.window) + 1
@@ -232,37 +307,76 @@ class Admission:
                         total[i] += c
         return quantile(total, 0.99)
 
-    def level(self, model: str) -> int:
+    def reading(self, model: str, slo_ms: float, now: float | None = None) -> Reading:
+        """What this process knows of ``model`` now."""
+        now = self._clock() if now is None else now
         m = self._models.get(model)
-        return m.gate.level if m else 0
+        if m is None:
+            return Reading(None, None, slo_ms)
+        recent = [ms for at, ms in m.recent if now - at < self.window]
+        return Reading(self.p99(model, now), max(recent) if len(recent) >= RECENT else None,
+                       slo_ms, m.lower, m.busy)  # fmt: skip
+
+    def limit(self, model: str) -> int | None:
+        m = self._models.get(model)
+        return m.gate.limit if m else None
 
     def heard(self, done: Done) -> None:
-        """A request ended (``Gateway.done``, in its own task): an answered one's TTFT,
-        less what it waited at the door, joins the window."""
+        """A request ended (``Gateway.done``, in its own task): it leaves the in-flight
+        count, and an answered one's TTFT, less what it waited at the door, joins the
+        window."""
         waited = held_for.get()
         if waited:
             held_for.set(0.0)
+        took = taken.get()
+        if took is not None:
+            taken.set(None)
+            self.release(*took)
         if done.status != 200 or done.ttft is None or not done.model:
             return
         self.record(done.model, max(0.0, done.ttft - waited))
 
-    # The decision.
-    def check(self, model: str, band: str, slo_ms: float) -> Decision:
-        """Whether a request of ``band`` goes in now (steps the model's gate)."""
-        if not slo_ms:
-            return Decision(True, 0, None, 0.0)
-        now = self._clock()
+    def release(self, model: str, low: bool) -> None:
+        """An admitted request of ``model`` ended (``low``: of a lower band)."""
         m = self._models.get(model)
         if m is None:
-            if len(self._models) >= 10000:
-                return Decision(True, 0, None, slo_ms)
-            m = self._models[model] = _Model()
-        m.gate, decision = decide(m.gate, band, self.p99(model, now), slo_ms, now, self.window)
+            return
+        m.busy = max(0, m.busy - 1)
+        if low:
+            m.lower = max(0, m.lower - 1)
+            self._wake(m)
+
+    # The decision.
+    def _ahead(self, m: _Model, band: str) -> int:
+        rank = RANK.get(band, RANK[DEFAULT_BAND])
+        return sum(n for b, n in m.waiting.items() if 0 < RANK[b] < rank)
+
+    def check(self, model: str, band: str, slo_ms: float, waiting: bool = False) -> Decision:
+        """Whether a request of ``band`` goes in now (steps the model's gate; ``waiting``:
+        it is one of those waiting, not counted ahead of itself)."""
+        if not slo_ms:
+            return Decision(True, None, None, 0.0)
+        now = self._clock()
+        m = self._model(model)
+        if m is None:
+            return Decision(True, None, None, slo_ms)
+        r = self.reading(model, slo_ms, now)
+        m.gate, decision = decide(m.gate, band, r, now, self.window, self._ahead(m, band))
         return decision
 
+    def _take(self, model: str, band: str) -> None:
+        m = self._models.get(model)
+        if m is None:
+            return
+        low = lower(band)
+        m.busy += 1
+        m.lower += low
+        taken.set((model, low))
+
     async def admit(self, model: str, band: str, slo_ms: float) -> Decision:
-        """Decide; a held request waits up to ``queue`` for the gate to open. Returns the
-        last decision (``admit`` False: refuse it). Counted either way."""
+        """Decide; a held request waits up to ``queue`` for room. Returns the last
+        decision (``admit`` False: refuse it). Counted either way; an admitted one is
+        in flight until ``heard`` of its end."""
         decision = self.check(model, band, slo_ms)
         if not decision.admit and self.queue > 0:
             decision = await self._wait(model, band, slo_ms)
@@ -270,11 +384,13 @@ class Admission:
             self.counts.add(int(self._wall()), model, band, not decision.admit)
         if not decision.admit:
             was_held.set(True)
+        elif slo_ms:
+            self._take(model, band)
         return decision
 
     async def _wait(self, model: str, band: str, slo_ms: float) -> Decision:
         m = self._models[model]
-        if m.waiting >= self.queue_max:
+        if sum(m.waiting.values()) >= self.queue_max:
             return self.check(model, band, slo_ms)
         if m.opened is None:
             m.opened = asyncio.Event()
@@ -282,28 +398,36 @@ class Admission:
         loop = asyncio.get_running_loop()
         start = loop.time()
         deadline = start + self.queue
-        m.waiting += 1
+        m.waiting[band] = m.waiting.get(band, 0) + 1
         try:
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
-                    return self.check(model, band, slo_ms)
+                    break
                 m.opened.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(m.opened.wait(), min(left, RECHECK))
-                decision = self.check(model, band, slo_ms)
+                m.waiting[band] -= 1  # not ahead of itself
+                try:
+                    decision = self.check(model, band, slo_ms)
+                finally:
+                    m.waiting[band] += 1
                 if decision.admit:
                     held_for.set(loop.time() - start)
                     return decision
         finally:
-            m.waiting -= 1
+            m.waiting[band] -= 1
+        decision = self.check(model, band, slo_ms)
+        if decision.admit:
+            held_for.set(loop.time() - start)
+        return decision
 
     def state(self) -> dict[str, dict[str, object]]:
         """Each model's gate as this process sees it (the console, tests)."""
         now = self._clock()
         return {
-            name: {"level": m.gate.level, "held": [b for b in BANDS if m.gate.holds(b)],
-                   "p99_ms": self.p99(name, now), "waiting": m.waiting}
+            name: {"limit": m.gate.limit, "p99_ms": self.p99(name, now), "lower": m.lower,
+                   "busy": m.busy, "waiting": sum(m.waiting.values())}
             for name, m in self._models.items()
         }  # fmt: skip
 
@@ -314,7 +438,7 @@ def retry_after(window: float) -> int:
 
 class Listener(_Listener):
     """Feeds ``admission`` the first-token time of each answered request, less the time
-    it waited at the door (``held_for``, set in the request's own task)."""
+    it waited at the door (``held_for``, set in the request's own task), and its end."""
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission

@@ -10,11 +10,16 @@ from hypothesis import strategies as st
 
 from gateway.admission import (
     BANDS,
+    BETA,
+    HEADROOM,
+    RECENT,
+    STEP,
     Admission,
     Counts,
     Decision,
     Gate,
     Listener,
+    Reading,
     decide,
     held_for,
     reason,
@@ -22,9 +27,12 @@ from gateway.admission import (
 from gateway.observe import Done
 
 WINDOW = 10.0
-p99s = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False))
-slos = st.sampled_from([0.0, 100.0, 500.0, 1000.0])
+SLO = 1000.0
+ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e5, allow_nan=False))
 bands = st.sampled_from(BANDS)
+readings = st.builds(Reading, ms, ms, st.sampled_from([0.0, 100.0, SLO]),
+                     st.integers(0, 20), st.integers(0, 40))  # fmt: skip
+steps = st.lists(st.tuples(readings, bands, st.integers(0, 5), st.floats(0, 30)), max_size=60)
 
 
 class Clock:
@@ -40,74 +48,144 @@ def admission(**kw: object) -> tuple[Admission, Clock]:
     return Admission(window=WINDOW, clock=clock, wall=clock, counts=Counts(), **kw), clock
 
 
-@given(st.lists(st.tuples(p99s, slos, st.floats(0, 30)), max_size=40), bands)
-def test_the_top_band_is_always_admitted_and_a_held_band_holds_every_band_below(
-    steps: list[tuple[float | None, float, float]], band: str
+@given(steps)
+def test_the_top_band_is_never_held_and_a_lower_band_never_past_its_allowance(
+    history: list[tuple[Reading, str, int, float]],
 ) -> None:
     gate, now = Gate(), 0.0
-    for p99, slo, dt in steps:
+    for r, band, ahead, dt in history:
         now += dt
-        gate, decision = decide(gate, band, p99, slo, now, WINDOW)
-        assert 0 <= gate.level <= 2
-        assert not gate.holds("high")
-        held = [b for b in BANDS if gate.holds(b)]
-        assert held == list(BANDS[len(BANDS) - len(held) :])  # the lowest bands, in order
-        assert decision.admit == (band not in held)
+        gate, decision = decide(gate, band, r, now, WINDOW, ahead)
+        if band == "high":
+            assert decision.admit
+        if r.over:
+            assert gate.limit is not None  # past the slo: the lower bands are capped
+        if decision.admit and band != "high" and gate.limit is not None:
+            assert r.lower + ahead < gate.limit
+        assert decision.limit == gate.limit and (gate.limit is None or gate.limit >= 0)
 
 
-@given(st.lists(st.tuples(p99s, st.floats(0, 30)), max_size=40), slos, p99s)
-def test_within_the_slo_the_gate_opens_at_once_for_every_band(
-    steps: list[tuple[float | None, float]], slo: float, recovered: float | None
+@given(steps, st.lists(st.tuples(ms, st.integers(0, 20), st.floats(0.01, 3)), min_size=1,
+                       max_size=40))  # fmt: skip
+def test_a_window_within_the_slo_and_no_lower_band_kept_waiting_opens_the_gate(
+    history: list[tuple[Reading, str, int, float]], calm: list[tuple[float | None, int, float]]
 ) -> None:
     gate, now = Gate(), 0.0
-    for p99, dt in steps:
+    for r, band, ahead, dt in history:
         now += dt
-        gate = gate.step(p99, slo, now, WINDOW)
-    if recovered is not None and slo and recovered > slo:
-        recovered = slo
-    gate = gate.step(recovered, slo, now + 1, WINDOW)
-    assert gate.level == 0
-    assert all(not gate.holds(b) for b in BANDS)
-
-
-@given(st.lists(st.floats(0, 30), min_size=1, max_size=40))
-def test_past_the_slo_low_is_held_first_and_normal_only_a_window_later(gaps: list[float]) -> None:
-    gate, now = Gate(), 0.0
-    gate = gate.step(2000.0, 1000.0, now, WINDOW)
-    assert (gate.level, gate.holds("low"), gate.holds("normal")) == (1, True, False)
+        gate, _ = decide(gate, band, r, now, WINDOW, ahead)
     start = now
-    for dt in gaps:
+    for p99, lower, dt in calm:  # only the top band asks; the p99 within the slo
         now += dt
-        gate = gate.step(2000.0, 1000.0, now, WINDOW)
-        assert gate.holds("low")
-        assert gate.holds("normal") == (now - start >= WINDOW)
+        clean = None if p99 is None else min(p99, SLO)
+        gate, decision = decide(gate, "high", Reading(clean, None, SLO, lower), now, WINDOW)
+        assert decision.admit
+    now = max(now, start + WINDOW)
+    gate, _ = decide(gate, "high", Reading(SLO, None, SLO), now, WINDOW)
+    assert gate.limit is None
+    assert decide(gate, "low", Reading(SLO, None, SLO, 50), now, WINDOW)[1].admit
+
+
+@given(st.integers(0, 30), ms, st.integers(0, 30), st.integers(0, 30))
+def test_the_allowance_halves_past_the_slo_grows_by_one_with_headroom_and_waits_between(
+    limit: int, recent: float | None, lower: int, busy: int
+) -> None:
+    gate = Gate(limit, pressed=100.0, stepped=100.0)
+    r = Reading(SLO * 2, recent, SLO, lower, busy)
+    soon, _ = decide(gate, "low", r, 100.0 + STEP / 2, WINDOW)
+    assert soon.limit == limit  # at most one change a step
+    later, _ = decide(gate, "low", r, 100.0 + STEP, WINDOW)
+    wanting = lower >= limit
+    if recent is not None and recent > SLO:
+        assert later.limit == int(limit * BETA)
+    elif wanting and (recent is None and busy == 0 or recent is not None
+                      and recent < HEADROOM * SLO):  # fmt: skip
+        assert later.limit == limit + 1
+    else:
+        assert later.limit == limit
+
+
+def test_past_the_slo_the_allowance_starts_at_half_those_in_flight() -> None:
+    gate, d = decide(Gate(), "low", Reading(2000.0, None, SLO, lower=5, busy=7), 0.0, WINDOW)
+    assert gate.limit == 2 and not d.admit  # 5 in flight of an allowance of 2
+    gate, d = decide(Gate(), "low", Reading(2000.0, None, SLO, lower=1, busy=3), 0.0, WINDOW)
+    assert gate.limit == 0 and not d.admit
+
+
+def test_normal_goes_before_low_within_the_allowance() -> None:
+    gate = Gate(limit=2, pressed=0.0, stepped=0.0)
+    r = Reading(500.0, 700.0, SLO, lower=1, busy=3)
+    assert decide(gate, "normal", r, 0.5, WINDOW, ahead=0)[1].admit
+    assert not decide(gate, "low", r, 0.5, WINDOW, ahead=1)[1].admit  # a normal waits
+    assert decide(gate, "low", r, 0.5, WINDOW, ahead=0)[1].admit
 
 
 def test_no_slo_or_no_sample_admits_everyone() -> None:
     a, _ = admission()
-    assert a.check("m", "low", 0) == Decision(True, 0, None, 0.0)
+    assert a.check("m", "low", 0) == Decision(True, None, None, 0.0)
     assert a.check("m", "low", 1000).admit  # nothing seen yet
 
 
-def test_a_slow_window_holds_low_then_normal_and_opens_a_window_after_the_load_falls() -> None:
+def overload(a: Admission, clock: Clock, seconds: float) -> list[float]:
+    """A model whose TTFT is 200 ms per request in flight, offered a high band that keeps
+    two requests in flight and a low band that keeps five asking; slo 1000 ms. Each tick
+    of 0.25 s the requests in flight give their first token and end; the high band's
+    TTFTs are returned."""
+    highs: list[float] = []
+    end = clock.now + seconds
+    while clock.now < end:
+        admitted = []
+        for band in ["high"] * 2 + ["low"] * 5:
+            if a.check("m", band, 1000).admit:
+                a._take("m", band)
+                admitted.append(band)
+        ttft = 0.2 * len(admitted)
+        for band in admitted:
+            a.record("m", ttft)
+            a.release("m", band != "high")
+            if band == "high":
+                highs.append(ttft)
+        clock.now += 0.25
+    return highs
+
+
+def test_under_a_sustained_overload_the_top_band_keeps_its_slo_with_no_flapping() -> None:
+    a, clock = admission()
+    first = overload(a, clock, 1.0)
+    assert max(first) > 1.0  # the overload: everyone in, 1.4 s
+    assert a.limit("m") is not None
+    steady = overload(a, clock, 5 * WINDOW)
+    assert max(steady) <= 1.0, max(steady)  # five windows on, never past it again
+    # The low band got what fits: 2 high + 3 low in flight is 1.0 s, within the slo.
+    assert a.limit("m") is not None and a.limit("m") <= 3
+
+
+def test_both_bands_back_within_a_window_after_the_load_falls() -> None:
     a, clock = admission()
     for _ in range(50):
         a.record("m", 3.0)  # 3 s to the first token, slo 1 s
     assert a.p99("m") == 3000.0
     assert a.check("m", "high", 1000).admit
-    assert not a.check("m", "low", 1000).admit
-    assert a.check("m", "normal", 1000).admit
-    clock.now += WINDOW
-    a.record("m", 3.0)
-    assert not a.check("m", "normal", 1000).admit
-    assert a.check("m", "high", 1000).admit
-    # The load falls: fast answers only from now; the slow seconds age out of the window.
+    assert not a.check("m", "low", 1000).admit and a.limit("m") == 0
+    # The load falls: a fast answer a second from the top band; the low band asks too.
     fell = clock.now
     while not a.check("m", "low", 1000).admit:
         a.record("m", 0.05)
-        clock.now += 0.5
-        assert clock.now - fell <= WINDOW + 1, "held longer than a window after the load fell"
-    assert a.check("m", "normal", 1000).admit and a.level("m") == 0
+        clock.now += 1.0
+        assert clock.now - fell <= RECENT + STEP + 1, "held long after the load fell"
+    while a.limit("m") is not None:
+        a.check("m", "high", 1000)
+        clock.now += 1.0
+        assert clock.now - fell <= 2 * WINDOW + 1, "still capped long after the load fell"
+
+
+def test_with_nothing_heard_and_nothing_in_flight_the_allowance_grows() -> None:
+    a, clock = admission()
+    for _ in range(5):
+        a.record("m", 3.0)
+    assert not a.check("m", "low", 1000).admit
+    clock.now += WINDOW  # the slow samples leave the window; nothing else heard
+    assert a.check("m", "low", 1000).admit
 
 
 def test_another_models_figures_hold_nothing_here() -> None:
@@ -134,19 +212,26 @@ def test_a_held_request_waits_then_is_refused_and_counted() -> None:
     assert taken == {int(clock.now): {"m": {"low": [0, 1], "high": [1, 0]}}}
     text = reason("low", "m", held, WINDOW)
     assert "'low' band" in text and "TTFT p99 5000 ms" in text and "slo 1000 ms" in text
+    assert "at most 0 in flight" in text
 
 
-def test_a_held_request_goes_in_when_the_gate_opens_while_it_waits() -> None:
+def test_a_held_request_goes_in_when_a_lower_one_ends_while_it_waits() -> None:
     clock = Clock()
-    a = Admission(window=1.0, queue=5.0, clock=clock, wall=clock, counts=Counts())
-    a.record("m", 5.0)
+    a = Admission(window=WINDOW, queue=5.0, clock=clock, wall=clock, counts=Counts())
+    a.record("m", 0.6)
 
     async def go() -> Decision:
+        for _ in range(2):
+            a._take("m", "low")
+        a.record("m", 5.0)  # past the slo: an allowance of one, two in flight
+        assert a.check("m", "high", 1000).admit and a.limit("m") == 1
         waiter = asyncio.create_task(a.admit("m", "low", 1000))
         await asyncio.sleep(0.15)
         assert not waiter.done()
-        clock.now += 2  # the slow second leaves the window
-        a.record("m", 0.01)
+        a.release("m", True)
+        await asyncio.sleep(0.15)
+        assert not waiter.done()  # one in flight of one
+        a.release("m", True)
         return await asyncio.wait_for(waiter, 2.0)
 
     assert asyncio.run(go()).admit
@@ -168,7 +253,7 @@ def test_the_queue_is_bounded() -> None:
     assert asyncio.run(go()) == [False, True, True]
 
 
-def test_the_listener_takes_the_wait_at_the_door_off_the_ttft() -> None:
+def test_the_listener_takes_the_wait_off_the_ttft_and_the_request_out_of_flight() -> None:
     a, _ = admission()
     listener = Listener(a)
 
@@ -176,8 +261,14 @@ def test_the_listener_takes_the_wait_at_the_door_off_the_ttft() -> None:
         return Done(model="m", status=status, owner="", key="k", seconds=1.0, ttft=ttft,
                     tokens_in=1, tokens_out=1, replica=1, stream=True)  # fmt: skip
 
-    held_for.set(2.95)
-    listener.request(done(3.0))  # 50 ms at the engine
+    async def go() -> None:
+        assert (await a.admit("m", "low", 1000)).admit
+        assert a.state()["m"]["lower"] == 1 and a.state()["m"]["busy"] == 1
+        held_for.set(2.95)
+        listener.request(done(3.0))  # 50 ms at the engine
+        assert a.state()["m"]["lower"] == 0 and a.state()["m"]["busy"] == 0
+
+    asyncio.run(go())
     listener.request(done(None))
     listener.request(done(9.0, status=500))
     assert a.p99("m") == 50.0

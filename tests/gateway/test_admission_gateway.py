@@ -1,7 +1,7 @@
 """Admission through the real gateway (``gateway.app``, uvicorn, the ``openai`` client):
-while the model's TTFT p99 over the window is past its slo, a low key waits briefly and
+while the model is past its slo and the lower bands use their allowance, a low key waits and
 is refused 429 with ``Retry-After``, ``x-should-retry`` and a reason naming its band and
-the slo; a high key is answered; once fast answers fill a window, the low key is back."""
+the slo; a high key is answered; once the answers are fast again, the low key is back."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def test_a_low_band_is_held_while_the_model_is_past_its_slo_and_back_after_a_win
 ) -> None:
     counts = Counts()
     h.gateway.admission = Admission(window=1.0, queue=0.2, counts=counts)
-    engine = h.engine("e", delay=0.4)  # 400 ms to the answer, slo 150 ms
-    h.serve([model("m", slo=spec.SLO(ttft_p99=150_000_000))], [(1, "m", engine)])
+    engine = h.engine("e", delay=0.6)  # 600 ms to the answer, slo 300 ms
+    h.serve([model("m", slo=spec.SLO(ttft_p99=300_000_000))], [(1, "m", engine)])
     assert ask(h, KEY)  # a normal key: within its slo until p99 is seen past it
     assert ask(h, HIGH)
     with pytest.raises(openai.RateLimitError) as caught:
@@ -56,17 +56,17 @@ def test_a_low_band_is_held_while_the_model_is_past_its_slo_and_back_after_a_win
     assert refused.headers["retry-after"] == "1"
     assert refused.headers["x-should-retry"] == "true"
     message = caught.value.body["message"]  # type: ignore[index]
-    assert "'low' band" in message and "slo 150 ms" in message and "TTFT p99 500 ms" in message
+    assert "'low' band" in message and "slo 300 ms" in message and "TTFT p99 750 ms" in message
     assert caught.value.body["code"] == "held_for_slo"  # type: ignore[index]
     assert ask(h, HIGH)  # the top band is always answered
-    # The model is fast again: once a window holds only fast answers, the low band is in.
+    # The model is fast again: once the last answers are fast, the low band is let in.
     engine.delay = 0.0
 
     def low_answered() -> bool:
         try:
             return bool(ask(h, LOW))
         except openai.RateLimitError:
-            ask(h, HIGH)  # fast answers fill the window
+            ask(h, HIGH)  # fast answers: room to grow
             return False
 
     wait(low_answered, timeout=10, what="the low band admitted again")

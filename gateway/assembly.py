@@ -13,7 +13,9 @@ say) is a line in that list; a new step inside a completion's walk goes in
 
 Building starts no thread: the server starts the guard's recorder, the usage recorder
 and the refusals' (``gateway.server.run``, ``llmgw_admin.server``), and the table's
-reader once it listens; the change events' listener and the canary watch start with the
+reader and the traffic's thread (``Assembly.traffic``: the console's traffic and the load
+report for scaling, so requests waiting on a process that has answered none yet are
+counted) once it listens; the change events' listener and the canary watch start with the
 first request.
 """
 
@@ -44,6 +46,7 @@ class Assembly:
     gateway: Gateway
     application: Any
     chat: bool
+    traffic: Traffic | None = None  # its thread started by the server (``start()``)
 
 
 Layer = Callable[[Any, Assembly], Any]
@@ -84,7 +87,7 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
     # Its load too, each second with its traffic, for the reconciler's scaling.
     traffic.report_load(gateway)
     exported(gateway, metrics)  # its in-flight counts and its guard's time told to metrics
-    assembly = Assembly(state, metrics, gateway, gateway, chat)
+    assembly = Assembly(state, metrics, gateway, gateway, chat, traffic)
     application: Any = gateway
     for _, layer in reversed(LAYERS):
         application = layer(application, assembly)

@@ -148,9 +148,12 @@ class _Server(uvicorn.Server):
 def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
     # The table's reader starts now, not with the first request: a load balancer's
     # /healthz sees this process ready once it has read the table (gateway.health).
-    from gateway.asgi import state
+    from gateway.asgi import assembly, state
 
     state.start(asyncio.get_running_loop())
+    if assembly.traffic is not None:
+        # Its load reported from now: requests waiting before any is answered count too.
+        assembly.traffic.start()
     say(f"gateway serving on {where(sock)} (pid {os.getpid()})")
 
 

@@ -179,10 +179,14 @@ class Traffic(Listener):
         return items
 
     def start(self) -> None:
+        """Publish each second from now, and sample the load (the servers call it when
+        they start; a first request does, for an application served another way)."""
         with self._lock:
             if self._started:
                 return
             self._started = True
+        if self.load is not None:
+            self.load.start_sampling()
         threading.Thread(target=self._loop, name="gateway-traffic", daemon=True).start()
 
     def publish_once(self) -> None:

@@ -111,6 +111,11 @@ def _start_recorder() -> None:
     usage.start()
     history.start()
     refusals.start()
+    # The gateway's traffic and its load report for scaling, from the start.
+    from llmgw_admin.asgi import gateway_assembly
+
+    if gateway_assembly.traffic is not None:
+        gateway_assembly.traffic.start()
 
 
 def _exit(signum: int, frame: Any) -> None:

@@ -156,6 +156,34 @@ def test_with_redis_no_warning_about_budgets(transactional_db: Any, tmp_path: Pa
         assert "LLMGW_REDIS_URL" not in running.output()[1]
 
 
+def test_its_load_is_reported_from_the_start_before_any_request(
+    transactional_db: Any, tmp_path: Path
+) -> None:
+    """The traffic's thread starts when it listens, not at its first answer: a process that
+    has answered nothing yet (its requests waiting on a cold replica) reports its load."""
+    import json
+    import socket as sockets
+
+    from redis import Redis
+
+    from cluster import load
+
+    url = redis_url(11)
+    client = Redis.from_url(url, socket_timeout=5)
+    client.flushdb()
+    try:
+        with serving(tmp_path, "--port", "0", LLMGW_REDIS_URL=url) as running:
+            pid = started(running).group(3)
+            key = f"{load.PREFIX}{sockets.gethostname()}:{pid}"
+            raw = wait_for(lambda: client.get(key), 30, "the process's first load report")
+            report = json.loads(raw)
+            assert report["process"].endswith(f":{pid}") and report["models"] == {}
+            assert client.sismember(load.INDEX, report["process"])
+    finally:
+        client.flushdb()
+        client.close()
+
+
 def test_healthz_answers_ok_with_no_credential_once_the_table_is_read(
     transactional_db: Any, tmp_path: Path
 ) -> None:

@@ -69,12 +69,6 @@ class Defaults:
         """Return where the wait ``name`` is set, as ``explain`` says it."""
         return self.set_by.get(name, "the site's default")
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> Defaults:
-        """The site's (``site_defaults()``): kept for gateway/app.py's Options until it
-        reads the gateway's own (``gateway.routing.waits_defaults``)."""
-        return site_defaults()
-
 
 _site: Callable[[], Defaults] | None = None
 

@@ -75,10 +75,6 @@ log = logging.getLogger("gateway")
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
-
-
 class Gateway:
     def __init__(
         self,
@@ -126,7 +122,7 @@ class Gateway:
             # Every call to a replica carries its engine key (cluster.enginekeys).
             self._upstream = Upstream(credentials=getattr(self.state, "engine_key", None))
         if self._limits is None:
-            url = _setting("REDIS_URL", "") or ""
+            url = settings.REDIS_URL
             if url:
                 from gateway.limits import RedisLimits
 

@@ -5,15 +5,10 @@ and an answer, the guard's windows on a stream."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 
-from catalog import timeouts
-
-
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
+from gateway.routing import waits_defaults
 
 
 @dataclass
@@ -34,14 +29,15 @@ class Options:
 
     @classmethod
     def from_settings(cls) -> Options:
-        waits = timeouts.Defaults.from_settings(settings)
+        # The waits the catalog's explain names too (gateway/apps.py registers them).
+        waits = waits_defaults()
         return cls(
-            connect_timeout=_setting("LLMGW_GATEWAY_CONNECT_TIMEOUT", 5.0),
+            connect_timeout=float(settings.LLMGW_GATEWAY_CONNECT_TIMEOUT),
             first_byte_timeout=waits.first_token,
             read_timeout=waits.between,
             whole_timeout=waits.whole,
             wake_wait=waits.wake,
-            max_body=_setting("LLMGW_GATEWAY_MAX_BODY", 16 << 20),
-            window_tokens=_setting("LLMGW_GUARD_WINDOW_TOKENS", 16),
-            window_ms=_setting("LLMGW_GUARD_WINDOW_MS", 150.0),
+            max_body=int(settings.LLMGW_GATEWAY_MAX_BODY),
+            window_tokens=int(settings.LLMGW_GUARD_WINDOW_TOKENS),
+            window_ms=float(settings.LLMGW_GUARD_WINDOW_MS),
         )

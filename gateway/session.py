@@ -122,7 +122,7 @@ def _session_key(scope: dict[str, Any]) -> Key:
                         cookies.get(settings.CSRF_COOKIE_NAME, "")):  # fmt: skip
             raise errors.chat_csrf()
         return Key(-user.pk, f"console:{user.get_username()}", OWNER, (), None,
-                   rpm=int(getattr(settings, "LLMGW_CHAT_RPM", 30)))  # fmt: skip
+                   rpm=int(settings.LLMGW_CHAT_RPM))  # fmt: skip
     except DatabaseError as error:
         # The console's sign-in lives in the database: while it is away the chat cannot
         # tell who is asking (the clients' /v1/ goes on from memory).

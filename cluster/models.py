@@ -161,6 +161,10 @@ class Replica(models.Model):
     # its first try, nor one released to be placed again. The gateway answers at once
     # rather than hold clients for a model it cannot start.
     unplaced = models.BooleanField(default=False)
+    # A replica stopped while it serves (scaled down, idle, a window closed) drains first:
+    # off every gateway's table at once (``desired`` false), its engine kept running (still
+    # in its node's desired list) until then so the requests in flight finish.
+    drain_until = models.DateTimeField(null=True, blank=True)
     replaces = models.ForeignKey(
         "self",
         null=True,

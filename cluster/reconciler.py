@@ -12,6 +12,8 @@ thread lock). Steps, each over the database's current state so a tick can be rep
    idle timeout or ``LLMGW_IDLE_TIMEOUT``), on the load the gateway processes report
    (``cluster.load``; ``cluster.scaling`` decides, ``LLMGW_SCALE_UP_AFTER`` and
    ``LLMGW_SCALE_DOWN_AFTER`` its windows; ``ModelScale`` keeps what it decided);
+   a ready replica stopped here drains first (``services.stop_replicas``): off the
+   gateways' tables at once, its engine stopped ``LLMGW_STOP_DRAIN`` seconds later;
 3. a rolling update's old replica stops once its replacement is ready;
 4. replicas without a node are placed (``cluster.placement.place``); evictions of lower
    classes are applied; what cannot be placed says why.
@@ -37,7 +39,7 @@ from django.utils import timezone
 
 from catalog import rules
 from catalog.durations import SECOND
-from catalog.models import ServedModel
+from catalog.models import ChangeRecord, ServedModel
 from catalog.services import stored_specs
 from cluster import load, marks, placement, plan, replace, scaling, services, silence, tenancy, wake
 from cluster.choices import NodeHealth, ReplicaState
@@ -46,6 +48,10 @@ from cluster.signals import reconcile_tick
 from llmgw_core import events
 
 log = logging.getLogger(__name__)
+
+# When each model's scaling reason was last pushed to the consoles (Unix seconds, the
+# tick's clock): figures alone go at most every ``scaling.FIGURES_EVERY`` seconds.
+_pushed: dict[str, float] = {}
 
 # The advisory lock's key: any fixed 64-bit number no other code uses.
 LEADER_LOCK = 0x6C6C6D6777  # "llmgw"
@@ -108,6 +114,7 @@ def tick(now: datetime | None = None) -> TickResult:
         # The catalog is read once a tick; both steps work from the same view of it.
         specs = {m.name: rules.normalize(m) for m in stored_specs()}
         with transaction.atomic():
+            services.end_drains(now)
             wants = _scale(now, specs, result)
             _finish_rolls(result)
         with transaction.atomic():
@@ -195,8 +202,10 @@ def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str
         by_reason: dict[str, list[int]] = defaultdict(list)
         for rid, reason in changes.stop:
             by_reason[reason].append(rid)
+        drain_s = float(settings.LLMGW_STOP_DRAIN)
         for reason, ids in by_reason.items():
-            services.stop_replicas(ids, reason)
+            # Off the gateways' tables first; the engine stops once its requests are done.
+            services.stop_replicas(ids, reason, drain_s, now)
         result.stopped.extend(rid for rid, _ in changes.stop)
     return wants
 
@@ -267,7 +276,13 @@ def _wants(
         if (row.pk is None or row.target != new.target or row.reason != reason
                 or (row.lo, row.hi) != (b.lo, b.hi) or row.over_since != new.over_since
                 or row.quiet_since != new.quiet_since):  # fmt: skip
-            pushed = row.pk is None or row.target != new.target or row.reason != reason
+            at = now.timestamp()
+            pushed = scaling.worth_pushing(
+                None if row.pk is None else (row.target, row.reason),
+                (new.target, reason),
+                _pushed.get(name),
+                at,
+            )
             row.target, row.over_since, row.quiet_since = (
                 new.target,
                 new.over_since,
@@ -276,6 +291,7 @@ def _wants(
             row.lo, row.hi, row.reason = b.lo, b.hi, reason
             row.save()
             if pushed:
+                _pushed[name] = at
                 events.changed(models=[name])
         wants[name] = plan.Want(decision.target, reason)
     return wants
@@ -348,7 +364,8 @@ def _finish_rolls(result: TickResult) -> None:
 
 
 def _replaced_why(old: int, new: int) -> str:
-    """Say why a replaced replica stops: a rolling update's, a drain's or a move's."""
+    """Say why a replaced replica stops: a rolling update's, a drain's, a roll to new
+    weights (an update's promote or rollback) or a move's."""
     replicas = {r.pk: r for r in Replica.objects.filter(pk__in=(old, new))}
     if (
         old in replicas
@@ -363,7 +380,30 @@ def _replaced_why(old: int, new: int) -> str:
     )
     if cordoned:
         return f"replaced by #{new} on another node ({', '.join(cordoned)} drained)"
+    if old in replicas and new in replicas:
+        revision = _new_weights(replicas[old], replicas[new])
+        if revision is not None:
+            return f"replaced by #{new} (rolled to new weights{revision})"
     return f"replaced by #{new} (moved to make room)"
+
+
+def _new_weights(old: Replica, new: Replica) -> str | None:
+    """Return ", at <commit>" (or "") when the model's weights revision (its origin's)
+    changed between the two replicas' starts: an update's promote or rollback, which rolls
+    every replica with the profile unchanged (``services.roll(every=True)``); else None."""
+    records = ChangeRecord.objects.filter(
+        model_name=old.model_name, at__gte=old.created, at__lte=new.created
+    ).order_by("-at")
+    for rec in records[:20]:
+        was, now = _origin_revision(rec.before), _origin_revision(rec.after)
+        if was != now:
+            return f", at {now[:8]}" if now else ""
+    return None
+
+
+def _origin_revision(spec_json: Any) -> str:
+    origin = spec_json.get("origin") if isinstance(spec_json, dict) else None
+    return str(origin.get("revision") or "") if isinstance(origin, dict) else ""
 
 
 def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResult) -> None:

@@ -26,6 +26,7 @@ replicas, capacity 4 each"; "holding at max 4: TTFT p99 2.3 s over the 1 s slo")
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,11 @@ DEFAULT_CAPACITY = {"sim": 4, "llamacpp": 4, "vllm": 32, "sglang": 32, "trtllm":
 FALLBACK_CAPACITY = 4
 # A TTFT p99 over fewer requests than this says too little to scale on.
 MIN_SAMPLES = 10
+# A reason whose words stay the same while its figures move ("3.8 in flight", a countdown)
+# is pushed to the consoles at most this often (seconds): a model under load would
+# otherwise re-render on every open console each tick.
+FIGURES_EVERY = 5.0
+_FIGURE = re.compile(r"\d+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,33 @@ def decide(
         reason = f"{reason} (was {memory.target}; min {lo}, max {hi} now)"
     return Decision(current, replace(memory, target=current, over_since=None,
                                      quiet_since=None, reason=reason, lo=lo), reason)  # fmt: skip
+
+
+def words_of(reason: str) -> str:
+    """A reason without its figures: what it says, not how much."""
+    return _FIGURE.sub("#", reason)
+
+
+def worth_pushing(
+    before: tuple[int | None, str] | None,
+    after: tuple[int, str],
+    last_push: float | None,
+    now: float,
+    every: float = FIGURES_EVERY,
+) -> bool:
+    """Whether a model's new (target, reason) goes to the consoles now.
+
+    At once when the target or the reason's words change (or nothing was kept before);
+    figures alone at most every ``every`` seconds since the last push; nothing new, never.
+    """
+    if before is None or before[0] != after[0]:
+        return True
+    if before[1] == after[1]:
+        return False
+    if words_of(before[1]) != words_of(after[1]):
+        return True
+    # A clock behind the last push (another run's): that push says nothing of this one.
+    return last_push is None or not 0 <= now - last_push < every
 
 
 def _left(since: float, now: float, window: float) -> str:

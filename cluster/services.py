@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -536,7 +536,10 @@ def _sync_cards(node: Node, cards: list[dict[str, Any]]) -> None:
 def desired_list(node: Node) -> dict[str, Any]:
     """Return the replicas this node should run now (docs/agent-protocol.md)."""
     assignments = (
-        Assignment.objects.filter(node=node, replica__desired=True)
+        # A draining replica's engine runs on until its requests in flight are done.
+        Assignment.objects.filter(
+            Q(replica__desired=True) | Q(replica__drain_until__isnull=False), node=node
+        )
         .select_related("replica", "replica__model")
         # The models' rows in a fixed few queries, however many replicas the node runs.
         .prefetch_related(*(f"replica__model__{group}" for group in CHILD_GROUPS))
@@ -756,7 +759,12 @@ def refresh_replica_state(r: Replica) -> None:
     r.port = leader.port
     # Where the control plane sees the node, never what its inventory claims (cluster.address).
     r.endpoint = f"http://{host_port(leader.node.host, leader.port)}" if leader.port else ""
-    r.set_state(worst.state, reason)
+    if r.drain_until is not None and worst.state == ReplicaState.READY:
+        # Draining: it still serves its requests in flight, but it is on its way out.
+        worst_state, reason = ReplicaState.STOPPING, r.reason
+    else:
+        worst_state = worst.state
+    r.set_state(worst_state, reason)
     if not r.desired and all(a.state == ReplicaState.STOPPED for a in ranks):
         # Stopped where it was asked to stop: nothing is left to track.
         r.delete()
@@ -793,16 +801,44 @@ def drain(node: Node, force: bool = False) -> Any:
     return replace.drain(node, force)
 
 
-def stop_replicas(ids: Iterable[int], reason: str) -> None:
-    """Mark replicas to be stopped; unplaced ones are simply removed."""
+def stop_replicas(
+    ids: Iterable[int], reason: str, drain_s: float = 0.0, now: datetime | None = None
+) -> None:
+    """Mark replicas to be stopped; unplaced ones are simply removed.
+
+    With ``drain_s``, a ready replica drains first: it leaves every gateway's table now
+    (``desired`` false: the gateways read again on the change) while its engine runs on
+    (its node's desired list keeps it until ``drain_until``), so the requests in flight
+    finish; then ``end_drains`` takes it off the list and its agent stops the engine.
+    """
     ids = list(ids)
     Replica.objects.filter(pk__in=ids, assignments__isnull=True).delete()
     nodes = set(Assignment.objects.filter(replica_id__in=ids).values_list("node_id", flat=True))
+    until = (now or timezone.now()) + timedelta(seconds=drain_s) if drain_s > 0 else None
     for r in Replica.objects.filter(pk__in=ids):
+        if until is not None and r.desired and r.state == ReplicaState.READY:
+            r.drain_until = until
+            reason = f"draining, then stopping: {reason}"
         r.desired = False
         r.set_state(ReplicaState.STOPPING, reason)
         r.save()
     bump_desired(nodes)
+
+
+def end_drains(now: datetime | None = None) -> list[int]:
+    """Stop the engines of the draining replicas whose grace is over; return them.
+
+    Run by the reconciler each tick: they leave their nodes' desired lists (which keep
+    every replica with a ``drain_until``) and their agents stop the engines."""
+    done = list(
+        Replica.objects.filter(drain_until__lte=now or timezone.now()).values_list("pk", flat=True)
+    )
+    if done:
+        Replica.objects.filter(pk__in=done).update(drain_until=None)
+        bump_desired(
+            Assignment.objects.filter(replica_id__in=done).values_list("node_id", flat=True)
+        )
+    return done
 
 
 @transaction.atomic

@@ -186,6 +186,9 @@ LLMGW_RECONCILE_INTERVAL = envint("RECONCILE_INTERVAL", 5)
 # TTFT p99 past its slo) held this many seconds scales it up; quiet this long, down by one.
 LLMGW_SCALE_UP_AFTER = envint("SCALE_UP_AFTER", 30)
 LLMGW_SCALE_DOWN_AFTER = envint("SCALE_DOWN_AFTER", 300)
+# A serving replica the reconciler stops (scaled down, idle, a window closed) leaves every
+# gateway's table first and its engine stops this many seconds later (its requests finish).
+LLMGW_STOP_DRAIN = envint("STOP_DRAIN", 30)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
 # The gateway's refusal records (gateway/refusals.py) are kept this many days; the job that

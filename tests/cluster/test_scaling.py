@@ -9,12 +9,15 @@ from hypothesis import strategies as st
 
 from cluster.scaling import (
     DEFAULT_CAPACITY,
+    FIGURES_EVERY,
     MIN_SAMPLES,
     Load,
     Memory,
     capacity_of,
     decide,
     quantile_ms,
+    words_of,
+    worth_pushing,
 )
 
 UP, DOWN = 10.0, 60.0
@@ -186,3 +189,35 @@ def test_a_load_held_past_the_window_gets_what_it_needs(
     d = decide(d.memory, load, lo=1, hi=hi, ready=1, capacity=capacity, slo_ttft_ms=0,
                now=UP, up_after=UP, down_after=DOWN)  # fmt: skip
     assert d.target == min(hi, max(1, math.ceil(demand / capacity)))
+
+
+def test_a_reason_is_pushed_when_its_target_or_words_change_and_its_figures_now_and_then() -> None:
+    a = "at 2, scaling down if quiet 50 s more (of 60 s): 3.8 in flight over 2 replicas"
+    b = "at 2, scaling down if quiet 49 s more (of 60 s): 3.6 in flight over 2 replicas"
+    assert words_of(a) == words_of(b)
+    assert worth_pushing(None, (2, a), None, 0.0)  # nothing kept: at once
+    assert worth_pushing((2, a), (3, a), 0.0, 0.5)  # the target moved
+    assert worth_pushing((2, a), (2, "holding at max 2: 9 in flight"), 0.0, 0.5)  # words
+    assert not worth_pushing((2, a), (2, a), 0.0, 100.0)  # nothing new
+    assert not worth_pushing((2, a), (2, b), 0.0, FIGURES_EVERY - 0.1)  # figures: not yet
+    assert worth_pushing((2, a), (2, b), 0.0, FIGURES_EVERY)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    figures=st.lists(st.floats(0, 50, allow_nan=False), min_size=2, max_size=200),
+    tick=st.floats(0.1, 3.0),
+)
+def test_figures_alone_are_pushed_at_most_every_few_seconds(
+    figures: list[float], tick: float
+) -> None:
+    """A model under load whose figures move every tick: pushes are FIGURES_EVERY apart."""
+    reason = f"steady at 2: {figures[0]:.1f} in flight over 2 replicas"
+    pushes = [0.0]
+    for n, f in enumerate(figures[1:], start=1):
+        now = n * tick
+        new = f"steady at 2: {f:.1f} in flight over 2 replicas"
+        if worth_pushing((2, reason), (2, new), pushes[-1], now):
+            pushes.append(now)
+        reason = new
+    assert all(b - a >= FIGURES_EVERY for a, b in zip(pushes, pushes[1:], strict=False))

@@ -175,3 +175,114 @@ def test_on_demand_zero_to_n_and_back_to_zero() -> None:
     tick(200)  # idle past its timeout
     assert wanted("chat") == 0
     assert not ModelScale.objects.exists()
+
+
+def agent_says_ready() -> None:
+    """The node's agent: every engine it was asked to run is up (what a real one reports)."""
+    from cluster.models import Assignment
+
+    for node in Node.objects.all():
+        listed = {r["id"] for r in services.desired_list(node)["replicas"]}
+        reports = [
+            {"replica": a.replica_id, "state": "ready", "port": 9000 + a.pk}
+            for a in Assignment.objects.filter(node=node, replica_id__in=listed)
+        ]
+        if reports:
+            services.report(node, reports)
+
+
+def test_a_serving_replica_scaled_down_drains_before_its_engine_stops(settings: Any) -> None:
+    """It leaves the gateways' table at once; its engine runs on (its node's desired list
+    keeps it) for LLMGW_STOP_DRAIN seconds, so the requests in flight finish; then it stops."""
+    from gateway.state import Loader
+
+    settings.LLMGW_STOP_DRAIN = 20
+    node, _ = join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 2}))
+    report("chat", in_flight=8)
+    tick(0)
+    tick(UP + 1)
+    assert wanted("chat") == 2
+    agent_says_ready()
+    assert Replica.objects.filter(model_name="chat", state="ready").count() == 2
+    report("chat", in_flight=1)
+    tick(UP + 2)
+    tick(UP + 3 + DOWN)
+    assert wanted("chat") == 1
+    gone = Replica.objects.get(model_name="chat", desired=False)
+    assert gone.state == "stopping"
+    assert gone.reason.startswith("draining, then stopping: scaled down"), gone.reason
+    # Off the gateways' table, still on its node's list; an agent's report of it still
+    # running does not make it ready again.
+    table = Loader()()
+    assert set(table.pools["chat"].endpoints) == {
+        r.pk for r in Replica.objects.filter(desired=True)
+    }
+    listed = {r["id"] for r in services.desired_list(node)["replicas"]}
+    assert gone.pk in listed
+    agent_says_ready()
+    gone.refresh_from_db()
+    assert gone.state == "stopping" and gone.drain_until is not None
+    tick(UP + 3 + DOWN + 19)
+    assert gone.pk in {r["id"] for r in services.desired_list(node)["replicas"]}
+    # The grace over: off the list, so its agent stops the engine.
+    tick(UP + 3 + DOWN + 20)
+    assert gone.pk not in {r["id"] for r in services.desired_list(node)["replicas"]}
+    gone.refresh_from_db()
+    assert gone.drain_until is None and not gone.desired
+
+
+def test_a_replica_that_never_served_stops_at_once(settings: Any) -> None:
+    settings.LLMGW_STOP_DRAIN = 20
+    node, _ = join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 2}))
+    report("chat", in_flight=8)
+    tick(0)
+    tick(UP + 1)
+    assert wanted("chat") == 2
+    report("chat", in_flight=1)
+    tick(UP + 2)
+    tick(UP + 3 + DOWN)
+    gone = Replica.objects.get(model_name="chat", desired=False)
+    assert gone.drain_until is None
+    assert not gone.reason.startswith("draining")
+    assert gone.pk not in {r["id"] for r in services.desired_list(node)["replicas"]}
+
+
+def test_a_model_under_load_is_pushed_when_its_reason_says_something_new(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Figures that move each tick ("3.8 in flight", a countdown) re-render the consoles at
+    most every FIGURES_EVERY seconds; a change of target or of the reason's words at once."""
+    from cluster.scaling import FIGURES_EVERY
+    from llmgw_core import events
+
+    sent: list[dict[str, Any]] = []
+    real = events.changed
+
+    def changed(**marked: Any) -> None:
+        sent.append(marked)
+        real(**marked)
+
+    monkeypatch.setattr(events, "changed", changed)
+
+    def pushes() -> int:
+        """The pushes naming the model so far."""
+        return sum(1 for m in sent if "chat" in m.get("models", ()))
+
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 3}))
+    tick(0)
+    sent.clear()
+    # Over capacity, each tick a new figure and a new countdown: within the up window
+    # the words stay ("at 1, scaling up if it holds …"), so few pushes.
+    for n in range(1, UP):
+        report("chat", in_flight=5 + n % 2)
+        tick(n)
+    assert "scaling up if it holds" in ModelScale.objects.get().reason
+    assert 1 <= pushes() <= 1 + (UP - 1) // FIGURES_EVERY + 1, sent
+    before = pushes()
+    report("chat", in_flight=6)
+    tick(UP + 1)  # the target moves: pushed at once
+    assert ModelScale.objects.get().target == 2
+    assert pushes() > before

@@ -28,7 +28,7 @@ from django.db import connection
 from gateway import body as bodies
 from gateway import errors, sse
 from gateway.errors import ApiError
-from gateway.observe import Refusal
+from gateway.observe import RefusalHeard
 from guard import breaker, services
 from guard.policy import ANSWERS, REQUESTS
 
@@ -212,7 +212,7 @@ class Judging:
         observer = self.owner.observer
         categories = tuple(verdict.get("categories") or ())
         observer.refused(verdict["direction"], verdict.get("judge") or "", categories)
-        observer.refusal(Refusal(
+        observer.refusal(RefusalHeard(
             request_id=cycle.request_id, key=key.name, owner=key.owner, model=model,
             direction=verdict["direction"], judge=verdict.get("judge") or "",
             verdict=verdict.get("verdict") or "", categories=categories,

@@ -33,8 +33,9 @@ class Done:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """A request or answer the guard refused: what the client was told, never the text."""
+class RefusalHeard:
+    """A request or answer the guard refused, as the listeners hear it: what the client
+    was told, never the text (the row it is kept as is ``gateway.models.Refusal``)."""
 
     request_id: str
     key: str
@@ -77,7 +78,7 @@ class Listener:
     def unauthenticated(self) -> None:
         """A request refused 401 (no key, or one unknown, revoked or expired)."""
 
-    def refusal(self, record: Refusal) -> None:
+    def refusal(self, record: RefusalHeard) -> None:
         """A refusal's record, with the request id its client got."""
 
 
@@ -95,7 +96,7 @@ class Observer(Listener):
     failed_open_windows: int = 0
     unauthenticated_requests: int = 0
     last: Done | None = None
-    last_refusal: Refusal | None = None
+    last_refusal: RefusalHeard | None = None
 
     def request(self, done: Done) -> None:
         k = (done.model, done.status, done.owner)
@@ -126,7 +127,7 @@ class Observer(Listener):
     def unauthenticated(self) -> None:
         self.unauthenticated_requests += 1
 
-    def refusal(self, record: Refusal) -> None:
+    def refusal(self, record: RefusalHeard) -> None:
         self.last_refusal = record
 
 
@@ -172,7 +173,7 @@ class Fanout(Observer):
         for listener in self.listeners:
             listener.unauthenticated()
 
-    def refusal(self, record: Refusal) -> None:
+    def refusal(self, record: RefusalHeard) -> None:
         super().refusal(record)
         for listener in self.listeners:
             listener.refusal(record)

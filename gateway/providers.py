@@ -11,7 +11,7 @@ or the folder may have changed, and adds what only a reader can see:
   of visible ASCII characters. A file of several lines would put its other lines into
   the request as headers of their own; any other text is not a key.
 
-A refusal sends nothing to the provider: the hop fails (``Refused``) and the request
+A refusal sends nothing to the provider: the hop fails (``ProviderRefused``) and the request
 moves on to what else may answer it; the gateway's log says why, naming the model and
 the file, never its content. A key is read again when its file's modification time or
 size changes.
@@ -37,7 +37,7 @@ _KEY = re.compile(r"[\x21-\x7e]+")
 _held: dict[str, tuple[tuple[float, int], str, str]] = {}
 
 
-class Refused(Exception):
+class ProviderRefused(Exception):
     """A provider not asked: its url or key file is not allowed; ``why`` for the log."""
 
     def __init__(self, model: str, why: str) -> None:
@@ -52,27 +52,29 @@ class Refused(Exception):
 
 
 def key(model: Any) -> str:
-    """The key to send ``model``'s provider ("" when it names no key file); ``Refused``
+    """The key to send ``model``'s provider ("" when it names no key file); ``ProviderRefused``
     when the provider must not be asked."""
     ext = model.external
     why = environment.url_problem(ext.url, frozenset(settings.LLMGW_EXTERNAL_HTTP_HOSTS))
     if why:
-        raise Refused(model.name, f"external url {ext.url!r} {why}")
+        raise ProviderRefused(model.name, f"external url {ext.url!r} {why}")
     if not ext.api_key_file:
         return ""
     secrets_dir = settings.LLMGW_SECRETS_DIR
     full, why = environment.key_file(ext.api_key_file, secrets_dir)
     if why:
-        raise Refused(model.name, f"api_key_file {ext.api_key_file!r} {why}")
+        raise ProviderRefused(model.name, f"api_key_file {ext.api_key_file!r} {why}")
     real = os.path.realpath(full)
     root = os.path.realpath(secrets_dir)
     if not real.startswith(root.rstrip("/") + "/"):
-        raise Refused(model.name, f"api_key_file {full} leads outside the secrets folder {root} "
+        raise ProviderRefused(model.name, f"api_key_file {full} leads outside the secrets folder {root} "
                       f"(to {real}): put the key itself in the folder")  # fmt: skip
     try:
         st = os.stat(real)
     except OSError as error:
-        raise Refused(model.name, f"api_key_file {full} cannot be read: {error.strerror}") from None
+        raise ProviderRefused(
+            model.name, f"api_key_file {full} cannot be read: {error.strerror}"
+        ) from None
     stamp = (st.st_mtime, st.st_size)
     held = _held.get(real)
     if held is None or held[0] != stamp:
@@ -80,7 +82,7 @@ def key(model: Any) -> str:
         held = (stamp, secret, why)
         _held[real] = held
     if held[2]:
-        raise Refused(model.name, f"api_key_file {full} {held[2]}")
+        raise ProviderRefused(model.name, f"api_key_file {full} {held[2]}")
     return held[1]
 
 

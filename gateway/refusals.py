@@ -46,10 +46,10 @@ PRUNE_CHUNK = 10_000
 MAX_CATEGORIES = 50
 CATEGORY_CHARS = 100
 
-Pending = tuple[float, observe.Refusal]  # (Unix time it was heard, the record)
+Pending = tuple[float, observe.RefusalHeard]  # (Unix time it was heard, the record)
 
 
-def row(at: float, record: observe.Refusal) -> Refusal:
+def row(at: float, record: observe.RefusalHeard) -> Refusal:
     """Return the model row of a record heard at ``at`` (Unix seconds).
 
     Every value is cut to its column's size and rid of NUL characters (which PostgreSQL
@@ -116,7 +116,7 @@ class RefusalRecorder(Batcher, Listener):
         self.dropped = 0
 
     # The request path: the refusal's record, and nothing else of the traffic.
-    def refusal(self, record: observe.Refusal) -> None:
+    def refusal(self, record: observe.RefusalHeard) -> None:
         at = self._clock()
         with self._lock:
             if len(self._pending) >= self.max_pending:

@@ -260,7 +260,7 @@ class Routing:
         if external:
             try:
                 secret = providers.key(target_model)  # checked again, as it is sent
-            except providers.Refused as refused:
+            except providers.ProviderRefused as refused:
                 log.warning("%s: %s: %s", cycle.request_id, target_model.name, refused.why)
                 return refused.told
             if secret:

@@ -42,22 +42,22 @@ PER_PROCESS = (
 )
 
 
-class Refused(ValueError):
+class AddressRefused(ValueError):
     """An address the gateway cannot serve on; the text says what to write instead."""
 
 
 def listen(bind: str, port: int) -> socket.socket:
     """Return a socket bound to ``bind``:``port`` (uvicorn listens on it), or raise
-    ``Refused``. A host name binds its first address."""
+    ``AddressRefused``. A host name binds its first address."""
     if not 0 <= port <= 65535:
-        raise Refused(f"--port {port}: a port is 0 to 65535 (0 for any free port)")
+        raise AddressRefused(f"--port {port}: a port is 0 to 65535 (0 for any free port)")
     host = bind[1:-1] if bind.startswith("[") and bind.endswith("]") else bind
     if not _literal(host) and (not _HOST.match(host) or re.fullmatch(r"[0-9.]+", host)):
-        raise Refused(f"--bind {bind!r} is not an IP address or a host name: {_WRITE}")
+        raise AddressRefused(f"--bind {bind!r} is not an IP address or a host name: {_WRITE}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as error:
-        raise Refused(f"--bind {bind}: no such host ({error}): {_WRITE}") from None
+        raise AddressRefused(f"--bind {bind}: no such host ({error}): {_WRITE}") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -65,7 +65,7 @@ def listen(bind: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as error:
         sock.close()
-        raise Refused(_bind_failed(bind, port, error)) from None
+        raise AddressRefused(_bind_failed(bind, port, error)) from None
     return sock
 
 

@@ -18,8 +18,7 @@ from django.utils import timezone
 
 from gateway import tasks
 from gateway.models import Refusal
-from gateway.observe import Fanout
-from gateway.observe import Refusal as Heard
+from gateway.observe import Fanout, RefusalHeard
 from gateway.refusals import RefusalRecorder, prune, write
 from tests.gateway.harness import KEY, Harness, model
 from tests.waiting import wait_until
@@ -27,13 +26,13 @@ from tests.waiting import wait_until
 AT = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 
 
-def heard(request_id: str = "req_1", **kw: Any) -> Heard:
+def heard(request_id: str = "req_1", **kw: Any) -> RefusalHeard:
     values: dict[str, Any] = {"request_id": request_id, "key": "app", "owner": "team:t",
                               "model": "chat", "direction": "request", "judge": "judge",
                               "verdict": "unsafe", "categories": ("Violent",), "score": 0.97,
                               "judged": True}  # fmt: skip
     values.update(kw)
-    return Heard(**values)
+    return RefusalHeard(**values)
 
 
 def stored() -> list[tuple[str, str]]:

@@ -124,7 +124,7 @@ class Command(BaseCommand):
         # Before anything starts: an address it cannot serve on is refused here.
         try:
             sock = server.listen(bind, port)
-        except server.Refused as error:
+        except server.AddressRefused as error:
             raise CommandError(str(error)) from None
         if not settings.REDIS_URL:
             self.stderr.write(server.PER_PROCESS, style_func=self.style.WARNING)

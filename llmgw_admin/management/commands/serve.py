@@ -37,14 +37,14 @@ class Command(BaseCommand):
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(line_buffering=True)
 
-        from gateway.server import Refused, listen
+        from gateway.server import AddressRefused, listen
         from llmgw_admin import jobs, server
 
         # The address is checked before anything starts, as the gateway process checks
         # its own: a port out of range, an address not this machine's, one in use.
         try:
             listen(options["bind"], options["port"]).close()
-        except Refused as error:
+        except AddressRefused as error:
             raise CommandError(str(error)) from None
 
         if not settings.REDIS_URL:

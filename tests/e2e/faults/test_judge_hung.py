@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from cluster.models import Assignment
-from gateway.models import Refusal as Refused
+from gateway.models import Refusal
 from guard.models import JudgeBreaker, JudgeHealth
 from guard.services import set_policy
 from tests.browser.conftest import wait_js
@@ -135,7 +135,7 @@ def test_a_hung_judge_delays_no_request_past_its_timeout_its_breaker_shows_and_f
                 assert _refused(c, ids), "allowed with no judge answering under fail: closed"
     finally:
         os.killpg(pid, signal.SIGCONT)
-    rows = wait_for(lambda: (r := list(Refused.objects.filter(request_id__in=ids)))
+    rows = wait_for(lambda: (r := list(Refusal.objects.filter(request_id__in=ids)))
                     and len(r) == len(ids) and r, 30, "the refusal records")  # fmt: skip
     kinds = Counter(f["kind"] for r in rows for f in r.failures)
     assert all(r.judged is False and r.judge == "" for r in rows)

@@ -5,6 +5,11 @@ revision each model pins, or the newest, compares the weights file by file
 (``updates.check.compare``, pure), keeps the result (``UpdateCheck``, one row a model) and
 marks the model live. A registry that fails is that model's ``error`` with the reason: the
 others are checked, and nothing of the catalog changes.
+
+While a model's check runs (a registry can take up to ``registry.TIMEOUT_S`` to answer), a
+mark in the cache (Redis in production, shared by every process) says so: the Updates page
+and the model's panel show it "checking" (``checking_now``), pushed live at its start. The
+mark expires by itself (``CHECKING_MARK_S``), so a process that dies mid-check leaves none.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from updates import check, registry
 from updates.models import UpdateCheck
 
 log = logging.getLogger(__name__)
+
+# How long a "checking" mark lives at most: a check asks the registry once, bounded by
+# its timeout; the margin covers the library's own retries.
+CHECKING_MARK_S = int(registry.TIMEOUT_S * 3)
+_MARK = "updates:checking:"
 
 
 def checkable(m: object) -> bool:
@@ -91,10 +101,59 @@ def check_models(names: Iterable[str] | None = None, *, by: str = "") -> list[ch
         if m is None:
             results.append(check.error(name, "", f'model "{name}" is not in the catalog'))
             continue
-        result = check_model(m)
-        results.append(result)
-        _keep(result, by)
+        _mark_checking(name, by)
+        try:
+            result = check_model(m)
+            results.append(result)
+            _keep(result, by)
+        finally:
+            _unmark_checking(name)
     return results
+
+
+def _mark_checking(name: str, by: str) -> None:
+    from django.core.cache import cache
+
+    try:
+        cache.set(_MARK + name, by or "-", timeout=CHECKING_MARK_S)
+    except Exception:  # no cache to say it in: the check runs all the same
+        log.debug("marking %s as checking failed", name, exc_info=True)
+        return
+    _changed(name)
+
+
+def _unmark_checking(name: str) -> None:
+    from django.core.cache import cache
+
+    try:
+        cache.delete(_MARK + name)
+    except Exception:
+        log.debug("unmarking %s as checking failed", name, exc_info=True)
+
+
+def checking_now(names: Iterable[str]) -> set[str]:
+    """Return which of the models named are being checked now (empty when the cache
+    cannot say: a page shows their last check instead)."""
+    from django.core.cache import cache
+
+    keys = {_MARK + n: n for n in names}
+    if not keys:
+        return set()
+    try:
+        found = cache.get_many(list(keys))
+    except Exception:
+        log.debug("reading the checking marks failed", exc_info=True)
+        return set()
+    return {keys[k] for k in found}
+
+
+def _changed(name: str) -> None:
+    try:
+        from llmgw_core import events
+
+        events.changed(models=[name])
+    except Exception:
+        log.debug("marking %s changed failed", name, exc_info=True)
 
 
 def _keep(result: check.Result, by: str) -> None:
@@ -112,12 +171,7 @@ def _keep(result: check.Result, by: str) -> None:
             "checked_by": by[:300],
         },
     )
-    try:
-        from llmgw_core import events
-
-        events.changed(models=[result.model])
-    except Exception:
-        log.debug("marking %s changed failed", result.model, exc_info=True)
+    _changed(result.model)
 
 
 def last_checks(names: Iterable[str] | None = None) -> dict[str, UpdateCheck]:

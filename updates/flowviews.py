@@ -30,7 +30,7 @@ from updates.models import Fetch, UpdateRun
 
 # What the page's state filter offers, in the order a model goes through them.
 STATES = (
-    "current", "available", "fetching", "candidate", "evaluating", "canary", "ready",
+    "current", "available", "checking", "fetching", "candidate", "evaluating", "canary", "ready",
     "promoted", "failed",
 )  # fmt: skip
 # Seconds between the table's own refreshes: the live view asks for it at once when a
@@ -50,8 +50,9 @@ class Row:
     revision: str = ""
 
 
-def state_of(r: UpdateRun | None, check_state: str = "") -> str:
-    """Return a model's state on the Updates page from its last update and check."""
+def state_of(r: UpdateRun | None, check_state: str = "", checking: bool = False) -> str:
+    """Return a model's state on the Updates page from its last update and check, and
+    whether a check of it runs now ("checking", unless an update of it runs)."""
     if r is not None and r.state == "running":
         return {
             flow.FETCH: "fetching",
@@ -62,6 +63,8 @@ def state_of(r: UpdateRun | None, check_state: str = "") -> str:
         }[r.step]
     if r is not None and r.state == "waiting":
         return "ready"
+    if checking:
+        return "checking"
     if check_state == "available":
         return "available"
     if r is not None and r.state == "failed" and check_state != "current":
@@ -96,6 +99,7 @@ def rows(name: str = "", state: str = "") -> list[Row]:
     for r in UpdateRun.objects.filter(model__in=names).order_by("model", "-created", "-id"):
         last.setdefault(r.model, r)
     checks = checking.last_checks(names)
+    now_checking = checking.checking_now(names)
     fetches = {
         f.pk: f
         for f in Fetch.objects.filter(pk__in=[r.fetch_id for r in last.values() if r.fetch_id])
@@ -104,9 +108,12 @@ def rows(name: str = "", state: str = "") -> list[Row]:
     for m in specs:
         r = last.get(m.name)
         check = checks.get(m.name)
-        row = Row(m.name, state_of(r, check.state if check else ""), line_of(r), r,
+        row = Row(m.name, state_of(r, check.state if check else "", m.name in now_checking),
+                  line_of(r), r,
                   revision=m.origin.revision if m.origin is not None else "")  # fmt: skip
-        if row.state == "available" and check is not None and not row.line:
+        if row.state == "checking":
+            row.line = "asking the registry for its newest revision"
+        elif row.state == "available" and check is not None and not row.line:
             row.line = check.message
         elif row.state == "available" and check is not None:
             row.line = f"{check.message} (last update: {row.line})"

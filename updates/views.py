@@ -50,6 +50,7 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
             else None
         ),
         "check": checking.last_checks([name]).get(name),
+        "checking": name in checking.checking_now([name]),
         "checkable": checking.checkable(m),
         "mirrorable": mirror.registry.kind(str(m.source or "")) is not None,
         "not_mirrored": mirror.registry.mirrored(str(m.source or "")),

@@ -13,9 +13,10 @@ changes (``commit``, ``delete``), serving what the library asks of the Hub:
 - ``GET /plain/<name>``: a file of no repository, with an ``ETag`` that is its sha256.
 
 A repository gone answers 404 with ``X-Error-Code: RepoNotFound``, an unknown revision
-``RevisionNotFound``, as the Hub does, so the library raises its own errors. Two faults:
+``RevisionNotFound``, as the Hub does, so the library raises its own errors. Faults:
 ``break_after[path] = n`` closes the connection after ``n`` bytes of that file's next
-download (once); ``wrong_bytes`` (paths) serves other bytes than the ones published.
+download (once); ``wrong_bytes`` (paths) serves other bytes than the ones published; and a
+slow registry, ``hold`` (an Event): model info waits until it is set.
 ``requests`` records every request (method, path, Range) so a test counts them.
 
 Weights files (by ``updates.registry.is_weights``) and any file over 1 MB are "LFS" files.
@@ -100,6 +101,8 @@ class HubStandIn:
         self.plain: dict[str, Blob] = {}
         self.break_after: dict[str, int] = {}
         self.wrong_bytes: set[str] = set()
+        # A slow registry: while set, each model info request waits for it (at most 60 s).
+        self.hold: threading.Event | None = None
         self.requests: list[tuple[str, str, str]] = []
         self.tokens_seen: list[str] = []
         self._lock = threading.Lock()
@@ -241,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             return
         if m := _INFO.match(path):
+            if self.stand_in.hold is not None:
+                self.stand_in.hold.wait(60)
             found = self._repo(m.group(1), m.group(2))
             if found is not None:
                 sha, files = found

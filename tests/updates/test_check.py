@@ -200,3 +200,45 @@ def test_a_sim_repository_whose_weights_file_changed_is_an_update(hub: HubStandI
         latest,
         ["sim-weights.json"],
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_against_a_slow_registry_shows_checking_while_it_runs(
+    hub: HubStandIn, client_for: Any, viewer: Any
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    from tests.waiting import wait_until
+
+    _mirrored(hub, BASE)
+    hub.commit("org/chat", {"model.safetensors": b"w2" * 500}, keep=True)
+    hub.hold = threading.Event()
+    found: list[check.Result] = []
+
+    def check_in_a_thread() -> None:
+        try:
+            found.extend(checking.check_models(["chat"], by="test"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=check_in_a_thread)
+    thread.start()
+    try:
+        wait_until(lambda: checking.checking_now(["chat"]), 30, "the check to start")
+        c = client_for(viewer)
+        page = c.get("/updates/").content.decode()
+        assert 'data-model="chat" data-state="checking"' in page
+        assert 'data-role="checking"' in c.get("/updates/models/chat/panel/").content.decode()
+    finally:
+        hub.hold.set()
+        thread.join(60)
+    assert [r.state for r in found] == ["available"]
+    assert checking.checking_now(["chat"]) == set()
+    page = client_for(viewer).get("/updates/").content.decode()
+    assert 'data-model="chat" data-state="available"' in page
+    assert (
+        'data-role="checking"'
+        not in client_for(viewer).get("/updates/models/chat/panel/").content.decode()
+    )

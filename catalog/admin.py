@@ -204,18 +204,19 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
     action_form = SetClassForm
     actions = ("set_class", "switch_off", "set_min_max", "delete_selected")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def _get_base_actions(self) -> list[Any]:
         """Return this admin's actions and those the layers above registered
-        (``catalog.extensions.ADMIN_ACTIONS``: the updates app's), each for the roles its
-        ``permissions`` name."""
-        actions = super().get_actions(request)
-        extra = [
-            self.get_action(fn)
-            for fn in extensions.ADMIN_ACTIONS
-            if getattr(fn, "allowed_permissions", None)  # an action naming no role is none's
-        ]
-        for func, name, description in self._filter_actions_by_permissions(request, extra):
-            actions.setdefault(name, (func, name, description))
+        (``catalog.extensions.ADMIN_ACTIONS``: the updates app's), as one list: each is
+        offered and run for the roles its ``permissions`` name, a posted one the user's role
+        does not allow answered 403, and one that names no role reported by ``manage.py
+        check`` (``RoleAdminMixin``), like this admin's own."""
+        actions = list(super()._get_base_actions())
+        names = {name for _, name, _ in actions}
+        for fn in extensions.ADMIN_ACTIONS:
+            got = self.get_action(fn)
+            if got is not None and got[1] not in names:
+                actions.append(got)
+                names.add(got[1])
         return actions
 
     fieldsets = (

@@ -18,8 +18,8 @@ The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
   get an allowance, ``limit``, of requests in flight (half those in flight then);
 - then at most once a ``STEP``: the last ``RECENT`` first-token times past the slo halve
   the allowance (multiplicative decrease); all of them under ``HEADROOM`` of the slo, or
-  nothing heard and nothing in flight, while a lower band waits for room, add one
-  (additive increase); in between it stays (a dead band, as TCP Vegas', so a band does
+  nothing of the model in flight here for a ``STEP`` (whatever was heard before), while a
+  lower band waits for room, add one (additive increase); in between it stays (a dead band, as TCP Vegas', so a band does
   not keep probing past what the slo allows and the top band pay for each probe);
 - a whole window with the p99 within the slo and no lower band kept waiting: open again.
 
@@ -108,14 +108,24 @@ class Reading:
     """What a process knows of a model when it decides (plain data)."""
 
     p99_ms: float | None  # the window's TTFT p99, None with no sample
-    recent_ms: float | None  # the slowest of the last RECENT first tokens, None if fewer
+    recent: tuple[float, ...]  # the last RECENT first-token times (ms) within the window
     slo_ms: float
     lower: int = 0  # requests of the lower bands in flight here
-    busy: int = 0  # requests of every band in flight here
+    idle: float = 0.0  # seconds with nothing of the model in flight here (0: some)
 
     @property
     def over(self) -> bool:
         return bool(self.slo_ms) and self.p99_ms is not None and self.p99_ms > self.slo_ms
+
+    @property
+    def slow(self) -> bool:
+        """The last first tokens came past the slo."""
+        return bool(self.recent) and max(self.recent) > self.slo_ms
+
+    @property
+    def room(self) -> bool:
+        """Room to grow: the last RECENT first tokens all under HEADROOM of the slo."""
+        return len(self.recent) >= RECENT and max(self.recent) < HEADROOM * self.slo_ms
 
 
 @dataclass(frozen=True)
@@ -141,13 +151,12 @@ class Gate:
             return Gate()
         limit, stepped = self.limit, self.stepped
         if now - stepped >= STEP:
-            if r.recent_ms is not None and r.recent_ms > r.slo_ms:
+            if wanting and r.idle >= STEP:
+                limit, stepped = limit + 1, now  # nothing here to keep within the slo
+            elif r.slow:
                 if limit:
                     limit, stepped = int(limit * BETA), now
-            elif wanting and (
-                (r.recent_ms is None and r.busy == 0)
-                or (r.recent_ms is not None and r.recent_ms < HEADROOM * r.slo_ms)
-            ):
+            elif wanting and r.room:
                 limit, stepped = limit + 1, now
         if (limit, pressed, stepped) == (self.limit, self.pressed, self.stepped):
             return self
@@ -201,6 +210,7 @@ class _Model:
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     lower: int = 0  # lower bands in flight
     busy: int = 0  # every band in flight
+    idle_since: float = 0.0  # when busy last fell to 0
     waiting: dict[str, int] = field(default_factory=dict)
     opened: asyncio.Event | None = None
 
@@ -312,10 +322,10 @@ class Admission:
         now = self._clock() if now is None else now
         m = self._models.get(model)
         if m is None:
-            return Reading(None, None, slo_ms)
-        recent = [ms for at, ms in m.recent if now - at < self.window]
-        return Reading(self.p99(model, now), max(recent) if len(recent) >= RECENT else None,
-                       slo_ms, m.lower, m.busy)  # fmt: skip
+            return Reading(None, (), slo_ms, idle=float("inf"))
+        recent = tuple(ms for at, ms in m.recent if now - at < self.window)
+        idle = 0.0 if m.busy else now - m.idle_since
+        return Reading(self.p99(model, now), recent, slo_ms, m.lower, idle)
 
     def limit(self, model: str) -> int | None:
         m = self._models.get(model)
@@ -342,6 +352,8 @@ class Admission:
         if m is None:
             return
         m.busy = max(0, m.busy - 1)
+        if not m.busy:
+            m.idle_since = self._clock()
         if low:
             m.lower = max(0, m.lower - 1)
             self._wake(m)

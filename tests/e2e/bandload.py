@@ -18,6 +18,7 @@ class Answer:
     ttft: float | None  # seconds to the first token (200 only)
     retry_after: str = ""
     message: str = ""
+    end: float = 0.0  # seconds since the load started, when the answer ended
 
 
 class BandLoad:
@@ -70,12 +71,12 @@ class BandLoad:
             ):
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
                     first = time.monotonic() - start
-            return Answer(at, 200, first)
+            return Answer(at, 200, first, end=self.now())
         except openai.APIStatusError as e:
             return Answer(at, e.status_code, None, e.response.headers.get("retry-after", ""),
-                          e.message[:300])  # fmt: skip
+                          e.message[:300], self.now())  # fmt: skip
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
-            return Answer(at, 0, None, "", f"{type(e).__name__}: {e}"[:300])
+            return Answer(at, 0, None, "", f"{type(e).__name__}: {e}"[:300], self.now())
 
     def _record(self, answer: Answer) -> None:
         with self._lock:

@@ -30,8 +30,10 @@ WINDOW = 10.0
 SLO = 1000.0
 ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e5, allow_nan=False))
 bands = st.sampled_from(BANDS)
-readings = st.builds(Reading, ms, ms, st.sampled_from([0.0, 100.0, SLO]),
-                     st.integers(0, 20), st.integers(0, 40))  # fmt: skip
+recents = st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=RECENT)
+idles = st.sampled_from([0.0, 0.5, STEP, 100.0])
+readings = st.builds(Reading, ms, recents.map(tuple), st.sampled_from([0.0, 100.0, SLO]),
+                     st.integers(0, 20), idles)  # fmt: skip
 steps = st.lists(st.tuples(readings, bands, st.integers(0, 5), st.floats(0, 30)), max_size=60)
 
 
@@ -78,43 +80,44 @@ def test_a_window_within_the_slo_and_no_lower_band_kept_waiting_opens_the_gate(
     for p99, lower, dt in calm:  # only the top band asks; the p99 within the slo
         now += dt
         clean = None if p99 is None else min(p99, SLO)
-        gate, decision = decide(gate, "high", Reading(clean, None, SLO, lower), now, WINDOW)
+        gate, decision = decide(gate, "high", Reading(clean, (), SLO, lower), now, WINDOW)
         assert decision.admit
-    now = max(now, start + WINDOW)
-    gate, _ = decide(gate, "high", Reading(SLO, None, SLO), now, WINDOW)
+    now = max(now, start + WINDOW + 1e-9 * start)  # (a float sum of the gaps)
+    gate, _ = decide(gate, "high", Reading(SLO, (), SLO), now, WINDOW)
     assert gate.limit is None
-    assert decide(gate, "low", Reading(SLO, None, SLO, 50), now, WINDOW)[1].admit
+    assert decide(gate, "low", Reading(SLO, (), SLO, 50), now, WINDOW)[1].admit
 
 
-@given(st.integers(0, 30), ms, st.integers(0, 30), st.integers(0, 30))
+@given(st.integers(0, 30), recents, st.integers(0, 30), idles)
 def test_the_allowance_halves_past_the_slo_grows_by_one_with_headroom_and_waits_between(
-    limit: int, recent: float | None, lower: int, busy: int
+    limit: int, recent: list[float], lower: int, idle: float
 ) -> None:
     gate = Gate(limit, pressed=100.0, stepped=100.0)
-    r = Reading(SLO * 2, recent, SLO, lower, busy)
+    r = Reading(SLO * 2, tuple(recent), SLO, lower, idle)
     soon, _ = decide(gate, "low", r, 100.0 + STEP / 2, WINDOW)
     assert soon.limit == limit  # at most one change a step
     later, _ = decide(gate, "low", r, 100.0 + STEP, WINDOW)
     wanting = lower >= limit
-    if recent is not None and recent > SLO:
+    if wanting and idle >= STEP:
+        assert later.limit == limit + 1  # nothing in flight here for a step
+    elif recent and max(recent) > SLO:
         assert later.limit == int(limit * BETA)
-    elif wanting and (recent is None and busy == 0 or recent is not None
-                      and recent < HEADROOM * SLO):  # fmt: skip
+    elif wanting and len(recent) == RECENT and max(recent) < HEADROOM * SLO:
         assert later.limit == limit + 1
     else:
-        assert later.limit == limit
+        assert later.limit == limit  # the dead band, no one wanting, or too little heard
 
 
 def test_past_the_slo_the_allowance_starts_at_half_those_in_flight() -> None:
-    gate, d = decide(Gate(), "low", Reading(2000.0, None, SLO, lower=5, busy=7), 0.0, WINDOW)
+    gate, d = decide(Gate(), "low", Reading(2000.0, (), SLO, lower=5), 0.0, WINDOW)
     assert gate.limit == 2 and not d.admit  # 5 in flight of an allowance of 2
-    gate, d = decide(Gate(), "low", Reading(2000.0, None, SLO, lower=1, busy=3), 0.0, WINDOW)
+    gate, d = decide(Gate(), "low", Reading(2000.0, (), SLO, lower=1), 0.0, WINDOW)
     assert gate.limit == 0 and not d.admit
 
 
 def test_normal_goes_before_low_within_the_allowance() -> None:
     gate = Gate(limit=2, pressed=0.0, stepped=0.0)
-    r = Reading(500.0, 700.0, SLO, lower=1, busy=3)
+    r = Reading(500.0, (700.0,), SLO, lower=1)
     assert decide(gate, "normal", r, 0.5, WINDOW, ahead=0)[1].admit
     assert not decide(gate, "low", r, 0.5, WINDOW, ahead=1)[1].admit  # a normal waits
     assert decide(gate, "low", r, 0.5, WINDOW, ahead=0)[1].admit
@@ -179,13 +182,19 @@ def test_both_bands_back_within_a_window_after_the_load_falls() -> None:
         assert clock.now - fell <= 2 * WINDOW + 1, "still capped long after the load fell"
 
 
-def test_with_nothing_heard_and_nothing_in_flight_the_allowance_grows() -> None:
+def test_with_nothing_in_flight_for_a_step_the_allowance_grows() -> None:
     a, clock = admission()
     for _ in range(5):
         a.record("m", 3.0)
+    a._take("m", "high")
     assert not a.check("m", "low", 1000).admit
-    clock.now += WINDOW  # the slow samples leave the window; nothing else heard
-    assert a.check("m", "low", 1000).admit
+    clock.now += 5 * STEP
+    assert not a.check("m", "low", 1000).admit  # the top band is in flight: no room
+    a.release("m", False)
+    clock.now += STEP / 2
+    assert not a.check("m", "low", 1000).admit  # a gap between two of its requests
+    clock.now += STEP / 2
+    assert a.check("m", "low", 1000).admit  # nothing in flight here for a step
 
 
 def test_another_models_figures_hold_nothing_here() -> None:

@@ -97,11 +97,11 @@ class LocalLimits:
             self._counts[slot] = max(0, self._counts.get(slot, 0) + spent - reserved)
 
 
-# An owner's reservation: strict (a reservation past the budget is refused, unless the
-# minute has nothing yet: one request larger than the budget is refused before, at 400),
-# so what N processes let through is never more than the budget plus one request's
-# reservation.
-_RESERVE = """
+# A key's take and an owner's reservation, one rule: strict (past the limit is refused,
+# unless the minute has nothing yet: one request larger than an owner's budget is refused
+# before, at 400), so what N processes let through is never more than the limit plus one
+# request's amount.
+_TAKE = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local amount = tonumber(ARGV[1])
 if used > 0 and used + amount > tonumber(ARGV[2]) then return 0 end
@@ -115,15 +115,6 @@ if redis.call('EXISTS', KEYS[1]) == 0 and tonumber(ARGV[1]) <= 0 then return 0 e
 local now = redis.call('INCRBY', KEYS[1], ARGV[1])
 if now < 0 then redis.call('SET', KEYS[1], 0) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-_TAKE = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local amount = tonumber(ARGV[1])
-if used > 0 and used + amount > tonumber(ARGV[2]) then return 0 end
-redis.call('INCRBY', KEYS[1], amount)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
@@ -179,7 +170,6 @@ class RedisLimits:
             retry=Retry(NoBackoff(), 0), health_check_interval=0,
         )  # fmt: skip
         self._take = self._redis.register_script(_TAKE)
-        self._reserve = self._redis.register_script(_RESERVE)
         self._settle = self._redis.register_script(_SETTLE)
         self._clock = clock
         self._monotonic = monotonic
@@ -242,7 +232,7 @@ class RedisLimits:
         if self.away_since is None:
             try:
                 ok = await asyncio.wait_for(
-                    self._reserve(keys=[self._owner_name(owner, window)],
+                    self._take(keys=[self._owner_name(owner, window)],
                                   args=[amount, limit, WINDOW * 2]),
                     self.timeout,
                 )  # fmt: skip

@@ -50,6 +50,7 @@ from typing import Any
 from django.conf import settings
 
 from gateway.observe import Done, Listener
+from llmgw_core.processes import alive
 
 NS = "llmgw_gateway"
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -141,18 +142,8 @@ def _forget_dead(path: Path, multiprocess: Any) -> None:
             pid = int(file.stem.rsplit("_", 1)[1])
         except ValueError:
             continue
-        if not _alive(pid):
+        if not alive(pid):
             multiprocess.mark_process_dead(pid, str(path))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def state_read(part: str) -> None:

@@ -36,6 +36,7 @@ from guard.chain import NO_JUDGE, ChainResult, Stats
 from guard.models import JudgeBreaker, JudgeDecision, JudgeHealth
 from llmgw_core import events
 from llmgw_core.batches import Batcher
+from llmgw_core.processes import alive
 
 log = logging.getLogger(__name__)
 
@@ -145,21 +146,11 @@ def forget_dead_processes() -> int:
         )
     ):
         pid = process.rsplit(":", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             gone.append(process)
     if not gone:
         return 0
     return JudgeBreaker.objects.filter(process__in=gone).delete()[0]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _if(condition: Q, value: object, column: str) -> Case:

@@ -40,7 +40,7 @@ from cluster.models import Replica
 from guard import breaker, client, formats, known, pool, records
 from guard import policy as policy_rules
 from guard.cache import Cached
-from guard.chain import ChainResult, JudgeRef, Stats, run_chain
+from guard.chain import ChainResult, Failure, JudgeRef, Stats, run_chain
 from guard.models import GuardPolicy, JudgeHealth, JudgeProbe, PolicyChange
 
 log = logging.getLogger(__name__)
@@ -856,8 +856,6 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
     ``JudgeHealth``), for the judge's page and the API. A judge with no ready replica is
     recorded as failing with that reason.
     """
-    from guard.chain import Failure
-
     names = list(ServedModel.objects.filter(role=rules.ROLE_GUARD).values_list("name", flat=True))
     out = []
     for j in judges(names):
@@ -865,22 +863,9 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
         probe = JudgeProbe.objects.filter(judge=j.name).first() or JudgeProbe(judge=j.name)
         probe.at = now
         if not j.endpoint or not j.format:
-            probe.ok, probe.error = False, "no ready replica"
             probe.ordinary_verdict = probe.harmful_verdict = ""
-            probe.latency_ms = None
-            probe.save()
-            record(
-                ChainResult(
-                    "allow",
-                    None,
-                    (),
-                    None,
-                    None,
-                    None,
-                    failures=[Failure(j.name, "no_replica", "no ready replica", now)],
-                )
-            )
-            out.append(probe)
+            failure = Failure(j.name, "no_replica", "no ready replica", now)
+            out.append(_probe_failed(probe, failure, "no ready replica"))
             continue
         try:
             answers = [
@@ -901,21 +886,8 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
         except Exception as exc:  # noqa: BLE001 - any failure is the probe's finding
             kind = getattr(exc, "kind", "error")
             BREAKERS.failed(j.name, kind)
-            probe.ok, probe.error = False, f"{kind}: {exc}"[:2000]
-            probe.latency_ms = None
-            probe.save()
-            record(
-                ChainResult(
-                    "allow",
-                    None,
-                    (),
-                    None,
-                    None,
-                    None,
-                    failures=[Failure(j.name, kind, str(exc), now)],
-                )
-            )
-            out.append(probe)
+            failure = Failure(j.name, kind, str(exc), now)
+            out.append(_probe_failed(probe, failure, f"{kind}: {exc}"))
             continue
         BREAKERS.succeeded(j.name)  # in this process: the web process's in the embedded mode
         probe.ok = True
@@ -927,6 +899,15 @@ def probe_judges(*, timeout: float = 10.0) -> list[JudgeProbe]:
         _bump_health(j.name, last_good_at=now, last_latency_ms=probe.latency_ms)
         out.append(probe)
     return out
+
+
+def _probe_failed(probe: JudgeProbe, failure: Failure, error: str) -> JudgeProbe:
+    """Keep a probe that got no verdict, ``error`` saying why, and record the judge's
+    failure as a check's would be (``guard.records``)."""
+    probe.ok, probe.error, probe.latency_ms = False, error[:2000], None
+    probe.save()
+    record(ChainResult("allow", None, (), None, None, None, failures=[failure]))
+    return probe
 
 
 def policy_in_memory() -> policy_rules.Policy | None:

@@ -14,7 +14,8 @@ thread lock). Steps, each over the database's current state so a tick can be rep
    ``LLMGW_SCALE_DOWN_AFTER`` its windows; ``ModelScale`` keeps what it decided);
    a ready replica stopped here drains first (``services.stop_replicas``): off the
    gateways' tables at once, its engine stopped ``LLMGW_STOP_DRAIN`` seconds later;
-3. a rolling update's old replica stops once its replacement is ready;
+3. a rolling update's (or a drained node's) old replica stops once its replacement is
+   ready, draining first as above;
 4. replicas without a node are placed (``cluster.placement.place``); evictions of lower
    classes are applied; what cannot be placed says why.
 """
@@ -116,7 +117,7 @@ def tick(now: datetime | None = None) -> TickResult:
         with transaction.atomic():
             services.end_drains(now)
             wants = _scale(now, specs, result)
-            _finish_rolls(result)
+            _finish_rolls(result, now)
         with transaction.atomic():
             _place(wants, specs, result)
             _no_room(result)
@@ -345,7 +346,7 @@ def _replicas_with_placement() -> list[Replica]:
     return out
 
 
-def _finish_rolls(result: TickResult) -> None:
+def _finish_rolls(result: TickResult, now: datetime | None = None) -> None:
     """Stop each replaced replica whose replacement is ready (cluster.plan.finish_rolls)."""
     done = list(
         Replica.objects.filter(replaces__isnull=False, state=ReplicaState.READY, desired=True)
@@ -356,8 +357,10 @@ def _finish_rolls(result: TickResult) -> None:
         plan.ReplicaView(r.pk, r.model_name, r.desired, r.state, True, r.replaces_id)
         for r in Replica.objects.filter(pk__in={r.replaces_id for r in done} | {r.pk for r in done})
     ]
+    drain_s = float(settings.LLMGW_STOP_DRAIN)
     for old, new in plan.finish_rolls(views):
-        services.stop_replicas([old], _replaced_why(old, new))
+        # Off the gateways' tables first; its engine stops once its requests are done.
+        services.stop_replicas([old], _replaced_why(old, new), drain_s, now)
         result.stopped.append(old)
     Replica.objects.filter(pk__in=[r.pk for r in done]).update(replaces=None)
     events.changed(models=[r.model_name for r in done])

@@ -44,6 +44,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gateway.observe import Done
 from gateway.observe import Listener as _Listener
@@ -103,8 +104,7 @@ def lower(band: str) -> bool:
     return RANK.get(band, RANK[DEFAULT_BAND]) > 0
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """What a process knows of a model when it decides (plain data)."""
 
     p99_ms: float | None  # the window's TTFT p99, None with no sample
@@ -128,8 +128,7 @@ class Reading:
         return len(self.recent) >= RECENT and max(self.recent) < HEADROOM * self.slo_ms
 
 
-@dataclass(frozen=True)
-class Gate:
+class Gate(NamedTuple):
     """A model's gate: ``limit`` the lower bands' allowance in flight (None: open, no
     cap), ``pressed`` the last time it was under pressure (p99 past the slo, or a lower
     band kept waiting), ``stepped`` the last time the allowance changed (monotonic)."""
@@ -170,8 +169,7 @@ class Gate:
         return r.lower + ahead < self.limit
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     admit: bool
     limit: int | None  # the lower bands' allowance then (None: no cap)
     p99_ms: float | None
@@ -192,10 +190,11 @@ def decide(gate: Gate, band: str, r: Reading, now: float, window: float,
 def reason(band: str, model: str, decision: Decision, window: float) -> str:
     """What a refused client is told: the band, the p99 and the slo."""
     p = decision.p99_ms
-    p99 = "none" if p is None else "over 60000" if p == float("inf") else f"{p:.0f}"
+    p99 = "over 60000" if p == float("inf") else f"{p:.0f}"
+    seen = "no first token" if p is None else f"TTFT p99 {p99} ms"
     return (
-        f"The model '{model}' is under pressure (TTFT p99 {p99} ms over the last "
-        f"{window:g} s, slo {decision.slo_ms:.0f} ms), so requests of the {band!r} band get "
+        f"The model '{model}' is under pressure ({seen} over the last {window:g} s, slo "
+        f"{decision.slo_ms:.0f} ms), so requests of the {band!r} band get "
         f"at most {decision.limit} in flight here and those are taken: try again in "
         f"{max(1, round(window))} s, or use a key of a higher band."
     )
@@ -373,7 +372,8 @@ class Admission:
         if m is None:
             return Decision(True, None, None, slo_ms)
         r = self.reading(model, slo_ms, now)
-        m.gate, decision = decide(m.gate, band, r, now, self.window, self._ahead(m, band))
+        ahead = self._ahead(m, band) if m.waiting and lower(band) else 0
+        m.gate, decision = decide(m.gate, band, r, now, self.window, ahead)
         return decision
 
     def _take(self, model: str, band: str) -> None:

@@ -15,7 +15,8 @@ database. The order of a request's life:
    context length (``gateway.sizing``: the bytes first, the engine's ``/tokenize`` when
    they cannot say); embeddings only from a model that has them. Then admission by the
    key's band (``gateway.admission``): while the model's TTFT p99 is past its ``slo``, a
-   lower band waits briefly, then 429 with ``Retry-After`` and ``x-should-retry``.
+   lower band past its allowance in flight waits briefly, then 429 with ``Retry-After``
+   and ``x-should-retry``.
 5. The key's budgets: 429 with ``Retry-After``.
 6. A replica: the canary's share to the candidate, else the model's ready replicas by
    its routing profile (``gateway.balance``); with none ready the demand is recorded
@@ -323,8 +324,9 @@ class Gateway:
             raise errors.max_tokens_exceeded(name, req.max_tokens, model.max_output)
 
     async def _admit(self, cycle: Cycle) -> None:
-        """The key's band at the door: while the model's TTFT p99 over the last window
-        is past its slo, a lower band waits briefly, then 429 with ``Retry-After``."""
+        """The key's band at the door: while the model is under pressure (its TTFT p99
+        past its slo), a lower band past its allowance in flight waits briefly, then 429
+        with ``Retry-After``; an admitted request is in flight until ``done``."""
         key, entry = cycle.key, cycle.entry
         assert key is not None and entry is not None
         model = entry.model

@@ -70,6 +70,10 @@ def test_a_low_band_is_held_while_the_model_is_past_its_slo_and_back_after_a_win
             return False
 
     wait(low_answered, timeout=10, what="the low band admitted again")
+    # Every admitted request left the in-flight counts when it ended.
+    a = h.gateway.admission
+    wait(lambda: a.state()["m"]["busy"] == 0, what="nothing in flight")
+    assert a.state()["m"]["lower"] == 0
     taken = counts.take(2**40)
     held = sum(b.get("low", [0, 0])[1] for s in taken.values() for b in s.values())
     high = sum(b.get("high", [0, 0])[0] for s in taken.values() for b in s.values())

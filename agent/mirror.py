@@ -16,7 +16,6 @@ this node's own ``LLMGW_MIRROR=off`` (``enabled``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -27,6 +26,7 @@ from urllib.parse import quote
 import httpx
 
 from agent import weights
+from agent.sha import BackgroundSha256
 from agent.state import write_atomic
 
 VERIFIED = ".llmgw-verified.json"
@@ -213,12 +213,28 @@ def _stream(
     cancel: threading.Event | None,
 ) -> str:
     """Fill ``part`` with a file from the control plane, resuming what it holds (Range),
-    and return the whole file's sha256, hashed as the bytes arrive (one pass over them).
+    and return the whole file's sha256, hashed as the bytes arrive (one pass over them, on a
+    thread of its own: ``agent.sha``).
 
     Raises:
         weights.WeightsError: the control plane refused, or the transfer kept breaking.
     """
-    digest = hashlib.sha256()
+    digest = BackgroundSha256()
+    try:
+        return _fill(http, url, part, size, progress, cancel, digest)
+    finally:
+        digest.close()
+
+
+def _fill(
+    http: httpx.Client,
+    url: str,
+    part: Path,
+    size: int,
+    progress: weights.Progress,
+    cancel: threading.Event | None,
+    digest: BackgroundSha256,
+) -> str:
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
@@ -235,7 +251,8 @@ def _stream(
                 if r.status_code == 416 and have:
                     return digest.hexdigest()
                 if r.status_code == 200 and have:
-                    have, digest = 0, hashlib.sha256()
+                    have = 0
+                    digest.reset()
                     part.unlink(missing_ok=True)
                 elif r.status_code not in (200, 206):
                     raise weights.WeightsError(

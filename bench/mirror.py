@@ -1,15 +1,17 @@
 """Measure the weights mirror on loopback: fetching a model into it, and a node taking it.
 
-    .venv/bin/python bench/mirror.py [--mb 512]
+    .venv/bin/python bench/mirror.py [--mb 512] [--runs 3]
 
 A file of ``--mb`` random megabytes is served by the Hub stand-in (tests/updates/
 hubstandin.py, a process of its own) as a repository; the mirror fetches it through
 ``huggingface_hub`` (its resumable downloader, then the sha256 check and the rename), and
 a node's agent code (agent.mirror) takes it from a real web process (``manage.py serve``)
 with its node token (the sha256 checked again at the node). Each is compared with a plain
-copy of the file on the same disk. Runs on a throwaway database on the configured server
-(tests/settings.py) and drops it after. Prints figures; asserts nothing. Goal (issue 19):
-each at least 0.8 of the plain copy.
+copy of the file on the same disk. Each is run ``--runs`` times (the mirror's folder, its
+fetches and the node's folder emptied in between); the median is printed, then every run
+and the load average, since on a shared machine one run says little. Runs on a throwaway
+database on the configured server (tests/settings.py) and drops it after. Prints figures;
+asserts nothing. Goal (issue 19): each at least 0.8 of the plain copy.
 
     mirror fetch: <MB/s> (disk copy <MB/s>)
     node fetch from mirror: <MB/s>
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,7 @@ REPO = "bench/weights"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=512, help="the weights file's size in MB")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each measurement")
     args = parser.parse_args()
     from django.conf import settings
 
@@ -54,11 +58,13 @@ def main() -> None:
             n = min(left, 8 << 20)
             f.write(os.urandom(n))
             left -= n
-    start = time.perf_counter()
-    shutil.copyfile(source, work / "copy.bin")
-    os.sync()
-    copy_mb_s = size / 1e6 / (time.perf_counter() - start)
-    (work / "copy.bin").unlink()
+    copies = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        shutil.copyfile(source, work / "copy.bin")
+        os.sync()
+        copies.append(size / 1e6 / (time.perf_counter() - start))
+        (work / "copy.bin").unlink()
 
     hub = subprocess.Popen(
         [sys.executable, "-m", "tests.updates.hubstandin", REPO, str(source)],
@@ -75,15 +81,24 @@ def main() -> None:
         settings.LLMGW_HF_TOKEN_FILE = ""
         from tests.catalog.samples import gpu_model, store
         from updates import mirror
+        from updates.models import Fetch
 
         store(gpu_model("bench", source=REPO))
-        fetch = mirror.request_fetch("bench", start=False)
-        start = time.perf_counter()
-        done = mirror.run_fetch(fetch.pk)
-        os.sync()
-        fetch_s = time.perf_counter() - start
-        assert done is not None and done.state == "done", done and done.reason
-        print(f"mirror fetch: {size / 1e6 / fetch_s:.0f} MB/s (disk copy {copy_mb_s:.0f} MB/s)")
+        fetches = []
+        for i in range(args.runs):
+            if i:
+                Fetch.objects.all().delete()
+                shutil.rmtree(work / "mirror")
+            fetch = mirror.request_fetch("bench", start=False)
+            start = time.perf_counter()
+            done = mirror.run_fetch(fetch.pk)
+            os.sync()
+            fetches.append(size / 1e6 / (time.perf_counter() - start))
+            assert done is not None and done.state == "done", done and done.reason
+        print(
+            f"mirror fetch: {statistics.median(fetches):.0f} MB/s "
+            f"(disk copy {statistics.median(copies):.0f} MB/s)"
+        )
 
         from catalog.models import ServedModel
         from cluster.models import Assignment, Replica
@@ -109,13 +124,24 @@ def main() -> None:
         web = webproc.start(env, port, "mirror")
         from agent.mirror import MirrorClient
 
-        client = MirrorClient(f"http://127.0.0.1:{port}", token, work / "node")
-        start = time.perf_counter()
-        path = client.fetch("bench", REPO, "vllm")
-        os.sync()
-        node_s = time.perf_counter() - start
-        assert path is not None
-        print(f"node fetch from mirror: {size / 1e6 / node_s:.0f} MB/s")
+        nodes = []
+        for _ in range(args.runs):
+            shutil.rmtree(work / "node", ignore_errors=True)
+            client = MirrorClient(f"http://127.0.0.1:{port}", token, work / "node")
+            start = time.perf_counter()
+            path = client.fetch("bench", REPO, "vllm")
+            os.sync()
+            nodes.append(size / 1e6 / (time.perf_counter() - start))
+            assert path is not None
+        print(f"node fetch from mirror: {statistics.median(nodes):.0f} MB/s")
+
+        def each(xs: list[float]) -> str:
+            return " ".join(f"{x:.0f}" for x in xs)
+
+        print(
+            f"runs (MB/s): disk copy {each(copies)}; mirror fetch {each(fetches)}; "
+            f"node fetch {each(nodes)}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        )
     finally:
         if web is not None:
             webproc.stop(web)

@@ -582,16 +582,32 @@ def _origin(url: str) -> str:
 
 def _get(f: registry.RepoFile, part: Path, headers: dict[str, str], progress: _Progress) -> str:
     """Fill ``part`` with a file's bytes, resuming what it holds (HTTP Range), and return the
-    whole file's sha256, hashed as the bytes arrive.
+    whole file's sha256, hashed as the bytes arrive (on a thread of its own, ``agent.sha``:
+    receiving and hashing overlap).
 
     The mirror's own stream rather than ``huggingface_hub``'s ``http_get``: on loopback here
     that took 71 MB/s where a plain stream of the same file took 198 MB/s, and its sha256
     would be a second pass over the file (bench/mirror.py). A broken transfer is resumed
     from what arrived, up to ``ATTEMPTS`` times; what is held stays for the next fetch.
     """
+    from agent.sha import BackgroundSha256
+
+    digest = BackgroundSha256()
+    try:
+        return _fill(f, part, headers, progress, digest)
+    finally:
+        digest.close()
+
+
+def _fill(
+    f: registry.RepoFile,
+    part: Path,
+    headers: dict[str, str],
+    progress: _Progress,
+    digest: Any,
+) -> str:
     import httpx
 
-    digest = hashlib.sha256()
     have = part.stat().st_size if part.exists() else 0
     if f.size is not None and have > f.size:
         part.unlink()
@@ -613,7 +629,8 @@ def _get(f: registry.RepoFile, part: Path, headers: dict[str, str], progress: _P
                         return digest.hexdigest()  # all of it was held already
                     if r.status_code == 200 and have:
                         # The server ignored the Range: start over.
-                        have, digest = 0, hashlib.sha256()
+                        have = 0
+                        digest.reset()
                         part.unlink(missing_ok=True)
                     elif r.status_code not in (200, 206):
                         raise MirrorError(

@@ -360,11 +360,11 @@ class Admission:
     # The decision.
     def _ahead(self, m: _Model, band: str) -> int:
         rank = RANK.get(band, RANK[DEFAULT_BAND])
-        return sum(n for b, n in m.waiting.items() if 0 < RANK[b] < rank)
+        return sum(n for b, n in m.waiting.items() if 0 < RANK.get(b, RANK[DEFAULT_BAND]) < rank)
 
-    def check(self, model: str, band: str, slo_ms: float, waiting: bool = False) -> Decision:
-        """Whether a request of ``band`` goes in now (steps the model's gate; ``waiting``:
-        it is one of those waiting, not counted ahead of itself)."""
+    def check(self, model: str, band: str, slo_ms: float) -> Decision:
+        """Whether a request of ``band`` goes in now (steps the model's gate; one that
+        waits is taken out of the waiting while it asks, not ahead of itself)."""
         if not slo_ms:
             return Decision(True, None, None, 0.0)
         now = self._clock()

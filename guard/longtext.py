@@ -189,16 +189,34 @@ def fit(
         return Fitted(text, count(text), new_request, new_answer, cut != texts,
                       new_request != request, answer is not None and new_answer != answer)  # fmt: skip
 
-    # The room for the texts is searched between the largest known to fit and the
-    # smallest known not to (all of the texts, to begin with), each guess read off the
-    # line through the two (or, before anything fits, the last two tried): a text's
-    # tokens need not be spread evenly over its characters, so the first guess, from
-    # the counts, may miss.
+    best, fail_room, fail_tokens = _search(
+        attempt, budget, budget - overhead - markers, sum(sizes), tokens
+    )
+    if best is not None:
+        return best
+    if fail_room > 0:
+        best = attempt(0)
+        if best.tokens <= budget:
+            return best
+        fail_tokens = best.tokens
+    raise TooSmall(fail_tokens, budget)
+
+
+def _search(
+    attempt: Callable[[int], Fitted], budget: int, room: int, fail_room: int, fail_tokens: int
+) -> tuple[Fitted | None, int, int]:
+    """Search the room for the texts, starting at ``room``; return the best prompt found
+    that fits (None when none did) and the smallest room known not to, with its tokens.
+
+    The room is searched between the largest known to fit and the smallest known not to
+    (all of the texts, ``fail_room``, to begin with), each guess read off the line
+    through the two (or, before anything fits, the last two tried): a text's tokens need
+    not be spread evenly over its characters, so the first guess, from the counts, may
+    miss. A prompt within a 64th of the budget ends the search.
+    """
     fit_room, fit_tokens, best = -1, 0, None
-    fail_room, fail_tokens = sum(sizes), tokens
     last_room, last_tokens = fail_room, fail_tokens
     slack = max(1, budget // 64)
-    room = budget - overhead - markers
     for _ in range(_STEPS):
         room = max(fit_room + 1, min(room, fail_room - 1))
         if room >= fail_room:
@@ -207,7 +225,7 @@ def fit(
         if tried.tokens <= budget:
             fit_room, fit_tokens, best = room, tried.tokens, tried
             if budget - tried.tokens <= slack:
-                return tried
+                return tried, fail_room, fail_tokens
         else:
             fail_room, fail_tokens = room, tried.tokens
         if best is not None:
@@ -220,11 +238,4 @@ def fit(
             room = x0 + (budget - slack // 2 - y0) * (x1 - x0) // (y1 - y0)
         else:
             room = (fit_room + fail_room) // 2
-    if best is not None:
-        return best
-    if fail_room > 0:
-        best = attempt(0)
-        if best.tokens <= budget:
-            return best
-        fail_tokens = best.tokens
-    raise TooSmall(fail_tokens, budget)
+    return best, fail_room, fail_tokens

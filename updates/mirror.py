@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
+# A fetch that ended this many seconds ago answers a node's ask racing its end.
+FRESH_S = 60
 # A failed fetch is queued again by a node's ask only after this many seconds.
 RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
@@ -199,12 +201,14 @@ def _newest(model_name: str, source: str, *, asked: bool) -> tuple[Fetch | None,
     Asked for by name (``asked``: an operator, an update), the registry is asked for the
     newest commit first, so a fetch that just finished at an older one is not taken for
     it: a done fetch, or one fetching, at that commit is. A node's ask (the model pins
-    nothing) takes a fetch of the newest in progress as it is, asking no registry at each
-    of its asks (the fetch queued for it asks when it runs). A registry that does not answer leaves only a fetch in progress to take:
+    nothing) takes a fetch of the newest in progress as it is, or one that just ended
+    (``_just_done``), asking no registry at each of its asks (the fetch queued for it asks when it runs). A registry that does not answer leaves only a fetch in progress to take:
     a new one fails with the registry's reason.
     """
     active = _active(model_name, source, "")
-    if not asked or (active is not None and active.state == FetchState.QUEUED):
+    if not asked:
+        return active or _just_done(model_name, source), ""
+    if active is not None and active.state == FetchState.QUEUED:
         return active, ""
     try:
         commit = registry.latest(source, None).commit
@@ -216,6 +220,23 @@ def _newest(model_name: str, source: str, *, asked: bool) -> tuple[Fetch | None,
     if active is not None and active.commit in ("", commit):
         return active, commit
     return _active(model_name, source, commit), commit
+
+
+def _just_done(model_name: str, source: str) -> Fetch | None:
+    """Return a fetch of the model that ended in the last ``FRESH_S`` seconds with its
+    folder in place: a node's ask racing that fetch's end (its manifest looked before the
+    fetch was done, and asks here after) is answered by it, not by a second download."""
+    recent = (
+        Fetch.objects.filter(
+            model=model_name,
+            source=source,
+            state=FetchState.DONE,
+            finished__gte=timezone.now() - timedelta(seconds=FRESH_S),
+        )
+        .order_by("-finished")
+        .first()
+    )
+    return recent if recent is not None and (root() / recent.folder).is_dir() else None
 
 
 def _active(model_name: str, source: str, revision: str) -> Fetch | None:

@@ -49,89 +49,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
-        judge = sub.add_parser("judge", help="the known judges")
-        jsub = judge.add_subparsers(dest="judge_action", required=True)
-        jsub.add_parser("list", help="known judges, and which the catalog and policy have")
-        enable = jsub.add_parser("enable", help="add a known judge to the catalog and serve it")
-        enable.add_argument("name", nargs="?", help="default: qwen3guard-0.6b (the 4B with --gpu)")
-        enable.add_argument(
-            "--gpu", action="store_true", help="on the GPU class with the most memory"
-        )
-        enable.add_argument("--sim", action="store_true", help="on the sim engine (tests, demos)")
-        use = jsub.add_parser("use", help="set the policy's judges, in order")
-        use.add_argument("names", nargs="+")
-        check = sub.add_parser(
-            "check",
-            help="judge a text with the policy (or, with --endpoint, one engine); print JSON",
-        )
-        check.add_argument("--request", required=True, metavar="TEXT")
-        check.add_argument("--answer", metavar="TEXT")
-        check.add_argument(
-            "--endpoint",
-            metavar="URL",
-            help="ask this OpenAI-compatible engine directly, to try a judge before enabling "
-            "it; decided as the policy would with it added",
-        )
-        check.add_argument(
-            "--format", dest="judge_format", choices=list(formats.FORMATS),
-            help="the engine's judge format (with --endpoint)",
-        )  # fmt: skip
-        check.add_argument("--model", metavar="NAME", help="the model name sent (vLLM checks it)")
-        check.add_argument("--variant", help="the format's variant (llamaguard3: 1b or 8b)")
-        check.add_argument(
-            "--categories", nargs="+", metavar="CATEGORY", help="the judge's own category names"
-        )
-        check.add_argument(
-            "--context-length", type=int, default=services.DEFAULT_CONTEXT, metavar="N",
-            help=f"the judge's context in tokens (default {services.DEFAULT_CONTEXT}; lowered to "
-            "what the engine reports)",
-        )  # fmt: skip
-        check.add_argument(
-            "--timeout", type=float, default=30.0, help="seconds the ask may take (default 30)"
-        )
-        prompt = sub.add_parser("prompt", help="print exactly the prompt a judge receives")
-        prompt.add_argument("--judge", required=True)
-        request = prompt.add_mutually_exclusive_group(required=True)
-        request.add_argument("--request", metavar="TEXT", help="the request to judge")
-        request.add_argument("--request-file", metavar="F", help="a file holding the request")
-        answer = prompt.add_mutually_exclusive_group()
-        answer.add_argument("--answer", metavar="TEXT", help="the answer to judge")
-        answer.add_argument("--answer-file", metavar="G", help="a file holding the answer")
-        policy = sub.add_parser("policy", help="show or set the policy (checked, logged)")
-        psub = policy.add_subparsers(dest="policy_action", required=True)
-        psub.add_parser("show", help="print the policy in force as JSON (what --file reads)")
-        pset = psub.add_parser(
-            "set", help="set the policy from a file and/or flags; flags change only their key"
-        )
-        pset.add_argument("--file", help="a policy as YAML or JSON (keys left out: the baseline's)")
-        pset.add_argument("--judges", nargs="+", metavar="NAME", help="judge.models, in order")
-        pset.add_argument("--controversial", metavar="safe|unsafe", help="judge.controversial")
-        pset.add_argument("--fail", metavar="open|closed", help="when every judge failed")
-        pset.add_argument(
-            "--directions", nargs="+", metavar="DIRECTION", help="requests, answers, or none"
-        )
-        pset.add_argument(
-            "--categories", nargs="*", metavar="CATEGORY", help="the categories that refuse"
-        )
-        evaluate = sub.add_parser(
-            "eval", help="run a labelled set through judges; print and keep the figures"
-        )
-        evaluate.add_argument(
-            "--judges",
-            nargs="+",
-            metavar="NAME",
-            help="default: the policy's judges, then known judges with a ready replica",
-        )
-        evaluate.add_argument(
-            "--set",
-            dest="set",
-            metavar="NAME_OR_FILE",
-            help=f"a packaged set ({', '.join(evalrun.packaged_sets())}) or a YAML file; "
-            f"default {evalrun.DEFAULT_SET}",
-        )
-        evaluate.add_argument(
-            "--timeout", type=float, default=30.0, help="seconds one ask may take (default 30)"
-        )
+        _judge_arguments(sub)
+        _check_arguments(sub)
+        _prompt_arguments(sub)
+        _policy_arguments(sub)
+        _eval_arguments(sub)
         # An option is taken only as written: "--request" must never be read as
         # "--request-file" (or any prefix as the option it begins).
         _no_abbreviations(parser)
@@ -480,3 +402,104 @@ def _engine_key_at(url: str) -> str:
     rid = Replica.objects.filter(endpoint__in=(base, base + "/")).values_list("id", flat=True)
     found = rid.first()
     return engine_key(found) if found else ""
+
+
+def _judge_arguments(sub: Any) -> None:
+    """The known judges: list, enable, use."""
+    judge = sub.add_parser("judge", help="the known judges")
+    jsub = judge.add_subparsers(dest="judge_action", required=True)
+    jsub.add_parser("list", help="known judges, and which the catalog and policy have")
+    enable = jsub.add_parser("enable", help="add a known judge to the catalog and serve it")
+    enable.add_argument("name", nargs="?", help="default: qwen3guard-0.6b (the 4B with --gpu)")
+    enable.add_argument("--gpu", action="store_true", help="on the GPU class with the most memory")
+    enable.add_argument("--sim", action="store_true", help="on the sim engine (tests, demos)")
+    use = jsub.add_parser("use", help="set the policy's judges, in order")
+    use.add_argument("names", nargs="+")
+
+
+def _check_arguments(sub: Any) -> None:
+    """Check: judge a text with the policy or one engine."""
+    check = sub.add_parser(
+        "check",
+        help="judge a text with the policy (or, with --endpoint, one engine); print JSON",
+    )
+    check.add_argument("--request", required=True, metavar="TEXT")
+    check.add_argument("--answer", metavar="TEXT")
+    check.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="ask this OpenAI-compatible engine directly, to try a judge before enabling "
+        "it; decided as the policy would with it added",
+    )
+    check.add_argument(
+        "--format", dest="judge_format", choices=list(formats.FORMATS),
+        help="the engine's judge format (with --endpoint)",
+    )  # fmt: skip
+    check.add_argument("--model", metavar="NAME", help="the model name sent (vLLM checks it)")
+    check.add_argument("--variant", help="the format's variant (llamaguard3: 1b or 8b)")
+    check.add_argument(
+        "--categories", nargs="+", metavar="CATEGORY", help="the judge's own category names"
+    )
+    check.add_argument(
+        "--context-length", type=int, default=services.DEFAULT_CONTEXT, metavar="N",
+        help=f"the judge's context in tokens (default {services.DEFAULT_CONTEXT}; lowered to "
+        "what the engine reports)",
+    )  # fmt: skip
+    check.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds the ask may take (default 30)"
+    )
+
+
+def _prompt_arguments(sub: Any) -> None:
+    """Prompt: the prompt a judge receives."""
+    prompt = sub.add_parser("prompt", help="print exactly the prompt a judge receives")
+    prompt.add_argument("--judge", required=True)
+    request = prompt.add_mutually_exclusive_group(required=True)
+    request.add_argument("--request", metavar="TEXT", help="the request to judge")
+    request.add_argument("--request-file", metavar="F", help="a file holding the request")
+    answer = prompt.add_mutually_exclusive_group()
+    answer.add_argument("--answer", metavar="TEXT", help="the answer to judge")
+    answer.add_argument("--answer-file", metavar="G", help="a file holding the answer")
+
+
+def _policy_arguments(sub: Any) -> None:
+    """Policy: show or set."""
+    policy = sub.add_parser("policy", help="show or set the policy (checked, logged)")
+    psub = policy.add_subparsers(dest="policy_action", required=True)
+    psub.add_parser("show", help="print the policy in force as JSON (what --file reads)")
+    pset = psub.add_parser(
+        "set", help="set the policy from a file and/or flags; flags change only their key"
+    )
+    pset.add_argument("--file", help="a policy as YAML or JSON (keys left out: the baseline's)")
+    pset.add_argument("--judges", nargs="+", metavar="NAME", help="judge.models, in order")
+    pset.add_argument("--controversial", metavar="safe|unsafe", help="judge.controversial")
+    pset.add_argument("--fail", metavar="open|closed", help="when every judge failed")
+    pset.add_argument(
+        "--directions", nargs="+", metavar="DIRECTION", help="requests, answers, or none"
+    )
+    pset.add_argument(
+        "--categories", nargs="*", metavar="CATEGORY", help="the categories that refuse"
+    )
+
+
+def _eval_arguments(sub: Any) -> None:
+    """Eval: a labelled set through judges."""
+    evaluate = sub.add_parser(
+        "eval", help="run a labelled set through judges; print and keep the figures"
+    )
+    evaluate.add_argument(
+        "--judges",
+        nargs="+",
+        metavar="NAME",
+        help="default: the policy's judges, then known judges with a ready replica",
+    )
+    evaluate.add_argument(
+        "--set",
+        dest="set",
+        metavar="NAME_OR_FILE",
+        help=f"a packaged set ({', '.join(evalrun.packaged_sets())}) or a YAML file; "
+        f"default {evalrun.DEFAULT_SET}",
+    )
+    evaluate.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds one ask may take (default 30)"
+    )

@@ -36,6 +36,9 @@ L4 = "nvidia-l4-24gb"
 # Each request takes the sim about 0.4 s (TTFT 0.3 s, then a few tokens at 20 a second),
 # so a client is in flight most of the time: N clients are about N requests in flight.
 SLOW = {"LLMGW_SIM_TTFT": "0.3", "LLMGW_SIM_TPS": "20"}
+# The first token at once, then the rest slowly: a streamed answer is cut mid-way, not
+# retried elsewhere, if its replica's engine stops under it (the sim cuts open streams).
+STREAMING = {"LLMGW_SIM_TTFT": "0.05", "LLMGW_SIM_TPS": "3"}
 
 
 @pytest.fixture
@@ -99,7 +102,7 @@ def test_a_doubled_load_scales_up_to_max_and_back_and_a_burst_adds_nothing(
 ) -> None:
     plane = scaling_plane
     nodes(agents)
-    store(model("elastic", 1, 3))
+    store(model("elastic", 1, 3, profile={"env": dict(STREAMING)}))
     wait_for(lambda: ready("elastic") == 1, 120, "elastic's first replica")
     key = plane.key("load")
     plane.serving(key, "elastic")

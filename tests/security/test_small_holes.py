@@ -100,6 +100,9 @@ def _a_row_in_every_list(admin_user: Any) -> None:
     JoinToken.issue("spare")
     ApiToken.issue(admin_user, "ci")
     ClusterAction.objects.create(actor_name="ada", action="cordon", target="gpu-1")
+    from cluster import tenancy
+
+    tenancy.set_quota("team:search", cards={"nvidia-h100-80gb": 2}, via="test")
     from django.utils import timezone
 
     from gateway.models import ClientKey, Refusal, Usage

@@ -133,6 +133,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = NO_OWN_CHANNEL
     counted: int | None = None  # the user id this console is counted against
 
+    async def _accept(self) -> bool:
+        """Accept the socket, or say False when the browser left while ``connect`` read what
+        it needed (a slow database, Redis away): uvicorn then refuses the accept with a
+        RuntimeError, and its disconnect is already on its way to this consumer."""
+        try:
+            await self.accept()
+        except (RuntimeError, OSError):
+            log.info("a live console left before it was accepted")
+            return False
+        return True
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -147,7 +158,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 "refused a live console of %s: %d are open in this process (LLMGW_WS_PER_USER)",
                 user.get_username(), cap,
             )  # fmt: skip
-            await self.accept()
+            if not await self._accept():
+                return
             await self.close(
                 code=TOO_MANY,
                 reason=f"too many live consoles open: at most {cap} a user; close some tabs",
@@ -176,7 +188,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.topics = topics
         self.can_act = await database_sync_to_async(has_role)(user, OPERATOR)
         events.set_home_loop(asyncio.get_running_loop())
-        await self.accept()
+        if not await self._accept():
+            return
         # Events that arrive while the snapshot is read wait, and are applied after it.
         self.ready = asyncio.Event()
         # While the channel layer (Redis) is away nothing could be pushed: the page says

@@ -138,3 +138,38 @@ async def test_channels_redis_failures_are_a_line_a_minute_without_a_traceback()
     assert layer_away.filter(other) and other.exc_info is not None
     # The settings put it on channels-redis's logger.
     assert any(isinstance(f, LayerAway) for f in logging.getLogger("channels_redis.pubsub").filters)
+
+
+async def test_a_console_that_leaves_before_it_is_accepted_is_no_error_and_not_counted(
+    viewer: Any, settings: Any
+) -> None:
+    """A browser that gives up while its console is being opened (a slow database, Redis
+    away: seen in tests/e2e/faults/test_redis.py) makes uvicorn refuse the accept with a
+    RuntimeError, its disconnect already queued. That is no error of ours, and the console
+    it never had is not counted against its user."""
+    from llmgw_admin.asgi import application
+
+    settings.LLMGW_WS_PER_USER = 1
+
+    async def gone_before_accept(scope: Any, receive: Any, send: Any) -> Any:
+        async def uvicorn_after_connection_lost(message: dict[str, Any]) -> None:
+            if message["type"] == "websocket.accept":
+                raise RuntimeError(
+                    "Expected ASGI message 'websocket.send' or 'websocket.close', "
+                    "but got 'websocket.accept'."
+                )
+            await send(message)
+
+        return await application(scope, receive, uvicorn_after_connection_lost)
+
+    cookie = await sync_to_async(_cookie)(viewer)
+    gone = WebsocketCommunicator(gone_before_accept, PATH, headers=[ORIGIN, cookie])
+    # As uvicorn hands them over: the connect, then the disconnect it queued.
+    await gone.send_input({"type": "websocket.connect"})
+    await gone.send_input({"type": "websocket.disconnect", "code": 1006})
+    await gone.wait(timeout=10)  # raises what the application raised, if it did
+    # The user's one console is still free.
+    comm = await _console(viewer)
+    assert (await comm.connect(timeout=10))[0]
+    assert 'id="cluster-nodes"' in await comm.receive_from(timeout=10)
+    await comm.disconnect()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
@@ -46,6 +46,12 @@ urlpatterns = [
     path("tokens/<str:kind>/", token_views.token_issue, name="token_issue"),
     path("tokens/<str:kind>/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
     path("favicon.ico", token_views.favicon, name="favicon"),
+    # API tokens' admin pages moved with their model to the framework (llmgw_core, issue 18);
+    # an operator's bookmark of the old address still lands on them.
+    re_path(
+        r"^admin/llmgw_admin/apitoken/(?P<rest>.*)$",
+        RedirectView.as_view(url="/admin/llmgw_core/apitoken/%(rest)s", query_string=True),
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/catalog/", include((updates_api_urls.catalog_patterns, "updates-catalog"))),
     path("api/v1/catalog/", include("catalog.api.urls")),

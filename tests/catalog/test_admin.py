@@ -104,6 +104,10 @@ def test_roles_in_the_admin(
     # Users and tokens are the admin role's.
     assert client_for(operator).get("/admin/auth/user/").status_code == 403
     assert client_for(operator).get("/admin/llmgw_core/apitoken/").status_code == 403
+    # The tokens' pages before their model moved to llmgw_core: a bookmark still leads there.
+    old = client_for(admin_user).get("/admin/llmgw_admin/apitoken/?q=ci", follow=True)
+    assert old.redirect_chain[0] == ("/admin/llmgw_core/apitoken/?q=ci", 302)
+    assert old.status_code == 200
     assert client_for(admin_user).get("/admin/auth/user/").status_code == 200
     # No role, no admin (the user is not staff).
     assert client_for(outsider).get(CHANGELIST).status_code == 302

@@ -222,16 +222,9 @@ def _wants(
     bounds = {name: plan.bounds(m, now, demands.get(name), idle_default)
               for name, m in specs.items()}  # fmt: skip
     kept = {s.model_name: s for s in ModelScale.objects.all()}
-    wants: dict[str, plan.Want] = {}
+    wants = {name: b.fixed for name, b in bounds.items() if b.fixed is not None}
     scaled = [name for name, b in bounds.items() if b.fixed is None]
-    for name, b in bounds.items():
-        if b.fixed is not None:
-            wants[name] = b.fixed
-    gone = [n for n in kept if n not in scaled]
-    if gone:
-        # Fixed again (or gone): its windows start afresh when it scales next.
-        ModelScale.objects.filter(model_name__in=gone).delete()
-        events.changed(models=[n for n in gone if n in specs])
+    _forget_unscaled(kept, scaled, specs)
     if not scaled:
         return wants
     try:
@@ -239,28 +232,21 @@ def _wants(
         unavailable = ""
     except load.Unavailable as error:
         loads, unavailable = {}, str(error)
-    running: dict[str, list[str]] = defaultdict(list)
-    ready: dict[str, int] = defaultdict(int)
-    for r in replicas:
-        if r.desired and r.state == ReplicaState.READY:
-            running[r.model_name].append(r.profile)
-            ready[r.model_name] += 1
+    running, ready = _ready_profiles(replicas)
     up_after = float(settings.LLMGW_SCALE_UP_AFTER)
     down_after = float(settings.LLMGW_SCALE_DOWN_AFTER)
     for name in scaled:
         m, b = specs[name], bounds[name]
         row = kept.get(name) or ModelScale(model_name=name)
-        memory = scaling.Memory(row.target, row.over_since, row.quiet_since, row.reason,
-                                None if row.pk is None else row.lo)  # fmt: skip
         if unavailable:
-            target = b.lo if row.target is None else min(max(row.target, b.lo), b.hi)
-            reason = f"holding at {target}: no load figures ({unavailable})"
-            decision = scaling.Decision(target, scaling.Memory(target, None, None, reason), reason)
+            decision = _hold(row, b, unavailable)
         else:
             capacity, _ = scaling.capacity_of(
                 [(p.name, p.engine, getattr(p, "capacity", 0)) for p in m.profiles],
                 running.get(name, ()),
             )
+            memory = scaling.Memory(row.target, row.over_since, row.quiet_since, row.reason,
+                                    None if row.pk is None else row.lo)  # fmt: skip
             decision = scaling.decide(
                 memory, loads.get(name, scaling.Load()), lo=b.lo, hi=b.hi,
                 ready=ready.get(name, 0), capacity=capacity,
@@ -273,29 +259,63 @@ def _wants(
             reason = f"on demand: {reason}"
         if decision.step:
             log.info("%s %s: %s", name, decision.step, reason)
-        new = decision.memory
-        if (row.pk is None or row.target != new.target or row.reason != reason
-                or (row.lo, row.hi) != (b.lo, b.hi) or row.over_since != new.over_since
-                or row.quiet_since != new.quiet_since):  # fmt: skip
-            at = now.timestamp()
-            pushed = scaling.worth_pushing(
-                None if row.pk is None else (row.target, row.reason),
-                (new.target, reason),
-                _pushed.get(name),
-                at,
-            )
-            row.target, row.over_since, row.quiet_since = (
-                new.target,
-                new.over_since,
-                new.quiet_since,
-            )
-            row.lo, row.hi, row.reason = b.lo, b.hi, reason
-            row.save()
-            if pushed:
-                _pushed[name] = at
-                events.changed(models=[name])
+        _keep_scale(row, b, decision.memory, reason, now)
         wants[name] = plan.Want(decision.target, reason)
     return wants
+
+
+def _forget_unscaled(kept: dict[str, ModelScale], scaled: list[str], specs: dict[str, Any]) -> None:
+    """Drop the kept scaling of models no longer scaled on load (fixed again, or gone):
+    their windows start afresh when they scale next."""
+    gone = [n for n in kept if n not in scaled]
+    if gone:
+        ModelScale.objects.filter(model_name__in=gone).delete()
+        events.changed(models=[n for n in gone if n in specs])
+
+
+def _ready_profiles(replicas: list[Replica]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Return each model's ready replicas' profiles, and how many are ready."""
+    running: dict[str, list[str]] = defaultdict(list)
+    ready: dict[str, int] = defaultdict(int)
+    for r in replicas:
+        if r.desired and r.state == ReplicaState.READY:
+            running[r.model_name].append(r.profile)
+            ready[r.model_name] += 1
+    return running, ready
+
+
+def _hold(row: ModelScale, b: plan.Bounds, unavailable: str) -> scaling.Decision:
+    """Without load figures a model holds at its last target, within its bounds."""
+    target = b.lo if row.target is None else min(max(row.target, b.lo), b.hi)
+    reason = f"holding at {target}: no load figures ({unavailable})"
+    return scaling.Decision(target, scaling.Memory(target, None, None, reason), reason)
+
+
+def _keep_scale(
+    row: ModelScale, b: plan.Bounds, new: scaling.Memory, reason: str, now: datetime
+) -> None:
+    """Save a model's scaling when it changed; push it to the consoles when worth it
+    (``scaling.worth_pushing``)."""
+    if (row.pk is None or row.target != new.target or row.reason != reason
+            or (row.lo, row.hi) != (b.lo, b.hi) or row.over_since != new.over_since
+            or row.quiet_since != new.quiet_since):  # fmt: skip
+        at = now.timestamp()
+        pushed = scaling.worth_pushing(
+            None if row.pk is None else (row.target, row.reason),
+            (new.target, reason),
+            _pushed.get(row.model_name),
+            at,
+        )
+        row.target, row.over_since, row.quiet_since = (
+            new.target,
+            new.over_since,
+            new.quiet_since,
+        )
+        row.lo, row.hi, row.reason = b.lo, b.hi, reason
+        row.save()
+        if pushed:
+            _pushed[row.model_name] = at
+            events.changed(models=[row.model_name])
 
 
 def _no_room(result: TickResult) -> None:
@@ -411,10 +431,41 @@ def _origin_revision(spec_json: Any) -> str:
 
 def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResult) -> None:
     snap = replace.snapshot(specs)
-    by_name = {n.name: n for n in snap.nodes}
-    replicas = snap.replicas
-    requests = []
     profiles: dict[str, tuple[placement.PlacementProfile, ...]] = {}
+    requests = _requests(specs, snap.replicas, profiles)
+    if not requests:
+        return
+    result_plan, waiting = _plan_placement(specs, snap, requests, profiles)
+    bumped = _evict(result_plan, result)
+    bumped |= _assign(specs, snap, result_plan, result)
+    reasons = {int(u.key): u.told for u in result_plan.unplaced} | waiting
+    reasons.update(_make_room(wants, specs, snap, result_plan, result))
+    # No room anywhere: not waiting for an eviction's replacement or a roll's turn.
+    no_room = (
+        {int(u.key) for u in result_plan.unplaced}
+        - set(waiting)
+        - {rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)}
+    )
+    for rid, reason in reasons.items():
+        # Written (and pushed) only when the reason changed: most ticks repeat it.
+        if (
+            Replica.objects.filter(pk=rid)
+            .exclude(reason=reason, state=ReplicaState.PENDING)
+            .update(reason=reason, state=ReplicaState.PENDING, unplaced=rid in no_room)
+        ):
+            events.changed(replicas=[rid])
+        result.unplaced[rid] = reason
+    services.bump_desired(bumped)
+
+
+def _requests(
+    specs: dict[str, Any],
+    replicas: list[Replica],
+    profiles: dict[str, tuple[placement.PlacementProfile, ...]],
+) -> list[placement.Request]:
+    """Return a placement request for each wanted replica without a node (filling in
+    ``profiles`` for their models)."""
+    requests = []
     placed_count: dict[str, int] = defaultdict(int)
     for r in replicas:
         if r.desired and r.assignments.all():
@@ -431,12 +482,21 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
             requests.append(
                 placement.Request(str(r.pk), m.name, profiles[m.name], rank, priority=-n)
             )
-    if not requests:
-        return
+    return requests
+
+
+def _plan_placement(
+    specs: dict[str, Any],
+    snap: replace.Snapshot,
+    requests: list[placement.Request],
+    profiles: dict[str, tuple[placement.PlacementProfile, ...]],
+) -> tuple[placement.Plan, dict[int, str]]:
+    """Decide where the requests go; return the plan and the replicas that wait (why)."""
     # A drain's replacement whose replica still serves makes before it breaks: it never
     # evicts a model's last ready replica no other node could hold, as the evicted model
     # would never get the drained room back. (A roll's may: the room its replica leaves
     # is the evicted model's when the roll ends.)
+    replicas = snap.replicas
     by_pk = {r.pk: r for r in replicas}
     ready: dict[str, set[int]] = defaultdict(set)
     draining: set[int] = set()
@@ -456,15 +516,28 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
     # An eviction that would leave a model dark waits for a replacement elsewhere.
     result_plan, waiting = replace.spare_evicted(specs, snap, result_plan)
     waiting.update({int(k): h.reason for k, h in held.items()})
+    return result_plan, waiting
+
+
+def _evict(result_plan: placement.Plan, result: TickResult) -> set[int]:
+    """Apply the plan's evictions; return the nodes whose replicas changed."""
     bumped: set[int] = set()
-    evicted_ids = [int(e.running_id) for e in result_plan.evictions]
     for e in result_plan.evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
         bumped |= {a.node_id for a in victims}
         _release(victims, e.reason)
         Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
         events.changed(replicas=[int(e.running_id)])
-    result.evicted.extend(evicted_ids)
+    result.evicted.extend(int(e.running_id) for e in result_plan.evictions)
+    return bumped
+
+
+def _assign(
+    specs: dict[str, Any], snap: replace.Snapshot, result_plan: placement.Plan, result: TickResult
+) -> set[int]:
+    """Put the plan's placed replicas on their nodes; return the nodes they went to."""
+    by_name = {n.name: n for n in snap.nodes}
+    bumped: set[int] = set()
     for pl in result_plan.placed:
         r = Replica.objects.get(pk=int(pl.key))
         m = specs[r.model_name]
@@ -483,24 +556,7 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
             )  # fmt: skip
             bumped.add(node.pk)
         result.placed.append(r.pk)
-    reasons = {int(u.key): u.told for u in result_plan.unplaced} | waiting
-    reasons.update(_make_room(wants, specs, snap, result_plan, result))
-    # No room anywhere: not waiting for an eviction's replacement or a roll's turn.
-    no_room = (
-        {int(u.key) for u in result_plan.unplaced}
-        - set(waiting)
-        - {rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)}
-    )
-    for rid, reason in reasons.items():
-        # Written (and pushed) only when the reason changed: most ticks repeat it.
-        if (
-            Replica.objects.filter(pk=rid)
-            .exclude(reason=reason, state=ReplicaState.PENDING)
-            .update(reason=reason, state=ReplicaState.PENDING, unplaced=rid in no_room)
-        ):
-            events.changed(replicas=[rid])
-        result.unplaced[rid] = reason
-    services.bump_desired(bumped)
+    return bumped
 
 
 def _make_room(

@@ -140,6 +140,30 @@ def plan(
         Refused: an update of the model is running, the model cannot be updated (a
             candidate, an external model, no registry), or the canary percent is wrong.
     """
+    _refuse_update(m, running, has_registry)
+    settings = _canary_settings(m, canary_percent)
+    steps = [FETCH, CANDIDATE]
+    if m.eval is not None and m.eval.suite:
+        steps.append(EVAL)
+    if settings is not None:
+        steps.append(CANARY)
+    steps.append(PROMOTE)
+    gate = m.eval
+    return Plan(
+        model=m.name,
+        source=m.source,
+        revision=revision.strip(),
+        steps=tuple(steps),
+        canary=settings,
+        suite=gate.suite if gate else "",
+        min_score=gate.min_score if gate else 0.0,
+        judge=gate.judge if gate else "",
+        auto=auto,
+    )
+
+
+def _refuse_update(m: spec.Model, running: Iterable[Running], has_registry: bool) -> None:
+    """Raise Refused when ``m`` cannot be updated now (see ``plan``)."""
     for r in running:
         if r.model == m.name:
             raise Refused(
@@ -167,40 +191,30 @@ def plan(
             "already: set that canary's percent to 0 (its thresholds are kept for updates) "
             "or remove it first"
         )
-    settings = None
+
+
+def _canary_settings(m: spec.Model, canary_percent: int | None) -> CanarySettings | None:
+    """Return the update's canary: the percent given at start (0: none), else the
+    model's own canary settings, if any.
+
+    Raises:
+        Refused: the percent given is not 0 to 100.
+    """
     if canary_percent is not None:
         if not 0 <= canary_percent <= 100:
             raise Refused(f"canary percent {canary_percent} is not 0 to 100")
-        if canary_percent > 0:
-            base = m.canary or spec.Canary()
-            settings = CanarySettings(
-                canary_percent, base.min_requests, base.max_error_increase, base.max_ttft_ratio
-            )
-    elif m.canary is not None:
-        c = m.canary
-        # A model whose canary share is 0 keeps its thresholds for its updates: an
-        # update's canary takes them, at 10 percent.
-        settings = CanarySettings(
-            c.percent or 10, c.min_requests, c.max_error_increase, c.max_ttft_ratio
+        if canary_percent <= 0:
+            return None
+        base = m.canary or spec.Canary()
+        return CanarySettings(
+            canary_percent, base.min_requests, base.max_error_increase, base.max_ttft_ratio
         )
-    steps = [FETCH, CANDIDATE]
-    if m.eval is not None and m.eval.suite:
-        steps.append(EVAL)
-    if settings is not None:
-        steps.append(CANARY)
-    steps.append(PROMOTE)
-    gate = m.eval
-    return Plan(
-        model=m.name,
-        source=m.source,
-        revision=revision.strip(),
-        steps=tuple(steps),
-        canary=settings,
-        suite=gate.suite if gate else "",
-        min_score=gate.min_score if gate else 0.0,
-        judge=gate.judge if gate else "",
-        auto=auto,
-    )
+    if m.canary is None:
+        return None
+    c = m.canary
+    # A model whose canary share is 0 keeps its thresholds for its updates: an
+    # update's canary takes them, at 10 percent.
+    return CanarySettings(c.percent or 10, c.min_requests, c.max_error_increase, c.max_ttft_ratio)
 
 
 def next_step(steps: Sequence[str], step: str) -> str:

@@ -633,7 +633,7 @@ def trtllm(serve_py: Path, version: str, origin: str) -> None:
 
 def sim() -> None:
     sys.path.insert(0, str(ROOT))
-    from agent import sim as simulator
+    from agent import simconfig as simulator
 
     parser = simulator.build_parser()
     flags = []
@@ -648,7 +648,7 @@ def sim() -> None:
             "engine": "sim",
             "program": "python -m agent.sim",
             "versions": [simulator.SIM_VERSION],
-            "source": "agent/sim.py build_parser(), this repository",
+            "source": "agent/simconfig.py build_parser(), this repository",
             "underscores": False,
             "equals": True,
             "flags": flags,

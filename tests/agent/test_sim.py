@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import sim
+from agent import simconfig, simguard, simtext
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "UNSAFE-MARKER"
@@ -690,19 +690,22 @@ def test_guard_answers_stream_like_any_text(llama: Sim) -> None:
 
 
 def test_guard_categories_follow_the_template_lists() -> None:
-    cfg = sim.Config(model="m", guard_format="qwen3guard", guard_categories=("Jailbreak", "PII"))
-    asked = sim.Judged(MARKER, response=False)
-    answered = sim.Judged(MARKER, response=True)
-    assert sim.verdict(cfg, asked, raw=False).text == "Safety: Unsafe\nCategories: Jailbreak"
-    assert (
-        sim.verdict(cfg, answered, raw=False).text == "Safety: Unsafe\nCategories: PII\nRefusal: No"
+    cfg = simconfig.Config(
+        model="m", guard_format="qwen3guard", guard_categories=("Jailbreak", "PII")
     )
-    llama = sim.Config(
+    asked = simguard.Judged(MARKER, response=False)
+    answered = simguard.Judged(MARKER, response=True)
+    assert simguard.verdict(cfg, asked, raw=False).text == "Safety: Unsafe\nCategories: Jailbreak"
+    assert (
+        simguard.verdict(cfg, answered, raw=False).text
+        == "Safety: Unsafe\nCategories: PII\nRefusal: No"
+    )
+    llama = simconfig.Config(
         model="m", guard_format="llamaguard3", guard_categories=("Suicide & Self-Harm",)
     )
-    assert sim.verdict(llama, asked, raw=False).text == "unsafe\nS11"
-    by_code = sim.Config(model="m", guard_format="llamaguard3", guard_categories=("s9",))
-    assert sim.verdict(by_code, asked, raw=False).text == "unsafe\nS9"
+    assert simguard.verdict(llama, asked, raw=False).text == "unsafe\nS11"
+    by_code = simconfig.Config(model="m", guard_format="llamaguard3", guard_categories=("s9",))
+    assert simguard.verdict(by_code, asked, raw=False).text == "unsafe\nS9"
 
 
 # -- stopping -----------------------------------------------------------------------------
@@ -729,7 +732,7 @@ def test_sigterm_ends_the_process_with_0_even_mid_stream() -> None:
 
 @given(st.text(), st.booleans())
 def test_tokens_concatenate_to_the_text(text: str, parse_special: bool) -> None:
-    assert "".join(sim.tokenize(text, parse_special)) == text
+    assert "".join(simtext.tokenize(text, parse_special)) == text
 
 
 @given(
@@ -738,7 +741,7 @@ def test_tokens_concatenate_to_the_text(text: str, parse_special: bool) -> None:
     st.lists(st.sampled_from(["b", "c.", "\n d", " d", "zz"]), max_size=3),
 )
 def test_a_plan_never_emits_a_stop_string(pieces: list[str], limit: int, stops: list[str]) -> None:
-    steps = sim.plan(pieces, limit, stops)
+    steps = simtext.plan(pieces, limit, stops)
     emitted = "".join(steps.pieces)
     assert "".join(pieces).startswith(emitted)
     assert not any(stop in emitted for stop in stops)

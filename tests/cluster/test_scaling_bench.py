@@ -221,7 +221,8 @@ def test_the_console_button_and_the_api_start_it_in_the_background(
 
 
 def test_the_sim_slows_as_its_batch_fills() -> None:
-    from agent.sim import Config, SimServer
+    from agent.sim import SimServer
+    from agent.simconfig import Config
 
     async def stretch_at(busy: int) -> float:
         server = SimServer(Config(model="m", parallel=4, slowdown=0.5))

@@ -187,7 +187,7 @@ def test_probe_keeps_each_judges_health(api_for: Any, viewer: Any, judge_url: st
 def test_a_sim_judges_probe_reads_harmful_unsafe(judge_url: str) -> None:
     """The judges' card showed a sim judge's probe as "harmful → safe": the sim judged
     only its marker. The harmful probe is harmful by any reading, so it says unsafe."""
-    from agent.sim import HARMFUL_PROBES
+    from agent.simguard import HARMFUL_PROBES
     from guard import services
 
     assert services.PROBE_HARMFUL in HARMFUL_PROBES  # the sim knows the probe's text

@@ -1,6 +1,6 @@
 """Test fitting long judged texts into a judge's context, with pure counters.
 
-The counters are the sim engine's own tokenizer (``agent.sim.tokenize``, what its
+The counters are the sim engine's own tokenizer (``agent.simtext.tokenize``, what its
 /tokenize answers), a byte counter, and an uneven one whose tokens are dense at one end
 of a text and sparse at the other, so that cutting by characters misjudges the tokens.
 """
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent.sim import tokenize
+from agent.simtext import tokenize
 from guard import formats
 from guard.formats import neutralise
 from guard.longtext import (

@@ -1,0 +1,224 @@
+"""The sim engine's OpenAI answer shapes: a whole answer, a stream's chunk, usage and
+logprobs, and the request bodies' parts (prompt, token ids, template kwargs, /echo).
+
+Standard library only; no Django.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.simconfig import MAX_LOGPROBS, Config
+from agent.simguard import Verdict
+from agent.simhttp import HttpError
+from agent.simtext import WORDS, Plan, detokenize, token_id, tokenize
+
+
+@dataclass
+class Job:
+    """One accepted generation request."""
+
+    chat: bool
+    plan: Plan
+    prompt_tokens: int
+    seed: int
+    top_n: int | None  # logprobs asked for: None for none
+    verdict: Verdict | None
+    verdict_index: int | None
+    stream: bool
+    include_usage: bool
+    ident: str
+    created: int
+
+
+def _alternatives(piece: str, seed: int, index: int, count: int, avoid: set[str]) -> list[str]:
+    rng = random.Random(seed * 1_000_003 + index)
+    prefix = " " if piece.startswith(" ") else ""
+    words = list(WORDS)
+    rng.shuffle(words)
+    out: list[str] = []
+    for word in words:
+        candidate = prefix + word
+        if candidate != piece and candidate not in avoid and candidate not in out:
+            out.append(candidate)
+        if len(out) == count:
+            break
+    return out
+
+
+def candidates(job: Job, index: int) -> list[tuple[str, float]]:
+    """Return a token's logprob candidates, the emitted token first, most likely first."""
+    piece = job.plan.pieces[index]
+    if job.verdict is not None and index == job.verdict_index:
+        odds = list(job.verdict.odds)
+        fill = _alternatives(piece, job.seed, index, MAX_LOGPROBS, {t for t, _ in odds})
+        probs = odds + [(t, 1e-7 * 0.5**k) for k, t in enumerate(fill)]
+    else:
+        fill = _alternatives(piece, job.seed, index, MAX_LOGPROBS, set())
+        probs = [(piece, 0.9)] + [(t, 0.05 * 0.5**k) for k, t in enumerate(fill)]
+    return [(token, math.log(p)) for token, p in probs]
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+# The OpenAI answers' shapes: a whole answer, a stream's chunk, usage and logprobs.
+
+
+def usage(job: Job) -> dict[str, int]:
+    """Return the OpenAI usage block of a job."""
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.plan.generated,
+        "total_tokens": job.prompt_tokens + job.plan.generated,
+    }
+
+
+def whole(cfg: Config, job: Job) -> dict[str, Any]:
+    """Return the non-streaming answer of a finished job."""
+    text = "".join(job.plan.pieces)
+    indexes = range(len(job.plan.pieces))
+    logprobs = None if job.top_n is None else logprobs_of(cfg, job, indexes, 0)
+    if job.chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": job.plan.finish,
+        }
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": job.plan.finish,
+        }
+    return {
+        "id": job.ident,
+        "object": "chat.completion" if job.chat else "text_completion",
+        "created": job.created,
+        "model": cfg.model,
+        "choices": [choice],
+        "usage": usage(job),
+    }
+
+
+def chunk(
+    cfg: Config, job: Job, index: int | None, finish: str | None, offset: int
+) -> dict[str, Any]:
+    """Return one stream event carrying token ``index`` (None: no text) and the finish."""
+    piece = "" if index is None else job.plan.pieces[index]
+    logprobs = None
+    if job.top_n is not None and index is not None:
+        logprobs = logprobs_of(cfg, job, [index], offset)
+    if job.chat:
+        delta = {"content": piece} if index is not None else {}
+        choice: dict[str, Any] = {"index": 0, "delta": delta}
+    else:
+        choice = {"index": 0, "text": piece}
+    choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
+    return {
+        "id": job.ident,
+        "object": "chat.completion.chunk" if job.chat else "text_completion",
+        "created": job.created,
+        "model": cfg.model,
+        "choices": [choice],
+    }
+
+
+def logprobs_of(cfg: Config, job: Job, indexes: Sequence[int], offset: int) -> dict[str, Any]:
+    """Return the logprobs of some emitted tokens in the shape the style and endpoint use.
+
+    ``offset`` is the text offset of the first of them.
+    """
+    top_n = job.top_n or 0
+    llamacpp = cfg.logprob_style == "llamacpp"
+    rows = [candidates(job, i) for i in indexes]
+    if job.chat or llamacpp:
+        content = []
+        for row in rows:
+            token, logprob = row[0]
+            entry: dict[str, Any] = {"token": token, "logprob": logprob, "bytes": _bytes(token)}
+            tops = []
+            for alt, alt_lp in row[:top_n]:
+                top: dict[str, Any] = {"token": alt, "logprob": alt_lp, "bytes": _bytes(alt)}
+                if llamacpp:
+                    top = {"id": token_id(alt), **top}
+                tops.append(top)
+            entry["top_logprobs"] = tops
+            if llamacpp:
+                entry = {"id": token_id(token), **entry}
+            content.append(entry)
+        return {"content": content}
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for row in rows:
+        token, logprob = row[0]
+        tokens.append(token)
+        token_logprobs.append(logprob)
+        # Keyed by text, as vLLM does; the emitted token is always among them.
+        top_logprobs.append(dict(row[: max(top_n, 1)]))
+        text_offset.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
+ECHO = "/echo "
+EMBEDDING_DIM = 16
+
+
+def echo_text(text: str) -> str | None:
+    """The answer a message asks for with ``/echo TEXT`` (tests tell the sim what to say)."""
+    return text[len(ECHO) :] if text.startswith(ECHO) else None
+
+
+def embedding_of(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    raw = [(b - 127.5) / 127.5 for b in digest[:EMBEDDING_DIM]]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [round(x / norm, 6) for x in raw]
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise HttpError(400, "'chat_template_kwargs' must be an object")
+    return kwargs
+
+
+def ids_text(ids: Any) -> str:
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise HttpError(400, "'tokens' must be a list of token ids")
+    try:
+        return detokenize(ids)
+    except KeyError as exc:
+        raise HttpError(400, f"token id {exc.args[0]} is not in the vocabulary") from None
+
+
+def completion_prompt(value: Any) -> tuple[str, int]:
+    """Return a completion's prompt text and its token count.
+
+    Accepts a string, a list of token ids, or a one-element list of either.
+    """
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        return value, len(tokenize(value))
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return ids_text(value), len(value)
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(v, str) for v in value):
+        raise HttpError(400, "Only one prompt per request is supported")
+    raise HttpError(400, "'prompt' must be a string or a list of token ids")

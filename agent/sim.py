@@ -53,6 +53,7 @@ from agent.simopenai import (
     completion_prompt,
     echo_text,
     embedding_of,
+    generation_options,
     ids_text,
     template_kwargs,
     usage,
@@ -368,30 +369,7 @@ class SimServer:
                 n_prompt_tokens=prompt_tokens,
                 n_ctx=ctx,
             )
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
-        ):
-            raise HttpError(400, "'max_tokens' must be a non-negative integer")
-        n = body.get("n", 1)
-        if n != 1:
-            raise HttpError(400, "Only n=1 is supported")
-        temperature = body.get("temperature")
-        if temperature is not None and (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or temperature < 0
-        ):
-            raise HttpError(400, "'temperature' must be a non-negative number")
-        stops = body.get("stop")
-        if stops is None:
-            stops = []
-        elif isinstance(stops, str):
-            stops = [stops]
-        elif not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
-            raise HttpError(400, "'stop' must be a string or a list of strings")
-        stream_options = body.get("stream_options") or {}
-        if not isinstance(stream_options, dict):
-            raise HttpError(400, "'stream_options' must be an object")
+        stops, stream_options = generation_options(body, max_tokens)
         # A room-limited request is cut short rather than refused, as llama-server does.
         limit = ctx - prompt_tokens if max_tokens is None else min(max_tokens, ctx - prompt_tokens)
         seed = text_seed(prompt, body.get("seed"))

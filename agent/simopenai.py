@@ -222,3 +222,35 @@ def completion_prompt(value: Any) -> tuple[str, int]:
     if isinstance(value, list) and len(value) > 1 and all(isinstance(v, str) for v in value):
         raise HttpError(400, "Only one prompt per request is supported")
     raise HttpError(400, "'prompt' must be a string or a list of token ids")
+
+
+def generation_options(body: dict[str, Any], max_tokens: Any) -> tuple[list[str], dict[str, Any]]:
+    """Check a generation request's options; return its stop strings and stream options.
+
+    Raises:
+        HttpError: 400 naming the option that is wrong (max_tokens, n, temperature, stop,
+            stream_options).
+    """
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise HttpError(400, "'max_tokens' must be a non-negative integer")
+    n = body.get("n", 1)
+    if n != 1:
+        raise HttpError(400, "Only n=1 is supported")
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0
+    ):
+        raise HttpError(400, "'temperature' must be a non-negative number")
+    stops = body.get("stop")
+    if stops is None:
+        stops = []
+    elif isinstance(stops, str):
+        stops = [stops]
+    elif not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
+        raise HttpError(400, "'stop' must be a string or a list of strings")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise HttpError(400, "'stream_options' must be an object")
+    return stops, stream_options

@@ -186,7 +186,7 @@ def main() -> None:
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
 
-    from cluster import services
+    from cluster import agentjoin
     from cluster.models import JoinToken
     from llmgw_core.models import ApiToken
 
@@ -208,11 +208,11 @@ def main() -> None:
         "cards": [{"index": k, "class": "nvidia-h100-80gb", "memory_mb": 81559,
                    "power_limit_w": 700} for k in range(8)],
     }  # fmt: skip
-    node, _ = services.join(secret, "bench-node", inventory)
+    node, _ = agentjoin.join(secret, "bench-node", inventory)
     # A cluster of some size, so a render is not trivially small.
     for i in range(20):
         _, s = JoinToken.issue(f"bench-{i}")
-        services.join(s, f"bench-{i:02d}", {**inventory, "hostname": f"bench-{i:02d}"})
+        agentjoin.join(s, f"bench-{i:02d}", {**inventory, "hostname": f"bench-{i:02d}"})
     connection.close()
 
     port = webproc.free_port()

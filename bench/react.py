@@ -54,7 +54,7 @@ def main() -> None:
     old_name, db_name = webproc.throwaway_database("llmgw_bench_react")
     from django.contrib.auth.models import Group, User
 
-    from cluster import services
+    from cluster import agentjoin
     from cluster.models import Assignment, JoinToken
     from llmgw_core.models import ApiToken
     from llmgw_core.roles import OPERATOR
@@ -62,7 +62,7 @@ def main() -> None:
 
     _, secret = JoinToken.issue("bench")
     # A card per model: each keeps its replica (no agent is here to stop one).
-    services.join(secret, "bench-node", inventory([H100] * args.n, hostname="bench-node"))
+    agentjoin.join(secret, "bench-node", inventory([H100] * args.n, hostname="bench-node"))
     user = User.objects.create_user("bench-operator", password="x", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
     _, token = ApiToken.issue(user, "bench")

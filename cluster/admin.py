@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from cluster import services
+from cluster import agentjoin, services
 from cluster.models import Node, Quota
 from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
@@ -45,7 +45,7 @@ class NodeAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def release(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         names = []
         for node in queryset:
-            services.release(node, request.user.get_username())
+            agentjoin.release(node, request.user.get_username())
             services.log_action(
                 request.user, "release", f"node {node.name}",
                 "node token dropped; the next join takes it", "admin",

@@ -63,7 +63,7 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     desired_version = models.BigIntegerField(default=1)
     # The digest of the inventory these fields and the cards were last set from
-    # (cluster.services.inventory_digest). A heartbeat carrying the same inventory then only
+    # (cluster.agentinput.inventory_digest). A heartbeat carrying the same inventory then only
     # stamps last_heartbeat; any other writer of the inventory's fields must clear it.
     inventory_digest = models.CharField(max_length=64, blank=True, editable=False)
     # What each card uses, as its last heartbeat said (docs/agent-protocol.md, cards_use):

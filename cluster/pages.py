@@ -22,7 +22,7 @@ from catalog import rules
 from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
-from cluster import nodepage, placement, replace, services
+from cluster import agentinput, nodepage, placement, replace, services
 from cluster.models import Node, Replica
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
@@ -112,7 +112,7 @@ def model_wake(request: HtmxHttpRequest, name: str) -> HttpResponse:
     scaled to zero is started now (logged with who did it)."""
     try:
         services.demand(name)
-    except services.AgentError as exc:
+    except agentinput.AgentError as exc:
         raise Http404(str(exc)) from exc
     services.log_action(request.user, "wake", f"model {name}", "demand recorded", "console")
     messages.success(

@@ -14,7 +14,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from cluster import live, services
+from cluster import agentinput, agentjoin, live, services
 from cluster.live import render_model, render_node
 from cluster.models import Node, Replica
 from cluster.replace import DrainRefused
@@ -56,7 +56,7 @@ def node_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
             return _drain_refused(request, node, exc)
         services.log_action(request.user, "drain", f"node {node.name}", done.summary, "console")
     elif action == "release":
-        services.release(node, request.user.get_username())
+        agentjoin.release(node, request.user.get_username())
         services.log_action(
             request.user, "release", f"node {node.name}",
             "node token dropped; the next join takes it", "console",
@@ -129,7 +129,7 @@ def model_roll(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Roll a model's outdated replicas (new ready before old stops); answer with its fragment."""
     try:
         started = services.roll(name)
-    except services.AgentError as exc:
+    except agentinput.AgentError as exc:
         raise Http404(str(exc)) from exc
     services.log_action(request.user, "roll", f"model {name}", f"replacements {started}", "console")
     return HttpResponse(render_model(live.model_row(name), True, name))

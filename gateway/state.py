@@ -473,7 +473,8 @@ def _note_failure(part: str) -> None:
 
 def record_demand_in_db(model: str) -> None:
     """Note that ``model`` was asked for: the reconciler starts it if it is scaled to zero."""
-    from cluster.services import AgentError, demand
+    from cluster.agentinput import AgentError
+    from cluster.services import demand
 
     with contextlib.suppress(AgentError):  # deleted since: nothing to start
         demand(model)

@@ -224,7 +224,7 @@ def start_agents(nodes: Sequence[SimNode], host: str, port: int, data_dir: Path)
     Their engines stop when this process exits (``atexit``), as the local agent's do.
     """
     from agent.main import Agent, build_parser
-    from cluster import services
+    from cluster import agentjoin
     from cluster.models import JoinToken
 
     server = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -236,7 +236,7 @@ def start_agents(nodes: Sequence[SimNode], host: str, port: int, data_dir: Path)
         if not (state / "node_token").exists():
             _, join = JoinToken.issue(f"simulated node {node.name}", max_uses=1)
             # Its state folder was removed: the node of that name is this one's to take.
-            services.reclaim(node.name, "serve (simulated nodes)")
+            agentjoin.reclaim(node.name, "serve (simulated nodes)")
         args = build_parser().parse_args(
             [
                 "--server", server, "--name", node.name, "--state-dir", str(state),

@@ -43,7 +43,7 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 def _node(request: HttpRequest) -> Any:
     """Return the node a request's node token speaks for, or None."""
-    from cluster.services import node_for_token
+    from cluster.agentjoin import node_for_token
 
     parts = request.headers.get("Authorization", "").split()
     if len(parts) != 2 or parts[0].lower() != "bearer":

@@ -6,7 +6,7 @@ Django each paid for the middleware chain (WhiteNoise's is sync-only, so every r
 hopped into a thread made for it), DRF's request, negotiation and authentication, and a
 pooled connection held until the answer had been sent; and those threads' work stalled the
 event loop that also holds the consoles' websockets. Here a call costs reading the body,
-one JSON parse and the service's own queries (cluster.services.heartbeat_by_token: one
+one JSON parse and the service's own queries (cluster.agentbeat.heartbeat_by_token: one
 UPDATE for an unchanged inventory; node_for_token and desired_list), run on a small pool
 of threads of its own, which also caps the database connections they take from the
 process's pool.
@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
-from cluster import services
+from cluster import agentbeat, agentinput, agentjoin
 from cluster.address import peer_address
 from llmgw_core import lean
 from llmgw_core.lean import ASGIApp, Receive, Scope, Send
@@ -53,7 +53,7 @@ def _on_pool(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     def run(*args: Any) -> Any:
         try:
             return function(*args)
-        except services.AgentError:
+        except agentinput.AgentError:
             return None  # Django answers it, with the view's words.
         finally:
             # Back to the pool after each call (the pool is shared with Django); a broken
@@ -74,16 +74,16 @@ def _heartbeat(secret: str, body: bytes, address: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("inventory"), dict):
         return None
     try:
-        beat = services.heartbeat_by_token(secret, data["inventory"], address)
-    except services.AgentError:
+        beat = agentbeat.heartbeat_by_token(secret, data["inventory"], address)
+    except agentinput.AgentError:
         return None  # a bad inventory: the view refuses it, saying what is wrong
     return beat.answer() if beat else None
 
 
 @_on_pool
 def _desired(secret: str, body: bytes, address: str) -> dict[str, Any] | None:
-    node = services.node_for_token(secret)
-    return services.desired_list(node) if node else None
+    node = agentjoin.node_for_token(secret)
+    return agentbeat.desired_list(node) if node else None
 
 
 ROUTES = {("POST", HEARTBEAT): _heartbeat, ("GET", DESIRED): _desired}

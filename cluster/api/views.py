@@ -22,7 +22,7 @@ from rest_framework.response import Response
 
 from catalog import rules
 from catalog.services import stored_specs
-from cluster import nodepage, services, tenancy
+from cluster import agentbeat, agentinput, agentjoin, agentreport, nodepage, services, tenancy
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -127,7 +127,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
     @action(detail=True, methods=["post"])
     def release(self, request: Request, name: str) -> Response:
         """Let the next join under this name take the node; its node token stops working."""
-        node = services.release(self.get_object(), request.user.get_username())
+        node = agentjoin.release(self.get_object(), request.user.get_username())
         _log(request, "release", f"node {name}", "node token dropped; the next join takes it")
         return Response(NodeSerializer(node, context=self.get_serializer_context()).data)
 
@@ -143,8 +143,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
                 status=400,
             )
         try:
-            node = services.allow_address(self.get_object(), value)
-        except services.AgentError as exc:
+            node = agentjoin.allow_address(self.get_object(), value)
+        except agentinput.AgentError as exc:
             return Response(
                 {"detail": str(exc), "errors": {"address": [str(exc)]}}, status=exc.status
             )
@@ -355,7 +355,7 @@ def roll_model(request: Request, name: str) -> Response:
     """Start replacements for outdated replicas; old ones stop once the new are ready."""
     try:
         started = services.roll(name)
-    except services.AgentError as exc:
+    except agentinput.AgentError as exc:
         return Response({"detail": str(exc)}, status=exc.status)
     _log(request, "roll", f"model {name}", f"replacements {started}")
     return Response({"model": name, "replacements": started}, status=status.HTTP_202_ACCEPTED)
@@ -371,7 +371,7 @@ def demand_model(request: Request, name: str) -> Response:
     """Record demand for a model; an on-demand model is started for it."""
     try:
         d = services.demand(name)
-    except services.AgentError as exc:
+    except agentinput.AgentError as exc:
         return Response({"detail": str(exc)}, status=exc.status)
     return Response({"model": name, "last_demand": d.last_demand}, status=status.HTTP_202_ACCEPTED)
 
@@ -443,7 +443,7 @@ class NodeTokenAuthentication(BaseAuthentication):
         parts = get_authorization_header(request).decode(errors="replace").split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
             raise AuthenticationFailed("send the node token: Authorization: Bearer llmgw_node_...")
-        node = services.node_for_token(parts[1])
+        node = agentjoin.node_for_token(parts[1])
         if node is None:
             raise AuthenticationFailed("unknown node token: join again with a join token")
         return None, node
@@ -469,7 +469,7 @@ class IsAgent(BasePermission):
         return isinstance(request.auth, Node)
 
 
-def _agent_error(exc: services.AgentError) -> Response:
+def _agent_error(exc: agentinput.AgentError) -> Response:
     return Response({"detail": str(exc)}, status=exc.status)
 
 
@@ -496,14 +496,14 @@ def agent_join(request: Request) -> Response:
     parts = get_authorization_header(request).decode(errors="replace").split()
     node_token = parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
     try:
-        node, secret = services.join(
+        node, secret = agentjoin.join(
             data.get("token"),
             data.get("name"),
             data.get("inventory"),
             node_token=node_token,
             address=_peer(request),
         )
-    except services.AgentError as exc:
+    except agentinput.AgentError as exc:
         return _agent_error(exc)
     return Response({"node": node.name, "node_token": secret}, status=status.HTTP_201_CREATED)
 
@@ -520,8 +520,8 @@ def agent_heartbeat(request: Request) -> Response:
     """
     data = request.data if isinstance(request.data, dict) else {}
     try:
-        node = services.heartbeat(request.auth, data.get("inventory"), _peer(request))
-    except services.AgentError as exc:
+        node = agentbeat.heartbeat(request.auth, data.get("inventory"), _peer(request))
+    except agentinput.AgentError as exc:
         return _agent_error(exc)
     return Response(
         {
@@ -538,7 +538,7 @@ def agent_heartbeat(request: Request) -> Response:
 @permission_classes([IsAgent])
 def agent_desired(request: Request) -> Response:
     """Answer the replicas this node should run now (as cluster.api.lean does, mostly)."""
-    return Response(services.desired_list(request.auth))
+    return Response(agentbeat.desired_list(request.auth))
 
 
 @extend_schema(summary="Report replica states (agents)", request=dict, responses=dict)
@@ -549,7 +549,7 @@ def agent_report(request: Request) -> Response:
     """Apply state reports for this node's replicas."""
     data = request.data if isinstance(request.data, dict) else {}
     try:
-        n = services.report(request.auth, data.get("reports"))
-    except services.AgentError as exc:
+        n = agentreport.report(request.auth, data.get("reports"))
+    except agentinput.AgentError as exc:
         return _agent_error(exc)
     return Response({"accepted": n})

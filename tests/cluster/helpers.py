@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import services
+from cluster import agentjoin
 from cluster.models import JoinToken, Node
 
 
@@ -31,4 +31,4 @@ def inventory(cards: list[str] | None = None, **extra: Any) -> dict[str, Any]:
 def join_node(name: str, cards: list[str] | None = None, **extra: Any) -> tuple[Node, str]:
     """Join a node with a fresh join token; return it and its node token."""
     _, secret = JoinToken.issue(f"for {name}")
-    return services.join(secret, name, inventory(cards, hostname=name, **extra))
+    return agentjoin.join(secret, name, inventory(cards, hostname=name, **extra))

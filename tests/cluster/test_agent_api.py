@@ -11,7 +11,7 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from cluster import reconciler, services
+from cluster import agentbeat, agentinput, agentreport, reconciler, services
 from cluster.choices import NodeHealth
 from cluster.models import Assignment, Card, JoinToken, Node, Replica
 from tests.catalog.samples import gpu_model, store
@@ -461,22 +461,22 @@ def test_unchanged_inventory_costs_one_query_and_a_changed_one_is_read() -> None
     _, token = join_node("gpu-1", [H100])
     same = inventory([H100], hostname="gpu-1")
     with CaptureQueriesContext(connection) as q:
-        assert services.heartbeat_by_token(token, {**same, "disk_free_mb": 7}) is not None
+        assert agentbeat.heartbeat_by_token(token, {**same, "disk_free_mb": 7}) is not None
     assert len(q) == 1
     assert Node.objects.get().disk_free_mb == 7
     with CaptureQueriesContext(connection) as q:
-        services.heartbeat_by_token(token, inventory([H100, H100], hostname="gpu-1"))
+        agentbeat.heartbeat_by_token(token, inventory([H100, H100], hostname="gpu-1"))
     assert len(q) > 1 and Card.objects.count() == 2
-    assert services.heartbeat_by_token("llmgw_node_nobody", same) is None
-    with pytest.raises(services.AgentError, match="must be a list"):
-        services.heartbeat_by_token(token, {**same, "cards": "many"})
+    assert agentbeat.heartbeat_by_token("llmgw_node_nobody", same) is None
+    with pytest.raises(agentinput.AgentError, match="must be a list"):
+        agentbeat.heartbeat_by_token(token, {**same, "cards": "many"})
 
 
 def test_inventory_digest_ignores_order_and_free_disk_only() -> None:
     inv = inventory([H100, A100], hostname="gpu-1")
-    digest = services.inventory_digest(inv)
-    assert services.inventory_digest(dict(reversed(list(inv.items())))) == digest
-    assert services.inventory_digest({**inv, "disk_free_mb": 1}) == digest
+    digest = agentinput.inventory_digest(inv)
+    assert agentinput.inventory_digest(dict(reversed(list(inv.items())))) == digest
+    assert agentinput.inventory_digest({**inv, "disk_free_mb": 1}) == digest
     for change in (
         {"cards": inv["cards"][:1]},
         {"engines": {"vllm": "0.12.0"}},
@@ -486,8 +486,8 @@ def test_inventory_digest_ignores_order_and_free_disk_only() -> None:
         {"cpu_cores": 1},
         {"simulated": True},
     ):
-        assert services.inventory_digest({**inv, **change}) != digest, change
-    assert services.inventory_digest("cards") == ""
+        assert agentinput.inventory_digest({**inv, **change}) != digest, change
+    assert agentinput.inventory_digest("cards") == ""
 
 
 @lean
@@ -552,8 +552,8 @@ def test_a_reported_engine_log_is_kept_bounded_masked_and_shown_to_operators_onl
     body = {"reports": [{"replica": rid, "state": "failed", "reason": "exited", "log": lines}]}
     assert client.post("/api/v1/agent/report", body, format="json").status_code == 200
     kept = Assignment.objects.get(replica_id=rid).log
-    assert len(kept) == services.LOG_LINES and kept[-3] == "line 99"
-    assert kept[-2] == "Traceback: key [secret]" and len(kept[-1]) == services.LOG_LINE_CHARS
+    assert len(kept) == agentreport.LOG_LINES and kept[-3] == "line 99"
+    assert kept[-2] == "Traceback: key [secret]" and len(kept[-1]) == agentreport.LOG_LINE_CHARS
 
     r = api_for(operator).get(f"/api/v1/cluster/replicas/{rid}/log/")
     assert r.status_code == 200, r.content

@@ -1,7 +1,7 @@
 """Rolls, drains and restarts through the reconciler and the database, agents reporting.
 
 Each replica's engine is played by its node's agent reporting through the real report
-service (``cluster.services.report``): "ready" once placed, "stopped" once it is told to
+service (``cluster.agentreport.report``): "ready" once placed, "stopped" once it is told to
 stop, as an agent does.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
-from cluster import live, reconciler, services
+from cluster import agentbeat, agentreport, live, reconciler, services
 from cluster.models import Assignment, ClusterAction, Node, Replica
 from cluster.replace import DrainRefused
 from tests.catalog.samples import gpu_model, store
@@ -49,7 +49,7 @@ def agents_report(ready: bool = True) -> None:
             elif ready and a.state != "ready":
                 reports.append({"replica": a.replica_id, "state": "ready", "port": 9000 + a.pk})
         if reports:
-            services.report(node, reports)
+            agentreport.report(node, reports)
 
 
 def edit_profile(name: str) -> None:
@@ -181,7 +181,7 @@ def test_a_restart_runs_and_shows_the_current_definition() -> None:
     assert marks[r.pk] is False and list(marks.values()).count(True) == 1
     # What the agent is told to run is that same current definition.
     node = r.assignments.get().node
-    (desired,) = [x for x in services.desired_list(node)["replicas"] if x["id"] == r.pk]
+    (desired,) = [x for x in agentbeat.desired_list(node)["replicas"] if x["id"] == r.pk]
     assert "--enforce-eager" in desired["args"]
     assert desired["fingerprint"] == Replica.objects.get(pk=r.pk).fingerprint
 

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cluster import live, load, reconciler, services
+from cluster import agentbeat, agentreport, live, load, reconciler, services
 from cluster.models import ModelScale, Node, Replica
 from gateway.traffic import EDGES_MS
 from tests.catalog.samples import gpu_model, store
@@ -182,13 +182,13 @@ def agent_says_ready() -> None:
     from cluster.models import Assignment
 
     for node in Node.objects.all():
-        listed = {r["id"] for r in services.desired_list(node)["replicas"]}
+        listed = {r["id"] for r in agentbeat.desired_list(node)["replicas"]}
         reports = [
             {"replica": a.replica_id, "state": "ready", "port": 9000 + a.pk}
             for a in Assignment.objects.filter(node=node, replica_id__in=listed)
         ]
         if reports:
-            services.report(node, reports)
+            agentreport.report(node, reports)
 
 
 def test_a_serving_replica_scaled_down_drains_before_its_engine_stops(settings: Any) -> None:
@@ -218,16 +218,16 @@ def test_a_serving_replica_scaled_down_drains_before_its_engine_stops(settings: 
     assert set(table.pools["chat"].endpoints) == {
         r.pk for r in Replica.objects.filter(desired=True)
     }
-    listed = {r["id"] for r in services.desired_list(node)["replicas"]}
+    listed = {r["id"] for r in agentbeat.desired_list(node)["replicas"]}
     assert gone.pk in listed
     agent_says_ready()
     gone.refresh_from_db()
     assert gone.state == "stopping" and gone.drain_until is not None
     tick(UP + 3 + DOWN + 19)
-    assert gone.pk in {r["id"] for r in services.desired_list(node)["replicas"]}
+    assert gone.pk in {r["id"] for r in agentbeat.desired_list(node)["replicas"]}
     # The grace over: off the list, so its agent stops the engine.
     tick(UP + 3 + DOWN + 20)
-    assert gone.pk not in {r["id"] for r in services.desired_list(node)["replicas"]}
+    assert gone.pk not in {r["id"] for r in agentbeat.desired_list(node)["replicas"]}
     gone.refresh_from_db()
     assert gone.drain_until is None and not gone.desired
 
@@ -246,7 +246,7 @@ def test_a_replica_that_never_served_stops_at_once(settings: Any) -> None:
     gone = Replica.objects.get(model_name="chat", desired=False)
     assert gone.drain_until is None
     assert not gone.reason.startswith("draining")
-    assert gone.pk not in {r["id"] for r in services.desired_list(node)["replicas"]}
+    assert gone.pk not in {r["id"] for r in agentbeat.desired_list(node)["replicas"]}
 
 
 def test_a_model_under_load_is_pushed_when_its_reason_says_something_new(

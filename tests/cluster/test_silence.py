@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import marks, reconciler, services
+from cluster import agentbeat, marks, reconciler
 from cluster.models import Assignment, Node
 from cluster.silence import MASS_SILENCE, Silence, judge
 from tests.catalog.samples import gpu_model, store
@@ -181,7 +181,7 @@ def test_one_silent_node_among_heard_ones_is_still_lost(four_nodes: dict[str, st
 def test_a_held_node_comes_back_ready_with_its_first_heartbeat(four_nodes: dict[str, str]) -> None:
     reconciler.tick(T + timedelta(seconds=40))
     assert Node.objects.get(name="a").health == "not_ready"
-    services.heartbeat_by_token(four_nodes["a"], inventory([H100] * 2, hostname="a"))
+    agentbeat.heartbeat_by_token(four_nodes["a"], inventory([H100] * 2, hostname="a"))
     node = Node.objects.get(name="a")
     assert (node.health, node.reason) == ("ready", "")
     assert Assignment.objects.filter(node=node).count() == 1

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.durations import DurationError, parse_duration
-from cluster import marks, reconciler, services
+from cluster import agentinput, agentjoin, marks, reconciler, services
 from cluster.models import JoinToken, Node, Replica
 
 
@@ -165,7 +165,7 @@ class Command(BaseCommand):
             raise CommandError(f"no node {options['name']!r}: see manage.py cluster status")
         who = SimpleNamespace(username=f"{getpass.getuser()}@{socket.gethostname()}", pk=None)
         if options["node_action"] == "release":
-            services.release(node, who.username)
+            agentjoin.release(node, who.username)
             services.log_action(
                 who, "release", f"node {node.name}", "node token dropped; the next join takes it",
                 "cli",
@@ -176,8 +176,8 @@ class Command(BaseCommand):
             )
             return
         try:
-            node = services.allow_address(node, options["address"])
-        except services.AgentError as exc:
+            node = agentjoin.allow_address(node, options["address"])
+        except agentinput.AgentError as exc:
             raise CommandError(str(exc)) from None
         services.log_action(
             who, "address", f"node {node.name}",

@@ -75,7 +75,7 @@ class Command(BaseCommand):
 
     def _start_local_agent(self, bind: str, port: int, data_dir: Path) -> None:
         """Start this machine's agent, joined with a one-use token made for it."""
-        from cluster import services
+        from cluster import agentjoin
         from cluster.models import JoinToken
 
         state = data_dir / "agent"
@@ -84,7 +84,7 @@ class Command(BaseCommand):
             _, secret = JoinToken.issue("local agent", max_uses=1)
             env["LLMGW_JOIN_TOKEN"] = secret
             # Its state folder was removed: the node of that name is this one's to take.
-            services.reclaim(socket.gethostname(), "serve (local agent)")
+            agentjoin.reclaim(socket.gethostname(), "serve (local agent)")
         host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
         log = (data_dir / "agent.log").open("ab")  # noqa: SIM115
         proc = subprocess.Popen(

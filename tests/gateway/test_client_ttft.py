@@ -66,9 +66,11 @@ def test_a_guarded_streams_ttft_is_the_clients_with_the_engines_beside_it(
     engine_url = h.engine("e", behaviour="vllm", say="fine words here",
                           first_token_delay=0.05).url  # fmt: skip
     guard_model("judge", endpoint=judge_url)
-    store({"name": "chat", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
+    store({"name": "ttft-probe", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
-    Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
+    Replica.objects.create(
+        model_name="ttft-probe", state="ready", endpoint=engine_url, profile="sim"
+    )
     guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["answers"],
                                "fail": "closed"}, surface="cli")  # fmt: skip
     _, secret = keys.create_key("k")
@@ -81,15 +83,15 @@ def test_a_guarded_streams_ttft_is_the_clients_with_the_engines_beside_it(
     n = "llmgw_gateway_"
     try:
         h.serve([], [])
-        # The histograms are the process's: other tests' requests of a model named chat
-        # are in them, so this request's part is what changed.
-        client_before = value(n + "ttft_seconds_count", model="chat")
-        engine_before = value(n + "engine_ttft_seconds_count", model="chat")
-        under_before = value(n + "ttft_seconds_bucket", model="chat", le="0.5")
-        engine_under_before = value(n + "engine_ttft_seconds_bucket", model="chat", le="0.5")
+        # The histograms are the process's: a model of this test's own, and this request's
+        # part is what changed (another test's gateway may still be answering in this process).
+        client_before = value(n + "ttft_seconds_count", model="ttft-probe")
+        engine_before = value(n + "engine_ttft_seconds_count", model="ttft-probe")
+        under_before = value(n + "ttft_seconds_bucket", model="ttft-probe", le="0.5")
+        engine_under_before = value(n + "engine_ttft_seconds_bucket", model="ttft-probe", le="0.5")
         api = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=30)
         stream = api.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "hi"}], stream=True
+            model="ttft-probe", messages=[{"role": "user", "content": "hi"}], stream=True
         )
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert text == "fine words here"
@@ -101,24 +103,24 @@ def test_a_guarded_streams_ttft_is_the_clients_with_the_engines_beside_it(
         assert done.engine_ttft is not None and done.engine_ttft < done.ttft, done
 
         # /metrics: the client's TTFT in ttft_seconds, the engine's in engine_ttft_seconds.
-        assert value(n + "ttft_seconds_count", model="chat") == client_before + 1
-        assert value(n + "engine_ttft_seconds_count", model="chat") == engine_before + 1
+        assert value(n + "ttft_seconds_count", model="ttft-probe") == client_before + 1
+        assert value(n + "engine_ttft_seconds_count", model="ttft-probe") == engine_before + 1
         # The engine's first token came under 0.5 s; the client's, after the judge, did not.
-        engine_under = value(n + "engine_ttft_seconds_bucket", model="chat", le="0.5")
+        engine_under = value(n + "engine_ttft_seconds_bucket", model="ttft-probe", le="0.5")
         assert engine_under == engine_under_before + 1
-        assert value(n + "ttft_seconds_bucket", model="chat", le="0.5") == under_before
+        assert value(n + "ttft_seconds_bucket", model="ttft-probe", le="0.5") == under_before
 
         # The Traffic page: the client's TTFT (what an SLO is held to) and the engine's.
         items = traffic.take(int(time.time()) + 1)
         window = Window()
         window.add(items)
-        fig = window.summary(time.time() + 1)["chat"]
+        fig = window.summary(time.time() + 1)["ttft-probe"]
         assert fig["ttft_p50_ms"] >= JUDGE_TTFT * 1000, fig
         assert fig["engine_ttft_p50_ms"] < fig["ttft_p50_ms"], fig
         from gateway.live import traffic_rows
 
         html = render_to_string("gateway/partials/traffic.html",
-                                {"rows": traffic_rows({"chat": fig}), "span": 5, "ejected": []})  # fmt: skip
+                                {"rows": traffic_rows({"ttft-probe": fig}), "span": 5, "ejected": []})  # fmt: skip
         assert f'data-role="ttft-p50">≤ {fig["ttft_p50_ms"]:.0f} ms' in html, html
         assert f'data-role="engine-ttft-p50">≤ {fig["engine_ttft_p50_ms"]:.0f} ms' in html, html
     finally:

@@ -169,13 +169,10 @@ def test_bench_weights_three_to_one_and_the_router_follows(
     plane = scaling_plane
     # One card each: the first replica takes big (the higher priority), the second small.
     nodes(agents, (f"1x {H100}", f"1x {L4}"))
-    # A first token at 0.1 s alone, well inside the 600 ms slo however loaded the machine;
-    # a client past the slots waits for a whole answer (24 tokens at 20 a second), well past.
-    benched = {**SLOW, "LLMGW_SIM_TTFT": "0.1"}
     big = {"name": "big", "engine": "sim", "gpu_class": H100, "tp": 1,
-           "env": {**benched, "LLMGW_SIM_PARALLEL": "6"}, "priority": 2}  # fmt: skip
+           "env": {**SLOW, "LLMGW_SIM_PARALLEL": "6"}, "priority": 2}  # fmt: skip
     small = {"name": "small", "engine": "sim", "gpu_class": L4, "tp": 1,
-             "env": {**benched, "LLMGW_SIM_PARALLEL": "2"}, "priority": 1}  # fmt: skip
+             "env": {**SLOW, "LLMGW_SIM_PARALLEL": "2"}, "priority": 1}  # fmt: skip
     store({"name": "pair", "source": "sim/pair", "profiles": [big, small],
            "slo": {"ttft_p99": "600ms"}, "scaling": {"min": 2, "max": 2}})  # fmt: skip
     wait_for(lambda: ready("pair") == 2, 120, "two replicas of pair")

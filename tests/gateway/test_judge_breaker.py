@@ -122,7 +122,8 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     # Open: the judge is skipped, the gateway does not connect to it at all.
     state = guard_services.BREAKERS.state("judge")
     assert state.state == breaker.OPEN and state.last_kind == "timeout"
-    assert value("llmgw_guard_judge_breaker", judge="judge", state="open") == 1
+    wait_until(lambda: value("llmgw_guard_judge_breaker", judge="judge", state="open") == 1,
+               what="the gauge to say open")  # fmt: skip
     assert value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 0
     held, skipped = s.proxy.held, 0
     for _ in range(5):
@@ -142,7 +143,9 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     s.proxy.heal()
     wait_until(lambda: s.ask() and guard_services.BREAKERS.state("judge").state == breaker.CLOSED,
                timeout=30, what="the breaker closed")  # fmt: skip
-    assert value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 1
+    # The gauge is written off the request's path: it follows within moments.
+    wait_until(lambda: value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 1,
+               what="the gauge to say closed")  # fmt: skip
     assert value("llmgw_guard_judge_breaker", judge="judge", state="open") == 0
     answers = health().answers  # type: ignore[union-attr]
     s.ask()

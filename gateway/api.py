@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
@@ -194,6 +195,13 @@ class HistorySerializer(serializers.Serializer[None]):
     points = HistoryPointSerializer(many=True)
 
 
+class _OneObject(AutoSchema):
+    """The history's list route answers one object (the series), not a list of them."""
+
+    def _is_list_view(self, serializer: Any = None) -> bool:
+        return False
+
+
 class HistoryViewSet(viewsets.ViewSet):
     """Traffic over time (``gateway.history``): a model's requests, errors, refusals,
     admission holds, tokens, mean in flight and TTFT p50/p99 per point, with its scale
@@ -202,6 +210,7 @@ class HistoryViewSet(viewsets.ViewSet):
 
     read_role = VIEWER
     serializer_class = HistorySerializer
+    schema = _OneObject()
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistorySerializer)
     def list(self, request: Request) -> Response:

@@ -131,7 +131,11 @@ def read_set(
 
     data = doc.data
     if not isinstance(data, dict):
-        add((), "not_mapping", f"a set is a mapping with {', '.join(SET_KEYS)}, not {_kind(data)}")
+        add(
+            (),
+            "not_mapping",
+            f"a set is a mapping with {', '.join(SET_KEYS)}, not {describe_kind(data)}",
+        )
         return None, out
     for key in data:
         if key not in SET_KEYS:
@@ -151,7 +155,7 @@ def _read_texts(data: dict[str, Any], add: Any, doc: Any) -> list[LabelledText]:
         add((), "missing", 'no "texts": list the labelled texts under "texts:"')
         return []
     if not isinstance(items, list):
-        add(("texts",), "bad_type", f'"texts" is a list of texts, not {_kind(items)}')
+        add(("texts",), "bad_type", f'"texts" is a list of texts, not {describe_kind(items)}')
         return []
     if not items:
         add(("texts",), "empty", '"texts" is empty: list at least one labelled text')
@@ -171,7 +175,7 @@ def _read_one(
     """Return one labelled text, or None (its problems ``add``-ed); ``seen``: the texts
     (and answers) read so far, by where, so a repeated one is told."""
     if not isinstance(item, dict):
-        add(path, "bad_type", f"a text is a mapping with text and label, not {_kind(item)}")
+        add(path, "bad_type", f"a text is a mapping with text and label, not {describe_kind(item)}")
         return None
     for key in item:
         if key not in TEXT_KEYS:
@@ -226,7 +230,7 @@ def _text(
     value = data[key]
     if not isinstance(value, str):
         hint = f' (quote it: "{value}")' if isinstance(value, int | float | bool) else ""
-        add(here, "bad_type", f"{key} is text, not {_kind(value)}{hint}")
+        add(here, "bad_type", f"{key} is text, not {describe_kind(value)}{hint}")
         return None
     if not value.strip():
         if required:
@@ -239,7 +243,9 @@ def _text(
     return value.strip() if strip else value
 
 
-def _kind(value: Any) -> str:
+def describe_kind(value: Any) -> str:
+    """What a value of a file is, in words for a problem's message (the eval sets' and the
+    update suites' readers both say it this way)."""
     if value is None:
         return "empty (null)"
     if isinstance(value, bool):

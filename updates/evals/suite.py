@@ -40,6 +40,7 @@ from typing import Any
 
 from catalog import yamlfile
 from catalog.problems import PathPart, Problem
+from guard.evaluation import describe_kind
 
 SUITE_KEYS = ("name", "description", "threshold", "cases")
 CHECKS = ("exact", "number", "json_keys", "rubric")
@@ -125,7 +126,7 @@ def read_suite(
         add(
             (),
             "not_mapping",
-            f"a suite is a mapping with {', '.join(SUITE_KEYS)}, not {_kind(data)}",
+            f"a suite is a mapping with {', '.join(SUITE_KEYS)}, not {describe_kind(data)}",
         )
         return None, out
     for key in data:
@@ -141,7 +142,7 @@ def read_suite(
     threshold = data.get("threshold", DEFAULT_THRESHOLD)
     if not _fraction(threshold) or threshold == 0:
         add(("threshold",), "bad_value",
-            f"threshold is {_kind(threshold)}: write the score to pass at, above 0 up to 1")  # fmt: skip
+            f"threshold is {describe_kind(threshold)}: write the score to pass at, above 0 up to 1")  # fmt: skip
     cases: list[Case] = []
     items = data.get("cases")
     if not isinstance(items, list) or not items:
@@ -173,7 +174,11 @@ def read_suite(
 def _case(item: Any, i: int, add: Any, line: int) -> Case | None:
     path: tuple[PathPart, ...] = ("cases", i)
     if not isinstance(item, dict):
-        add(path, "bad_type", f"a case is a mapping with prompt and a check, not {_kind(item)}")
+        add(
+            path,
+            "bad_type",
+            f"a case is a mapping with prompt and a check, not {describe_kind(item)}",
+        )
         return None
     bad = False
     for key in item:
@@ -228,7 +233,7 @@ def _case(item: Any, i: int, add: Any, line: int) -> Case | None:
             or not isinstance(value, int | float)
             or not math.isfinite(value)
         ):
-            add((*path, check), "bad_type", f"number is a number, not {_kind(value)}")
+            add((*path, check), "bad_type", f"number is a number, not {describe_kind(value)}")
             return None
     else:
         if (
@@ -257,22 +262,6 @@ def _fraction(value: Any) -> bool:
         and math.isfinite(value)
         and 0 <= value <= 1
     )
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "empty (null)"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    if isinstance(value, int | float):
-        return f"{value} (a number)"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
 
 
 # Checks by code

@@ -50,7 +50,7 @@ def assert_both_read(plain: str, expected: Any) -> None:
     assert at_catalog[0] == at_guard[0] == "not text"
     # Each path says what it read in its own words; both must name the expected value.
     assert codec._describe(expected) in at_catalog[1]
-    assert f"not {ev._kind(expected)}" in at_guard[1]
+    assert f"not {ev.describe_kind(expected)}" in at_guard[1]
 
 
 @pytest.mark.parametrize(

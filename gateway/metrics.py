@@ -162,8 +162,29 @@ def scrape() -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, str(folder()))
+    registry.register(_Made(multiprocess.MultiProcessCollector, folder()))
     return visible(generate_latest(registry).decode()).encode()
+
+
+class _Made:
+    """The folder's files less those still being made: a process's new file is empty
+    from its creation until it is sized (``prometheus_client``'s ``MmapedDict``), and the
+    library's own collector fails the whole scrape on one (``struct.error``, a 500 to
+    Prometheus whenever a process started or made its first sample of a kind). An empty
+    file holds no sample yet, so leaving it out loses nothing."""
+
+    def __init__(self, collector: Any, path: Path) -> None:
+        self.collector, self.path = collector, path
+
+    def collect(self) -> Any:
+        files = []
+        for f in self.path.glob("*.db"):
+            try:
+                if f.stat().st_size >= 8:
+                    files.append(str(f))
+            except FileNotFoundError:
+                continue  # a dead process's live gauge, removed meanwhile
+        return self.collector.merge(files, accumulate=True)
 
 
 # Control characters as their Unicode pictures (U+2400 + code; DEL U+2421), the C1 ones

@@ -102,7 +102,11 @@ def test_a_guarded_streams_ttft_is_the_clients_with_the_engines_beside_it(
         # The engine's: its first token, before the verdict.
         assert done.engine_ttft is not None and done.engine_ttft < done.ttft, done
 
-        # /metrics: the client's TTFT in ttft_seconds, the engine's in engine_ttft_seconds.
+        # /metrics: the client's TTFT in ttft_seconds, the engine's in engine_ttft_seconds
+        # (the exporter hears the Done after the listener above).
+        wait_until(lambda: value(n + "ttft_seconds_count", model="ttft-probe") > client_before
+                   and value(n + "engine_ttft_seconds_count", model="ttft-probe") > engine_before,
+                   what="the request's TTFTs exported")  # fmt: skip
         assert value(n + "ttft_seconds_count", model="ttft-probe") == client_before + 1
         assert value(n + "engine_ttft_seconds_count", model="ttft-probe") == engine_before + 1
         # The engine's first token came under 0.5 s; the client's, after the judge, did not.

@@ -27,7 +27,17 @@ from tests.redisserver import start_for_run  # noqa: E402
 
 start_for_run()
 
-os.environ.setdefault("LLMGW_DATA_DIR", tempfile.mkdtemp(prefix="llmgw-test-"))
+# A data folder per test process: xdist's workers inherit the environment of the process
+# that started them, and a folder they shared mixed their metrics (one worker's scrape read
+# another's judge breaker gauge), engine logs and mirror.
+_owner = os.environ.get("PYTEST_XDIST_WORKER", "main")
+if (
+    not os.environ.get("LLMGW_DATA_DIR")
+    or os.environ.get("LLMGW_TEST_DATA_OWNER", _owner) != _owner
+):
+    os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix="llmgw-test-")
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    os.environ["LLMGW_TEST_DATA_OWNER"] = _owner
 # The registry (updates/registry.py): a closed port on loopback unless a test points it at
 # the Hub stand-in (tests/updates/hubstandin.py), so no test ever asks the real hub.
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")

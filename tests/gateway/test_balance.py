@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -69,15 +70,23 @@ def test_each_replica_draws_its_weights_share_of_many_keys_whatever_its_id(
     ids: list[int], weights: list[float]
 ) -> None:
     """Over many conversations each replica's share is within 10 % of its weight's share,
-    whatever the replicas' ids (a ring of virtual nodes gave 2.5:1 to 3.5:1 for 3:1)."""
+    whatever the replicas' ids (a ring of virtual nodes gave 2.5:1 to 3.5:1 for 3:1).
+
+    A small share of 20,000 keys is a small sample: a weight of 0.5 beside 6, 6 and 1
+    expects 741 keys, give or take 27 by chance alone. So the bound is 10 % or five of
+    those chance deviations, whichever is wider (a run in CI drew 840 there; 200,000 keys
+    drew 7,559 and 7,476 of the 7,407 expected)."""
     targets = [Target(i, w) for i, w in zip(ids, weights, strict=False)]
     ring = Ring(targets)
     keys = 20_000
     counts = Counter(pick(ring, {}, f"conversation {n}").id for n in range(keys))
     total = sum(t.capacity for t in targets)
     for t in targets:
-        expected = keys * t.capacity / total
-        assert abs(counts[t.id] - expected) <= 0.1 * expected, (t, counts, expected)
+        share = t.capacity / total
+        expected = keys * share
+        chance = math.sqrt(keys * share * (1 - share))
+        bound = max(0.1 * expected, 5 * chance)
+        assert abs(counts[t.id] - expected) <= bound, (t, counts, expected)
 
 
 def test_a_weighty_replica_keeps_its_conversations_at_a_few_in_flight() -> None:

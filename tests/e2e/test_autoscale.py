@@ -9,6 +9,7 @@ everything is waited for as an event, with generous bounds.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -208,11 +209,15 @@ def test_bench_weights_three_to_one_and_the_router_follows(
     # Prefix routing (the default) hashes each conversation to a replica in proportion to
     # the weights (rendezvous hashing), and its bounded loads let each replica hold at
     # least its weight's share of a process's few requests: the traffic follows the
-    # weights within 10 % (each replica's share of the answers against its weight's).
+    # weights within 10 % (each replica's share of the answers against its weight's), or
+    # four of chance's deviations of a share of this many conversations if that is wider
+    # (2,000 give 0.25 +- 0.0097: 10 % alone is 2.6 of them, and failed one run in CI).
     total_weight, total = sum(weights.values()), sum(done.values())
     for p in done:
         expected = weights[p] / total_weight
-        assert abs(done[p] / total - expected) <= 0.1 * expected, (weights, done)
+        chance = math.sqrt(expected * (1 - expected) / total)
+        bound = max(0.1 * expected, 4 * chance)
+        assert abs(done[p] / total - expected) <= bound, (weights, done)
 
 
 def plane_bench(plane: FaultPlane, name: str, profile: str) -> subprocess.CompletedProcess[str]:

@@ -128,6 +128,9 @@ def test_a_new_key_is_copied_by_its_copy_button(
     page.fill("#id_name", "copied-app")
     page.click("#key-form button[type=submit]")
     secret = page.locator("#key-secret").inner_text().strip()
+    # The button's script runs once the new page is parsed (a click before it did nothing: a
+    # full run on a loaded machine clicked first and waited 30 s for "Copied.").
+    page.wait_for_load_state("domcontentloaded")
     assert secret.startswith("llmgw-ck-")
     page.locator("button[data-role=copy]").click()
     page.locator("[data-role=copied]", has_text="Copied.").wait_for()
@@ -210,6 +213,9 @@ def test_a_new_join_token_is_copied_by_its_copy_button(open_page: Any, admin_use
     page.fill("#id_join-name", "rack-7")
     page.click("#join-token-form button[type=submit]")
     secret = page.locator("#token-secret").inner_text().strip()
+    # The button's script runs once the new page is parsed (a click before it did nothing: a
+    # full run on a loaded machine clicked first and waited 30 s for "Copied.").
+    page.wait_for_load_state("domcontentloaded")
     assert secret.startswith("llmgw_join_")
     page.locator("button[data-role=copy]").click()
     page.locator("[data-role=copied]", has_text="Copied.").wait_for()

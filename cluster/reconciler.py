@@ -259,6 +259,9 @@ def _wants(
             reason = f"on demand: {reason}"
         if decision.step:
             log.info("%s %s: %s", name, decision.step, reason)
+            # In the actions log (who: load scaling) and marked on the model's charts.
+            services.log_action(None, f"scaled {decision.step}", f"model {name}", reason,
+                                via="load scaling")  # fmt: skip
         _keep_scale(row, b, decision.memory, reason, now)
         wants[name] = plan.Want(decision.target, reason)
     return wants

@@ -179,7 +179,9 @@ class HistoryPointSerializer(serializers.Serializer[None]):
 
 class HistoryMarkSerializer(serializers.Serializer[None]):
     at = serializers.DateTimeField()
-    kind = serializers.CharField(help_text="scale (a replica made) or bench")
+    kind = serializers.CharField(
+        help_text="scale (a step of load scaling, with its reason), replica (a replica made) or bench"
+    )
     what = serializers.CharField()
 
 

@@ -311,15 +311,24 @@ def marks(model: str, start: dt.datetime) -> list[tuple[dt.datetime, str, str]]:
     """What happened to a model since ``start``: (when, kind, what): replicas made or
     given up (scale events), bench runs, and the points with admission holds are marked
     by ``chart`` itself."""
+    from django.db.models import Q
+
     from cluster.models import ClusterAction, Replica
 
     out: list[tuple[dt.datetime, str, str]] = []
     for r in Replica.objects.filter(model_name=model, created__gte=start).only("pk", "created"):
-        out.append((r.created, "scale", f"replica #{r.pk} made"))
+        out.append((r.created, "replica", f"replica #{r.pk} made"))
+    target = f"model {model}"
+    # Its own actions only ("model pair", "model pair profile big"; not "model pair2").
     for a in ClusterAction.objects.filter(
-        action__startswith="bench", target__contains=model, at__gte=start
-    ).only("at", "action"):
-        out.append((a.at, "bench", a.action))
+        Q(action__startswith="bench") | Q(action__startswith="scaled "),
+        Q(target=target) | Q(target__startswith=f"{target} profile "),
+        at__gte=start,
+    ).only("at", "action", "detail"):
+        if a.action.startswith("scaled "):
+            out.append((a.at, "scale", f"{a.action}: {a.detail}"))
+        else:
+            out.append((a.at, "bench", a.action))
     return sorted(out)
 
 
@@ -337,6 +346,7 @@ class Chart:
     holds: tuple[tuple[float, float, str], ...]  # (x, width, title): points with holds
     first: str
     last: str
+    quiet: bool = False  # nothing to draw: no point with a value above zero
 
 
 def chart(points: Sequence[Point], what: str, label: str,
@@ -362,12 +372,16 @@ def chart(points: Sequence[Point], what: str, label: str,
     cell = width / max(1, len(points))
     holds = tuple((round(i * width / n - cell / 2, 1), round(cell, 1), f"{p.held} held")
                   for i, p in enumerate(points) if p.held)  # fmt: skip
+    # The last point stands for its whole step (the minute going on, on the hour's chart):
+    # what happened in it is marked at the right edge, not left out.
+    end = last + (last - first) / n
     placed = tuple(
         (round(min(width, max(0.0, (at - first).total_seconds() / span * width)), 1), kind, title)
-        for at, kind, title in extra if first <= at <= last
+        for at, kind, title in extra if first <= at <= end
     )  # fmt: skip
     return Chart(width, height, " ".join(parts), top, label, placed, holds,
-                 first.strftime("%m-%d %H:%M"), last.strftime("%m-%d %H:%M"))  # fmt: skip
+                 first.strftime("%m-%d %H:%M"), last.strftime("%m-%d %H:%M"),
+                 quiet=not any(values))  # fmt: skip
 
 
 def charts_for(

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from cluster import agentbeat, agentreport, live, load, reconciler, services
-from cluster.models import ModelScale, Node, Replica
+from cluster.models import ClusterAction, ModelScale, Node, Replica
 from gateway.traffic import EDGES_MS
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
@@ -86,6 +86,15 @@ def test_up_after_the_window_held_at_max_then_down_one_at_a_time() -> None:
     load.clear()  # no gateway reports: no load
     tick(100 + 2 * DOWN)
     assert wanted("chat") == 1
+    # Each step is in the actions log, by load scaling, with its reason; a hold is not.
+    steps = list(ClusterAction.objects.order_by("at", "id").values_list(
+        "actor_name", "action", "target", "detail"))  # fmt: skip
+    assert [s[:3] for s in steps] == [
+        ("system (load scaling)", "scaled up", "model chat"),
+        ("system (load scaling)", "scaled down", "model chat"),
+        ("system (load scaling)", "scaled down", "model chat"),
+    ]
+    assert steps[0][3] == "scaled up to 3: 10 in flight over 0 replicas, capacity 4 each"
 
 
 def test_a_burst_shorter_than_the_window_adds_nothing() -> None:

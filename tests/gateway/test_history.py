@@ -114,3 +114,25 @@ def test_the_api_and_the_pages_show_the_series(viewer: Any, api_for: Any, client
     key = web.get("/gateway/history/?key=bot").content.decode()
     assert 'data-series="tokens out"' in key
     assert web.get("/gateway/history/").status_code == 400
+
+
+@pytest.mark.django_db
+def test_a_models_marks_are_its_own_scale_steps_replicas_and_bench_runs(
+    viewer: Any, api_for: Any
+) -> None:
+    from cluster import services
+
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    TrafficPoint.objects.create(resolution="minute", model="pair", at=now, requests=5)
+    services.log_action(None, "scaled up", "model pair", "scaled up to 2: 9 in flight",
+                        via="load scaling")  # fmt: skip
+    services.log_action(None, "bench done", "model pair profile big", "capacity 6")
+    services.log_action(None, "scaled up", "model pair2", "not pair's")  # another model's
+    services.log_action(None, "cordon", "model pair", "not a mark")
+    body = api_for(viewer).get("/api/v1/gateway/history/?model=pair&span=hour").json()
+    assert sorted((m["kind"], m["what"]) for m in body["marks"]) == [
+        ("bench", "bench done"),
+        ("scale", "scaled up: scaled up to 2: 9 in flight"),
+    ]
+    charts = history.charts_for(model="pair", span="hour")
+    assert {kind for _, kind, _ in charts[0].marks} == {"bench", "scale"}

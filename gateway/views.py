@@ -276,7 +276,11 @@ def history_page(request: HttpRequest) -> HttpResponse:
     if len(which) != 1:
         return render(request, "gateway/history.html",
                       {"error": "Name one of model, key or owner."}, status=400)  # fmt: skip
-    return render(request, "gateway/history.html", history_context(request, **which))
+    context = history_context(request, **which)
+    if request.htmx:  # embedded in a model's or an owner's page: the charts alone
+        return render(request, "gateway/partials/history_charts.html",
+                      {**context, "embedded": True})  # fmt: skip
+    return render(request, "gateway/history.html", context)
 
 
 # Refusal records on one page of the console's list.

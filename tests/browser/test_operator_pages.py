@@ -222,3 +222,45 @@ def test_a_new_join_token_is_copied_by_its_copy_button(open_page: Any, admin_use
     assert page.evaluate("navigator.clipboard.readText()") == secret
     fits(page)
     assert page.errors == []
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
+def test_a_models_and_an_owners_page_chart_their_traffic_in_place(
+    open_page: Any, operator: Any, viewport: dict[str, int]
+) -> None:
+    """Issue 20, item 5: charts on a model's page and an owner's page (not only links),
+    with load scaling's steps marked and a span switched in place."""
+    import datetime as dt
+
+    from cluster import services
+    from gateway.models import TrafficPoint, Usage
+
+    store(gpu_model("charted", scaling={"min": 1, "max": 2}))
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    TrafficPoint.objects.create(resolution="minute", model="charted", at=now, requests=7,
+                                tokens_out=70)  # fmt: skip
+    Usage.objects.create(minute=now, key="app", owner="team:charts", model="charted",
+                         requests=7, tokens_out=70)  # fmt: skip
+    services.log_action(None, "scaled up", "model charted", "scaled up to 2: 9 in flight",
+                        via="load scaling")  # fmt: skip
+    page = open_page(operator, "/catalog/models/charted/", viewport)
+    section = page.locator("#history-model-charted")
+    section.locator("figure[data-series=requests]").wait_for()
+    mark = section.locator("figure[data-series=requests] line.mark-scale title")
+    assert mark.text_content() == "scale: scaled up: scaled up to 2: 9 in flight"
+    # Nothing refused in the span: that chart says so rather than drawing a flat line.
+    assert (
+        section.locator("figure[data-series='TTFT p99 (ms)'] [data-role=no-traffic]").count() == 1
+    )
+    section.locator("a", has_text="hour").click()
+    page.locator("#history-model-charted strong", has_text="hour").wait_for()
+    assert page.url.endswith("/catalog/models/charted/")  # switched in place
+    fits(page)
+    assert page.errors == []
+
+    owner = open_page(operator, "/cluster/owners/team:charts/", viewport)
+    charts = owner.locator("#history-owner-team-charts")
+    charts.locator("figure[data-series=requests]").wait_for()
+    assert charts.locator("figure[data-series='tokens out'] [data-role=no-traffic]").count() == 0
+    fits(owner)
+    assert owner.errors == []

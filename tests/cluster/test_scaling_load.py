@@ -145,3 +145,41 @@ def test_in_flight_is_the_mean_of_the_last_seconds_samples(settings: object) -> 
     writer.sample(now=101.5 + SMOOTH)  # the older ones are forgotten
     assert writer.smoothed() == {"chat": 2.0}
     assert load.total([writer.report([])])["chat"].in_flight == 2.0
+
+
+def test_a_hung_redis_fails_writes_and_reads_in_time_and_they_resume_after(
+    settings: object,
+) -> None:
+    """Redis hung (connections accepted, no byte answered), then back, through a proxy:
+    the gateway's writer counts its failures and returns each second, the reconciler's
+    read says Unavailable (it holds every target: test_scaling_reconciler), and both
+    work again once Redis answers, without a restart."""
+    from urllib.parse import urlsplit
+
+    from tests.faultproxy import fault_proxy
+
+    target = urlsplit(redis_url(12))
+    Redis.from_url(redis_url(12)).flushdb()
+    settings.LLMGW_REDIS_TIMEOUT_MS = 200  # type: ignore[attr-defined]
+    gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={}),
+                                                    _waiters={"cold": [object()]}),
+                              in_flight={})  # fmt: skip
+    writer = LoadReport(gateway, "hung:1")
+    with fault_proxy((target.hostname, target.port)) as proxy:
+        settings.REDIS_URL = f"redis://{proxy.address}/12"  # type: ignore[attr-defined]
+        load._client = None
+        try:
+            writer.tick([])
+            assert writer.failures == 0 and load.read()["cold"].waiting == 1
+            proxy.hang()
+            writer.tick([])
+            assert writer.failures == 1
+            with pytest.raises(load.Unavailable, match="Redis did not answer"):
+                load.read()
+            proxy.heal()
+            gateway.state._waiters["cold"].append(object())
+            writer.tick([])
+            assert writer.failures == 1
+            assert load.read()["cold"].waiting == 2
+        finally:
+            load._client = None

@@ -46,13 +46,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from cluster.scaling import quantile_ms
 from gateway.observe import Done
 from gateway.observe import Listener as _Listener
 
 BANDS = ("high", "normal", "low")  # top first
 DEFAULT_BAND = "normal"
 RANK = {b: i for i, b in enumerate(BANDS)}
-# Histogram edges in ms (gateway.traffic's, so both read the same percentiles).
+# Histogram edges in ms, the last bucket everything above: the gateway's one set
+# (gateway.traffic, cluster.load and the traffic history read these).
 EDGES_MS = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000,
             5000, 10000, 30000, 60000)  # fmt: skip
 WINDOW = 10.0
@@ -86,17 +88,9 @@ def bucket(ms: float) -> int:
 
 def quantile(counts: list[int], q: float) -> float | None:
     """The upper edge (ms) of the bucket holding quantile ``q``; None with no sample;
-    ``inf`` past the last edge (never optimistic)."""
-    total = sum(counts)
-    if not total:
-        return None
-    rank = q * total
-    seen = 0
-    for i, c in enumerate(counts):
-        seen += c
-        if seen >= rank and c:
-            return float(EDGES_MS[i]) if i < len(EDGES_MS) else float("inf")
-    return float("inf")
+    ``inf`` past the last edge (never optimistic): ``cluster.scaling.quantile_ms`` on
+    these edges, the one reading of the gateway's histograms."""
+    return quantile_ms(EDGES_MS, counts, q)
 
 
 def lower(band: str) -> bool:

@@ -42,29 +42,22 @@ import os
 import socket
 import threading
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import admission
+from gateway.admission import EDGES_MS, bucket, quantile  # the histograms' one reading
 from gateway.observe import Done, Listener
 
 log = logging.getLogger(__name__)
 
 GROUP = "gateway.traffic"
 TYPE = "gateway.traffic_changed"
-# Histogram edges in milliseconds; the last bucket is everything above.
-EDGES_MS = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000,
-            5000, 10000, 30000, 60000)  # fmt: skip
 SPAN = 5  # seconds the console's figures cover
 KEEP = 15  # seconds a web process keeps
 MAX_MODELS = 100  # a process publishes at most this many models a second (one datagram)
 
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_refused", default=False)
-
-
-def _bucket(ms: float) -> int:
-    return bisect_left(EDGES_MS, ms)
 
 
 @dataclass
@@ -130,12 +123,12 @@ class Traffic(Listener):
                 b.errors += 1
             b.tokens_out += done.tokens_out
             if done.ttft is not None and done.status == 200:
-                b.ttft[_bucket(done.ttft * 1000)] += 1
+                b.ttft[bucket(done.ttft * 1000)] += 1
                 if done.engine_ttft is not None:
-                    b.engine_ttft[_bucket(done.engine_ttft * 1000)] += 1
+                    b.engine_ttft[bucket(done.engine_ttft * 1000)] += 1
                 if done.stream and done.tokens_out > 1:
                     per = (done.seconds - done.ttft) * 1000 / (done.tokens_out - 1)
-                    b.tpot[_bucket(per)] += 1
+                    b.tpot[bucket(per)] += 1
 
     def take(self, before: int) -> list[dict[str, Any]]:
         """The finished seconds (before ``before``) as the event carries them."""
@@ -329,21 +322,6 @@ def _well_formed(item: dict[str, Any]) -> bool:
             for k in ("ttft", "tpot", *(("engine_ttft",) if "engine_ttft" in item else ()))
         )
     )
-
-
-def quantile(counts: list[int], q: float) -> float | None:
-    """The upper edge (ms) of the bucket holding quantile ``q``; None with no sample;
-    ``inf`` past the last edge."""
-    total = sum(counts)
-    if not total:
-        return None
-    rank = q * total
-    seen = 0
-    for i, c in enumerate(counts):
-        seen += c
-        if seen >= rank and c:
-            return float(EDGES_MS[i]) if i < len(EDGES_MS) else float("inf")
-    return float("inf")
 
 
 def slo_verdict(p99_ms: float | None, slo_ns: int) -> str:

@@ -26,12 +26,12 @@ from catalog.choices import Surface
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 from updates import flow, run
-from updates.models import Fetch, UpdateRun
+from updates.models import ACTIVE, Fetch, FetchState, UpdateRun
 
 # What the page's state filter offers, in the order a model goes through them.
 STATES = (
-    "current", "available", "checking", "fetching", "candidate", "evaluating", "canary", "ready",
-    "promoted", "failed",
+    "unchecked", "current", "available", "checking", "fetching", "candidate", "evaluating",
+    "canary", "ready", "promoted", "failed",
 )  # fmt: skip
 # Seconds between the table's own refreshes: the live view asks for it at once when a
 # model changes (updates.flowviews.region_poke); this is the net under it.
@@ -71,6 +71,8 @@ def state_of(r: UpdateRun | None, check_state: str = "", checking: bool = False)
         return "failed"
     if r is not None and r.state == "promoted" and check_state != "available":
         return "promoted"
+    if r is None and not check_state:
+        return "unchecked"  # never checked nor updated: not known to be current
     return "current"
 
 
@@ -104,6 +106,11 @@ def rows(name: str = "", state: str = "") -> list[Row]:
         f.pk: f
         for f in Fetch.objects.filter(pk__in=[r.fetch_id for r in last.values() if r.fetch_id])
     }
+    # The newest fetch of each model with no update nor check: the mirror's first fetch.
+    first_fetches: dict[str, Fetch] = {}
+    bare = [n for n in names if n not in last and n not in checks]
+    for f in Fetch.objects.filter(model__in=bare).order_by("model", "-id"):
+        first_fetches.setdefault(f.model, f)
     out = []
     for m in specs:
         r = last.get(m.name)
@@ -121,8 +128,32 @@ def rows(name: str = "", state: str = "") -> list[Row]:
             f = fetches.get(r.fetch_id or 0)
             if f is not None and f.fraction is not None:
                 row.percent = round(100 * f.fraction)
+        if row.state == "unchecked":
+            _unchecked(row, m, first_fetches.get(m.name))
         out.append(row)
     return [row for row in out if not state or row.state == state]
+
+
+def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
+    """Say what a model never checked nor updated is waiting for: its first fetch into the
+    mirror (under way, or failed with why), or nothing to mirror at all."""
+    from updates import registry
+
+    if fetch is not None and fetch.state in ACTIVE:
+        row.state = "fetching"
+        row.line = f"the mirror fetches its weights ({fetch.source})"
+        if fetch.fraction is not None:
+            row.percent = round(100 * fetch.fraction)
+    elif fetch is not None and fetch.state == FetchState.FAILED:
+        row.state = "failed"
+        row.line = f"the mirror could not fetch its weights: {fetch.reason}"
+    elif fetch is not None and fetch.state == FetchState.DONE:
+        row.state = "current"  # what the registry had when the mirror fetched it
+        row.line = f"as fetched at {fetch.commit[:12] or fetch.revision}; not checked since"
+    elif why := registry.mirrored(m.source):
+        row.line = f"no registry to check: {why}"
+    else:
+        row.line = "not checked yet: its origin is written when the mirror first fetches it"
 
 
 @role_required(VIEWER)

@@ -123,3 +123,37 @@ def test_the_update_runs_admin_cancels_in_bulk_for_operators(
         follow=True,
     )  # fmt: skip
     assert "no update of &quot;chat&quot; is running" in again.content.decode()
+
+
+def test_a_model_never_checked_is_not_called_current(
+    hub: Any, client_for: Any, viewer: Any
+) -> None:
+    """The first start's walk found every model "current", the baseline judge too while
+    the mirror failed to fetch its weights: a state no check had said."""
+    from tests.catalog.samples import gpu_model, store
+    from updates import mirror
+
+    hub.commit("org/fetched", {"model.safetensors": b"w" * 100})
+    for name in ("fetched", "never", "broken", "sim-only", "under-way"):
+        source = {"sim-only": "./weights/local", "broken": "org/gone"}.get(name, f"org/{name}")
+        store(gpu_model(name, source=source))
+    done = mirror.request_fetch("fetched", start=False)
+    assert mirror.run_fetch(done.pk).state == "done"
+    failed = mirror.request_fetch("broken", start=False)
+    assert mirror.run_fetch(failed.pk).state == "failed"
+    mirror.request_fetch("under-way", start=False)  # queued: the worker has not taken it
+    rows = {row.model: row for row in flowviews.rows()}
+    assert (rows["never"].state, rows["never"].line) == (
+        "unchecked",
+        "not checked yet: its origin is written when the mirror first fetches it",
+    )
+    assert rows["sim-only"].state == "unchecked"
+    assert rows["sim-only"].line.startswith("no registry to check: source ./weights/local is not")
+    assert rows["broken"].state == "failed"
+    assert rows["broken"].line.startswith("the mirror could not fetch its weights: org/gone")
+    assert rows["under-way"].state == "fetching"
+    assert rows["fetched"].state == "current"
+    assert rows["fetched"].line.startswith("as fetched at ")
+    page = client_for(viewer).get("/updates/?state=unchecked").content.decode()
+    assert 'data-model="never" data-state="unchecked"' in page
+    assert 'data-model="fetched"' not in page

@@ -421,10 +421,15 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     # channels-redis logs a traceback a second while Redis is away: a line a minute instead.
-    "filters": {"layer_away": {"()": "llmgw_admin.hub.LayerAway"}},
+    "filters": {
+        "layer_away": {"()": "llmgw_admin.hub.LayerAway"},
+        "agent_answers": {"()": "llmgw_admin.logfilters.AgentAnswers"},
+    },
     # httpx logs every request at INFO: one line per judge call and per agent call.
     "loggers": {
         "httpx": {"level": "WARNING"},
         "channels_redis.pubsub": {"filters": ["layer_away"]},
+        # An agent's ordinary 404 and 409 from the mirror's API are not warnings.
+        "django.request": {"filters": ["agent_answers"]},
     },
 }

@@ -25,8 +25,7 @@ from urllib.parse import quote
 
 import httpx
 
-from agent import weights
-from agent.sha import BackgroundSha256
+from agent import transfer, weights
 from agent.state import write_atomic
 
 VERIFIED = ".llmgw-verified.json"
@@ -60,16 +59,18 @@ class MirrorClient:
         self._token = token
         self.folder = Path(weights_dir) / "mirror"
         self.timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
+        self.timeout_s = timeout_s
         self.poll_s = poll_s
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def _client(self) -> httpx.Client:
+    def _headers(self) -> dict[str, str]:
         token = self._token() if callable(self._token) else self._token
+        return {"Authorization": f"Bearer {token or ''}", "User-Agent": "llmgw-agent"}
+
+    def _client(self, headers: dict[str, str]) -> httpx.Client:
         return httpx.Client(
-            base_url=self.server,
-            timeout=self.timeout,
-            headers={"Authorization": f"Bearer {token or ''}", "User-Agent": "llmgw-agent"},
+            base_url=self.server, timeout=self.timeout, headers=headers, verify=transfer.tls()
         )
 
     def fetch(
@@ -95,13 +96,14 @@ class MirrorClient:
         if not model or weights.kind(source) not in ("url", "hf"):
             return None
         wait = engine != "sim"
-        with self._client() as http:
+        headers = self._headers()
+        with self._client(headers) as http:
             while True:
                 if cancel is not None and cancel.is_set():
                     raise weights.DownloadCancelled("download cancelled", detail=model)
                 body, code = self._manifest(http, model, wait)
                 if code == 200:
-                    return self._download(http, body, source, engine, progress, cancel)
+                    return self._download(headers, body, source, engine, progress, cancel)
                 if code == 202:
                     if progress:
                         total = body.get("bytes_total")
@@ -147,13 +149,18 @@ class MirrorClient:
             )
         return (body if isinstance(body, dict) else {}), r.status_code
 
+    def _url(self, url: str) -> str:
+        """Return a file's URL as the manifest gave it (a path on the control plane, or
+        whole)."""
+        return url if "://" in url else self.server + "/" + url.lstrip("/")
+
     def _lock(self, key: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
     def _download(
         self,
-        http: httpx.Client,
+        headers: dict[str, str],
         manifest: dict[str, Any],
         source: str,
         engine: str,
@@ -183,7 +190,15 @@ class MirrorClient:
                     if progress:
                         progress(base + have, total)
 
-                got = _stream(http, str(f.get("url") or ""), part, size, moved, cancel)
+                got = _stream(
+                    self._url(str(f.get("url") or "")),
+                    part,
+                    size,
+                    headers,
+                    self.timeout_s,
+                    moved,
+                    cancel,
+                )
                 if sha and got != sha:
                     part.unlink(missing_ok=True)
                     raise weights.WeightsError(
@@ -205,79 +220,52 @@ class MirrorClient:
 
 
 def _stream(
-    http: httpx.Client,
     url: str,
     part: Path,
     size: int,
+    headers: dict[str, str],
+    timeout_s: float,
     progress: weights.Progress,
     cancel: threading.Event | None,
 ) -> str:
     """Fill ``part`` with a file from the control plane, resuming what it holds (Range),
-    and return the whole file's sha256, hashed as the bytes arrive (one pass over them, on a
-    thread of its own: ``agent.sha``).
+    and return the whole file's sha256, hashed as the bytes arrive (``agent.transfer``: one
+    pass over them, the hash on a thread of its own).
 
     Raises:
         weights.WeightsError: the control plane refused, or the transfer kept breaking.
+        weights.DownloadCancelled: ``cancel`` was set.
     """
-    digest = BackgroundSha256()
+
+    def moved(have: int) -> None:
+        if cancel is not None and cancel.is_set():
+            raise weights.DownloadCancelled("download cancelled", detail=url)
+        progress(have, size)
+
+    if cancel is not None and cancel.is_set():
+        raise weights.DownloadCancelled("download cancelled", detail=url)
     try:
-        return _fill(http, url, part, size, progress, cancel, digest)
-    finally:
-        digest.close()
-
-
-def _fill(
-    http: httpx.Client,
-    url: str,
-    part: Path,
-    size: int,
-    progress: weights.Progress,
-    cancel: threading.Event | None,
-    digest: BackgroundSha256,
-) -> str:
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
-    if have:
-        with open(part, "rb") as held:
-            while chunk := held.read(1 << 20):
-                digest.update(chunk)
-    last = ""
-    for _ in range(ATTEMPTS):
-        try:
-            headers = {"Range": f"bytes={have}-"} if have else {}
-            with http.stream("GET", url, headers=headers) as r:
-                if r.status_code == 416 and have:
-                    return digest.hexdigest()
-                if r.status_code == 200 and have:
-                    have = 0
-                    digest.reset()
-                    part.unlink(missing_ok=True)
-                elif r.status_code not in (200, 206):
-                    raise weights.WeightsError(
-                        "the control plane's mirror refused a file",
-                        retry=r.status_code >= 500,
-                        detail=f"{url} answered HTTP {r.status_code}",
-                    )
-                with open(part, "ab") as out:
-                    for chunk in r.iter_raw():
-                        if cancel is not None and cancel.is_set():
-                            raise weights.DownloadCancelled("download cancelled", detail=url)
-                        out.write(chunk)
-                        digest.update(chunk)
-                        have += len(chunk)
-                        progress(have, size)
-            if have >= size:
-                return digest.hexdigest()
-            last = f"the transfer stopped at {have} of {size} bytes"
-        except httpx.TransportError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-    raise weights.WeightsError(
-        "downloading the weights from the control plane's mirror failed",
-        retry=True,
-        detail=f"{url}: {last} (holding {have} bytes to resume from)",
-    )
+        return transfer.receive(
+            url,
+            part,
+            size=size,
+            headers=headers,
+            timeout_s=timeout_s,
+            attempts=ATTEMPTS,
+            moved=moved,
+        )
+    except transfer.Refused as exc:
+        raise weights.WeightsError(
+            "the control plane's mirror refused a file",
+            retry=exc.status >= 500,
+            detail=f"{url} answered HTTP {exc.status}",
+        ) from None
+    except transfer.Broken as exc:
+        raise weights.WeightsError(
+            "downloading the weights from the control plane's mirror failed",
+            retry=True,
+            detail=f"{url}: {exc.reason} (holding {exc.have} bytes to resume from)",
+        ) from None
 
 
 def _parts(rel: str) -> tuple[str, ...]:

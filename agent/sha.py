@@ -3,9 +3,14 @@
 A weights download hashes every byte as it arrives (one pass over them). Hashed on the
 receiving thread, each chunk waits for its hash before the next is read; ``hashlib``
 releases the GIL while it hashes a buffer of more than 2 KB, so on a second thread the two
-run at once (bench/mirror.py: about 1.7 times the inline rate here, docs/updates.md). The
-chunks are ``bytes`` (immutable: handed over, never copied); at most ``QUEUED`` wait, so a
-hash that falls behind slows the reader rather than holding the file in memory.
+run at once (bench/mirror.py, docs/updates.md).
+
+``fill`` is the receiving side's way in (agent.transfer): it reads the next bytes straight
+into one of a few large buffers of its own (``BUFFERS`` of ``BUFFER`` bytes, taken again
+once hashed), hands them to the thread, and gives the caller a view of them to write to
+the file meanwhile: no copy of a byte in Python, and one hash call a megabyte. ``update``
+takes ``bytes`` (immutable: handed over, never copied); at most ``QUEUED`` wait. Either
+way a hash that falls behind slows the reader rather than holding the file in memory.
 
 No Django here: the agent and the control plane's mirror (updates.mirror) use it.
 """
@@ -15,21 +20,31 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+from collections.abc import Callable
 
-# Chunks waiting to be hashed at most (httpx hands over 64 KB ones: 4 MB).
+# Chunks given to ``update`` waiting to be hashed, at most.
 QUEUED = 64
+# ``fill``'s buffers: how many, and their size (8 MB in all a download).
+BUFFERS = 8
+BUFFER = 1 << 20
 
 
 class BackgroundSha256:
-    """``update`` hands a chunk to the hashing thread; ``hexdigest`` waits for it to end
-    and answers; ``close`` ends it without an answer (call it on every way out)."""
+    """``update`` or ``fill`` hands bytes to the hashing thread; ``hexdigest`` waits for it
+    to end and answers; ``close`` ends it without an answer (call it on every way out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, buffers: int | None = None, size: int | None = None) -> None:
+        self._size = size or BUFFER
+        self._buffers = max(1, buffers or BUFFERS)
+        self._made = 0
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         self._start()
 
     def _start(self) -> None:
         self._digest = hashlib.sha256()
-        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUED)
+        self._chunks: queue.Queue[tuple[bytes | bytearray, int] | None] = queue.Queue(
+            maxsize=max(QUEUED, self._buffers)
+        )
         self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
         self._thread.start()
 
@@ -39,14 +54,54 @@ class BackgroundSha256:
         self._start()
 
     def _run(self) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            self._digest.update(chunk)
+        while (item := self._chunks.get()) is not None:
+            data, n = item
+            if isinstance(data, bytearray):
+                self._digest.update(memoryview(data)[:n])
+                self._free.put(data)  # hashed: the reader may fill it again
+            else:
+                self._digest.update(data)
+
+    def _alive(self) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError("this sha256 is closed")
 
     def update(self, chunk: bytes) -> None:
         """Hash ``chunk`` after the ones before it (waits while ``QUEUED`` wait)."""
-        if not self._thread.is_alive():
-            raise RuntimeError("this sha256 is closed")
-        self._chunks.put(bytes(chunk))
+        self._alive()
+        data = bytes(chunk)
+        self._chunks.put((data, len(data)))
+
+    def fill(self, read_into: Callable[[memoryview], int]) -> memoryview:
+        """Read the next bytes with ``read_into`` (it fills the view it is given and says
+        how many bytes it put there, 0 at the end), have them hashed after the ones before,
+        and return a view of them (empty at the end).
+
+        The view stays good until the next ``fill``: write it out before asking again.
+        An exception from ``read_into`` goes to the caller; nothing is hashed of that read.
+        """
+        self._alive()
+        buffer = self._take()
+        try:
+            n = read_into(memoryview(buffer))
+        except BaseException:
+            self._free.put(buffer)
+            raise
+        if not n:
+            self._free.put(buffer)
+            return memoryview(b"")
+        self._chunks.put((buffer, n))
+        return memoryview(buffer)[:n]
+
+    def _take(self) -> bytearray:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        if self._made < self._buffers:
+            self._made += 1
+            return bytearray(self._size)
+        return self._free.get()  # every buffer is being hashed: wait for one
 
     def close(self) -> None:
         """End the hashing thread once it has hashed what it was given."""

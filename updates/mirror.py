@@ -64,6 +64,8 @@ FRESH_S = 60
 # A failed fetch is queued again by a node's ask only after this many seconds.
 RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
+# Seconds a download may take to connect, and each read of it to arrive.
+READ_TIMEOUT_S = 60.0
 # Broken transfers of one file resumed within one fetch before it fails (and is resumed
 # by the next fetch, from what is held).
 ATTEMPTS = 5
@@ -454,12 +456,18 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.bytes_total = state.total_bytes
         fetch.save(update_fields=["commit", "folder", "bytes_total", "updated"])
         final = root() / fetch.folder
+        hashed: dict[str, str] = {}
         with _folder_lock(fetch.folder):
             if not _complete(final, state):
                 _check_room(fetch, state)
-                _download(fetch, state, final)
+                hashed = _download(fetch, state, final)
         fetch.files = [
-            {"path": f.path, "sha256": f.sha256 or _sha256(final / f.path), "bytes": f.size or 0}
+            {
+                "path": f.path,
+                # A file the registry gave no sha256 for: the one hashed as it arrived.
+                "sha256": f.sha256 or hashed.get(f.path) or _sha256(final / f.path),
+                "bytes": f.size or 0,
+            }
             for f in state.files
         ]
         fetch.bytes_done = state.total_bytes
@@ -555,14 +563,16 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> None:
+def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str, str]:
     """Download every file of ``state`` into ``final``'s ``.part`` folder, check each, and
-    rename the folder into place in one step."""
+    rename the folder into place in one step. Return the sha256 of each file downloaded
+    (hashed as it arrived), by path."""
     part_dir = final.with_name(final.name + ".part")
     part_dir.mkdir(parents=True, exist_ok=True)
     progress = _Progress(fetch)
     hub_origin = _origin(registry.endpoint())
     token = registry.token()
+    hashed: dict[str, str] = {}
     for f in state.files:
         target = _file_in(part_dir, f.path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -570,11 +580,12 @@ def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> None:
             progress.base += f.size  # checked when it was renamed into this folder
             continue
         part = target.with_name(target.name + ".part")
-        headers = {"Accept-Encoding": "identity"}
+        headers: dict[str, str] = {}
         if token and _origin(f.url) == hub_origin:
             headers["Authorization"] = f"Bearer {token}"
         got = _get(f, part, headers, progress)
         _verify(f, part, fetch, got)
+        hashed[f.path] = got
         os.replace(part, target)
         progress.base += target.stat().st_size
         progress.at(progress.base, force=True)
@@ -582,6 +593,7 @@ def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> None:
         _merge(part_dir, final)
     else:
         os.replace(part_dir, final)
+    return hashed
 
 
 def _merge(part_dir: Path, final: Path) -> None:
@@ -603,76 +615,39 @@ def _origin(url: str) -> str:
 
 def _get(f: registry.RepoFile, part: Path, headers: dict[str, str], progress: _Progress) -> str:
     """Fill ``part`` with a file's bytes, resuming what it holds (HTTP Range), and return the
-    whole file's sha256, hashed as the bytes arrive (on a thread of its own, ``agent.sha``:
-    receiving and hashing overlap).
+    whole file's sha256, hashed as the bytes arrive (``agent.transfer``: on a thread of its
+    own, so receiving and hashing overlap, and no second pass over the file).
 
-    The mirror's own stream rather than ``huggingface_hub``'s ``http_get``: on loopback here
-    that took 71 MB/s where a plain stream of the same file took 198 MB/s, and its sha256
-    would be a second pass over the file (bench/mirror.py). A broken transfer is resumed
-    from what arrived, up to ``ATTEMPTS`` times; what is held stays for the next fetch.
+    The mirror's own stream rather than ``huggingface_hub``'s ``http_get``: that one reads
+    through httpx in 10 MB chunks it joins from 64 KB ones, hashes nothing (its sha256 would
+    be a second pass over the file), and on loopback here took 71 MB/s where a plain stream
+    of the same file took 198 (bench/mirror.py, docs/updates.md). A broken transfer is
+    resumed from what arrived, up to ``ATTEMPTS`` times; what is held stays for the next
+    fetch.
     """
-    from agent.sha import BackgroundSha256
+    from agent import transfer
 
-    digest = BackgroundSha256()
     try:
-        return _fill(f, part, headers, progress, digest)
-    finally:
-        digest.close()
-
-
-def _fill(
-    f: registry.RepoFile,
-    part: Path,
-    headers: dict[str, str],
-    progress: _Progress,
-    digest: Any,
-) -> str:
-    import httpx
-
-    have = part.stat().st_size if part.exists() else 0
-    if f.size is not None and have > f.size:
-        part.unlink()
-        have = 0
-    if have:
-        with open(part, "rb") as held:
-            while chunk := held.read(_CHUNK):
-                digest.update(chunk)
-    last = ""
-    timeout = httpx.Timeout(connect=10, read=60, write=10, pool=10)
-    with httpx.Client(timeout=timeout, follow_redirects=True) as http:
-        for _ in range(ATTEMPTS):
-            asked = dict(headers)
-            if have:
-                asked["Range"] = f"bytes={have}-"
-            try:
-                with http.stream("GET", f.url, headers=asked) as r:
-                    if r.status_code == 416 and have:
-                        return digest.hexdigest()  # all of it was held already
-                    if r.status_code == 200 and have:
-                        # The server ignored the Range: start over.
-                        have = 0
-                        digest.reset()
-                        part.unlink(missing_ok=True)
-                    elif r.status_code not in (200, 206):
-                        raise MirrorError(
-                            f"downloading {f.path} failed (HTTP {r.status_code}); {have} bytes "
-                            "are kept to resume from on the next try"
-                        )
-                    with open(part, "ab") as out:
-                        for chunk in r.iter_raw():
-                            out.write(chunk)
-                            digest.update(chunk)
-                            have += len(chunk)
-                            progress.at(progress.base + have)
-                if f.size is None or have >= f.size:
-                    return digest.hexdigest()
-                last = f"the transfer stopped at {have} of {f.size} bytes"
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-    raise MirrorError(
-        f"downloading {f.path} failed ({last}); {have} bytes are kept to resume from on the "
-        "next try"
-    )
+        return transfer.receive(
+            f.url,
+            part,
+            size=f.size,
+            headers=headers,
+            timeout_s=READ_TIMEOUT_S,
+            attempts=ATTEMPTS,
+            moved=lambda have: progress.at(progress.base + have),
+        )
+    except transfer.Refused as exc:
+        have = part.stat().st_size if part.exists() else 0
+        raise MirrorError(
+            f"downloading {f.path} failed (HTTP {exc.status}); {have} bytes are kept to resume "
+            "from on the next try"
+        ) from None
+    except transfer.Broken as exc:
+        raise MirrorError(
+            f"downloading {f.path} failed ({exc.reason}); {exc.have} bytes are kept to resume "
+            "from on the next try"
+        ) from None
 
 
 def _verify(f: registry.RepoFile, part: Path, fetch: Fetch, got: str) -> None:

@@ -1,0 +1,240 @@
+"""A file received over HTTP into a ``.part`` file: resumed with Range, hashed as it arrives.
+
+No Django here: the control plane's mirror taking a file from its registry
+(updates.mirror) and a node taking it from the mirror (agent.mirror) both call
+``receive``. What a ``.part`` holds already is hashed first and asked for no more (``Range:
+bytes=<held>-``); a server that ignores the Range (200) sends the whole file again; 416 to
+that Range means all of it was held. A transfer that breaks (the connection lost, a read
+that times out, fewer bytes than the length) is resumed from what arrived, up to
+``attempts`` times, then ``Broken`` says why with the bytes held; any other answer than the
+file is ``Refused`` with its HTTP status. The file's sha256 is computed as the bytes arrive,
+on a thread of its own (``agent.sha``), so checking it costs no second pass.
+
+The request goes through ``urllib.request`` (the standard library): redirects followed
+(the Hub sends an LFS file to its CDN; ``Authorization`` is kept to a redirect within the
+same origin only), the proxy the environment names, TLS trusting what httpx trusts (the
+agent's other calls), and one timeout on connecting and on every read. Its answer is
+``http.client``'s, whose ``readinto`` receives straight into ``agent.sha``'s 1 MB buffers:
+one copy of each byte from the socket. httpx's stream hands over 64 KB chunks through h11's
+receive buffer, two copies more and about twice the CPU a byte (bench/mirror.py,
+docs/updates.md: on this 2-core machine, shared, that CPU is the fetch's time).
+"""
+
+from __future__ import annotations
+
+import http.client
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from agent.sha import BackgroundSha256
+
+# Headers sent to the URL asked and to a redirect within its origin, never to another
+# (a registry's token is not the CDN's business).
+PRIVATE = ("Authorization",)
+
+
+class Refused(Exception):
+    """The server answered something other than the file: ``status`` is its HTTP status."""
+
+    def __init__(self, url: str, status: int) -> None:
+        super().__init__(f"{url} answered HTTP {status}")
+        self.url = url
+        self.status = status
+
+
+class Broken(Exception):
+    """The transfer kept breaking; ``have`` bytes are held in the ``.part`` to resume from."""
+
+    def __init__(self, reason: str, have: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.have = have
+
+
+class _Lost(Exception):
+    """A read from the server failed (the connection, a timeout): resume from here."""
+
+
+def receive(
+    url: str,
+    part: Path,
+    *,
+    size: int | None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+    attempts: int = 5,
+    moved: Callable[[int], None] | None = None,
+) -> str:
+    """Fill ``part`` with the file at ``url``, resuming what it holds, and return the whole
+    file's sha256.
+
+    ``size`` is the file's length when known (more held than that is thrown away, and a
+    transfer is whole when it is reached); ``moved(bytes held)`` is called after each
+    buffer written (it may raise to stop: a cancelled download). ``timeout_s`` bounds the
+    connecting and every read.
+
+    Raises:
+        Refused: the server answered another status than 200, 206 (or 416 to a Range).
+        Broken: the transfer broke ``attempts`` times.
+    """
+    digest = BackgroundSha256()
+    try:
+        return _fill(url, part, size, dict(headers or {}), timeout_s, attempts, moved, digest)
+    finally:
+        digest.close()
+
+
+def _fill(
+    url: str,
+    part: Path,
+    size: int | None,
+    headers: dict[str, str],
+    timeout_s: float,
+    attempts: int,
+    moved: Callable[[int], None] | None,
+    digest: BackgroundSha256,
+) -> str:
+    have = part.stat().st_size if part.exists() else 0
+    if size is not None and have > size:
+        part.unlink()
+        have = 0
+    if have:
+        with open(part, "rb") as held:
+            while digest.fill(held.readinto):
+                pass
+    last = ""
+    for _ in range(attempts):
+        try:
+            with _open(url, headers, have, timeout_s) as r:
+                if r.status == 416:
+                    return digest.hexdigest()  # all of it was held already
+                if r.status not in (200, 206):
+                    raise Refused(url, r.status)
+                if r.status == 200 and have:
+                    # The server ignored the Range: start over.
+                    have = 0
+                    digest.reset()
+                    part.unlink(missing_ok=True)
+                with open(part, "ab") as out:
+                    have = _body(r, out, digest, have, moved)
+            if size is None or have >= size:
+                return digest.hexdigest()
+            last = f"the transfer stopped at {have} of {size} bytes"
+        except _Lost as exc:
+            last = str(exc)
+    raise Broken(last, have)
+
+
+def _open(url: str, headers: dict[str, str], have: int, timeout_s: float) -> Any:
+    """Ask for the file from byte ``have``; return the answer (200, 206, or 416 to a Range).
+
+    Raises:
+        Refused: any other status.
+        _Lost: the server could not be reached, or broke off before answering.
+    """
+    request = urllib.request.Request(url, method="GET")
+    for name, value in headers.items():
+        if name.lower() in (p.lower() for p in PRIVATE):
+            request.add_unredirected_header(name, value)
+        else:
+            request.add_header(name, value)
+    request.add_header("Accept-Encoding", "identity")
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        return _opener().open(request, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 416 and have:
+            return _Answered(416)
+        raise Refused(url, exc.code) from None
+    except urllib.error.URLError as exc:
+        raise _Lost(f"{type(exc.reason).__name__}: {exc.reason}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _Lost(f"{type(exc).__name__}: {exc}") from None
+
+
+class _Answered:
+    """An answer with no body to read (416 to a Range: nothing past what is held)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def __enter__(self) -> _Answered:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _body(
+    r: http.client.HTTPResponse,
+    out: BinaryIO,
+    digest: BackgroundSha256,
+    have: int,
+    moved: Callable[[int], None] | None,
+) -> int:
+    """Write the answer's body to ``out``, hashed as it arrives; return the bytes held."""
+
+    def read_into(view: memoryview) -> int:
+        try:
+            return r.readinto(view)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Lost(f"{type(exc).__name__}: {exc}") from None
+
+    while view := digest.fill(read_into):
+        out.write(view)
+        have += len(view)
+        if moved is not None:
+            moved(have)
+    return have
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects as urllib does, sending the ``PRIVATE`` headers on to a redirect
+    within the same origin (urllib sends them to none)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) == _origin(req.full_url):
+            for name, value in req.unredirected_hdrs.items():
+                if name.lower() in (p.lower() for p in PRIVATE):
+                    new.add_unredirected_header(name, value)
+        return new
+
+
+def _origin(url: str) -> str:
+    from agent.weights import origin_of
+
+    return origin_of(url)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """Return an opener: the environment's proxies as they are now, httpx's trust for TLS."""
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler(),
+        urllib.request.HTTPSHandler(context=tls()),
+        _SameOriginRedirects(),
+    )
+
+
+@cache
+def tls() -> Any:
+    """Return httpx's TLS context (certifi, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``), made once
+    a process (making one reads every CA: 60 ms here). An httpx client given it
+    (``verify=tls()``) makes none of its own."""
+    import httpx
+
+    return httpx.create_ssl_context()

@@ -1,29 +1,39 @@
 """The capacity bench: measure what one replica of a profile carries within its model's
 slo, and write it as the profile's ``capacity`` and router ``weight``.
 
-``measure`` picks a ready replica of the model (of ``profile``, if given), checks its
-engine first (a whole answer and a streamed one, each well-formed), then drives it with
-rising concurrency (``cluster.bench`` decides the levels and the verdicts), and writes
-the figures through the catalog's services, logged with them. The replica is driven at
-its own endpoint with its engine key, not through the gateway's routing: the gateway
-spreads a model's requests over all its replicas and profiles, and a profile's figure
-must be its own.
+``measure`` picks a ready replica of the model (of ``profile``, if given) and drives it
+through the gateway (``LLMGW_GATEWAY_URL``), as clients reach it: an engine check first
+(a whole answer and a streamed one, each well-formed), then rising concurrency
+(``cluster.bench`` decides the levels and the verdicts); ``write`` writes the figures
+through the catalog's services, logged with them.
+
+The requests carry a client key made for the run and revoked after it, however it ends
+(``gateway.services.pinned_key``, registered here by the gateway's ``ready()``: the
+cluster imports no gateway). The key is pinned to the measured replica: the gateway
+sends its requests there alone (no other replica, no canary, no fallback; a 503 naming
+the replica when it leaves routing), since the gateway spreads a model's requests over
+all its replicas and profiles and a profile's figure must be its own. It names the model
+alone, has no owner (no quota, no token budget) and is in the top band; its requests skip
+admission (never held, their deliberate overload not counted against the model's slo)
+and the guard (a judge's windows would time the guard, not the replica).
 
 Started from ``manage.py cluster bench``, ``POST /api/v1/cluster/models/{name}/bench/``
 and the Bench button of a model's card (``start``: a Celery worker in production, a
 thread of the web process embedded). Every run is logged as cluster actions: ``bench``
 when it starts, and ``bench done`` with its table, or ``bench failed`` with why.
-Every call to the engine has a timeout.
+Every call to the gateway has a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +45,7 @@ from catalog import rules
 from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
-from cluster import bench, enginekeys, services
+from cluster import bench, services
 from cluster.choices import ReplicaState
 from cluster.models import Replica
 from llmgw_core import events
@@ -47,10 +57,30 @@ MAX_TOKENS = 24
 PER_CLIENT = 3  # requests each client sends in turn at a level
 TIMEOUT = 60.0  # seconds any one request may take
 CHECK_TOKENS = 8
+# How long the engine check waits for the gateway to route the run's key to its replica
+# (a new key and a replica just ready reach a gateway process's table within a second).
+ROUTED_WITHIN = 30.0
+VIA = "bench"
+# The gateway's error code for a pinned key whose replica is not in routing.
+GONE = "replica_unavailable"
 
 
 class BenchError(Exception):
     """Why a bench could not run or measure; nothing was written."""
+
+
+# What makes the run's client key, pinned to the replica measured: called with the model,
+# the replica's id, and user= and via= (who started the run), it yields the key's secret
+# and revokes the key when the run ends. The gateway's (``gateway.services.pinned_key``),
+# registered by its ``AppConfig.ready()``.
+PinnedKeys = Callable[..., AbstractContextManager[str]]
+_pinned_keys: PinnedKeys | None = None
+
+
+def use_pinned_keys(make: PinnedKeys) -> None:
+    """Register what makes the bench's pinned client keys (the gateway's ``ready()``)."""
+    global _pinned_keys
+    _pinned_keys = make
 
 
 @dataclass
@@ -96,15 +126,25 @@ def _body(model: str, stream: bool, max_tokens: int) -> dict[str, Any]:
     return body
 
 
-def check_engine(base: str, key: str, model: str, timeout: float = TIMEOUT) -> None:
-    """Refuse (BenchError) an engine whose whole or streamed answer is not well-formed."""
+def check_engine(base: str, key: str, model: str, timeout: float = TIMEOUT,
+                 routed_within: float = ROUTED_WITHIN, tokens: int = CHECK_TOKENS) -> None:  # fmt: skip
+    """Refuse (BenchError) an engine whose whole or streamed answer, through the gateway
+    at ``base`` with the run's key, is not well-formed. The first request is asked again
+    while the gateway does not route the key yet (401: its process has not read the new
+    key; 503: nor the replica), for ``routed_within`` seconds."""
     headers = {"Authorization": f"Bearer {key}"}
     url = f"{base}/v1/chat/completions"
+    deadline = time.monotonic() + routed_within
     with httpx.Client(timeout=timeout) as client:
-        try:
-            r = client.post(url, json=_body(model, False, CHECK_TOKENS), headers=headers)
-        except httpx.HTTPError as error:
-            raise BenchError(f"engine check: no answer from {base}: {error}") from None
+        while True:
+            try:
+                r = client.post(url, json=_body(model, False, tokens), headers=headers)
+            except httpx.HTTPError as error:
+                raise BenchError(f"engine check: no answer from the gateway at {base} "
+                                 f"(LLMGW_GATEWAY_URL): {error}") from None  # fmt: skip
+            if r.status_code not in (401, 503) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
         if r.status_code != 200:
             raise BenchError(f"engine check: a whole answer was HTTP {r.status_code}: "
                              f"{r.text[:200]}")  # fmt: skip
@@ -119,7 +159,7 @@ def check_engine(base: str, key: str, model: str, timeout: float = TIMEOUT) -> N
             raise BenchError("engine check: a whole answer has no text or no token count")
         text, finish = "", None
         try:
-            with client.stream("POST", url, json=_body(model, True, CHECK_TOKENS),
+            with client.stream("POST", url, json=_body(model, True, tokens),
                                headers=headers) as s:  # fmt: skip
                 if s.status_code != 200:
                     raise BenchError(f"engine check: a streamed answer was HTTP {s.status_code}")
@@ -145,7 +185,9 @@ def check_engine(base: str, key: str, model: str, timeout: float = TIMEOUT) -> N
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-               headers: dict[str, str]) -> bench.Sample:  # fmt: skip
+               headers: dict[str, str], gone: list[str]) -> bench.Sample:  # fmt: skip
+    """One streamed request timed; a 503 saying the replica left routing is noted in
+    ``gone`` (the gateway's message)."""
     start = time.monotonic()
     first: float | None = None
     tokens = 0
@@ -153,6 +195,10 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     try:
         async with client.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
+                if r.status_code == 503:
+                    error = json.loads(await r.aread()).get("error") or {}
+                    if error.get("code") == GONE:
+                        gone.append(str(error.get("message")))
                 return bench.Sample(time.monotonic() - start, None, ok=False)
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
@@ -178,8 +224,8 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     return bench.Sample(first - start, tpot)
 
 
-async def _level(base: str, key: str, model: str, clients: int,
-                 per_client: int, max_tokens: int) -> list[bench.Sample]:  # fmt: skip
+async def _level(base: str, key: str, model: str, clients: int, per_client: int,
+                 max_tokens: int, gone: list[str]) -> list[bench.Sample]:  # fmt: skip
     url = f"{base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}"}
     body = _body(model, True, max_tokens)
@@ -187,7 +233,7 @@ async def _level(base: str, key: str, model: str, clients: int,
     async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
 
         async def one_client() -> list[bench.Sample]:
-            return [await _one(client, url, body, headers) for _ in range(per_client)]
+            return [await _one(client, url, body, headers, gone) for _ in range(per_client)]
 
         runs = await asyncio.gather(*(one_client() for _ in range(clients)))
     return [s for run in runs for s in run]
@@ -201,8 +247,12 @@ def measure(
     per_client: int = PER_CLIENT,
     max_tokens: int = MAX_TOKENS,
     top: int = bench.LEVELS[-1],
+    user: Any = None,
+    gateway: str | None = None,
 ) -> Outcome:
-    """Check and drive one ready replica; return its levels and capacity (nothing written)."""
+    """Check and drive one ready replica through the gateway (``gateway``, default
+    ``LLMGW_GATEWAY_URL``) with a client key pinned to it; return its levels and
+    capacity (nothing written but the run's key, made and revoked)."""
     row = ServedModel.objects.filter(name=model).first()
     if row is None:
         raise BenchError(f"model {model} is not in the catalog: see manage.py catalog export")
@@ -210,24 +260,47 @@ def measure(
     if profile and rules.profile_by_name(m, profile) is None:
         names = ", ".join(p.name for p in m.profiles) or "none"
         raise BenchError(f"model {model} has no profile {profile} (its profiles: {names})")
+    if m.role == "guard":
+        raise BenchError(f"model {model} is a judge (role guard): the gateway serves judges to "
+                         "no client, so the bench cannot drive one through it")  # fmt: skip
     replica = _replica(model, profile)
-    base = replica.endpoint.rstrip("/")
+    if _pinned_keys is None:
+        raise BenchError("no gateway to drive the replica through: the gateway app is not "
+                         "installed (INSTALLED_APPS)")  # fmt: skip
+    base = (gateway or settings.LLMGW_GATEWAY_URL).rstrip("/")
     if base.endswith("/v1"):
         base = base[: -len("/v1")]
-    key = enginekeys.engine_key(replica.pk)
-    say(f"replica #{replica.pk} of {model} (profile {replica.profile}) at {base}")
-    check_engine(base, key, model)
-    say("engine check: whole and streamed answers are well-formed")
-    alone = asyncio.run(_level(base, key, model, 1, per_client, max_tokens))
-    limit = bench.limits(m.slo.ttft_p99, m.slo.tpot_p99, alone)
-    out = Outcome(model, replica.profile, replica.pk, limit)
-    out.levels.append(bench.judge(1, alone, limit))
-    while (c := bench.next_level(out.levels, top)) is not None:
-        samples = asyncio.run(_level(base, key, model, c, per_client, max_tokens))
-        level = bench.judge(c, samples, limit)
-        out.levels.append(level)
-        say(f"{c} clients: TTFT p99 {level.ttft_p99 * 1000:.0f} ms, "
-            f"{'within' if level.within else 'past'} the limit")  # fmt: skip
+    if m.max_output:  # the gateway refuses more than the model's max_output
+        max_tokens = min(max_tokens, m.max_output)
+    say(f"replica #{replica.pk} of {model} (profile {replica.profile}) through the gateway "
+        f"at {base}")  # fmt: skip
+    with contextlib.ExitStack() as run:
+        try:
+            key = run.enter_context(_pinned_keys(model, replica.pk, user=user, via=VIA))
+        except ValueError as error:  # gateway.services.KeyRefused
+            raise BenchError(f"no client key for the bench: {error}") from None
+        check_engine(base, key, model, tokens=min(CHECK_TOKENS, max_tokens))
+        say("engine check: whole and streamed answers are well-formed")
+        gone: list[str] = []
+
+        def drive(clients: int) -> list[bench.Sample]:
+            samples = asyncio.run(_level(base, key, model, clients, per_client, max_tokens,
+                                         gone))  # fmt: skip
+            if gone:
+                # Its failures say nothing of what it carries: no figure from this run.
+                raise BenchError(f"replica #{replica.pk} left routing during the bench "
+                                 f"({gone[0]}): nothing written")  # fmt: skip
+            return samples
+
+        alone = drive(1)
+        limit = bench.limits(m.slo.ttft_p99, m.slo.tpot_p99, alone)
+        out = Outcome(model, replica.profile, replica.pk, limit)
+        out.levels.append(bench.judge(1, alone, limit))
+        while (c := bench.next_level(out.levels, top)) is not None:
+            level = bench.judge(c, drive(c), limit)
+            out.levels.append(level)
+            say(f"{c} clients: TTFT p99 {level.ttft_p99 * 1000:.0f} ms, "
+                f"{'within' if level.within else 'past'} the limit")  # fmt: skip
     out.capacity = bench.capacity(out.levels)
     return out
 
@@ -270,7 +343,7 @@ def run(model: str, profile: str | None, user: Any, surface: str, via: str = "",
     """Measure and write, logging the run as cluster actions (raises BenchError)."""
     target = f"model {model}" + (f" profile {profile}" if profile else "")
     try:
-        out = measure(model, profile, say=say)
+        out = measure(model, profile, say=say, user=user)
         name = getattr(user, "username", "") or "system"
         actor = catalog_services.Actor(user=user if getattr(user, "pk", None) else None,
                                        surface=surface, via=via, name=name)  # fmt: skip

@@ -32,6 +32,11 @@ database. The order of a request's life:
    windows (``gateway.holdback``) with only judged text released. After the first byte a
    failure ends the stream with an error event and ``[DONE]``.
 
+A key pinned to one replica (made by the control plane alone, for the capacity bench:
+``gateway.services.pinned_key``) skips admission (4) and the guard (7, 9), which would
+time themselves rather than the replica, and goes to that replica alone (6, 8:
+``gateway.routing``).
+
 A client that goes away cancels the request at whatever step it is in, and the engine's
 connection is closed, which stops its generation.
 
@@ -244,7 +249,8 @@ class Gateway:
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
         )  # fmt: skip
         self.observer.request(ended)
-        self.admission.heard(ended)
+        if key is None or key.replica is None:  # a pinned key's overload is deliberate
+            self.admission.heard(ended)
         if key is None:
             if status == 401:
                 self.observer.unauthenticated()
@@ -284,7 +290,13 @@ class Gateway:
         await self._budget(cycle)  # 5. the key's budgets
         # A new step before routing goes here, as admission above: it takes the cycle
         # and raises an ApiError (gateway.errors) to refuse.
-        self.judging.start(cycle)  # 7. the guard on the request, beside the engine's start
+        assert cycle.key is not None
+        if cycle.key.replica is None:
+            # 7. the guard on the request, beside the engine's start. Not for a key pinned
+            # to a replica: the capacity bench's own fixed prompt, its answers read by the
+            # bench alone and thrown away, timed as the replica gives them (a judge's
+            # windows would time the guard, not the replica).
+            self.judging.start(cycle)
         try:
             await self.routing.route(cycle)  # 6, 8, 9: a replica, its attempts, the answer
         finally:
@@ -331,7 +343,9 @@ class Gateway:
         assert key is not None and entry is not None
         model = entry.model
         slo_ms = model.slo.ttft_p99 / 1e6
-        if not slo_ms:
+        if not slo_ms or key.replica is not None:
+            # A key pinned to one replica is the capacity bench's, which drives it past
+            # the slo on purpose: never held, and its times are not the model's service.
             return
         decision = await self.admission.admit(model.name, key.priority, slo_ms)
         if not decision.admit:

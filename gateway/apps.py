@@ -12,12 +12,16 @@ class GatewayConfig(AppConfig):
 
     def ready(self) -> None:
         from catalog import timeouts
-        from gateway import routing, traffic
+        from cluster import benchrun
+        from gateway import routing, services, traffic
         from llmgw_core.events import Event, register
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
         # them (catalog.timeouts.explain): the gateway's settings.
         timeouts.use_site_defaults(routing.waits_defaults)
+        # The capacity bench drives its replica through the gateway with a client key
+        # pinned to it, made for the run and revoked after it.
+        benchrun.use_pinned_keys(services.pinned_key)
 
         # The gateway's live event (llmgw_core.events; its renderers: gateway.live). Not
         # keys but figures: each gateway process's last second per model, sent by

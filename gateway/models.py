@@ -57,6 +57,16 @@ class ClientKey(tokens.ShownOnce):
     )  # fmt: skip
     rpm = db.PositiveIntegerField(_("requests per minute"), default=0, help_text=_("0: none"))
     tpm = db.PositiveIntegerField(_("tokens per minute"), default=0, help_text=_("0: none"))
+    # Made by the control plane alone (``gateway.services.pinned_key``: the capacity
+    # bench), never by a form, the API, the admin or ``gateway key create`` (not editable):
+    # the gateway sends such a key's requests to this replica only, never to another, to a
+    # canary or a fallback (``gateway.routing``). A plain id, not a foreign key: a replica
+    # that is gone leaves its key pinned to nothing (503), never free to go anywhere.
+    replica = db.PositiveBigIntegerField(
+        _("pinned replica"), null=True, blank=True, editable=False,
+        help_text=_("the one replica this key's requests go to (the capacity bench's key); "
+                    "empty: routed as any key"),
+    )  # fmt: skip
     created_by = db.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=db.SET_NULL,
         related_name="+", editable=False,

@@ -9,6 +9,10 @@ and waited for (bounded). External providers come last, only when no cluster rep
 answered. ``attempt`` sends the request to one of them: before the first byte a connect
 error, a timeout, a 429, a 401 of a replica or a 5xx moves the request on; the answer
 itself is passed on by ``gateway.answer``.
+
+A key pinned to a replica (``Key.replica``: made by the control plane alone, for the
+capacity bench) takes none of that walk: its requests go to that replica once, or get a
+503 naming it when it is not in routing (``Routing._pinned``).
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ class Routing:
         model = entry.model
         if model.scaling.idle_timeout or model.scaling.min == 0:
             gw.state.demand(model.name)  # it is in use: keep it (written off the path)
+        pinned = cycle.key.replica if cycle.key is not None else None
+        if pinned is not None:
+            await self._pinned(cycle, pinned)
+            return
         chain = self._chain(cycle)
         tried: set[int] = set()
         last = ""
@@ -122,6 +130,35 @@ class Routing:
                 return
             last = outcome
         raise self._none_answered(cycle, last)
+
+    async def _pinned(self, cycle: Cycle, replica: int) -> None:
+        """A key pinned to one replica (the control plane's, for the capacity bench, which
+        measures that replica alone): sent there once; never to another replica, a canary,
+        a fallback or a provider. 503 naming the replica when it is not in routing; 502
+        naming it when it gave no answer."""
+        gw, entry = self.gateway, cycle.entry
+        assert entry is not None
+        model, table = entry.model, gw.state.table
+        pool = table.pool(model.name)
+        if pool is None or replica not in pool.endpoints:
+            raise errors.unavailable(
+                f"Replica #{replica} of '{model.name}' is not in routing (not ready, stopped, "
+                "or on a draining node): this key is pinned to it and is never sent to "
+                "another replica.",
+                gw.options.retry_after,
+                code="replica_unavailable",
+            )
+        await self._check_context(table, pool, model, cycle)
+        outcome = await self.attempt(cycle, pool.endpoints[replica], replica, model,
+                                     served=model.name, engine=pool.engines.get(replica, ""))  # fmt: skip
+        if outcome is not None:
+            raise errors.ApiError(
+                502,
+                f"Replica #{replica} of '{model.name}' gave no answer ({outcome}); this key "
+                "is pinned to it and is never sent to another replica.",
+                type="server_error",
+                code="upstream_error",
+            )
 
     def _chain(self, cycle: Cycle) -> list[str]:
         """The models to try in order: the canary's candidate (its share of requests),

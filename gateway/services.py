@@ -1,9 +1,12 @@
-"""Client keys' operations (console, API and the ``gateway key`` command share them)."""
+"""Client keys' operations (console, API and the ``gateway key`` command share them), and
+the control plane's own keys pinned to a replica (the capacity bench's: ``pinned_key``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+import contextlib
+import secrets
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -45,13 +48,16 @@ def create_key(
     rpm: int = 0,
     tpm: int = 0,
     priority: str = "normal",
+    replica: int | None = None,
     user: Any = None,
     via: str = "",
 ) -> tuple[ClientKey, str]:
     """Make a key; return it with its secret, which is never stored or logged.
 
     The console, the API and the ``gateway key`` command call this; a refusal is
-    ``KeyRefused`` naming the field.
+    ``KeyRefused`` naming the field. ``replica`` pins the key to one replica: the
+    control plane's own keys only (``pinned_key``); no form, serializer or command
+    passes it.
     """
     errors: dict[str, list[str]] = {}
     if expires is not None and expires <= timezone.now():
@@ -91,16 +97,18 @@ def create_key(
     secret = new_secret()
     key = ClientKey(
         name=name, owner=owner, models=list(models), expires=expires, rpm=rpm, tpm=tpm,
-        priority=priority, prefix=secret[len("llmgw-ck-"):][:8], digest=digest(secret),
-        created_by=user if getattr(user, "pk", None) else None,
+        priority=priority, replica=replica, prefix=secret[len("llmgw-ck-"):][:8],
+        digest=digest(secret), created_by=user if getattr(user, "pk", None) else None,
     )  # fmt: skip
+    pinned = f", pinned to replica #{replica}" if replica is not None else ""
     try:
         key.full_clean()
         with transaction.atomic():
             key.save()
             log_action(
-                user, "client key create", name, f"owner {owner or '-'}, priority {priority}", via
-            )
+                user, "client key create", name,
+                f"owner {owner or '-'}, priority {priority}{pinned}", via,
+            )  # fmt: skip
     except ValidationError as error:
         found: dict[str, list[str]] = {}
         for field, messages in error.message_dict.items():
@@ -109,6 +117,33 @@ def create_key(
     except IntegrityError:
         raise KeyRefused({"": ["a live client key already has that name"]}) from None
     return key, secret
+
+
+# A pinned key not revoked by its run (its process killed) stops working after this.
+PINNED_FOR = timedelta(hours=6)
+
+
+@contextlib.contextmanager
+def pinned_key(model: str, replica: int, *, user: Any = None, via: str = "") -> Iterator[str]:
+    """A client key for one run of the control plane (the capacity bench), yielding its
+    secret: it names ``model`` alone and is pinned to ``replica`` (the gateway sends its
+    requests there only: no other replica, no canary, no fallback, 503 naming the replica
+    when it is not in routing), in the top band (admission neither holds it nor counts its
+    deliberate overload against the model's slo), with no owner (no quota, no token
+    budget). Revoked when the run ends, however it ends; one whose
+    process was killed expires after ``PINNED_FOR``.
+
+    Registered with the cluster's bench by the gateway's ``ready()`` (the cluster imports
+    no gateway): ``cluster.benchrun.use_pinned_keys``.
+    """
+    name = f"bench-replica-{replica}-{secrets.token_hex(3)}"
+    _, secret = create_key(name, models=[model], priority="high", replica=replica,
+                           expires=timezone.now() + PINNED_FOR, user=user, via=via)  # fmt: skip
+    try:
+        yield secret
+    finally:
+        with contextlib.suppress(KeyRefused):  # revoked already (by an operator)
+            revoke_key(name, user=user, via=via)
 
 
 def revoke_key(name: str, *, user: Any = None, via: str = "") -> ClientKey:

@@ -116,6 +116,7 @@ class Loader:
                 tpm=k.tpm,
                 priority=k.priority,
                 owner_tpm=owner_tpm.get(k.owner, 0) if k.owner else 0,
+                replica=k.replica,
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }

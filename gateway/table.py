@@ -45,6 +45,9 @@ class Key:
     tpm: int = 0
     priority: str = "normal"  # its admission band (gateway.admission)
     owner_tpm: int = 0  # its owner's token budget a minute, shared by its keys (0: none)
+    # The one replica its requests go to (the control plane's key for the capacity
+    # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.routing).
+    replica: int | None = None
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires

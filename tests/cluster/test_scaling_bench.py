@@ -1,16 +1,10 @@
 """The capacity bench: its decisions (cluster.bench, hypothesis) and its runs against real
-sim engines with a capacity (cluster.benchrun, the command, the API, the console)."""
+sim engines with a capacity, through a real gateway process (cluster.benchrun, the
+command, the API, the console; tests/cluster/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.models import ChangeRecord, ServedModel
-from cluster import bench, enginekeys, live
+from cluster import bench, live
 from cluster.models import ClusterAction, Replica
+from gateway.models import ClientKey
 from tests.catalog.samples import store
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = bench.Limits(ttft=0.5, tpot=None)
 
 
@@ -73,38 +67,6 @@ def test_the_table() -> None:
 
 # -- against real sim engines -----------------------------------------------------------
 
-pytestmark_db = pytest.mark.django_db
-
-
-class Sim:
-    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
-        self.proc, self.url = proc, url
-
-
-@pytest.fixture
-def sims() -> Iterator[Any]:
-    started: list[Sim] = []
-
-    def start(model: str, replica: int, parallel: int) -> Sim:
-        env = {**os.environ, "LLMGW_SIM_API_KEY": enginekeys.engine_key(replica)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.sim", "--host", "127.0.0.1", "--port", "0",
-             "--model", model, "--parallel", str(parallel), "--ttft", "0.1", "--tps", "50"],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        found = re.search(r"listening on (http://\S+)", line)
-        assert found, line
-        sim = Sim(proc, found.group(1))
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.proc.send_signal(signal.SIGTERM)
-        sim.proc.wait(timeout=10)
-
 
 def two_profiles() -> None:
     store({
@@ -129,7 +91,7 @@ def ready_replica(profile: str, sims: Any, parallel: int) -> Replica:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_profiles_three_to_one_measure_three_to_one(sims: Any) -> None:
+def test_two_profiles_three_to_one_measure_three_to_one(sims: Any, gateway: Any) -> None:
     two_profiles()
     ready_replica("big", sims, 6)
     small = ready_replica("small", sims, 2)
@@ -155,7 +117,7 @@ def test_two_profiles_three_to_one_measure_three_to_one(sims: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_engine_answering_badly_is_refused_before_it_is_timed(sims: Any) -> None:
+def test_an_engine_answering_badly_is_refused_before_it_is_timed(sims: Any, gateway: Any) -> None:
     two_profiles()
     r = ready_replica("big", sims, 2)
     Replica.objects.filter(pk=r.pk).update(endpoint=r.endpoint + "/nowhere")
@@ -163,6 +125,9 @@ def test_an_engine_answering_badly_is_refused_before_it_is_timed(sims: Any) -> N
         call_command("cluster", "bench", "chat", stdout=StringIO())
     assert ServedModel.objects.get(name="chat").to_spec().profiles[0].capacity == 0
     assert ClusterAction.objects.filter(action="bench failed").exists()
+    # The run's client key was revoked all the same.
+    assert ClientKey.objects.filter(replica=r.pk).exists()
+    assert not ClientKey.objects.filter(replica=r.pk, revoked__isnull=True).exists()
 
 
 @pytest.mark.django_db
@@ -197,7 +162,7 @@ def test_the_api_and_the_console_refuse_what_cannot_run_and_need_an_operator(
 
 @pytest.mark.django_db(transaction=True)
 def test_the_console_button_and_the_api_start_it_in_the_background(
-    sims: Any, api_for: Any, client_for: Any, operator: Any
+    sims: Any, gateway: Any, api_for: Any, client_for: Any, operator: Any
 ) -> None:
     from tests.waiting import wait_until
 

@@ -221,7 +221,9 @@ def test_bench_weights_three_to_one_and_the_router_follows(
 
 
 def plane_bench(plane: FaultPlane, name: str, profile: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py cluster bench``, driving its replica through a gateway process."""
+    env = {**plane.env(), "LLMGW_GATEWAY_URL": plane.urls()[0]}
     return subprocess.run(
         [sys.executable, "manage.py", "cluster", "bench", name, "--profile", profile],
-        cwd=ROOT, env=plane.env(), capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

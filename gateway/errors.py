@@ -197,6 +197,27 @@ def internal(request_id: str) -> ApiError:
     )
 
 
+def pinned_away(model: str, replica: int, retry_after: float) -> ApiError:
+    """A key pinned to one replica (the capacity bench's) whose replica is not in routing."""
+    return unavailable(
+        f"Replica #{replica} of '{model}' is not in routing (not ready, stopped, or on a "
+        "draining node): this key is pinned to it and is never sent to another replica.",
+        retry_after,
+        code="replica_unavailable",
+    )
+
+
+def pinned_failed(model: str, replica: int, detail: str) -> ApiError:
+    """A key pinned to one replica whose replica gave no answer."""
+    return ApiError(
+        502,
+        f"Replica #{replica} of '{model}' gave no answer ({detail}); this key is pinned to "
+        "it and is never sent to another replica.",
+        type="server_error",
+        code="upstream_error",
+    )
+
+
 def starting() -> ApiError:
     """The process has not read its table yet."""
     return unavailable("the gateway is starting: try again")

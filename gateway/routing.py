@@ -141,24 +141,12 @@ class Routing:
         model, table = entry.model, gw.state.table
         pool = table.pool(model.name)
         if pool is None or replica not in pool.endpoints:
-            raise errors.unavailable(
-                f"Replica #{replica} of '{model.name}' is not in routing (not ready, stopped, "
-                "or on a draining node): this key is pinned to it and is never sent to "
-                "another replica.",
-                gw.options.retry_after,
-                code="replica_unavailable",
-            )
+            raise errors.pinned_away(model.name, replica, gw.options.retry_after)
         await self._check_context(table, pool, model, cycle)
         outcome = await self.attempt(cycle, pool.endpoints[replica], replica, model,
                                      served=model.name, engine=pool.engines.get(replica, ""))  # fmt: skip
         if outcome is not None:
-            raise errors.ApiError(
-                502,
-                f"Replica #{replica} of '{model.name}' gave no answer ({outcome}); this key "
-                "is pinned to it and is never sent to another replica.",
-                type="server_error",
-                code="upstream_error",
-            )
+            raise errors.pinned_failed(model.name, replica, outcome)
 
     def _chain(self, cycle: Cycle) -> list[str]:
         """The models to try in order: the canary's candidate (its share of requests),

@@ -137,6 +137,7 @@ def rows(name: str = "", state: str = "") -> list[Row]:
 def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
     """Say what a model never checked nor updated is waiting for: its first fetch into the
     mirror (under way, or failed with why), or nothing to mirror at all."""
+    from catalog import rules
     from updates import registry
 
     if fetch is not None and fetch.state in ACTIVE:
@@ -152,6 +153,9 @@ def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
         row.line = f"as fetched at {fetch.commit[:12] or fetch.revision}; not checked since"
     elif why := registry.mirrored(m.source):
         row.line = f"no registry to check: {why}"
+    elif rules.simulated(m):
+        # Its nodes need no weights, so nothing fetches them until an update is asked for.
+        row.line = "not checked: a sim engine needs no weights; Update fetches them"
     else:
         row.line = "not checked yet: its origin is written when the mirror first fetches it"
 

@@ -142,6 +142,8 @@ def test_a_model_never_checked_is_not_called_current(
     failed = mirror.request_fetch("broken", start=False)
     assert mirror.run_fetch(failed.pk).state == "failed"
     mirror.request_fetch("under-way", start=False)  # queued: the worker has not taken it
+    sim = {"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "tp": 1}
+    store(gpu_model("demo", source="sim/demo", profiles=[sim]))  # as the first start's
     rows = {row.model: row for row in flowviews.rows()}
     assert (rows["never"].state, rows["never"].line) == (
         "unchecked",
@@ -152,6 +154,10 @@ def test_a_model_never_checked_is_not_called_current(
     assert rows["broken"].state == "failed"
     assert rows["broken"].line.startswith("the mirror could not fetch its weights: org/gone")
     assert rows["under-way"].state == "fetching"
+    assert (rows["demo"].state, rows["demo"].line) == (
+        "unchecked",
+        "not checked: a sim engine needs no weights; Update fetches them",
+    )
     assert rows["fetched"].state == "current"
     assert rows["fetched"].line.startswith("as fetched at ")
     page = client_for(viewer).get("/updates/?state=unchecked").content.decode()

@@ -18,11 +18,19 @@ agent's other calls), and one timeout on connecting and on every read. Its answe
 one copy of each byte from the socket. httpx's stream hands over 64 KB chunks through h11's
 receive buffer, two copies more and about twice the CPU a byte (bench/mirror.py,
 docs/updates.md: on this 2-core machine, shared, that CPU is the fetch's time).
+
+What arrives is put on disk as it goes (``fdatasync`` every ``FLUSH_EVERY`` bytes, on a
+thread of its own, and the rest at the end): a file the caller renames into place (or
+records as checked) is whole on disk, and the disk writes while the next bytes arrive
+rather than all at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -32,6 +40,8 @@ from typing import Any, BinaryIO
 
 from agent.sha import BackgroundSha256
 
+# Bytes written between two asks to put them on disk (``_Flusher``).
+FLUSH_EVERY = 16 << 20
 # Headers sent to the URL asked and to a redirect within its origin, never to another
 # (a registry's token is not the CDN's business).
 PRIVATE = ("Authorization",)
@@ -119,8 +129,8 @@ def _fill(
                     have = 0
                     digest.reset()
                     part.unlink(missing_ok=True)
-                with open(part, "ab") as out:
-                    have = _body(r, out, digest, have, moved)
+                with open(part, "ab") as out, _Flusher(out) as flusher:
+                    have = _body(r, out, digest, have, flusher, moved)
             if size is None or have >= size:
                 return digest.hexdigest()
             last = f"the transfer stopped at {have} of {size} bytes"
@@ -176,9 +186,11 @@ def _body(
     out: BinaryIO,
     digest: BackgroundSha256,
     have: int,
+    flusher: _Flusher,
     moved: Callable[[int], None] | None,
 ) -> int:
-    """Write the answer's body to ``out``, hashed as it arrives; return the bytes held."""
+    """Write the answer's body to ``out``, hashed as it arrives and put on disk every
+    ``FLUSH_EVERY`` bytes; return the bytes held."""
 
     def read_into(view: memoryview) -> int:
         try:
@@ -189,9 +201,57 @@ def _body(
     while view := digest.fill(read_into):
         out.write(view)
         have += len(view)
+        flusher.wrote(len(view))
         if moved is not None:
             moved(have)
     return have
+
+
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+class _Flusher:
+    """Put what a file was written on disk as the transfer goes (a thread of its own,
+    asked every ``FLUSH_EVERY`` bytes), and the rest when it ends well, before the caller
+    renames the file into place: a file renamed into place, or recorded as checked, is on
+    disk whole, and the disk writes the file while the next bytes arrive, not all at the
+    end (bench/mirror.py: the copy it is measured against spends half its time in the
+    final sync)."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._fd = out.fileno()
+        self._since = 0
+        self._asked = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
+
+    def __enter__(self) -> _Flusher:
+        self._thread.start()
+        return self
+
+    def wrote(self, n: int) -> None:
+        self._since += n
+        if self._since >= FLUSH_EVERY:
+            self._since = 0
+            self._asked.set()
+
+    def _run(self) -> None:
+        while True:
+            self._asked.wait()
+            self._asked.clear()
+            if self._done:
+                return
+            with contextlib.suppress(OSError):  # a disk error: the end's sync raises it
+                _datasync(self._fd)
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self._done = True
+        self._asked.set()
+        self._thread.join()
+        if kind is None:
+            self._out.flush()
+            _datasync(self._fd)
 
 
 class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):

@@ -29,7 +29,13 @@ def _ranges(hub: HubStandIn) -> list[str]:
     return [r for m, p, r in hub.requests if m == "GET" and p == "/plain/w.bin"]
 
 
-def test_a_file_arrives_whole_with_its_sha256(served: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flush_every", [transfer.FLUSH_EVERY, 1 << 20])
+def test_a_file_arrives_whole_with_its_sha256(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush_every: int
+) -> None:
+    # Put on disk as it arrives: at the end only (a file smaller than FLUSH_EVERY), or
+    # every megabyte too.
+    monkeypatch.setattr(transfer, "FLUSH_EVERY", flush_every)
     seen: list[int] = []
     part = tmp_path / "w.bin.part"
     got = transfer.receive(served, part, size=len(WEIGHTS), moved=seen.append)

@@ -19,10 +19,14 @@ from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway.assembly import build  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
+from updates.lean import MirrorFileRoute  # noqa: E402
 
 # The gateway as `manage.py gateway serve` has it (gateway.assembly), with the console's
-# chat in front and, behind it, the agents' and guard checks' lean routes, then Django.
-gateway_assembly = build(LeanAgentRoutes(GuardCheckRoute(django_asgi_app)), chat=True)
+# chat in front and, behind it, the agents', guard checks' and mirror files' lean routes,
+# then Django.
+gateway_assembly = build(
+    LeanAgentRoutes(GuardCheckRoute(MirrorFileRoute(django_asgi_app))), chat=True
+)
 gateway_state = gateway_assembly.state
 gateway_metrics = gateway_assembly.metrics
 gateway = gateway_assembly.gateway
@@ -32,7 +36,8 @@ application = ProtocolTypeRouter(
         # /healthz, the Host check, the console's chat and /metrics in front of the
         # gateway's /v1/ (gateway.assembly.LAYERS); agents' heartbeats and desired lists
         # skip Django's stack (cluster/api/lean.py), and so do guard checks
-        # (guard/api/lean.py); Django has the rest, and checks its own hosts.
+        # (guard/api/lean.py) and the mirror's files sent to nodes (updates/lean.py);
+        # Django has the rest, and checks its own hosts.
         "http": gateway_assembly.application,
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))

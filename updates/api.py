@@ -12,7 +12,8 @@ them (a replica of it assigned to the node):
   404 ``{"state": "off" | "none", "detail"}`` when the mirror is off or the model's source
   has nothing to mirror: the node fetches as it did before;
 - ``GET /api/v1/updates/mirror/files/<fetch>/<path>`` a file's bytes, with ``Range``
-  (206 and ``Content-Range``), ``ETag`` its sha256.
+  (206 and ``Content-Range``), ``ETag`` its sha256 (sent on a lean path in front of Django
+  in the web process: updates.lean).
 
 Operators (an API token or a session): ``POST /api/v1/catalog/models/<name>/update-check/``
 checks one model now and answers the check's JSON object (``updates.check.Result``);
@@ -24,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -116,51 +119,91 @@ def node_manifest(request: HttpRequest, name: str) -> HttpResponse:
     )
 
 
-@require_http_methods(["GET", "HEAD"])
-def node_file(request: HttpRequest, pk: int, path: str) -> HttpResponse:
-    """Send one file of a done fetch to a node, whole or from a ``Range``."""
-    node = _node(request)
-    if node is None:
-        return _unauthorized()
+@dataclass(frozen=True)
+class Held:
+    """A file of a done fetch, as the mirror holds it."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
+def held_file(node: Any, pk: int, path: str) -> Held | str:
+    """Return the file ``path`` of done fetch ``pk`` for ``node``, or why not: "missing" (no
+    such fetch, file, or file on disk), or the model's name when it is not placed on it."""
     f = Fetch.objects.filter(pk=pk, state=FetchState.DONE).first()
     listed = {x["path"]: x for x in (f.files if f is not None else [])}
     if f is None or path not in listed:
-        return JsonResponse({"detail": "the mirror holds no such file"}, status=404)
+        return "missing"
     if not _placed_on(node, f.model):
-        return _not_placed(f.model)
+        return f.model
     try:
         file_path = mirror._file_in(mirror.root() / f.folder, path)
         size = file_path.stat().st_size
     except (mirror.MirrorError, OSError):
+        return "missing"
+    return Held(file_path, size, str(listed[path]["sha256"] or ""))
+
+
+def byte_range(header: str, size: int) -> tuple[int, int, int]:
+    """Return what a ``Range`` header asks of a file of ``size`` bytes: (status, start, end):
+    200 the whole file (no header), 206 bytes ``start`` to ``end`` (excluded), 400 a header
+    not of the form ``bytes=START-`` or ``bytes=START-END``, 416 a range past the end."""
+    header = header.strip()
+    if not header:
+        return 200, 0, size
+    m = _RANGE.fullmatch(header)
+    if m is None:
+        return 400, 0, 0
+    start = int(m.group(1))
+    end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    if start >= size or end <= start:
+        return 416, 0, 0
+    return 206, start, end
+
+
+def file_headers(held: Held, status: int, start: int, end: int) -> dict[str, str]:
+    """Return the headers of an answer with bytes ``start`` to ``end`` of a held file."""
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Content-Length": str(end - start),
+        "Accept-Ranges": "bytes",
+    }
+    if held.sha256:
+        headers["ETag"] = f'"{held.sha256}"'
+    if status == 206:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{held.size}"
+    return headers
+
+
+@require_http_methods(["GET", "HEAD"])
+def node_file(request: HttpRequest, pk: int, path: str) -> HttpResponse:
+    """Send one file of a done fetch to a node, whole or from a ``Range``.
+
+    The web process answers one that is sent (200, 206) on a lean path in front of Django
+    (updates.lean); anything else, and every request under another server, is answered here.
+    """
+    node = _node(request)
+    if node is None:
+        return _unauthorized()
+    held = held_file(node, pk, path)
+    if held == "missing":
         return JsonResponse({"detail": "the mirror holds no such file"}, status=404)
-    start, end, partial = 0, size, False
-    header = request.headers.get("Range", "").strip()
-    if header:
-        m = _RANGE.fullmatch(header)
-        if m is None:
-            return JsonResponse(
-                {"detail": "Range must be bytes=START- or bytes=START-END"}, status=400
-            )
-        start = int(m.group(1))
-        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-        if start >= size or end <= start:
-            response = HttpResponse(status=416)
-            response["Content-Range"] = f"bytes */{size}"
-            return response
-        partial = True
+    if isinstance(held, str):
+        return _not_placed(held)
+    status, start, end = byte_range(request.headers.get("Range", ""), held.size)
+    if status == 400:
+        return JsonResponse({"detail": "Range must be bytes=START- or bytes=START-END"}, status=400)
+    if status == 416:
+        response = HttpResponse(status=416)
+        response["Content-Range"] = f"bytes */{held.size}"
+        return response
     if request.method == "HEAD":
-        response: HttpResponse = HttpResponse(status=206 if partial else 200)
+        response = HttpResponse(status=status)
     else:
-        response = StreamingHttpResponse(
-            _read(file_path, start, end), status=206 if partial else 200
-        )
-    response["Content-Type"] = "application/octet-stream"
-    response["Content-Length"] = str(end - start)
-    response["Accept-Ranges"] = "bytes"
-    if listed[path]["sha256"]:
-        response["ETag"] = f'"{listed[path]["sha256"]}"'
-    if partial:
-        response["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        response = StreamingHttpResponse(_read(held.path, start, end), status=status)
+    for name, value in file_headers(held, status, start, end).items():
+        response[name] = value
     return response
 
 

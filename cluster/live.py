@@ -270,6 +270,13 @@ class ModelRow:
     scale_reason: str = ""
     # The capacity bench's last word on it today (started, done with its figure, failed).
     bench: str = ""
+    role: str = ""  # the catalog's: "guard" for a judge, which the bench does not drive
+
+    @property
+    def benchable(self) -> bool:
+        """Whether the bench can drive it: a ready replica, and not a judge (the gateway
+        serves judges to no client, and the bench goes through the gateway)."""
+        return bool(self.ready) and self.role != "guard"
 
     @property
     def dom_id(self) -> str:
@@ -347,7 +354,11 @@ def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
         .values_list("replica_id", "node__name", "cards")
     ):
         where[replica_id].append((node_name, len(card_list or ())))
-    catalog = dict(ServedModel.objects.filter(name__in=present).values_list("name", "pk"))
+    catalog, roles = {}, {}
+    for name, pk, role in ServedModel.objects.filter(name__in=present).values_list(
+        "name", "pk", "role"
+    ):
+        catalog[name], roles[name] = pk, role
     by_model: dict[str, list[ReplicaRow]] = defaultdict(list)
     for r in replicas:
         current = prints.get(r.model_name, {}).get(r.profile)
@@ -383,7 +394,7 @@ def model_rows(names: Iterable[str] | None = None) -> list[ModelRow]:
             for r in reps
             if r.replaces is not None
         ]
-        rows.append(ModelRow(name, catalog.get(name), reps, rolls))
+        rows.append(ModelRow(name, catalog.get(name), reps, rolls, role=roles.get(name, "")))
     for scale in ModelScale.objects.filter(model_name__in=[r.name for r in rows]):
         row = next(r for r in rows if r.name == scale.model_name)
         row.scale_target = scale.target

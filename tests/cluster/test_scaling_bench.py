@@ -197,3 +197,21 @@ def test_the_sim_slows_as_its_batch_fills() -> None:
     import asyncio
 
     assert [asyncio.run(stretch_at(n)) for n in (0, 1, 2, 4)] == [1.0, 1.0, 1.5, 2.5]
+
+
+@pytest.mark.django_db
+def test_the_cluster_page_offers_bench_for_a_ready_model_and_never_for_a_judge(
+    client_for: Any, operator: Any
+) -> None:
+    """The bench goes through the gateway, which serves judges to no client: the first
+    start's walk found a Bench button on the sim judge that could only be refused."""
+    from tests.guard.helpers import guard_model
+
+    two_profiles()
+    guard_model("judge", endpoint="http://127.0.0.1:9")
+    served = ServedModel.objects.get(name="chat")
+    Replica.objects.create(model=served, model_name="chat", state="ready", endpoint="http://x")
+    html = client_for(operator).get("/cluster/").content.decode()
+    assert 'id="' + live.model_dom_id("judge") + '"' in html  # its card is there
+    assert "/cluster/models/judge/bench/" not in html
+    assert "/cluster/models/chat/bench/" in html

@@ -3,23 +3,37 @@
     .venv/bin/python bench/mirror.py [--mb 512] [--runs 3]
 
 A file of ``--mb`` random megabytes is served by the Hub stand-in (tests/updates/
-hubstandin.py, a process of its own) as a repository; the mirror fetches it through
-``huggingface_hub`` (its resumable downloader, then the sha256 check and the rename), and
-a node's agent code (agent.mirror) takes it from a real web process (``manage.py serve``)
-with its node token (the sha256 checked again at the node). Each is compared with a plain
-copy of the file on the same disk. Each is run ``--runs`` times (the mirror's folder, its
-fetches and the node's folder emptied in between); the median is printed, then every run
-and the load average, since on a shared machine one run says little. Runs on a throwaway
-database on the configured server (tests/settings.py) and drops it after. Prints figures;
-asserts nothing. Goal (issue 19): each at least 0.8 of the plain copy.
+hubstandin.py, a process of its own, sending it with ``sendfile``) as a repository; the
+mirror fetches it (``updates.mirror.run_fetch``: the registry asked through
+``huggingface_hub``, the file received by ``agent.transfer``, hashed as it arrives, checked
+against its sha256 and renamed into place), and a node's agent code (agent.mirror) takes it
+from a real web process (``manage.py serve``) with its node token (the sha256 checked again
+at the node). Each ends with ``os.sync()``, as the copy does.
+
+Each is compared with a plain copy of the file on the same disk (``shutil.copyfile``: the
+kernel copies, no byte passes through Python), and, since a fetch must hash every byte it
+receives (at the mirror and again at the node), with a copy followed by the copy's sha256,
+and with sha256 alone (over a buffer in memory: the rate one core hashes at). Each is run
+``--runs`` times (the mirror's folder, its fetches and the node's folder emptied in
+between); the median is printed, then every run and the load average, since on a shared
+machine one run says little, and the CPU each took a GB (this process's, all its threads;
+for the node's fetch the web process's too), which others' load moves much less than the
+rate. What a long-running process does once (importing ``huggingface_hub``, reading the CAs
+for TLS) is done before the runs. Runs on a throwaway database on the configured server
+(tests/settings.py) and drops it after. Prints figures; asserts nothing. Goal (issue 19):
+each at least 0.8 of the plain copy (docs/updates.md, "Figures").
 
     mirror fetch: <MB/s> (disk copy <MB/s>)
     node fetch from mirror: <MB/s>
+    against: disk copy <MB/s>, copy then its sha256 <MB/s>, sha256 alone <MB/s>; ...
+    CPU seconds a GB ...: disk copy <s>, copy then sha256 <s>, mirror fetch <s>, node ...
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
 import os
 import shutil
 import statistics
@@ -47,6 +61,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=512, help="the weights file's size in MB")
     parser.add_argument("--runs", type=int, default=3, help="runs of each measurement")
     args = parser.parse_args()
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's every request
     from django.conf import settings
 
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-mirror-"))
@@ -58,13 +73,25 @@ def main() -> None:
             n = min(left, 8 << 20)
             f.write(os.urandom(n))
             left -= n
-    copies = []
+    copies, checked, hashes = [], [], []
+    cpu: dict[str, list[float]] = {"copy": [], "checked": [], "mirror": [], "node": [], "web": []}
     for _ in range(args.runs):
-        start = time.perf_counter()
+        os.sync()
+        start, used = time.perf_counter(), _cpu()
         shutil.copyfile(source, work / "copy.bin")
         os.sync()
         copies.append(size / 1e6 / (time.perf_counter() - start))
+        cpu["copy"].append(_cpu() - used)
         (work / "copy.bin").unlink()
+        os.sync()
+        start, used = time.perf_counter(), _cpu()
+        shutil.copyfile(source, work / "copy.bin")
+        _sha256(work / "copy.bin")
+        os.sync()
+        checked.append(size / 1e6 / (time.perf_counter() - start))
+        cpu["checked"].append(_cpu() - used)
+        (work / "copy.bin").unlink()
+        hashes.append(_sha256_rate(size))
 
     hub = subprocess.Popen(
         [sys.executable, "-m", "tests.updates.hubstandin", REPO, str(source)],
@@ -84,16 +111,24 @@ def main() -> None:
         from updates.models import Fetch
 
         store(gpu_model("bench", source=REPO))
+        # Once a process: importing huggingface_hub (its first call), reading the CAs.
+        from agent import transfer
+        from updates import registry
+
+        registry.latest(REPO)
+        transfer.tls()
         fetches = []
         for i in range(args.runs):
             if i:
                 Fetch.objects.all().delete()
                 shutil.rmtree(work / "mirror")
             fetch = mirror.request_fetch("bench", start=False)
-            start = time.perf_counter()
+            os.sync()
+            start, used = time.perf_counter(), _cpu()
             done = mirror.run_fetch(fetch.pk)
             os.sync()
             fetches.append(size / 1e6 / (time.perf_counter() - start))
+            cpu["mirror"].append(_cpu() - used)
             assert done is not None and done.state == "done", done and done.reason
         print(
             f"mirror fetch: {statistics.median(fetches):.0f} MB/s "
@@ -128,18 +163,41 @@ def main() -> None:
         for _ in range(args.runs):
             shutil.rmtree(work / "node", ignore_errors=True)
             client = MirrorClient(f"http://127.0.0.1:{port}", token, work / "node")
-            start = time.perf_counter()
+            os.sync()
+            start, used, served = time.perf_counter(), _cpu(), _cpu(web.pid)
             path = client.fetch("bench", REPO, "vllm")
             os.sync()
             nodes.append(size / 1e6 / (time.perf_counter() - start))
+            cpu["node"].append(_cpu() - used)
+            cpu["web"].append(_cpu(web.pid) - served)
             assert path is not None
         print(f"node fetch from mirror: {statistics.median(nodes):.0f} MB/s")
 
         def each(xs: list[float]) -> str:
             return " ".join(f"{x:.0f}" for x in xs)
 
+        copy, both = statistics.median(copies), statistics.median(checked)
+        mirrored, node = statistics.median(fetches), statistics.median(nodes)
         print(
-            f"runs (MB/s): disk copy {each(copies)}; mirror fetch {each(fetches)}; "
+            f"against: disk copy {copy:.0f} MB/s, copy then its sha256 {both:.0f} MB/s, "
+            f"sha256 alone {statistics.median(hashes):.0f} MB/s; mirror fetch "
+            f"{mirrored / copy:.2f} of the copy, {mirrored / both:.2f} of copy then sha256; "
+            f"node fetch {node / copy:.2f}, {node / both:.2f}"
+        )
+        gb = size / 1e9
+
+        def per_gb(key: str) -> str:
+            return f"{statistics.median(cpu[key]) / gb:.2f}"
+
+        print(
+            f"CPU seconds a GB (medians; steadier than MB/s on a shared machine): disk copy "
+            f"{per_gb('copy')}, copy then sha256 {per_gb('checked')}, mirror fetch "
+            f"{per_gb('mirror')} (the stand-in sends with sendfile), node fetch {per_gb('node')} "
+            f"+ {per_gb('web')} in the web process serving it"
+        )
+        print(
+            f"runs (MB/s): disk copy {each(copies)}; copy then sha256 {each(checked)}; "
+            f"sha256 alone {each(hashes)}; mirror fetch {each(fetches)}; "
             f"node fetch {each(nodes)}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
         )
     finally:
@@ -149,6 +207,34 @@ def main() -> None:
         hub.wait()
         webproc.drop_database(old_name)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _cpu(pid: int | None = None) -> float:
+    """Return the CPU seconds (user and system, every thread) this process, or ``pid``, used."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(1 << 20)
+    with open(path, "rb") as f:
+        while n := f.readinto(buffer):
+            digest.update(memoryview(buffer)[:n])
+    return digest.hexdigest()
+
+
+def _sha256_rate(size: int) -> float:
+    """Return the MB/s one core hashes ``size`` bytes at, from a buffer in memory."""
+    buffer = os.urandom(1 << 20)
+    digest = hashlib.sha256()
+    start = time.perf_counter()
+    for _ in range(size >> 20):
+        digest.update(buffer)
+    return (size >> 20 << 20) / 1e6 / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":

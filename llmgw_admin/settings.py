@@ -428,6 +428,7 @@ LOGGING = {
     # httpx logs every request at INFO: one line per judge call and per agent call.
     "loggers": {
         "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},  # huggingface_hub's: a line per registry request
         "channels_redis.pubsub": {"filters": ["layer_away"]},
         # An agent's ordinary 404 and 409 from the mirror's API are not warnings.
         "django.request": {"filters": ["agent_answers"]},

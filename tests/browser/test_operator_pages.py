@@ -225,7 +225,7 @@ def test_a_new_join_token_is_copied_by_its_copy_button(open_page: Any, admin_use
 
 
 @pytest.mark.parametrize("viewport", [WIDE, PHONE], ids=["1280", "390"])
-def test_a_models_and_an_owners_page_chart_their_traffic_in_place(
+def test_a_models_an_owners_and_the_keys_page_chart_their_traffic_in_place(
     open_page: Any, operator: Any, viewport: dict[str, int]
 ) -> None:
     """Issue 20, item 5: charts on a model's page and an owner's page (not only links),
@@ -264,3 +264,14 @@ def test_a_models_and_an_owners_page_chart_their_traffic_in_place(
     assert charts.locator("figure[data-series='tokens out'] [data-role=no-traffic]").count() == 0
     fits(owner)
     assert owner.errors == []
+
+    # The Keys page: a key's "over time" shows its charts below the keys, in place.
+    from gateway import services as keys
+
+    keys.create_key("app", via="test")
+    listing = open_page(operator, "/gateway/keys/", viewport)
+    listing.locator("tr[data-key=app] a[data-role=key-history]").click()
+    listing.locator("#key-history #history-key-app figure[data-series=requests]").wait_for()
+    assert listing.url.endswith("/gateway/keys/")
+    fits(listing)
+    assert listing.errors == []

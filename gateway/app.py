@@ -106,6 +106,8 @@ class Gateway:
         self.observer = observer or Observer()
         # Requests in flight per replica in this process (the balancer reads them).
         self.in_flight: dict[int, int] = {}
+        # Of those, the requests of keys pinned to a replica (the bench's): not load.
+        self.pinned_in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
         # Replicas left out of routing after failures in a row (gateway.outliers).
@@ -247,6 +249,7 @@ class Gateway:
             ttft=None if first is None else first - cycle.start_at,
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
+            pinned=key is not None and key.replica is not None,
         )  # fmt: skip
         self.observer.request(ended)
         if key is None or key.replica is None:  # a pinned key's overload is deliberate

@@ -30,6 +30,9 @@ class Done:
     # The engine's: to its first token as it reached the gateway (or its whole answer),
     # before any hold of the guard's.
     engine_ttft: float | None = None
+    # Sent by a key pinned to one replica (the capacity bench's): its times are the bench's
+    # deliberate overload, not the model's service (no TTFT for the SLO or load scaling).
+    pinned: bool = False
 
 
 @dataclass(frozen=True)

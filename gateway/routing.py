@@ -143,8 +143,15 @@ class Routing:
         if pool is None or replica not in pool.endpoints:
             raise errors.pinned_away(model.name, replica, gw.options.retry_after)
         await self._check_context(table, pool, model, cycle)
-        outcome = await self.attempt(cycle, pool.endpoints[replica], replica, model,
-                                     served=model.name, engine=pool.engines.get(replica, ""))  # fmt: skip
+        pinned = gw.pinned_in_flight  # counted apart: load scaling leaves the bench out
+        pinned[replica] = pinned.get(replica, 0) + 1
+        try:
+            outcome = await self.attempt(cycle, pool.endpoints[replica], replica, model,
+                                         served=model.name, engine=pool.engines.get(replica, ""))  # fmt: skip
+        finally:
+            pinned[replica] -= 1
+            if not pinned[replica]:
+                del pinned[replica]
         if outcome is not None:
             raise errors.pinned_failed(model.name, replica, outcome)
 

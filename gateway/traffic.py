@@ -122,7 +122,7 @@ class Traffic(Listener):
             elif done.status >= 500 or done.status == 429:
                 b.errors += 1
             b.tokens_out += done.tokens_out
-            if done.ttft is not None and done.status == 200:
+            if done.ttft is not None and done.status == 200 and not done.pinned:
                 b.ttft[bucket(done.ttft * 1000)] += 1
                 if done.engine_ttft is not None:
                     b.engine_ttft[bucket(done.engine_ttft * 1000)] += 1

@@ -201,3 +201,38 @@ def test_no_public_surface_sets_a_pin(operator: Any, api_for: Any, client_for: A
         call_command("gateway", "key", "create", "cli-key", "--replica", "5", stdout=io.StringIO())
     # The admin shows keys read-only; the pin is no field of any form (not editable).
     assert not ClientKey._meta.get_field("replica").editable
+
+
+def test_load_scaling_leaves_out_a_pinned_keys_requests_in_flight_and_their_times(
+    h: Harness,
+) -> None:
+    """The bench overloads its replica on purpose: load scaling must not answer it with a
+    replica more (its in-flight requests and TTFTs are left out of the load report), while
+    another key's request on the same replica counts."""
+    import threading
+
+    from gateway.loadreport import LoadReport
+    from gateway.observe import Fanout
+    from gateway.traffic import Traffic
+
+    traffic = Traffic("test:1")
+    traffic._started = True  # taken by hand below, not by its thread
+    h.gateway.observer = Fanout(h.gateway.observer, traffic)
+    slow = h.engine("slow", delay=0.5)
+    h.serve([model("m")], [(1, "m", slow)])
+    writer = LoadReport(h.gateway, "test:1")
+    asking = [threading.Thread(target=ask, args=(h, PINNED)) for _ in range(3)]
+    for t in asking:
+        t.start()
+    wait(lambda: h.gateway.in_flight.get(1) == 3, 5, "the bench's three requests in flight")
+    assert writer.in_flight_now() == {}  # none of them is load
+    other = threading.Thread(target=ask, args=(h, KEY))
+    other.start()
+    wait(lambda: h.gateway.in_flight.get(1) == 4, 5, "a client's request beside them")
+    assert writer.in_flight_now() == {"m": 1}
+    for t in [*asking, other]:
+        t.join(15)
+    wait(lambda: not h.gateway.in_flight, 5, "every request's end")
+    items = traffic.take(2**40)
+    assert sum(i["requests"] for i in items) == 4  # the Traffic page sees the bench run
+    assert sum(sum(i["ttft"]) for i in items) == 1  # but only the client's time counts

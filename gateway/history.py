@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import admission
+from gateway.admission import EDGES_MS, quantile
 from gateway.observe import Done, Listener
-from gateway.traffic import EDGES_MS, quantile
 from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)

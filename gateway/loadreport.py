@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from cluster import load
-from gateway.traffic import EDGES_MS
+from gateway.admission import EDGES_MS
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from redis import Redis
 
 from cluster import load
 from cluster.scaling import Load
+from gateway.admission import EDGES_MS
 from gateway.loadreport import LoadReport
-from gateway.traffic import EDGES_MS
 from tests.redisserver import url as redis_url
 
 N = len(EDGES_MS) + 1

@@ -12,7 +12,7 @@ import pytest
 
 from cluster import agentbeat, agentreport, live, load, reconciler, services
 from cluster.models import ClusterAction, ModelScale, Node, Replica
-from gateway.traffic import EDGES_MS
+from gateway.admission import EDGES_MS
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 

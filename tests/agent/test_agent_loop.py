@@ -320,6 +320,10 @@ def test_unreachable_control_plane_leaves_engines_running_and_reports_wait(
 
     eventually(restarted)
     assert plane.last(42)["pid"] == first["pid"]  # nothing reached it yet
+    # The agent itself has seen the new engine ready (its health answers a moment before
+    # the supervisor's next look: a control plane back in between hears "loading" first).
+    wait_until(lambda: sum("ready (the engine answers /health)" in r.getMessage()
+                           for r in caplog.records) >= 2, what="the restarted engine ready")  # fmt: skip
 
     plane.up()
     eventually(lambda: plane.last(42)["restarts"] == 1 and plane.last(42)["state"] == "ready")

@@ -132,6 +132,20 @@ class LiveConsumer(AsyncWebsocketConsumer):
     # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
     channel_layer_alias = NO_OWN_CHANNEL
     counted: int | None = None  # the user id this console is counted against
+    # Set once this console closes (by itself or by the browser): an event that was on
+    # its way is dropped, not sent after the close (uvicorn refuses that with a
+    # RuntimeError, which the hub logged with its traceback each time Redis went away).
+    closing: bool = False
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        self.closing = True
+        await super().close(code=code, reason=reason)
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
+                   close: bool = False) -> None:  # fmt: skip
+        if self.closing:
+            return
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
 
     async def _accept(self) -> bool:
         """Accept the socket, or say False when the browser left while ``connect`` read what
@@ -231,6 +245,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
+        self.closing = True
         if self.counted is not None:
             left = _open.get(self.counted, 1) - 1
             if left > 0:
@@ -271,6 +286,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
         event of ``llmgw_core.events.EVENTS``."""
         await self.ready.wait()
+        if self.closing:
+            return
         handler = getattr(self, event["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(event)

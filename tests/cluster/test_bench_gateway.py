@@ -18,25 +18,11 @@ from django.core.management import CommandError, call_command
 from catalog.models import ServedModel
 from cluster.models import ClusterAction, Replica
 from gateway.models import ClientKey, Usage
-from tests.catalog.samples import store
+from tests.cluster.test_scaling_bench import two_profiles
 from tests.guard.helpers import guard_model
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def chat(**extra: Any) -> None:
-    store({
-        "name": "chat",
-        "source": "org/chat",
-        "slo": {"ttft_p99": "400ms"},
-        "scaling": {"min": 2, "max": 2},
-        "profiles": [
-            {"name": "big", "engine": "sim", "gpu_class": "nvidia-h100-80gb"},
-            {"name": "small", "engine": "sim", "gpu_class": "nvidia-l4"},
-        ],
-        **extra,
-    })  # fmt: skip
 
 
 def ready_replica(profile: str, sims: Any, parallel: int) -> tuple[Replica, Any]:
@@ -49,7 +35,7 @@ def ready_replica(profile: str, sims: Any, parallel: int) -> tuple[Replica, Any]
 
 
 def test_the_bench_goes_through_the_gateway_to_its_replica_alone(sims: Any, gateway: Any) -> None:
-    chat()
+    two_profiles()
     _, big = ready_replica("big", sims, 6)
     small_row, small = ready_replica("small", sims, 2)
     out = StringIO()
@@ -83,7 +69,7 @@ def test_the_bench_goes_through_the_gateway_to_its_replica_alone(sims: Any, gate
 
 
 def test_no_gateway_at_the_url_says_where_it_looked(sims: Any, settings: Any) -> None:
-    chat()
+    two_profiles()
     ready_replica("big", sims, 2)
     settings.LLMGW_GATEWAY_URL = "http://127.0.0.1:9"
     with pytest.raises(CommandError, match=r"no answer from the gateway at http://127\.0\.0\.1:9 "

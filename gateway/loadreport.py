@@ -48,7 +48,7 @@ class LoadReport:
         """The requests in flight per model at this instant (a copy: safe beside the loop)."""
         in_flight = dict(self.gateway.in_flight)  # one C-level copy
         # Less the capacity bench's (a key pinned to a replica): its overload is deliberate.
-        pinned = dict(getattr(self.gateway, "pinned_in_flight", {}))
+        pinned = dict(self.gateway.pinned_in_flight)
         out = {}
         for name, pool in list(self.gateway.state.table.pools.items()):
             count = sum(max(0, in_flight.get(replica, 0) - pinned.get(replica, 0))

@@ -98,7 +98,7 @@ def test_the_gateway_writes_its_in_flight_waiting_and_ttft(settings: object) -> 
     pool = SimpleNamespace(endpoints={11: "http://a", 12: "http://b"})
     state = SimpleNamespace(table=SimpleNamespace(pools={"chat": pool}),
                             _waiters={"cold": [object(), object()], "none": []})  # fmt: skip
-    gateway = SimpleNamespace(state=state, in_flight={11: 2, 12: 1, 99: 4})
+    gateway = SimpleNamespace(state=state, in_flight={11: 2, 12: 1, 99: 4}, pinned_in_flight={})
     writer = LoadReport(gateway, "here:1")
     now = time.time()
     second = int(now) - 1
@@ -118,7 +118,7 @@ def test_a_failed_write_is_dropped_and_counted(settings: object) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # type: ignore[attr-defined]
     load._client = None
     gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={}),
-                                                    _waiters={}), in_flight={})  # fmt: skip
+                                                    _waiters={}), in_flight={}, pinned_in_flight={})  # fmt: skip
     writer = LoadReport(gateway, "here:1")
     try:
         writer.tick([])
@@ -133,7 +133,7 @@ def test_in_flight_is_the_mean_of_the_last_seconds_samples(settings: object) -> 
 
     pool = SimpleNamespace(endpoints={11: "http://a"})
     gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={"chat": pool}),
-                                                    _waiters={}), in_flight={11: 4})  # fmt: skip
+                                                    _waiters={}), in_flight={11: 4}, pinned_in_flight={})  # fmt: skip
     writer = LoadReport(gateway, "here:1")
     writer.sample(now=100.0)
     gateway.in_flight = {}
@@ -163,7 +163,7 @@ def test_a_hung_redis_fails_writes_and_reads_in_time_and_they_resume_after(
     settings.LLMGW_REDIS_TIMEOUT_MS = 200  # type: ignore[attr-defined]
     gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={}),
                                                     _waiters={"cold": [object()]}),
-                              in_flight={})  # fmt: skip
+                              in_flight={}, pinned_in_flight={})  # fmt: skip
     writer = LoadReport(gateway, "hung:1")
     with fault_proxy((target.hostname, target.port)) as proxy:
         settings.REDIS_URL = f"redis://{proxy.address}/12"  # type: ignore[attr-defined]

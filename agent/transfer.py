@@ -78,14 +78,18 @@ def receive(
     timeout_s: float = 60.0,
     attempts: int = 5,
     moved: Callable[[int], None] | None = None,
+    answered: Callable[[Mapping[str, str], int | None], None] | None = None,
 ) -> str:
     """Fill ``part`` with the file at ``url``, resuming what it holds, and return the whole
     file's sha256.
 
     ``size`` is the file's length when known (more held than that is thrown away, and a
-    transfer is whole when it is reached); ``moved(bytes held)`` is called after each
-    buffer written (it may raise to stop: a cancelled download). ``timeout_s`` bounds the
-    connecting and every read.
+    transfer is whole when it is reached; unknown, the answer's length says when it is
+    whole); ``moved(bytes held)`` is called after each buffer written (it may raise to
+    stop: a cancelled download); ``answered(headers, whole length or None)`` is called for
+    each answer that carries the file (200 or 206), before its body, with the headers of
+    that answer (the last one, past redirects), their names lower-case. ``timeout_s``
+    bounds the connecting and every read.
 
     Raises:
         Refused: the server answered another status than 200, 206 (or 416 to a Range).
@@ -93,7 +97,9 @@ def receive(
     """
     digest = BackgroundSha256()
     try:
-        return _fill(url, part, size, dict(headers or {}), timeout_s, attempts, moved, digest)
+        return _fill(
+            url, part, size, dict(headers or {}), timeout_s, attempts, moved, answered, digest
+        )
     finally:
         digest.close()
 
@@ -106,6 +112,7 @@ def _fill(
     timeout_s: float,
     attempts: int,
     moved: Callable[[int], None] | None,
+    answered: Callable[[Mapping[str, str], int | None], None] | None,
     digest: BackgroundSha256,
 ) -> str:
     have = part.stat().st_size if part.exists() else 0
@@ -129,11 +136,17 @@ def _fill(
                     have = 0
                     digest.reset()
                     part.unlink(missing_ok=True)
+                whole = _whole_length(r)
+                if answered is not None:
+                    answered({k.lower(): v for k, v in r.headers.items()}, whole)
                 with open(part, "ab") as out, _Flusher(out) as flusher:
                     have = _body(r, out, digest, have, flusher, moved)
-            if size is None or have >= size:
+            # Unknown to the caller, the file's length is the answer's (http.client ends a
+            # body cut short as if it were whole).
+            expect = size if size is not None else whole
+            if expect is None or have >= expect:
                 return digest.hexdigest()
-            last = f"the transfer stopped at {have} of {size} bytes"
+            last = f"the transfer stopped at {have} of {expect} bytes"
         except _Lost as exc:
             last = str(exc)
     raise Broken(last, have)
@@ -166,6 +179,16 @@ def _open(url: str, headers: dict[str, str], have: int, timeout_s: float) -> Any
         raise _Lost(f"{type(exc.reason).__name__}: {exc.reason}") from None
     except (OSError, http.client.HTTPException) as exc:
         raise _Lost(f"{type(exc).__name__}: {exc}") from None
+
+
+def _whole_length(r: http.client.HTTPResponse) -> int | None:
+    """Return the whole file's length an answer gives (a 206's ``Content-Range``, a 200's
+    ``Content-Length``), or None when it gives none."""
+    if r.status == 206:
+        total = r.headers.get("Content-Range", "").rpartition("/")[2].strip()
+        return int(total) if total.isdigit() else None
+    length = r.headers.get("Content-Length", "").strip()
+    return int(length) if length.isdigit() else None
 
 
 class _Answered:

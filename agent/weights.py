@@ -15,13 +15,12 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import httpx
-
+from agent import transfer
 from agent.state import write_atomic
 
 MANIFEST = "sources.json"
@@ -36,10 +35,11 @@ DETAIL = "\n-- "
 HF_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 1024 * 1024
 # Broken transfers resumed within one download before giving up; the caller (the
 # supervisor) tries again later, resuming from what is on disk.
 _ATTEMPTS = 4
+# Seconds a download waits to connect, and for each read, before it resumes.
+_READ_TIMEOUT_S = 60.0
 
 Progress = Callable[[int, "int | None"], None]
 
@@ -156,7 +156,6 @@ def resolve(
     sha256: str | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
-    client: httpx.Client | None = None,
     folders: Sequence[str | os.PathLike[str]] | None = None,
     hosts: Sequence[str] | None = None,
     mirror: Any = None,
@@ -185,11 +184,7 @@ def resolve(
     check_source(source, [weights_dir] if folders is None else folders, hosts)
     what = kind(source)
     if what == "url":
-        return str(
-            download(
-                source, weights_dir, sha256=sha256, progress=progress, cancel=cancel, client=client
-            )
-        )
+        return str(download(source, weights_dir, sha256=sha256, progress=progress, cancel=cancel))
     if what == "hf":
         if engine in HF_ENGINES:
             return source
@@ -243,15 +238,6 @@ def _record(folder: Path, url: str, name: str, digest: str, size: int) -> None:
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
-def sha256_of(path: str | os.PathLike[str]) -> str:
-    """Return a file's sha256, reading it in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _lock_for(url: str) -> threading.Lock:
     with _url_locks_guard:
         return _url_locks.setdefault(url, threading.Lock())
@@ -264,9 +250,11 @@ def download(
     sha256: str | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
-    client: httpx.Client | None = None,
 ) -> Path:
     """Download a URL into the weights folder, or find it there, and return its path.
+
+    The file is received by ``agent.transfer`` (resumed with Range, hashed as it arrives,
+    put on disk as it goes), as the mirror's files are.
 
     Raises:
         WeightsError: the origin refused, the transfer kept breaking, or the file's
@@ -285,18 +273,8 @@ def download(
                 return final
             # The replica now expects other content than was fetched: fetch again.
             final.unlink()
-        own_client = client is None
-        http = client or httpx.Client(
-            timeout=httpx.Timeout(connect=10, read=60, write=10, pool=10),
-            follow_redirects=True,
-        )
-        try:
-            origin_sha = _fetch(http, url, folder / f"{name}.part", progress, cancel)
-        finally:
-            if own_client:
-                http.close()
         part = folder / f"{name}.part"
-        digest = sha256_of(part)
+        digest, origin_sha = _fetch(url, part, progress, cancel)
         want = expected or origin_sha
         if want and digest != want:
             part.unlink()
@@ -312,66 +290,57 @@ def download(
 
 
 def _fetch(
-    http: httpx.Client,
     url: str,
     part: Path,
     progress: Progress | None,
     cancel: threading.Event | None,
-) -> str | None:
-    """Fill ``part`` with the URL's content, resuming what it holds.
+) -> tuple[str, str | None]:
+    """Fill ``part`` with the URL's content, resuming what it holds; return the whole
+    file's sha256 and the one the origin gives for it, if it gives one.
 
-    Return the sha256 the origin gives for the file, if it gives one.
+    Raises:
+        WeightsError: the origin refused, or the transfer kept breaking.
+        DownloadCancelled: ``cancel`` was set.
     """
     origin_sha: str | None = None
-    last_error = ""
-    for _ in range(_ATTEMPTS):
-        have = part.stat().st_size if part.exists() else 0
-        headers = {"Range": f"bytes={have}-"} if have else {}
-        try:
-            with http.stream("GET", url, headers=headers) as response:
-                linked = response.headers.get("x-linked-etag", "").strip('"').lower()
-                if _SHA256.fullmatch(linked):
-                    # Hugging Face gives a large file's sha256 here.
-                    origin_sha = linked
-                if response.status_code == 416 and have:
-                    # Nothing past what is held: the earlier transfer was complete.
-                    return origin_sha
-                if response.status_code == 206:
-                    total = _range_total(response.headers.get("content-range", ""))
-                    mode = "ab"
-                elif response.status_code == 200:
-                    # The origin ignored the Range header: start over.
-                    have = 0
-                    length = response.headers.get("content-length")
-                    total = int(length) if length and length.isdigit() else None
-                    mode = "wb"
-                else:
-                    raise WeightsError(
-                        "the weights' origin refused the download",
-                        retry=response.status_code >= 500 or response.status_code == 429,
-                        detail=f"{url} answered HTTP {response.status_code}",
-                    )
-                with open(part, mode) as f:
-                    for chunk in response.iter_bytes():
-                        if cancel is not None and cancel.is_set():
-                            raise DownloadCancelled("download cancelled", detail=url)
-                        f.write(chunk)
-                        have += len(chunk)
-                        if progress:
-                            progress(have, total)
-            if total is None or have >= total:
-                return origin_sha
-            last_error = f"the transfer stopped at {have} of {total} bytes"
-        except httpx.TransportError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-    held = part.stat().st_size if part.exists() else 0
-    raise WeightsError(
-        "downloading the weights failed",
-        retry=True,
-        detail=f"downloading {url} failed: {last_error} (holding {held} bytes to resume from)",
-    )
+    total: int | None = None
 
+    def answered(headers: Mapping[str, str], whole: int | None) -> None:
+        nonlocal origin_sha, total
+        linked = headers.get("x-linked-etag", "").strip('"').lower()
+        if _SHA256.fullmatch(linked):
+            origin_sha = linked  # Hugging Face gives a large file's sha256 here
+        total = whole
 
-def _range_total(content_range: str) -> int | None:
-    match = re.fullmatch(r"bytes \d+-\d+/(\d+)", content_range.strip())
-    return int(match.group(1)) if match else None
+    def moved(have: int) -> None:
+        if cancel is not None and cancel.is_set():
+            raise DownloadCancelled("download cancelled", detail=url)
+        if progress:
+            progress(have, total)
+
+    if cancel is not None and cancel.is_set():
+        raise DownloadCancelled("download cancelled", detail=url)
+    try:
+        digest = transfer.receive(
+            url,
+            part,
+            size=None,
+            timeout_s=_READ_TIMEOUT_S,
+            attempts=_ATTEMPTS,
+            moved=moved,
+            answered=answered,
+        )
+    except transfer.Refused as exc:
+        raise WeightsError(
+            "the weights' origin refused the download",
+            retry=exc.status >= 500 or exc.status == 429,
+            detail=f"{url} answered HTTP {exc.status}",
+        ) from None
+    except transfer.Broken as exc:
+        raise WeightsError(
+            "downloading the weights failed",
+            retry=True,
+            detail=f"downloading {url} failed: {exc.reason} (holding {exc.have} bytes to "
+            "resume from)",
+        ) from None
+    return digest, origin_sha

@@ -19,29 +19,48 @@ one copy of each byte from the socket. httpx's stream hands over 64 KB chunks th
 receive buffer, two copies more and about twice the CPU a byte (bench/mirror.py,
 docs/updates.md: on this 2-core machine, shared, that CPU is the fetch's time).
 
-What arrives is put on disk as it goes (``fdatasync`` every ``FLUSH_EVERY`` bytes, on a
-thread of its own, and the rest at the end): a file the caller renames into place (or
-records as checked) is whole on disk, and the disk writes while the next bytes arrive
-rather than all at the end.
+What arrives is put on disk as it goes, around the page cache (``O_DIRECT``, in whole
+blocks of ``ALIGN`` bytes from ``agent.sha``'s page-aligned buffers) where the filesystem
+takes it: a weights file of many gigabytes neither pushes everything else out of the
+machine's memory nor costs the kernel a copy of every byte into it (on this 2-core VM,
+fresh page-cache pages cost the fetch up to 2 CPU seconds a GB more; bench/mirror.py,
+docs/updates.md). A piece shorter than a block (the file's end, a transfer cut short, a
+``.part`` resumed mid-block) goes through the page cache, and the transfer is back to
+whole blocks from the next block's start. Through the page cache, ``fdatasync`` is asked
+every ``FLUSH_EVERY`` bytes on a thread of its own. Either way the file is synced when the
+transfer ends: a file the caller renames into place (or records as checked) is whole on
+disk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import http.client
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from agent.sha import BackgroundSha256
 
-# Bytes written between two asks to put them on disk (``_Flusher``).
+# Bytes written through the page cache between two asks to put them on disk (``_Flusher``).
 FLUSH_EVERY = 16 << 20
+# The block a write around the page cache is made of: its offset and length a multiple of
+# it (4096 covers disks of 512- and 4096-byte sectors), from a page-aligned buffer.
+ALIGN = 4096
+# A buffer is read into this many bytes at a time (a multiple of ``ALIGN``), and handed on
+# part full once this many seconds have passed.
+STEP = 1 << 20
+SLOW_S = 0.25
+# ``os.O_DIRECT`` where the system has it (0: every write goes through the page cache).
+_DIRECT = getattr(os, "O_DIRECT", 0)
 # Headers sent to the URL asked and to a redirect within its origin, never to another
 # (a registry's token is not the CDN's business).
 PRIVATE = ("Authorization",)
@@ -139,8 +158,8 @@ def _fill(
                 whole = _whole_length(r)
                 if answered is not None:
                     answered({k.lower(): v for k, v in r.headers.items()}, whole)
-                with open(part, "ab") as out, _Flusher(out) as flusher:
-                    have = _body(r, out, digest, have, flusher, moved)
+                with _Part(part, have) as out:
+                    have = _body(r, out, digest, have, moved)
             # Unknown to the caller, the file's length is the answer's (http.client ends a
             # body cut short as if it were whole).
             expect = size if size is not None else whole
@@ -206,25 +225,33 @@ class _Answered:
 
 def _body(
     r: http.client.HTTPResponse,
-    out: BinaryIO,
+    out: _Part,
     digest: BackgroundSha256,
     have: int,
-    flusher: _Flusher,
     moved: Callable[[int], None] | None,
 ) -> int:
-    """Write the answer's body to ``out``, hashed as it arrives and put on disk every
-    ``FLUSH_EVERY`` bytes; return the bytes held."""
+    """Write the answer's body to ``out``, hashed as it arrives; return the bytes held."""
 
     def read_into(view: memoryview) -> int:
+        # A buffer is filled ``STEP`` bytes at a time, and handed on part full once
+        # ``SLOW_S`` have passed: over a slow link the file still goes to disk, and its
+        # progress is still told, every few seconds at the most.
+        view = view[: out.room(len(view))]
+        got = 0
+        since = time.monotonic()
         try:
-            return r.readinto(view)
+            while got < len(view):
+                n = r.readinto(view[got : got + STEP])
+                got += n
+                if n < STEP or time.monotonic() - since > SLOW_S:
+                    break
         except (OSError, http.client.HTTPException) as exc:
             raise _Lost(f"{type(exc).__name__}: {exc}") from None
+        return got
 
     while view := digest.fill(read_into):
         out.write(view)
         have += len(view)
-        flusher.wrote(len(view))
         if moved is not None:
             moved(have)
     return have
@@ -233,25 +260,109 @@ def _body(
 _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
-class _Flusher:
-    """Put what a file was written on disk as the transfer goes (a thread of its own,
-    asked every ``FLUSH_EVERY`` bytes), and the rest when it ends well, before the caller
-    renames the file into place: a file renamed into place, or recorded as checked, is on
-    disk whole, and the disk writes the file while the next bytes arrive, not all at the
-    end (bench/mirror.py: the copy it is measured against spends half its time in the
-    final sync)."""
+class _Part:
+    """A ``.part`` file open to be written on from byte ``have`` (what it holds): around
+    the page cache where it can be, in whole blocks, through it otherwise (``_Flusher``),
+    and synced when the block ends well."""
 
-    def __init__(self, out: BinaryIO) -> None:
-        self._out = out
-        self._fd = out.fileno()
+    def __init__(self, path: Path, have: int) -> None:
+        self._fd = -1
+        self._can_direct = bool(_DIRECT)
+        if self._can_direct:
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | _DIRECT, 0o644)
+            except OSError:  # a filesystem that takes no O_DIRECT (EINVAL)
+                self._can_direct = False
+        if self._fd < 0:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._direct = self._can_direct
+        try:
+            os.ftruncate(self._fd, have)
+            os.lseek(self._fd, have, os.SEEK_SET)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self._at = have
+        self._flusher = _Flusher(self._fd)
+        if self._direct and have % ALIGN:
+            self._set_direct(False)  # up to the next block's start
+
+    def __enter__(self) -> _Part:
+        self._flusher.start()
+        return self
+
+    def room(self, n: int) -> int:
+        """Return how many of ``n`` bytes to read next: those up to the next block's start
+        when the file is written through the page cache for now and could be around it."""
+        if self._can_direct and not self._direct and self._at % ALIGN:
+            return min(n, ALIGN - self._at % ALIGN)
+        return n
+
+    def write(self, view: memoryview) -> None:
+        """Write ``view`` (from the start of a page-aligned buffer, or a piece the length
+        ``room`` said) where the file stands."""
+        if self._direct:
+            whole = len(view) - len(view) % ALIGN
+            done = self._write(view[:whole]) if whole else 0
+            view = view[done:]
+            if view:
+                self._set_direct(False)  # a piece shorter than a block: the file's end
+        if view:
+            self._write(view)
+            self._flusher.wrote(len(view))
+        if self._can_direct and not self._direct and self._at % ALIGN == 0:
+            self._set_direct(True)
+
+    def _write(self, view: memoryview) -> int:
+        """Write ``view``; return the bytes written around the page cache before it had to
+        go through it (all of them when it did not)."""
+        n = len(view)
+        while view:
+            try:
+                wrote = os.write(self._fd, view)
+            except OSError as exc:
+                if not self._direct or exc.errno != errno.EINVAL:
+                    raise
+                # O_DIRECT taken at open and refused on writing (some filesystems): the
+                # page cache from here on.
+                self._can_direct = False
+                self._set_direct(False)
+                return n - len(view)
+            view = view[wrote:]
+            self._at += wrote
+            if view and self._direct:
+                return n - len(view)  # a short write: the rest through the page cache
+        return n
+
+    def _set_direct(self, on: bool) -> None:
+        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags | _DIRECT if on else flags & ~_DIRECT)
+        self._direct = on
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self._flusher.stop()
+            if kind is None:
+                _datasync(self._fd)
+        finally:
+            os.close(self._fd)
+
+
+class _Flusher:
+    """Put what a file was written through the page cache on disk as the transfer goes (a
+    thread of its own, asked every ``FLUSH_EVERY`` bytes): the disk writes the file while
+    the next bytes arrive, not all at the end (bench/mirror.py: the copy it is measured
+    against spends half its time in the final sync)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
         self._since = 0
         self._asked = threading.Event()
         self._done = False
         self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
 
-    def __enter__(self) -> _Flusher:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
     def wrote(self, n: int) -> None:
         self._since += n
@@ -268,13 +379,11 @@ class _Flusher:
             with contextlib.suppress(OSError):  # a disk error: the end's sync raises it
                 _datasync(self._fd)
 
-    def __exit__(self, kind: object, *exc: object) -> None:
+    def stop(self) -> None:
         self._done = True
         self._asked.set()
-        self._thread.join()
-        if kind is None:
-            self._out.flush()
-            _datasync(self._fd)
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):

@@ -3,8 +3,11 @@ loopback: the Hub stand-in (Range, a transfer broken halfway) and a redirecting 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from agent import transfer
+from agent.sha import BUFFER
+from agent.transfer import ALIGN
 from tests.updates.hubstandin import Blob, HubStandIn
 
-WEIGHTS = bytes(range(256)) * 12_000  # about 3 MB: several of agent.sha's buffers
+WEIGHTS = bytes(range(256)) * (3 * BUFFER // 256 + 1000)  # 3 of agent.sha's buffers, and some
 SHA = hashlib.sha256(WEIGHTS).hexdigest()
 
 
@@ -109,6 +114,83 @@ def test_moved_may_stop_the_transfer(served: str, tmp_path: Path) -> None:
     with pytest.raises(InterruptedError):
         transfer.receive(served, part, size=len(WEIGHTS), moved=stop)
     assert 0 < part.stat().st_size < len(WEIGHTS)
+
+
+# -- around the page cache ---------------------------------------------------------------------
+
+# Where a transfer is cut: in the first block, at and about a block's end, a buffer's end,
+# and well into the file.
+CUTS = [1, ALIGN - 1, ALIGN, ALIGN + 1, BUFFER - 1, BUFFER, BUFFER + 1, 2 * BUFFER + 12345]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["O_DIRECT", "page-cache"])
+@pytest.mark.parametrize("held", [0, 100, ALIGN, BUFFER + 1])
+@pytest.mark.parametrize("cut", CUTS)
+def test_a_file_is_whole_wherever_it_was_held_and_cut(
+    hub: HubStandIn,
+    served: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
+    held: int,
+    cut: int,
+) -> None:
+    # Around the page cache a write is whole blocks from a block's start; a .part held,
+    # or a transfer cut, mid-block is written through the page cache up to the next
+    # block's start. Without O_DIRECT (macOS) every write goes through it.
+    if not direct:
+        monkeypatch.setattr(transfer, "_DIRECT", 0)
+    part = tmp_path / "w.bin.part"
+    if held:
+        part.write_bytes(WEIGHTS[:held])
+    hub.break_after["w.bin"] = held + cut
+    assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
+    assert part.read_bytes() == WEIGHTS
+    first = f"bytes={held}-" if held else ""
+    assert _ranges(hub) == [first, f"bytes={held + cut}-"]
+
+
+def _resident(path: Path) -> int:
+    """Return the bytes of a file in the page cache (util-linux's fincore)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+def test_a_file_received_leaves_the_page_cache_alone(served: str, tmp_path: Path) -> None:
+    # A weights file of many gigabytes written through the page cache would push what
+    # the machine holds there out; written around it, only the last piece (shorter than
+    # a block) stays. A file written plainly in the same folder is there whole, so the
+    # folder's filesystem keeps a page cache to leave alone.
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(WEIGHTS)
+    assert _resident(plain) >= len(WEIGHTS) - ALIGN
+    part = tmp_path / "w.bin.part"
+    assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
+    assert _resident(part) <= ALIGN
+    assert part.read_bytes() == WEIGHTS
+
+
+def test_a_filesystem_refusing_direct_writes_gets_the_page_cache(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Some filesystems take O_DIRECT when the file is opened and refuse the writes
+    # (EINVAL); the transfer goes on through the page cache, whole.
+    write = os.write
+    refused: list[int] = []
+
+    def write_refusing_direct(fd: int, data: object) -> int:
+        if transfer.fcntl.fcntl(fd, transfer.fcntl.F_GETFL) & transfer._DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return write(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "write", write_refusing_direct)
+    part = tmp_path / "w.bin.part"
+    assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
+    assert part.read_bytes() == WEIGHTS and len(refused) == 1
 
 
 # -- redirects ---------------------------------------------------------------------------------

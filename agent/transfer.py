@@ -24,7 +24,7 @@ blocks of ``ALIGN`` bytes from ``agent.sha``'s page-aligned buffers) where the f
 takes it: a weights file of many gigabytes neither pushes everything else out of the
 machine's memory nor costs the kernel a copy of every byte into it (on this 2-core VM,
 fresh page-cache pages cost the fetch up to 2 CPU seconds a GB more; bench/mirror.py,
-docs/updates.md). A piece shorter than a block (the file's end, a transfer cut short, a
+docs/updates.md). Only a local disk's filesystem is (``DIRECT_FILESYSTEMS``). A piece shorter than a block (the file's end, a transfer cut short, a
 ``.part`` resumed mid-block) goes through the page cache, and the transfer is back to
 whole blocks from the next block's start. Through the page cache, ``fdatasync`` is asked
 every ``FLUSH_EVERY`` bytes on a thread of its own. Either way the file is synced when the
@@ -39,6 +39,7 @@ import errno
 import fcntl
 import http.client
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -61,6 +62,10 @@ STEP = 1 << 20
 SLOW_S = 0.25
 # ``os.O_DIRECT`` where the system has it (0: every write goes through the page cache).
 _DIRECT = getattr(os, "O_DIRECT", 0)
+# The filesystems written around the page cache: local disks'. Over NFS or FUSE a direct
+# write is a round trip to the server each, and tmpfs is the page cache.
+DIRECT_FILESYSTEMS = frozenset({"ext4", "xfs", "btrfs", "f2fs"})
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 # Headers sent to the URL asked and to a redirect within its origin, never to another
 # (a registry's token is not the CDN's business).
 PRIVATE = ("Authorization",)
@@ -267,7 +272,7 @@ class _Part:
 
     def __init__(self, path: Path, have: int) -> None:
         self._fd = -1
-        self._can_direct = bool(_DIRECT)
+        self._can_direct = bool(_DIRECT) and filesystem(path) in DIRECT_FILESYSTEMS
         if self._can_direct:
             try:
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | _DIRECT, 0o644)
@@ -346,6 +351,28 @@ class _Part:
                 _datasync(self._fd)
         finally:
             os.close(self._fd)
+
+
+def filesystem(path: Path, mounts: str | None = None) -> str:
+    """Return the type of the filesystem ``path``'s folder is on (``ext4``, ``nfs4``,
+    ``tmpfs``...), from ``mounts`` (``/proc/self/mounts``'s text when None), or "" when
+    that is not known (no such file: not Linux)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+    folder = os.path.realpath(path.parent)
+    best, kind = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[1])
+        under = folder == point or folder.startswith(point.rstrip("/") + "/")
+        if under and len(point) >= len(best):  # the last of a point mounted twice is on top
+            best, kind = point, fields[2]
+    return kind
 
 
 class _Flusher:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,6 +174,61 @@ def test_a_file_received_leaves_the_page_cache_alone(served: str, tmp_path: Path
     assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
     assert _resident(part) <= ALIGN
     assert part.read_bytes() == WEIGHTS
+
+
+MOUNTS = """\
+/dev/vda / ext4 rw,relatime 0 0
+tmpfs /dev/shm tmpfs rw 0 0
+nas:/export /srv/llmgw nfs4 rw,vers=4.2 0 0
+/dev/nvme0n1 /srv/llmgw/local xfs rw 0 0
+/dev/sdb /mnt/with\\040space btrfs rw 0 0
+/dev/sdc /mnt/over ext4 rw 0 0
+overlay /mnt/over fuse.sshfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/var/mirror/f.part", "ext4"),
+        ("/dev/shm/f.part", "tmpfs"),
+        ("/srv/llmgw/mirror/f.part", "nfs4"),
+        ("/srv/llmgw/local/f.part", "xfs"),
+        ("/srv/llmgw/localer/f.part", "nfs4"),  # a name that starts like a mount point
+        ("/mnt/with space/f.part", "btrfs"),
+        ("/mnt/over/f.part", "fuse.sshfs"),  # mounted over: the last one is seen
+    ],
+)
+def test_the_filesystem_a_file_is_on_is_read_from_the_mount_table(path: str, kind: str) -> None:
+    assert transfer.filesystem(Path(path), MOUNTS) == kind
+    # Only a local disk's is written around the page cache.
+    assert (kind in transfer.DIRECT_FILESYSTEMS) == (kind in ("ext4", "xfs", "btrfs"))
+
+
+def test_a_file_on_tmpfs_is_written_through_the_page_cache(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tmpfs is the page cache; over NFS or FUSE a direct write would be a round trip each.
+    # The files' opening is watched (the real os.open, its flags recorded).
+    real_open = os.open
+    opened: dict[str, int] = {}
+
+    def watched_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        opened[str(path)] = flags
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    shm = Path("/dev/shm")
+    assert transfer.filesystem(shm / "x") == "tmpfs"
+    folder = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        for part in (folder / "w.bin.part", tmp_path / "w.bin.part"):
+            assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
+            assert part.read_bytes() == WEIGHTS
+    finally:
+        shutil.rmtree(folder)
+    assert not opened[str(folder / "w.bin.part")] & transfer._DIRECT
+    assert opened[str(tmp_path / "w.bin.part")] & transfer._DIRECT  # ext4 here
 
 
 def test_a_filesystem_refusing_direct_writes_gets_the_page_cache(

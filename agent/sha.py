@@ -42,6 +42,9 @@ class BackgroundSha256:
         self._buffers = max(1, buffers or BUFFERS)
         self._made = 0
         self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        # Buffers kept by the caller too (``fill(keep=True)``): how many holders are left.
+        self._holds: dict[int, int] = {}
+        self._holds_lock = threading.Lock()
         self._start()
 
     def _start(self) -> None:
@@ -62,7 +65,7 @@ class BackgroundSha256:
             data, n = item
             if isinstance(data, mmap.mmap):
                 self._digest.update(memoryview(data)[:n])
-                self._free.put(data)  # hashed: the reader may fill it again
+                self._put_back(data)  # hashed: filled again once its holders are done
             else:
                 self._digest.update(data)
 
@@ -76,12 +79,14 @@ class BackgroundSha256:
         data = bytes(chunk)
         self._chunks.put((data, len(data)))
 
-    def fill(self, read_into: Callable[[memoryview], int]) -> memoryview:
+    def fill(self, read_into: Callable[[memoryview], int], *, keep: bool = False) -> memoryview:
         """Read the next bytes with ``read_into`` (it fills the view it is given and says
         how many bytes it put there, 0 at the end), have them hashed after the ones before,
         and return a view of them (empty at the end).
 
         The view stays good until the next ``fill``: write it out before asking again.
+        With ``keep`` it stays good until ``release(view)`` instead (a writer on a thread
+        of its own): its buffer is filled again once hashed and released.
         An exception from ``read_into`` goes to the caller; nothing is hashed of that read.
         """
         self._alive()
@@ -94,8 +99,23 @@ class BackgroundSha256:
         if not n:
             self._free.put(buffer)
             return memoryview(b"")
+        if keep:
+            with self._holds_lock:
+                self._holds[id(buffer)] = 2  # the hashing thread and the caller
         self._chunks.put((buffer, n))
         return memoryview(buffer)[:n]
+
+    def release(self, view: memoryview) -> None:
+        """The caller is done with a view ``fill(keep=True)`` gave."""
+        self._put_back(view.obj)  # type: ignore[arg-type]
+
+    def _put_back(self, buffer: mmap.mmap) -> None:
+        with self._holds_lock:
+            left = self._holds.pop(id(buffer), 1) - 1
+            if left:
+                self._holds[id(buffer)] = left
+                return
+        self._free.put(buffer)
 
     def _take(self) -> mmap.mmap:
         try:

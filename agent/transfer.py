@@ -39,6 +39,7 @@ import errno
 import fcntl
 import http.client
 import os
+import queue
 import re
 import threading
 import time
@@ -90,7 +91,12 @@ class Broken(Exception):
 
 
 class _Lost(Exception):
-    """A read from the server failed (the connection, a timeout): resume from here."""
+    """A read from the server failed (the connection, a timeout): resume from ``have``
+    (None: from where the attempt started)."""
+
+    def __init__(self, reason: str, have: int | None = None) -> None:
+        super().__init__(reason)
+        self.have = have
 
 
 def receive(
@@ -163,7 +169,7 @@ def _fill(
                 whole = _whole_length(r)
                 if answered is not None:
                     answered({k.lower(): v for k, v in r.headers.items()}, whole)
-                with _Part(part, have) as out:
+                with _Part(part, have, digest) as out:
                     have = _body(r, out, digest, have, moved)
             # Unknown to the caller, the file's length is the answer's (http.client ends a
             # body cut short as if it were whole).
@@ -173,6 +179,8 @@ def _fill(
             last = f"the transfer stopped at {have} of {expect} bytes"
         except _Lost as exc:
             last = str(exc)
+            if exc.have is not None:
+                have = exc.have  # what this attempt wrote before it broke
     raise Broken(last, have)
 
 
@@ -235,7 +243,11 @@ def _body(
     have: int,
     moved: Callable[[int], None] | None,
 ) -> int:
-    """Write the answer's body to ``out``, hashed as it arrives; return the bytes held."""
+    """Write the answer's body to ``out``, hashed as it arrives; return the bytes held.
+
+    Raises:
+        _Lost: a read failed, with the bytes held by then.
+    """
 
     def read_into(view: memoryview) -> int:
         # A buffer is filled ``STEP`` bytes at a time, and handed on part full once
@@ -251,10 +263,10 @@ def _body(
                 if n < STEP or time.monotonic() - since > SLOW_S:
                     break
         except (OSError, http.client.HTTPException) as exc:
-            raise _Lost(f"{type(exc).__name__}: {exc}") from None
+            raise _Lost(f"{type(exc).__name__}: {exc}", have) from None
         return got
 
-    while view := digest.fill(read_into):
+    while view := digest.fill(read_into, keep=True):
         out.write(view)
         have += len(view)
         if moved is not None:
@@ -266,11 +278,13 @@ _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class _Part:
-    """A ``.part`` file open to be written on from byte ``have`` (what it holds): around
-    the page cache where it can be, in whole blocks, through it otherwise (``_Flusher``),
-    and synced when the block ends well."""
+    """A ``.part`` file written on from byte ``have`` (what it holds), on a thread of its
+    own so that the disk writes while the next bytes arrive and are hashed: around the
+    page cache where it can be, in whole blocks, through it otherwise (``_Flusher``), and
+    synced when the block ends well. ``write`` hands it a view ``digest.fill(keep=True)``
+    gave, released once written."""
 
-    def __init__(self, path: Path, have: int) -> None:
+    def __init__(self, path: Path, have: int, digest: BackgroundSha256) -> None:
         self._fd = -1
         self._can_direct = bool(_DIRECT) and filesystem(path) in DIRECT_FILESYSTEMS
         if self._can_direct:
@@ -287,40 +301,64 @@ class _Part:
         except OSError:
             os.close(self._fd)
             raise
-        self._at = have
+        self._queued = have  # bytes handed to ``write`` (the file's end once written)
+        self._digest = digest
+        self._pieces: queue.SimpleQueue[tuple[memoryview, int] | None] = queue.SimpleQueue()
+        self._failed: OSError | None = None
         self._flusher = _Flusher(self._fd)
-        if self._direct and have % ALIGN:
-            self._set_direct(False)  # up to the next block's start
+        self._thread = threading.Thread(target=self._run, name="write", daemon=True)
 
     def __enter__(self) -> _Part:
         self._flusher.start()
+        self._thread.start()
         return self
 
     def room(self, n: int) -> int:
-        """Return how many of ``n`` bytes to read next: those up to the next block's start
-        when the file is written through the page cache for now and could be around it."""
-        if self._can_direct and not self._direct and self._at % ALIGN:
-            return min(n, ALIGN - self._at % ALIGN)
+        """Return how many of ``n`` bytes to read next: up to the next block's start when
+        the file stands mid-block and could be written around the page cache from there."""
+        if self._can_direct and self._queued % ALIGN:
+            return min(n, ALIGN - self._queued % ALIGN)
         return n
 
     def write(self, view: memoryview) -> None:
-        """Write ``view`` (from the start of a page-aligned buffer, or a piece the length
-        ``room`` said) where the file stands."""
-        if self._direct:
+        """Have ``view`` (from the start of a page-aligned buffer, or a piece the length
+        ``room`` said) written where the file will stand.
+
+        Raises:
+            OSError: an earlier write failed (the disk full, say).
+        """
+        if self._failed is not None:
+            self._digest.release(view)
+            raise self._failed
+        self._pieces.put((view, self._queued))
+        self._queued += len(view)
+
+    def _run(self) -> None:
+        while (item := self._pieces.get()) is not None:
+            view, at = item
+            try:
+                if self._failed is None:
+                    self._put(view, at)
+            except OSError as exc:
+                self._failed = exc
+            finally:
+                self._digest.release(view)
+
+    def _put(self, view: memoryview, at: int) -> None:
+        if self._can_direct and at % ALIGN == 0:
             whole = len(view) - len(view) % ALIGN
-            done = self._write(view[:whole]) if whole else 0
-            view = view[done:]
-            if view:
-                self._set_direct(False)  # a piece shorter than a block: the file's end
+            if whole:
+                self._set_direct(True)
+                view = view[self._write(view[:whole]) :]
         if view:
+            # A piece shorter than a block, or one the filesystem would not take directly.
+            self._set_direct(False)
             self._write(view)
             self._flusher.wrote(len(view))
-        if self._can_direct and not self._direct and self._at % ALIGN == 0:
-            self._set_direct(True)
 
     def _write(self, view: memoryview) -> int:
-        """Write ``view``; return the bytes written around the page cache before it had to
-        go through it (all of them when it did not)."""
+        """Write ``view``; return the bytes written (fewer, around the page cache, when
+        a write there was short or refused: the rest goes through it)."""
         n = len(view)
         while view:
             try:
@@ -331,22 +369,31 @@ class _Part:
                 # O_DIRECT taken at open and refused on writing (some filesystems): the
                 # page cache from here on.
                 self._can_direct = False
-                self._set_direct(False)
                 return n - len(view)
             view = view[wrote:]
-            self._at += wrote
             if view and self._direct:
-                return n - len(view)  # a short write: the rest through the page cache
+                return n - len(view)
         return n
 
     def _set_direct(self, on: bool) -> None:
-        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags | _DIRECT if on else flags & ~_DIRECT)
-        self._direct = on
+        if self._direct != on:
+            flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, flags | _DIRECT if on else flags & ~_DIRECT)
+            self._direct = on
 
     def __exit__(self, kind: object, *exc: object) -> None:
+        """Write what was handed over (a transfer cut short keeps what arrived), then sync
+        the file when the block ended well.
+
+        Raises:
+            OSError: a write failed.
+        """
         try:
+            self._pieces.put(None)
+            self._thread.join()
             self._flusher.stop()
+            if self._failed is not None:
+                raise self._failed  # the disk's failure before the transfer's
             if kind is None:
                 _datasync(self._fd)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -21,9 +22,12 @@ import pytest
 from agent import transfer
 from agent.sha import BUFFER
 from agent.transfer import ALIGN
+from agent.transfer import STEP as STEP_BYTES
 from tests.updates.hubstandin import Blob, HubStandIn
 
-WEIGHTS = bytes(range(256)) * (3 * BUFFER // 256 + 1000)  # 3 of agent.sha's buffers, and some
+# 3 of agent.sha's buffers, and some; no two alike (a buffer written after it was filled
+# again would show).
+WEIGHTS = random.Random(19).randbytes(3 * BUFFER + 256_000)
 SHA = hashlib.sha256(WEIGHTS).hexdigest()
 
 
@@ -249,6 +253,62 @@ def test_a_filesystem_refusing_direct_writes_gets_the_page_cache(
     part = tmp_path / "w.bin.part"
     assert transfer.receive(served, part, size=len(WEIGHTS)) == SHA
     assert part.read_bytes() == WEIGHTS and len(refused) == 1
+
+
+class _Stalling(BaseHTTPRequestHandler):
+    """Send the whole file, with Range; the first answer stops after ``first`` bytes and
+    says nothing more until ``release`` is set (a server that hangs mid-transfer)."""
+
+    protocol_version = "HTTP/1.1"
+    first = 0
+    asked: list[str]
+    release: threading.Event
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        rng = self.headers.get("Range", "")
+        self.asked.append(rng)
+        start = int(rng.removeprefix("bytes=").rstrip("-")) if rng else 0
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(len(WEIGHTS) - start))
+        if rng:
+            self.send_header("Content-Range", f"bytes {start}-{len(WEIGHTS) - 1}/{len(WEIGHTS)}")
+        self.end_headers()
+        if len(self.asked) == 1:
+            self.wfile.write(WEIGHTS[: self.first])
+            self.wfile.flush()
+            self.release.wait()
+            return
+        self.wfile.write(WEIGHTS[start:])
+
+
+@pytest.mark.parametrize("size", [len(WEIGHTS), None], ids=["size known", "size unknown"])
+def test_a_transfer_that_times_out_midway_resumes_from_what_was_written(
+    tmp_path: Path, size: int | None
+) -> None:
+    # The first buffer arrives whole and is written; the second's bytes are cut off by the
+    # read's timeout. The next ask starts where the file stands, and the sha256 is the
+    # file's (an attempt that broke with an error once resumed from where it had started,
+    # with the bytes it wrote hashed already: a wrong sha256, or a file written twice).
+    class Handler(_Stalling):
+        first = BUFFER + STEP_BYTES
+        asked: list[str] = []
+        release = threading.Event()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        part = tmp_path / "w.bin.part"
+        url = f"http://127.0.0.1:{server.server_address[1]}/w.bin"
+        assert transfer.receive(url, part, size=size, timeout_s=0.5) == SHA
+        assert part.read_bytes() == WEIGHTS
+        assert Handler.asked == ["", f"bytes={BUFFER}-"]
+    finally:
+        Handler.release.set()
+        server.shutdown()
+        server.server_close()
 
 
 # -- redirects ---------------------------------------------------------------------------------

@@ -127,4 +127,6 @@ def test_redis_away_then_hung_serves_every_request_and_writes_finish(
         gw.stop()
         assert gw.proc.returncode is not None
         out = gw.output()
-        assert "Traceback" not in out and "RuntimeError" not in out, out[-4000:]
+        # (redis-py's own RuntimeError for a connection whose transport had closed may be
+        # named in a budget's one-line warning: that one is answered from memory.)
+        assert "Traceback" not in out and "cannot schedule new futures" not in out, out[-4000:]

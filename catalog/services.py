@@ -636,8 +636,9 @@ def import_catalog(
     result = ImportResult()
     added: list[spec.Model] = []
     for m in models:
-        normalized = rules.normalize(m)
         before = stored.get(m.name)
+        # A file leaves the origin out (the mirror writes it): the recorded one stays.
+        normalized = rules.normalize(rules.keep_origin(m, before))
         if before is None:
             result.added.append(m.name)
             added.append(normalized)

@@ -160,10 +160,13 @@ class ServedModelViewSet(
         return Response(written(obj), status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, name: str) -> Response:
-        get_object_or_404(ServedModel, name=name)
+        stored = get_object_or_404(services.stored_queryset(), name=name)
         model, problems = read_body(request)
         if problems:
             return problems_response(problems, "the body cannot be read as a catalog model")
+        # A whole model put by a script leaves the origin out (the mirror writes it): the
+        # recorded one stays (a merge patch with "origin": null drops it).
+        model = rules.keep_origin(model, stored.to_spec())
         obj = services.save_model(model, actor_for(request), replacing=name)
         return Response(written(obj))
 

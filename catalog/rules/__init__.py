@@ -67,7 +67,7 @@ from catalog.rules.helpers import (
     valid_owner,
 )
 from catalog.rules.model_checks import check_model
-from catalog.rules.normalize import normalize
+from catalog.rules.normalize import keep_origin, normalize
 from catalog.rules.schedule import clock, window_at
 
 __all__ = [
@@ -101,6 +101,7 @@ __all__ = [
     "is_peer",
     "key_file",
     "kv_index",
+    "keep_origin",
     "normalize",
     "on_demand",
     "parse_level",

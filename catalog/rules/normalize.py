@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from catalog.rules.constants import DEFAULT_STARTUP_TIMEOUT
 from catalog.rules.helpers import cpu_only, repository_page
@@ -31,6 +32,24 @@ def normalize(m: Model) -> Model:
     if repo and m.profiles and all(p.engine != "llamacpp" for p in m.profiles):
         m.source = repo
     return m
+
+
+def keep_origin(new: Model, before: Model | None) -> Model:
+    """Return ``new`` with ``before``'s origin when ``new`` gives none and names the same
+    source (normalized); otherwise ``new`` as it is. The input is left alone.
+
+    The origin is what the mirror recorded of the registry (the commit, each file's
+    sha256, the revision an update replaced), not something an operator writes: a catalog
+    file or a whole model put by hand leaves it out, and leaving it out is not asking to
+    forget it (the update check, the rollback and what the mirror keeps all read it).
+    Another source's origin describes other weights, so it is not kept. To drop it, a
+    merge patch sets ``origin`` to null (or the admin clears it).
+    """
+    if new.origin is not None or before is None or before.origin is None:
+        return new
+    if normalize(new).source != normalize(before).source:
+        return new
+    return dataclasses.replace(new, origin=copy.deepcopy(before.origin))
 
 
 def _normalize_profile(p: Profile) -> None:

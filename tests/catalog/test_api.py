@@ -245,3 +245,20 @@ def test_api_docs_page_serves_its_assets_locally(client_for: Any, viewer: Any) -
 def test_api_docs_page_needs_sign_in(client: Any, db: Any) -> None:
     r = client.get("/api/docs/")
     assert r.status_code == 302 and r["Location"].startswith("/login/")
+
+
+def test_a_whole_model_put_without_the_origin_keeps_it_and_a_patch_may_drop_it(
+    api_for: Any, operator: Any
+) -> None:
+    origin = {"repo": "org/chat", "revision": "abc123",
+              "files": [{"path": "m.safetensors", "sha256": "11" * 32, "bytes": 9}]}  # fmt: skip
+    store(gpu_model("chat", source="org/chat", origin=origin))
+    api = api_for(operator)
+    body = gpu_model("chat", source="org/chat", description="general chat")
+    r = api.put(URL + "chat/", body, format="json")
+    assert r.status_code == 200, r.json()
+    got = api.get(URL + "chat/").json()
+    assert got["description"] == "general chat" and got["origin"]["revision"] == "abc123"
+    r = api.patch(URL + "chat/", {"origin": None}, format="json")
+    assert r.status_code == 200, r.json()
+    assert "origin" not in api.get(URL + "chat/").json()

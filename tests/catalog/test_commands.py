@@ -398,3 +398,32 @@ def test_property_invalid_file_or_api_body_writes_nothing(
         == 400
     )
     assert (list(ServedModel.objects.values()), ChangeRecord.objects.count()) == before
+
+
+ORIGIN = {
+    "repo": "org/chat",
+    "revision": "abc123",
+    "files": [{"path": "model.safetensors", "sha256": "00" * 32, "bytes": 123}],
+    "previous": {"source": "org/chat", "revision": "def456"},
+}
+
+
+def test_a_file_without_the_origin_keeps_the_recorded_one(tmp_path: Path) -> None:
+    # The mirror writes a model's origin; an operator's catalog file leaves it out, and
+    # importing it must not forget it (the update check, the rollback and what the mirror
+    # keeps read it). Found in a walk: a file imported after an update wiped it.
+    store(gpu_model("chat", source="org/chat", origin=ORIGIN))
+    before = ChangeRecord.objects.count()
+    path = write(tmp_path, [gpu_model("chat", source="org/chat")])
+    code, out, _ = run("import", path)
+    assert code == 0 and "unchanged 1" in out
+    assert ChangeRecord.objects.count() == before
+    edited = write(tmp_path, [gpu_model("chat", source="org/chat", description="chat")])
+    assert run("import", edited)[0] == 0
+    kept = ServedModel.objects.get(name="chat").to_spec()
+    assert kept.description == "chat" and kept.origin is not None
+    assert kept.origin.revision == "abc123" and kept.origin.previous.revision == "def456"
+    # Another source: that origin describes other weights, and goes.
+    moved = write(tmp_path, [gpu_model("chat", source="org/chat-2")])
+    assert run("import", moved)[0] == 0
+    assert ServedModel.objects.get(name="chat").to_spec().origin is None

@@ -1653,3 +1653,27 @@ def test_check_catalog_never_raises_and_builds_when_clean(ms):
     catalog, again = build_catalog(ms)
     assert again == problems
     assert (catalog is None) == bool(problems)
+
+
+def test_keep_origin_keeps_the_recorded_origin_of_the_same_source_only() -> None:
+    from dataclasses import replace
+
+    from catalog.rules import keep_origin
+    from catalog.spec import Model, Origin, PreviousOrigin, Profile
+
+    recorded = Origin(repo="org/chat", revision="abc", previous=PreviousOrigin("org/chat", "old"))
+    vllm = [Profile(name="h100", engine="vllm", gpu_class="h100")]
+    before = Model(name="chat", source="org/chat", profiles=vllm, origin=recorded)
+    new = Model(name="chat", source="org/chat", profiles=vllm, description="edited")
+    kept = keep_origin(new, before)
+    assert kept.origin == recorded and kept.description == "edited"
+    assert new.origin is None and kept.origin is not before.origin  # inputs left alone
+    # The repository's page is the same source once normalized (for vLLM).
+    page = replace(new, source="https://huggingface.co/org/chat")
+    assert keep_origin(page, before).origin == recorded
+    # Another source, a model given its own origin, nothing recorded: as given.
+    assert keep_origin(replace(new, source="org/other"), before).origin is None
+    own = Origin(repo="org/chat", revision="def")
+    assert keep_origin(replace(new, origin=own), before).origin == own
+    assert keep_origin(new, None).origin is None
+    assert keep_origin(new, replace(before, origin=None)).origin is None

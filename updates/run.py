@@ -229,6 +229,10 @@ def sweep(now: datetime | None = None) -> list[str]:
     A candidate that had a canary's share is left that long after the canary is taken
     off it, so every gateway process's table has stopped sending to it and what it was
     answering is answered before its engine stops (no client request fails for it).
+
+    A candidate's name is the model's and the revision's, so a later update to the same
+    revision (after a rollback, say) has a candidate of the same name: the newest update
+    of that name decides, and an older one's ending never removes it.
     """
     from catalog.models import ServedModel
 
@@ -237,14 +241,20 @@ def sweep(now: datetime | None = None) -> list[str]:
         state__in=(UpdateState.PROMOTED, UpdateState.FAILED),
         finished__lte=now - timedelta(seconds=DRAIN_S),
     ).exclude(candidate="")
-    names = dict(ended.values_list("candidate", "pk"))
+    names = set(ended.values_list("candidate", flat=True))
     present = set(ServedModel.objects.filter(name__in=list(names)).values_list("name", flat=True))
+    swept = []
     for name in sorted(present):
-        run = UpdateRun.objects.get(pk=names[name])
+        newest = UpdateRun.objects.filter(candidate=name).order_by("-created", "-pk").first()
+        if newest is None or newest.state not in (UpdateState.PROMOTED, UpdateState.FAILED):
+            continue  # a later update's candidate, running
+        if newest.finished is None or newest.finished > now - timedelta(seconds=DRAIN_S):
+            continue  # a later update's candidate, draining
         with transaction.atomic():
-            delete_model(name, actor_for(run))
-            _mark(run.model, name)
-    return sorted(present)
+            delete_model(name, actor_for(newest))
+            _mark(newest.model, name)
+        swept.append(name)
+    return swept
 
 
 def advance(pk: int) -> UpdateRun | None:

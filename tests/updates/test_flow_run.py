@@ -302,3 +302,24 @@ def test_an_eval_below_its_threshold_cannot_be_promoted_by_hand(chat: str) -> No
     UpdateRun.objects.filter(pk=r.pk).update(score=0.5, threshold=0.9)
     with pytest.raises(flow.Refused, match="scored 0.50, below 0.90"):
         run.promote("chat")
+
+
+def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -> None:
+    # Promoted to v2, rolled back to v1, then updated to v2 again: the second update's
+    # candidate has the first's name, and the first's ending must leave it alone (found
+    # in a walk: the first update's sweep deleted it every tick, and the second waited
+    # for a replica for ever).
+    first = ready(fetched(run.start("chat", surface="cli")))
+    run.promote("chat", surface="cli")
+    later = timezone.now() + timedelta(seconds=run.DRAIN_S)
+    assert run.sweep(later) == [first.candidate]
+    run.rollback("chat", surface="cli")
+    again = fetched(run.start("chat", surface="cli"))
+    assert again.candidate == first.candidate and spec(again.candidate) is not None
+    assert run.sweep(later + timedelta(hours=1)) == []
+    again = ready(again)
+    assert again.state == "waiting" and spec(again.candidate) is not None
+    # Once it ends, its own drain decides.
+    run.promote("chat", surface="cli")
+    assert run.sweep() == []
+    assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [again.candidate]

@@ -323,3 +323,17 @@ def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -
     run.promote("chat", surface="cli")
     assert run.sweep() == []
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [again.candidate]
+
+
+def test_a_candidate_removed_from_the_catalog_fails_its_update(chat: str) -> None:
+    # An import with --replace of a file that does not list it, or a delete by hand:
+    # the update ends saying so, rather than waiting for a replica for ever.
+    from catalog.services import delete_model
+
+    r = fetched(run.start("chat", surface="cli"))
+    assert r.step == "candidate"
+    delete_model(r.candidate, Actor(user=None, surface="cli", name="ops"))
+    r = run.advance(r.pk)
+    assert r is not None and r.state == "failed"
+    assert f"the candidate {r.candidate} was removed from the catalog" in r.reason
+    assert spec().origin.revision != chat  # the model as it was

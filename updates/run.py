@@ -296,8 +296,8 @@ def _facts(run: UpdateRun, p: flow.Plan) -> flow.Facts:
         if _spec(run.candidate) is None:
             # Deleted by hand, or by an import with --replace of a file that does not
             # list it: nothing would ever place it.
-            return flow.Facts(candidate_failed=f"the candidate {run.candidate} was removed "
-                              "from the catalog; start the update again")  # fmt: skip
+            return flow.Facts(candidate_failed=f"{run.candidate} was removed from the "
+                              "catalog; start the update again")  # fmt: skip
         replicas = list(Replica.objects.filter(model_name=run.candidate, desired=True))
         if any(r.state == "ready" for r in replicas):
             return flow.Facts(candidate_ready=True)

@@ -335,5 +335,5 @@ def test_a_candidate_removed_from_the_catalog_fails_its_update(chat: str) -> Non
     delete_model(r.candidate, Actor(user=None, surface="cli", name="ops"))
     r = run.advance(r.pk)
     assert r is not None and r.state == "failed"
-    assert f"the candidate {r.candidate} was removed from the catalog" in r.reason
+    assert f"the candidate failed: {r.candidate} was removed from the catalog" in r.reason
     assert spec().origin.revision != chat  # the model as it was

@@ -174,6 +174,36 @@ def _keep(result: check.Result, by: str) -> None:
     _changed(result.model)
 
 
+def moved(name: str, before: object, after: object) -> None:
+    """Make a model's last check true again once it moved to other weights (an update
+    promoted, a rollback), without asking the registry: the check said which revision is
+    the newest (``latest``), and the origins before and after (catalog specs' ``origin``)
+    say what each holds. Moved to the newest, it is current; moved back from it, what the
+    newest changes is compared with what the model holds now. A check whose newest is
+    neither stays as it was until the next check. When it was checked, and by whom, stay.
+    """
+    last = UpdateCheck.objects.filter(model=name).first()
+    now_at = str(getattr(after, "revision", "") or "")
+    if last is None or not last.latest or not now_at:
+        return
+    if last.latest == now_at:
+        held = _have(name, after)
+        result = check.compare(name, now_at, held, now_at, held)
+    elif last.latest == str(getattr(before, "revision", "") or ""):
+        result = check.compare(name, now_at, _have(name, after), last.latest, _have(name, before))
+    else:
+        return
+    UpdateCheck.objects.filter(pk=last.pk).update(
+        state=result.state,
+        revision=result.revision,
+        changed=result.changed,
+        added=result.added,
+        removed=result.removed,
+        message=result.message[:4000],
+    )
+    _changed(name)
+
+
 def last_checks(names: Iterable[str] | None = None) -> dict[str, UpdateCheck]:
     """Return the last check of each model (of those named), by name."""
     q = UpdateCheck.objects.all()

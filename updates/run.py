@@ -658,12 +658,14 @@ def _promote(run: UpdateRun, actor: Actor, ended_by: str = "") -> None:
     if m is None:
         _fail(run, f'model "{run.model}" was deleted')
         return
+    promoted = flow.promoted_spec(m, run.candidate, _revision(fetch))
     try:
-        save_model(flow.promoted_spec(m, run.candidate, _revision(fetch)), actor,
-                   replacing=run.model, note=f"update #{run.pk}: promoted to {flow.short(run.commit)}")  # fmt: skip
+        save_model(promoted, actor, replacing=run.model,
+                   note=f"update #{run.pk}: promoted to {flow.short(run.commit)}")  # fmt: skip
     except Refused as exc:
         _fail(run, f"the catalog refused the promote: {exc}")
         return
+    _check_moved(run.model, m.origin, promoted.origin)
     # The candidate goes once drained (``sweep``): the canary is off it from this change.
     _revoke_eval_key(run)
     rolled = services.roll(run.model, every=True)
@@ -673,6 +675,18 @@ def _promote(run: UpdateRun, actor: Actor, ended_by: str = "") -> None:
     _add_line(run, flow.PROMOTE,
               f"promoted to {flow.short(run.commit)} by {ended_by or 'the update (auto)'}: "
               f"rolling {len(rolled)} replica{'s' if len(rolled) != 1 else ''}")  # fmt: skip
+
+
+def _check_moved(name: str, before: Any, after: Any) -> None:
+    """Make the model's last update check true again (``checking.moved``); a failure
+    leaves it to the next check."""
+    from updates import checking
+
+    try:
+        with transaction.atomic():
+            checking.moved(name, before, after)
+    except Exception:
+        log.exception("making %s's last update check true again failed", name)
 
 
 def rollback(
@@ -710,6 +724,7 @@ def rollback(
         except Refused as exc:
             raise flow.Refused(f"the catalog refused the rollback: {exc}") from None
         rolled = services.roll(model_name, every=True)
+        _check_moved(model_name, m.origin, back.origin)
         _mark(model_name)
     return (
         f"{model_name} is back at {flow.short(prev)} (from {flow.short(m.origin.revision)}): "  # type: ignore[union-attr]

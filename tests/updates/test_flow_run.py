@@ -337,3 +337,24 @@ def test_a_candidate_removed_from_the_catalog_fails_its_update(chat: str) -> Non
     assert r is not None and r.state == "failed"
     assert f"the candidate failed: {r.candidate} was removed from the catalog" in r.reason
     assert spec().origin.revision != chat  # the model as it was
+
+
+def test_the_last_check_follows_a_promote_and_a_rollback(chat: str) -> None:
+    # The walk found the panel still saying "update available: weights at <v2>" after
+    # the model was promoted to v2. Promoted, the check says current; rolled back, what
+    # v2 changes again; its time and who checked stay (the registry was not asked again).
+    from updates import checking
+
+    [checked] = checking.check_models(["chat"], by="ops (command line)")
+    assert (checked.state, checked.latest, checked.changed) == (
+        "available", chat, ["model.safetensors"])  # fmt: skip
+    when = checking.last_checks(["chat"])["chat"].checked
+    ready(fetched(run.start("chat", surface="cli")))
+    run.promote("chat", surface="cli")
+    last = checking.last_checks(["chat"])["chat"]
+    assert (last.state, last.revision, last.latest, last.changed) == ("current", chat, chat, [])
+    assert last.checked == when and last.checked_by == "ops (command line)"
+    run.rollback("chat", surface="cli")
+    last = checking.last_checks(["chat"])["chat"]
+    assert (last.state, last.latest, last.changed) == ("available", chat, ["model.safetensors"])
+    assert last.revision == spec().origin.revision != chat

@@ -200,6 +200,22 @@ class UpdateRun(models.Model):
         return f"update #{self.pk} of {self.model} ({self.state}, {self.step})"
 
     @property
+    def started_through(self) -> str:
+        """Return who started it and through what, once: ``alice (console)``, ``alice (api,
+        token ci)``, ``system (ops@host) (command line)`` (the label names the surface
+        already but from the command line, where it names the account)."""
+        from catalog.choices import Surface
+
+        who = self.started_by or "the system"
+        if not self.surface or self.surface in who:
+            return who
+        try:
+            through = str(Surface(self.surface).label)
+        except ValueError:
+            through = self.surface
+        return f"{who} ({through})"
+
+    @property
     def active(self) -> bool:
         """Return whether the update has not ended."""
         return self.state in (UpdateState.RUNNING, UpdateState.WAITING)

@@ -358,3 +358,18 @@ def test_the_last_check_follows_a_promote_and_a_rollback(chat: str) -> None:
     last = checking.last_checks(["chat"])["chat"]
     assert (last.state, last.latest, last.changed) == ("available", chat, ["model.safetensors"])
     assert last.revision == spec().origin.revision != chat
+
+
+@pytest.mark.parametrize(
+    ("started_by", "surface", "shown"),
+    [
+        ("alice (console)", "console", "alice (console)"),
+        ("alice (api, token ci)", "api", "alice (api, token ci)"),
+        ("alice (admin)", "admin", "alice (admin)"),
+        ("system (ops@host)", "cli", "system (ops@host) (command line)"),
+        ("", "", "the system"),
+    ],
+)
+def test_who_started_an_update_is_said_once(started_by: str, surface: str, shown: str) -> None:
+    # The walk found "started by admin (console) (console)".
+    assert UpdateRun(started_by=started_by, surface=surface).started_through == shown

@@ -87,7 +87,8 @@ def compare(
     if latest and revision and latest != revision:
         message = f"{short(latest)} changed no weights file: not an update"
     else:
-        message = "up to date"
+        # The badge says "up to date": the message says at what.
+        message = f"at {short(revision)}, the newest" if revision else "at the newest revision"
     return Result(model, CURRENT, revision, latest, message=message)
 
 

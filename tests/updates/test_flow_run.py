@@ -353,6 +353,7 @@ def test_the_last_check_follows_a_promote_and_a_rollback(chat: str) -> None:
     run.promote("chat", surface="cli")
     last = checking.last_checks(["chat"])["chat"]
     assert (last.state, last.revision, last.latest, last.changed) == ("current", chat, chat, [])
+    assert last.message == f"at {chat[:8]}, the newest"  # the badge says "up to date"
     assert last.checked == when and last.checked_by == "ops (command line)"
     run.rollback("chat", surface="cli")
     last = checking.last_checks(["chat"])["chat"]

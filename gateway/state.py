@@ -352,6 +352,8 @@ class State:
                 self._reading = self._reader.submit(self._read)
             table = self._reading.result(timeout=self.read_timeout)
         except Exception as error:
+            if self._stop.is_set():
+                return  # stopping: the reader was shut down under this pass (SIGTERM)
             if isinstance(error, FutureTimeout):
                 error = TimeoutError(f"no answer from the database within {self.read_timeout:g} s")
             self._failed(error)

@@ -268,3 +268,18 @@ def test_a_models_created_is_when_it_was_added_not_when_the_table_was_read() -> 
     table = load_table()
     assert _describe(table.resolve("chat"), table)["created"] == added
     assert _describe(table.resolve("c"), table)["created"] == added  # an alias: its model's
+
+
+def test_a_pass_begun_as_the_process_stops_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    # SIGTERM stops the state: its reader is shut down, and a pass the thread had begun
+    # just then asked it for a read ("cannot schedule new futures after shutdown", logged
+    # with its traceback as the first failed read: the Redis fault test's gateway log).
+    from gateway.state import State
+    from gateway.table import Table
+
+    state = State(loader=Table, interval=60)
+    state.stop()
+    with caplog.at_level("ERROR", logger="gateway.state"):
+        state._pass()
+    assert state.failures == 0 and not state.stale
+    assert "could not read" not in caplog.text

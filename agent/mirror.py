@@ -237,35 +237,18 @@ def _stream(
         weights.DownloadCancelled: ``cancel`` was set.
     """
 
-    def moved(have: int) -> None:
-        if cancel is not None and cancel.is_set():
-            raise weights.DownloadCancelled("download cancelled", detail=url)
-        progress(have, size)
-
-    if cancel is not None and cancel.is_set():
-        raise weights.DownloadCancelled("download cancelled", detail=url)
-    try:
-        return transfer.receive(
-            url,
-            part,
-            size=size,
-            headers=headers,
-            timeout_s=timeout_s,
-            attempts=ATTEMPTS,
-            moved=moved,
-        )
-    except transfer.Refused as exc:
-        raise weights.WeightsError(
-            "the control plane's mirror refused a file",
-            retry=exc.status >= 500,
-            detail=f"{url} answered HTTP {exc.status}",
-        ) from None
-    except transfer.Broken as exc:
-        raise weights.WeightsError(
-            "downloading the weights from the control plane's mirror failed",
-            retry=True,
-            detail=f"{url}: {exc.reason} (holding {exc.have} bytes to resume from)",
-        ) from None
+    return weights.receive(
+        url,
+        part,
+        size=size,
+        progress=progress,
+        cancel=cancel,
+        refused="the control plane's mirror refused a file",
+        failed="downloading the weights from the control plane's mirror failed",
+        timeout_s=timeout_s,
+        attempts=ATTEMPTS,
+        headers=headers,
+    )
 
 
 def _parts(rel: str) -> tuple[str, ...]:

@@ -303,44 +303,91 @@ def _fetch(
         DownloadCancelled: ``cancel`` was set.
     """
     origin_sha: str | None = None
-    total: int | None = None
 
     def answered(headers: Mapping[str, str], whole: int | None) -> None:
-        nonlocal origin_sha, total
+        nonlocal origin_sha
         linked = headers.get("x-linked-etag", "").strip('"').lower()
         if _SHA256.fullmatch(linked):
             origin_sha = linked  # Hugging Face gives a large file's sha256 here
-        total = whole
+
+    digest = receive(
+        url,
+        part,
+        size=None,
+        progress=progress,
+        cancel=cancel,
+        refused="the weights' origin refused the download",
+        failed="downloading the weights failed",
+        timeout_s=_READ_TIMEOUT_S,
+        attempts=_ATTEMPTS,
+        answered=answered,
+    )
+    return digest, origin_sha
+
+
+def receive(
+    url: str,
+    part: Path,
+    *,
+    size: int | None,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+    refused: str,
+    failed: str,
+    timeout_s: float,
+    attempts: int,
+    headers: Mapping[str, str] | None = None,
+    answered: Callable[[Mapping[str, str], int | None], None] | None = None,
+) -> str:
+    """Receive a file into ``part`` (``agent.transfer.receive``) as a node does: ``cancel``
+    looked at before and after each buffer, ``progress(held, whole length)`` told, and
+    the transfer's failures said as ``WeightsError`` (``refused`` or ``failed``, then
+    what happened); return the whole file's sha256. A node's own download and its take
+    from the control plane's mirror (agent.mirror) both come here.
+
+    Raises:
+        WeightsError: the server refused (retry for a 5xx or 429), or the transfer kept
+            breaking (retry).
+        DownloadCancelled: ``cancel`` was set.
+    """
+    whole = size
+
+    def on_answer(said: Mapping[str, str], length: int | None) -> None:
+        nonlocal whole
+        if size is None:
+            whole = length
+        if answered is not None:
+            answered(said, length)
 
     def moved(have: int) -> None:
         if cancel is not None and cancel.is_set():
             raise DownloadCancelled("download cancelled", detail=url)
         if progress:
-            progress(have, total)
+            progress(have, whole)
 
     if cancel is not None and cancel.is_set():
         raise DownloadCancelled("download cancelled", detail=url)
     try:
-        digest = transfer.receive(
+        return transfer.receive(
             url,
             part,
-            size=None,
-            timeout_s=_READ_TIMEOUT_S,
-            attempts=_ATTEMPTS,
+            size=size,
+            headers=headers,
+            timeout_s=timeout_s,
+            attempts=attempts,
             moved=moved,
-            answered=answered,
+            answered=on_answer,
         )
     except transfer.Refused as exc:
         raise WeightsError(
-            "the weights' origin refused the download",
+            refused,
             retry=exc.status >= 500 or exc.status == 429,
             detail=f"{url} answered HTTP {exc.status}",
         ) from None
     except transfer.Broken as exc:
         raise WeightsError(
-            "downloading the weights failed",
+            failed,
             retry=True,
             detail=f"downloading {url} failed: {exc.reason} (holding {exc.have} bytes to "
             "resume from)",
         ) from None
-    return digest, origin_sha

@@ -156,20 +156,23 @@ def _changed(name: str) -> None:
         log.debug("marking %s changed failed", name, exc_info=True)
 
 
+def _said(result: check.Result) -> dict[str, object]:
+    """Return what a check found, as its row keeps it."""
+    return {
+        "state": result.state,
+        "revision": result.revision,
+        "latest": result.latest,
+        "changed": result.changed,
+        "added": result.added,
+        "removed": result.removed,
+        "message": result.message[:4000],
+    }
+
+
 def _keep(result: check.Result, by: str) -> None:
     UpdateCheck.objects.update_or_create(
         model=result.model,
-        defaults={
-            "state": result.state,
-            "revision": result.revision,
-            "latest": result.latest,
-            "changed": result.changed,
-            "added": result.added,
-            "removed": result.removed,
-            "message": result.message[:4000],
-            "checked": timezone.now(),
-            "checked_by": by[:300],
-        },
+        defaults={**_said(result), "checked": timezone.now(), "checked_by": by[:300]},
     )
     _changed(result.model)
 
@@ -193,14 +196,7 @@ def moved(name: str, before: object, after: object) -> None:
         result = check.compare(name, now_at, _have(name, after), last.latest, _have(name, before))
     else:
         return
-    UpdateCheck.objects.filter(pk=last.pk).update(
-        state=result.state,
-        revision=result.revision,
-        changed=result.changed,
-        added=result.added,
-        removed=result.removed,
-        message=result.message[:4000],
-    )
+    UpdateCheck.objects.filter(pk=last.pk).update(**_said(result))
     _changed(name)
 
 

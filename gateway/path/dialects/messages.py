@@ -511,6 +511,25 @@ def answer_text(message: Mapping[str, Any]) -> str:
     return "\n".join(t for t in texts if t)
 
 
+def event_text(event: Any) -> str:
+    """The text a Messages stream event from an engine's own ``/v1/messages`` puts before
+    the client (a ``content_block_delta``'s text, thinking or partial JSON; a tool use's
+    name in its ``content_block_start``), for the guard's windows on a native stream."""
+    if not isinstance(event, Mapping):
+        return ""
+    if event.get("type") == "content_block_start":
+        block = event.get("content_block")
+        name = block.get("name") if isinstance(block, Mapping) else None
+        return name if isinstance(name, str) else ""
+    delta = event.get("delta") if event.get("type") == "content_block_delta" else None
+    if not isinstance(delta, Mapping):
+        return ""
+    for key in ("text", "thinking", "partial_json"):
+        if isinstance(delta.get(key), str):
+            return delta[key]
+    return ""
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 # Anthropic's error type for each HTTP status it documents; another 4xx is an

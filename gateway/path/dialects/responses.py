@@ -631,6 +631,32 @@ def output_text(response: Mapping[str, Any]) -> str:
     return "\n".join(t for t in texts if t)
 
 
+# The native events whose text a client reads, and the field holding it.
+_EVENT_TEXT = {
+    "response.output_text.delta": "delta",
+    "response.refusal.delta": "delta",
+    "response.reasoning_text.delta": "delta",
+    "response.reasoning_summary_text.delta": "delta",
+    "response.function_call_arguments.delta": "delta",
+}
+
+
+def event_text(event: Any) -> str:
+    """The text a Responses stream event from an engine's own ``/v1/responses`` puts
+    before the client (its deltas, and a function call's name as its item is added; the
+    ``.done`` events and the lifecycle repeat text already counted), for the guard's
+    windows on a native stream."""
+    if not isinstance(event, Mapping):
+        return ""
+    if event.get("type") == "response.output_item.added":
+        item = event.get("item")
+        name = item.get("name") if isinstance(item, Mapping) else None
+        return name if isinstance(name, str) else ""
+    key = _EVENT_TEXT.get(str(event.get("type")))
+    value = event.get(key) if key else None
+    return value if isinstance(value, str) else ""
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

@@ -364,9 +364,9 @@ class ResponsesStream:
 
     def text(self) -> str:
         """All the text the events carried so far (texts, refusals, reasoning, function
-        call arguments), in output order."""
+        calls' names and arguments), in output order."""
         texts = []
         for item in self.items:
             texts.extend(t for _, t in item.parts)
-            texts.append(item.arguments)
+            texts.extend((item.name, item.arguments))
         return "".join(texts)

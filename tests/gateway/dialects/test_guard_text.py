@@ -120,3 +120,23 @@ def test_a_rerank_request_is_judged_query_and_documents() -> None:
     request = rerank.read({"model": "r", "query": "M-query", "documents": ["a", {"text": "M-doc"}]})
     text = rerank.judged_text(request)
     assert "M-query" in text and "M-doc" in text
+
+
+def test_a_native_streams_events_give_the_text_they_carry() -> None:
+    """What the guard would read of an engine's own stream: every delta, once."""
+    from gateway.path.dialects.messages_stream import MessagesStream
+    from gateway.path.dialects.responses_stream import ResponsesStream
+    from tests.gateway.dialects.chat import stream
+
+    chunks = stream(["M-te", "xt"], reasoning=["M-re"], finish="tool_calls",
+                    calls=[("c", "M-fn", ['{"a": ', '"M-arg"}'])])  # fmt: skip
+    r = ResponsesStream(responses.read({"model": "m", "input": "x"}))
+    events = [e for c in chunks for e in r.feed(c)] + r.finish()
+    assert "".join(responses.event_text(e) for e in events) == r.text()
+    m = MessagesStream(messages.read({"model": "m", "max_tokens": 5,
+                                      "messages": [{"role": "user", "content": "x"}]}))  # fmt: skip
+    events = [e for c in chunks for e in m.feed(c)] + m.finish()
+    said = "".join(messages.event_text(e) for e in events)
+    for marker in ("M-text", "M-re", "M-fn", "M-arg"):
+        assert marker in said
+    assert responses.event_text("x") == messages.event_text(None) == ""

@@ -30,7 +30,7 @@ DIALECTS = (RESPONSES, MESSAGES, COUNT_TOKENS, RERANK)
 
 NATIVE: dict[str, dict[str, str]] = {
     # llama-server (tools/server/server.cpp): all four; rerank only when started with
-    # --reranking on a reranker model (it then serves no generation).
+    # --reranking, meaningful on a reranker model (docs/dialects.md, measured).
     "llamacpp": {
         RESPONSES: "/v1/responses",
         MESSAGES: "/v1/messages",

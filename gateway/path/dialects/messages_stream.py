@@ -193,12 +193,14 @@ class MessagesStream:
     def finish(self, usage: Usage | None = None) -> list[dict[str, Any]]:
         """The engine's stream ended (``[DONE]``): the open block closes, then
         ``message_delta`` with the stop reason (``end_turn``, ``max_tokens``,
-        ``tool_use``, ``stop_sequence``) and the usage, and ``message_stop``."""
+        ``tool_use``, ``stop_sequence``) and the usage, and ``message_stop``.
+        ``usage``: what the gateway counted, when the engine's own count did not come."""
         if self.ended:
             return []
         reason, sequence = stop_reason(self.finish_reason, self.matched,
                                        self.request.stop_sequences)  # fmt: skip
-        return self._end(reason, sequence, usage)
+        # The engine's own count stands; the gateway's is for an engine that sent none.
+        return self._end(reason, sequence, usage if self.usage is None else None)
 
     def refuse(self, usage: Usage | None = None) -> list[dict[str, Any]]:
         """The guard refused the answer: what was released stays, the open block closes,

@@ -321,12 +321,15 @@ class ResponsesStream:
             completed=int(time.time()) if ended else None,
         )
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self, usage: Usage | None = None) -> list[dict[str, Any]]:
         """The engine's stream ended (``[DONE]``): open items close, then
         ``response.completed``, or ``response.incomplete`` for a finish at the token
-        limit (reason ``max_output_tokens``) or the engine's own content filter."""
+        limit (reason ``max_output_tokens``) or the engine's own content filter.
+        ``usage``: what the gateway counted, when the engine's own count did not come."""
         if self.ended:
             return []
+        if usage is not None and self.usage is None:
+            self.usage = usage
         out = self.begin()
         self.status, self.incomplete = ENDINGS.get(str(self.finish_reason),
                                                    ("completed", None))  # fmt: skip
@@ -336,11 +339,14 @@ class ResponsesStream:
         out.append(self._lifecycle(kind))
         return out
 
-    def refuse(self) -> list[dict[str, Any]]:
+    def refuse(self, usage: Usage | None = None) -> list[dict[str, Any]]:
         """The guard refused the answer: what was released stays, its items close
-        ``incomplete``, and ``response.incomplete`` says reason ``content_filter``."""
+        ``incomplete``, and ``response.incomplete`` says reason ``content_filter``.
+        ``usage``: what the gateway counted (the engine's count comes after the text)."""
         if self.ended:
             return []
+        if usage is not None:
+            self.usage = usage
         out = self.begin()
         self.status, self.incomplete = "incomplete", "content_filter"
         out.extend(self._close_all())

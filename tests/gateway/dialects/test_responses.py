@@ -380,3 +380,18 @@ def test_a_refusal_anywhere_ends_a_well_formed_stream_with_only_what_was_fed(cas
     assert responses_text(events) == released
     assert response["incomplete_details"] == {"reason": "content_filter"}
     assert json.dumps(events).count("response.incomplete") == 1
+
+
+def test_an_ending_takes_the_usage_the_gateway_counted_when_the_engines_did_not_come() -> None:
+    from gateway.path.dialects.common import Usage
+
+    translator = ResponsesStream(read(input="x", stream=True))
+    for c in stream(["a"], usage=None):
+        translator.feed(c)
+    refused = translator.refuse(Usage(input=7, output=1))
+    assert refused[-1]["response"]["usage"]["input_tokens"] == 7
+    other = ResponsesStream(read(input="x", stream=True))
+    for c in stream(["a"]):
+        other.feed(c)
+    done = other.finish(Usage(input=1, output=1))
+    assert done[-1]["response"]["usage"]["input_tokens"] == 120  # the engine's own stands

@@ -35,7 +35,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agent import simweights
+from agent import simchat, simweights
+from agent.simcache import PrefixCache
 from agent.simconfig import MAX_LOGPROBS, SIM_VERSION, Config, parse_config
 from agent.simguard import (
     BadRequest,
@@ -53,6 +54,7 @@ from agent.simopenai import (
     completion_prompt,
     echo_text,
     embedding_of,
+    finish_reason,
     generation_options,
     ids_text,
     template_kwargs,
@@ -106,11 +108,17 @@ class SimServer:
             "/v1/chat/completions": ("POST", self.chat_completions),
             "/chat/completions": ("POST", self.chat_completions),
             "/v1/embeddings": ("POST", self.embeddings),
+            "/v1/rerank": ("POST", self.rerank),
+            "/rerank": ("POST", self.rerank),
+            "/v2/rerank": ("POST", self.rerank),
             "/sim/stats": ("GET", self.sim_stats),
         }
         # What generation requests came to (``/sim/stats``): tests read whether a client
         # that went away (a gateway cancelling) stopped the generation.
-        self.stats = {"completed": 0, "cancelled": 0}
+        # Also the prompt tokens generation requests came with, and how many of them the
+        # prefix cache held (agent.simcache): a replica's cache hits, for tests and benches.
+        self.stats = {"completed": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self.cache = PrefixCache(cfg.prefix_cache_tokens)
         self.generations = 0  # generation requests, for --fail-every
         self.weighted = 0  # generation requests, for the weights' error rate
 
@@ -241,12 +249,7 @@ class SimServer:
         """
         body = request.json()
         if "messages" in body:
-            text = render_chat(
-                self.cfg,
-                body["messages"],
-                template_kwargs(body),
-                bool(body.get("add_generation_prompt", True)),
-            )
+            text = self.render(body, bool(body.get("add_generation_prompt", True)))
         else:
             text = body.get("content", body.get("prompt"))
             if not isinstance(text, str):
@@ -274,7 +277,17 @@ class SimServer:
     async def apply_template(self, request: Request) -> Result:
         """Render messages with the model's chat template, like llama-server."""
         body = request.json()
-        return 200, {"prompt": render_chat(self.cfg, body.get("messages"), template_kwargs(body))}
+        return 200, {"prompt": self.render(body)}
+
+    def render(self, body: dict[str, Any], add_generation_prompt: bool = True) -> str:
+        """The prompt a chat body makes: a guard's format's template, or the plain
+        model's ChatML with the request's tools and tool calls (agent.simchat)."""
+        if self.cfg.guard_format:
+            return render_chat(
+                self.cfg, body.get("messages"), template_kwargs(body), add_generation_prompt
+            )
+        template_kwargs(body)
+        return simchat.render(body.get("messages"), body.get("tools"), add_generation_prompt)
 
     async def sim_stats(self, request: Request) -> Result:
         """What generation requests came to: completed, and cancelled by their client."""
@@ -302,6 +315,31 @@ class SimServer:
             "usage": {"prompt_tokens": total, "total_tokens": total},
         }
 
+    async def rerank(self, request: Request) -> Result:
+        """Answer ``/v1/rerank`` (and ``/rerank``, ``/v2/rerank``) as vLLM does: results
+        by relevance (agent.simchat.relevance), each with its document, cut to top_n."""
+        body = request.json()
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str):
+            raise HttpError(400, "'query' must be a string")
+        if not isinstance(documents, list) or not documents:
+            raise HttpError(400, "'documents' must be a non-empty list of strings")
+        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]
+        if not all(isinstance(t, str) for t in texts):
+            raise HttpError(400, 'each document must be a string or {"text": string}')
+        top_n = body.get("top_n")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
+                                  or top_n < 1):  # fmt: skip
+            raise HttpError(400, "'top_n' must be a positive integer")
+        tokens = sum(len(tokenize(query)) + len(tokenize(t)) for t in texts)
+        self.stats["completed"] += 1
+        return 200, {
+            "id": "rerank-" + uuid.uuid4().hex,
+            "model": self.cfg.model,
+            "usage": {"total_tokens": tokens},
+            "results": simchat.rerank(query, texts, top_n),
+        }
+
     # -- generation ---------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Result:
@@ -323,7 +361,7 @@ class SimServer:
     async def chat_completions(self, request: Request) -> Result:
         """Answer ``/v1/chat/completions``."""
         body = request.json()
-        prompt = render_chat(self.cfg, body.get("messages"), template_kwargs(body))
+        prompt = self.render(body)
         top_n = None
         if body.get("logprobs"):
             top_n = body.get("top_logprobs") or 0
@@ -337,13 +375,17 @@ class SimServer:
             raise HttpError(400, "'top_logprobs' needs 'logprobs' set to true")
         judged = judge_chat(body["messages"]) if self.cfg.guard_format else None
         echo = None
+        calls = None
         if not self.cfg.guard_format:
+            calls = simchat.calls_asked(body["messages"], body.get("tools"))
             users = [c for r, c in parse_messages(body["messages"]) if r == "user"]
             echo = echo_text(users[-1]) if users else None
             if echo is None and users and self.cfg.weights is not None:
                 echo = simweights.answer(self.cfg.weights, users[-1])
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        job = self.job(body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens, echo)
+        job = self.job(
+            body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens, echo, calls
+        )
         return await self.run(job, request.reader)
 
     def job(
@@ -356,6 +398,7 @@ class SimServer:
         judged: Judged | None,
         max_tokens: Any,
         echo: str | None = None,
+        calls: list[tuple[str, str, str]] | None = None,
     ) -> Job:
         """Check a generation request's options and plan what it generates."""
         ctx = self.cfg.context_length
@@ -374,9 +417,16 @@ class SimServer:
         limit = ctx - prompt_tokens if max_tokens is None else min(max_tokens, ctx - prompt_tokens)
         seed = text_seed(prompt, body.get("seed"))
         answer = None
+        starts: list[int] = []
         if judged is not None:
             answer = verdict(self.cfg, judged, raw=not chat)
             natural = tokenize(answer.text)
+        elif calls:
+            natural = []
+            for _, _, arguments in calls:
+                starts.append(len(natural))
+                natural += tokenize(arguments)
+            stops = []  # a stop string does not cut a tool call's arguments
         elif echo is not None:
             natural = tokenize(echo)
         else:
@@ -387,6 +437,11 @@ class SimServer:
         verdict_index = None
         if answer is not None and answer.token in steps.pieces:
             verdict_index = steps.pieces.index(answer.token)
+        prompt_pieces = tokenize(prompt)
+        cached = self.cache.lookup(prompt_pieces) if self.cache.enabled else None
+        self.cache.store(prompt_pieces)
+        self.stats["prompt_tokens"] += prompt_tokens
+        self.stats["cached_tokens"] += cached or 0
         return Job(
             chat=chat,
             plan=steps,
@@ -399,6 +454,10 @@ class SimServer:
             include_usage=bool(stream_options.get("include_usage")),
             ident=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             created=int(time.time()),
+            cached=min(cached, prompt_tokens) if cached is not None else None,
+            calls=tuple(calls or ()),
+            call_starts=tuple(starts),
+            prompt_pieces=tuple(prompt_pieces),
         )
 
     async def run(self, job: Job, reader: asyncio.StreamReader | None = None) -> Result:
@@ -423,6 +482,7 @@ class SimServer:
                     break
                 await asyncio.sleep(min(left, 0.05))
         self.stats["completed"] += 1
+        self.cache.store([*job.prompt_pieces, *job.plan.pieces])
         return 200, whole(self.cfg, job)
 
     def stretch(self) -> float:
@@ -449,6 +509,8 @@ class SimServer:
             finished_all = True
         finally:
             self.stats["completed" if finished_all else "cancelled"] += 1
+            if finished_all:
+                self.cache.store([*job.prompt_pieces, *job.plan.pieces])
 
     async def _events(
         self, job: Job, reader: asyncio.StreamReader | None
@@ -469,13 +531,13 @@ class SimServer:
                 if reader is not None and reader.at_eof():
                     raise ConnectionResetError("the client went away")
                 if index < len(pieces):
-                    finish = job.plan.finish if index == last else None
+                    finish = finish_reason(job) if index == last else None
                     yield chunk(self.cfg, job, index, finish, offset)
                     offset += len(pieces[index])
                     finished = finish is not None
             if not finished:
                 await self.wait_for_token(start, max(last, 0), stretch)
-                yield chunk(self.cfg, job, None, job.plan.finish, offset)
+                yield chunk(self.cfg, job, None, finish_reason(job), offset)
         if job.include_usage:
             tail = chunk(self.cfg, job, None, None, offset)
             tail["choices"] = []

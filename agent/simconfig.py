@@ -54,6 +54,9 @@ class Config:
     api_key: str = ""
     # How good the model is, read from --weights (agent.simweights); None: a plain sim.
     weights: simweights.Weights | None = None
+    # Tokens of prompt prefixes kept in the prefix cache (agent.simcache); 0: no cache,
+    # and usage then says nothing of cached tokens, as an engine without one.
+    prefix_cache_tokens: int = 65536
 
 
 # ---------------------------------------------------------------------------------------
@@ -198,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         "answers: docs/updates.md; a file that is none (a real model's) is ignored",
         default="",
     )
+    option(
+        "--prefix-cache-tokens",
+        "tokens of served prompts and answers kept in the prefix cache, reported as usage's "
+        "cached_tokens on a later request sharing the prefix; 0: no cache (default "
+        "%(default)s)",
+        type=_non_negative_int,
+        default=65536,
+    )
     parser.add_argument("--version", action="version", version=f"llmgw-sim {SIM_VERSION}")
     return parser
 
@@ -239,4 +250,5 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         fail_every=args.fail_every,
         api_key=args.api_key or "",
         weights=weights,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )

@@ -134,7 +134,7 @@ class BadRequest(Exception):
     """A request the engine refuses with 400 and this message."""
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """Return a message's text: a string, or the text parts of OpenAI-style typed content."""
     if content is None:
         return ""
@@ -159,7 +159,7 @@ def parse_messages(value: Any) -> list[tuple[str, str]]:
     for message in value:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest("each message must be an object with a string 'role'")
-        out.append((message["role"], _content_text(message.get("content"))))
+        out.append((message["role"], content_text(message.get("content"))))
     return out
 
 

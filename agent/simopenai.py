@@ -34,6 +34,31 @@ class Job:
     include_usage: bool
     ident: str
     created: int
+    # Tokens of the prompt the prefix cache held (agent.simcache); None: no cache to say.
+    cached: int | None = None
+    # Tool calls asked by /call (agent.simchat): (id, name, arguments); the plan's pieces
+    # are their arguments, call k's first piece at call_starts[k].
+    calls: tuple[tuple[str, str, str], ...] = ()
+    call_starts: tuple[int, ...] = ()
+    # The prompt's tokens, kept in the prefix cache with the answer's once it is served.
+    prompt_pieces: tuple[str, ...] = ()
+
+    def call_of(self, index: int) -> int:
+        """The tool call a piece of the plan belongs to."""
+        k = 0
+        while k + 1 < len(self.call_starts) and self.call_starts[k + 1] <= index:
+            k += 1
+        return k
+
+    def arguments(self) -> list[tuple[tuple[str, str, str], str]]:
+        """Each tool call the plan began, with its arguments as far as the plan emitted
+        them (a call cut off by max_tokens before its first token is not made)."""
+        out = ["" for _ in self.calls]
+        for index, piece in enumerate(self.plan.pieces):
+            out[self.call_of(index)] += piece
+        begun = len(self.plan.pieces)
+        return [(c, a) for c, a, s in zip(self.calls, out, self.call_starts, strict=True)
+                if s < begun]  # fmt: skip
 
 
 def _alternatives(piece: str, seed: int, index: int, count: int, avoid: set[str]) -> list[str]:
@@ -71,13 +96,24 @@ def _bytes(token: str) -> list[int]:
 # The OpenAI answers' shapes: a whole answer, a stream's chunk, usage and logprobs.
 
 
-def usage(job: Job) -> dict[str, int]:
-    """Return the OpenAI usage block of a job."""
-    return {
+def usage(job: Job) -> dict[str, Any]:
+    """Return the OpenAI usage block of a job, with the prompt's cached tokens when the
+    sim has a prefix cache (as llama-server and vLLM report them)."""
+    out: dict[str, Any] = {
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.plan.generated,
         "total_tokens": job.prompt_tokens + job.plan.generated,
     }
+    if job.cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": job.cached}
+    return out
+
+
+def finish_reason(job: Job) -> str:
+    """A job's finish: a tool call's whole arguments end in "tool_calls"."""
+    if job.calls and job.plan.finish == "stop":
+        return "tool_calls"
+    return job.plan.finish
 
 
 def whole(cfg: Config, job: Job) -> dict[str, Any]:
@@ -86,11 +122,18 @@ def whole(cfg: Config, job: Job) -> dict[str, Any]:
     indexes = range(len(job.plan.pieces))
     logprobs = None if job.top_n is None else logprobs_of(cfg, job, indexes, 0)
     if job.chat:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if job.calls:
+            message["content"] = None
+            message["tool_calls"] = [
+                {"id": ident, "type": "function", "function": {"name": name, "arguments": args}}
+                for (ident, name, _), args in job.arguments()
+            ]
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": job.plan.finish,
+            "finish_reason": finish_reason(job),
         }
     else:
         choice = {
@@ -99,6 +142,8 @@ def whole(cfg: Config, job: Job) -> dict[str, Any]:
             "logprobs": logprobs,
             "finish_reason": job.plan.finish,
         }
+    # vLLM's: the stop string the answer stopped at, None for none.
+    choice["stop_reason"] = job.plan.matched
     return {
         "id": job.ident,
         "object": "chat.completion" if job.chat else "text_completion",
@@ -118,12 +163,22 @@ def chunk(
     if job.top_n is not None and index is not None:
         logprobs = logprobs_of(cfg, job, [index], offset)
     if job.chat:
-        delta = {"content": piece} if index is not None else {}
+        delta: dict[str, Any] = {"content": piece} if index is not None else {}
+        if job.calls and index is not None:
+            k = job.call_of(index)
+            call: dict[str, Any] = {"index": k, "function": {"arguments": piece}}
+            if index == job.call_starts[k]:
+                ident, name, _ = job.calls[k]
+                call = {"index": k, "id": ident, "type": "function",
+                        "function": {"name": name, "arguments": piece}}  # fmt: skip
+            delta = {"tool_calls": [call]}
         choice: dict[str, Any] = {"index": 0, "delta": delta}
     else:
         choice = {"index": 0, "text": piece}
     choice["logprobs"] = logprobs
     choice["finish_reason"] = finish
+    if finish is not None:
+        choice["stop_reason"] = job.plan.matched
     return {
         "id": job.ident,
         "object": "chat.completion.chunk" if job.chat else "text_completion",

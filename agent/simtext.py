@@ -107,6 +107,8 @@ class Plan:
     pieces: list[str]  # emitted text, token by token; the last may be cut at a stop string
     generated: int  # usage.completion_tokens
     finish: str  # "stop" or "length"
+    # The stop string it stopped at (vLLM's choice.stop_reason), None for none.
+    matched: str | None = None
 
 
 def plan(natural: list[str], limit: int, stops: Sequence[str]) -> Plan:
@@ -122,16 +124,16 @@ def plan(natural: list[str], limit: int, stops: Sequence[str]) -> Plan:
     for index, piece in enumerate(natural[:limit]):
         before = len(text)
         text += piece
-        found = [at for s in stops if (at := text.find(s, max(0, before - longest + 1))) >= 0]
+        found = [(at, s) for s in stops if (at := text.find(s, max(0, before - longest + 1))) >= 0]
         if found:
-            cut = min(found)
+            cut, matched = min(found, key=lambda pair: pair[0])
             pieces, used = [], 0
             for kept in natural[: index + 1]:
                 if used >= cut:
                     break
                 pieces.append(kept[: cut - used])
                 used += len(kept)
-            return Plan(pieces, index + 1, "stop")
+            return Plan(pieces, index + 1, "stop", matched)
     if len(natural) > limit:
         return Plan(natural[:limit], limit, "length")
     return Plan(list(natural), len(natural), "stop")

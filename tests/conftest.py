@@ -29,11 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return item.nodeid.split("::", 1)[0]
 
     def seconds(item: pytest.Item) -> float:
-        """About how long a test takes: its ``long`` marker's figure, else a minute for an
-        end-to-end test (it starts processes of its own), 10 s for a browser test."""
-        long = item.get_closest_marker("long")
-        if long:
-            return float(long.args[0])
+        """About how long a test takes: its ``takes`` marker's measured figure, else a
+        minute for an end-to-end test (it starts processes of its own), 10 s for a browser
+        test."""
+        takes = item.get_closest_marker("takes")
+        if takes:
+            return float(takes.args[0])
         return (
             60
             if item.get_closest_marker("e2e")

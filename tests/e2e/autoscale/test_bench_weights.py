@@ -16,7 +16,7 @@ from tests.e2e.conftest import Agent, engine_auth, wait_for
 from tests.e2e.faultplane import H100, FaultPlane
 
 # 566 s on a loaded 2-core machine (setup 45, the test 474, teardown 47).
-pytestmark = [pytest.mark.e2e, pytest.mark.long(570)]
+pytestmark = [pytest.mark.e2e, pytest.mark.takes(570)]
 
 
 def test_bench_weights_three_to_one_and_the_router_follows(

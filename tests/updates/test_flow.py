@@ -191,7 +191,10 @@ def test_promote_keeps_the_old_revision_as_previous_and_drops_the_canary() -> No
     assert out.canary is None
     assert out.origin.revision == NEW and out.origin.files == list(NEW_REV.files)
     assert out.origin.previous == spec.PreviousOrigin("acme/chat", OLD, model().origin.files)
-    assert check(out) == []
+    # The candidate takes the model's traffic while it rolls, then is taken off.
+    assert out.fallbacks == ["chat@bbbbbbbb"]
+    after = flow.without_handover(out, "chat@bbbbbbbb")
+    assert after.fallbacks == [] and check(after) == []
 
 
 def test_rollback_returns_to_previous_and_keeps_the_current_as_previous() -> None:

@@ -66,6 +66,17 @@ def ready(r: UpdateRun) -> UpdateRun:
     return out
 
 
+def replaced(r: UpdateRun) -> None:
+    """Make a promote's replacements ready (their agents' reports) and look once: the
+    candidate stops taking the model's traffic."""
+    r.refresh_from_db()
+    Replica.objects.filter(pk__in=r.handover).update(state="ready")
+    run.end_handovers()
+    r.refresh_from_db()
+    assert r.handover_ended is not None
+    assert r.candidate not in spec(r.model).fallbacks
+
+
 def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat: str) -> None:
     r = run.start("chat", surface="cli", via="ops@host")
     assert (r.state, r.step, r.started_by, r.surface) == (
@@ -91,12 +102,16 @@ def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat:
     assert m.origin.previous.revision == r.from_commit
     assert [f.path for f in m.origin.files] == ["model.safetensors"]
     assert spec().canary is None and spec(r.candidate) is not None  # drained first
+    assert spec().fallbacks == [r.candidate]  # until its replacement is ready
+    assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == []
+    replaced(promoted)
+    assert spec().fallbacks == []
     assert run.sweep() == []
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [r.candidate]
     assert spec(r.candidate) is None  # the candidate went away
     assert Replica.objects.filter(model_name="chat", replaces=old_replica).count() == 1
-    log = ChangeRecord.objects.filter(model_name="chat").first()
-    assert "promoted to" in log.summary and "ops@host" in log.actor_name
+    log = ChangeRecord.objects.filter(model_name="chat", summary__contains="promoted to").first()
+    assert log is not None and "ops@host" in log.actor_name
 
     said = run.rollback("chat", surface="cli", via="ops@host")
     assert said.startswith(f"chat is back at {r.from_commit[:8]}")
@@ -311,6 +326,7 @@ def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -
     # for a replica for ever).
     first = ready(fetched(run.start("chat", surface="cli")))
     run.promote("chat", surface="cli")
+    replaced(first)
     later = timezone.now() + timedelta(seconds=run.DRAIN_S)
     assert run.sweep(later) == [first.candidate]
     run.rollback("chat", surface="cli")
@@ -321,6 +337,7 @@ def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -
     assert again.state == "waiting" and spec(again.candidate) is not None
     # Once it ends, its own drain decides.
     run.promote("chat", surface="cli")
+    replaced(again)
     assert run.sweep() == []
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [again.candidate]
 

@@ -207,7 +207,7 @@ class Gateway:
         table = self.state.table
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            await listing.answer(cycle, method, path, table, key)
+            await listing.answer(cycle, method, path, table, key, self.options.now())
             return
         kind = bodies.KINDS.get(path)
         if kind is None:

@@ -176,6 +176,9 @@ class Responses(Dialect):
         self.history: list[dict[str, Any]] = []
         # The response as the client had it (what a stored response keeps).
         self.response: dict[str, Any] | None = None
+        # The session the request names, and the one of the response it continues.
+        self.named: Any = None
+        self.previous_session: str | None = None
 
     def read(self, data: dict[str, Any]) -> responses.ResponsesRequest:
         """The request checked (before its history is read)."""

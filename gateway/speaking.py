@@ -38,7 +38,7 @@ async def route(
         # GET and DELETE /v1/responses/{id}: a stored response (gateway.stored).
         from gateway import stored
 
-        await stored.answer(gateway, cycle, method, path)
+        await stored.answer(gateway, cycle, method, path, scope.get("query_string", b""))
         return
     if method != "POST":
         raise errors.method_not_allowed(path, "POST")

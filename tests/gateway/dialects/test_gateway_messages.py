@@ -19,7 +19,7 @@ from gateway.state import State
 from guard import records
 from guard import services as guard_services
 from tests.catalog.samples import store
-from tests.gateway.harness import Harness
+from tests.gateway.harness import Engine, Harness
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
@@ -35,6 +35,7 @@ WEATHER = {"name": "get_weather", "description": "the weather in a city",
 class Served:
     gw: Harness
     secret: str
+    engine: Engine  # the one told what to say (model "marked")
 
     def client(self, **kw: object) -> anthropic.Anthropic:
         kw.setdefault("api_key", self.secret)
@@ -55,7 +56,8 @@ def sims() -> Iterator[tuple[str, str]]:
 def serving(sims: tuple[str, str], say: str, directions: tuple[str, ...]) -> Served:
     judge_url, chat_url = sims
     h = Harness(state=State(), guard=Guard())
-    marked = h.engine("e", say=say).url
+    engine = h.engine("e", say=say)
+    marked = engine.url
     guard_model("judge", endpoint=judge_url)
     for name, url in (("chat", chat_url), ("marked", marked)):
         store({"name": name, "source": f"sim/{name}", "scaling": {"min": 1, "max": 1},
@@ -67,7 +69,7 @@ def serving(sims: tuple[str, str], say: str, directions: tuple[str, ...]) -> Ser
     _, secret = keys.create_key("k")
     records.start()
     h.serve([], [])
-    return Served(h, secret)
+    return Served(h, secret, engine)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-import anthropic
 import openai
 import pytest
 

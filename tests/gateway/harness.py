@@ -43,6 +43,7 @@ class Engine:
     # A stream's head and a chunk with only the role at once, then this long before the
     # first token (as a prefill takes); "stall" waits it after the second word instead.
     first_token_delay: float = 0.0
+    pace: float = 0.0  # between a stream's words (as an engine generates them)
     port: int = 0
     requests: int = 0
     connections: int = 0
@@ -185,6 +186,8 @@ class Engine:
                                        "usage": None}))  # fmt: skip
             lead = b""
             await writer.drain()
+            if self.pace:
+                await asyncio.sleep(self.pace)
             if self.behaviour == "slow":
                 await asyncio.sleep(0.05)
                 if reader.at_eof():

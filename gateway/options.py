@@ -19,7 +19,7 @@ class Options:
     # The waits for a model whose catalog entry says nothing of its latency
     # (catalog.timeouts): to the first token, between tokens, for a whole answer, and
     # held while it wakes.
-    first_byte_timeout: float = 300.0
+    first_byte_timeout: float = 30.0
     read_timeout: float = 300.0
     whole_timeout: float = 1800.0
     wake_wait: float = 600.0

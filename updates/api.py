@@ -301,17 +301,33 @@ _FETCH = inline_serializer(
 
 
 @extend_schema(
-    summary="A model's fetches into the weights mirror, newest first (viewers)",
-    responses={200: _FETCH, 404: dict},
+    summary="A model's fetches into the weights mirror, newest first (viewers); POST: fetch "
+    "it now (operators)",
+    request=None,
+    responses={200: _FETCH, 202: dict, 400: dict, 404: dict},
 )
-@api_view(["GET"])
+@api_view(["GET", "POST"])
 def model_fetches(request: Request, name: str) -> Response:
     """Answer a model's fetches into the mirror, newest first (at most 20): the state,
-    the bytes done of the total while one runs, the reason of one that failed."""
+    the bytes done of the total while one runs, the reason of one that failed.
+
+    ``POST`` fetches the model's files now, at the revision it pins (its origin's) or the
+    newest (one never fetched: its origin is written when it is done), and answers the
+    fetch (202); a model the mirror does not fetch is 400 saying why.
+    """
     from catalog.services import stored_specs
 
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    if request.method == "POST":
+        from catalog.choices import Surface
+
+        who = getattr(request.user, "username", "") or "api"
+        try:
+            f = mirror.request_fetch(name, by=f"{who} (api)", surface=Surface.API)
+        except mirror.MirrorError as exc:
+            return Response({"detail": str(exc)}, status=400)
+        return Response(f.as_json(), status=status.HTTP_202_ACCEPTED)
     rows = Fetch.objects.filter(model=name).order_by("-id")[:20]
     return Response([f.as_json() for f in rows])
 

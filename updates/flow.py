@@ -392,7 +392,9 @@ def promoted_spec(m: spec.Model, candidate: str, new: Revision) -> spec.Model:
     out.fallbacks = [candidate, *(f for f in out.fallbacks if f != candidate)]
     old = m.origin
     previous = None
-    if old is not None and old.revision:
+    if old is not None and old.revision == new.commit:
+        previous = old.previous  # at that revision already: what it came from stays
+    elif old is not None and old.revision:
         previous = spec.PreviousOrigin(
             source=m.source, revision=old.revision, files=list(old.files)
         )
@@ -449,9 +451,23 @@ def rollback_spec(m: spec.Model) -> spec.Model:
         Refused: the model has no previous revision.
     """
     old = m.origin
-    if old is None or old.previous is None or not old.previous.revision:
-        raise Refused(f'"{m.name}" has no previous revision to go back to')
+    if old is None or not old.revision:
+        raise Refused(
+            f'"{m.name}" has no previous revision to go back to: it has no origin (its files '
+            "were never fetched nor updated); nothing was rolled"
+        )
+    if old.previous is None or not old.previous.revision:
+        raise Refused(
+            f'"{m.name}" has no previous revision to go back to: it is at '
+            f"{short(old.revision)}, the first revision it was fetched or updated to; "
+            "nothing was rolled"
+        )
     prev = old.previous
+    if prev.revision == old.revision and (prev.source or m.source) == m.source:
+        raise Refused(
+            f'"{m.name}" has no other revision to go back to: its previous revision is the '
+            f"one it is at ({short(old.revision)}); nothing was rolled"
+        )
     out = copy.deepcopy(m)
     out.source = prev.source or m.source
     out.origin = spec.Origin(

@@ -213,3 +213,13 @@ def test_promote_then_rollback_is_where_it_started(commit: str) -> None:
     back = flow.rollback_spec(flow.promoted_spec(model(), "x", new))
     assert back.origin.revision == OLD and back.origin.files == model().origin.files
     assert back.source == model().source
+
+
+def test_a_rollback_to_the_revision_it_is_at_is_refused() -> None:
+    m = model()
+    m.origin.previous = spec.PreviousOrigin("acme/chat", m.origin.revision, m.origin.files)
+    with pytest.raises(flow.Refused, match="its previous revision is the one it is at"):
+        flow.rollback_spec(m)
+    # A promote to the revision it is at keeps what it came from.
+    again = flow.promoted_spec(model(), "x", flow.Revision(model().origin.revision, ()))
+    assert again.origin.previous == model().origin.previous

@@ -129,3 +129,17 @@ def test_the_handover_ends_when_the_replacement_is_ready_failed_or_gone() -> Non
     assert "replacement #5 failed" in over("chat", "chat@1", {5: "failed"}, 10)
     assert "#5 not ready after 30 minutes" in over("chat", "chat@1", {5: "pending"}, 1800)
     assert "replacements are ready" in over("chat", "chat@1", {}, 0)
+
+
+def test_a_tick_looks_while_a_candidate_takes_the_traffic_however_long() -> None:
+    from updates import signals
+    from updates.models import UpdateRun
+
+    assert not signals.worth_a_look()
+    long_ago = timezone.now() - timedelta(hours=1)
+    r = UpdateRun.objects.create(
+        model="chat", candidate="chat@1", state="promoted", handover=[1], finished=long_ago
+    )
+    assert signals.worth_a_look()  # its replacement may take longer than any drain
+    UpdateRun.objects.filter(pk=r.pk).update(handover_ended=long_ago)
+    assert not signals.worth_a_look()

@@ -391,3 +391,35 @@ def test_the_last_check_follows_a_promote_and_a_rollback(chat: str) -> None:
 def test_who_started_an_update_is_said_once(started_by: str, surface: str, shown: str) -> None:
     # The walk found "started by admin (console) (console)".
     assert UpdateRun(started_by=started_by, surface=surface).started_through == shown
+
+
+def test_an_update_of_a_model_never_fetched_writes_its_origin_at_promote_only(
+    hub: HubStandIn,
+) -> None:
+    # A sim engine's model: its nodes need no weights, so nothing fetched it before.
+    commit = hub.commit("org/sim", {"sim-weights.json": V1})
+    store(gpu_model("sim"))
+    served = ServedModel.objects.get(name="sim")
+    Replica.objects.create(model=served, model_name="sim", state="ready")
+    r = fetched(run.start("sim"))
+    assert r.step == "candidate"
+    assert spec("sim").origin is None  # the update's fetch is not what serves
+    r = ready(r)
+    assert r.state == "waiting"
+    assert spec("sim").origin is None
+    run.promote("sim")
+    m = spec("sim")
+    assert m.origin.revision == commit and m.origin.previous is None
+    # Nothing to go back to: refused naming why, and no replica rolled.
+    before = set(Replica.objects.values_list("pk", flat=True))
+    with pytest.raises(flow.Refused, match="no previous revision to go back to: it is at"):
+        run.rollback("sim")
+    assert set(Replica.objects.values_list("pk", flat=True)) == before
+    assert spec("sim").origin.revision == commit
+
+
+def test_a_rollback_with_no_origin_is_refused_naming_why(hub: HubStandIn) -> None:
+    hub.commit("org/sim", {"sim-weights.json": V1})
+    store(gpu_model("sim"))
+    with pytest.raises(flow.Refused, match="it has no origin"):
+        run.rollback("sim")

@@ -453,15 +453,38 @@ class _Progress:
         _mark(self.fetch.model)
 
 
+# While a fetch waits for another writer of its folder, its row is moved this often (so
+# it is not taken for one a dead worker left), and it waits this long at most.
+LOCK_POLL_S = 1.0
+LOCK_TOUCH_S = 30.0
+LOCK_WAIT_S = 6 * 3600.0
+
+
 @contextlib.contextmanager
-def _folder_lock(rel: str) -> Iterator[None]:
+def _folder_lock(rel: str, fetch: Fetch | None = None) -> Iterator[None]:
     """Hold the lock of one mirror folder: one writer of its ``.part`` files at a time,
-    across processes."""
+    across processes. While another holds it, ``fetch``'s row is moved now and then (its
+    worker is alive: waiting); past ``LOCK_WAIT_S`` the fetch fails saying so."""
     locks = root() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     path = locks / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
     with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        started = touched = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if now - started > LOCK_WAIT_S:
+                    raise MirrorError(
+                        f"another fetch of {rel} held its folder for {LOCK_WAIT_S / 3600:.0f} "
+                        "hours: this one gave up waiting; fetch again once that one ended"
+                    ) from None
+                if fetch is not None and now - touched >= LOCK_TOUCH_S:
+                    touched = now
+                    Fetch.objects.filter(pk=fetch.pk).update(updated=timezone.now())
+                threading.Event().wait(LOCK_POLL_S)
         try:
             yield
         finally:
@@ -491,7 +514,7 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.save(update_fields=["commit", "folder", "bytes_total", "updated"])
         final = root() / fetch.folder
         hashed: dict[str, str] = {}
-        with _folder_lock(fetch.folder):
+        with _folder_lock(fetch.folder, fetch):
             if not _complete(final, state):
                 _check_room(fetch, state, final)
                 hashed = _download_or_free(fetch, state, final)

@@ -199,6 +199,15 @@ if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
         f"LLMGW_GATEWAY_REFUSAL_DAYS is {LLMGW_GATEWAY_REFUSAL_DAYS}: write 1 or more days"
     )
 LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 3600)
+# Stored responses of the Responses API (gateway/stored.py: store, previous_response_id)
+# are kept this many days; the job that deletes older ones runs every
+# LLMGW_RESPONSES_PRUNE_INTERVAL seconds.
+LLMGW_RESPONSES_KEEP = envint("RESPONSES_KEEP", 30)
+if LLMGW_RESPONSES_KEEP < 1:
+    raise ImproperlyConfigured(
+        f"LLMGW_RESPONSES_KEEP is {LLMGW_RESPONSES_KEEP}: write 1 or more days"
+    )
+LLMGW_RESPONSES_PRUNE_INTERVAL = envint("RESPONSES_PRUNE_INTERVAL", 3600)
 # Traffic over time (gateway.history): minutes kept this many hours, then summed into
 # hours, kept this many days; the job that rolls them runs every this many seconds.
 LLMGW_HISTORY_MINUTE_HOURS = envint("HISTORY_MINUTE_HOURS", 24)
@@ -265,7 +274,7 @@ for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_M
 # whole-answer timeouts are for models whose catalog entry gives no slo: one that does
 # has its own (catalog/timeouts.py).
 LLMGW_GATEWAY_CONNECT_TIMEOUT = envint("GATEWAY_CONNECT_TIMEOUT", 5)
-LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 300)
+LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 30)
 LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)

@@ -67,8 +67,11 @@ def check_model(m: object) -> check.Result:
         state = registry.latest(source, None)
     except registry.RegistryError as exc:
         return check.error(name, origin.revision, str(exc))
+    # Code files count for a model that runs them (trust_remote_code), weights for all.
+    code = bool(getattr(m, "trust_remote_code", False))
+    have = [w for w in have if registry.kind(source) == "url" or registry.is_compared(w.path, code)]
     published = [
-        check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.weights
+        check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.compared(code)
     ]
     return check.compare(name, origin.revision, have, state.commit, published)
 

@@ -802,11 +802,13 @@ def git_blob_id(path: Path) -> str:
 
 
 def origin_files(state: registry.RepoState) -> list[Any]:
-    """Return a state's weights files as the catalog's origin records them."""
+    """Return a state's weights files, and its code files (compared for a model that trusts
+    remote code), as the catalog's origin records them."""
     from catalog import spec
 
     return [
-        spec.OriginFile(path=f.path, sha256=f.sha256, bytes=int(f.size or 0)) for f in state.weights
+        spec.OriginFile(path=f.path, sha256=f.sha256, bytes=int(f.size or 0))
+        for f in state.compared(code=True)
     ]
 
 

@@ -98,10 +98,34 @@ class RepoState:
             return self.files
         return tuple(f for f in self.files if f.weights)
 
+    def compared(self, code: bool = False) -> tuple[RepoFile, ...]:
+        """Return the files the update check compares: the weights, and the code files
+        too for a model that trusts remote code."""
+        if kind(self.source) == "url":
+            return self.files
+        return tuple(f for f in self.files if is_compared(f.path, code))
+
     @property
     def total_bytes(self) -> int:
         """Return the size of every file, those of unknown size counted as 0."""
         return sum(f.size or 0 for f in self.files)
+
+
+# Files an engine imports as code when a model trusts remote code (its catalog field
+# trust_remote_code): compared as its weights are, as a change to them is an update.
+CODE_SUFFIXES = (".py",)
+
+
+def is_code(path: str) -> bool:
+    """Return whether a file of a repository is Python code an engine would import for a
+    model that trusts remote code."""
+    return path.lower().endswith(CODE_SUFFIXES)
+
+
+def is_compared(path: str, code: bool = False) -> bool:
+    """Return whether the update check compares a file: weights, and code files too for a
+    model that trusts remote code (``code``)."""
+    return is_weights(path) or (code and is_code(path))
 
 
 def is_weights(path: str) -> bool:

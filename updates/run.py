@@ -468,7 +468,7 @@ def _revision(fetch: Fetch) -> flow.Revision:
         spec.OriginFile(path=str(f["path"]), sha256=str(f.get("sha256") or ""),
                         bytes=int(f.get("bytes") or 0))
         for f in fetch.files
-        if registry.is_weights(str(f["path"]))
+        if registry.is_compared(str(f["path"]), code=True)
     )  # fmt: skip
     return flow.Revision(fetch.commit, files)
 

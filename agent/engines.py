@@ -156,6 +156,11 @@ def command_for(
         replica, port, weights_path, bins, host, node_address, paths, adapter_dir
     )
     env.update(extra_env)
+    if replica.get("trust_remote_code") and engine in _TRUST_FLAG:
+        # The model's trust_remote_code, set on purpose in the catalog: the one way the
+        # engine runs the Python files that come with the model (agent.flags refuses
+        # the flag in a profile's args).
+        argv.append(_TRUST_FLAG[engine])
     cpu_cores = _int(replica, "cpu_cores", 0)
     if cpu_cores > 0 and engine in ("vllm", "sglang", "trtllm"):
         # The PyTorch engines size their CPU thread pools from this; without it each
@@ -209,6 +214,13 @@ _KV_FLAGS = frozenset(
 
 
 _Built = tuple[list[str], dict[str, str], str | None]
+
+# How each engine that can run a model's own Python files is told to.
+_TRUST_FLAG = {
+    "vllm": "--trust-remote-code",
+    "sglang": "--trust-remote-code",
+    "trtllm": "--trust_remote_code",
+}
 
 
 def _key(replica: Mapping[str, Any]) -> str:

@@ -211,7 +211,7 @@ class Gateway:
         cycle.dialect = dialects.for_path(path, cycle.request_id)
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            await listing.answer(cycle, method, path, table, key)
+            await listing.answer(cycle, method, path, table, key, self.options.now())
             return
         if cycle.dialect is not None:
             await speaking.route(self, cycle, scope, receive, path, method)

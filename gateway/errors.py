@@ -119,6 +119,20 @@ def unplaceable(model: str, why: str) -> ApiError:
     )
 
 
+def switched_off(model: str, why: str) -> ApiError:
+    """A model an operator switched off: nothing will start it, so the answer comes at once,
+    with no ``Retry-After`` and ``x-should-retry: false`` (the ``openai`` client would
+    otherwise retry a 503 twice)."""
+    return ApiError(
+        503,
+        f"The model '{model}' is {why}: no replica runs and none will start until an "
+        "operator scales it up again. Retrying will not help; use another model.",
+        type="server_error",
+        code="model_switched_off",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def content_filter(direction: str, judge: str, categories: list[str]) -> ApiError:
     named = ", ".join(categories) if categories else "unsafe"
     what = "request" if direction == "request" else "answer"

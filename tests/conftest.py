@@ -11,6 +11,38 @@ from typing import Any
 import pytest
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the run's files for its workers (``run.py`` passes ``--no-loadscope-reorder``
+    with ``--dist loadfile``, so a worker takes the next file in this order when it is
+    free): the end-to-end and browser files first, the costliest first (an end-to-end test
+    starts processes of its own: counted as three browser tests), so that the many quick
+    files fill the workers' ends rather than one long file running alone at the end; the
+    files that run llama-server last (``python3 run.py test`` builds it while the others
+    run, tests/llama.py). Within a group, the files keep their order."""
+
+    def needs_llama(item: pytest.Item) -> bool:
+        return bool(item.get_closest_marker("llama_server")) or "llama_server" in getattr(
+            item, "fixturenames", ()
+        )
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    llama = {module(i) for i in items if needs_llama(i)}
+    cost: dict[str, int] = {}
+    for i in items:
+        cost[module(i)] = cost.get(module(i), 0) + (
+            3 if i.get_closest_marker("e2e") else 1 if i.get_closest_marker("browser") else 0
+        )
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = module(item)
+        return (2, 0) if name in llama else (0, -cost[name]) if cost[name] else (1, 0)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True)
 def _judges_breakers_closed() -> Iterator[None]:
     """Every test starts with each judge's circuit breaker closed: the breakers are the

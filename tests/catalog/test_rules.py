@@ -192,8 +192,8 @@ UNSAFE_FLAGS = [
 @pytest.mark.parametrize(("engine", "flag", "field"), UNSAFE_FLAGS)
 @pytest.mark.parametrize("form", ["separate", "equals"])
 def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
-    ok = {"vllm": "--enforce-eager", "sglang": "--trust-remote-code", "llamacpp": "--jinja"}
-    first = ok.get(engine, "--trust_remote_code")
+    ok = {"vllm": "--enforce-eager", "sglang": "--is-embedding", "llamacpp": "--jinja"}
+    first = ok.get(engine, "--enable_chunked_prefill")
     args = [first, flag, "1"] if form == "separate" else [first, f"{flag}=1"]
     why = unsafe_args(engine, args)
     assert why is not None
@@ -209,7 +209,7 @@ def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
         ("vllm", ["--max-model-len", "32k", "--no-enable-prefix-caching", "--seed", "-1"]),
         ("llamacpp", ["--ctx-size", "8192", "--flash-attn", "on", "--jinja", "-ts", "3,1"]),
         ("llamacpp", ["--flash-attn", "on", "--cache-type-k", "q8_0", "--temp", ".7"]),
-        ("trtllm", ["--max_batch_size", "8", "--trust_remote_code"]),
+        ("trtllm", ["--max_batch_size", "8", "--enable_chunked_prefill"]),
         ("sglang", ["--mem-fraction-static", "0.8", "--disable-radix-cache"]),
         ("vllm", []),
     ],
@@ -607,7 +607,7 @@ RULES = [
     pytest.param(
         model(gpu(env={RUNTIME_LORA_ENV: "1"}), adapters=[Adapter("a", "s")]),
         ("profiles", 0, "env", RUNTIME_LORA_ENV),
-        "runtime_lora_env",
+        "unsafe_env",
         ['profile "gpu"', "max_loaded_adapters", RUNTIME_LORA_ENV],
         id="runtime_lora_env",
     ),

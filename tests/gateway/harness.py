@@ -251,6 +251,8 @@ class AllowAll:
 
 
 def model(name: str, **kw: Any) -> spec.Model:
+    # On demand by default (a model with min 0 and max 0 is switched off: never woken).
+    kw.setdefault("scaling", spec.Scaling(min=0, max=1))
     m = spec.Model(name=name, source=f"sim/{name}", **kw)
     return m
 

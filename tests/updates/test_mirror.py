@@ -246,3 +246,30 @@ def test_the_newest_asked_of_a_registry_that_does_not_answer_fails_with_its_reas
     hub.delete("org/chat")
     f = _fetch("chat", "")
     assert f.pk != first.pk and f.state == "failed" and "is not there" in f.reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["evil\r\nX-Injected: 1.safetensors", "a\x1b[31m.bin", "<img src=x onerror=alert(1)>.gguf"],
+)
+def test_a_file_name_with_a_line_break_a_control_or_html_is_refused_at_the_registry(
+    hub: HubStandIn, name: str
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS, name: b"x"})
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.FAILED
+    assert "is not a file's name" in f.reason and "nothing was taken" in f.reason
+    assert hub.count("GET", "/resolve/") == 0  # nothing downloaded
+    assert not (mirror.root() / "hf").exists() or not list((mirror.root() / "hf").rglob("*.*"))
+    assert _origin() is None  # nothing written to the catalog
+
+
+def test_a_file_name_with_a_space_is_fetched(hub: HubStandIn) -> None:
+    sha = hub.commit("org/chat", {"my model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    folder = mirror.local_path("chat", sha)
+    assert folder is not None and (folder / "my model.safetensors").read_bytes() == WEIGHTS
+    assert [o.path for o in _origin().files] == ["my model.safetensors"]

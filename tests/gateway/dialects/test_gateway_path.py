@@ -89,3 +89,15 @@ def test_budgets_and_limits_are_said_in_each_dialects_shape(h: Harness) -> None:
     assert limited.value.response.headers["retry-after"]
     with pytest.raises(openai.RateLimitError):
         oai(h).responses.create(model="m", input="x", store=False)
+
+
+def test_an_engines_event_that_is_not_json_reaches_the_client_as_text(h: Harness) -> None:
+    """Chat passes such an event on as it came; a dialect's client would choke on a line
+    that is not its event, so it is the dialect's text (judged as text under a guard)."""
+    garbled = h.engine("g", behaviour="garbled", words=3)
+    h.serve([model("m")], [(1, "m", garbled)])
+    with claude(h).messages.stream(model="m", max_tokens=8, messages=ASKED) as s:
+        message = s.get_final_message()
+    assert message.content[0].text == "{garbled g0{garbled g1{garbled g2"
+    events = list(oai(h).responses.create(model="m", input="x", stream=True, store=False))
+    assert events[-1].response.output_text == "{garbled g0{garbled g1{garbled g2"

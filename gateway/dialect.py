@@ -136,7 +136,12 @@ class Messages(Dialect):
         self.request: messages.MessagesRequest | None = None
 
     def error_body(self, error: ApiError) -> bytes:
-        return messages.error_body(error.status, error.message, code=error.code,
+        message = error.message
+        if error.code == "invalid_api_key":
+            # Anthropic's clients send the key in x-api-key (or as a bearer token).
+            message = message.replace("as 'Authorization: Bearer <key>'",
+                                      "in 'x-api-key' or 'Authorization: Bearer <key>'")  # fmt: skip
+        return messages.error_body(error.status, message, code=error.code,
                                    request_id=self.request_id or None)  # fmt: skip
 
     def engine_error(self, status: int, raw: bytes) -> bytes:

@@ -76,6 +76,10 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         raise errors.model_not_found(asked["model"])
     model = entry.model
     cycle.model = model.name
+    if model.external is not None:
+        raise ApiError(400, f"'{asked['model']}' is an external provider's model: "
+                       "count_tokens is served for the cluster's own models.",
+                       param="model", code="count_tokens_unsupported")  # fmt: skip
     pool = table.pool(model.name)
     if pool is None or not pool.endpoints:
         raise errors.not_ready(asked["model"], gateway.options.retry_after)
@@ -115,5 +119,5 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         counted = messages.count_answer(json.loads(answer))
     except (ValueError, DialectError):
         raise errors.upstream_failed(asked["model"], "its count is not a count") from None
-    cycle.tokens_in = counted["input_tokens"]
+    # Counted, not read by a model: no tokens in for the usage rows and budgets.
     await cycle.json(200, counted)

@@ -137,6 +137,9 @@ def test_count_tokens_is_the_engines_count_of_the_prompt(served: Served) -> None
     counted = api.messages.count_tokens(model="chat", messages=asked, system="Be brief.",
                                         tools=[WEATHER])  # fmt: skip
     assert counted.input_tokens > 0
+    counting = served.gw.gateway.observer.last
+    assert (counting.dialect, counting.status, counting.model) == ("count_tokens", 200, "chat")
+    assert counting.tokens_in == 0  # counted, not read by a model: nothing for usage
     answered = api.messages.create(model="chat", max_tokens=2, messages=asked,
                                    system="Be brief.", tools=[WEATHER])  # fmt: skip
     usage = answered.usage
@@ -154,6 +157,7 @@ def test_errors_are_in_anthropics_shape(served: Served) -> None:
                                                                 messages=asked)  # fmt: skip
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["type"] == "authentication_error"
+    assert "x-api-key" in caught.value.body["error"]["message"]
     api = served.client()
     with pytest.raises(anthropic.NotFoundError) as caught:
         api.messages.create(model="nope", max_tokens=4, messages=asked)

@@ -237,8 +237,9 @@ def for_path(path: str, request_id: str = "") -> Dialect | None:
     return made(request_id) if made is not None else None
 
 
-def usage_counted(tokens_in: int, tokens_out: int) -> Usage | None:
+def usage_counted(tokens_in: int, tokens_out: int, cached: int = 0) -> Usage | None:
     """The usage the gateway counted (for an ending the engine's own count did not reach)."""
     if not tokens_in and not tokens_out:
         return None
-    return Usage(input=tokens_in, output=tokens_out)
+    return Usage(input=tokens_in, output=tokens_out, cached=min(cached, tokens_in),
+                 cached_reported=cached > 0)  # fmt: skip

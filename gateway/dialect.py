@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway import errors
 from gateway.errors import ApiError
 from gateway.path.dialects import messages, responses
 from gateway.path.dialects.common import DialectError, Usage, typed_sse
@@ -112,7 +113,7 @@ def _read(reader: Any, data: Any) -> Any:
     try:
         return reader(data)
     except DialectError as error:
-        raise ApiError(400, error.message, param=error.param, code="invalid_request") from None
+        raise errors.bad_request(error.message, error.param) from None
 
 
 def _answer(make: Any, raw: bytes) -> bytes:
@@ -121,8 +122,7 @@ def _answer(make: Any, raw: bytes) -> bytes:
     try:
         value = make(json.loads(raw))
     except (ValueError, RecursionError, DialectError):
-        raise ApiError(502, "The engine's answer is not a chat completion.",
-                       type="server_error", code="upstream_error") from None  # fmt: skip
+        raise errors.not_a_chat_answer() from None
     return json.dumps(value, ensure_ascii=False).encode()
 
 

@@ -57,7 +57,7 @@ def test_responses_create_whole_and_streamed(served: Served) -> None:
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
     assert response.usage.input_tokens_details.cached_tokens >= 0
     assert response.instructions == "Be terse."
-    done = served.gw.gateway.observer.last
+    done = served.heard()
     assert (done.dialect, done.status, done.stream) == ("responses", 200, False)
 
     events = list(api.responses.create(model="chat", input="Say something.", stream=True,
@@ -68,7 +68,7 @@ def test_responses_create_whole_and_streamed(served: Served) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text and events[-1].response.output_text == text
-    assert served.gw.gateway.observer.last.dialect == "responses"
+    assert served.heard().dialect == "responses"
     # The client's own stream helper, which needs every event's sequence_number.
     with api.responses.stream(model="chat", input="Say something.") as stream:
         final = stream.get_final_response()

@@ -26,12 +26,15 @@ the replicas within a few sessions of each other however the hashes fall.
 ``Sessions`` is the table a gateway process keeps, in memory, per model: each session's
 last replica and when it was used, at most ``size`` sessions (the least recently used
 leave first) for at most ``age`` seconds since their last turn, and how many each
-replica holds. Plain Python: the clock is passed in.
+replica holds. Plain Python: the clock is passed in. Its lock is held a few steps per
+turn, and once a second by the thread that publishes the process's traffic
+(``figures``: the Traffic page's sessions and share kept, ``gateway.traffic``).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -120,6 +123,7 @@ class Sessions:
         # model -> replica -> sessions it holds.
         self._held: dict[str, dict[int, int]] = {}
         self.counts: dict[str, Counts] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls) -> Sessions:
@@ -136,6 +140,10 @@ class Sessions:
 
     def expire(self, now: float) -> None:
         """Forget the sessions idle longer than ``age`` (the oldest are first)."""
+        with self._lock:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
         table = self._table
         while table:
             name, (_, used) = next(iter(table.items()))
@@ -154,7 +162,11 @@ class Sessions:
 
     def last(self, model: str, session: str, now: float) -> int | None:
         """The replica ``session`` of ``model`` last used (None: none within ``age``)."""
-        self.expire(now)
+        with self._lock:
+            return self._last(model, session, now)
+
+    def _last(self, model: str, session: str, now: float) -> int | None:
+        self._expire(now)
         found = self._table.get((model, session))
         return None if found is None else found[0]
 
@@ -164,6 +176,10 @@ class Sessions:
 
     def used(self, model: str, session: str, replica: int, now: float) -> None:
         """``session`` of ``model`` went to ``replica`` now (it is the most recent)."""
+        with self._lock:
+            self._used(model, session, replica, now)
+
+    def _used(self, model: str, session: str, replica: int, now: float) -> None:
         name = (model, session)
         if name in self._table:
             self._drop(name)
@@ -185,33 +201,34 @@ class Sessions:
         exclude: Collection[int] = (),
     ) -> Target | None:
         """The replica for a turn of ``session`` (``choose``), remembered and counted."""
-        last = self.last(model, session, now)
-        held = self.held(model)
-        if last is not None and held.get(last):
-            # The session itself is not counted where it may leave from.
-            held = dict(held)
-            held[last] -= 1
-        target, outcome = choose(ring, in_flight, held, last, f"{model}\x00{session}",
-                                 skew=self.skew, profile=profile, exclude=exclude)  # fmt: skip
-        if target is None:
-            return None
-        counts = self.counts.setdefault(model, Counts())
-        setattr(counts, outcome, getattr(counts, outcome) + 1)
-        self.used(model, session, target.id, now)
-        return target
+        with self._lock:
+            last = self._last(model, session, now)
+            held = dict(self.held(model))
+            if last is not None and held.get(last):
+                held[last] -= 1  # the session itself is not counted where it may leave from
+            target, outcome = choose(ring, in_flight, held, last, f"{model}\x00{session}",
+                                     skew=self.skew, profile=profile, exclude=exclude)  # fmt: skip
+            if target is None:
+                return None
+            counts = self.counts.setdefault(model, Counts())
+            setattr(counts, outcome, getattr(counts, outcome) + 1)
+            self._used(model, session, target.id, now)
+            return target
 
     def began(self, model: str, session: str, replica: int, now: float) -> None:
         """A session begun by a turn routed without it (a stored response's id)."""
-        counts = self.counts.setdefault(model, Counts())
-        counts.new += 1
-        self.used(model, session, replica, now)
+        with self._lock:
+            counts = self.counts.setdefault(model, Counts())
+            counts.new += 1
+            self._used(model, session, replica, now)
 
     def figures(self, now: float) -> dict[str, dict[str, int]]:
         """Per model: its sessions held now, and its turns kept, moved and new so far."""
-        self.expire(now)
-        out: dict[str, dict[str, int]] = {}
-        for model in set(self._held) | set(self.counts):
-            counts = self.counts.get(model, Counts())
-            out[model] = {"sessions": sum(self._held.get(model, {}).values()),
-                          "kept": counts.kept, "moved": counts.moved, "new": counts.new}  # fmt: skip
-        return out
+        with self._lock:
+            self._expire(now)
+            out: dict[str, dict[str, int]] = {}
+            for model in set(self._held) | set(self.counts):
+                c = self.counts.get(model, Counts())
+                out[model] = {"sessions": sum(self._held.get(model, {}).values()),
+                              "kept": c.kept, "moved": c.moved, "new": c.new}  # fmt: skip
+            return out

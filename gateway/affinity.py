@@ -7,8 +7,10 @@ conversation in its prefix cache. ``choose`` picks a session's replica:
 
 - the replica its session last used (``last``) while that replica is a candidate (ready,
   not ejected, not tried already for this request) and one more request keeps it within
-  ``skew`` times its weighted share of the model's requests in flight (at least one per
-  unit of weight: ``balance.within_bound``). That is ``KEPT``.
+  ``skew`` times its weighted share of the model's requests in flight, or within
+  ``FLOOR`` requests per unit of weight (``balance.within_bound``): an engine batches
+  that many at once, so a momentary skew among a few requests moves no session off the
+  replica that holds its conversation's cache. That is ``KEPT``.
 - else the replica the model's balancer picks (``balance.pick``: prefix affinity with
   bounded loads, or ``least``) over the session's own key, among the replicas that hold
   no more than ``SPREAD`` times their weighted share of the model's sessions (those
@@ -49,6 +51,8 @@ NEW = "new"
 # The skew a session's replica may reach before its sessions move (its requests in flight
 # over its weighted share of the model's): LLMGW_SESSION_SKEW's default.
 DEFAULT_SKEW = 2.0
+# Requests in flight per unit of weight a session's replica may always hold.
+FLOOR = 8
 # A new (or moving) session goes to a replica holding at most this factor of its weighted
 # share of the model's sessions.
 SPREAD = 1.1
@@ -64,6 +68,7 @@ def choose(
     key: str,
     *,
     skew: float = DEFAULT_SKEW,
+    floor: float = FLOOR,
     profile: str = balance.DEFAULT_PROFILE,
     exclude: Collection[int] = (),
     rng: random.Random | None = None,
@@ -80,7 +85,7 @@ def choose(
         for target in candidates:
             if target.id == last:
                 total = sum(in_flight.get(t.id, 0) for t in candidates)
-                if balance.within_bound(target, in_flight, total, capacity, skew, least=least):
+                if balance.within_bound(target, in_flight, total, capacity, skew, floor, least):
                     return target, KEPT
                 break
     outcome = NEW if last is None else MOVED

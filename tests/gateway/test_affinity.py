@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import balance
-from gateway.affinity import DEFAULT_SKEW, KEPT, MOVED, NEW, SPREAD, Sessions, choose
+from gateway.affinity import DEFAULT_SKEW, FLOOR, KEPT, MOVED, NEW, SPREAD, Sessions, choose
 from gateway.balance import Ring, Target
 
 targets = st.lists(
@@ -45,7 +45,7 @@ def test_the_choice(
     least = min(t.capacity for t in candidates)
     kept = next((t for t in candidates if t.id == last), None)
     if kept is not None and balance.within_bound(kept, in_flight, total, capacity, skew,
-                                                  least=least):  # fmt: skip
+                                                  FLOOR, least):  # fmt: skip
         # Its last replica, ready and within the skew: kept.
         assert (target, outcome) == (kept, KEPT)
         return
@@ -115,9 +115,12 @@ def test_a_session_keeps_its_replica_then_moves_with_the_load_or_when_it_goes() 
         # Up to twice its share of what is in flight (one more counted): kept.
         near = {first.id: 2, **{t.id: 1 for t in ring.targets if t != first}}
         assert table.pick("m", "s", ring, near, float(turn)) == first
+    # Up to FLOOR in flight it stays, whatever the others hold.
+    alone = {first.id: FLOOR - 1}
+    assert table.pick("m", "s", ring, alone, 5.5) == first
     # Its replica holds more than twice its share of what is in flight: it moves, and
     # stays where it moved.
-    busy = {first.id: 10, **{t.id: 1 for t in ring.targets if t != first}}
+    busy = {first.id: 20, **{t.id: 1 for t in ring.targets if t != first}}
     moved = table.pick("m", "s", ring, busy, 6.0)
     assert moved is not None and moved != first
     assert table.pick("m", "s", ring, {}, 7.0) == moved
@@ -126,8 +129,8 @@ def test_a_session_keeps_its_replica_then_moves_with_the_load_or_when_it_goes() 
     again = table.pick("m", "s", rest, {}, 8.0)
     assert again is not None and again != moved and table.last("m", "s", 8.0) == again.id
     c = table.counts["m"]
-    assert (c.new, c.kept, c.moved) == (1, 6, 2)
-    assert table.figures(8.0) == {"m": {"sessions": 1, "kept": 6, "moved": 2, "new": 1}}
+    assert (c.new, c.kept, c.moved) == (1, 7, 2)
+    assert table.figures(8.0) == {"m": {"sessions": 1, "kept": 7, "moved": 2, "new": 1}}
 
 
 def test_the_table_is_bounded_in_size_and_age() -> None:

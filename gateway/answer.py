@@ -204,7 +204,8 @@ class Stream:
 
     def _counted(self) -> Any:
         """The usage the gateway counted so far (a dialect's ending says it)."""
-        return usage_counted(self.cycle.tokens_in, self.cycle.tokens_out)
+        cycle = self.cycle
+        return usage_counted(cycle.tokens_in, cycle.tokens_out, cycle.tokens_cached)
 
     async def _finish(self) -> None:
         rest = self.early
@@ -255,13 +256,17 @@ def told_of(error: UpstreamError) -> str:
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*(\d+)')
 
 
 def usage_from(raw: bytes, cycle: Cycle) -> None:
-    """Tokens in and out from an answer's (or a chunk's) usage, without parsing it all."""
+    """Tokens in, cached and out from an answer's (or a chunk's) usage, without parsing
+    it all (cached: ``prompt_tokens_details.cached_tokens``, never more than the prompt)."""
     found = _PROMPT_TOKENS.search(raw)
     if found:
         cycle.tokens_in = int(found.group(1))
+        cached = _CACHED_TOKENS.search(raw)
+        cycle.tokens_cached = min(int(cached.group(1)), cycle.tokens_in) if cached else 0
     found = _COMPLETION_TOKENS.search(raw)
     if found:
         cycle.tokens_out = int(found.group(1))

@@ -45,7 +45,7 @@ class Cycle:
         "send", "started", "status", "outcome", "request_id",
         # What the observers are told (gateway.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
-        "tokens_out", "stream", "unreserved", "owner_reserved",
+        "tokens_out", "tokens_cached", "stream", "unreserved", "owner_reserved",
         # What the client sent, and what runs for it.
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
         # The dialect the client speaks (gateway.dialect; None: chat's own routes).
@@ -74,6 +74,9 @@ class Cycle:
         self.replica: int | None = None
         self.tokens_in = 0
         self.tokens_out = 0
+        # Of tokens_in, those the engine read from its prefix cache (its usage's
+        # prompt_tokens_details.cached_tokens; 0 when it says none).
+        self.tokens_cached = 0
         self.stream = False
         self.unreserved = False  # a token budget reserved nothing for the answer
         # The owner's tokens reserved for it: (minute, tokens), settled as it ends.

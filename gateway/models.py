@@ -119,6 +119,10 @@ class Usage(db.Model):
     refusals = db.PositiveBigIntegerField(
         _("refusals"), default=0, help_text=_("refused by the guard (request or answer)")
     )
+    tokens_cached = db.PositiveBigIntegerField(
+        _("cached tokens"), default=0,
+        help_text=_("of the tokens in, those the engine read from its prefix cache"),
+    )  # fmt: skip
 
     class Meta:
         ordering = ("-minute", "key", "model")

@@ -36,6 +36,8 @@ class Done:
     # The API the client spoke: chat (chat, completions, embeddings), messages,
     # count_tokens or responses (gateway.dialect).
     dialect: str = "chat"
+    # Of tokens_in, those the engine read from its prefix cache.
+    tokens_cached: int = 0
 
 
 @dataclass(frozen=True)

@@ -123,8 +123,9 @@ class Sessions:
         self, size: int = DEFAULT_SIZE, age: float = DEFAULT_AGE, skew: float = DEFAULT_SKEW
     ) -> None:
         self.size, self.age, self.skew = size, age, skew
-        # (model, session) -> (replica, last used), least recently used first.
-        self._table: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
+        # (model, the session key's 64-bit hash) -> (replica, last used), least recently
+        # used first: a session costs the same whatever its key's length (up to 512).
+        self._table: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
         # model -> replica -> sessions it holds.
         self._held: dict[str, dict[int, int]] = {}
         self.counts: dict[str, Counts] = {}
@@ -156,7 +157,7 @@ class Sessions:
                 return
             self._drop(name)
 
-    def _drop(self, name: tuple[str, str]) -> None:
+    def _drop(self, name: tuple[str, int]) -> None:
         replica, _ = self._table.pop(name)
         held = self._held[name[0]]
         held[replica] -= 1
@@ -172,7 +173,7 @@ class Sessions:
 
     def _last(self, model: str, session: str, now: float) -> int | None:
         self._expire(now)
-        found = self._table.get((model, session))
+        found = self._table.get((model, balance.hash64(session)))
         return None if found is None else found[0]
 
     def held(self, model: str) -> Mapping[int, int]:
@@ -185,7 +186,7 @@ class Sessions:
             self._used(model, session, replica, now)
 
     def _used(self, model: str, session: str, replica: int, now: float) -> None:
-        name = (model, session)
+        name = (model, balance.hash64(session))
         if name in self._table:
             self._drop(name)
         self._table[name] = (replica, now)

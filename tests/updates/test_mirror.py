@@ -363,6 +363,9 @@ def test_a_fetch_a_dead_worker_left_is_said_so_then_failed(hub: HubStandIn, view
     f = mirror.request_fetch("chat", start=False)
     gone = timezone.now() - timedelta(seconds=mirror.STALE_AFTER_S + 5)
     Fetch.objects.filter(pk=f.pk).update(state="fetching", bytes_total=len(WEIGHTS), updated=gone)
+    from updates import signals
+
+    assert signals.worth_a_look()  # a tick looks while a fetch is under way
     run.advance_all()  # every tick's look
     f.refresh_from_db()
     assert f.state == "fetching" and f.reason.startswith("its worker stopped (no progress for")

@@ -68,7 +68,18 @@ from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer
 from gateway.admission import Admission
-from gateway.cycle import CLIENT_GONE, Cycle, Receive, Scope, Send, bearer, read_body, send_error
+from gateway.affinity import Sessions
+from gateway.cycle import (
+    CLIENT_GONE,
+    Cycle,
+    Receive,
+    Scope,
+    Send,
+    bearer,
+    header,
+    read_body,
+    send_error,
+)  # fmt: skip
 from gateway.errors import ApiError
 from gateway.guarding import Guard, Judging
 from gateway.limits import LocalLimits
@@ -76,6 +87,8 @@ from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer
 from gateway.options import Options
 from gateway.outliers import Outliers, Rules
+from gateway.path.dialects import sessions
+from gateway.path.dialects.common import DialectError
 from gateway.routing import Routing
 from gateway.state import State
 from gateway.table import Key, Table
@@ -115,6 +128,8 @@ class Gateway:
         self.pinned_in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
+        # Each session's last replica, per model (gateway.affinity): this process's own.
+        self.sessions = Sessions.from_settings()
         # Replicas left out of routing after failures in a row (gateway.outliers).
         self.outliers = outliers or Outliers(Rules.from_settings(settings))
         self.routing = Routing(self)
@@ -212,6 +227,7 @@ class Gateway:
         table = self.state.table
         # Set first: from the key on, every error is in the dialect's shape.
         cycle.dialect = dialects.for_path(path, cycle.request_id)
+        cycle.session_header = header(scope, sessions.HEADER.encode())
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await listing.answer(cycle, method, path, table, key, self.options.now())
@@ -323,6 +339,7 @@ class Gateway:
         """The body read OpenAI's way, and the model, alias or adapter it names."""
         try:
             cycle.data = bodies.parse(raw)
+            _session(cycle, cycle.data)
             if cycle.dialect is not None:
                 # The dialect's body as the chat body it means: read as chat's is.
                 cycle.data = cycle.dialect.chat_body(cycle.data)
@@ -416,6 +433,30 @@ class Gateway:
             raise errors.rate_limited(f"{what} ({key.owner_tpm} tokens a minute)", wait,
                                       "tokens")  # fmt: skip
         cycle.owner_reserved = (window, high + out)
+
+
+def _session(cycle: Cycle, data: dict[str, Any]) -> None:
+    """The session the request names (``gateway.affinity``), scoped to its key's owner; a
+    session key that is not a string, or too long, is a 400 naming its field."""
+    try:
+        named = sessions.session_of(data, cycle.session_header)
+    except DialectError as error:
+        raise errors.bad_request(error.message, error.param) from None
+    dialect = cycle.dialect
+    name = named.key if named is not None else None
+    if isinstance(dialect, dialects.Responses):
+        dialect.named = named  # what its stored response keeps (gateway.stored)
+        if named is not None and named.source == sessions.PREVIOUS:
+            # The session of the conversation it continues, kept with that response.
+            name = dialect.previous_session or named.key
+    if name is not None and cycle.key is not None:
+        cycle.session = affinity_key(cycle.key, name)
+
+
+def affinity_key(key: Key, session: str) -> str:
+    """A session's key in the table: scoped to the key's owner (a key with none: itself),
+    so two tenants' sessions never meet."""
+    return f"{key.owner or 'key:' + key.name}\x00{session}"
 
 
 def _key(scope: Scope, table: Table) -> Key:

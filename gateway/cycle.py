@@ -50,6 +50,9 @@ class Cycle:
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
         # The dialect the client speaks (gateway.dialect; None: chat's own routes).
         "dialect",
+        # The client's x-session-id header, and the session the request names, scoped to
+        # its key's owner (gateway.affinity; None: it names none).
+        "session_header", "session",
     )  # fmt: skip
 
     def __init__(self, send: Send, start_at: float | None = None) -> None:
@@ -83,6 +86,8 @@ class Cycle:
         self.req: bodies.Request | None = None
         self.data: dict[str, Any] = {}
         self.raw = b""  # the body as the client sent it
+        self.session_header: str | None = None
+        self.session: str | None = None
         self.verdict: asyncio.Task[dict[str, Any]] | None = None  # the guard's, running
         self.answers = False  # whether the policy judges answers
         self.watcher: asyncio.Task[None] | None = None
@@ -171,6 +176,14 @@ def content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             return int(value) if value.strip().isdigit() else None
+    return None
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (its first), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
     return None
 
 

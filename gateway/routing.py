@@ -199,6 +199,13 @@ class Routing:
                 )
                 if target is not None and evicted:
                     self._unload(pool.endpoints[target.id], evicted)
+            elif cycle.session is not None:
+                # A session's turn: its last replica while it may (gateway.affinity).
+                target = gw.sessions.pick(
+                    name, cycle.session, pool.ring, gw.in_flight, time.monotonic(),
+                    profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
+                    exclude=skip,
+                )  # fmt: skip
             else:
                 target = balance.pick(
                     pool.ring, gw.in_flight, req.affinity,

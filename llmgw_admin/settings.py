@@ -294,6 +294,27 @@ for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT")
         raise ImproperlyConfigured(
             f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more seconds"
         )
+# Session affinity (gateway/affinity.py): a session's turn goes to its last replica while
+# that replica's requests in flight stay within SESSION_SKEW times its weighted share of
+# the model's; each gateway process remembers at most SESSION_MAX sessions, each for
+# SESSION_AGE seconds after its last turn.
+_skew = envstr("SESSION_SKEW", "2")
+try:
+    LLMGW_SESSION_SKEW = float(_skew)
+except ValueError:
+    raise ImproperlyConfigured(f"LLMGW_SESSION_SKEW is {_skew!r}: write a number") from None
+if not 1 <= LLMGW_SESSION_SKEW <= 100:
+    raise ImproperlyConfigured(
+        f"LLMGW_SESSION_SKEW is {_skew}: write a number from 1 (a session moves as soon as "
+        "its replica holds more than its share) to 100"
+    )
+LLMGW_SESSION_MAX = envint("SESSION_MAX", 100_000)
+LLMGW_SESSION_AGE = envint("SESSION_AGE", 1800)
+for _name in ("SESSION_MAX", "SESSION_AGE"):
+    if globals()[f"LLMGW_{_name}"] < 1:
+        raise ImproperlyConfigured(
+            f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more"
+        )
 # Passive outlier detection (gateway/outliers.py, as Envoy's): a replica that fails this
 # many attempts in a row (no connection, a broken one, no answer in time, a 5xx) is left
 # out of routing for EJECT_SECONDS, longer each time in a row up to EJECT_MAX_SECONDS;

@@ -225,6 +225,7 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
         ("scaling", {"fields": ("scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm")}),
         ("serving", {"fields": (
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
         )}),

@@ -184,6 +184,9 @@ class Model:
     slo: SLO = field(default_factory=SLO)
     context_length: int = 0
     max_output: int = 0
+    # What a token budget charges for a prompt token the engine read from its prefix
+    # cache, as a share of a fresh one: 0 to 1 (1: cached tokens cost as much).
+    cached_token_weight: float = 1.0
     capabilities: Capabilities = field(default_factory=Capabilities)
     role: str = ""
     guard: GuardModel | None = None

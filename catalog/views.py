@@ -68,6 +68,7 @@ SECTIONS: list[tuple[str, list[str], str | None]] = [
             "fallbacks",
             "context_length",
             "max_output",
+            "cached_token_weight",
             "routing_profile",
             "slo_ttft_p99",
             "slo_tpot_p99",

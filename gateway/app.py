@@ -60,7 +60,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import admission, errors, listing, sizing, speaking, sse
+from gateway import admission, cacheshare, errors, listing, sizing, speaking, sse
 from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer
@@ -268,11 +268,18 @@ class Gateway:
             if status == 401:
                 self.observer.unauthenticated()
         else:
+            # Cached prompt tokens cost the model's cached_token_weight of a fresh one's.
+            entry = cycle.entry
+            weight = entry.model.cached_token_weight if entry is not None else 1.0
+            spare = cacheshare.spared(cycle.tokens_cached, weight)
             if cycle.unreserved and cycle.tokens_out:
                 self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+            if key.tpm and spare:
+                # Reserved as fresh up front (the cache is known once the engine answers).
+                self.later(self._limits.charge(key.id, "tokens", -spare))
             if cycle.owner_reserved is not None:
                 window, reserved = cycle.owner_reserved
-                spent = cycle.tokens_in + cycle.tokens_out
+                spent = cycle.tokens_in + cycle.tokens_out - spare
                 self.later(self._limits.settle(key.owner, window, reserved, spent))
 
     def later(self, work: Awaitable[None]) -> None:

@@ -178,6 +178,7 @@ class ServedModelForm(BlankNumbersAreZero):
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
             "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
+            "capabilities_rerank",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
             "external_url", "external_model", "external_api_key_file", "external_peer",
             "canary_model", "canary_percent", "canary_min_requests",

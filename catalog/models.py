@@ -72,6 +72,11 @@ class ServedModel(models.Model):
     capabilities_tools = models.BooleanField("capabilities.tools", default=False)
     capabilities_vision = models.BooleanField("capabilities.vision", default=False)
     capabilities_embeddings = models.BooleanField("capabilities.embeddings", default=False)
+    capabilities_rerank = models.BooleanField(
+        "capabilities.rerank",
+        default=False,
+        help_text=_("A reranker: the gateway sends it /v1/rerank and /v2/rerank."),
+    )
     role = models.CharField(max_length=40, blank=True)
     guard_format = models.CharField("guard.format", max_length=40, blank=True)
     guard_categories = models.JSONField("guard.categories", default=list, blank=True)

@@ -123,6 +123,8 @@ class Capabilities:
     tools: bool = False
     vision: bool = False
     embeddings: bool = False
+    # Ranks documents against a query (POST /v1/rerank, /v2/rerank): a reranker model.
+    rerank: bool = False
 
 
 @dataclass

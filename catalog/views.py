@@ -75,6 +75,7 @@ SECTIONS: list[tuple[str, list[str], str | None]] = [
             "capabilities_tools",
             "capabilities_vision",
             "capabilities_embeddings",
+            "capabilities_rerank",
         ],
         None,
     ),

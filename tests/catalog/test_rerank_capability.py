@@ -25,6 +25,19 @@ def test_a_file_reads_it_writes_it_and_refuses_a_wrong_one() -> None:
     assert problems and problems[0].path[-1] == "rerank"
 
 
+def test_the_rules_refuse_it_on_an_engine_the_agent_does_not_start_as_a_reranker() -> None:
+    from catalog.rules import check_model
+    from catalog.spec import Capabilities, Model, Profile
+
+    def ranker(engine: str) -> Model:
+        return Model(name="m", source="org/m", capabilities=Capabilities(rerank=True),
+                     profiles=[Profile(name="p", engine=engine, gpu_class="nvidia-h100-80gb")])  # fmt: skip
+
+    found = [p for p in check_model(ranker("trtllm")) if p.path == ("capabilities", "rerank")]
+    assert [p.code for p in found] == ["rerank_engine"] and "llamacpp, vllm" in found[0].message
+    assert not [p for p in check_model(ranker("vllm")) if p.path == ("capabilities", "rerank")]
+
+
 @pytest.mark.django_db
 def test_the_api_and_the_form_store_it(api_for: Any, operator: Any, client_for: Any) -> None:
     api = api_for(operator)

@@ -160,3 +160,46 @@ def test_token_budgets_charge_cached_tokens_at_the_models_weight(
     assert owner_count == fresh - spared(cached, w)
     if w < 1:
         assert owner_count < fresh  # the cached tokens cost less
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_and_messages_second_turns_report_and_count_cached_tokens(
+    gw: tuple[Harness, str, UsageRecorder], stream: bool
+) -> None:
+    import anthropic
+
+    h, secret, recorder = gw
+    api = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=30)
+    first = api.responses.create(model="chat", instructions="R. " + SYSTEM, input="Hello.",
+                                 max_output_tokens=8)  # fmt: skip
+    if stream:
+        with api.responses.stream(model="chat", instructions="R. " + SYSTEM, input="Go on.",
+                                  previous_response_id=first.id, max_output_tokens=8) as s:  # fmt: skip
+            second = list(s)[-1].response  # cut by max_output_tokens: response.incomplete
+    else:
+        second = api.responses.create(model="chat", instructions="R. " + SYSTEM, input="Go on.",
+                                      previous_response_id=first.id, max_output_tokens=8)  # fmt: skip
+    responses_cached = second.usage.input_tokens_details.cached_tokens
+    assert 0 < responses_cached < second.usage.input_tokens
+    claude = anthropic.Anthropic(base_url=h.url, api_key=secret, max_retries=0, timeout=30)
+    turn: list[Any] = [{"role": "user", "content": "Hello there."}]
+    one = claude.messages.create(model="chat", max_tokens=8, system="M. " + SYSTEM,
+                                 messages=turn)  # fmt: skip
+    turn += [{"role": "assistant", "content": one.content[0].text},
+             {"role": "user", "content": "Go on."}]  # fmt: skip
+    if stream:
+        with claude.messages.stream(model="chat", max_tokens=8, system="M. " + SYSTEM,
+                                    messages=turn) as s:  # fmt: skip
+            two = s.get_final_message()
+    else:
+        two = claude.messages.create(model="chat", max_tokens=8, system="M. " + SYSTEM,
+                                     messages=turn)  # fmt: skip
+    messages_cached = two.usage.cache_read_input_tokens
+    assert messages_cached and messages_cached > 0
+    ended(h, 4)
+    recorder.stop()
+    row = Usage.objects.filter(key="weather-bot").aggregate(c=Sum("tokens_cached"))
+    cached_first = (first.usage.input_tokens_details.cached_tokens or 0) + (
+        one.usage.cache_read_input_tokens or 0
+    )
+    assert row["c"] == cached_first + responses_cached + messages_cached

@@ -13,6 +13,7 @@ import pytest
 from django.db.models import Sum
 
 from cluster.models import Quota, Replica
+from gateway import history
 from gateway import services as keys
 from gateway.cacheshare import share, spared
 from gateway.limits import WINDOW, LocalLimits
@@ -134,6 +135,13 @@ def test_the_keys_and_owner_pages_show_the_cache_hit_share(
     assert 'data-model="chat"' in part and f"{percent} %" in part
     by_key = web.get("/gateway/cache/", {"key": "weather-bot"})
     assert by_key.status_code == 200 and f"{percent} %" in by_key.content.decode()
+    shown = history.charts_for(owner=OWNER, span="hour")[-1]
+    assert shown.label == "cached share of tokens in (%)" and not shown.quiet
+    points = history.usage_series(key="weather-bot", span="hour")
+    assert sum(p.tokens_cached for p in points) == (first.prompt_tokens_details.cached_tokens
+                                                   + second.prompt_tokens_details.cached_tokens)  # fmt: skip
+    chart_page = web.get("/gateway/history/", {"owner": OWNER}).content.decode()
+    assert "cached share of tokens in (%)" in chart_page
     unnamed = web.get("/gateway/cache/")
     assert unnamed.status_code == 400 and b"Name one of key, owner or model." in unnamed.content
 

@@ -32,13 +32,45 @@ def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:
     return subprocess.run([str(c) for c in cmd], check=check, **kw).returncode  # type: ignore[call-overload]
 
 
+def has_pip() -> bool:
+    return (
+        PY.exists()
+        and subprocess.run([PY, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    )
+
+
+def make_venv() -> None:
+    """Create .venv with pip in it. Debian ships Python without ``ensurepip`` (it is in
+    python3.X-venv), so a venv comes out without pip there: install that package as root,
+    or say what to install."""
+    if has_pip():
+        return
+    say("creating .venv")
+    clear = ["--clear"] if VENV.exists() else []  # a venv left without pip
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", *clear, VENV], capture_output=True, text=True
+    )
+    if made.returncode == 0 and has_pip():
+        return
+    package = f"python3.{sys.version_info[1]}-venv"
+    if apt_install(package):
+        made = subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], capture_output=True,
+                              text=True)  # fmt: skip
+        if made.returncode == 0 and has_pip():
+            return
+    say(
+        f"could not create .venv with pip in it ({made.stderr.strip().splitlines()[-1:]}): "
+        f"install {package} (Debian and Ubuntu: sudo apt-get install {package}), then run "
+        "this again"
+    )
+    sys.exit(1)
+
+
 def ensure_venv(requirements: str) -> None:
     """Create .venv and install the pinned requirements, once per requirements content."""
     if sys.version_info[:2] != (3, 11):
         say(f"warning: llmgw is pinned for Python 3.11; this is {sys.version.split()[0]}")
-    if not PY.exists():
-        say("creating .venv")
-        sh(sys.executable, "-m", "venv", VENV)
+    make_venv()
     req = ROOT / requirements
     content = req.read_bytes() + (ROOT / "requirements.txt").read_bytes()
     stamp = VENV / f".installed-{requirements}"
@@ -70,7 +102,7 @@ def apt_install(*packages: str) -> bool:
         sh("apt-get", "update", "-qq", check=False, env=env)
         return sh("apt-get", "install", "-y", "-qq", *packages, check=False, env=env) == 0
     say(
-        f"the tests need {' '.join(packages)}: install them (sudo apt-get install {' '.join(packages)})"
+        f"this needs {' '.join(packages)}: install them (sudo apt-get install {' '.join(packages)})"
     )
     return False
 
@@ -112,13 +144,21 @@ def start_services() -> None:
 
 # The tests log in to PostgreSQL as a role of their own, with a password this script sets
 # once (kept beside the venv), so they work whatever pg_hba.conf asks (trust, md5, scram).
+# A role per checkout (its folder's hash in the name): two checkouts on one machine each
+# set their own role's password, never the other's under its running tests.
 TEST_ROLE = "llmgw_test"
 
 
+def test_role() -> str:
+    return f"{TEST_ROLE}_{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
+
+
 def test_database_server(env: dict[str, str]) -> None:
-    """Make the tests' role (it creates a database a run), and tell the tests its URL."""
+    """Make this checkout's tests' role (it creates a database a run), and tell the tests
+    its URL."""
     if "LLMGW_TEST_DATABASE_URL" in env or "LLMGW_TEST_DATABASE_SERVER" in env:
         return
+    role = test_role()
     secret_file = VENV / ".test-db-password"
     if not secret_file.exists():
         import secrets
@@ -127,9 +167,9 @@ def test_database_server(env: dict[str, str]) -> None:
         secret_file.chmod(0o600)
     password = secret_file.read_text().strip()
     sql = (
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{TEST_ROLE}') "
-        f"THEN CREATE ROLE {TEST_ROLE} LOGIN CREATEDB; END IF; END $$; "
-        f"ALTER ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '{password}';"
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') "
+        f"THEN CREATE ROLE {role} LOGIN CREATEDB; END IF; END $$; "
+        f"ALTER ROLE {role} LOGIN CREATEDB PASSWORD '{password}';"
     )
     psql = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-c", sql]
     if os.geteuid() == 0 and shutil.which("runuser"):
@@ -139,14 +179,14 @@ def test_database_server(env: dict[str, str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         say(
-            f"could not make the tests' PostgreSQL role {TEST_ROLE}: {done.stderr.strip()}\n"
+            f"could not make the tests' PostgreSQL role {role}: {done.stderr.strip()}\n"
             "  make it yourself (as PostgreSQL's superuser): "
-            f"CREATE ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '...';\n"
+            f"CREATE ROLE {role} LOGIN CREATEDB PASSWORD '...';\n"
             "  then set LLMGW_TEST_DATABASE_SERVER=postgres://"
-            f"{TEST_ROLE}:PASSWORD@127.0.0.1:5432"
+            f"{role}:PASSWORD@127.0.0.1:5432"
         )
         return
-    env["LLMGW_TEST_DATABASE_SERVER"] = f"postgres://{TEST_ROLE}:{password}@127.0.0.1:5432"
+    env["LLMGW_TEST_DATABASE_SERVER"] = f"postgres://{role}:{password}@127.0.0.1:5432"
 
 
 def ensure_chromium() -> None:

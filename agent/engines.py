@@ -25,13 +25,15 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # The rules of what a catalog may hand an engine live in agent.flags, by each engine's
 # own flag table; they are re-exported here, where the catalog's rules import them.
 from agent.flags import (  # noqa: E402
+    REPO_ID_FLAGS,
     arg_problems,
+    env_warning,
     spelled,
     unsafe_args,
     unsafe_env,
 )
 
-__all__ = ["arg_problems", "unsafe_args", "unsafe_env"]
+__all__ = ["arg_problems", "env_warning", "unsafe_args", "unsafe_env"]
 
 
 # Ports beside the one the agent assigns a replica, at fixed offsets from it, so that
@@ -152,6 +154,7 @@ def command_for(
     bins = {**default_binaries(), **(binaries or {})}
     engine = replica.get("engine", "")
     args, env = _checked(replica, engine)
+    args = _own_tokenizer(engine, args, str(replica.get("source") or ""), weights_path)
     paths = {a["name"]: (adapters or {}).get(a["name"], a["source"]) for a in _adapters(replica)}
     build = _BUILDERS[engine]
     argv, extra_env, health = build(
@@ -188,6 +191,23 @@ def command_for(
                 "KV index assumes; the index stays empty for this replica"
             )
     return Command(argv=argv + args, env=env, health_path=health, warnings=warnings)
+
+
+def _own_tokenizer(engine: str, args: list[str], source: str, weights_path: str) -> list[str]:
+    """Return the arguments with a tokenizer flag naming the model's own source given the
+    local copy of it (``weights_path``): the engine reads the mirrored files, fetching
+    nothing. Another repository id is left as written."""
+    flags = REPO_ID_FLAGS.get(engine, frozenset())
+    if not source or not flags:
+        return args
+    out = list(args)
+    for i, a in enumerate(out):
+        name, eq, value = a.partition("=")
+        if name in flags and eq and value == source:
+            out[i] = f"{name}={weights_path}"
+        elif a in flags and i + 1 < len(out) and out[i + 1] == source:
+            out[i + 1] = weights_path
+    return out
 
 
 def _checked(replica: Mapping[str, Any], engine: str) -> tuple[list[str], dict[str, str]]:

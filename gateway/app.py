@@ -44,7 +44,10 @@ Where each part lives: this module answers a request (its key, its ``/v1/models`
 ordered steps of a completion: ``Gateway.complete``); ``gateway.cycle`` holds one
 request's life (``Cycle``); ``gateway.routing`` picks replicas and makes each attempt
 (6, 8); ``gateway.guarding`` holds the guard's part (7, and the windows of 9);
-``gateway.answer`` passes a whole or streamed answer on (9). The layers in front of the
+``gateway.answer`` passes a whole or streamed answer on (9); ``gateway.dialect`` is the API
+a request speaks when it is not chat's (Anthropic's Messages, OpenAI's Responses: its body
+made the chat body it means, its answer, stream and errors made the API's own),
+``gateway.speaking`` their routes, ``gateway.stored`` the stored responses. The layers in front of the
 gateway (``/healthz``, the Host check, the console's chat, ``/metrics``) are one ordered
 list in ``gateway.assembly``.
 """

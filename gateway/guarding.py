@@ -29,7 +29,7 @@ from gateway import body as bodies
 from gateway import errors, sse
 from gateway.errors import ApiError
 from gateway.observe import RefusalHeard
-from guard import breaker, services
+from guard import breaker, perrequest, services
 from guard.policy import ANSWERS, REQUESTS
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class Judging:
         judges requests; note whether it judges answers."""
         req = cycle.req
         assert req is not None
+        # One bound for the request's every check: a judge that fails on it is not asked
+        # again for it (guard.perrequest), in this request's context.
+        perrequest.begin()
         judging_requests, cycle.answers = self.owner.guard.directions()
         if judging_requests and req.token_ids:
             raise errors.token_ids_unjudgeable("prompt" if req.kind == bodies.COMPLETION

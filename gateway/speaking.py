@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import body as bodies
 from gateway import errors
+from gateway.answer import told_of
 from gateway.cycle import read_body
-from gateway.errors import ApiError
 from gateway.path.dialects import engines, messages
 from gateway.path.dialects.common import DialectError
 from llmgw_core.upstream import UpstreamError
@@ -76,6 +76,10 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         raise errors.model_not_found(asked["model"])
     model = entry.model
     cycle.model = model.name
+    if model.external is not None:
+        raise errors.count_tokens_unsupported(
+            asked["model"], "is an external provider's model: count_tokens is served for the "
+            "cluster's own models.")  # fmt: skip
     pool = table.pool(model.name)
     if pool is None or not pool.endpoints:
         raise errors.not_ready(asked["model"], gateway.options.retry_after)
@@ -85,12 +89,9 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
     engine = pool.engines.get(replica, "")
     where = engines.route(engines.COUNT_TOKENS, engine)
     if where is None:
-        raise ApiError(
-            400,
-            f"'{asked['model']}' runs on an engine ({engine or 'unknown'}) that cannot count "
-            "tokens: count with a model served by llama-server, vLLM or SGLang.",
-            code="count_tokens_unsupported",
-        )
+        raise errors.count_tokens_unsupported(
+            asked["model"], f"runs on an engine ({engine or 'unknown'}) that cannot count "
+            "tokens: count with a model served by llama-server, vLLM or SGLang.")  # fmt: skip
     served = entry.adapter or model.name
     body = dict(data) if where.native else dict(asked)
     body["model"] = served
@@ -104,16 +105,14 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         )  # fmt: skip
         answer = await resp.read(gateway.options.max_answer)
     except UpstreamError as error:
-        raise errors.upstream_failed(asked["model"], str(error.kind)) from None
+        raise errors.count_failed(asked["model"], told_of(error)) from None
     if resp.status != 200:
-        status = resp.status if resp.status < 500 else 502
         detail = errors.from_engine(resp.status, answer, resp.header(b"content-type"))
-        message = json.loads(detail).get("error", {}).get("message") or f"HTTP {resp.status}"
-        raise ApiError(status, f"The engine could not count the tokens: {message}",
-                       type="server_error" if status >= 500 else "invalid_request_error")  # fmt: skip
+        message = json.loads(detail).get("error", {}).get("message") or ""
+        raise errors.count_failed(asked["model"], f"HTTP {resp.status}: {message}"[:500])
     try:
         counted = messages.count_answer(json.loads(answer))
     except (ValueError, DialectError):
-        raise errors.upstream_failed(asked["model"], "its count is not a count") from None
-    cycle.tokens_in = counted["input_tokens"]
+        raise errors.count_failed(asked["model"], "its answer is not a count") from None
+    # Counted, not read by a model: no tokens in for the usage rows and budgets.
     await cycle.json(200, counted)

@@ -152,11 +152,7 @@ def scope(key: Any) -> str:
 
 
 def unreadable(why: str) -> ApiError:
-    return errors.unavailable(
-        f"The stored responses cannot be read now ({why}): try again shortly, or send the "
-        "whole conversation as input without previous_response_id.",
-        retry_after=2, code="store_unavailable",
-    )  # fmt: skip
+    return errors.store_unavailable(why)
 
 
 async def before(gateway: Any, cycle: Cycle, raw: bytes) -> None:
@@ -182,13 +178,7 @@ async def before(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         log.warning("%s: stored response %s unreadable: %s", cycle.request_id, previous, error)
         raise unreadable(str(error)) from None
     if row is None:
-        raise ApiError(
-            400,
-            f"Previous response with id '{previous}' not found: it was not stored (store: "
-            "false), was deleted, belongs to another owner's key, or is older than "
-            f"{settings.LLMGW_RESPONSES_KEEP} days.",
-            param="previous_response_id", code="previous_response_not_found",
-        )  # fmt: skip
+        raise errors.previous_response_not_found(previous, settings.LLMGW_RESPONSES_KEEP)
     dialect.history = list(row["conversation"])
     dialect.previous_session = row["session"] or None
 
@@ -247,8 +237,7 @@ async def answer(gateway: Any, cycle: Cycle, method: str, path: str, query: byte
         raise errors.method_not_allowed(path, allowed)
     key = cycle.key
     assert key is not None
-    missing = ApiError(404, f"No response with id '{response_id}' is stored for this key's "
-                       "owner.", param="response_id", code="response_not_found")  # fmt: skip
+    missing = errors.response_not_found(response_id)
     try:
         if method == "DELETE":
             deleted = await _run(_delete, scope(key), response_id, timeout=READ_WAIT)

@@ -73,6 +73,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "llmgw_core.security.security_headers_middleware",
+    # PostgreSQL away or hung: 503 with Retry-After, never a request held.
+    "llmgw_admin.dbdown.DatabaseDownMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -427,12 +429,20 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # Each line says when (UTC) and what logged it.
+    "formatters": {
+        "stamped": {
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            "()": "llmgw_admin.logfilters.UTCFormatter",
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "stamped"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     # channels-redis logs a traceback a second while Redis is away: a line a minute instead.
     "filters": {
         "layer_away": {"()": "llmgw_admin.hub.LayerAway"},
         "agent_answers": {"()": "llmgw_admin.logfilters.AgentAnswers"},
+        "repeats": {"()": "llmgw_admin.logfilters.Repeats"},
     },
     # httpx logs every request at INFO: one line per judge call and per agent call.
     "loggers": {
@@ -441,5 +451,7 @@ LOGGING = {
         "channels_redis.pubsub": {"filters": ["layer_away"]},
         # An agent's ordinary 404 and 409 from the mirror's API are not warnings.
         "django.request": {"filters": ["agent_answers"]},
+        # Celery beat's traceback each time it cannot send a task while Redis is away.
+        "celery.beat": {"filters": ["repeats"]},
     },
 }

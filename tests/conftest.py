@@ -15,11 +15,10 @@ import pytest
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the run's files for its workers (``run.py`` passes ``--no-loadscope-reorder``
     with ``--dist loadfile``, so a worker takes the next file in this order when it is
-    free): the end-to-end and browser files first, the costliest first (an end-to-end test
-    starts processes of its own: counted as three browser tests), so that the many quick
-    files fill the workers' ends rather than one long file running alone at the end; the
-    files that run llama-server last (``python3 run.py test`` builds it while the others
-    run, tests/llama.py). Within a group, the files keep their order."""
+    free): the end-to-end and browser files first, the longest first (by ``seconds``), so
+    that the many quick files fill the workers' ends rather than one long file running
+    alone at the end; the files that run llama-server last (``python3 run.py test`` builds
+    it while the others run, tests/llama.py). Within a group, the files keep their order."""
 
     def needs_llama(item: pytest.Item) -> bool:
         return bool(item.get_closest_marker("llama_server")) or "llama_server" in getattr(
@@ -29,14 +28,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    llama = {module(i) for i in items if needs_llama(i)}
-    cost: dict[str, int] = {}
-    for i in items:
-        cost[module(i)] = cost.get(module(i), 0) + (
-            3 if i.get_closest_marker("e2e") else 1 if i.get_closest_marker("browser") else 0
+    def seconds(item: pytest.Item) -> float:
+        """About how long a test takes: its ``takes`` marker's measured figure, else a
+        minute for an end-to-end test (it starts processes of its own), 10 s for a browser
+        test."""
+        takes = item.get_closest_marker("takes")
+        if takes:
+            return float(takes.args[0])
+        return (
+            60
+            if item.get_closest_marker("e2e")
+            else 10
+            if item.get_closest_marker("browser")
+            else 0
         )
 
-    def rank(item: pytest.Item) -> tuple[int, int]:
+    llama = {module(i) for i in items if needs_llama(i)}
+    cost: dict[str, float] = {}
+    for i in items:
+        cost[module(i)] = cost.get(module(i), 0) + seconds(i)
+
+    def rank(item: pytest.Item) -> tuple[int, float]:
         name = module(item)
         return (2, 0) if name in llama else (0, -cost[name]) if cost[name] else (1, 0)
 

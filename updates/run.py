@@ -217,6 +217,10 @@ def advance_all() -> list[int]:
         except Exception:
             log.exception("update #%s: a look failed; the next tick looks again", pk)
     try:
+        mirror.resume_stale()
+    except Exception:
+        log.exception("looking for fetches a dead worker left failed; the next tick looks again")
+    try:
         end_handovers()
     except Exception:
         log.exception("ending promoted candidates' handovers failed; the next tick tries again")

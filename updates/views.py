@@ -128,6 +128,39 @@ def model_fetch(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return redirect("catalog:servedmodel_detail", name)
 
 
+# The mirror's disk is shown as nearly full from this share used.
+DISK_WARN = 0.95
+
+
+def _disk() -> dict[str, Any]:
+    """The mirror's disk: free and total bytes, and whether it is (nearly) full; a fetch
+    that filled it up said so, and what it deleted (``mirror._download_or_free``)."""
+    import shutil
+    from pathlib import Path
+
+    where = mirror.root()
+    while not where.exists() and where != where.parent:
+        where = where.parent  # not made yet: the disk it will be on
+    try:
+        usage = shutil.disk_usage(Path(where))
+    except OSError:
+        return {"disk_total": 0}
+    full = (
+        Fetch.objects.filter(
+            state=FetchState.FAILED, reason__startswith="the mirror's disk filled up"
+        )
+        .order_by("-finished")
+        .first()
+    )
+    return {
+        "disk_total": usage.total,
+        "disk_free": usage.free,
+        "disk_percent": round(100 * usage.used / usage.total) if usage.total else 0,
+        "disk_full": usage.total and usage.used / usage.total >= DISK_WARN,
+        "disk_filled": full,
+    }
+
+
 @role_required(VIEWER)
 def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
     """Show what the mirror holds, for whom, and how much; and its fetches."""
@@ -147,7 +180,7 @@ def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
         "mirror_dir": str(settings.LLMGW_MIRROR_DIR),
         "endpoint": str(settings.HF_ENDPOINT),
         "refresh_s": FAST_S,
-    }
+    } | _disk()
     if request.htmx and request.GET.get("region"):
         return render(request, "updates/mirror.html#region", context)
     return render(request, "updates/mirror.html", context)

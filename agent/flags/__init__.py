@@ -17,9 +17,13 @@ engines' sources. This module decides what each flag is to the catalog, in three
 
 A flag that is not in the table (an abbreviation, which argparse would take for the flag
 it begins, or a typo) is refused naming the nearest real flag; a flag given twice is
-refused unless the engine repeats it (otherwise the last one silently wins). The same for
-environment variables: the engine's own documented variables and the common runtime
-ones, less those that load code, name files or carry keys. No Django here.
+refused unless the engine repeats it (otherwise the last one silently wins).
+
+Environment variables: refused are those that load code, name files, folders or addresses,
+carry keys, or are the agent's or the control plane's own (``unsafe_env``); engines read
+hundreds (``NCCL_*``, ``CUDA_*``, ``VLLM_*``, ``TORCH_*``), so any other passes, and one the
+engine does not document (nor ``COMMON_ENV`` lists) is passed with a warning
+(``env_warning``): a typo the engine would ignore. No Django here.
 """
 
 from __future__ import annotations
@@ -222,9 +226,10 @@ WORDS_ONLY: dict[str, dict[str, frozenset[str]]] = {
     "vllm": {"--generation-config": frozenset({"auto", "vllm"})},
     "sglang": {"--init-expert-location": frozenset({"trivial"})},
 }
-# A flag whose value is a repository id the engine fetches (from the Hub, as it fetches a
-# model's source given as one), never a path or URL.
-_REPO_ID_FLAGS: dict[str, frozenset[str]] = {
+# A flag whose value is a repository id (a tokenizer's), never a path or URL: the model's
+# own source is handed to the engine as its local copy (agent.engines.command_for); another
+# the engine fetches as it fetches a source given as an id.
+REPO_ID_FLAGS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"--tokenizer"}),
     "sglang": frozenset({"--tokenizer-path"}),
 }
@@ -494,12 +499,16 @@ _ENV_THING_WORDS = frozenset(
         "MODELSCOPE",
     }
 )  # fmt: skip
+# How a name glued without "_" ends when it names a thing (XPATH, CLASSPATH, HFHOME).
+_ENV_THING_ENDS = (
+    "PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "HOME", "ROOT", "URL", "URI", "KEY",
+    "TOKEN", "SECRET", "PASSWORD", "PRELOAD", "PLUGIN", "PLUGINS", "ENDPOINT", "PROXY",
+)  # fmt: skip
 # A variable the engine sets itself from a flag: it is what that flag is (LLAMA_ARG_*).
 _SIM_AGENT_ENV = frozenset(
     f"LLMGW_SIM_{o}"
     for o in ("HOST", "PORT", "MODEL", "API_KEY", "GUARD_FORMAT", "GUARD_CATEGORIES")
 )
-_ENV_DOC = "docs/catalog.md says which each engine may be given"
 
 
 @dataclass(frozen=True)
@@ -582,6 +591,8 @@ def kinds(engine: str) -> dict[str, str]:
         )
         if why is None:
             why = next((REFUSED[engine][n] for n in flag.names if n in REFUSED[engine]), None)
+        if why is None and any(n in REPO_ID_FLAGS.get(engine, ()) for n in flag.names):
+            continue  # its value is checked: a repository id
         if why is None:
             thing = any(n in _THINGS[engine] for n in flag.names) or (
                 flag.value != "none"
@@ -620,6 +631,14 @@ def _value_problem(engine: str, flag: Flag, name: str, value: str) -> str | None
     if "\x00" in value or "\n" in value or "\r" in value:
         return f'the value of "{name}" must be one line'
     stripped = value.strip()
+    if any(n in REPO_ID_FLAGS.get(engine, ()) for n in flag.names) and (
+        not _REPO_ID.fullmatch(stripped) or ".." in stripped
+    ):
+        return (
+            f'the value of "{name}" must be a repository id (owner/name), as a model\'s '
+            "source may be: a path or URL names a file or address the engine would read "
+            "or fetch as the agent's user"
+        )
     words = next((w for n, w in WORDS_ONLY.get(engine, {}).items() if n in flag.names), None)
     if words is not None and stripped not in words:
         return (
@@ -791,12 +810,18 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
     """
     if not _ENV_NAME.fullmatch(key):
         return "it is not a variable name: use letters, digits and _, not starting with a digit"
-    if key == "PATH" or key.startswith("LD_"):
+    upper = key.upper()
+    if upper == "PATH" or upper.startswith("LD_"):
         return "it changes which programs and libraries the engine loads"
     if key.startswith("PYTHON") and key not in _PYTHON_HARMLESS:
         return "it changes which Python code the engine runs"
     if key in _LOADER_ENV or key.startswith("BASH_FUNC_"):
         return "it makes a shell or runtime the engine starts load code"
+    if upper == "GLIBC_TUNABLES":
+        return (
+            "it changes how the C library behaves in every program the engine starts (it "
+            "was the way in of CVE-2023-4911)"
+        )
     if "TRUST_REMOTE_CODE" in key:
         return (
             "set the model's trust_remote_code: true instead, on purpose: the engine then "
@@ -817,13 +842,8 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
         flag = table(e).env_flags.get(key)
         if flag and (why := kinds(e).get(flag)):
             return f"it is {flag}'s variable, and {why}"
-    if key not in env_allowed(engine) and not sim_own:  # the sim's own LLMGW_SIM_* pass
-        for_engine = f" for {engine}" if engine else ""
-        return (
-            f"it is not one an operator may set{for_engine}: not a variable the engine "
-            f"documents ({_ENV_DOC})"
-        )
-    if set(key.split("_")) & _ENV_THING_WORDS and key not in COMMON_ENV:
+    thing = set(upper.split("_")) & _ENV_THING_WORDS or upper.endswith(_ENV_THING_ENDS)
+    if thing and key not in COMMON_ENV:
         return (
             "it names a file, folder, address, key or code to load, which the engine would "
             "open or import as the agent's user"
@@ -831,3 +851,20 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
     if "\x00" in value or "\n" in value or "\r" in value or len(value) > 1000:
         return "its value must be one line of at most 1000 characters"
     return None
+
+
+def env_warning(key: str, engine: str) -> str | None:
+    """Return why a variable ``unsafe_env`` passes may not do what is meant, or None: one
+    the engine does not document (nor is a common runtime one) is passed as written, and
+    the engine may never read it (a misspelling, a lower-case name)."""
+    if engine not in ENGINES or unsafe_env(key, engine) is not None:
+        return None
+    if key in env_allowed(engine) or (engine == "sim" and key.startswith("LLMGW_SIM_")):
+        return None
+    t = table(engine)
+    close = difflib.get_close_matches(key.upper(), sorted(env_allowed(engine)), n=1, cutoff=0.8)
+    hint = f': did you mean "{close[0]}"?' if close and close[0] != key else ""
+    return (
+        f"{key} is not a variable {t.program} documents ({_versions(t)}) nor a common runtime "
+        f"one: it is passed as written, and the engine may not read it{hint}"
+    )

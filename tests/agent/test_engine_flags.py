@@ -64,8 +64,11 @@ REAL = [
     ("vllm", ["--compilation-config", '{"backend": "inductor"}', "--enable-sleep-mode"]),
     # llama.cpp: metrics and the slots endpoint, the web UI off.
     ("llamacpp", ["--metrics", "--slots", "--no-webui", "-ngl", "99"]),
-    # SGLang: the experts where they are.
-    ("sglang", ["--init-expert-location", "trivial"]),
+    # SGLang: the experts where they are, the tokenizer of another repository.
+    ("sglang", ["--init-expert-location", "trivial", "--tokenizer-path", "org/tok"]),
+    # vLLM: the tokenizer of another repository, by its id (fetched as a source is).
+    ("vllm", ["--tokenizer", "mistralai/Mistral-7B-Instruct-v0.3", "--tokenizer-mode",
+              "mistral"]),
 ]  # fmt: skip
 
 
@@ -123,6 +126,10 @@ HOLES = [
     ("vllm", ["--compilation-config", '{"backend": "os.system"}'], "import path"),
     ("vllm", ["--compilation-config", "/tmp/c.json"], "names a file"),
     ("vllm", ["--default-mm-loras", '{"image": "/tmp/lora"}'], "names a file"),
+    ("vllm", ["--tokenizer", "/etc/passwd"], "repository id"),
+    ("vllm", ["--tokenizer", "https://evil.example/tok"], "repository id"),
+    ("vllm", ["--tokenizer=org/../etc"], "repository id"),
+    ("sglang", ["--tokenizer-path", "../x"], "repository id"),
     ("sglang", ["--enable-custom-logit-processor"], "serialised logit processor"),
     ("sglang", ["--forward-hooks", '[{"hook_factory": "os:system"}]'], "hook factories"),
     ("sglang", ["--custom-weight-loader", "os.system"], "loaders"),
@@ -283,3 +290,17 @@ def test_llama_server_is_never_given_a_trust_flag() -> None:
                "trust_remote_code": True}  # fmt: skip
     argv = command_for(replica, 8000, "/w/m.gguf", {"llama-server": "llama-server"}).argv
     assert not any("trust" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag"), [("vllm", "--tokenizer"), ("sglang", "--tokenizer-path")]
+)
+def test_a_tokenizer_naming_the_models_own_source_is_its_local_copy(engine: str, flag: str) -> None:
+    replica = {"id": 1, "model": "m", "engine": engine, "cards": [0], "source": "org/m",
+               "args": [flag, "org/m"]}  # fmt: skip
+    argv = command_for(replica, 8000, "/w/m", {}).argv
+    assert argv[-2:] == [flag, "/w/m"]
+    other = command_for({**replica, "args": [flag, "org/tok"]}, 8000, "/w/m", {}).argv
+    assert other[-2:] == [flag, "org/tok"]
+    equals = command_for({**replica, "args": [f"{flag}=org/m"]}, 8000, "/w/m", {}).argv
+    assert equals[-1] == f"{flag}=/w/m"

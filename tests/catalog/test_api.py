@@ -178,9 +178,12 @@ def test_revert_refused_when_the_result_breaks_a_rule(api_for: Any, operator: An
 
 
 def test_tokens_issue_use_revoke_expire(api_for: Any, admin_user: Any, operator: Any) -> None:
+    from django.contrib.auth.models import User
     from rest_framework.test import APIClient
 
-    admin_api = api_for(admin_user)
+    # A token for another user is a superuser's to issue (an admin issues its own).
+    root = User.objects.create_superuser("root", "root@example.com", "x")
+    admin_api = api_for(root)
     r = admin_api.post("/api/v1/tokens/", {"user": "otto", "name": "ci"}, format="json")
     assert r.status_code == 201, r.json()
     secret = r.json()["token"]

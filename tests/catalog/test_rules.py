@@ -152,9 +152,17 @@ def test_unsafe_env_allows_listed_names(key):
     assert unsafe_env(key) is None
 
 
-@pytest.mark.parametrize("key", ["HF_HOME", "_X", "a1", "XPATH"])
-def test_unsafe_env_refuses_names_no_engine_lists(key):
-    assert "not one an operator may set" in unsafe_env(key)
+@pytest.mark.parametrize("key", ["HF_HOME", "XPATH", "CLASSPATH", "hf_home"])
+def test_unsafe_env_refuses_names_that_name_a_thing(key):
+    assert "names a file" in unsafe_env(key)
+
+
+@pytest.mark.parametrize("key", ["_X", "a1", "NCCL_NEW_KNOB"])
+def test_unsafe_env_passes_names_no_engine_lists_and_warns_of_them(key):
+    from agent.flags import env_warning
+
+    assert unsafe_env(key) is None
+    assert "not a variable" in env_warning(key, "vllm")
 
 
 UNSAFE_FLAGS = [
@@ -1047,7 +1055,7 @@ def test_check_model_bad_url(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["https://api.openai.com", "http://127.0.0.1:8000/", "HTTPS://user@host"]
+    "url", ["https://api.openai.com", "https://127.0.0.1:8000/", "HTTPS://user@host"]
 )
 def test_check_model_good_url(url):
     assert check_model(external(external=External(url=url, model="m"))) == []

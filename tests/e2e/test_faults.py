@@ -76,11 +76,12 @@ class Plane(ControlPlane):
         self.proc.wait()
 
     def stop_all(self) -> None:
-        self.stop()
-        for proc in self.others.values():
+        """Every process told at once, then each waited for (killed past 20 s)."""
+        procs = [p for p in (self.proc, *self.others.values()) if p is not None]
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.others.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

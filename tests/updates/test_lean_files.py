@@ -205,3 +205,28 @@ def test_the_range_is_read_in_ascii_digits_of_bounded_length() -> None:
     assert byte_range("bytes=\u00b2-", 10)[0] == 400
     assert byte_range("bytes=1-" + "9" * 5000, 10)[0] == 400
     assert byte_range("bytes=10-", 10)[0] == 416
+
+
+def test_a_file_whose_name_has_a_space_is_sent_from_the_url_the_manifest_gives(
+    hub: HubStandIn,
+) -> None:
+    from django.test import Client
+
+    from catalog.models import ServedModel
+    from cluster.models import Assignment, Replica
+    from llmgw_admin.asgi import application
+
+    hub.commit("org/chat", {"my model #1.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    node, token = join_node("n1")
+    r = Replica.objects.create(model=ServedModel.objects.get(name="chat"), model_name="chat")
+    Assignment.objects.create(replica=r, node=node)
+    assert mirror.run_fetch(mirror.request_fetch("chat", start=False).pk).state == "done"
+    manifest = Client().get(
+        "/api/v1/updates/mirror/models/chat/", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    [f] = manifest.json()["files"]
+    assert f["path"] == "my model #1.safetensors"
+    assert f["url"].endswith("/my%20model%20%231.safetensors")
+    got = ask(application, f["url"], token=token)
+    assert got.status_code == 200 and got.content == WEIGHTS

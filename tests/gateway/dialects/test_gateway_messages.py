@@ -15,11 +15,12 @@ import pytest
 from cluster.models import Replica
 from gateway import services as keys
 from gateway.guarding import Guard
+from gateway.observe import Done
 from gateway.state import State
 from guard import records
 from guard import services as guard_services
 from tests.catalog.samples import store
-from tests.gateway.harness import Engine, Harness
+from tests.gateway.harness import Engine, Harness, wait
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
@@ -36,6 +37,14 @@ class Served:
     gw: Harness
     secret: str
     engine: Engine  # the one told what to say (model "marked")
+
+    def heard(self) -> Done:
+        """The end of the request made since the last call, as the observers heard it
+        (told just after its answer's last byte: waited for)."""
+        observer = self.gw.gateway.observer
+        done = wait(lambda: observer.last, 5, "the request's end heard")
+        observer.last = None
+        return done
 
     def client(self, **kw: object) -> anthropic.Anthropic:
         kw.setdefault("api_key", self.secret)
@@ -90,8 +99,8 @@ def test_messages_create_whole_and_streamed(served: Served) -> None:
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens > 0
     assert message.usage.output_tokens > 0
-    assert served.gw.gateway.observer.last.dialect == "messages"
-    assert served.gw.gateway.observer.last.status == 200
+    done = served.heard()
+    assert (done.dialect, done.status, done.stream) == ("messages", 200, False)
 
     with api.messages.stream(model="chat", max_tokens=16, messages=asked) as stream:
         texts = list(stream.text_stream)
@@ -99,7 +108,7 @@ def test_messages_create_whole_and_streamed(served: Served) -> None:
     assert "".join(texts) == final.content[0].text and final.content[0].text
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert final.usage.output_tokens > 0
-    done = served.gw.gateway.observer.last
+    done = served.heard()
     assert (done.dialect, done.stream, done.model) == ("messages", True, "chat")
     assert done.tokens_out == final.usage.output_tokens
 
@@ -137,11 +146,14 @@ def test_count_tokens_is_the_engines_count_of_the_prompt(served: Served) -> None
     counted = api.messages.count_tokens(model="chat", messages=asked, system="Be brief.",
                                         tools=[WEATHER])  # fmt: skip
     assert counted.input_tokens > 0
+    counting = served.heard()
+    assert (counting.dialect, counting.status, counting.model) == ("count_tokens", 200, "chat")
+    assert counting.tokens_in == 0  # counted, not read by a model: nothing for usage
     answered = api.messages.create(model="chat", max_tokens=2, messages=asked,
                                    system="Be brief.", tools=[WEATHER])  # fmt: skip
     usage = answered.usage
     assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
-    assert served.gw.gateway.observer.last.dialect == "messages"
+    assert served.heard().dialect == "messages"
     with pytest.raises(anthropic.NotFoundError) as caught:
         api.messages.count_tokens(model="nope", messages=asked)
     assert caught.value.body["error"]["type"] == "not_found_error"
@@ -154,6 +166,7 @@ def test_errors_are_in_anthropics_shape(served: Served) -> None:
                                                                 messages=asked)  # fmt: skip
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["type"] == "authentication_error"
+    assert "x-api-key" in caught.value.body["error"]["message"]
     api = served.client()
     with pytest.raises(anthropic.NotFoundError) as caught:
         api.messages.create(model="nope", max_tokens=4, messages=asked)
@@ -182,7 +195,7 @@ def test_a_refusal_midstream_ends_with_stop_reason_refusal(served: Served) -> No
     assert final.stop_reason == "refusal"
     shown = "".join(texts) + "".join(b.text for b in final.content if b.type == "text")
     assert "UNSAFE" not in shown and "MARKER" not in shown
-    assert served.gw.gateway.observer.last.dialect == "messages"
+    assert served.heard().dialect == "messages"
     # Whole: the answer is refused as chat's is, in Anthropic's shape.
     with pytest.raises(anthropic.BadRequestError) as caught:
         api.messages.create(model="marked", max_tokens=32, messages=asked)

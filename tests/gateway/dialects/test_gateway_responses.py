@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -56,7 +57,7 @@ def test_responses_create_whole_and_streamed(served: Served) -> None:
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
     assert response.usage.input_tokens_details.cached_tokens >= 0
     assert response.instructions == "Be terse."
-    done = served.gw.gateway.observer.last
+    done = served.heard()
     assert (done.dialect, done.status, done.stream) == ("responses", 200, False)
 
     events = list(api.responses.create(model="chat", input="Say something.", stream=True,
@@ -67,7 +68,7 @@ def test_responses_create_whole_and_streamed(served: Served) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text and events[-1].response.output_text == text
-    assert served.gw.gateway.observer.last.dialect == "responses"
+    assert served.heard().dialect == "responses"
     # The client's own stream helper, which needs every event's sequence_number.
     with api.responses.stream(model="chat", input="Say something.") as stream:
         final = stream.get_final_response()
@@ -203,6 +204,19 @@ def test_a_refused_request_is_openais_error_streamed_or_not(served: Served, stre
             else:
                 api.responses.create(model="chat", **asked)
         assert caught.value.code == "content_filter"
+    # A stored turn the engine will read again (written when no policy judged it).
+    StoredResponse.objects.create(
+        id="resp_old", owner="key:k", key="k", model="chat", created=timezone.now(),
+        response={}, conversation=[{"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": MARKER}]}],
+    )  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as caught:
+        if streamed:
+            list(api.responses.create(model="chat", stream=True, input="go on",
+                                      previous_response_id="resp_old"))  # fmt: skip
+        else:
+            api.responses.create(model="chat", input="go on", previous_response_id="resp_old")
+    assert caught.value.code == "content_filter"
 
 
 def test_bad_requests_say_where(served: Served) -> None:
@@ -218,3 +232,25 @@ def test_bad_requests_say_where(served: Served) -> None:
     r = httpx.put(served.gw.url + "/v1/responses/resp_x", timeout=10,
                   headers={"Authorization": f"Bearer {served.secret}"})  # fmt: skip
     assert r.status_code == 405
+
+
+def test_a_store_that_cannot_be_read_in_time_is_a_clear_503(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path reads the store only for a request naming a stored response, bounded: a
+    database that does not answer in time is told, never waited on for ever."""
+    api = client(served)
+    first = api.responses.create(model="chat", input="hi", max_output_tokens=4)
+    stored_row(first.id)
+    hung = threading.Event()
+    monkeypatch.setattr(stored, "READ_WAIT", 0.3)
+    monkeypatch.setattr(stored, "_read", lambda owner, rid: hung.wait(10))
+    try:
+        with pytest.raises(openai.InternalServerError) as caught:
+            api.responses.create(model="chat", input="again", previous_response_id=first.id)
+        assert caught.value.status_code == 503 and caught.value.code == "store_unavailable"
+        assert caught.value.response.headers["retry-after"]
+        with pytest.raises(openai.InternalServerError):
+            api.responses.retrieve(first.id)
+    finally:
+        hung.set()

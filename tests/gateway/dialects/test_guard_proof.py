@@ -5,6 +5,7 @@ its dialect's own ending, read by the official client without an exception."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 
@@ -16,7 +17,8 @@ from tests.gateway.dialects.test_gateway_messages import MARKER, Served, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ANSWERS = 50  # per dialect (bench/dialect_guard.py runs more)
+# Per dialect; LLMGW_GUARD_PROOF_ANSWERS=200 runs more (the figures are printed, -s).
+ANSWERS = int(os.environ.get("LLMGW_GUARD_PROOF_ANSWERS") or 50)
 WORDS = 80
 
 
@@ -67,5 +69,8 @@ def test_no_character_of_the_marker_reaches_the_client(served: Served, dialect: 
         # What was released is the answer's text before the marker, never past it.
         assert before.startswith(raw.rstrip())
         released_some += bool(raw)
+    print(f"\n{dialect}: {ANSWERS} streamed answers, each refused with its dialect's "  # noqa: T201
+          f"ending, {released_some} after releasing the judged text before the marker, 0 "
+          "characters of the marker released")  # fmt: skip
     # Refusals came midway, not only before the first byte.
     assert released_some >= ANSWERS // 4, released_some

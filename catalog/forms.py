@@ -144,6 +144,9 @@ class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
             if isinstance(field, forms.IntegerField | forms.FloatField):
                 field.required = False
 
+    # Numbers whose empty box means a default other than 0, as a file leaving them out.
+    BLANK_DEFAULTS: dict[str, float] = {"cached_token_weight": 1.0}
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         for name, field in self.fields.items():
@@ -151,7 +154,7 @@ class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
                 isinstance(field, forms.IntegerField | forms.FloatField)
                 and data.get(name, 0) is None
             ):
-                data[name] = 0
+                data[name] = self.BLANK_DEFAULTS.get(name, 0)
         return data
 
 
@@ -173,7 +176,9 @@ class ServedModelForm(BlankNumbersAreZero):
             "capacity_class", "owner", "role", "trust_remote_code", "guard_format",
             "guard_categories",
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
+            "capabilities_rerank",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
             "external_url", "external_model", "external_api_key_file", "external_peer",
             "canary_model", "canary_percent", "canary_min_requests",

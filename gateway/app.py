@@ -63,7 +63,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import admission, errors, listing, sizing, speaking, sse
+from gateway import admission, cacheshare, errors, listing, reranking, sizing, speaking, sse
 from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer
@@ -183,7 +183,7 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith("/v1/"):
+        if scope["type"] != "http" or not (path.startswith("/v1/") or path == reranking.V2_PATH):
             if self.app is None:
                 await send_error(send, errors.not_found())
                 return
@@ -226,11 +226,16 @@ class Gateway:
         method = scope.get("method", "GET")
         table = self.state.table
         # Set first: from the key on, every error is in the dialect's shape.
-        cycle.dialect = dialects.for_path(path, cycle.request_id)
+        cycle.dialect = dialects.for_path(path, cycle.request_id) or reranking.for_path(
+            path, cycle.request_id
+        )
         cycle.session_header = header(scope, sessions.HEADER.encode())
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await listing.answer(cycle, method, path, table, key, self.options.now())
+            return
+        if cycle.dialect is not None and cycle.dialect.name == reranking.RERANK:
+            await reranking.route(self, cycle, scope, receive, path, method)
             return
         if cycle.dialect is not None:
             await speaking.route(self, cycle, scope, receive, path, method)
@@ -287,11 +292,18 @@ class Gateway:
             if status == 401:
                 self.observer.unauthenticated()
         else:
+            # Cached prompt tokens cost the model's cached_token_weight of a fresh one's.
+            entry = cycle.entry
+            weight = entry.model.cached_token_weight if entry is not None else 1.0
+            spare = cacheshare.spared(cycle.tokens_cached, weight)
             if cycle.unreserved and cycle.tokens_out:
                 self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+            if key.tpm and spare:
+                # Reserved as fresh up front (the cache is known once the engine answers).
+                self.later(self._limits.charge(key.id, "tokens", -spare))
             if cycle.owner_reserved is not None:
                 window, reserved = cycle.owner_reserved
-                spent = cycle.tokens_in + cycle.tokens_out
+                spent = cycle.tokens_in + cycle.tokens_out - spare
                 self.later(self._limits.settle(key.owner, window, reserved, spent))
 
     def later(self, work: Awaitable[None]) -> None:
@@ -362,6 +374,8 @@ class Gateway:
         req, entry = cycle.req, cycle.entry
         assert req is not None and entry is not None
         model = entry.model
+        if req.kind == bodies.RERANK:
+            reranking.allows(cycle)  # natively, by embeddings, or 400
         if req.kind == bodies.EMBEDDING and not model.capabilities.embeddings:
             raise errors.no_embeddings(req.model)
         if req.uses_tools and not model.capabilities.tools:

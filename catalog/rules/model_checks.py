@@ -253,6 +253,22 @@ def _check_fields(m: Model, out: _Found) -> None:
             "bad_class",
             f'class "{m.class_}" is not one of {", ".join(CLASSES)}',
         )
+    if m.capabilities.rerank:
+        for i, p in enumerate(m.profiles):
+            if p.engine == "trtllm":  # its reranker is a separate command the agent never runs
+                out.add(
+                    ("capabilities", "rerank"),
+                    "rerank_engine",
+                    f"{_label(p, i)} runs trtllm, which the agent does not start as a "
+                    "reranker: use llamacpp, vllm or sglang for a rerank model",
+                )
+    if not 0 <= m.cached_token_weight <= 1:  # NaN too
+        out.add(
+            ("cached_token_weight",),
+            "cached_token_weight_range",
+            f"cached_token_weight {_num(m.cached_token_weight)} is not 0 to 1: what a token "
+            "budget charges for a cached prompt token (1 as much as a fresh one, 0 nothing)",
+        )
     if (g := m.eval) is not None:
         if not g.suite.strip():
             out.add(

@@ -51,3 +51,15 @@ def test_a_node_name_with_a_control_character_or_markup_is_refused_at_join(name:
     assert r.status_code == 400, r.content
     assert "one line of visible text" in r.json()["detail"]
     assert not Node.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("owner", "said"),
+    [("team:x\r\nSet-Cookie: a=b", "llmgw"), ("team:<b>x</b>", "llmgw"), ("", "llmgw"),
+     ("team:ml", "team:ml")],
+)  # fmt: skip
+def test_owned_by_never_carries_a_line_break_or_markup(owner: str, said: str) -> None:
+    # A row written before the rule: /v1/models still hands clients nothing of it.
+    from gateway.listing import owned_by
+
+    assert owned_by(owner) == said

@@ -63,6 +63,8 @@ LLAMA_KEY_ENV = "LLAMA_API_KEY"
 VLLM_KEY_ENV = "VLLM_API_KEY"
 SIM_KEY_ENV = "LLMGW_SIM_API_KEY"
 SGLANG_KEY_FLAG = "--api-key"
+# vLLM reports a prompt's cached tokens in its usage only with this flag.
+VLLM_CACHED_TOKENS_FLAG = "--enable-prompt-tokens-details"
 # What a catalog may never set, as the agent's own: the key flags and variables above,
 # and llama-server's other way to its keys. (agent.flags refuses them for every engine:
 # tests/agent/test_engine_flags.py holds it.)
@@ -333,6 +335,9 @@ def _vllm(
     argv += ["--served-model-name", str(replica.get("served_name") or replica.get("model") or "")]
     argv += ["--tensor-parallel-size", str(_int(replica, "tp", 1))]
     argv += ["--pipeline-parallel-size", str(_int(replica, "pp", 1))]
+    # Usage then says the prompt's cached tokens (prompt_tokens_details.cached_tokens), as
+    # llama-server's and SGLang's do by default: the gateway counts them and charges them.
+    argv.append(VLLM_CACHED_TOKENS_FLAG)
     env: dict[str, str] = {}
     key = _key(replica)
     if key:

@@ -38,7 +38,7 @@ from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.enginekeys import engine_key
 from cluster.models import Replica
-from guard import breaker, client, formats, known, perrequest, pool, records
+from guard import breaker, client, formats, known, perrequest, pool, records, reprobe
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, Failure, JudgeRef, Stats, run_chain
@@ -431,6 +431,24 @@ BREAKERS = breaker.Breakers(lambda: breaker.Config.from_settings(settings))
 BREAKERS.listen(records.breaker_changed)
 # How long past its timeout a probe of a half-open judge holds the others off.
 PROBE_MARGIN = 1.0
+
+
+def _reprobe(name: str) -> None:
+    """Ask an open judge once, as the policy in memory has it (``guard.reprobe``): returns
+    when it answered, raises when it did not."""
+    snap = _snapshot.peek()
+    j = next((j for j in snap.judges if j.name == name), None) if snap is not None else None
+    if j is None or not j.endpoint or not j.format:
+        raise LookupError(f"judge {name} is not a ready judge of the policy in memory")
+    client.ask_judge(j.endpoint, j.format, PROBE_ORDINARY, None,
+                     **_ask_options(j, snap.policy, None), client=_http())  # fmt: skip
+
+
+# An open breaker's judge asked off the path until it answers, which closes it at once.
+REPROBER = reprobe.Reprober(
+    BREAKERS, _reprobe, lambda: float(settings.LLMGW_GUARD_BREAKER_PROBE_EVERY)
+)
+BREAKERS.listen(REPROBER.changed)
 
 
 def _lease(j: Judge, timeout: float | None) -> float:

@@ -257,6 +257,14 @@ LLMGW_GUARD_JUDGE_TIMEOUT = envint("GUARD_JUDGE_TIMEOUT", 5)
 LLMGW_GUARD_BREAKER_FAILURES = envint("GUARD_BREAKER_FAILURES", 5)
 LLMGW_GUARD_BREAKER_BACKOFF = envint("GUARD_BREAKER_BACKOFF", 5)
 LLMGW_GUARD_BREAKER_MAX_BACKOFF = envint("GUARD_BREAKER_MAX_BACKOFF", 300)
+# How often a process asks a judge whose breaker is open, off the path (guard.reprobe):
+# its first answer closes the breaker. 0: never (only the checks' probes after back-off).
+LLMGW_GUARD_BREAKER_PROBE_EVERY = envint("GUARD_BREAKER_PROBE_EVERY", 1)
+if LLMGW_GUARD_BREAKER_PROBE_EVERY < 0:
+    raise ImproperlyConfigured(
+        f"LLMGW_GUARD_BREAKER_PROBE_EVERY is {LLMGW_GUARD_BREAKER_PROBE_EVERY}: write 0 (never) "
+        "or more seconds"
+    )
 for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_MAX_BACKOFF"):
     if globals()[f"LLMGW_GUARD_{_name}"] < 1:
         raise ImproperlyConfigured(

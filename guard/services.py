@@ -672,6 +672,36 @@ def _http() -> pool.Pool:
     return _client
 
 
+# Past what its judges' timeouts allow (each asked at most twice: the chain and its run
+# again after the snapshot is read again), and this margin for the reads and the thread
+# pool's queue, a check is given up on: ``unanswered``.
+CHECK_MARGIN = 10.0
+
+
+def check_bound() -> float:
+    """The longest a gateway waits for one check, from the policy in memory's judges."""
+    snap = _snapshot.peek()
+    if snap is None or not snap.judges:
+        return 2 * default_timeout() + CHECK_MARGIN
+    return 2 * sum(j.timeout for j in snap.judges) + CHECK_MARGIN
+
+
+def unanswered(request: str, answer: str | None, bound: float) -> dict[str, Any]:
+    """A check given up on after ``bound`` seconds: as if every judge timed out, so the
+    policy's ``fail`` decides (``fail: closed`` refuses; no policy in memory: refused)."""
+    snap = _snapshot.peek()
+    direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
+    message = f"the check got no answer within {bound:g} s"
+    if snap is None:
+        failure = Failure("", "timeout", message, timezone.now())
+        return as_json(ChainResult("refuse", None, (), None, None, None, [failure]))
+
+    def ask(ref: JudgeRef) -> Any:
+        raise client.JudgeFailure("timeout", message)
+
+    return as_json(run_chain(snap.policy, [j.ref for j in snap.judges], ask, direction=direction))
+
+
 def as_json(result: ChainResult) -> dict[str, Any]:
     """Return a chain's result as the check API answers it."""
     return {

@@ -63,7 +63,17 @@ from gateway import admission, errors, listing, sizing, sse
 from gateway import body as bodies
 from gateway.adapters import Placer
 from gateway.admission import Admission
-from gateway.cycle import CLIENT_GONE, Cycle, Receive, Scope, Send, bearer, read_body, send_error
+from gateway.cycle import (
+    CLIENT_GONE,
+    ClientStalled,
+    Cycle,
+    Receive,
+    Scope,
+    Send,
+    bearer,
+    read_body,
+    send_error,
+)
 from gateway.errors import ApiError
 from gateway.guarding import Guard, Judging
 from gateway.limits import LocalLimits
@@ -170,6 +180,7 @@ class Gateway:
             await self.app(scope, receive, send)
             return
         cycle = Cycle(send)
+        cycle.send_wait = self.options.send_timeout
         try:
             ready = await self.ready()
         except Exception:
@@ -190,6 +201,11 @@ class Gateway:
             await work()
         except ApiError as error:
             await cycle.error(error)
+        except ClientStalled as stalled:
+            # Taken as gone: what it was sent so far is all it gets.
+            log.info("%s: the client took none of its answer for %g s: given up", cycle.request_id,
+                     stalled.args[0])  # fmt: skip
+            cycle.outcome = CLIENT_GONE
         except asyncio.CancelledError:
             if cycle.client_gone:
                 cycle.outcome = CLIENT_GONE

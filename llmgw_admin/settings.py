@@ -288,6 +288,8 @@ LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)
 # BODY_TIMEOUT of its headers; else the connection is closed (gateway/listener.py).
 LLMGW_HTTP_HEADER_TIMEOUT = envint("HTTP_HEADER_TIMEOUT", 10)
 LLMGW_HTTP_BODY_TIMEOUT = envint("HTTP_BODY_TIMEOUT", 60)
+# A client that takes none of an answer's bytes for this long is taken as gone (gateway).
+LLMGW_HTTP_SEND_TIMEOUT = envint("HTTP_SEND_TIMEOUT", 60)
 for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT"):
     if globals()[f"LLMGW_{_name}"] < 1:
         raise ImproperlyConfigured(

@@ -60,3 +60,34 @@ def test_a_check_stuck_on_its_thread_is_given_up_on_and_fail_decides(
     assert [f["kind"] for f in result["failures"]] == ["timeout"]
     assert "no answer within 0.3 s" in result["failures"][0]["message"]
     assert result["failed_open"] is (fail == FAIL_OPEN)
+
+
+def test_the_check_api_bounds_a_check_stuck_on_its_thread_the_same_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``POST /api/v1/guard/check`` on the event loop (``guard.api.lean``): the same bound,
+    the same outcome."""
+    from guard.api import lean
+
+    release = threading.Event()
+
+    async def nothing_on_the_loop(*args: Any, **kw: Any) -> None:
+        return None
+
+    def stuck(*args: Any, **kw: Any) -> dict[str, Any]:
+        release.wait(60)
+        return {"decision": "allow"}
+
+    monkeypatch.setattr(lean, "token_user_in_memory", lambda secret: ("user", None))
+    monkeypatch.setattr(lean, "token_user", lambda secret: ("user", None))
+    monkeypatch.setattr(lean, "has_role", lambda user, role: True)
+    monkeypatch.setattr(services, "check_on_loop", nothing_on_the_loop)
+    monkeypatch.setattr(services, "check", stuck)
+    monkeypatch.setattr(services, "check_bound", lambda: 0.3, raising=False)
+    monkeypatch.setattr(services._snapshot, "peek", lambda: _snapshot(FAIL_CLOSED))
+    try:
+        result = asyncio.run(asyncio.wait_for(lean._answer("llmgw_x", b'{"request": "hi"}'), 30))
+    finally:
+        release.set()
+    assert result is not None and result["decision"] == "refuse"
+    assert [f["kind"] for f in result["failures"]] == ["timeout"]

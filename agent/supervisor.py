@@ -159,7 +159,7 @@ class Supervisor:
                     r.next = spec
                     self._begin_stop(
                         r,
-                        f"generation {r.generation} → {generation}: restarting at the operator's request",
+                        f"generation {r.generation} → {generation}: restarting (an operator's restart, or placed here again after an eviction)",
                     )
                 elif generation == r.generation:
                     r.desired = spec

@@ -257,7 +257,7 @@ def held_text(payload: bytes) -> str:
 
 def answer_text(answer: Any) -> str:
     """Everything of a whole answer a client would read: content, reasoning, refusals,
-    tool calls' arguments, completions' text."""
+    tool calls' names and arguments, completions' text."""
     if not isinstance(answer, dict):
         return json.dumps(answer)
     texts = []
@@ -271,8 +271,12 @@ def answer_text(answer: Any) -> str:
                     texts.append(message[name])
             for call in message.get("tool_calls") or ():
                 function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                    texts.append(function["arguments"])
+                if isinstance(function, dict):
+                    texts.extend(
+                        function[key]
+                        for key in ("name", "arguments")
+                        if isinstance(function.get(key), str)
+                    )
         if isinstance(choice.get("text"), str):
             texts.append(choice["text"])
     return "\n".join(texts)

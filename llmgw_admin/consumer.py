@@ -63,6 +63,14 @@ LAYER_AWAY = 1013
 TOO_MANY = 1008
 # The longest a console waits to be subscribed (Redis hung, before the hub notices).
 JOIN_TIMEOUT_S = 2.0
+# The longest one send to the browser may wait (a browser that reads nothing): past it
+# the console is closed with 1013 and the page reconnects.
+SEND_TIMEOUT_S = 5.0
+# The longest an event waits for the console's snapshot to be sent first.
+READY_TIMEOUT_S = 8.0
+# What the hub's heartbeat sends (llmgw_admin.hub.BEAT): a comment htmx swaps nothing
+# for; static/llmgw/console.js counts it as heard and says "stale" without it.
+BEAT_TEXT = "<!-- llmgw:beat -->"
 # A layer alias with no configuration: channels then gives the consumer no channel.
 NO_OWN_CHANNEL = "llmgw-live-hub-only"
 # Open consoles per user id in this process (the cap: LLMGW_WS_PER_USER).
@@ -116,6 +124,16 @@ def swaps(
     return parts
 
 
+async def _render(
+    kind: str, fn: Callable[..., dict[Any, str | None]], keys: list, can_act: bool
+) -> dict[Any, str | None]:
+    try:
+        return await database_sync_to_async(fn)(keys, can_act)
+    except Exception:  # every waiting console hears of it; logged once
+        log.exception("rendering %s for the live console failed", kind)
+        raise
+
+
 class LiveConsumer(AsyncWebsocketConsumer):
     """One open console: the regions it shows, kept current."""
 
@@ -139,13 +157,31 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
         self.closing = True
-        await super().close(code=code, reason=reason)
+        await asyncio.wait_for(super().close(code=code, reason=reason), SEND_TIMEOUT_S)
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
                    close: bool = False) -> None:  # fmt: skip
+        """Send within SEND_TIMEOUT_S; past it the console is closed (1013: it reconnects)
+        and TimeoutError raised (the hub drops it)."""
         if self.closing:
             return
-        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        try:
+            await asyncio.wait_for(
+                super().send(text_data=text_data, bytes_data=bytes_data, close=close),
+                SEND_TIMEOUT_S,
+            )
+        except TimeoutError:
+            log.warning("a live console took over %.0f s to take a message: closed",
+                        SEND_TIMEOUT_S)  # fmt: skip
+            await self._close_quietly(LAYER_AWAY)
+            raise
+
+    async def _close_quietly(self, code: int, reason: str | None = None) -> None:
+        """Close within SEND_TIMEOUT_S, saying nothing if the browser is gone already."""
+        try:
+            await self.close(code=code, reason=reason)
+        except (TimeoutError, RuntimeError, OSError):
+            log.info("a live console left before it could be closed")
 
     async def _accept(self) -> bool:
         """Accept the socket, or say False when the browser left while ``connect`` read what
@@ -219,12 +255,30 @@ class LiveConsumer(AsyncWebsocketConsumer):
             said = "no answer" if isinstance(exc, TimeoutError) else exc
             log.warning("a live console cannot subscribe (%s); it will retry", said)
             hub().leave(self)
-            await self.close(code=LAYER_AWAY)
+            await self._close_quietly(LAYER_AWAY)
             return
-        html, nodes, models = await database_sync_to_async(self._snapshot)()
-        self.shown_nodes, self.shown_models = nodes, models
-        await self.send(text_data=html)
-        self.ready.set()
+        # Whatever happens to the snapshot, this console is ready or out of the hub: one
+        # that stayed in it unready held back events (each member's are its own now, and
+        # bounded, but a console the browser left must not linger).
+        try:
+            html, nodes, models = await database_sync_to_async(self._snapshot)()
+            self.shown_nodes, self.shown_models = nodes, models
+            await self.send(text_data=html)
+        except BaseException as exc:
+            # The browser left as the snapshot was read or sent (uvicorn's
+            # ClientDisconnected, an OSError: its disconnect may never reach
+            # ``disconnect``), or the snapshot failed: out of the hub, uncounted.
+            self._forget()
+            if isinstance(exc, OSError | RuntimeError | TimeoutError):
+                log.info("a live console left before its snapshot was sent (%r)", exc)
+                return
+            if isinstance(exc, Exception):
+                log.exception("the live console's snapshot failed; the page retries")
+                await self._close_quietly(LAYER_AWAY)
+                return
+            raise
+        finally:
+            self.ready.set()
         if "traffic" in topics:
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
@@ -245,6 +299,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        """This console is gone: out of the hub, its traffic pushes stopped, uncounted
+        (called again does nothing)."""
         self.closing = True
         if self.counted is not None:
             left = _open.get(self.counted, 1) - 1
@@ -271,7 +330,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 continue
             if html != last:
                 last = html
-                await self.send(text_data=html)
+                try:
+                    await self.send(text_data=html)
+                except (TimeoutError, OSError, RuntimeError):
+                    self._forget()  # closed by the send, or the browser left
+                    return
+
+    async def behind(self) -> None:
+        """This console fell behind the hub's events (llmgw_admin.hub): it may miss some, so
+        it is closed with 1013; the page reconnects and its snapshot shows what it missed."""
+        self._forget()
+        await self._close_quietly(LAYER_AWAY, "fell behind the live events; reconnecting")
 
     async def layer_lost(self) -> None:
         """The channel layer went away: events may be missed, so this console is not live.
@@ -285,7 +354,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Take an event from the process's hub (llmgw_admin.hub): handled by the method
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
         event of ``llmgw_core.events.EVENTS``."""
-        await self.ready.wait()
+        try:
+            await asyncio.wait_for(self.ready.wait(), READY_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("a live console was not ready within %.0f s: closed", READY_TIMEOUT_S)
+            self._forget()
+            await self._close_quietly(LAYER_AWAY)
+            return
         if self.closing:
             return
         handler = getattr(self, event["type"].replace(".", "_"), None)
@@ -298,17 +373,18 @@ class LiveConsumer(AsyncWebsocketConsumer):
         key = (event["id"] + ":" + ",".join(map(str, keys)), kind, self.can_act)
         fut = _renders.get(key)
         if fut is None:
+            # Rendered in a task of its own: a console that stops waiting (the hub's bound,
+            # a close) does not stop the render the others wait for.
             loop = asyncio.get_running_loop()
-            fut = loop.create_future()
+            fut = loop.create_task(_render(kind, fn, keys, self.can_act))
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # logged there
             _renders[key] = fut
             loop.call_later(_RENDER_TTL_S, _renders.pop, key, None)
-            try:
-                fut.set_result(await database_sync_to_async(fn)(keys, self.can_act))
-            except Exception as exc:  # every waiting console hears of it; logged once
-                log.exception("rendering %s for the live console failed", kind)
-                fut.set_exception(exc)
-                raise
         return await asyncio.shield(fut)
+
+    async def live_beat(self, event: dict[str, Any]) -> None:
+        """The hub's heartbeat (llmgw_admin.hub.BEAT): the page hears it is kept current."""
+        await self.send(text_data=BEAT_TEXT)
 
     async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:
         pks = events.keys_of(event)

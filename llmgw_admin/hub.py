@@ -4,8 +4,20 @@ With a subscription per console, the Redis layer delivers (and the process decod
 event once per open console: about 1 ms each on these machines (facts.md), so a change
 took over 100 ms to reach the hundredth console. The hub subscribes the process once per
 group and hands each event to the consoles of that group in the process, which render it
-once between them (llmgw_admin.consumer) and send it. Events are handled in the order they
-arrive, each console's copy before the next event.
+once between them (llmgw_admin.consumer) and send it.
+
+No console holds another's events: each member has its own bounded queue and its own
+task taking events from it, in the order they arrived. The receive loop only puts an
+event in each member's queue, never waits on a member. A member whose queue is full
+(``QUEUE_SIZE`` events behind), or that takes longer than ``TAKE_TIMEOUT_S`` over one
+event (a browser that reads nothing, a console that never became ready), is dropped and
+told to reconnect (``Member.behind``: closed with 1013, so the page reconnects and its
+fresh snapshot shows what it missed).
+
+Every ``BEAT_S`` the hub sends itself a heartbeat through the layer, and hands it to
+every member as an event (``BEAT``): it takes the path a change takes (layer, receive
+loop, the member's queue and task, its socket), so a page that has heard nothing for a
+few seconds knows it is not being kept current and says "stale" (static/llmgw/console.js).
 
 While the layer's Redis is away, events are dropped where they are published, and nothing
 says so to the consoles: the hub pings Redis every second, and when it does not answer
@@ -17,6 +29,7 @@ a fresh snapshot, showing what changed meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -32,6 +45,18 @@ log = logging.getLogger(__name__)
 # How often the hub asks Redis whether it is there, and how long it waits for the answer.
 PING_S = 1.0
 PING_TIMEOUT_S = 2.0
+# The hub's heartbeat: its type, and how often every member hears it (the page says
+# "stale" after a few seconds without a message: static/llmgw/console.js).
+BEAT = "live.beat"
+BEAT_S = 2.0
+# Events one member may have waiting; past it the member is dropped (told to reconnect).
+QUEUE_SIZE = 100
+# The longest one member may take over one event (its render and its send); past it the
+# member is dropped. And how long telling a member to go, or subscribing, may take.
+TAKE_TIMEOUT_S = 10.0
+TELL_TIMEOUT_S = 2.0
+# A member's task with nothing to take looks again this often (whether it was dropped).
+IDLE_S = 30.0
 
 
 class Member(Protocol):
@@ -39,12 +64,51 @@ class Member(Protocol):
 
     async def layer_lost(self) -> None: ...
 
+    async def behind(self) -> None: ...
+
+
+class Mailbox:
+    """One member's waiting events, taken in order by a task of its own."""
+
+    def __init__(self, hub: Hub, member: Member) -> None:
+        self.hub = hub
+        self.member = member
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_SIZE)
+        self.task = asyncio.get_running_loop().create_task(self._take())
+
+    def offer(self, event: dict[str, Any]) -> bool:
+        """Put the event in the queue; False when the member is too far behind."""
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    async def _take(self) -> None:
+        while self.hub.boxes.get(self.member) is self:
+            try:
+                event = await asyncio.wait_for(self.queue.get(), IDLE_S)
+            except TimeoutError:
+                continue
+            try:
+                await asyncio.wait_for(self.member.handle_event(event), TAKE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "a live console took over %.0f s over an event: dropped, it reconnects",
+                    TAKE_TIMEOUT_S,
+                )
+                self.hub.drop(self.member)
+                return
+            except Exception:
+                log.warning("a live console failed to take an event", exc_info=True)
+
 
 class Hub:
     """The consoles of one event loop (one server process), by group."""
 
     def __init__(self) -> None:
         self.members: dict[str, set[Member]] = defaultdict(set)
+        self.boxes: dict[Member, Mailbox] = {}
         self.subscribed: set[str] = set()
         self.channel: str | None = None
         self.task: asyncio.Task[None] | None = None
@@ -52,31 +116,74 @@ class Hub:
         # Whether the layer's Redis failed to answer its last ping (or a receive failed).
         self.away = False
         self.watch: asyncio.Task[None] | None = None
+        self.beat: asyncio.Task[None] | None = None
+        # Members being told to go (kept so their tasks are not collected midway).
+        self.telling: set[asyncio.Task[None]] = set()
 
     async def join(self, member: Member, groups: list[str]) -> None:
         """Add a console to the groups; raises when the layer cannot subscribe (Redis away)."""
         layer = get_channel_layer()
+        loop = asyncio.get_running_loop()
         if settings.REDIS_URL and (self.watch is None or self.watch.done()):
-            self.watch = asyncio.get_running_loop().create_task(self._watch(layer))
+            self.watch = loop.create_task(self._watch(layer))
         async with self.lock:
             if self.task is None or self.task.done():
                 self.channel = await layer.new_channel("live-hub.")
                 self.subscribed = set()
-                self.task = asyncio.get_running_loop().create_task(self._run(layer))
+                self.task = loop.create_task(self._run(layer))
+            if self.beat is None or self.beat.done():
+                self.beat = loop.create_task(self._beat(layer))
             for group in groups:
                 if group not in self.subscribed:
                     await layer.group_add(group, self.channel)
                     self.subscribed.add(group)
+            if member not in self.boxes:
+                self.boxes[member] = Mailbox(self, member)
+            for group in groups:
                 self.members[group].add(member)
 
     def leave(self, member: Member) -> None:
         for group in self.members.values():
             group.discard(member)
+        box = self.boxes.pop(member, None)
+        if box is not None and box.task is not asyncio.current_task():
+            box.task.cancel()
+
+    def drop(self, member: Member) -> None:
+        """Take a member out that fell behind, and tell it to reconnect (bounded)."""
+        self.leave(member)
+        task = asyncio.get_running_loop().create_task(self._tell(member.behind))
+        self.telling.add(task)
+        task.add_done_callback(self.telling.discard)
+
+    @staticmethod
+    async def _tell(how: Any) -> None:
+        try:
+            await asyncio.wait_for(how(), TELL_TIMEOUT_S)
+        except Exception:
+            log.info("a live console could not be told to reconnect", exc_info=True)
+
+    def deliver(self, event: dict[str, Any]) -> None:
+        """Put an event in the queue of each member it is for; never waits on one."""
+        if event.get("type") == BEAT:
+            members = list(self.boxes)
+        else:
+            group = events.GROUP_OF_TYPE.get(event.get("type", ""))
+            members = list(self.members.get(group, ())) if group else []
+        for member in members:
+            box = self.boxes.get(member)
+            if box is not None and not box.offer(event):
+                log.warning(
+                    "a live console is %d events behind: dropped, it reconnects", QUEUE_SIZE
+                )
+                self.drop(member)
 
     async def _run(self, layer: Any) -> None:
         channel = self.channel
         while True:
             try:
+                # The layer's own receive: it returns each message as it comes, or raises
+                # when Redis goes (the watch closes the consoles meanwhile).
                 event = await layer.receive(channel)
             except asyncio.CancelledError:
                 raise
@@ -86,14 +193,25 @@ class Hub:
                 await self._away()
                 await asyncio.sleep(1)
                 continue
-            group = events.GROUP_OF_TYPE.get(event.get("type", ""))
-            members = list(self.members.get(group, ())) if group else []
-            results = await asyncio.gather(
-                *(m.handle_event(event) for m in members), return_exceptions=True
-            )
-            for r in results:
-                if isinstance(r, Exception):
-                    log.warning("a live console failed to take an event", exc_info=r)
+            self.deliver(event)
+
+    async def _beat(self, layer: Any) -> None:
+        """Send the heartbeat through the layer every BEAT_S while anyone listens."""
+        failing = False
+        while True:
+            await asyncio.sleep(BEAT_S)
+            if not self.boxes or self.channel is None:
+                continue
+            try:
+                await asyncio.wait_for(layer.send(self.channel, {"type": BEAT}), BEAT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the pages say "stale"; the watch says why
+                if not failing:
+                    log.info("the live hub's heartbeat was not sent (%r)", exc)
+                failing = True
+            else:
+                failing = False
 
     async def _watch(self, layer: Any) -> None:
         """Ping Redis every second; tell the consoles when it is away, subscribe again when back."""
@@ -115,28 +233,34 @@ class Hub:
                 if self.away:
                     await self._back(layer)
         finally:
-            await client.aclose()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.aclose(), PING_TIMEOUT_S)
 
     async def _away(self) -> None:
         """Close every console (1013): events are being dropped; they reconnect later."""
         self.away = True
-        async with self.lock:
-            members = {m for group in self.members.values() for m in group}
-            self.members.clear()
+        try:  # a join under way ends first (it is bounded: the consumer's JOIN_TIMEOUT_S)
+            async with asyncio.timeout(TELL_TIMEOUT_S * 2), self.lock:
+                members = self._take_all()
+        except TimeoutError:
+            members = self._take_all()
+        await asyncio.gather(*(self._tell(m.layer_lost) for m in members))
+
+    def _take_all(self) -> set[Member]:
+        members = set(self.boxes) | {m for group in self.members.values() for m in group}
         for member in members:
-            try:
-                await member.layer_lost()
-            except Exception:
-                log.warning("a live console could not be told to reconnect", exc_info=True)
+            self.leave(member)
+        self.members.clear()
+        return members
 
     async def _back(self, layer: Any) -> None:
         """Redis answers again: subscribe again (a Redis that restarted forgot the groups)."""
         try:
-            async with self.lock:
+            async with asyncio.timeout(PING_TIMEOUT_S * 2), self.lock:
                 for group in self.subscribed:
                     await layer.group_add(group, self.channel)
         except Exception as exc:
-            log.warning("the live hub could not subscribe again yet (%s)", exc)
+            log.warning("the live hub could not subscribe again yet (%r)", exc)
             return
         self.away = False
         log.warning("the live hub's Redis is back: consoles reconnect and resynchronise")

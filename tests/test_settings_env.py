@@ -88,6 +88,8 @@ def test_env_example_lists_every_variable_the_code_reads() -> None:
         "TEST_REDIS_URL",
         "TEST_RUN_LIMIT",
         "TEST_WORKERS",
+        "CACHE",  # run.py test: where llama-server is built (docs/configuration.md)
+        "LLAMA_SERVER_BUILD",  # run.py test: the build's status file, for the tests
     }
     example = {
         line.split("=", 1)[0].removeprefix("LLMGW_")

@@ -114,13 +114,44 @@
     return Math.random() * Math.min(RECONNECT_CAP_MS, 500 * Math.pow(2, Math.min(retries, 4)));
   };
 
-  function status(text, cls) {
+  var shown = ""; // what the badge says: "on" (live), "stale", "off"
+  function status(text, cls, why) {
+    shown = cls;
     document.querySelectorAll("[data-live-status]").forEach(function (el) {
+      if (!el.hasAttribute("data-title")) {
+        el.setAttribute("data-title", el.getAttribute("title") || "");
+      }
       el.textContent = text;
       el.className = "badge live-status " + cls;
+      el.setAttribute("title", why || el.getAttribute("data-title"));
     });
   }
-  document.addEventListener("htmx:wsOpen", function () { status("live", "on"); });
+  // The hub's heartbeat (llmgw_admin.hub, every 2 s) and every push count as heard; a
+  // page whose socket is open but has heard nothing for STALE_MS is not being kept
+  // current (a frozen web process, a stopped hub) and says "stale", never "live",
+  // until a message comes again.
+  var BEAT = "<!-- llmgw:beat -->";
+  var STALE_MS = 5000;
+  var heard = 0;
+  document.addEventListener("htmx:wsOpen", function () {
+    heard = Date.now();
+    status("live", "on");
+  });
+  document.addEventListener("htmx:wsBeforeMessage", function (event) {
+    heard = Date.now();
+    if (shown === "stale") {
+      status("live", "on");
+    }
+    if (event.detail && event.detail.message === BEAT) {
+      event.preventDefault(); // nothing to swap
+    }
+  });
+  setInterval(function () {
+    if (shown === "on" && Date.now() - heard > STALE_MS) {
+      status("stale", "stale", "nothing heard from the server for over " + STALE_MS / 1000 +
+        " s: what the page shows may be out of date");
+    }
+  }, 1000);
   document.addEventListener("htmx:wsClose", function (e) {
     // 1008: refused for good (too many consoles of this user open); it is not retried.
     var closed = e.detail && e.detail.event;

@@ -89,6 +89,28 @@ def test_a_file_outside_the_folder_a_link_out_of_it_and_no_folder_are_refused(
     assert provider.requests == 0
 
 
+def test_a_link_in_the_folder_to_a_key_outside_it_is_refused_and_one_inside_it_is_sent(
+    h: Harness, secrets: Path, tmp_path: Path
+) -> None:
+    """The link's real path is what counts: a link to a well-formed one-line key outside the
+    folder passes every other check, so only the folder check refuses it."""
+    outside = tmp_path / "elsewhere"
+    outside.write_text("sk-outside-the-folder\n")
+    (secrets / "link").symlink_to(outside)
+    provider = serve_cloud(h, "link")
+    refused(h)
+    assert provider.requests == 0 and provider.auth == []
+    # A link to a key inside the folder is followed.
+    (secrets / "real").write_text("sk-inside\n")
+    (secrets / "inner").symlink_to(secrets / "real")
+    h.models = [model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+                                                      api_key_file="inner"))]  # fmt: skip
+    h.refresh()
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+    client.chat.completions.create(model="cloud", messages=[{"role": "user", "content": "x"}])
+    assert provider.auth == ["Bearer sk-inside"]
+
+
 @pytest.mark.parametrize(
     "content",
     [SHADOW, "sk-one\nX-Injected: yes\n", "sk-one\r\nsk-two", "sk one", "sk-\x00one", "",

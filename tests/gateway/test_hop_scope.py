@@ -43,9 +43,11 @@ def external(name: str, provider: Any) -> spec.Model:
 
 
 def test_a_key_without_external_models_never_reaches_a_provider_through_a_fallback(
-    h: Harness,
+    h: Harness, settings: Any
 ) -> None:
     provider = h.engine("provider")
+    # A plain http:// provider only where the operator lists it: the local stand-in here.
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = [provider.url.removeprefix("http://")]
     h.unplaced = {"m": "no node has the cards"}
     # The default key: every cluster model, no external one.
     h.serve([model("m", fallbacks=["cloud"]), external("cloud", provider)], [])

@@ -106,7 +106,7 @@ def health() -> JudgeHealth | None:
 
 
 def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_skipped(
-    setup: Setup,
+    setup: Setup, settings: Any
 ) -> None:
     s = setup
     s.policy("open")
@@ -117,7 +117,11 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     # Answered once the judge's timeout ran out (the client's own timeout is far longer
     # than the judge's and far shorter than before), and the judge is recorded as timed out.
     for i in range(FAILURES):
+        started = time.monotonic()
         assert s.ask().choices[0].message.content == "fine words"
+        took = time.monotonic() - started
+        # Delayed by the judge's timeout (1 s), not more: 1.5 s more for a loaded machine.
+        assert took < settings.LLMGW_GUARD_JUDGE_TIMEOUT + 1.5, took
         assert guard_services.BREAKERS.state("judge").failures == i + 1
     h = wait_until(lambda: (h := health()) and h.failures >= FAILURES and h, what="failures")
     assert h.last_error_kind == "timeout", h.last_error

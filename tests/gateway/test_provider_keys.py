@@ -41,11 +41,17 @@ def secrets(tmp_path: Path, settings: Any) -> Path:
     folder = tmp_path / "secrets"
     folder.mkdir()
     settings.LLMGW_SECRETS_DIR = str(folder)
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = []  # serve_cloud lists the provider's stand-in
     return folder
 
 
 def serve_cloud(h: Harness, key_file: str) -> Any:
+    from django.conf import settings
+
     provider = h.engine("provider")
+    # A plain http:// provider only where the operator lists it: here, the local stand-in,
+    # so that nothing but the key file stands in the way.
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS.append(provider.url.removeprefix("http://"))
     cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
                                                   api_key_file=key_file))  # fmt: skip
     h.serve([cloud], [])

@@ -14,6 +14,8 @@ from tests.catalog.samples import cpu_model, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+L4 = "nvidia-l4-24gb"
+
 
 def test_args_pasted_as_a_command_line_or_one_a_line_are_split_as_a_shell_does(
     signed_in: Any, operator: Any, live_server: Any
@@ -68,3 +70,27 @@ def test_args_field_splits_and_quotes_back() -> None:
     assert field.clean(field.prepare_value(["--alias", "a b", "--x=it's"])) == [
         "--alias", "a b", "--x=it's",
     ]  # fmt: skip
+
+
+def test_a_new_models_tp_past_its_class_nodes_cards_warns_as_it_is_typed(
+    signed_in: Any, operator: Any, live_server: Any
+) -> None:
+    from cluster.choices import NodeHealth
+    from cluster.models import Card, Node
+
+    for name in ("w1", "w2"):
+        n = Node.objects.create(name=name, health=NodeHealth.READY)
+        Card.objects.bulk_create(Card(node=n, index=i, gpu_class=L4) for i in range(2))
+    page = signed_in(operator)
+    page.goto(f"{live_server.url}/catalog/new/")
+    page.fill("#id_name", "wide")
+    page.fill("#id_source", "org/wide")
+    page.fill("#id_profiles-0-name", "l4")
+    page.select_option("#id_profiles-0-engine", "vllm")
+    page.locator("#id_profiles-0-gpu_class").click()
+    page.keyboard.type(L4)
+    page.locator("#id_profiles-0-tp").click()
+    page.keyboard.type("4")  # typed, not left
+    page.locator("#profiles-0-gpu_class-note").get_by_text(
+        f"no node has 4 free {L4}; the best has 2: replicas will be unplaced"
+    ).wait_for()

@@ -150,10 +150,8 @@ def _keep_value(form: forms.BaseForm, name: str) -> None:
 
 
 ROLE_CHOICES = [("", "serve (answers requests)"), (rules.ROLE_GUARD, "guard (a judge)")]
-CLASS_CHOICES = [("", "unset: standard (opportunistic when on demand)")] + [
-    (c, c) for c in rules.CLASSES
-]
-ENGINE_CHOICES = [("", "choose an engine")] + [(e, e) for e in ENGINES]
+CLASS_CHOICES = [("", "unset")] + [(c, c) for c in rules.CLASSES]
+ENGINE_CHOICES = [("", "choose…")] + [(e, e) for e in ENGINES]
 
 
 # Column prefixes that stand for a block of the file: scaling_min is scaling.min.

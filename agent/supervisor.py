@@ -17,6 +17,10 @@ is handed to the ``report`` callback as a report of docs/agent-protocol.md.
    after five restarts in ten minutes the reason says it is a crash loop.
 4. A replica no longer desired, or desired at a higher generation, is stopped: SIGTERM to
    its process group, a grace period, then SIGKILL.
+5. A ready engine is watched: its health read every 2 s with a 2 s timeout
+   (``agent.watch``); one that answers nothing three times in a row (stopped, wedged) is
+   ``failed``, "not answering", out of routing while its process runs on, and ``ready``
+   again at its first answer.
 
 Engines run in sessions of their own, so they outlive the agent: the supervisor records
 each one it starts in the state folder (agent.state), and a new supervisor adopts those
@@ -37,12 +41,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from agent import enginelog, preparing, processes, state, weights
+from agent import enginelog, preparing, processes, state, watch, weights
 from agent.engines import CommandError, command_for, extra_port_offsets
 from agent.replica import Replica, utc_now
 
@@ -72,6 +77,12 @@ def backoff_s(recent_crashes: int, cap: float = BACKOFF_CAP_S) -> float:
 
 class Supervisor:
     """Converge this node's engines to its desired replicas and report every change."""
+
+    # A ready engine's watch (agent.watch): how often its health is read, how long a read
+    # waits, how many reads in a row without a 200 report it hung.
+    watch_every_s = watch.EVERY_S
+    watch_timeout_s = watch.TIMEOUT_S
+    watch_hung_after = watch.HUNG_AFTER
 
     def __init__(
         self,
@@ -118,6 +129,8 @@ class Supervisor:
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=HEALTH_TIMEOUT_S)
+        self._watches: dict[int, watch.Watch] = {}
+        self._watch_pool: ThreadPoolExecutor | None = None
         self._adopt()
 
     # -- the public face ---------------------------------------------------------------
@@ -146,7 +159,7 @@ class Supervisor:
                     r.next = spec
                     self._begin_stop(
                         r,
-                        f"generation {r.generation} → {generation}: restarting at the operator's request",
+                        f"generation {r.generation} → {generation}: restarting (an operator's restart, or placed here again after an eviction)",
                     )
                 elif generation == r.generation:
                     r.desired = spec
@@ -181,6 +194,7 @@ class Supervisor:
             for r, pid, answer in results:
                 if self._replicas.get(r.id) is r and r.pid == pid and r.phase == "run":
                     self._on_health(r, answer)
+        self._watch_ready()
 
     def start(self) -> None:
         """Tick in a thread of the supervisor's own until ``close``."""
@@ -199,6 +213,8 @@ class Supervisor:
         """Stop ticking, leaving the engines running (a new supervisor adopts them)."""
         self.stop_ticking()
         self._http.close()
+        if self._watch_pool is not None:
+            self._watch_pool.shutdown(wait=False, cancel_futures=True)
 
     def stop_all(self, timeout_s: float | None = None) -> None:
         """Stop every engine and wait until they are gone (or the timeout passes)."""
@@ -478,6 +494,57 @@ class Supervisor:
             self._create(r.next, f"generation {r.next.get('generation')} replaces {r.generation}")
         else:
             self._set(r, "stopped", r.reason or "stopped")
+
+    # -- a ready engine's watch (agent.watch) --------------------------------------------
+
+    def _watch_ready(self) -> None:
+        """Read each ready engine's health every ``watch_every_s``, in threads of the
+        watch's own (a hung engine holds a read for ``watch_timeout_s``, never the tick):
+        one that stops answering is reported failed (out of routing) while its process
+        runs on, and ready again once it answers."""
+        now = time.monotonic()
+        with self._lock:
+            for rid, w in list(self._watches.items()):
+                r = self._replicas.get(rid)
+                if r is None or r.phase != "run" or r.pid != w.pid or not (
+                    r.state == "ready" or w.hung and r.state == "failed"
+                ):  # fmt: skip
+                    del self._watches[rid]  # stopped, exited, restarted: watched afresh
+            for r in self._replicas.values():
+                if r.phase != "run" or r.pid is None or not r.port or r.health_path is None:
+                    continue
+                w = self._watches.get(r.id)
+                if w is None:
+                    if r.state != "ready":
+                        continue
+                    w = self._watches[r.id] = watch.Watch(r.pid, now + self.watch_every_s)
+                if w.reading is not None:
+                    if not w.reading.done():
+                        continue
+                    failed = w.reading.cancelled() or w.reading.exception() is not None
+                    answer = None if failed else w.reading.result()
+                    w.reading = None
+                    change = watch.answered(w, answer, timeout_s=self.watch_timeout_s,
+                                            after=self.watch_hung_after)  # fmt: skip
+                    if change is not None:
+                        self._set(r, *change)
+                if now >= w.due:
+                    w.due = now + self.watch_every_s
+                    w.sent = time.time()
+                    w.reading = self._watch_threads().submit(
+                        self._read_health, r.port, r.health_path, r.started_key
+                    )
+
+    def _watch_threads(self) -> ThreadPoolExecutor:
+        if self._watch_pool is None:
+            self._watch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="watch")
+        return self._watch_pool
+
+    def _read_health(self, port: int, path: str, key: str) -> int | None:
+        """One read of an engine's health, bounded by ``watch_timeout_s`` (a client of its
+        own: the reads run in several threads)."""
+        with httpx.Client(timeout=self.watch_timeout_s) as http:
+            return processes.health(http, self.host, port, path, key)
 
     # -- reports and the record --------------------------------------------------------
 

@@ -10,7 +10,9 @@ both targets and cancels out. Phases, each printing its figures:
 
 1. latency at 100 req/s, open loop, requests to the engine directly and through the
    gateway interleaved one for one: p50 and p99 of each and the difference;
-2. the most requests a second each carries, closed loop with 64 connections;
+2. the most requests a second each carries, closed loop with 64 connections; then the
+   same request as Anthropic's Messages and OpenAI's Responses (translated to chat
+   completions): latency at 100 req/s against the engine directly, and the most a second;
 3. a stream of 2,000 events, directly and through the gateway: the time per event added;
 4. memory: the gateway's RSS before and after ``--requests`` requests;
 5. the guard on requests: a sim judge (no artificial latency) judging every request, at
@@ -53,6 +55,14 @@ import httpx  # noqa: E402
 from bench import webproc  # noqa: E402
 
 BODY = {"model": "bench", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+# The same request in the other dialects, translated to the engine's chat completions
+# (not stored: the store's write is off the request path, and not what is measured).
+DIALECTS = {
+    "messages": ("/v1/messages", {"model": "bench", "max_tokens": 10,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"model": "bench", "max_output_tokens": 10, "input": "hi",
+                                    "store": False}),
+}  # fmt: skip
 
 
 class _Answer:
@@ -96,12 +106,14 @@ class Conn(asyncio.Protocol):
 
 
 class Target:
-    def __init__(self, port: int, key: str | None, body: dict) -> None:
+    def __init__(
+        self, port: int, key: str | None, body: dict, path: str = "/v1/chat/completions"
+    ) -> None:
         self.port = port
         payload = json.dumps(body).encode()
         auth = f"Authorization: Bearer {key}\r\n" if key else ""
         self.message = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode() + payload
         self.idle: list[Conn] = []
@@ -246,6 +258,21 @@ async def measure(args: argparse.Namespace) -> None:
             f"gateway {max_gateway:.0f} req/s (gateway CPU {cpu_per_request:.0f} us a request)"
         )
 
+        # The dialects: the same request as Anthropic's Messages and OpenAI's Responses.
+        dialect_figures = []
+        for dialect, (path, body) in DIALECTS.items():
+            spoken = Target(port, secret, body, path)
+            for _ in range(200):  # warm-up
+                await spoken.call()
+            dd, dg = await open_loop(direct, spoken, 100, n)
+            most = await closed_loop(Target(port, secret, body, path), 64, args.seconds)
+            added = pct(dg, 50) - pct(dd, 50)
+            dialect_figures.append(f"{dialect}: overhead p50 {added:.3f} ms "
+                                   f"(chat's {over50:.3f} ms), max {most:.0f} req/s "
+                                   f"(chat's {max_gateway:.0f})")  # fmt: skip
+            print(f"{dialect} at 100 req/s: gateway p50 {pct(dg, 50):.3f} ms p99 "
+                  f"{pct(dg, 99):.3f} ms; closed loop {most:.0f} req/s")  # fmt: skip
+
         events = 2000
         sbody = {**BODY, "stream": True, "max_tokens": events}
         sd, sg = Target(engine_port, None, sbody), Target(port, secret, sbody)
@@ -314,6 +341,8 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"gateway max req/s: {max_gateway:.0f} (direct {max_direct:.0f})")
         print(f"stream overhead per event: {per_event:.1f} us")
         print(f"guard on requests adds p50: {guard_adds:.3f} ms")
+        for line in dialect_figures:
+            print(line)
         if litellm_max:
             print(f"litellm max req/s: {litellm_max:.0f}; gateway/litellm: "
                   f"{max_gateway / litellm_max:.1f}x")  # fmt: skip

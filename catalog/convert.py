@@ -72,6 +72,7 @@ def spec_from_instance(
             spec.Adapter(name=a.name, source=a.source, scale=a.scale) for a in rows("adapters")
         ],
         max_loaded_adapters=i.max_loaded_adapters,
+        trust_remote_code=i.trust_remote_code,
         fallbacks=list(i.fallbacks or []),
         canary=_canary(i),
         eval=_eval_gate(i),
@@ -207,6 +208,7 @@ def instance_values(m: spec.Model) -> dict[str, Any]:
         "external_api_key_file": ext.api_key_file,
         "external_peer": ext.peer,
         "max_loaded_adapters": m.max_loaded_adapters,
+        "trust_remote_code": m.trust_remote_code,
         "fallbacks": list(m.fallbacks),
         "canary_model": can.model,
         "canary_percent": can.percent,

@@ -220,7 +220,8 @@ class ServedModelForm(BlankNumbersAreZero):
         fields = (
             "name", "description", "source",
             "scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm",
-            "capacity_class", "owner", "role", "guard_format", "guard_categories",
+            "capacity_class", "owner", "role", "trust_remote_code", "guard_format",
+            "guard_categories",
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",

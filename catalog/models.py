@@ -38,6 +38,15 @@ class ServedModel(models.Model):
     external_api_key_file = models.CharField("external.api_key_file", max_length=1000, blank=True)
     external_peer = models.CharField("external.peer", max_length=200, blank=True)
     max_loaded_adapters = models.IntegerField(default=0)
+    trust_remote_code = models.BooleanField(
+        _("trust_remote_code"),
+        default=False,
+        help_text=_(
+            "Run the Python files that come with the model (vLLM, SGLang and TensorRT-LLM's "
+            "--trust-remote-code). Set it only for a model whose code you have read: a "
+            "change to those files counts as an update."
+        ),
+    )
     fallbacks = models.JSONField(default=list, blank=True)
     canary_model = models.CharField("canary.model", max_length=200, blank=True)
     canary_percent = models.IntegerField("canary.percent", default=0)

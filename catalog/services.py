@@ -478,7 +478,9 @@ def save_model(
     instance.checked_as_bundle = True
     action = ChangeAction.CREATE if before is None else ChangeAction.UPDATE
     _log(normalized.name, action, actor, before, normalized, note=note)
-    instance.change_warnings = signals.warnings_for(before, normalized)  # type: ignore[attr-defined]
+    instance.change_warnings = signals.warnings_for(before, normalized) + [  # type: ignore[attr-defined]
+        p.message for p in rules.catalog_warnings([normalized])
+    ]
     return instance
 
 

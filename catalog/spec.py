@@ -176,6 +176,7 @@ class Model:
     external: External | None = None
     adapters: list[Adapter] = field(default_factory=list)
     max_loaded_adapters: int = 0
+    trust_remote_code: bool = False
     fallbacks: list[str] = field(default_factory=list)
     canary: Canary | None = None
     eval: EvalGate | None = None

@@ -44,7 +44,7 @@ from catalog.durations import format_duration
 NS = 1e9
 
 FIRST_TOKEN_FACTOR = 10
-FIRST_TOKEN_FLOOR = 30.0
+FIRST_TOKEN_FLOOR = 10.0
 BETWEEN_FACTOR = 10
 BETWEEN_FLOOR = 15.0
 WAKE_MARGIN = 30.0

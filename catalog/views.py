@@ -50,7 +50,11 @@ from llmgw_core.roles import OPERATOR, VIEWER, role_required
 # shown under them. Every field of ServedModelForm is in exactly one section
 # (tests/catalog/test_views.py checks it).
 SECTIONS: list[tuple[str, list[str], str | None]] = [
-    ("Model", ["name", "source", "description", "role", "capacity_class", "owner"], None),
+    (
+        "Model",
+        ["name", "source", "trust_remote_code", "description", "role", "capacity_class", "owner"],
+        None,
+    ),
     ("Aliases", [], "aliases"),
     ("Profiles", [], "profiles"),
     (

@@ -126,7 +126,14 @@ def tick(now: datetime | None = None) -> TickResult:
 
 
 def _release(assignments: list[Assignment], reason: str) -> None:
-    """Take replicas off their nodes: desired ones wait to be placed again."""
+    """Take replicas off their nodes: desired ones wait to be placed again.
+
+    Each is placed again at a higher generation: its engine may still run where it was
+    (an agent that has not read its list since, a lost node's), and were it placed again
+    on that node under the generation that engine runs, the agent would keep it as it is
+    and say nothing, leaving the replica pending for good. At a new generation the agent
+    stops that engine and starts it again, reporting each step.
+    """
     replica_ids = {a.replica_id for a in assignments}
     Assignment.objects.filter(pk__in=[a.pk for a in assignments]).delete()
     for r in Replica.objects.filter(pk__in=replica_ids):
@@ -138,6 +145,7 @@ def _release(assignments: list[Assignment], reason: str) -> None:
         r.unplaced = False  # to be placed again
         r.port = None
         r.endpoint = ""
+        r.generation += 1
         r.save()
 
 

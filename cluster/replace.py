@@ -272,8 +272,9 @@ def _darkened(here: list[Replica], snap: Any, plan: _DrainPlan) -> dict[str, str
     by_pk = {r.pk: r for r in here}
     for key, h in held.items():
         old = by_pk[int(key)]
+        darkening = {e.running_id for e in h.spared}
         for e in h.evictions:
-            if e.model in h.nowhere:
+            if e.running_id in darkening and e.model in h.nowhere:
                 dark.setdefault(
                     e.model,
                     f"its last ready replica #{e.running_id} holds the only room for the "

@@ -1,10 +1,14 @@
-"""Celery tasks of the cluster (production: run by the worker, scheduled by beat)."""
+"""Celery tasks of the cluster (production: run by the worker, scheduled by beat), and the
+worker's own reconcile timer (``cluster.workertimer``), which ticks without the broker."""
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
 
-from cluster import reconciler
+from celery import shared_task, signals
+from django.conf import settings
+
+from cluster import reconciler, workertimer
 
 
 @shared_task(ignore_result=True)
@@ -22,3 +26,20 @@ def bench_profile(
     from cluster import benchrun
 
     benchrun.in_background(model, profile, user_id, surface, via)
+
+
+@signals.worker_process_init.connect
+def _timer_in_pool_process(**kwargs: Any) -> None:
+    """Start the reconcile timer where tasks run: each child of the prefork pool (after its
+    fork, with connections of its own), the worker itself for the solo pool."""
+    workertimer.start(float(settings.LLMGW_RECONCILE_INTERVAL))
+
+
+@signals.worker_ready.connect
+def _timer_in_worker(sender: Any = None, **kwargs: Any) -> None:
+    """Start it in the worker itself for a pool that sends no ``worker_process_init``
+    (threads); a prefork worker's own process forks the pool's children, and runs none."""
+    pool = getattr(sender, "pool", None)
+    if pool is not None and "prefork" in type(pool).__module__:
+        return
+    workertimer.start(float(settings.LLMGW_RECONCILE_INTERVAL))

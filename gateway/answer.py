@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import body as bodies
 from gateway import errors, sse
+from gateway.dialect import usage_counted
 from gateway.guarding import GuardRefused, filtered_end, held_text
 from gateway.holdback import Holdback
 from llmgw_core.upstream import BROKEN, TIMEOUT, Response, UpstreamError
@@ -64,6 +65,11 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
     if status == 200 and cycle.answers and req.kind != bodies.EMBEDDING:
         await gateway.judging.whole(req, raw)
     usage_from(raw, cycle)
+    if cycle.dialect is not None:
+        # The chat answer (judged as chat's is) as the dialect's object or error.
+        raw = (cycle.dialect.whole(raw) if status == 200
+               else cycle.dialect.engine_error(status, raw))  # fmt: skip
+        content_type = b"application/json"
     await cycle.start(status, [(b"content-type", content_type)])
     await cycle.body(raw, more=False)
 
@@ -117,6 +123,14 @@ class Stream:
             return True
         except GuardRefused as refused:
             self._drop()
+            dialect = self.cycle.dialect
+            if dialect is not None:
+                # A dialect's stream always ends in its own way, even when nothing was
+                # released yet: its client reads a refused answer, not an error.
+                if not self.cycle.started:
+                    await self.cycle.start(200, SSE_HEADERS)
+                await self.cycle.body(dialect.refuse(self._counted()), more=False, text=False)
+                raise
             if not self.cycle.started:
                 raise
             await self.cycle.body(filtered_end(refused), more=False)
@@ -180,7 +194,18 @@ class Stream:
                 await self.cycle.start(200, SSE_HEADERS)
             # The client's TTFT: the first token released to it (held, only once judged).
             text = self.seen if self.hold is None else self.hold.released_text
-            await self.cycle.body(b"".join(out), text=text)
+            await self.cycle.body(self._written(out), text=text)
+
+    def _written(self, events: list[bytes]) -> bytes:
+        """Chat events as the client reads them: as they are, or in its dialect."""
+        if self.cycle.dialect is None:
+            return b"".join(events)
+        return self.cycle.dialect.events(events) if events else b""
+
+    def _counted(self) -> Any:
+        """The usage the gateway counted so far (a dialect's ending says it)."""
+        cycle = self.cycle
+        return usage_counted(cycle.tokens_in, cycle.tokens_out, cycle.tokens_cached)
 
     async def _finish(self) -> None:
         rest = self.early
@@ -190,7 +215,10 @@ class Stream:
             rest += self.hold.releasable()
         if not self.cycle.started:
             await self.cycle.start(200, SSE_HEADERS)
-        await self.cycle.body(b"".join(rest) + DONE, more=False, text=bool(rest))
+        dialect = self.cycle.dialect
+        written = self._written(rest)  # before the ending: a dialect's ends its events
+        end = DONE if dialect is None else dialect.finish(self._counted())
+        await self.cycle.body(written + end, more=False, text=bool(rest))
 
     def _drop(self) -> None:
         self.resp.release()  # the engine stops
@@ -208,8 +236,11 @@ class Stream:
         if not cycle.started:
             raise Retry(told) from None
         self.gateway.routing.replica_failed(cycle.model, cycle.replica, told)
-        failure = errors.stream_failed(told).payload()
-        await cycle.body(sse.encode_json(failure) + DONE, more=False)
+        failure = errors.stream_failed(told)
+        if cycle.dialect is not None:
+            await cycle.body(cycle.dialect.fail(failure.message), more=False)
+            return False
+        await cycle.body(sse.encode_json(failure.payload()) + DONE, more=False)
         return False
 
 
@@ -225,13 +256,17 @@ def told_of(error: UpstreamError) -> str:
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*(\d+)')
 
 
 def usage_from(raw: bytes, cycle: Cycle) -> None:
-    """Tokens in and out from an answer's (or a chunk's) usage, without parsing it all."""
+    """Tokens in, cached and out from an answer's (or a chunk's) usage, without parsing
+    it all (cached: ``prompt_tokens_details.cached_tokens``, never more than the prompt)."""
     found = _PROMPT_TOKENS.search(raw)
     if found:
         cycle.tokens_in = int(found.group(1))
+        cached = _CACHED_TOKENS.search(raw)
+        cycle.tokens_cached = min(int(cached.group(1)), cycle.tokens_in) if cached else 0
     found = _COMPLETION_TOKENS.search(raw)
     if found:
         cycle.tokens_out = int(found.group(1))

@@ -44,7 +44,10 @@ Where each part lives: this module answers a request (its key, its ``/v1/models`
 ordered steps of a completion: ``Gateway.complete``); ``gateway.cycle`` holds one
 request's life (``Cycle``); ``gateway.routing`` picks replicas and makes each attempt
 (6, 8); ``gateway.guarding`` holds the guard's part (7, and the windows of 9);
-``gateway.answer`` passes a whole or streamed answer on (9). The layers in front of the
+``gateway.answer`` passes a whole or streamed answer on (9); ``gateway.dialect`` is the API
+a request speaks when it is not chat's (Anthropic's Messages, OpenAI's Responses: its body
+made the chat body it means, its answer, stream and errors made the API's own),
+``gateway.speaking`` their routes, ``gateway.stored`` the stored responses. The layers in front of the
 gateway (``/healthz``, the Host check, the console's chat, ``/metrics``) are one ordered
 list in ``gateway.assembly``.
 """
@@ -52,6 +55,7 @@ list in ``gateway.assembly``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -59,8 +63,9 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import admission, errors, listing, sizing, sse
+from gateway import admission, errors, listing, sizing, speaking, sse
 from gateway import body as bodies
+from gateway import dialect as dialects
 from gateway.adapters import Placer
 from gateway.admission import Admission
 from gateway.cycle import CLIENT_GONE, Cycle, Receive, Scope, Send, bearer, read_body, send_error
@@ -205,9 +210,14 @@ class Gateway:
         """A ``/v1/`` request by its path and method."""
         method = scope.get("method", "GET")
         table = self.state.table
+        # Set first: from the key on, every error is in the dialect's shape.
+        cycle.dialect = dialects.for_path(path, cycle.request_id)
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            await listing.answer(cycle, method, path, table, key)
+            await listing.answer(cycle, method, path, table, key, self.options.now())
+            return
+        if cycle.dialect is not None:
+            await speaking.route(self, cycle, scope, receive, path, method)
             return
         kind = bodies.KINDS.get(path)
         if kind is None:
@@ -230,6 +240,8 @@ class Gateway:
         try:
             if not cycle.started:
                 await cycle.error(error)
+            elif cycle.stream and cycle.dialect is not None:
+                await cycle.body(cycle.dialect.fail(error.message), more=False, text=False)
             elif cycle.stream:
                 # A stream ends as an engine's failure ends it: an error event, [DONE].
                 await cycle.body(sse.encode_json(error.payload()) + b"data: [DONE]\n\n",
@@ -249,7 +261,8 @@ class Gateway:
             ttft=None if first is None else first - cycle.start_at,
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
-            pinned=key is not None and key.replica is not None,
+            pinned=key is not None and key.replica is not None, dialect=cycle.dialect_name,
+            tokens_cached=cycle.tokens_cached,
         )  # fmt: skip
         self.observer.request(ended)
         if key is None or key.replica is None:  # a pinned key's overload is deliberate
@@ -310,6 +323,10 @@ class Gateway:
         """The body read OpenAI's way, and the model, alias or adapter it names."""
         try:
             cycle.data = bodies.parse(raw)
+            if cycle.dialect is not None:
+                # The dialect's body as the chat body it means: read as chat's is.
+                cycle.data = cycle.dialect.chat_body(cycle.data)
+                raw = json.dumps(cycle.data, ensure_ascii=False).encode()
             req = cycle.req = bodies.read(kind, cycle.data)
         except bodies.BodyError as error:
             raise errors.bad_request(error.message, error.param, error.code) from None
@@ -336,6 +353,8 @@ class Gateway:
             name = (
                 "max_completion_tokens" if "max_completion_tokens" in cycle.data else "max_tokens"
             )
+            if cycle.dialect is not None:
+                name = cycle.dialect.max_tokens_param
             raise errors.max_tokens_exceeded(name, req.max_tokens, model.max_output)
 
     async def _admit(self, cycle: Cycle) -> None:

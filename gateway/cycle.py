@@ -25,6 +25,7 @@ from llmgw_core import lean
 
 if TYPE_CHECKING:
     from gateway import body as bodies
+    from gateway.dialect import Dialect
     from gateway.table import Entry, Key
 
 Scope = dict[str, Any]
@@ -44,9 +45,11 @@ class Cycle:
         "send", "started", "status", "outcome", "request_id",
         # What the observers are told (gateway.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
-        "tokens_out", "stream", "unreserved", "owner_reserved",
+        "tokens_out", "tokens_cached", "stream", "unreserved", "owner_reserved",
         # What the client sent, and what runs for it.
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
+        # The dialect the client speaks (gateway.dialect; None: chat's own routes).
+        "dialect",
     )  # fmt: skip
 
     def __init__(self, send: Send, start_at: float | None = None) -> None:
@@ -68,6 +71,9 @@ class Cycle:
         self.replica: int | None = None
         self.tokens_in = 0
         self.tokens_out = 0
+        # Of tokens_in, those the engine read from its prefix cache (its usage's
+        # prompt_tokens_details.cached_tokens; 0 when it says none).
+        self.tokens_cached = 0
         self.stream = False
         self.unreserved = False  # a token budget reserved nothing for the answer
         # The owner's tokens reserved for it: (minute, tokens), settled as it ends.
@@ -80,6 +86,11 @@ class Cycle:
         self.verdict: asyncio.Task[dict[str, Any]] | None = None  # the guard's, running
         self.answers = False  # whether the policy judges answers
         self.watcher: asyncio.Task[None] | None = None
+        self.dialect: Dialect | None = None
+
+    @property
+    def dialect_name(self) -> str:
+        return self.dialect.name if self.dialect is not None else "chat"
 
     # The response.
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -104,7 +115,8 @@ class Cycle:
         """Answer ``error`` unless the answer has begun (then it is too late to)."""
         if not self.started:
             self.status = error.status
-            await send_error(self.send, error, self.request_id)
+            body = self.dialect.error_body(error) if self.dialect is not None else None
+            await send_error(self.send, error, self.request_id, body)
 
     def engine_token(self) -> None:
         """The engine's first token reached the gateway (held or not)."""
@@ -125,8 +137,11 @@ class Cycle:
             self.watcher.cancel()
 
 
-async def send_error(send: Send, error: ApiError, request_id: str = "") -> None:
-    data = error.body()
+async def send_error(
+    send: Send, error: ApiError, request_id: str = "", body: bytes | None = None
+) -> None:
+    """Answer ``error`` (``body``: in a dialect's shape; else OpenAI's)."""
+    data = error.body() if body is None else body
     headers = [*JSON, (b"content-length", str(len(data)).encode())]
     if request_id:
         headers.append((b"x-request-id", request_id.encode()))
@@ -160,12 +175,16 @@ def content_length(scope: Scope) -> int | None:
 
 
 def bearer(scope: Scope) -> str | None:
-    """The secret of ``Authorization: Bearer …`` (None: no such header)."""
+    """The secret of ``Authorization: Bearer …``, else of ``x-api-key`` (as Anthropic's
+    clients send it); None: neither header."""
+    api_key = None
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             parts = value.decode("latin-1").split()
             return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
-    return None
+        if name == b"x-api-key":
+            api_key = value.decode("latin-1").strip() or None
+    return api_key
 
 
 async def watch_disconnect(receive: Receive, task: asyncio.Task[Any] | None) -> None:

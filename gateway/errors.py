@@ -119,6 +119,20 @@ def unplaceable(model: str, why: str) -> ApiError:
     )
 
 
+def switched_off(model: str, why: str) -> ApiError:
+    """A model an operator switched off: nothing will start it, so the answer comes at once,
+    with no ``Retry-After`` and ``x-should-retry: false`` (the ``openai`` client would
+    otherwise retry a 503 twice)."""
+    return ApiError(
+        503,
+        f"The model '{model}' is {why}: no replica runs and none will start until an "
+        "operator scales it up again. Retrying will not help; use another model.",
+        type="server_error",
+        code="model_switched_off",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def content_filter(direction: str, judge: str, categories: list[str]) -> ApiError:
     named = ", ".join(categories) if categories else "unsafe"
     what = "request" if direction == "request" else "answer"
@@ -438,3 +452,45 @@ def from_engine(status: int, raw: bytes, content_type: bytes | None = None) -> b
         kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
     error = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return json.dumps(error, ensure_ascii=False).encode()
+
+
+# The dialects' own (gateway.dialect, gateway.speaking, gateway.stored): each API's shape
+# is given them by the request's dialect as they are answered.
+
+
+def not_a_chat_answer() -> ApiError:
+    """An engine's 200 that is not a chat completion, for a dialect to translate."""
+    return ApiError(502, "The engine's answer is not a chat completion.", type="server_error",
+                    code="upstream_error")  # fmt: skip
+
+
+def count_tokens_unsupported(model: str, why: str) -> ApiError:
+    return ApiError(400, f"'{model}' {why}", param="model", code="count_tokens_unsupported")
+
+
+def count_failed(model: str, detail: str) -> ApiError:
+    return ApiError(502, f"No replica of '{model}' could count the tokens ({detail}).",
+                    type="server_error", code="upstream_error")  # fmt: skip
+
+
+def previous_response_not_found(response_id: str, days: int) -> ApiError:
+    return ApiError(
+        400,
+        f"Previous response with id '{response_id}' not found: it was not stored (store: "
+        "false), was deleted, belongs to another owner's key, or is older than "
+        f"{days} days.",
+        param="previous_response_id", code="previous_response_not_found",
+    )  # fmt: skip
+
+
+def response_not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response with id '{response_id}' is stored for this key's owner.",
+                    param="response_id", code="response_not_found")  # fmt: skip
+
+
+def store_unavailable(why: str) -> ApiError:
+    return unavailable(
+        f"The stored responses cannot be read now ({why}): try again shortly, or send the "
+        "whole conversation as input without previous_response_id.",
+        retry_after=2, code="store_unavailable",
+    )  # fmt: skip

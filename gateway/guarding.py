@@ -29,7 +29,7 @@ from gateway import body as bodies
 from gateway import errors, sse
 from gateway.errors import ApiError
 from gateway.observe import RefusalHeard
-from guard import breaker, services
+from guard import breaker, perrequest, services
 from guard.policy import ANSWERS, REQUESTS
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class Judging:
         judges requests; note whether it judges answers."""
         req = cycle.req
         assert req is not None
+        # One bound for the request's every check: a judge that fails on it is not asked
+        # again for it (guard.perrequest), in this request's context.
+        perrequest.begin()
         judging_requests, cycle.answers = self.owner.guard.directions()
         if judging_requests and req.token_ids:
             raise errors.token_ids_unjudgeable("prompt" if req.kind == bodies.COMPLETION
@@ -246,7 +249,7 @@ def held_text(payload: bytes) -> str:
 
 def answer_text(answer: Any) -> str:
     """Everything of a whole answer a client would read: content, reasoning, refusals,
-    tool calls' arguments, completions' text."""
+    tool calls' names and arguments, completions' text."""
     if not isinstance(answer, dict):
         return json.dumps(answer)
     texts = []
@@ -260,8 +263,12 @@ def answer_text(answer: Any) -> str:
                     texts.append(message[name])
             for call in message.get("tool_calls") or ():
                 function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                    texts.append(function["arguments"])
+                if isinstance(function, dict):
+                    texts.extend(
+                        function[key]
+                        for key in ("name", "arguments")
+                        if isinstance(function.get(key), str)
+                    )
         if isinstance(choice.get("text"), str):
             texts.append(choice["text"])
     return "\n".join(texts)

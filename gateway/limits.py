@@ -23,14 +23,19 @@ request's reservation, and the count is exact once settled. With Redis away: the
 local fallback as the keys' budgets (each process alone, then this minute's counts added
 back; docs/gateway.md).
 
-Redis away or hung never fails a request nor holds it: each call to Redis has
-``LLMGW_REDIS_TIMEOUT_MS`` (the whole call, connecting included). A call that fails or
-times out turns the process to counting in its own memory (a ``LocalLimits``) at once,
-for every request, until a probe off the request path (a ping every ``PROBE_S``) gets an
-answer; then the counts this process made in the current minute are added to Redis's and
-the budget is shared again. While away, each process grants a key its whole budget
-alone (N processes: up to N times it); back, the minute's counts from every process are
-in Redis, so the rest of the minute errs on the side of the limit. Counted in
+Redis away or hung never fails a request nor holds it past a bound: each call to Redis has
+``SLOW_FACTOR`` times ``LLMGW_REDIS_TIMEOUT_MS`` (the whole call, connecting included; 1 s
+by default). A slow answer is not an absent Redis: on a loaded machine an answer may take
+a few hundred milliseconds, and it is waited for, so the budget stays shared. A call that
+fails (a connection refused or cut) or has no answer within that bound turns the process
+to counting in its own memory (a ``LocalLimits``) at once, for every request, until a
+probe off the request path (a ping every ``PROBE_S``) gets an answer; then the counts this
+process made in the current minute are added to Redis's and the budget is shared again.
+The process's own count starts from the shared count it last saw for each budget this
+minute (every take's answer carries it), never from zero: one process alone never grants
+more than the budget. While away, each process counts from there alone (N processes: up
+to N times what was left); back, the minute's counts from every process are in Redis, so
+the rest of the minute errs on the side of the limit. Counted in
 ``llmgw_gateway_budget_local_total{kind}`` (requests and tokens counted here while away),
 logged when it starts, once a minute while it lasts, and when it ends (docs/gateway.md).
 """
@@ -47,14 +52,32 @@ WINDOW = 60
 # While Redis is away: how often it is asked again (off the path), how often it is said.
 PROBE_S = 1.0
 LOG_EVERY_S = 60.0
+# How long a budget's call to Redis may take before Redis counts as away, in Redis
+# timeouts (LLMGW_REDIS_TIMEOUT_MS): a loaded machine's slow answer is still an answer.
+SLOW_FACTOR = 4
+# Connections to Redis a process opens at most for its budgets (a call beyond waits for
+# one, within the same bound).
+MAX_CONNECTIONS = 512
 
 log = logging.getLogger(__name__)
+
+
+Slot = tuple[int | str, str, int]  # (key id or owner, kind, minute)
 
 
 class LocalLimits:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._counts: dict[tuple[int | str, str, int], int] = {}
+        self._counts: dict[Slot, int] = {}
+
+    def start_from(self, counts: dict[Slot, int]) -> dict[Slot, int]:
+        """Count on from these counts (the shared ones last seen) where they are higher;
+        return those it started from."""
+        raised = {}
+        for slot, n in counts.items():
+            if n > self._counts.get(slot, 0):
+                self._counts[slot] = raised[slot] = n
+        return raised
 
     async def take(self, key_id: int, kind: str, amount: int, limit: int) -> float | None:
         """Take ``amount``; return None, or the seconds to wait when over ``limit``."""
@@ -100,22 +123,24 @@ class LocalLimits:
 # A key's take and an owner's reservation, one rule: strict (past the limit is refused,
 # unless the minute has nothing yet: one request larger than an owner's budget is refused
 # before, at 400), so what N processes let through is never more than the limit plus one
-# request's amount.
+# request's amount. It answers with the count: taken, the count after it (0 or more);
+# refused, the count there is, negated (below 0).
 _TAKE = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local amount = tonumber(ARGV[1])
-if used > 0 and used + amount > tonumber(ARGV[2]) then return 0 end
-redis.call('INCRBY', KEYS[1], amount)
+if used > 0 and used + amount > tonumber(ARGV[2]) then return -used end
+local now = redis.call('INCRBY', KEYS[1], amount)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
+return now
 """
-# The settlement: the difference, never below zero, on a key that still exists.
+# The settlement: the difference, never below zero, on a key that still exists. It answers
+# with the count after it, or -1 for a key gone (its minute over).
 _SETTLE = """
-if redis.call('EXISTS', KEYS[1]) == 0 and tonumber(ARGV[1]) <= 0 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 and tonumber(ARGV[1]) <= 0 then return -1 end
 local now = redis.call('INCRBY', KEYS[1], ARGV[1])
-if now < 0 then redis.call('SET', KEYS[1], 0) end
+if now < 0 then redis.call('SET', KEYS[1], 0) now = 0 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
+return now
 """
 
 
@@ -163,17 +188,31 @@ class RedisLimits:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        self.timeout = _timeout_setting() if timeout is None else timeout
-        # No retries inside redis-py: one attempt, bounded; the fallback is the retry.
-        self._redis = aioredis.from_url(
-            url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+        # How long one call may take before Redis counts as away: a slow answer is waited
+        # for (``SLOW_FACTOR`` Redis timeouts), an absent Redis refuses at once.
+        self.timeout = (_timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
+        # No retries inside redis-py: one attempt, bounded; the fallback is the retry. The
+        # blocking pool connects its new connections side by side (the plain pool connects
+        # them one after another under its lock: on a loaded machine a burst of requests
+        # queued behind each other's handshakes, and the last ones ran out of time), and
+        # without the client's two SETINFO commands, one round trip less each.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=self.timeout,
+            socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0), health_check_interval=0,
+            lib_name=None, lib_version=None,
         )  # fmt: skip
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._take = self._redis.register_script(_TAKE)
         self._settle = self._redis.register_script(_SETTLE)
         self._clock = clock
         self._monotonic = monotonic
         self.local = LocalLimits(clock)
+        # The shared count each budget had at its last answer from Redis, this minute: a
+        # fall back to counting here starts from it. ``_from`` is what the local counts
+        # started from, so only what was counted here is added to Redis once it is back.
+        self.seen: dict[Slot, int] = {}
+        self._from: dict[Slot, int] = {}
         self.probe_every = probe_every
         # None while Redis answers; else when (monotonic) it stopped answering.
         self.away_since: float | None = None
@@ -196,7 +235,7 @@ class RedisLimits:
             now = self._clock()
             window = int(now // WINDOW)
             try:
-                ok = await asyncio.wait_for(
+                count = await asyncio.wait_for(
                     self._take(keys=[self._name(key_id, kind, window)],
                                args=[amount, limit, WINDOW * 2]),
                     self.timeout,
@@ -204,19 +243,23 @@ class RedisLimits:
             except Exception as exc:
                 self._went_away(exc)
             else:
-                return None if ok else (window + 1) * WINDOW - now
+                self._saw((key_id, kind, window), abs(int(count)))
+                return None if int(count) >= 0 else (window + 1) * WINDOW - now
         self._counted_here(kind)
         return await self.local.take(key_id, kind, amount, limit)
 
     async def charge(self, key_id: int, kind: str, amount: int) -> None:
         """Count ``amount`` already spent, over the limit or not."""
         if self.away_since is None:
-            name = self._name(key_id, kind, int(self._clock() // WINDOW))
+            slot = (key_id, kind, int(self._clock() // WINDOW))
             try:
-                await asyncio.wait_for(self._incr({name: amount}), self.timeout)
+                counts = await asyncio.wait_for(
+                    self._incr({self._name(*slot): amount}), self.timeout
+                )
             except Exception as exc:
                 self._went_away(exc)
             else:
+                self._saw(slot, counts[0])
                 return
         self._counted_here(kind)
         await self.local.charge(key_id, kind, amount)
@@ -231,7 +274,7 @@ class RedisLimits:
         window = int(now // WINDOW)
         if self.away_since is None:
             try:
-                ok = await asyncio.wait_for(
+                count = await asyncio.wait_for(
                     self._take(keys=[self._owner_name(owner, window)],
                                   args=[amount, limit, WINDOW * 2]),
                     self.timeout,
@@ -239,7 +282,8 @@ class RedisLimits:
             except Exception as exc:
                 self._went_away(exc)
             else:
-                return (None if ok else (window + 1) * WINDOW - now), window
+                self._saw((owner, "owner", window), abs(int(count)))
+                return (None if int(count) >= 0 else (window + 1) * WINDOW - now), window
         self._counted_here("owner")
         return await self.local.reserve(owner, amount, limit)
 
@@ -248,7 +292,7 @@ class RedisLimits:
             return
         if self.away_since is None:
             try:
-                await asyncio.wait_for(
+                count = await asyncio.wait_for(
                     self._settle(keys=[self._owner_name(owner, window)],
                                  args=[spent - reserved, WINDOW * 2]),
                     self.timeout,
@@ -256,15 +300,29 @@ class RedisLimits:
             except Exception as exc:
                 self._went_away(exc)
             else:
+                if int(count) >= 0:  # a settlement that took more: the count went up
+                    self._saw((owner, "owner", window), int(count))
                 return
         self._counted_here("owner")
         await self.local.settle(owner, window, reserved, spent)
 
-    async def _incr(self, amounts: dict[str, int]) -> None:
+    async def _incr(self, amounts: dict[str, int]) -> list[int]:
+        """Add the amounts; return each name's count after it, in order."""
         async with self._redis.pipeline(transaction=True) as pipe:
             for name, amount in amounts.items():
                 pipe.incrby(name, amount).expire(name, WINDOW * 2)
-            await pipe.execute()
+            answers = await pipe.execute()
+        return [int(n) for n in answers[::2]]
+
+    def _saw(self, slot: Slot, count: int) -> None:
+        """Keep the shared count a budget had at Redis's answer (this minute's only): the
+        highest seen, as answers to calls made side by side may come in any order (and a
+        settlement's lower count would only let more through on a fall back)."""
+        if count > self.seen.get(slot, -1):
+            self.seen[slot] = count
+        if len(self.seen) > 10000:
+            window = int(self._clock() // WINDOW)
+            self.seen = {k: v for k, v in self.seen.items() if k[2] >= window}
 
     def _counted_here(self, kind: str) -> None:
         self.counted_here += 1
@@ -286,6 +344,11 @@ class RedisLimits:
         self.away_since = self._monotonic()
         self._said_at = self.away_since
         self._said_count = self.counted_here
+        # Counted here from the shared counts last seen this minute, not from nothing.
+        window = int(self._clock() // WINDOW)
+        self._from.update(
+            self.local.start_from({k: v for k, v in self.seen.items() if k[2] == window})
+        )
         log.warning(
             "budgets are counted by this gateway process alone while Redis does not answer "
             "(%s within %.0f ms); asking it again every %g s",
@@ -314,11 +377,13 @@ class RedisLimits:
         away_for = self._monotonic() - self.away_since
         window = int(self._clock() // WINDOW)
         counts, self.local._counts = self.local._counts, {}
+        started, self._from = self._from, {}
         self.away_since = None
+        # What was counted here: the local counts less the shared ones they started from.
         mine = {
-            (self._owner_name(k, w) if kind == "owner" else self._name(k, kind, w)): n
+            (self._owner_name(k, w) if kind == "owner" else self._name(k, kind, w)): added
             for (k, kind, w), n in counts.items()
-            if w == window
+            if w == window and (added := n - started.get((k, kind, w), 0)) > 0
         }
         try:
             if mine:
@@ -327,6 +392,7 @@ class RedisLimits:
             # Away again: keep the counts here, with what was counted meanwhile.
             for slot, n in counts.items():
                 self.local._counts[slot] = self.local._counts.get(slot, 0) + n
+            self._from = started
             self._went_away(exc)
             return
         log.warning(

@@ -3,6 +3,7 @@ memory (models, aliases, adapters, external models the key lists)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from gateway import errors
@@ -12,13 +13,16 @@ from gateway.table import Entry, Key, Table
 PATH = "/v1/models"
 
 
-async def answer(cycle: Cycle, method: str, path: str, table: Table, key: Key) -> None:
-    """Answer a request to ``/v1/models`` or below it (GET only)."""
+async def answer(
+    cycle: Cycle, method: str, path: str, table: Table, key: Key, now: datetime
+) -> None:
+    """Answer a request to ``/v1/models`` or below it (GET only). A model switched off
+    (``gateway.table.switched_off`` at ``now``) with no replica left is not listed."""
     if method != "GET":
         raise errors.method_not_allowed(path, "GET")
     if path == PATH:
         await cycle.json(200, {"object": "list",
-                               "data": [describe(e, table) for e in table.listed(key)]})  # fmt: skip
+                               "data": [describe(e, table) for e in table.listed(key, now)]})  # fmt: skip
         return
     name = path[len(PATH) + 1 :]
     entry = table.resolve(name)

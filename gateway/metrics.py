@@ -97,6 +97,9 @@ def _setup() -> dict[str, Any]:
 
         _metrics = {
             "requests": counter("requests", "requests answered", ("model", "status", "owner")),
+            "dialects": counter("dialect_requests", "requests answered per API the client "
+                                "spoke (chat, messages, count_tokens, responses)",
+                                ("model", "dialect", "status")),
             "seconds": Histogram("request_seconds", "a request from its start to its end",
                                  ("model",), namespace=NS, buckets=SECONDS, registry=None),
             "ttft": Histogram("ttft_seconds", "the client's time to first token: a request's "
@@ -213,6 +216,7 @@ class Metrics(Listener):
         self._syncing = False
         # The labelled children, looked up once (labels() costs more than the write).
         self._requests: dict[tuple[str, int, str], Any] = {}
+        self._dialects: dict[tuple[str, str, int], Any] = {}
         self._per_model: dict[str, tuple[Any, ...]] = {}
         self._ejected_shown: set[str] = set()
 
@@ -224,6 +228,11 @@ class Metrics(Listener):
             requests = self.m["requests"].labels(done.model, str(done.status), done.owner)
             self._requests[(done.model, done.status, done.owner)] = requests
         requests.inc()
+        spoke = self._dialects.get((done.model, done.dialect, done.status))
+        if spoke is None:
+            spoke = self.m["dialects"].labels(done.model, done.dialect, str(done.status))
+            self._dialects[(done.model, done.dialect, done.status)] = spoke
+        spoke.inc()
         per_model = self._per_model.get(done.model)
         if per_model is None:
             m = self.m

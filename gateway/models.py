@@ -119,6 +119,10 @@ class Usage(db.Model):
     refusals = db.PositiveBigIntegerField(
         _("refusals"), default=0, help_text=_("refused by the guard (request or answer)")
     )
+    tokens_cached = db.PositiveBigIntegerField(
+        _("cached tokens"), default=0,
+        help_text=_("of the tokens in, those the engine read from its prefix cache"),
+    )  # fmt: skip
 
     class Meta:
         ordering = ("-minute", "key", "model")
@@ -223,3 +227,36 @@ class TrafficPoint(db.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.resolution} {self.at:%Y-%m-%d %H:%M}"
+
+
+class StoredResponse(db.Model):
+    """A response of the Responses API kept for ``previous_response_id`` and
+    ``GET /v1/responses/{id}`` (``gateway.stored``): what its conversation needs, scoped to
+    the key's owner, so any gateway process can continue it.
+
+    Written off the request path once its answer has ended; read on the path only by a
+    request that names it. Kept ``LLMGW_RESPONSES_KEEP`` days, then deleted by the
+    periodic job ``prune-stored-responses`` (``gateway.tasks.prune_responses``).
+    """
+
+    id = db.CharField(_("id"), max_length=64, primary_key=True, help_text=_("resp_…"))
+    owner = db.CharField(_("owner"), max_length=120, blank=True,
+                         help_text=_("the owner of the key that made it"))  # fmt: skip
+    key = db.CharField(_("key"), max_length=100, help_text=_("the client key's name"))
+    model = db.CharField(_("model"), max_length=200)
+    created = db.DateTimeField(_("created"))
+    session = db.CharField(_("session"), max_length=512, blank=True,
+                           help_text=_("the session its conversation keeps"))  # fmt: skip
+    response = db.JSONField(_("response"), help_text=_("the response object as answered"))
+    input = db.JSONField(_("input"), default=list, help_text=_("its input items"))
+    conversation = db.JSONField(
+        _("conversation"), default=list,
+        help_text=_("the items a later turn continues: the history, its input, its output"),
+    )  # fmt: skip
+
+    class Meta:
+        ordering = ("-created",)
+        indexes = [db.Index(fields=["created"], name="gateway_storedresponse_created")]
+
+    def __str__(self) -> str:
+        return self.id

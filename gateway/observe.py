@@ -33,6 +33,11 @@ class Done:
     # Sent by a key pinned to one replica (the capacity bench's): its times are the bench's
     # deliberate overload, not the model's service (no TTFT for the SLO or load scaling).
     pinned: bool = False
+    # The API the client spoke: chat (chat, completions, embeddings), messages,
+    # count_tokens or responses (gateway.dialect).
+    dialect: str = "chat"
+    # Of tokens_in, those the engine read from its prefix cache.
+    tokens_cached: int = 0
 
 
 @dataclass(frozen=True)

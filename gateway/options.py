@@ -4,7 +4,9 @@ and an answer, the guard's windows on a stream."""
 
 from __future__ import annotations
 
+import zoneinfo
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 
@@ -17,7 +19,7 @@ class Options:
     # The waits for a model whose catalog entry says nothing of its latency
     # (catalog.timeouts): to the first token, between tokens, for a whole answer, and
     # held while it wakes.
-    first_byte_timeout: float = 300.0
+    first_byte_timeout: float = 30.0
     read_timeout: float = 300.0
     whole_timeout: float = 1800.0
     wake_wait: float = 600.0
@@ -26,6 +28,12 @@ class Options:
     window_tokens: int = 16
     window_ms: float = 150.0
     retry_after: int = 10
+    # The control time zone, in which a model's schedule windows are read.
+    time_zone: str = "UTC"
+
+    def now(self) -> datetime:
+        """Now, in the control time zone (a model's schedule windows are read in it)."""
+        return datetime.now(zoneinfo.ZoneInfo(self.time_zone))
 
     @classmethod
     def from_settings(cls) -> Options:
@@ -40,4 +48,5 @@ class Options:
             max_body=int(settings.LLMGW_GATEWAY_MAX_BODY),
             window_tokens=int(settings.LLMGW_GUARD_WINDOW_TOKENS),
             window_ms=float(settings.LLMGW_GUARD_WINDOW_MS),
+            time_zone=str(settings.TIME_ZONE),
         )

@@ -7,6 +7,9 @@ gateway asks the same again at the moment it would send, since a row may predate
 or the folder may have changed, and adds what only a reader can see:
 
 - the file, its symbolic links followed, is still inside the secrets folder;
+- it is a regular file, opened without blocking: a FIFO, a device or a socket named
+  there is refused before anything is read from it (a FIFO would hold the reader, and
+  the event loop of every request with it, until something wrote to it);
 - it holds one key: at most ``MAX_BYTES``, one line (a trailing line break is dropped)
   of visible ASCII characters. A file of several lines would put its other lines into
   the request as headers of their own; any other text is not a key.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from typing import Any
 
 from django.conf import settings
@@ -75,6 +79,8 @@ def key(model: Any) -> str:
         raise ProviderRefused(
             model.name, f"api_key_file {full} cannot be read: {error.strerror}"
         ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ProviderRefused(model.name, f"api_key_file {full} {_not_regular(st.st_mode)}")
     stamp = (st.st_mtime, st.st_size)
     held = _held.get(real)
     if held is None or held[0] != stamp:
@@ -89,10 +95,20 @@ def key(model: Any) -> str:
 def _read(path: str) -> tuple[str, str]:
     """(the key, "") or ("", why the file is not one)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        # Never blocking: a FIFO put there after the check above opens at once and is
+        # refused by what fstat says of the file opened, before a byte is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         return "", f"cannot be read: {error.strerror}"
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return "", _not_regular(mode)
+        raw = os.read(fd, MAX_BYTES + 1)
+    except OSError as error:
+        return "", f"cannot be read: {error.strerror}"
+    finally:
+        os.close(fd)
     if len(raw) > MAX_BYTES:
         return "", f"is larger than {MAX_BYTES} bytes: a key file holds one key"
     text = raw.decode("latin-1")
@@ -109,3 +125,14 @@ def _read(path: str) -> tuple[str, str]:
             "character, a space or other text): a key file holds the key alone, on one line"
         )
     return text, ""
+
+
+def _not_regular(mode: int) -> str:
+    """Why a key file that is not a regular file is refused, naming what it is."""
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    what = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return (
+        f"is {what}, not a regular file: it is not read (it could block); write the key in "
+        "a plain file in the secrets folder"
+    )

@@ -29,6 +29,7 @@ from gateway import answer, balance, errors, providers, sizing
 from gateway import body as bodies
 from gateway.answer import Retry, told_of
 from gateway.guarding import GuardRefused
+from gateway.table import switched_off
 from llmgw_core.upstream import TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class Routing:
         gw, entry = self.gateway, cycle.entry
         assert entry is not None and cycle.req is not None
         model = entry.model
-        if model.scaling.idle_timeout or model.scaling.min == 0:
+        off = switched_off(model, gw.options.now()) if model.scaling.min == 0 else ""
+        if not off and (model.scaling.idle_timeout or model.scaling.min == 0):
             gw.state.demand(model.name)  # it is in use: keep it (written off the path)
         pinned = cycle.key.replica if cycle.key is not None else None
         if pinned is not None:
@@ -112,10 +114,11 @@ class Routing:
                     return
                 last = outcome or last
             if (
-                not woken and table.pool(model.name) is None and model.external is None
-                and model.name not in table.unplaced
+                not woken and not off and table.pool(model.name) is None
+                and model.external is None and model.name not in table.unplaced
             ):  # fmt: skip
-                # No replica anywhere: wake the model and wait for it (bounded).
+                # No replica anywhere: wake the model and wait for it (bounded). One
+                # switched off is not woken: nothing would start it.
                 woken = True
                 if await gw.state.wait_for_pool(model.name, model_waits(model, gw.options).wake):
                     continue
@@ -129,6 +132,8 @@ class Routing:
             if outcome is None:
                 return
             last = outcome
+        if off and not last and table.pool(model.name) is None:
+            raise errors.switched_off(cycle.req.model, off)
         raise self._none_answered(cycle, last)
 
     async def _pinned(self, cycle: Cycle, replica: int) -> None:

@@ -79,7 +79,8 @@ def encode_json(value: Any) -> bytes:
 
 
 def chunk_text(chunk: Any) -> str:
-    """The text an OpenAI chunk (chat delta or completion) carries, all choices joined."""
+    """The text an OpenAI chunk (chat delta or completion) carries, all choices joined:
+    content, reasoning, refusals, tool calls' names and arguments, completions' text."""
     if not isinstance(chunk, dict):
         return ""
     choices = chunk.get("choices")
@@ -97,9 +98,12 @@ def chunk_text(chunk: Any) -> str:
                     texts.append(value)
             for call in delta.get("tool_calls") or ():
                 if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                    args = call["function"].get("arguments")
-                    if isinstance(args, str):
-                        texts.append(args)
+                    # The name too: a client shows it and acts on it (it comes once, in
+                    # the call's first delta, before its arguments).
+                    for key in ("name", "arguments"):
+                        value = call["function"].get(key)
+                        if isinstance(value, str):
+                            texts.append(value)
         text = choice.get("text")
         if isinstance(text, str):
             texts.append(text)

@@ -350,6 +350,12 @@ class State:
             # again rather than joined by another.
             if self._reading is None or self._reading.done():
                 self._reading = self._reader.submit(self._read)
+        except RuntimeError:
+            # The reader takes no more reads: the process is stopping, however it was told
+            # (``stop``, or the interpreter's exit shutting every executor down).
+            self._stop.set()
+            return
+        try:
             table = self._reading.result(timeout=self.read_timeout)
         except Exception as error:
             if self._stop.is_set():

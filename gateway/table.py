@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from catalog import spec
+from catalog import rules, spec
 from gateway import balance, sizing
 
 ROLE_GUARD = "guard"
@@ -129,9 +130,34 @@ class Table:
         entry = self.names.get(name)
         return entry.model.name if entry is not None and entry.adapter is None else None
 
-    def listed(self, key: Key) -> list[Entry]:
-        """What ``GET /v1/models`` shows this key: every name it may use, in catalog order."""
-        return [e for e in self.names.values() if key.may_name(e)]
+    def listed(self, key: Key, now: datetime) -> list[Entry]:
+        """What ``GET /v1/models`` shows this key: every name it may use, in catalog order,
+        but for a model switched off (``switched_off``) that has no ready replica left."""
+        return [
+            e for e in self.names.values()
+            if key.may_name(e) and not (e.model.name not in self.pools
+                                        and switched_off(e.model, now))
+        ]  # fmt: skip
+
+
+def switched_off(m: spec.Model, now: datetime) -> str:
+    """Why no replica of the cluster model ``m`` may run at ``now`` ('' when one may):
+    min 0 and max 0 (the admin's "Switch off"), or a schedule window in force that says
+    so. Nothing wakes such a model, so a request for it is answered at once rather than
+    held for a replica that will not come. ``now`` is aware, in the control time zone (as
+    ``cluster.plan.bounds`` reads the windows). External models are never switched off."""
+    if m.external is not None:
+        return ""
+    lo, hi, where = m.scaling.min, m.scaling.max, "its scaling"
+    if m.scaling.schedule:
+        window = rules.window_at(m.scaling, now)
+        if window is not None:
+            lo, hi = window.min, max(window.max or hi, window.min)
+            where = f"its schedule window {','.join(window.days) or 'every day'} " \
+                    f"{window.from_}-{window.to}"  # fmt: skip
+    if lo or hi:
+        return ""
+    return f"switched off ({where}: min 0, max 0)"
 
 
 def _weights(m: spec.Model) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gateway import history, refusals
+from gateway import history, refusals, stored
 
 
 @shared_task(ignore_result=True)
@@ -19,3 +19,9 @@ def roll_history() -> int:
     """Sum the traffic history's old minutes into hours, delete old hours; return how
     many minute rows were rolled (``gateway.history.roll``)."""
     return history.roll()[0]
+
+
+@shared_task(ignore_result=True)
+def prune_responses() -> int:
+    """Delete stored responses older than ``LLMGW_RESPONSES_KEEP`` days; return how many."""
+    return stored.prune()

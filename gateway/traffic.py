@@ -19,6 +19,10 @@ token reaching the gateway) is shown beside it, p50 and p99. Percentiles are rea
 from the summed histograms (the upper edge of the bucket the quantile falls in, so a
 "met" is never optimistic).
 
+Each item carries ``dialects``, ``{dialect: requests}``: the APIs its clients spoke
+(``gateway.dialect``: chat, messages, count_tokens, responses), summed per model over the
+span (the Traffic page's "APIs" column).
+
 Admission (``gateway.admission``) rides along too: an item carries ``bands``,
 ``{band: [admitted, held]}`` for its second, when any request of the model met its gate;
 the window sums them per model and band over the span (the Traffic page's "admitted ·
@@ -69,6 +73,8 @@ class Bucket:
     ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     engine_ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
+    # Requests by the API their clients spoke (gateway.dialect): chat, messages, ...
+    dialects: dict[str, int] = field(default_factory=dict)
 
 
 class Traffic(Listener):
@@ -117,6 +123,7 @@ class Traffic(Listener):
                     return
                 b = models[done.model] = Bucket()
             b.requests += 1
+            b.dialects[done.dialect] = b.dialects.get(done.dialect, 0) + 1
             if refused:
                 b.refusals += 1
             elif done.status >= 500 or done.status == 429:
@@ -157,7 +164,8 @@ class Traffic(Listener):
         items = [
             {"process": self.process, "second": s, "model": name, "requests": b.requests,
              "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
-             "ttft": b.ttft, "engine_ttft": b.engine_ttft, "tpot": b.tpot}
+             "ttft": b.ttft, "engine_ttft": b.engine_ttft, "tpot": b.tpot,
+             "dialects": b.dialects}
             for s, models in sorted(taken.items()) for name, b in models.items()
         ]  # fmt: skip
         for item in items:
@@ -274,6 +282,9 @@ class Window:
                                         "tpot": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
             for k in ("requests", "errors", "refusals", "tokens_out"):
                 s[k] += item[k]
+            for dialect, n in item.get("dialects", {}).items():
+                spoke = s.setdefault("dialects", {})
+                spoke[dialect] = spoke.get(dialect, 0) + n
             for band, (took, held) in item.get("bands", {}).items():
                 pair = s.setdefault("bands", {}).setdefault(band, [0, 0])
                 pair[0] += took
@@ -301,6 +312,11 @@ class Window:
                     for b in admission.BANDS
                     if b in s.get("bands", {})
                 ],
+                # Requests per API the clients spoke over the span, most first.
+                "dialects": [
+                    {"dialect": d, "requests": n}
+                    for d, n in sorted(s.get("dialects", {}).items(), key=lambda p: (-p[1], p[0]))
+                ],
             }
         return out
 
@@ -309,8 +325,19 @@ def _well_formed(item: dict[str, Any]) -> bool:
     ints = ("second", "requests", "errors", "refusals", "tokens_out")
     ejected = item.get("ejected", [])
     bands = item.get("bands", {})
+    dialects = item.get("dialects", {})
     return (
-        isinstance(bands, dict)
+        isinstance(dialects, dict)
+        and len(dialects) <= 16
+        and all(
+            isinstance(d, str)
+            and len(d) <= 32
+            and isinstance(n, int)
+            and not isinstance(n, bool)
+            and n >= 0
+            for d, n in dialects.items()
+        )  # fmt: skip
+        and isinstance(bands, dict)
         and all(
             b in admission.RANK
             and isinstance(v, list)

@@ -13,6 +13,7 @@ urlpatterns = [
     path("chat/state/", views.chat_state, name="chat_state"),
     path("traffic/", views.traffic, name="traffic"),
     path("history/", views.history_page, name="history"),
+    path("cache/", views.cache_share, name="cache_share"),
     path("refusals/", views.refusal_list, name="refusal_list"),
     path("keys/", views.key_list, name="key_list"),
     path("keys/create/", views.key_create, name="key_create"),

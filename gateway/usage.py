@@ -14,7 +14,8 @@ application starts nothing.
 A request's bucket counts it once in ``requests``; in ``errors`` when its answer was an
 error (4xx or 5xx) other than a refusal; in ``refusals`` when the guard refused its
 request or its answer (the refusal is heard in the request's own task, before it ends);
-its tokens as the engine's usage said. A client that went away (499) counts as a request
+its tokens as the engine's usage said (``tokens_cached``: of ``tokens_in``, those the
+engine read from its prefix cache). A client that went away (499) counts as a request
 and nothing else.
 """
 
@@ -42,7 +43,7 @@ FLUSH_INTERVAL = 1.0
 MAX_PENDING = 100_000
 
 Bucket = tuple[int, str, str, str]  # (minute as Unix seconds, key, owner, model)
-FIELDS = ("requests", "errors", "tokens_in", "tokens_out", "refusals")
+FIELDS = ("requests", "errors", "tokens_in", "tokens_out", "refusals", "tokens_cached")
 
 # Refusals heard in the running request's task, until its end is heard.
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_usage_refused",
@@ -56,6 +57,7 @@ class Counts:
     tokens_in: int = 0
     tokens_out: int = 0
     refusals: int = 0
+    tokens_cached: int = 0  # of tokens_in, read from the engine's prefix cache
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
@@ -63,6 +65,7 @@ class Counts:
         self.tokens_in += other.tokens_in
         self.tokens_out += other.tokens_out
         self.refusals += other.refusals
+        self.tokens_cached += other.tokens_cached
 
 
 def write(batch: dict[Bucket, Counts]) -> None:
@@ -139,6 +142,7 @@ class UsageRecorder(Batcher, Listener):
                 counts.errors += 1
             counts.tokens_in += done.tokens_in
             counts.tokens_out += done.tokens_out
+            counts.tokens_cached += done.tokens_cached
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         _refused.set(True)

@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from gateway import keys, services
+from gateway import cacheshare, keys, services
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import PRIORITIES, ClientKey, Refusal, Usage
 from llmgw_core.roles import OPERATOR, VIEWER, role_required
@@ -70,7 +70,8 @@ def today_start() -> datetime:
 def with_usage(keys_: QuerySet[ClientKey]) -> QuerySet[ClientKey]:
     """Annotate each key with its usage (gateway.usage's minutes, by the key's name):
     ``last_used`` (the last minute it was used in), ``requests_today`` and
-    ``tokens_today`` (in and out) since the start of today. One query, each key's figures
+    ``tokens_today`` (in and out), ``tokens_in_today`` and ``cached_today`` (of those in,
+    read from the engine's prefix cache) since the start of today. One query, each key's figures
     read through the usage index on (key, minute)."""
     mine = Usage.objects.filter(key=OuterRef("name"))
     today = mine.filter(minute__gte=today_start()).order_by().values("key")
@@ -80,6 +81,8 @@ def with_usage(keys_: QuerySet[ClientKey]) -> QuerySet[ClientKey]:
         tokens_today=Subquery(
             today.annotate(n=Sum(F("tokens_in") + F("tokens_out"))).values("n")[:1]
         ),
+        tokens_in_today=Subquery(today.annotate(n=Sum("tokens_in")).values("n")[:1]),
+        cached_today=Subquery(today.annotate(n=Sum("tokens_cached")).values("n")[:1]),
     )
 
 
@@ -90,10 +93,15 @@ def _page(
     created: dict[str, Any] | None = None,
     status: int = 200,
 ) -> HttpResponse:
+    listed = list(
+        with_usage(ClientKey.objects.select_related("created_by").order_by("name", "-created"))[
+            :500
+        ]
+    )
+    for k in listed:
+        k.cache_share = cacheshare.share(k.tokens_in_today, k.cached_today)
     context = {
-        "keys": with_usage(
-            ClientKey.objects.select_related("created_by").order_by("name", "-created")
-        )[:500],
+        "keys": listed,
         "form": form or KeyForm(),
         "created": created,
     }
@@ -281,6 +289,23 @@ def history_page(request: HttpRequest) -> HttpResponse:
         return render(request, "gateway/partials/history_charts.html",
                       {**context, "embedded": True})  # fmt: skip
     return render(request, "gateway/history.html", context)
+
+
+@role_required(VIEWER)
+@require_GET
+def cache_share(request: HttpRequest) -> HttpResponse:
+    """A key's, an owner's or a model's cache-hit share today, per model (``?key=``,
+    ``?owner=``, ``?model=``): embedded in the owner's page, or a page of its own."""
+    which = {f: request.GET[f] for f in cacheshare.WHICH if request.GET.get(f)}
+    if len(which) != 1:
+        return render(request, "gateway/cache_share.html",
+                      {"error": "Name one of key, owner or model."}, status=400)  # fmt: skip
+    ((field, name),) = which.items()
+    context = {"rows": cacheshare.per_model(today_start(), **which), "field": field,
+               "name": name, "embedded": bool(request.htmx)}  # fmt: skip
+    if request.htmx:
+        return render(request, "gateway/partials/cache_share.html", context)
+    return render(request, "gateway/cache_share.html", context)
 
 
 # Refusal records on one page of the console's list.

@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.enginekeys import engine_key
 from cluster.models import Replica
-from guard import breaker, client, formats, known, pool, records
+from guard import breaker, client, formats, known, perrequest, pool, records
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, Failure, JudgeRef, Stats, run_chain
@@ -412,6 +413,9 @@ class Asked:
 
     judge: str
     outcome: Any
+    # When the check began (monotonic): only failures on the request before it skip a
+    # judge (guard.perrequest).
+    since: float = 0.0
 
 
 def default_timeout() -> float:
@@ -462,12 +466,13 @@ def check(
     """
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
     fresh = connection.in_atomic_block
+    since = asked.since if asked is not None and asked.since else time.monotonic()
     snap = snapshot()
-    result = _run(snap, request, answer, direction, timeout, asked)
+    result = _run(snap, request, answer, direction, timeout, asked, since=since)
     if _asked_failed(result) and not fresh and not snap.reread:
         again = _snapshot.refresh(lambda: _load_snapshot(reread=True))
         if again.judges != snap.judges or again.policy != snap.policy:
-            result = _run(again, request, answer, direction, timeout)
+            result = _run(again, request, answer, direction, timeout, since=since)
     record(result)
     return as_json(result)
 
@@ -494,16 +499,20 @@ async def check_on_loop(
     direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
     if not snap.policy.judges(direction):
         return None
+    since = time.monotonic()
+    mine = perrequest.current()
     # The first ready judge its breaker lets be asked (the ones before it are skipped,
-    # as the chain records them).
+    # as the chain records them), not one that failed on this request already.
     first = None
     for j in snap.judges:
+        if mine is not None and j.name in mine.failed:
+            continue
         if j.ref.ready and BREAKERS.admit(j.name, _lease(j, timeout)) != breaker.SKIP:
             first = j
             break
     if first is None:
         # Every judge skipped or not ready: fail decides, without leaving the loop.
-        result = _run(snap, request, answer, direction, timeout, blocking=False)
+        result = _run(snap, request, answer, direction, timeout, blocking=False, since=since)
         if result is None or _asked_failed(result):
             return None
         record(result)
@@ -514,14 +523,17 @@ async def check_on_loop(
             **_ask_options(first, snap.policy, timeout), conns=_http_on_loop(),
         )  # fmt: skip
     except Exception as error:  # a failure of the judge's (or a bug): the chain goes on
-        BREAKERS.failed(first.name, getattr(error, "kind", None) or "error")
-        return Asked(first.name, error)
+        kind = getattr(error, "kind", None) or "error"
+        BREAKERS.failed(first.name, kind)
+        if mine is not None:
+            mine.fail(first.name, kind)
+        return Asked(first.name, error, since)
     if outcome is None:
         BREAKERS.release(first.name)  # not asked here: check asks it on a thread
         return None
     BREAKERS.succeeded(first.name)
-    asked = Asked(first.name, outcome)
-    result = _run(snap, request, answer, direction, timeout, asked, blocking=False)
+    asked = Asked(first.name, outcome, since)
+    result = _run(snap, request, answer, direction, timeout, asked, blocking=False, since=since)
     if result is None or (_asked_failed(result) and not snap.reread):
         # A judge after it is to be asked, or the failures before it may mean the
         # snapshot is stale: a thread reads it again and goes on.
@@ -556,13 +568,17 @@ def _run(
     asked: Asked | None = None,
     *,
     blocking: bool = True,
+    since: float | None = None,
 ) -> ChainResult | None:
     """Run the chain on a snapshot; None when ``blocking`` is false and a judge other
     than ``asked``'s was to be asked.
 
-    A judge whose breaker is open is skipped (``guard.breaker.Skipped``); each judge
+    A judge whose breaker is open is skipped (``guard.breaker.Skipped``), and one that
+    failed on this client request before ``since`` (``guard.perrequest``); each judge
     asked tells its breaker how it went (``asked``'s was told by ``check_on_loop``).
     """
+    mine = perrequest.current()
+    since = time.monotonic() if since is None else since
     pol = snap.policy
     by_name = {j.name: j for j in snap.judges}
     # One client for every check: making one costs tens of milliseconds.
@@ -576,6 +592,8 @@ def _run(
                 raise asked.outcome
             return asked.outcome
         j = by_name[ref.name]
+        if mine is not None:
+            mine.skip(ref.name, since)
         if not blocking:
             # Skipped or not, decided without claiming a probe the loop will not make.
             if BREAKERS.peek(ref.name, _lease(j, timeout)) == breaker.SKIP:
@@ -590,7 +608,10 @@ def _run(
                 **_ask_options(j, pol, timeout), client=http,
             )  # fmt: skip
         except Exception as error:
-            BREAKERS.failed(ref.name, getattr(error, "kind", None) or "error")
+            kind = getattr(error, "kind", None) or "error"
+            BREAKERS.failed(ref.name, kind)
+            if mine is not None:
+                mine.fail(ref.name, kind)
             raise
         BREAKERS.succeeded(ref.name)
         return answer_

@@ -7,11 +7,12 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from django.utils import timezone
 
 from llmgw_admin.throttle import AdminLoginForm
-from llmgw_core.models import ApiToken
+from llmgw_core.models import ApiToken, issue_problem
 from llmgw_core.roles import ADMIN, RoleAdminMixin, has_role
 
 
@@ -59,17 +60,31 @@ class LlmgwGroupAdmin(AdminRoleMixin, GroupAdmin):  # type: ignore[type-arg]
 class ApiTokenAdmin(AdminRoleMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """API tokens: issued here or by the API; the secret is shown once, on issue."""
 
-    list_display = ("name", "user", "prefix", "created", "expires", "revoked", "last_used")
+    list_display = (
+        "name", "user", "created_by_name", "prefix", "created", "expires", "revoked", "last_used"
+    )  # fmt: skip
     list_filter = ("revoked",)
     search_fields = ("name", "user__username", "prefix")
     fields = ("user", "name", "expires")
     actions = ("revoke",)
 
+    def get_form(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, **kwargs)
+
+        class Checked(form):  # type: ignore[misc,valid-type]
+            def clean_user(self) -> Any:
+                user = self.cleaned_data["user"]
+                if why := issue_problem(request.user, user):
+                    raise ValidationError(why)
+                return user
+
+        return Checked
+
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if change:
             obj.save()
             return
-        token, secret = ApiToken.issue(obj.user, obj.name, obj.expires)
+        token, secret = ApiToken.issue(obj.user, obj.name, obj.expires, by=request.user)
         obj.pk = token.pk
         messages.warning(request, f"Token issued; copy it now, it is not shown again: {secret}")
 

@@ -1,4 +1,8 @@
-"""The tokens API: admins issue, list and revoke the tokens scripts use."""
+"""The tokens API: admins issue, list and revoke the tokens scripts use.
+
+An admin issues tokens for itself only, a superuser for anyone (logged as such), and never
+through a token; every token says who made it (``created_by``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,12 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from llmgw_core.api import shown_once
-from llmgw_core.models import ApiToken
+from llmgw_core.models import ApiToken, issue_problem
 from llmgw_core.roles import ADMIN
 
 
@@ -24,12 +29,14 @@ class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
         slug_field="username", queryset=get_user_model().objects.all()
     )
     state = serializers.CharField(read_only=True)
+    created_by = serializers.CharField(source="created_by_name", read_only=True)
 
     class Meta:
         model = ApiToken
         fields = (
             "id",
             "user",
+            "created_by",
             "name",
             "prefix",
             "created",
@@ -73,6 +80,9 @@ class ApiTokenViewSet(
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        why = issue_problem(request.user, data["user"], isinstance(request.auth, ApiToken))
+        if why:
+            raise PermissionDenied(why)
         if ApiToken.objects.filter(
             user=data["user"], name=data["name"], revoked__isnull=True
         ).exists():
@@ -83,7 +93,9 @@ class ApiTokenViewSet(
                     ]
                 }
             )
-        token, secret = ApiToken.issue(data["user"], data["name"], data.get("expires"))
+        token, secret = ApiToken.issue(
+            data["user"], data["name"], data.get("expires"), by=request.user
+        )
         return shown_once(dict(ApiTokenSerializer(token).data), "token", secret)
 
     @extend_schema(request=None, responses=ApiTokenSerializer)

@@ -13,12 +13,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway.assembly import build  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
+from llmgw_core.origins import OriginCheck  # noqa: E402
 from updates.lean import MirrorFileRoute  # noqa: E402
 
 # The gateway as `manage.py gateway serve` has it (gateway.assembly), with the console's
@@ -39,9 +39,9 @@ application = ProtocolTypeRouter(
         # (guard/api/lean.py) and the mirror's files sent to nodes (updates/lean.py);
         # Django has the rest, and checks its own hosts.
         "http": gateway_assembly.application,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # A websocket from the console's own origin only, scheme, host and port exact
+        # (llmgw_core.origins).
+        "websocket": OriginCheck(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
 

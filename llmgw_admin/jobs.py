@@ -52,6 +52,11 @@ JOBS: tuple[Job, ...] = (
         "gateway.tasks.prune_refusals",
         "LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL",
     ),
+    Job(
+        "prune-stored-responses",
+        "gateway.tasks.prune_responses",
+        "LLMGW_RESPONSES_PRUNE_INTERVAL",
+    ),
     Job("roll-gateway-history", "gateway.tasks.roll_history", "LLMGW_HISTORY_ROLL_INTERVAL"),
     Job("check-for-updates", "updates.tasks.check_for_updates", "LLMGW_UPDATE_CHECK_EVERY"),
 )

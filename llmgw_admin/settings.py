@@ -73,6 +73,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "llmgw_core.security.security_headers_middleware",
+    # PostgreSQL away or hung: 503 with Retry-After, never a request held.
+    "llmgw_admin.dbdown.DatabaseDownMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -199,6 +201,15 @@ if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
         f"LLMGW_GATEWAY_REFUSAL_DAYS is {LLMGW_GATEWAY_REFUSAL_DAYS}: write 1 or more days"
     )
 LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL = envint("GATEWAY_REFUSAL_PRUNE_INTERVAL", 3600)
+# Stored responses of the Responses API (gateway/stored.py: store, previous_response_id)
+# are kept this many days; the job that deletes older ones runs every
+# LLMGW_RESPONSES_PRUNE_INTERVAL seconds.
+LLMGW_RESPONSES_KEEP = envint("RESPONSES_KEEP", 30)
+if LLMGW_RESPONSES_KEEP < 1:
+    raise ImproperlyConfigured(
+        f"LLMGW_RESPONSES_KEEP is {LLMGW_RESPONSES_KEEP}: write 1 or more days"
+    )
+LLMGW_RESPONSES_PRUNE_INTERVAL = envint("RESPONSES_PRUNE_INTERVAL", 3600)
 # Traffic over time (gateway.history): minutes kept this many hours, then summed into
 # hours, kept this many days; the job that rolls them runs every this many seconds.
 LLMGW_HISTORY_MINUTE_HOURS = envint("HISTORY_MINUTE_HOURS", 24)
@@ -265,7 +276,7 @@ for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_M
 # whole-answer timeouts are for models whose catalog entry gives no slo: one that does
 # has its own (catalog/timeouts.py).
 LLMGW_GATEWAY_CONNECT_TIMEOUT = envint("GATEWAY_CONNECT_TIMEOUT", 5)
-LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 300)
+LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT = envint("GATEWAY_FIRST_BYTE_TIMEOUT", 30)
 LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
@@ -418,12 +429,20 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # Each line says when (UTC) and what logged it.
+    "formatters": {
+        "stamped": {
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            "()": "llmgw_admin.logfilters.UTCFormatter",
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "stamped"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     # channels-redis logs a traceback a second while Redis is away: a line a minute instead.
     "filters": {
         "layer_away": {"()": "llmgw_admin.hub.LayerAway"},
         "agent_answers": {"()": "llmgw_admin.logfilters.AgentAnswers"},
+        "repeats": {"()": "llmgw_admin.logfilters.Repeats"},
     },
     # httpx logs every request at INFO: one line per judge call and per agent call.
     "loggers": {
@@ -432,5 +451,7 @@ LOGGING = {
         "channels_redis.pubsub": {"filters": ["layer_away"]},
         # An agent's ordinary 404 and 409 from the mirror's API are not warnings.
         "django.request": {"filters": ["agent_answers"]},
+        # Celery beat's traceback each time it cannot send a task while Redis is away.
+        "celery.beat": {"filters": ["repeats"]},
     },
 }

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cluster.models import JoinToken
 from cluster.services import log_action
-from llmgw_core.models import ApiToken
+from llmgw_core.models import ApiToken, issue_problem
 from llmgw_core.roles import ADMIN, role_required
 
 VIA = "console"
@@ -57,6 +57,16 @@ class ApiTokenForm(_Expiring):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. ci-deploy.")
     field_order = ("user", "name", "expires")
 
+    def __init__(self, *args: Any, maker: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.maker = maker
+
+    def clean_user(self) -> Any:
+        user = self.cleaned_data["user"]
+        if self.maker is not None and (why := issue_problem(self.maker, user)):
+            raise forms.ValidationError(why)
+        return user
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         user, name = data.get("user"), data.get("name")
@@ -88,7 +98,7 @@ def _page(
     context = {
         "api_tokens": ApiToken.objects.select_related("user").order_by("-created")[:200],
         "join_tokens": JoinToken.objects.select_related("created_by").order_by("-created")[:200],
-        "api_form": api_form or ApiTokenForm(prefix="api"),
+        "api_form": api_form or ApiTokenForm(prefix="api", initial={"user": request.user}),
         "join_form": join_form or JoinTokenForm(prefix="join"),
         "issued": issued,
         "now": timezone.now(),
@@ -108,11 +118,11 @@ def tokens(request: HttpRequest) -> HttpResponse:
 def token_issue(request: HttpRequest, kind: str) -> HttpResponse:
     """Issue a token; the answer is the page with its secret, the one time it is shown."""
     if kind == "api":
-        api_form = ApiTokenForm(request.POST, prefix="api")
+        api_form = ApiTokenForm(request.POST, prefix="api", maker=request.user)
         if not api_form.is_valid():
             return _page(request, api_form=api_form, status=400)
         data = api_form.cleaned_data
-        token, secret = ApiToken.issue(data["user"], data["name"], data["expires"])
+        token, secret = ApiToken.issue(data["user"], data["name"], data["expires"], by=request.user)
         log_action(request.user, "api token issued", f"api token {token.pk} ({token})", "", VIA)
         issued = {"kind": "API token", "name": str(token), "secret": secret}
     elif kind == "join":

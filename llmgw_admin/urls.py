@@ -72,3 +72,6 @@ urlpatterns = [
         name="api-docs",
     ),
 ]
+
+# PostgreSQL away or hung, wherever it is met on a request's way: 503 with Retry-After.
+handler500 = "llmgw_admin.dbdown.server_error"

@@ -6,6 +6,11 @@ transaction, one flush at a time, a failed batch put back under what gathered me
 (nothing is lost), and what is left written at stop and at the process's exit. A subclass
 says how to take a batch (``_take``, None when there is nothing), write it (``_write``)
 and put it back (``_put_back``).
+
+A write that fails is logged whole (its traceback) the first time in a row, then in one
+line at most every ``FAILURE_LOG_EVERY`` seconds with the count so far, and the first write
+that succeeds again says after how many failures: a database away for minutes does not fill
+the log with a traceback every interval.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import Any
 
 from django.db import close_old_connections, connection
 
 log = logging.getLogger(__name__)
+
+FAILURE_LOG_EVERY = 60.0  # seconds between the one-line reports of writes failing in a row
 
 
 class Batcher(ABC):
@@ -30,6 +38,9 @@ class Batcher(ABC):
         self._flushing = threading.Lock()  # one flush at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failures = 0  # writes failed in a row
+        self._failure_logged = -float("inf")
+        self.failure_log_every = FAILURE_LOG_EVERY
 
     @abstractmethod
     def _take(self) -> Any | None:
@@ -87,7 +98,25 @@ class Batcher(ABC):
                 try:
                     close_old_connections()
                     self.flush()
-                except Exception:
-                    log.exception("writing %s failed; trying again", self.what)
+                except Exception as error:
+                    self._failed(error)
+                else:
+                    if self.failures:
+                        log.warning("wrote %s again after %d failed writes", self.what,
+                                    self.failures)  # fmt: skip
+                        self.failures = 0
         finally:
             connection.close()
+
+    def _failed(self, error: Exception) -> None:
+        """Log a failed write: whole the first time in a row, then a line at most every
+        ``failure_log_every`` seconds."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1:
+            self._failure_logged = now
+            log.error("writing %s failed; trying again", self.what, exc_info=error)
+        elif now - self._failure_logged >= self.failure_log_every:
+            self._failure_logged = now
+            log.error("writing %s has failed %d times in a row (the last: %s: %s); trying again",
+                      self.what, self.failures, type(error).__name__, error)  # fmt: skip

@@ -84,6 +84,13 @@ def database_from_url(url: str) -> dict[str, object]:
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured(f"{PREFIX}DATABASE_URL names no database after the host")
+    from llmgw_core.dbbounds import bounded
+
+    connect = envint("DB_CONNECT_TIMEOUT", 5)
+    statement = envint("DB_STATEMENT_TIMEOUT", 30)
+    for var, value in (("DB_CONNECT_TIMEOUT", connect), ("DB_STATEMENT_TIMEOUT", statement)):
+        if value < 1:
+            raise ImproperlyConfigured(f"{PREFIX}{var} is {value}: write 1 or more seconds")
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
@@ -95,11 +102,25 @@ def database_from_url(url: str) -> dict[str, object]:
         # and a connection kept per thread ran PostgreSQL out of connections with 200
         # agents heartbeating (bench/agents.py). The pool caps what one process holds.
         "CONN_MAX_AGE": 0,
+        # A pooled connection is checked (an empty query, bounded by the connect timeout)
+        # before it is handed out: one the server stopped answering is thrown away.
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
-            "pool": {"min_size": 2, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 20},
+            # A request waits for a connection at most the connect timeout: with the
+            # server away or hung it gets an OperationalError (a 503 with Retry-After:
+            # llmgw_admin.dbdown) in seconds, never a thread held.
+            "pool": {
+                "min_size": 2,
+                "max_size": envint("DB_POOL_SIZE", 10),
+                "timeout": connect,
+                # Every wait on the server bounded (llmgw_core.dbbounds).
+                "connection_class": bounded(connect, statement + connect),
+            },  # fmt: skip
             # A server that does not answer a new connection is given up on, not waited
             # for (libpq waits forever by default); keepalives find a dead peer.
-            "connect_timeout": envint("DB_CONNECT_TIMEOUT", 5),
+            "connect_timeout": connect,
+            # A statement the server still answers is ended by it past the bound.
+            "options": f"-c statement_timeout={statement * 1000}",
             "keepalives": 1,
             "keepalives_idle": 30,
             "keepalives_interval": 10,

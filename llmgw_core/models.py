@@ -1,8 +1,9 @@
-"""API tokens for scripts, stored hashed."""
+"""API tokens for scripts, stored hashed, each saying who made it."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from datetime import datetime
 
@@ -12,6 +13,29 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 TOKEN_PREFIX = "llmgw_"
+
+log = logging.getLogger("llmgw.tokens")
+
+
+def issue_problem(maker: object, for_user: object, by_token: bool = False) -> str:
+    """Return why ``maker`` may not issue an API token for ``for_user``, or "".
+
+    A user issues tokens for itself only; a superuser for anyone (``ApiToken.issue`` logs
+    it). Never through a token: a leaked token would make more, which outlive its revoking.
+    """
+    if by_token:
+        return (
+            "a token cannot issue tokens (one leaked would make more that outlive it): sign "
+            "in to issue one"
+        )
+    if getattr(maker, "pk", None) == getattr(for_user, "pk", None):
+        return ""
+    if getattr(maker, "is_superuser", False):
+        return ""
+    return (
+        f"you may issue tokens for yourself ({getattr(maker, 'username', '')}) only: a token "
+        f"for {getattr(for_user, 'username', '')} is issued by them, or by a superuser"
+    )
 
 
 def digest(secret: str) -> str:
@@ -55,6 +79,17 @@ class ApiToken(ShownOnce):
     name = models.CharField(_("name"), max_length=100)
     prefix = models.CharField(max_length=12, db_index=True, editable=False)
     last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    # Who made it: the signed-in user (kept by name too, should that user be deleted), or
+    # the command line ("command line (root@host)").
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="api_tokens_made",
+        editable=False,
+    )
+    created_by_name = models.CharField(_("created by"), max_length=200, blank=True, editable=False)
 
     class Meta:
         ordering = ("-created",)
@@ -76,12 +111,43 @@ class ApiToken(ShownOnce):
 
     @classmethod
     def issue(
-        cls, user: object, name: str, expires: datetime | None = None
+        cls,
+        user: object,
+        name: str,
+        expires: datetime | None = None,
+        *,
+        by: object = None,
+        by_name: str = "",
     ) -> tuple[ApiToken, str]:
-        """Create a token and return it with its secret, which is never stored."""
+        """Create a token and return it with its secret, which is never stored.
+
+        ``by`` is the user who makes it (``by_name`` says who otherwise: the command
+        line); a token made for another user is logged as such.
+        """
         body = secrets.token_urlsafe(32)
         secret = f"{TOKEN_PREFIX}{body}"
-        token = cls(user=user, name=name, expires=expires, prefix=body[:8], digest=digest(secret))
+        maker = by_name or str(getattr(by, "username", "") or "")
+        token = cls(
+            user=user,
+            name=name,
+            expires=expires,
+            prefix=body[:8],
+            digest=digest(secret),
+            created_by=by,
+            created_by_name=maker,
+        )
         token.full_clean()
         token.save()
+        owner = getattr(user, "username", "")
+        if maker != owner:
+            log.warning(
+                "API token %s (%s) for %s issued by %s%s",
+                token.pk,
+                name,
+                owner,
+                maker or "nobody named",
+                " (superuser)" if getattr(by, "is_superuser", False) else "",
+            )
+        else:
+            log.info("API token %s (%s) issued by %s for itself", token.pk, name, owner)
         return token, secret

@@ -8,9 +8,36 @@ set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${LLMGW_CACHE:-$HOME/.cache/llmgw}"
 OUT="$CACHE/llama-server"
-if [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; then
+built() { [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; }
+if built; then
   echo "$OUT"
   exit 0
+fi
+# One build at a time on a machine (two checkouts' test runs): a second waits for the
+# first, then finds its binary.
+mkdir -p "$CACHE"
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE/.build.lock"
+  flock 9
+  if built; then
+    echo "$OUT"
+    exit 0
+  fi
+fi
+# pip, to fetch the sdist: the checkout's .venv's (run.py makes it; Debian's python3 has
+# no pip), else PIP, else python3's own.
+here="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -n "${PIP:-}" ]; then
+  read -r -a pip <<<"$PIP"
+elif [ -x "$here/.venv/bin/python" ]; then
+  pip=("$here/.venv/bin/python" -m pip)
+else
+  pip=(python3 -m pip)
+fi
+if ! "${pip[@]}" --version >/dev/null 2>&1; then
+  echo "building llama-server needs pip to fetch llama.cpp's source: run python3 run.py once" \
+    "(it makes .venv), or set PIP to a pip command" >&2
+  exit 1
 fi
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -27,7 +54,7 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$VERSION" >&2
+"${pip[@]}" download --quiet --disable-pip-version-check --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$VERSION" >&2
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \

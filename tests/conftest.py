@@ -11,6 +11,50 @@ from typing import Any
 import pytest
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the run's files for its workers (``run.py`` passes ``--no-loadscope-reorder``
+    with ``--dist loadfile``, so a worker takes the next file in this order when it is
+    free): the end-to-end and browser files first, the longest first (by ``seconds``), so
+    that the many quick files fill the workers' ends rather than one long file running
+    alone at the end; the files that run llama-server last (``python3 run.py test`` builds
+    it while the others run, tests/llama.py). Within a group, the files keep their order."""
+
+    def needs_llama(item: pytest.Item) -> bool:
+        return bool(item.get_closest_marker("llama_server")) or "llama_server" in getattr(
+            item, "fixturenames", ()
+        )
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    def seconds(item: pytest.Item) -> float:
+        """About how long a test takes: its ``takes`` marker's measured figure, else a
+        minute for an end-to-end test (it starts processes of its own), 10 s for a browser
+        test."""
+        takes = item.get_closest_marker("takes")
+        if takes:
+            return float(takes.args[0])
+        return (
+            60
+            if item.get_closest_marker("e2e")
+            else 10
+            if item.get_closest_marker("browser")
+            else 0
+        )
+
+    llama = {module(i) for i in items if needs_llama(i)}
+    cost: dict[str, float] = {}
+    for i in items:
+        cost[module(i)] = cost.get(module(i), 0) + seconds(i)
+
+    def rank(item: pytest.Item) -> tuple[int, float]:
+        name = module(item)
+        return (2, 0) if name in llama else (0, -cost[name]) if cost[name] else (1, 0)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True)
 def _judges_breakers_closed() -> Iterator[None]:
     """Every test starts with each judge's circuit breaker closed: the breakers are the

@@ -5,6 +5,7 @@ an engine), and cuts.
     url = f"postgres://root@127.0.0.1:{proxy.port}/test"
     proxy.refuse()   # new connections are closed at once, open ones are cut (a server away)
     proxy.hang()     # new connections are accepted and never answered, open ones stall
+    proxy.slow(0.4)  # every answer is held 0.4 s before it goes on (a loaded machine)
     proxy.heal()     # traffic passes again
     proxy.stop()
 
@@ -35,6 +36,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._hung: set[socket.socket] = set()
+        # The target's side of each connection, and how long its answers are held.
+        self._upstreams: set[socket.socket] = set()
+        self.delay = 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
@@ -61,9 +65,14 @@ class FaultProxy:
         """Hung: open connections stop moving bytes; new ones are accepted and left waiting."""
         self.mode = HANG
 
+    def slow(self, seconds: float) -> None:
+        """Slow: every chunk the target answers is held ``seconds`` before it is passed on."""
+        self.delay = seconds
+
     def heal(self) -> None:
         """Back: hung connections are cut (their peers see the reset), new ones pass."""
         self.mode = PASS
+        self.delay = 0.0
         self._cut(self._hung)
 
     def stop(self) -> None:
@@ -115,6 +124,7 @@ class FaultProxy:
                             s.close()
                     continue
                 self._open.update((client, upstream))
+                self._upstreams.add(upstream)
                 self.passed += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
@@ -134,6 +144,11 @@ class FaultProxy:
                     self._stopped.wait(0.05)
                 if self.mode == REFUSE:
                     break
+                if self.delay and src in self._upstreams:
+                    # Held as a slow network holds it: what arrives meanwhile (the rest of
+                    # the answer, pipelined answers) goes on with it, not a delay later.
+                    self._stopped.wait(self.delay)
+                    data += _available(src)
                 dst.sendall(data)
         except OSError:
             pass
@@ -141,9 +156,28 @@ class FaultProxy:
             with self._lock:
                 self._open.discard(src)
                 self._open.discard(dst)
+                self._upstreams.discard(src)
+                self._upstreams.discard(dst)
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def _available(sock: socket.socket) -> bytes:
+    """Return what a socket has to read now, without waiting for more."""
+    chunks = []
+    sock.setblocking(False)
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (BlockingIOError, InterruptedError):
+        pass
+    finally:
+        sock.setblocking(True)
+    return b"".join(chunks)
 
 
 @contextlib.contextmanager

@@ -88,6 +88,8 @@ def test_env_example_lists_every_variable_the_code_reads() -> None:
         "TEST_REDIS_URL",
         "TEST_RUN_LIMIT",
         "TEST_WORKERS",
+        "CACHE",  # run.py test: where llama-server is built (docs/configuration.md)
+        "LLAMA_SERVER_BUILD",  # run.py test: the build's status file, for the tests
     }
     example = {
         line.split("=", 1)[0].removeprefix("LLMGW_")
@@ -97,3 +99,64 @@ def test_env_example_lists_every_variable_the_code_reads() -> None:
     documented = set(re.findall(r"`LLMGW_([A-Z_]+)`", (ROOT / "docs/configuration.md").read_text()))
     assert read - {"SECRET_KEY_FILE"} <= example, read - example
     assert example <= documented | {"SECRET_KEY_FILE"}, example - documented
+
+
+def test_a_connection_whose_server_stops_answering_fails_a_statement_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection open when the link hangs (its peer still acknowledging the packets, so
+    TCP never gives up): the pool's check of it fails after the connect timeout, a
+    statement after its bound, each with an OperationalError, never a thread held."""
+    import time
+
+    import psycopg
+
+    from tests.faultproxy import fault_proxy
+
+    monkeypatch.setenv("LLMGW_DB_CONNECT_TIMEOUT", "1")
+    monkeypatch.setenv("LLMGW_DB_STATEMENT_TIMEOUT", "1")
+    with fault_proxy(("127.0.0.1", 5432)) as proxy:
+        db = env.database_from_url(f"postgres://postgres@127.0.0.1:{proxy.port}/postgres")
+        options = dict(db["OPTIONS"])
+        pool = options.pop("pool")
+        assert pool["timeout"] == 1 and db["CONN_HEALTH_CHECKS"] is True
+        assert options["options"] == "-c statement_timeout=1000"
+        kind = pool["connection_class"]
+        conns = [kind.connect(host="127.0.0.1", port=proxy.port, user="postgres",
+                              dbname="postgres", autocommit=True, **options)
+                 for _ in range(2)]  # fmt: skip
+        assert conns[0].execute("select 1").fetchone() == (1,)
+        proxy.hang()
+        for conn, query, bound in ((conns[0], "", 1), (conns[1], "select 1", 2)):
+            started = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute(query)
+            assert time.monotonic() - started < bound + 3
+            conn.close()
+
+
+def test_only_errors_saying_the_database_is_away_are_answered_503() -> None:
+    import psycopg
+    from django.db import OperationalError, ProgrammingError
+
+    from llmgw_admin.dbdown import is_database_down
+
+    def wrapped(cause: BaseException, outer: type[Exception]) -> Exception:
+        try:
+            try:
+                raise cause
+            except Exception as e:
+                raise outer(str(e)) from e
+        except Exception as e:  # noqa: BLE001 - the chain is what is judged
+            return e
+
+    assert is_database_down(wrapped(psycopg.OperationalError("timeout expired"), OperationalError))
+    assert is_database_down(psycopg.OperationalError("server closed the connection"))
+    # SQLite's own (the embedded mode), a missing table, anything else: not this.
+    import sqlite3
+
+    assert not is_database_down(wrapped(sqlite3.OperationalError("no such table"),
+                                        OperationalError))  # fmt: skip
+    assert not is_database_down(wrapped(psycopg.ProgrammingError("x"), ProgrammingError))
+    assert not is_database_down(ValueError("x"))
+    assert not is_database_down(None)

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_http_methods
@@ -41,7 +42,14 @@ from updates import checking, mirror
 from updates.models import Fetch, FetchState
 
 _CHUNK = 4 << 20
-_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+# ASCII digits only (``\d`` takes every script's digits), in a header of bounded length:
+# int() refuses a number of more than 4,300 digits.
+_RANGE = re.compile(r"bytes=([0-9]+)-([0-9]*)", re.ASCII)
+RANGE_MAX_CHARS = 100
+RANGE_HELP = (
+    "Range must be bytes=START- or bytes=START-END, in ASCII digits, at most "
+    f"{RANGE_MAX_CHARS} characters"
+)
 
 
 def _node(request: HttpRequest) -> Any:
@@ -104,7 +112,8 @@ def node_manifest(request: HttpRequest, name: str) -> HttpResponse:
                         "path": x["path"],
                         "sha256": x["sha256"],
                         "bytes": x["bytes"],
-                        "url": f"/api/v1/updates/mirror/files/{f.pk}/{x['path']}",
+                        # Percent-encoded: a name with a space, "#" or "?" is a path too.
+                        "url": f"/api/v1/updates/mirror/files/{f.pk}/{quote(x['path'])}",
                     }
                     for x in found.files
                 ],
@@ -148,10 +157,13 @@ def held_file(node: Any, pk: int, path: str) -> Held | str:
 def byte_range(header: str, size: int) -> tuple[int, int, int]:
     """Return what a ``Range`` header asks of a file of ``size`` bytes: (status, start, end):
     200 the whole file (no header), 206 bytes ``start`` to ``end`` (excluded), 400 a header
-    not of the form ``bytes=START-`` or ``bytes=START-END``, 416 a range past the end."""
+    not of the form ``bytes=START-`` or ``bytes=START-END`` (ASCII digits, at most
+    ``RANGE_MAX_CHARS`` characters), 416 a range past the end."""
     header = header.strip()
     if not header:
         return 200, 0, size
+    if len(header) > RANGE_MAX_CHARS:
+        return 400, 0, 0
     m = _RANGE.fullmatch(header)
     if m is None:
         return 400, 0, 0
@@ -193,7 +205,7 @@ def node_file(request: HttpRequest, pk: int, path: str) -> HttpResponse:
         return _not_placed(held)
     status, start, end = byte_range(request.headers.get("Range", ""), held.size)
     if status == 400:
-        return JsonResponse({"detail": "Range must be bytes=START- or bytes=START-END"}, status=400)
+        return JsonResponse({"detail": RANGE_HELP}, status=400)
     if status == 416:
         response = HttpResponse(status=416)
         response["Content-Range"] = f"bytes */{held.size}"
@@ -289,17 +301,33 @@ _FETCH = inline_serializer(
 
 
 @extend_schema(
-    summary="A model's fetches into the weights mirror, newest first (viewers)",
-    responses={200: _FETCH, 404: dict},
+    summary="A model's fetches into the weights mirror, newest first (viewers); POST: fetch "
+    "it now (operators)",
+    request=None,
+    responses={200: _FETCH, 202: dict, 400: dict, 404: dict},
 )
-@api_view(["GET"])
+@api_view(["GET", "POST"])
 def model_fetches(request: Request, name: str) -> Response:
     """Answer a model's fetches into the mirror, newest first (at most 20): the state,
-    the bytes done of the total while one runs, the reason of one that failed."""
+    the bytes done of the total while one runs, the reason of one that failed.
+
+    ``POST`` fetches the model's files now, at the revision it pins (its origin's) or the
+    newest (one never fetched: its origin is written when it is done), and answers the
+    fetch (202); a model the mirror does not fetch is 400 saying why.
+    """
     from catalog.services import stored_specs
 
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    if request.method == "POST":
+        from catalog.choices import Surface
+
+        who = getattr(request.user, "username", "") or "api"
+        try:
+            f = mirror.request_fetch(name, by=f"{who} (api)", surface=Surface.API)
+        except mirror.MirrorError as exc:
+            return Response({"detail": str(exc)}, status=400)
+        return Response(f.as_json(), status=status.HTTP_202_ACCEPTED)
     rows = Fetch.objects.filter(model=name).order_by("-id")[:20]
     return Response([f.as_json() for f in rows])
 

@@ -92,6 +92,24 @@ def compare(
     return Result(model, CURRENT, revision, latest, message=message)
 
 
+def unfetched(model: str, source: str, latest: str, published: Iterable[Weights]) -> Result:
+    """Return the check of a model never fetched (no origin): the registry's newest revision
+    is there to fetch, with every weights file of it new to the model."""
+    files = sorted(w.path for w in published)
+    n = len(files)
+    return Result(
+        model,
+        AVAILABLE,
+        "",
+        latest,
+        added=files,
+        message=(
+            f"never fetched: {short(latest)} is the newest revision of {source}, {n} weights "
+            f"file{'s' if n != 1 else ''}: fetch it now (the mirror's Fetch now, or Update)"
+        ),
+    )
+
+
 def error(model: str, revision: str, message: str) -> Result:
     """Return a check that could not be made, with why."""
     return Result(model, ERROR, revision, message=message)

@@ -1,4 +1,4 @@
-"""The update check's shell: each model with an origin compared with its registry.
+"""The update check's shell: each model with a registry compared with it.
 
 ``check_models(names, by=...)`` asks the registry (``updates.registry.latest``) for the
 revision each model pins, or the newest, compares the weights file by file
@@ -31,9 +31,9 @@ _MARK = "updates:checking:"
 
 
 def checkable(m: object) -> bool:
-    """Return whether a model can be checked: it has an origin and a registry source."""
-    origin = getattr(m, "origin", None)
-    return origin is not None and registry.kind(str(getattr(m, "source", "") or "")) is not None
+    """Return whether a model can be checked: its source has a registry (one never fetched,
+    with no origin yet, is checked against the registry's newest revision too)."""
+    return registry.kind(str(getattr(m, "source", "") or "")) is not None
 
 
 def check_model(m: object) -> check.Result:
@@ -41,13 +41,24 @@ def check_model(m: object) -> check.Result:
     name = str(getattr(m, "name", ""))
     origin = getattr(m, "origin", None)
     source = str(getattr(m, "source", "") or "").strip()
-    if origin is None:
-        return check.error(
-            name, "", "no origin: the mirror writes it when it fetches the model's files"
-        )
     if registry.kind(source) is None:
         return check.error(
-            name, origin.revision, f"source {source} has no registry to check (a local path)"
+            name,
+            origin.revision if origin is not None else "",
+            f"source {source or '(none)'} has no registry to check (a local path)",
+        )
+    if origin is None or not origin.revision:
+        # Never fetched (a sim engine's nodes need no weights, so nothing fetched them):
+        # what the registry holds now is what a fetch would take.
+        try:
+            state = registry.latest(source, None)
+        except registry.RegistryError as exc:
+            return check.error(name, "", f"never fetched, and {exc}")
+        return check.unfetched(
+            name,
+            source,
+            state.commit,
+            [check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.weights],
         )
     have = _have(name, origin)
     try:
@@ -56,8 +67,11 @@ def check_model(m: object) -> check.Result:
         state = registry.latest(source, None)
     except registry.RegistryError as exc:
         return check.error(name, origin.revision, str(exc))
+    # Code files count for a model that runs them (trust_remote_code), weights for all.
+    code = bool(getattr(m, "trust_remote_code", False))
+    have = [w for w in have if registry.kind(source) == "url" or registry.is_compared(w.path, code)]
     published = [
-        check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.weights
+        check.Weights(f.path, f.sha256, int(f.size or 0), f.blob_id) for f in state.compared(code)
     ]
     return check.compare(name, origin.revision, have, state.commit, published)
 

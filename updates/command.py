@@ -6,7 +6,7 @@ the catalog does not import this app), with the admin's "Check for updates".
     manage.py catalog update check [MODEL ...] [--json]
     manage.py catalog update start|promote|rollback|status ...   (updates.cli: the flow's)
 
-``check`` compares each model named (every model with an origin when none is) with its
+``check`` compares each model named (every model with a registry when none is) with its
 registry's latest revision, file by file; it prints a line a model (``--json``: one JSON
 object a line, ``{"model", "state", "revision", "latest", "changed", "added", "removed",
 "message"}``) and exits 1 when any check is an ``error`` (a model not in the catalog, a
@@ -34,7 +34,7 @@ def add_arguments(parser: Any) -> None:
 
     sub = parser.add_subparsers(dest="update_action", required=True)
     check = sub.add_parser(
-        "check", help="check models for updates (all with an origin if none named)"
+        "check", help="check models for updates (all with a registry if none named)"
     )
     check.add_argument("models", nargs="*", metavar="MODEL")
     check.add_argument("--json", action="store_true", help="one JSON object a line")

@@ -20,7 +20,9 @@ model goes through these steps, one update at a time per model:
    (its share set to 0, with the figures) fails the update with them.
 5. **promote**: by hand (``catalog update promote``) unless the update was started with
    ``auto``; the model's origin becomes the new revision, ``previous`` keeps the old one,
-   its replicas roll to it, the candidate is removed (``promoted_spec``).
+   its replicas roll to it, the candidate takes the model's traffic as its first fallback
+   until the roll's replacements are ready (``promoted_spec``, ``handover_over``), then
+   is removed.
 
 ``rollback_spec`` is going back to ``previous`` (while the mirror still holds its files).
 """
@@ -28,7 +30,7 @@ model goes through these steps, one update at a time per model:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from catalog import spec
@@ -381,11 +383,18 @@ def without_candidate(m: spec.Model, candidate: str) -> spec.Model:
 
 
 def promoted_spec(m: spec.Model, candidate: str, new: Revision) -> spec.Model:
-    """Return ``m`` at ``new``: origin the new revision, previous the old one, no canary."""
+    """Return ``m`` at ``new``: origin the new revision, previous the old one, no canary,
+    and the candidate (at ``new`` already, ready) its first fallback while its replicas
+    roll: a model whose old replica must stop before its replacement has room (one
+    replica on a full node) is answered by the candidate meanwhile, not dark
+    (``handover_over`` says when that ends, ``without_handover`` ends it)."""
     out = without_candidate(m, candidate)
+    out.fallbacks = [candidate, *(f for f in out.fallbacks if f != candidate)]
     old = m.origin
     previous = None
-    if old is not None and old.revision:
+    if old is not None and old.revision == new.commit:
+        previous = old.previous  # at that revision already: what it came from stays
+    elif old is not None and old.revision:
         previous = spec.PreviousOrigin(
             source=m.source, revision=old.revision, files=list(old.files)
         )
@@ -398,6 +407,43 @@ def promoted_spec(m: spec.Model, candidate: str, new: Revision) -> spec.Model:
     return out
 
 
+def without_handover(m: spec.Model, candidate: str) -> spec.Model:
+    """Return ``m`` with the candidate no longer among its fallbacks."""
+    out = copy.deepcopy(m)
+    out.fallbacks = [f for f in out.fallbacks if f != candidate]
+    return out
+
+
+# The longest a candidate takes a promoted model's traffic for its replacements (one that
+# never finds room, say): past it the candidate goes, saying so.
+HANDOVER_LIMIT_S = 1800.0
+
+
+def handover_over(
+    model: str, candidate: str, rolled: Mapping[int, str | None], waited_s: float
+) -> str:
+    """Return the line saying the candidate stops taking ``model``'s traffic, or "" while
+    a replacement of the roll is still on its way.
+
+    ``rolled`` is each replacement's state (None: it is gone or no longer wanted, as when
+    the model was scaled down); ``waited_s`` the seconds since the promote.
+    """
+    failed = sorted(rid for rid, state in rolled.items() if state == "failed")
+    rising = sorted(rid for rid, state in rolled.items() if state not in (None, "ready", "failed"))
+    if rising and waited_s < HANDOVER_LIMIT_S:
+        return ""
+    if rising:
+        ids = ", ".join(f"#{r}" for r in rising)
+        return (
+            f"{ids} not ready after {HANDOVER_LIMIT_S / 60:.0f} minutes: {candidate} stops "
+            f"taking {model}'s traffic"
+        )
+    if failed:
+        ids = ", ".join(f"#{r}" for r in failed)
+        return f"replacement {ids} failed: {candidate} stops taking {model}'s traffic"
+    return f"the replacements are ready: {candidate} stops taking {model}'s traffic"
+
+
 def rollback_spec(m: spec.Model) -> spec.Model:
     """Return ``m`` back at its previous revision (the current one becomes previous).
 
@@ -405,9 +451,23 @@ def rollback_spec(m: spec.Model) -> spec.Model:
         Refused: the model has no previous revision.
     """
     old = m.origin
-    if old is None or old.previous is None or not old.previous.revision:
-        raise Refused(f'"{m.name}" has no previous revision to go back to')
+    if old is None or not old.revision:
+        raise Refused(
+            f'"{m.name}" has no previous revision to go back to: it has no origin (its files '
+            "were never fetched nor updated); nothing was rolled"
+        )
+    if old.previous is None or not old.previous.revision:
+        raise Refused(
+            f'"{m.name}" has no previous revision to go back to: it is at '
+            f"{short(old.revision)}, the first revision it was fetched or updated to; "
+            "nothing was rolled"
+        )
     prev = old.previous
+    if prev.revision == old.revision and (prev.source or m.source) == m.source:
+        raise Refused(
+            f'"{m.name}" has no other revision to go back to: its previous revision is the '
+            f"one it is at ({short(old.revision)}); nothing was rolled"
+        )
     out = copy.deepcopy(m)
     out.source = prev.source or m.source
     out.origin = spec.Origin(

@@ -155,7 +155,7 @@ def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
         row.line = f"no registry to check: {why}"
     elif rules.simulated(m):
         # Its nodes need no weights, so nothing fetches them until an update is asked for.
-        row.line = "not checked: a sim engine needs no weights; Update fetches them"
+        row.line = "never fetched (a sim engine needs no weights): Check for updates asks the registry; Fetch now or Update fetches them"
     else:
         row.line = "not checked yet: its origin is written when the mirror first fetches it"
 

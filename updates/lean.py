@@ -127,7 +127,9 @@ def _asked(scope: Scope) -> tuple[int, str] | None:
     if not path.startswith(FILES):
         return None
     pk, _, rel = path[len(FILES) :].partition("/")
-    if not pk.isdigit() or not rel:
+    # ASCII digits only ("²".isdigit() is true, and int() refuses it), and no more than a
+    # row's id has: anything else is Django's to answer (404).
+    if not (0 < len(pk) <= 18 and pk.isascii() and pk.isdigit()) or not rel:
         return None
     return int(pk), rel
 

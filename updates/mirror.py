@@ -33,6 +33,7 @@ marked live for the model's page (``events.changed(models=[name])``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -61,6 +62,8 @@ PROGRESS_EVERY_S = 0.5
 STALE_AFTER_S = 120
 # A fetch that ended this many seconds ago answers a node's ask racing its end.
 FRESH_S = 60
+# How a fetch a dead worker left says so (``resume_stale``).
+STALE_MARK = "its worker stopped"
 # A failed fetch is queued again by a node's ask only after this many seconds.
 RETRY_FAILED_AFTER_S = 300
 _CHUNK = 1024 * 1024
@@ -289,16 +292,46 @@ def _in_thread(pk: int) -> None:
         close_old_connections()
 
 
-def resume_stale(now: float | None = None) -> list[int]:
-    """Queue again the fetches a dead worker left: queued or fetching, unmoved for
-    ``STALE_AFTER_S``. Return their ids (the periodic check calls this)."""
-    cutoff = timezone.now() - timedelta(seconds=STALE_AFTER_S)
-    ids = list(
-        Fetch.objects.filter(state__in=ACTIVE, updated__lt=cutoff).values_list("pk", flat=True)
-    )
-    for pk in ids:
-        Fetch.objects.filter(pk=pk).update(updated=timezone.now())
-        dispatch(pk)
+def resume_stale() -> list[int]:
+    """Say what a dead worker left, and act on it: a fetch queued or fetching, unmoved for
+    ``STALE_AFTER_S``, is queued again once, its reason saying so (it resumes from its
+    ``.part`` files); one that a worker left again after that fails, saying why (a node's
+    ask or Fetch now queues a new one, resuming from what arrived). Return their ids.
+
+    Every tick's look (``updates.signals``) and the periodic check call this, so a fetch
+    is never shown "fetching" for longer than that with nothing said.
+    """
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=STALE_AFTER_S)
+    ids = []
+    for f in Fetch.objects.filter(state__in=ACTIVE, updated__lt=cutoff):
+        unmoved = int((now - f.updated).total_seconds())
+        where = f"{_gb(f.bytes_done)} of {_gb(f.bytes_total)}" if f.bytes_total else ""
+        seen = f"no progress for {unmoved} s" + (f" at {where}" if where else "")
+        if f.reason.startswith(STALE_MARK):
+            claimed = Fetch.objects.filter(pk=f.pk, updated=f.updated).update(
+                updated=now,
+                state=FetchState.FAILED,
+                finished=now,
+                reason=(
+                    f"its worker stopped again ({seen}) after it was queued again: what "
+                    "arrived is kept; a node's ask or Fetch now resumes it from there "
+                    "(see the workers' logs for why they stop)"
+                ),
+            )
+        else:
+            claimed = Fetch.objects.filter(pk=f.pk, updated=f.updated).update(
+                updated=now,
+                reason=(
+                    f"{STALE_MARK} ({seen}): queued again at {now:%H:%M:%S} UTC, resuming "
+                    "from what arrived"
+                ),
+            )
+            if claimed:
+                dispatch(f.pk)
+        if claimed:
+            ids.append(f.pk)
+            _mark(f.model)
     return ids
 
 
@@ -388,9 +421,10 @@ def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest
         return Manifest("failed", failed, message=failed.reason)
     fetch = request_fetch(model_name, by=by, surface="node")
     if fetch.state in ACTIVE and (timezone.now() - fetch.updated).total_seconds() > STALE_AFTER_S:
-        # Left by a worker that died: taken up again (it resumes from its .part files).
-        Fetch.objects.filter(pk=fetch.pk).update(updated=timezone.now())
-        dispatch(fetch.pk)
+        # Left by a worker that died: said so, and taken up again (or failed, the second
+        # time); it resumes from its .part files.
+        resume_stale()
+        fetch.refresh_from_db()
     if fetch.state == FetchState.DONE:
         return Manifest("done", fetch, list(fetch.files))
     if fetch.state == FetchState.FAILED:
@@ -419,15 +453,38 @@ class _Progress:
         _mark(self.fetch.model)
 
 
+# While a fetch waits for another writer of its folder, its row is moved this often (so
+# it is not taken for one a dead worker left), and it waits this long at most.
+LOCK_POLL_S = 1.0
+LOCK_TOUCH_S = 30.0
+LOCK_WAIT_S = 6 * 3600.0
+
+
 @contextlib.contextmanager
-def _folder_lock(rel: str) -> Iterator[None]:
+def _folder_lock(rel: str, fetch: Fetch | None = None) -> Iterator[None]:
     """Hold the lock of one mirror folder: one writer of its ``.part`` files at a time,
-    across processes."""
+    across processes. While another holds it, ``fetch``'s row is moved now and then (its
+    worker is alive: waiting); past ``LOCK_WAIT_S`` the fetch fails saying so."""
     locks = root() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     path = locks / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
     with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        started = touched = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if now - started > LOCK_WAIT_S:
+                    raise MirrorError(
+                        f"another fetch of {rel} held its folder for {LOCK_WAIT_S / 3600:.0f} "
+                        "hours: this one gave up waiting; fetch again once that one ended"
+                    ) from None
+                if fetch is not None and now - touched >= LOCK_TOUCH_S:
+                    touched = now
+                    Fetch.objects.filter(pk=fetch.pk).update(updated=timezone.now())
+                threading.Event().wait(LOCK_POLL_S)
         try:
             yield
         finally:
@@ -457,10 +514,10 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.save(update_fields=["commit", "folder", "bytes_total", "updated"])
         final = root() / fetch.folder
         hashed: dict[str, str] = {}
-        with _folder_lock(fetch.folder):
+        with _folder_lock(fetch.folder, fetch):
             if not _complete(final, state):
-                _check_room(fetch, state)
-                hashed = _download(fetch, state, final)
+                _check_room(fetch, state, final)
+                hashed = _download_or_free(fetch, state, final)
         fetch.files = [
             {
                 "path": f.path,
@@ -524,9 +581,33 @@ def used_bytes(exclude: int | None = None) -> int:
     return sum(seen.values())
 
 
-def _check_room(fetch: Fetch, state: registry.RepoState) -> None:
-    """Refuse a fetch past the size cap or the disk's free space, saying by how much."""
+def held_for_resume(final: Path, state: registry.RepoState) -> int:
+    """Return the bytes of ``state``'s files a ``.part`` folder holds already (whole files,
+    and the ``.part`` of one broken off): a resume writes only the rest."""
+    part_dir = final.with_name(final.name + ".part")
+    if not part_dir.is_dir():
+        return 0
+    held = 0
+    for f in state.files:
+        try:
+            target = _file_in(part_dir, f.path)
+        except MirrorError:
+            continue
+        for path in (target, target.with_name(target.name + ".part")):
+            try:
+                got = path.stat().st_size
+            except OSError:
+                continue
+            held += min(got, f.size) if f.size is not None else got
+            break
+    return held
+
+
+def _check_room(fetch: Fetch, state: registry.RepoState, final: Path | None = None) -> None:
+    """Refuse a fetch past the size cap or the disk's free space, saying by how much. What
+    a resume holds already (its ``.part`` folder) is on the disk: only the rest is needed."""
     need = state.total_bytes
+    resumed = held_for_resume(final, state) if final is not None else 0
     cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
     if cap_gb:
         prune()
@@ -541,10 +622,11 @@ def _check_room(fetch: Fetch, state: registry.RepoState) -> None:
             )
     root().mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root()).free
-    if need > free:
+    if need - resumed > free:
+        held = f" ({_gb(resumed)} of it held from an earlier try)" if resumed else ""
         raise MirrorError(
-            f"{fetch.source} at {fetch.commit[:8]} needs {_gb(need)} and the mirror's disk "
-            f"has {_gb(free)} free: free some, or move LLMGW_MIRROR_DIR"
+            f"{fetch.source} at {fetch.commit[:8]} needs {_gb(need - resumed)} more{held} and "
+            f"the mirror's disk has {_gb(free)} free: free some, or move LLMGW_MIRROR_DIR"
         )
 
 
@@ -561,6 +643,32 @@ def _bytes_with_folder(folder: str, exclude: int) -> int:
 def _gb(n: int) -> str:
     """Return a size as a person reads it: GB from 1 GB, MB below."""
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _download_or_free(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str, str]:
+    """``_download``; when the disk fills up meanwhile, delete what this fetch wrote (its
+    ``.part`` folder) so the disk is not left full, and fail saying so."""
+    try:
+        return _download(fetch, state, final)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        part_dir = final.with_name(final.name + ".part")
+        written = sum(p.stat().st_size for p in part_dir.rglob("*") if p.is_file())
+        shutil.rmtree(part_dir, ignore_errors=True)
+        left = "" if not part_dir.exists() else f"; {part_dir} could not be deleted"
+        try:
+            usage = shutil.disk_usage(root())
+            disk = f" ({_gb(usage.free)} free of {_gb(usage.total)} now)"
+        except OSError:
+            disk = ""
+        raise MirrorError(
+            f"the mirror's disk filled up while fetching {fetch.source} at "
+            f"{fetch.commit[:8]} ({os.strerror(exc.errno)}): deleted the {_gb(written)} this "
+            f"fetch had written, so the disk is not left full{left}{disk}; free some space "
+            "(or move LLMGW_MIRROR_DIR, or lower LLMGW_MIRROR_MAX_GB under the disk's size) "
+            "and fetch again"
+        ) from None
 
 
 def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str, str]:
@@ -694,18 +802,21 @@ def git_blob_id(path: Path) -> str:
 
 
 def origin_files(state: registry.RepoState) -> list[Any]:
-    """Return a state's weights files as the catalog's origin records them."""
+    """Return a state's weights files, and its code files (compared for a model that trusts
+    remote code), as the catalog's origin records them."""
     from catalog import spec
 
     return [
-        spec.OriginFile(path=f.path, sha256=f.sha256, bytes=int(f.size or 0)) for f in state.weights
+        spec.OriginFile(path=f.path, sha256=f.sha256, bytes=int(f.size or 0))
+        for f in state.compared(code=True)
     ]
 
 
 def write_origin(fetch: Fetch, state: registry.RepoState) -> bool:
     """Write a model's ``origin`` from what the registry said of a done fetch, through the
     catalog's services (checked, logged with who asked for the fetch). Only a model with no
-    origin yet, or at that commit, is written; True when written."""
+    origin yet, or at that commit, is written, and never from a running update's fetch
+    (the update's promote writes it); True when written."""
     from catalog import spec
     from catalog.choices import Surface
     from catalog.services import Actor, Refused, save_model, stored_queryset
@@ -720,6 +831,10 @@ def write_origin(fetch: Fetch, state: registry.RepoState) -> bool:
         old = m.origin
         if old is not None and old.revision and old.revision != state.commit:
             return False  # the update's promote moves a model, not a fetch
+        if (old is None or not old.revision) and _for_update(fetch):
+            # An update's new revision, of a model never fetched: its origin is what serves,
+            # written at the update's promote, not while the update is at its eval.
+            return False
         repo = fetch.source if registry.kind(fetch.source) == "hf" else ""
         new = spec.Origin(
             repo=repo,
@@ -742,6 +857,15 @@ def write_origin(fetch: Fetch, state: registry.RepoState) -> bool:
             log.warning("the catalog refused %s's origin: %s", fetch.model, exc)
             return False
     return True
+
+
+def _for_update(fetch: Fetch) -> bool:
+    """Return whether a fetch is a running update's (its new revision)."""
+    from updates.models import UpdateRun, UpdateState
+
+    return UpdateRun.objects.filter(
+        fetch_id=fetch.pk, model=fetch.model, state__in=(UpdateState.RUNNING, UpdateState.WAITING)
+    ).exists()
 
 
 # -- what is kept -------------------------------------------------------------------------------

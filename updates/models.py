@@ -177,6 +177,11 @@ class UpdateRun(models.Model):
     canary = models.JSONField(default=dict, blank=True)
     canary_started = models.DateTimeField(null=True, blank=True)
     canary_reached = models.DateTimeField(null=True, blank=True)
+    # After a promote, the roll's replacements: until each is ready (or failed, or gone)
+    # the candidate is the model's first fallback, taking its traffic while it has no
+    # ready replica; ``handover_ended`` when that was taken off.
+    handover = models.JSONField(default=list, blank=True)
+    handover_ended = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     started_by = models.CharField(max_length=300, blank=True)
     surface = models.CharField(max_length=20, blank=True)

@@ -47,6 +47,14 @@ WEIGHTS_SUFFIXES = (
 TIMEOUT_S = 20.0
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A commit as a registry names it: a git object id (a site's own mirror may name it
+# otherwise, within these characters).
+_COMMIT = re.compile(r"[A-Za-z0-9._\-]{1,128}")
+# What a file's name from a registry may not hold: control characters (CR/LF split headers
+# and log lines), line and paragraph separators, and the angle brackets of HTML.
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029<>]")
+# A path's length in characters a registry may name (git allows 4,096 bytes).
+PATH_MAX_CHARS = 1024
 
 
 class RegistryError(Exception):
@@ -90,10 +98,34 @@ class RepoState:
             return self.files
         return tuple(f for f in self.files if f.weights)
 
+    def compared(self, code: bool = False) -> tuple[RepoFile, ...]:
+        """Return the files the update check compares: the weights, and the code files
+        too for a model that trusts remote code."""
+        if kind(self.source) == "url":
+            return self.files
+        return tuple(f for f in self.files if is_compared(f.path, code))
+
     @property
     def total_bytes(self) -> int:
         """Return the size of every file, those of unknown size counted as 0."""
         return sum(f.size or 0 for f in self.files)
+
+
+# Files an engine imports as code when a model trusts remote code (its catalog field
+# trust_remote_code): compared as its weights are, as a change to them is an update.
+CODE_SUFFIXES = (".py",)
+
+
+def is_code(path: str) -> bool:
+    """Return whether a file of a repository is Python code an engine would import for a
+    model that trusts remote code."""
+    return path.lower().endswith(CODE_SUFFIXES)
+
+
+def is_compared(path: str, code: bool = False) -> bool:
+    """Return whether the update check compares a file: weights, and code files too for a
+    model that trusts remote code (``code``)."""
+    return is_weights(path) or (code and is_code(path))
 
 
 def is_weights(path: str) -> bool:
@@ -234,9 +266,17 @@ def _hub_state(repo: str, revision: str | None) -> RepoState:
     commit = str(info.sha or "")
     if not commit:
         raise RegistryError(f"{where} answered without a commit")
+    if not _COMMIT.fullmatch(commit):
+        raise RegistryError(
+            f"{where} named its commit {commit[:80]!r}, which is not a commit id (letters, "
+            "digits, '.', '_' and '-'): nothing was taken from it"
+        )
     files = []
     for s in info.siblings or []:
         lfs = s.lfs
+        why = unfit_path(str(s.rfilename))
+        if why:
+            raise RegistryError(f"{where} at {commit[:8]} {why}: nothing was taken from it")
         files.append(
             RepoFile(
                 path=s.rfilename,
@@ -247,6 +287,23 @@ def _hub_state(repo: str, revision: str | None) -> RepoState:
             )
         )
     return RepoState(source=repo, commit=commit, files=tuple(sorted(files, key=lambda f: f.path)))
+
+
+def unfit_path(path: str) -> str:
+    """Return why a file's path named by a registry is refused, or "" when it is fit: one
+    holding a control character (CR/LF among them), a line separator or HTML's ``<``/``>``
+    would be written into the catalog's origin, the mirror's folder, logs and pages."""
+    if not path:
+        return "named a file with no name"
+    if len(path) > PATH_MAX_CHARS:
+        return f"named a file of {len(path)} characters (at most {PATH_MAX_CHARS})"
+    bad = _BAD_NAME.search(path)
+    if bad:
+        return (
+            f"named a file {path[:120]!r} holding {bad.group()!r}: a control character, a line "
+            "break or HTML is not a file's name"
+        )
+    return ""
 
 
 def _url_state(url: str) -> RepoState:
@@ -285,7 +342,11 @@ def _url_state(url: str) -> RepoState:
             f"{url} gives no ETag, sha256 or Last-Modified: there is no telling whether it changed"
         )
     size_text = response.headers.get("x-linked-size") or response.headers.get("content-length")
-    size = int(size_text) if size_text and size_text.isdigit() else None
+    size = (
+        int(size_text)
+        if size_text and size_text.isascii() and size_text.isdigit() and len(size_text) < 20
+        else None
+    )
     name = unquote(PurePosixPath(urlsplit(url).path).name) or "weights"
     name = re.sub(r"[^\w.\-]", "_", name)
     return RepoState(

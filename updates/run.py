@@ -217,6 +217,14 @@ def advance_all() -> list[int]:
         except Exception:
             log.exception("update #%s: a look failed; the next tick looks again", pk)
     try:
+        mirror.resume_stale()
+    except Exception:
+        log.exception("looking for fetches a dead worker left failed; the next tick looks again")
+    try:
+        end_handovers()
+    except Exception:
+        log.exception("ending promoted candidates' handovers failed; the next tick tries again")
+    try:
         sweep()
     except Exception:
         log.exception("removing ended updates' candidates failed; the next tick tries again")
@@ -250,6 +258,15 @@ def sweep(now: datetime | None = None) -> list[str]:
             continue  # a later update's candidate, running
         if newest.finished is None or newest.finished > now - timedelta(seconds=DRAIN_S):
             continue  # a later update's candidate, draining
+        if (
+            newest.state == UpdateState.PROMOTED
+            and newest.handover
+            and (
+                newest.handover_ended is None
+                or newest.handover_ended > now - timedelta(seconds=DRAIN_S)
+            )
+        ):
+            continue  # taking the model's traffic until its replacements are ready
         with transaction.atomic():
             delete_model(name, actor_for(newest))
             _mark(newest.model, name)
@@ -451,7 +468,7 @@ def _revision(fetch: Fetch) -> flow.Revision:
         spec.OriginFile(path=str(f["path"]), sha256=str(f.get("sha256") or ""),
                         bytes=int(f.get("bytes") or 0))
         for f in fetch.files
-        if registry.is_weights(str(f["path"]))
+        if registry.is_compared(str(f["path"]), code=True)
     )  # fmt: skip
     return flow.Revision(fetch.commit, files)
 
@@ -666,15 +683,72 @@ def _promote(run: UpdateRun, actor: Actor, ended_by: str = "") -> None:
         _fail(run, f"the catalog refused the promote: {exc}")
         return
     _check_moved(run.model, m.origin, promoted.origin)
-    # The candidate goes once drained (``sweep``): the canary is off it from this change.
+    # The canary is off the candidate from this change; it takes the model's traffic as
+    # its first fallback until the roll's replacements are ready (``end_handovers``), then
+    # goes once drained (``sweep``).
     _revoke_eval_key(run)
     rolled = services.roll(run.model, every=True)
     run.state = UpdateState.PROMOTED
     run.finished = _now()
     run.ended_by = ended_by or run.ended_by
+    run.handover = list(rolled)
     _add_line(run, flow.PROMOTE,
               f"promoted to {flow.short(run.commit)} by {ended_by or 'the update (auto)'}: "
-              f"rolling {len(rolled)} replica{'s' if len(rolled) != 1 else ''}")  # fmt: skip
+              f"rolling {len(rolled)} replica{'s' if len(rolled) != 1 else ''}"
+              + (f"; {run.candidate} takes {run.model}'s traffic until "
+                 f"{'they are' if len(rolled) != 1 else 'it is'} ready" if rolled else ""))  # fmt: skip
+    if not rolled:
+        _end_handover(run, "")
+
+
+def end_handovers(now: datetime | None = None) -> list[int]:
+    """Take each promoted candidate off its model's fallbacks once the roll's replacements
+    are ready (or failed, or gone, or past ``flow.HANDOVER_LIMIT_S``); return the runs
+    whose handover ended (each reconcile tick, before ``sweep``)."""
+    now = now or _now()
+    ended = []
+    for pk in (
+        UpdateRun.objects.filter(state=UpdateState.PROMOTED, handover_ended__isnull=True)
+        .exclude(candidate="")
+        .values_list("pk", flat=True)
+    ):
+        with transaction.atomic():
+            run = (
+                UpdateRun.objects.select_for_update(skip_locked=True)
+                .filter(pk=pk, handover_ended__isnull=True)
+                .first()
+            )
+            if run is None:
+                continue
+            ids = [int(i) for i in run.handover]
+            states: dict[int, str | None] = dict.fromkeys(ids)
+            for rid, state in Replica.objects.filter(pk__in=ids, desired=True).values_list(
+                "pk", "state"
+            ):
+                states[rid] = str(state)
+            waited = (now - run.finished).total_seconds() if run.finished else 0.0
+            line = flow.handover_over(run.model, run.candidate, states, waited)
+            if not line:
+                continue
+            _end_handover(run, line, now)
+            run.save()
+            _mark(run.model, run.candidate)
+        ended.append(pk)
+    return ended
+
+
+def _end_handover(run: UpdateRun, line: str, now: datetime | None = None) -> None:
+    """Take the candidate off the model's fallbacks and say why (``line``)."""
+    m = _spec(run.model)
+    if m is not None and run.candidate in m.fallbacks:
+        try:
+            save_model(flow.without_handover(m, run.candidate), actor_for(run),
+                       replacing=run.model,
+                       note=f"update #{run.pk}: {run.candidate} no longer takes its traffic")  # fmt: skip
+        except Refused as exc:
+            line = f"{line}; the catalog refused taking {run.candidate} off the fallbacks: {exc}"
+    run.handover_ended = now or _now()
+    _add_line(run, flow.PROMOTE, line)
 
 
 def _check_moved(name: str, before: Any, after: Any) -> None:
@@ -711,6 +785,15 @@ def rollback(
             )
         m = row.to_spec()
         back = flow.rollback_spec(m)
+        # A promoted candidate still taking the model's traffic holds the weights gone back
+        # from: it stops now.
+        handing = list(
+            UpdateRun.objects.select_for_update()
+            .filter(model=model_name, state=UpdateState.PROMOTED, handover_ended__isnull=True)
+            .exclude(candidate="")
+        )
+        for h in handing:
+            back = flow.without_handover(back, h.candidate)
         prev = back.origin.revision if back.origin is not None else ""
         if mirror.enabled() and mirror.local_path(model_name, prev) is None:
             raise flow.Refused(
@@ -723,6 +806,11 @@ def rollback(
             save_model(back, actor, replacing=model_name, note=f"rolled back to {flow.short(prev)}")
         except Refused as exc:
             raise flow.Refused(f"the catalog refused the rollback: {exc}") from None
+        for h in handing:
+            h.handover_ended = _now()
+            _add_line(h, flow.PROMOTE, f"rolled back: {h.candidate} stops taking "
+                      f"{model_name}'s traffic")  # fmt: skip
+            h.save()
         rolled = services.roll(model_name, every=True)
         _check_moved(model_name, m.origin, back.origin)
         _mark(model_name)

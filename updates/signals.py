@@ -5,7 +5,8 @@
   moves with the cluster it waits on (a candidate placed and ready, a canary's requests).
   The look runs beside the tick, never in it (a step may ask the registry): a worker's
   task in production, a thread of the process embedded, one at a time there; two looks
-  at once skip each other's updates (``advance`` claims each row).
+  at once skip each other's updates (``advance`` claims each row). The same look ends
+  promoted candidates' handovers and says which fetches a dead worker left.
 """
 
 from __future__ import annotations
@@ -25,13 +26,8 @@ _looking = threading.Lock()
 
 
 def _tick(sender: Any, **kwargs: Any) -> None:
-    from updates.models import UpdateRun, UpdateState
-
     try:
-        if (
-            not UpdateRun.objects.filter(state=UpdateState.RUNNING).exists()
-            and not _ended_recently()
-        ):
+        if not worth_a_look():
             return
         if settings.REDIS_URL:
             from updates.tasks import advance_updates
@@ -41,6 +37,22 @@ def _tick(sender: Any, **kwargs: Any) -> None:
             threading.Thread(target=_look, name="updates-advance", daemon=True).start()
     except Exception:
         log.exception("moving the running updates failed; the next tick tries again")
+
+
+def worth_a_look() -> bool:
+    """Whether a tick has anything for ``run.advance_all`` to do: an update running, one
+    ended lately (its candidate to remove), a promoted candidate still taking its model's
+    traffic, or a fetch into the mirror under way (one a dead worker left is said so)."""
+    from updates.models import ACTIVE, Fetch, UpdateRun, UpdateState
+
+    return (
+        UpdateRun.objects.filter(state=UpdateState.RUNNING).exists()
+        or _ended_recently()
+        or UpdateRun.objects.filter(state=UpdateState.PROMOTED, handover_ended__isnull=True)
+        .exclude(candidate="")
+        .exists()
+        or Fetch.objects.filter(state__in=ACTIVE).exists()
+    )
 
 
 def _ended_recently() -> bool:

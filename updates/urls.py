@@ -13,6 +13,7 @@ urlpatterns = [
     path("mirror/", views.mirror_page, name="mirror"),
     path("models/<name:name>/panel/", views.model_panel, name="model_panel"),
     path("models/<name:name>/check/", views.model_check, name="model_check"),
+    path("models/<name:name>/fetch/", views.model_fetch, name="model_fetch"),
     # The update flow's (updates.flowviews).
     path("", flowviews.updates_page, name="list"),
     path("models/<name:name>/update/", flowviews.model_update, name="model_update"),

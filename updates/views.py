@@ -5,6 +5,8 @@
   updates"; on the model's page, asked for again every few seconds while it is open
   (more often while a fetch runs);
 - ``model_check``: check a model now (operators), logged like the API's check;
+- ``model_fetch``: fetch a model's files into the mirror now (operators), offered while it
+  was never fetched;
 - the mirror's page (``mirror_page``): what it holds, for which models, how much, against
   its cap, and the fetches queued, running and failed.
 """
@@ -56,6 +58,14 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
         "not_mirrored": mirror.registry.mirrored(str(m.source or "")),
         "mirror_on": mirror.enabled(),
         "can_check": has_role(request.user, OPERATOR),
+        "can_fetch": (
+            has_role(request.user, OPERATOR)
+            and mirror.enabled()
+            and mirror.registry.kind(str(m.source or "")) is not None
+            and not mirror.registry.mirrored(str(m.source or ""))
+            and (m.origin is None or not m.origin.revision)
+            and not active
+        ),
         "refresh_s": FAST_S if active else SLOW_S,
     } | _flow_context(request, name)
 
@@ -90,6 +100,67 @@ def model_check(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return redirect("catalog:servedmodel_detail", name)
 
 
+@role_required(OPERATOR)
+@require_POST
+def model_fetch(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Fetch a model's files into the mirror now (one never fetched: its origin is written
+    when the fetch is done); answer its panel (htmx) or go back to its page."""
+    from catalog.choices import Surface
+
+    who = f"{request.user.get_username()} (console)"
+    said = ""
+    try:
+        f = mirror.request_fetch(name, by=who, surface=Surface.CONSOLE)
+        said = f"{name}: fetch #{f.pk} {f.get_state_display()}"
+    except mirror.MirrorError as exc:
+        if "not in the catalog" in str(exc):
+            raise Http404(str(exc)) from None
+        said = str(exc)
+        if not request.htmx:
+            messages.error(request, said)
+            return redirect("catalog:servedmodel_detail", name)
+    if request.htmx:
+        context = panel_context(request, name)
+        if said and context["fetch"] is None:
+            context["fetch_refused"] = said
+        return render(request, "updates/partials/model_panel.html", context)
+    messages.success(request, said)
+    return redirect("catalog:servedmodel_detail", name)
+
+
+# The mirror's disk is shown as nearly full from this share used.
+DISK_WARN = 0.95
+
+
+def _disk() -> dict[str, Any]:
+    """The mirror's disk: free and total bytes, and whether it is (nearly) full; a fetch
+    that filled it up said so, and what it deleted (``mirror._download_or_free``)."""
+    import shutil
+    from pathlib import Path
+
+    where = mirror.root()
+    while not where.exists() and where != where.parent:
+        where = where.parent  # not made yet: the disk it will be on
+    try:
+        usage = shutil.disk_usage(Path(where))
+    except OSError:
+        return {"disk_total": 0}
+    full = (
+        Fetch.objects.filter(
+            state=FetchState.FAILED, reason__startswith="the mirror's disk filled up"
+        )
+        .order_by("-finished")
+        .first()
+    )
+    return {
+        "disk_total": usage.total,
+        "disk_free": usage.free,
+        "disk_percent": round(100 * usage.used / usage.total) if usage.total else 0,
+        "disk_full": usage.total and usage.used / usage.total >= DISK_WARN,
+        "disk_filled": full,
+    }
+
+
 @role_required(VIEWER)
 def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
     """Show what the mirror holds, for whom, and how much; and its fetches."""
@@ -109,7 +180,7 @@ def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
         "mirror_dir": str(settings.LLMGW_MIRROR_DIR),
         "endpoint": str(settings.HF_ENDPOINT),
         "refresh_s": FAST_S,
-    }
+    } | _disk()
     if request.htmx and request.GET.get("region"):
         return render(request, "updates/mirror.html#region", context)
     return render(request, "updates/mirror.html", context)

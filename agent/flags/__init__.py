@@ -10,13 +10,20 @@ engines' sources. This module decides what each flag is to the catalog, in three
   naming the catalog field to use instead;
 - one that names a file, folder, URL, address, key, download source or code to load
   (``names_a_thing``): refused, as the engine would read or fetch what it names;
+- one that runs code, opens a tool endpoint, widens who may call the engine or changes
+  where its weights come from, whatever its value (``REFUSED``, read by hand from each
+  engine's documentation): refused saying which;
 - everything else: allowed, exactly as spelled in the table.
 
 A flag that is not in the table (an abbreviation, which argparse would take for the flag
 it begins, or a typo) is refused naming the nearest real flag; a flag given twice is
-refused unless the engine repeats it (otherwise the last one silently wins). The same for
-environment variables: the engine's own documented variables and the common runtime
-ones, less those that load code, name files or carry keys. No Django here.
+refused unless the engine repeats it (otherwise the last one silently wins).
+
+Environment variables: refused are those that load code, name files, folders or addresses,
+carry keys, or are the agent's or the control plane's own (``unsafe_env``); engines read
+hundreds (``NCCL_*``, ``CUDA_*``, ``VLLM_*``, ``TORCH_*``), so any other passes, and one the
+engine does not document (nor ``COMMON_ENV`` lists) is passed with a warning
+(``env_warning``): a typo the engine would ignore. No Django here.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ _KEY = (
     "the agent gives each replica its own key, which the gateway and the guard send; "
     "another would lock them out"
 )
+_TRUST = (
+    "set the model's trust_remote_code: true instead, on purpose: the engine then imports "
+    "and runs the Python files that come with the model (its page shows it, and a change "
+    "to those files counts as an update)"
+)
 
 # The agent's own flags, by one of their names: every alias of that flag in the engine's
 # table is the agent's too.
@@ -65,6 +77,7 @@ AGENT: dict[str, dict[str, str]] = {
         "--headless": _NODES,
         "--distributed-executor-backend": _NODES,
         "--lora-modules": _LORA,
+        "--trust-remote-code": _TRUST,
     },
     "sglang": {
         "--host": _PORT,
@@ -78,6 +91,7 @@ AGENT: dict[str, dict[str, str]] = {
         "--node-rank": _NODES,
         "--dist-init-addr": _NODES,
         "--lora-paths": _LORA,
+        "--trust-remote-code": _TRUST,
     },
     "llamacpp": {
         "--host": _PORT,
@@ -94,6 +108,7 @@ AGENT: dict[str, dict[str, str]] = {
         "--port": _PORT,
         "--tensor_parallel_size": _TP,
         "--pipeline_parallel_size": _PP,
+        "--trust_remote_code": _TRUST,
     },
     "sim": {
         "--host": _PORT,
@@ -105,6 +120,120 @@ AGENT: dict[str, dict[str, str]] = {
         "--weights": _SOURCE,
     },
 }
+
+# Flags refused whatever their value: what runs code on the node, opens an endpoint that
+# does, widens who may call the engine, or changes where its weights come from (each read
+# in the engine's own documentation; docs/catalog.md lists them with why).
+_RUNS = "it runs code or commands on the node that the catalog does not vet"
+_TOOLS = (
+    "it opens llama-server's /tools endpoint, which runs shell commands and writes files on "
+    "the node for whoever holds the replica's key"
+)
+_MCP = "it starts the MCP servers it names: programs run on the node as the agent's user"
+_MCP_PROXY = "it opens a proxy endpoint through which a caller reaches any address the node can"
+_CORS = (
+    "it widens who may call the engine (CORS lets web pages in browsers call it): only the "
+    "gateway and the guard call a replica"
+)
+_GRPC = (
+    "it serves gRPC instead of the OpenAI HTTP API, without the replica's key: anyone who "
+    "reaches the port could call the engine"
+)
+_PRESET = (
+    "it downloads a fixed model from Hugging Face instead of the model's source: the "
+    "model's source is where weights come from"
+)
+_FETCHES = (
+    "it changes where the engine's weights come from: the model's source (mirrored) is "
+    "where they come from"
+)
+_REQUEST_CODE = "it lets a request make the engine import or run code the request names or carries"
+_REQUEST_TEMPLATE = (
+    "it lets a request hand the engine its own chat template to run in place of the model's"
+)
+_PICKLE = (
+    "the engine then deserialises tensors a request sends (torch.load), a known way to run "
+    "code on the node (CVE-2025-62164)"
+)
+REFUSED: dict[str, dict[str, str]] = {
+    "vllm": {
+        "--grpc": _GRPC,
+        "--allow-credentials": _CORS,
+        "--allowed-headers": _CORS,
+        "--allowed-methods": _CORS,
+        "--logits-processor-pattern": _REQUEST_CODE,
+        "--trust-request-chat-template": _REQUEST_TEMPLATE,
+        "--enable-prompt-embeds": _PICKLE,
+        "--code-revision": (
+            "it picks another commit's model code from the Hub for the engine to run; the "
+            "model's source and origin say which files are used"
+        ),
+    },
+    "sglang": {
+        "--grpc-mode": _GRPC,
+        "--smg-grpc-mode": _GRPC,
+        "--enable-custom-logit-processor": (
+            "it lets a request send a serialised logit processor that the engine loads and "
+            "runs (pickle): any caller runs code on the node"
+        ),
+        "--forward-hooks": "it imports and runs the hook factories it names by Python path",
+        "--custom-weight-loader": "it imports and runs the loaders it names by Python path",
+        "--sidecar": _RUNS,
+        "--sidecar-args": _RUNS,
+        "--trust-request-chat-template": _REQUEST_TEMPLATE,
+        "--remote-instance-weight-loader-backend": _FETCHES,
+        "--remote-instance-weight-loader-start-seed-via-transfer-engine": _FETCHES,
+        "--modelexpress-config": _FETCHES,
+    },
+    "llamacpp": {
+        "--tools": _TOOLS,
+        "--tools-runtime": (
+            "it sets where llama-server's /tools run their commands (ssh:HOST reaches "
+            "another machine)"
+        ),
+        "--mcp-servers-config": _MCP,
+        "--mcp-servers-json": _MCP,
+        "--ui-mcp-proxy": _MCP_PROXY,
+        "--cors-origins": _CORS,
+        "--cors-credentials": _CORS,
+        "--cors-headers": _CORS,
+        "--cors-methods": _CORS,
+        **dict.fromkeys(
+            (
+                "--embd-bge-small-en-default",
+                "--embd-e5-small-en-default",
+                "--embd-gemma-default",
+                "--embd-gte-small-default",
+                "--fim-qwen-1.5b-default",
+                "--fim-qwen-3b-default",
+                "--fim-qwen-7b-default",
+                "--fim-qwen-7b-spec",
+                "--fim-qwen-14b-spec",
+                "--fim-qwen-30b-default",
+                "--gpt-oss-20b-default",
+                "--gpt-oss-120b-default",
+                "--vision-gemma-4b-default",
+                "--vision-gemma-12b-default",
+            ),
+            _PRESET,
+        ),
+    },
+    "trtllm": {},
+    "sim": {},
+}
+# A flag whose value may be one of these words and names a file or folder otherwise.
+WORDS_ONLY: dict[str, dict[str, frozenset[str]]] = {
+    "vllm": {"--generation-config": frozenset({"auto", "vllm"})},
+    "sglang": {"--init-expert-location": frozenset({"trivial"})},
+}
+# A flag whose value is a repository id (a tokenizer's), never a path or URL: the model's
+# own source is handed to the engine as its local copy (agent.engines.command_for); another
+# the engine fetches as it fetches a source given as an id.
+REPO_ID_FLAGS: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"--tokenizer"}),
+    "sglang": frozenset({"--tokenizer-path"}),
+}
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
 # A flag taking a value names a thing the engine would open, fetch, connect to or import
 # when its last word (split at - and _) is one of these, or any word is a strong one.
@@ -184,10 +313,18 @@ _THINGS: dict[str, frozenset[str]] = {
             "--model-loader-extra-config",
             "--lora-resolver-config",
             "--weight-transfer-config",
+            "--default-mm-loras",  # {"image": "/path/to/lora"}
         }
     ),
     "sglang": frozenset(
-        {"--config", "--chat-template", "--completion-template", "--tokenizer-path"}
+        {
+            "--config",
+            "--chat-template",
+            "--completion-template",
+            "--speculative-token-map",
+            "--dllm-algorithm-config",
+            "--msprobe-dump-config",
+        }
     ),
     "llamacpp": frozenset(
         {
@@ -201,6 +338,7 @@ _THINGS: dict[str, frozenset[str]] = {
             "--api-key-file",
             "--models-preset",
             "--webui-config",
+            "--webui-config-file",
         }
     ),
     "trtllm": frozenset({"--config", "--chat_template", "--custom_tokenizer"}),
@@ -216,6 +354,20 @@ _JSON_THING = re.compile(
     r"(^|_)(model|path|paths|file|dir|url|uri|host|port|addr|address|endpoint|key|token|"
     r"tokenizer|plugin|module|cls)(_|$)",
     re.IGNORECASE,
+)
+
+# A flag whose name ends so takes settings, as JSON or (for some) a file's path.
+_CONFIG_FLAG = re.compile(r"[-_](config|kwargs|overrides)$")
+_FILE_SUFFIX = re.compile(r"\.(json|ya?ml|toml|py|txt|cfg|ini|pt|bin)$", re.IGNORECASE)
+# Keys of a JSON value whose string names code to import (CompilationConfig's "backend",
+# a hook's "hook_factory", a pass): refused when the value is a dotted import path.
+_JSON_CODE = re.compile(
+    r"(^|_)(backend|factory|hook|hooks|pass|passes|processor|processors|loader|fn|func|"
+    r"function|callable|class|impl)(_|$)",
+    re.IGNORECASE,
+)
+_QUALNAME = re.compile(
+    r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?|[A-Za-z_]\w*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 )
 
 # Environment: the common runtime variables any engine may have.
@@ -276,9 +428,57 @@ COMMON_ENV = frozenset(
     }
 )
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PYTHON_ENV = frozenset(
-    {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE"}
+# PYTHON* variables that choose no code (every other one does: PYTHONPATH, PYTHONSTARTUP,
+# PYTHONWARNINGS and PYTHONBREAKPOINT import modules, PYTHONINSPECT opens a prompt).
+_PYTHON_HARMLESS = frozenset(
+    {
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONFAULTHANDLER",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+    }
 )
+# Variables that make a shell or another runtime the engine may start load code.
+_LOADER_ENV = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PS4",
+        "NODE_OPTIONS",
+        "PERL5OPT",
+        "PERL5LIB",
+        "RUBYOPT",
+        "RUBYLIB",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+    }
+)
+# Engine variables refused by name, with why (each read in the engine's documentation).
+_ENV_REFUSED: dict[str, str] = {
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": (
+        "it lets vLLM's processes unpickle what they exchange, a way to run code on the node"
+    ),
+    "VLLM_USE_MODELSCOPE": (
+        "it makes the engine fetch weights from ModelScope instead of the model's source"
+    ),
+    "SGLANG_USE_MODELSCOPE": (
+        "it makes the engine fetch weights from ModelScope instead of the model's source"
+    ),
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (
+        "the agent sets it for a model that loads adapters on demand: set the model's "
+        "max_loaded_adapters instead (by hand it opens an endpoint that loads an adapter "
+        "from any path or repository a caller names)"
+    ),
+    "VLLM_SERVER_DEV_MODE": (
+        "it opens vLLM's development endpoints (/collective_rpc calls any method of the "
+        "engine's workers, /reset_prefix_cache, /sleep) to whoever holds the replica's key"
+    ),
+}
 _DEVICE_ENV = frozenset(
     {
         "CUDA_VISIBLE_DEVICES",
@@ -296,14 +496,19 @@ _ENV_THING_WORDS = frozenset(
         "PLUGIN", "PLUGINS", "MODULE", "MODULES", "CLS", "CLASS", "REPO", "MIRROR",
         "DOMAIN", "DOMAINS", "PROXY", "CACHE", "CONFIG", "PRELOAD", "LIB", "LIBRARY",
         "ENTRYPOINT", "ENTRYPOINTS", "COMMAND", "CMD", "EXEC", "SCRIPT", "WEBHOOK",
+        "MODELSCOPE",
     }
+)  # fmt: skip
+# How a name glued without "_" ends when it names a thing (XPATH, CLASSPATH, HFHOME).
+_ENV_THING_ENDS = (
+    "PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "HOME", "ROOT", "URL", "URI", "KEY",
+    "TOKEN", "SECRET", "PASSWORD", "PRELOAD", "PLUGIN", "PLUGINS", "ENDPOINT", "PROXY",
 )  # fmt: skip
 # A variable the engine sets itself from a flag: it is what that flag is (LLAMA_ARG_*).
 _SIM_AGENT_ENV = frozenset(
     f"LLMGW_SIM_{o}"
     for o in ("HOST", "PORT", "MODEL", "API_KEY", "GUARD_FORMAT", "GUARD_CATEGORIES")
 )
-_ENV_DOC = "docs/catalog.md says which each engine may be given"
 
 
 @dataclass(frozen=True)
@@ -385,6 +590,10 @@ def kinds(engine: str) -> dict[str, str]:
             None,
         )
         if why is None:
+            why = next((REFUSED[engine][n] for n in flag.names if n in REFUSED[engine]), None)
+        if why is None and any(n in REPO_ID_FLAGS.get(engine, ()) for n in flag.names):
+            continue  # its value is checked: a repository id
+        if why is None:
             thing = any(n in _THINGS[engine] for n in flag.names) or (
                 flag.value != "none"
                 and not any(n in _NOT_THINGS for n in flag.names)
@@ -418,10 +627,33 @@ def _looks_like_flag(value: str) -> bool:
     return value.startswith("-") and not re.fullmatch(r"-\d+(\.\d*)?([eE]-?\d+)?", value)
 
 
-def _value_problem(engine: str, name: str, value: str) -> str | None:
+def _value_problem(engine: str, flag: Flag, name: str, value: str) -> str | None:
     if "\x00" in value or "\n" in value or "\r" in value:
         return f'the value of "{name}" must be one line'
     stripped = value.strip()
+    if any(n in REPO_ID_FLAGS.get(engine, ()) for n in flag.names) and (
+        not _REPO_ID.fullmatch(stripped) or ".." in stripped
+    ):
+        return (
+            f'the value of "{name}" must be a repository id (owner/name), as a model\'s '
+            "source may be: a path or URL names a file or address the engine would read "
+            "or fetch as the agent's user"
+        )
+    words = next((w for n, w in WORDS_ONLY.get(engine, {}).items() if n in flag.names), None)
+    if words is not None and stripped not in words:
+        return (
+            f'the value of "{name}" may be {" or ".join(sorted(words))}: another names a '
+            "file or folder the engine would read as the agent's user"
+        )
+    if (
+        stripped[:1] not in "{["
+        and _CONFIG_FLAG.search(flag.names[0])
+        and _looks_like_path(stripped)
+    ):
+        return (
+            f'the value of "{name}" names a file ({_THING.split(", which")[0][3:]}): give '
+            "the settings themselves, as JSON"
+        )
     if stripped[:1] in "{[":
         try:
             data = json.loads(stripped)
@@ -436,11 +668,21 @@ def _value_problem(engine: str, name: str, value: str) -> str | None:
     return None
 
 
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or "\\" in value or bool(_FILE_SUFFIX.search(value))
+
+
 def _json_thing(data: object) -> str | None:
     if isinstance(data, dict):
         for key, value in data.items():
             if _JSON_THING.search(str(key)) and value not in (None, "", False):
                 return f'"{key}"'
+            if (
+                _JSON_CODE.search(str(key))
+                and isinstance(value, str)
+                and _QUALNAME.fullmatch(value.strip())
+            ):
+                return f'"{key}" (Python code by its import path)'
             found = _json_thing(value)
             if found:
                 return found
@@ -524,7 +766,7 @@ def arg_problems(engine: str, args: Sequence[str]) -> list[str]:
                 out.append(f'argument "{name}" takes one or more values')
                 continue
         for v in values:
-            if why := _value_problem(engine, name, v):
+            if why := _value_problem(engine, flag, name, v):
                 out.append(why)
                 break
     return out
@@ -568,10 +810,25 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
     """
     if not _ENV_NAME.fullmatch(key):
         return "it is not a variable name: use letters, digits and _, not starting with a digit"
-    if key == "PATH" or key.startswith("LD_"):
+    upper = key.upper()
+    if upper == "PATH" or upper.startswith("LD_"):
         return "it changes which programs and libraries the engine loads"
-    if key in _PYTHON_ENV:
+    if key.startswith("PYTHON") and key not in _PYTHON_HARMLESS:
         return "it changes which Python code the engine runs"
+    if key in _LOADER_ENV or key.startswith("BASH_FUNC_"):
+        return "it makes a shell or runtime the engine starts load code"
+    if upper == "GLIBC_TUNABLES":
+        return (
+            "it changes how the C library behaves in every program the engine starts (it "
+            "was the way in of CVE-2023-4911)"
+        )
+    if "TRUST_REMOTE_CODE" in key:
+        return (
+            "set the model's trust_remote_code: true instead, on purpose: the engine then "
+            "runs the Python files that come with the model"
+        )
+    if key in _ENV_REFUSED:
+        return _ENV_REFUSED[key]
     if key in _DEVICE_ENV:
         return "the agent assigns the cards: use gpu_class and gpus_per_node"
     if key in _SIM_AGENT_ENV:
@@ -585,13 +842,8 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
         flag = table(e).env_flags.get(key)
         if flag and (why := kinds(e).get(flag)):
             return f"it is {flag}'s variable, and {why}"
-    if key not in env_allowed(engine) and not sim_own:  # the sim's own LLMGW_SIM_* pass
-        for_engine = f" for {engine}" if engine else ""
-        return (
-            f"it is not one an operator may set{for_engine}: not a variable the engine "
-            f"documents ({_ENV_DOC})"
-        )
-    if set(key.split("_")) & _ENV_THING_WORDS and key not in COMMON_ENV:
+    thing = set(upper.split("_")) & _ENV_THING_WORDS or upper.endswith(_ENV_THING_ENDS)
+    if thing and key not in COMMON_ENV:
         return (
             "it names a file, folder, address, key or code to load, which the engine would "
             "open or import as the agent's user"
@@ -599,3 +851,20 @@ def unsafe_env(key: str, engine: str = "", value: str = "") -> str | None:
     if "\x00" in value or "\n" in value or "\r" in value or len(value) > 1000:
         return "its value must be one line of at most 1000 characters"
     return None
+
+
+def env_warning(key: str, engine: str) -> str | None:
+    """Return why a variable ``unsafe_env`` passes may not do what is meant, or None: one
+    the engine does not document (nor is a common runtime one) is passed as written, and
+    the engine may never read it (a misspelling, a lower-case name)."""
+    if engine not in ENGINES or unsafe_env(key, engine) is not None:
+        return None
+    if key in env_allowed(engine) or (engine == "sim" and key.startswith("LLMGW_SIM_")):
+        return None
+    t = table(engine)
+    close = difflib.get_close_matches(key.upper(), sorted(env_allowed(engine)), n=1, cutoff=0.8)
+    hint = f': did you mean "{close[0]}"?' if close and close[0] != key else ""
+    return (
+        f"{key} is not a variable {t.program} documents ({_versions(t)}) nor a common runtime "
+        f"one: it is passed as written, and the engine may not read it{hint}"
+    )

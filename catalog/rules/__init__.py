@@ -31,7 +31,7 @@ Everything public is importable from here; by topic, it lives in:
 
 from __future__ import annotations
 
-from catalog.rules.catalog_checks import Catalog, build_catalog, check_catalog
+from catalog.rules.catalog_checks import Catalog, build_catalog, catalog_warnings, check_catalog
 from catalog.rules.constants import (
     CLASS_CRITICAL,
     CLASS_OPPORTUNISTIC,
@@ -86,6 +86,7 @@ __all__ = [
     "Path",
     "build_catalog",
     "canary_limits",
+    "catalog_warnings",
     "check_catalog",
     "check_model",
     "class_rank",

@@ -16,7 +16,19 @@ from catalog.rules.found import Path
 from catalog.rules.helpers import is_guard
 from catalog.rules.model_checks import _check_normalized
 from catalog.rules.normalize import normalize
+from catalog.rules.profile_checks import profile_warnings
 from catalog.spec import Adapter, Model
+
+
+def catalog_warnings(models: list[Model]) -> list[Problem]:
+    """Return what a catalog is allowed but may not do what is meant (each model's, with
+    its name and position): surfaces show these beside a change, which is made all the
+    same (an environment variable its engine does not document)."""
+    out: list[Problem] = []
+    for i, m in enumerate(models):
+        n = normalize(m)
+        out += [replace(p, model=n.name, index=i) for p in profile_warnings(n)]
+    return out
 
 
 def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Problem]:

@@ -3,16 +3,17 @@
 The rules are plain Python (no Django, no settings): a fact of the installation a rule
 needs arrives as an ``Environment``, which ``catalog.services.environment()`` builds from
 the settings for every surface (forms, admin, API, file import and validate). Without
-one, the rules take the strictest reading: no key file, and plain ``http://`` to loopback
-only.
+one, the rules take the strictest reading: no key file, and no plain ``http://``.
 
 - ``secrets_dir`` (``LLMGW_SECRETS_DIR``): the one folder an external provider's
   ``api_key_file`` may name a file in. The gateway reads that file (as the user it runs
   as) and sends it to the provider's ``url``: any path would let whoever edits the
   catalog send any file the gateway can read to any address.
-- ``http_hosts`` (``LLMGW_EXTERNAL_HTTP_HOSTS``): hosts an external ``url`` may reach
-  over plain ``http://`` besides loopback (a provider inside the site's network). Every
-  other provider is ``https://``: the prompts and the key cross the network.
+- ``http_hosts`` (``LLMGW_EXTERNAL_HTTP_HOSTS``): the ``host:port`` pairs an external
+  ``url`` may reach over plain ``http://`` (a provider inside the site's network, a model
+  server on this machine); a host written alone is its port 80. Nothing else, loopback
+  included: a loopback port may be Redis or the database, which a provider ``url`` would
+  let whoever edits the catalog send requests to. Every other provider is ``https://``.
 
 ``key_file`` and ``url_problem`` are the checks themselves, used by the rules and again
 by the gateway when it reads a key file or sends to a provider.
@@ -81,19 +82,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_port(entry: str) -> str:
+    """Return an ``http_hosts`` entry as ``host:port`` (lower case; port 80 when not
+    written; an IPv6 address in brackets), or "" for one that is not a host."""
+    try:
+        parts = urlsplit("http://" + entry.strip())
+        host, port = parts.hostname or "", parts.port or 80
+    except ValueError:
+        return ""
+    if not host or parts.path or parts.query or parts.username or _CONTROL.search(entry):
+        return ""
+    host = host.rstrip(".")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def url_problem(url: str, http_hosts: frozenset[str] = frozenset()) -> str:
     """Why an external provider's ``url`` may not be sent to, or "" (a well-formed http(s)
     address is assumed: ``model_checks`` says when it is not)."""
     try:
         parts = urlsplit(url)
-        host = parts.hostname or ""
+        host = (parts.hostname or "").rstrip(".")
+        port = parts.port or 80
     except ValueError:
         return ""
-    if parts.scheme.lower() != "http" or is_loopback(host):
+    if parts.scheme.lower() != "http":
         return ""
-    if host.lower() in {h.lower() for h in http_hosts}:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if where in {host_port(h) for h in http_hosts}:
         return ""
     return (
-        f"is plain http:// to {host}: the prompts and the provider's key would cross the "
-        f"network unencrypted; use https://, or list {host} in {HTTP_HOSTS_SETTING}"
+        f"is plain http:// to {where}: the prompts and the provider's key would cross the "
+        f"network unencrypted, and a port here may be another service's; use https://, or "
+        f"have the operator list {where} in {HTTP_HOSTS_SETTING}"
     )

@@ -11,7 +11,7 @@ import math
 import re
 from urllib.parse import urlsplit
 
-from agent.engines import ENGINES, RUNTIME_LORA_ENV
+from agent.engines import ENGINES
 from catalog.durations import format_duration
 from catalog.problems import Problem
 from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GUARD
@@ -133,15 +133,8 @@ def _check_adapters(m: Model, out: _Found) -> None:
                 f"{_label(p, i)}: adapters are served by llamacpp and vllm profiles "
                 f"only, not {p.engine}",
             )
-        # The variable switches vLLM to loading on demand, and the router loads
-        # adapters only for a model with a cap: set by hand, replicas would start
-        # holding no adapter that anything ever loads.
-        if RUNTIME_LORA_ENV in p.env and m.max_loaded_adapters == 0:
-            out.add(
-                ("profiles", i, "env", RUNTIME_LORA_ENV),
-                "runtime_lora_env",
-                f"{_label(p, i)}: set max_loaded_adapters rather than {RUNTIME_LORA_ENV}",
-            )
+        # RUNTIME_LORA_ENV by hand is refused with the profile's env (agent.flags):
+        # the agent sets it from max_loaded_adapters.
     _check_each_adapter(m, out)
 
 

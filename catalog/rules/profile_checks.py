@@ -7,10 +7,21 @@ from __future__ import annotations
 import math
 
 from agent.discovery import is_mig_class
-from agent.engines import ENGINES, arg_problems, unsafe_args, unsafe_env
-from catalog.rules.found import Path, _Found, _not_finite, _num
+from agent.engines import ENGINES, arg_problems, env_warning, unsafe_args, unsafe_env
+from catalog.rules.found import Path, _Found, _label, _not_finite, _num
 from catalog.rules.helpers import cpu_capable, cpu_only, parse_level
 from catalog.spec import Model, Profile
+
+
+def profile_warnings(m: Model) -> _Found:
+    """Return what is allowed in a model's profiles but may not do what is meant: a
+    variable its engine does not document (passed as written; the engine may ignore it)."""
+    out = _Found()
+    for i, p in enumerate(m.profiles):
+        for key in sorted(p.env):
+            if why := env_warning(key, p.engine):
+                out.add(("profiles", i, "env", key), "undocumented_env", f"{_label(p, i)}: {why}")
+    return out
 
 
 def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], out: _Found) -> None:

@@ -26,16 +26,21 @@ class Held:
 
     key: str
     model: str
+    # What it would evict were it not held (what a forced drain evicts for it): the
+    # evictions ``place`` chose for it the first time it was held, the fewest that make
+    # it room, never the sum of every room tried since.
     evictions: tuple[Eviction, ...]
     # By evicted model: why no other node could hold it (placement's reason).
     nowhere: Mapping[str, str]
+    # Every last ready replica it was kept from evicting, one per room tried (its reason).
+    spared: tuple[Eviction, ...] = ()
 
     @property
     def reason(self) -> str:
         """Return what the held request says while it waits."""
         parts = [
             f"{e.model} (#{e.running_id}; no room elsewhere: {self.nowhere[e.model]})"
-            for e in self.evictions
+            for e in self.spared or self.evictions
             if e.model in self.nowhere
         ]
         return (
@@ -120,9 +125,16 @@ def place_sparing(
             if found:
                 reqs[i] = replace_node(r, protect=r.protect | {e.running_id for e, _ in found})
                 before = held.get(r.key)
-                evs = (*(before.evictions if before else ()), *(e for e, _ in found))
+                # The first room it was kept from is the one it would take: all it evicts
+                # there (darkening or not). The rooms tried after it only add to the reason.
+                evs = (
+                    before.evictions
+                    if before
+                    else tuple(e for e in plan.evictions if e.for_key == r.key)
+                )
+                spared = (*(before.spared if before else ()), *(e for e, _ in found))
                 whys = {**(before.nowhere if before else {}), **{e.model: w for e, w in found}}
-                held[r.key] = Held(r.key, r.model, evs, whys)
+                held[r.key] = Held(r.key, r.model, evs, whys, spared)
     still = {u.key for u in plan.unplaced}
     return plan, {k: h for k, h in held.items() if k in still}
 

@@ -354,6 +354,39 @@ def test_restarted_agent_adopts_its_engines_without_joining_again(
     assert len(plane.joins) == 1
 
 
+def test_restarted_agent_adopts_engines_older_than_their_startup_timeout(
+    start: Callable[..., Running], plane: FakeControlPlane, tmp_path: Path
+) -> None:
+    # An agent's restart (an upgrade) must keep the engines it finds running whatever
+    # their age: the startup timeout bounds an engine's start, not its life.
+    replica = {**sim_replica(), "startup_timeout_s": 3}
+    first = start()
+    plane.set_desired([replica])
+    eventually(lambda: plane.states(42)[-1:] == ["ready"])
+    pid = plane.last(42)["pid"]
+    assert first.stop() == 0
+    assert alive(pid)
+    started_at = state.load_engines(tmp_path / "state")[42]["started_at"]
+    wait_until(
+        lambda: time.time() - started_at > 4,
+        timeout=30,
+        what="the engine to be older than its startup timeout",
+    )
+
+    before = len(plane.reports)
+    second = start()
+    eventually(lambda: len(plane.reports) > before and plane.last(42)["state"] == "ready")
+    # It stays ready: two more heartbeats (a tick of the supervisor each at least) later,
+    # the same engine runs and nothing said it failed.
+    beats = len(plane.inventories)
+    wait_until(lambda: len(plane.inventories) >= beats + 2, what="two more heartbeats")
+    assert second.agent.supervisor.states()[42]["state"] == "ready"
+    since = [r for r in plane.reports[before:] if r["replica"] == 42]
+    assert [r["state"] for r in since if r["state"] not in ("loading", "ready")] == []
+    assert {r["pid"] for r in since} == {pid}
+    assert alive(pid) and health(plane.last(42)["port"]) == 200
+
+
 def test_stop_engines_on_exit(start: Callable[..., Running], plane: FakeControlPlane) -> None:
     agent = start("--stop-engines-on-exit")
     plane.set_desired([sim_replica()])

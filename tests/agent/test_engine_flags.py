@@ -9,13 +9,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.engines import CommandError, command_for
-from agent.flags import AGENT, ENGINES, arg_problems, kinds, spelled, table, unsafe_env
+from agent.flags import (
+    AGENT,
+    ENGINES,
+    WORDS_ONLY,
+    arg_problems,
+    kinds,
+    spelled,
+    table,
+    unsafe_env,
+)
 
 # Command lines from the engines' own documentation and common deployments.
 REAL = [
     # vLLM: an MoE with expert and data parallelism (DeepSeek-V3 / Qwen3-MoE recipes).
     ("vllm", ["--enable-expert-parallel", "--data-parallel-size", "8", "--max-model-len", "32k",
-              "--gpu-memory-utilization", "0.92", "--trust-remote-code"]),
+              "--gpu-memory-utilization", "0.92"]),
     # vLLM: speculative decoding by n-gram lookup, and DeepSeek's MTP (no draft model to fetch).
     ("vllm", ["--speculative-config",
               '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}']),
@@ -33,7 +42,7 @@ REAL = [
     # vLLM reads --a_b as --a-b.
     ("vllm", ["--max_model_len", "4096", "--enforce-eager"]),
     # SGLang: DeepSeek with expert parallelism and EAGLE-style MTP speculative decoding.
-    ("sglang", ["--ep-size", "8", "--trust-remote-code", "--speculative-algorithm", "EAGLE",
+    ("sglang", ["--ep-size", "8", "--speculative-algorithm", "EAGLE",
                 "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", "4", "--mem-fraction-static", "0.8"]),
     # SGLang: an embedding model, and a vision model's chat template by its name.
@@ -48,6 +57,18 @@ REAL = [
     ("trtllm", ["--max_batch_size", "64", "--kv_cache_free_gpu_memory_fraction", "0.9",
                 "--ep_size", "4", "--backend", "pytorch"]),
     ("sim", ["--fail-every", "3", "--ttft", "0.05"]),
+    # vLLM: the model's generation defaults ignored, CUDA graphs at a compilation level,
+    # a torch.compile backend by its name (not an import path).
+    ("vllm", ["--generation-config", "vllm", "--compilation-config",
+              '{"level": 3, "cudagraph_capture_sizes": [1, 2, 4, 8]}']),
+    ("vllm", ["--compilation-config", '{"backend": "inductor"}', "--enable-sleep-mode"]),
+    # llama.cpp: metrics and the slots endpoint, the web UI off.
+    ("llamacpp", ["--metrics", "--slots", "--no-webui", "-ngl", "99"]),
+    # SGLang: the experts where they are, the tokenizer of another repository.
+    ("sglang", ["--init-expert-location", "trivial", "--tokenizer-path", "org/tok"]),
+    # vLLM: the tokenizer of another repository, by its id (fetched as a source is).
+    ("vllm", ["--tokenizer", "mistralai/Mistral-7B-Instruct-v0.3", "--tokenizer-mode",
+              "mistral"]),
 ]  # fmt: skip
 
 
@@ -81,6 +102,41 @@ HOLES = [
     ("sglang", ["--max_running_requests", "8"], "not a flag"),
     ("trtllm", ["--tokenizer", "/"], "names a file"),
     ("sim", ["--api-key", "k"], "sets what the agent sets"),
+    # What runs code, opens a tool endpoint, widens who may call, or fetches weights elsewhere.
+    ("llamacpp", ["--tools", "all"], "/tools endpoint, which runs shell commands"),
+    ("llamacpp", ["--tools", "read_file"], "/tools endpoint"),
+    ("llamacpp", ["--tools-runtime", "ssh:evil.example"], "ssh:HOST"),
+    ("llamacpp", ["--cors-origins", "*"], "widens who may call the engine"),
+    ("llamacpp", ["--cors-credentials"], "widens who may call the engine"),
+    ("llamacpp", ["--mcp-servers-json", '{"x": {"command": "sh"}}'], "MCP servers"),
+    ("llamacpp", ["--webui-mcp-proxy"], "proxy endpoint"),
+    ("llamacpp", ["--fim-qwen-7b-default"], "downloads a fixed model"),
+    ("vllm", ["--trust-remote-code"], "trust_remote_code: true"),
+    ("vllm", ["--no-trust-remote-code"], "trust_remote_code: true"),
+    ("sglang", ["--trust-remote-code"], "trust_remote_code: true"),
+    ("trtllm", ["--trust_remote_code"], "trust_remote_code: true"),
+    ("vllm", ["--grpc"], "without the replica's key"),
+    ("vllm", ["--allow-credentials"], "widens who may call the engine"),
+    ("vllm", ["--allowed-origins", "*"], "names a file"),
+    ("vllm", ["--logits-processor-pattern", ".*"], "import or run code"),
+    ("vllm", ["--trust-request-chat-template"], "chat template"),
+    ("vllm", ["--enable-prompt-embeds"], "torch.load"),
+    ("vllm", ["--code-revision", "main"], "model code"),
+    ("vllm", ["--generation-config", "/etc"], "may be auto or vllm"),
+    ("vllm", ["--compilation-config", '{"backend": "os.system"}'], "import path"),
+    ("vllm", ["--compilation-config", "/tmp/c.json"], "names a file"),
+    ("vllm", ["--default-mm-loras", '{"image": "/tmp/lora"}'], "names a file"),
+    ("vllm", ["--tokenizer", "/etc/passwd"], "repository id"),
+    ("vllm", ["--tokenizer", "https://evil.example/tok"], "repository id"),
+    ("vllm", ["--tokenizer=org/../etc"], "repository id"),
+    ("sglang", ["--tokenizer-path", "../x"], "repository id"),
+    ("sglang", ["--enable-custom-logit-processor"], "serialised logit processor"),
+    ("sglang", ["--forward-hooks", '[{"hook_factory": "os:system"}]'], "hook factories"),
+    ("sglang", ["--custom-weight-loader", "os.system"], "loaders"),
+    ("sglang", ["--grpc-mode"], "without the replica's key"),
+    ("sglang", ["--modelexpress-config", '{"url": "x"}'], "where the engine's weights come"),
+    ("sglang", ["--speculative-token-map", "/etc/x"], "names a file"),
+    ("sglang", ["--init-expert-location", "/etc/x.json"], "may be trivial"),
 ]  # fmt: skip
 
 
@@ -106,6 +162,21 @@ def test_holes_stay_closed_at_the_rules_and_the_agent(engine: str, args, says: s
         ("vllm", "VLLM_ATTENTION_BACKEND", True),
         ("sglang", "SGLANG_ENABLE_TORCH_INFERENCE_MODE", True),
         ("sim", "LLMGW_SIM_API_KEY", False),
+        ("llamacpp", "LLAMA_ARG_TOOLS", False),
+        ("llamacpp", "LLAMA_ARG_TOOLS_RUNTIME", False),
+        ("llamacpp", "LLAMA_ARG_CORS_ORIGINS", False),
+        ("llamacpp", "LLAMA_ARG_MCP_SERVERS_JSON", False),
+        ("vllm", "VLLM_ALLOW_INSECURE_SERIALIZATION", False),
+        ("vllm", "VLLM_USE_MODELSCOPE", False),
+        ("sglang", "SGLANG_USE_MODELSCOPE", False),
+        ("vllm", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", False),
+        ("vllm", "VLLM_SERVER_DEV_MODE", False),
+        ("vllm", "PYTHONWARNINGS", False),
+        ("vllm", "PYTHONBREAKPOINT", False),
+        ("vllm", "PYTHONHASHSEED", True),
+        ("vllm", "BASH_ENV", False),
+        ("vllm", "NODE_OPTIONS", False),
+        ("vllm", "HF_HUB_TRUST_REMOTE_CODE", False),
     ],
 )
 def test_engine_variables(engine: str, key: str, ok: bool) -> None:
@@ -143,6 +214,9 @@ def _allowed_line(draw: st.DrawFn) -> tuple[str, list[str]]:
     for name in names:
         flag = t.flags[name]
         args.append(name)
+        if name in WORDS_ONLY.get(engine, {}):  # a value from its own words
+            args.append(min(WORDS_ONLY[engine][name]))
+            continue
         args += {"none": [], "one": ["1"], "optional": [], "many": ["1", "2"], "two": ["a", "b"]}[
             flag.value
         ]
@@ -197,3 +271,36 @@ def test_no_engine_may_be_handed_another_key(engine: str) -> None:
         assert arg_problems(engine, [flag, "k"]), (engine, flag)
     for key in KEY_ENV:
         assert unsafe_env(key, engine, "k") is not None, (engine, key)
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag"),
+    [("vllm", "--trust-remote-code"), ("sglang", "--trust-remote-code"),
+     ("trtllm", "--trust_remote_code")],
+)  # fmt: skip
+def test_the_agent_runs_a_models_code_only_when_the_catalog_says_so(engine: str, flag: str) -> None:
+    replica = {"id": 1, "model": "m", "engine": engine, "cards": [0], "args": []}
+    assert flag not in command_for(replica, 8000, "/w/m", {}).argv
+    trusted = command_for({**replica, "trust_remote_code": True}, 8000, "/w/m", {})
+    assert trusted.argv.count(flag) == 1
+
+
+def test_llama_server_is_never_given_a_trust_flag() -> None:
+    replica = {"id": 1, "model": "m", "engine": "llamacpp", "cards": [], "args": [],
+               "trust_remote_code": True}  # fmt: skip
+    argv = command_for(replica, 8000, "/w/m.gguf", {"llama-server": "llama-server"}).argv
+    assert not any("trust" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag"), [("vllm", "--tokenizer"), ("sglang", "--tokenizer-path")]
+)
+def test_a_tokenizer_naming_the_models_own_source_is_its_local_copy(engine: str, flag: str) -> None:
+    replica = {"id": 1, "model": "m", "engine": engine, "cards": [0], "source": "org/m",
+               "args": [flag, "org/m"]}  # fmt: skip
+    argv = command_for(replica, 8000, "/w/m", {}).argv
+    assert argv[-2:] == [flag, "/w/m"]
+    other = command_for({**replica, "args": [flag, "org/tok"]}, 8000, "/w/m", {}).argv
+    assert other[-2:] == [flag, "org/tok"]
+    equals = command_for({**replica, "args": [f"{flag}=org/m"]}, 8000, "/w/m", {}).argv
+    assert equals[-1] == f"{flag}=/w/m"

@@ -178,6 +178,7 @@ def test_vllm_command_line() -> None:
         "4",
         "--pipeline-parallel-size",
         "2",
+        "--enable-prompt-tokens-details",
         "--max-model-len",
         "32768",
     ]

@@ -607,3 +607,33 @@ def test_an_engines_log_is_bounded_in_lines_and_length(tmp_path: Path) -> None:
     lines = tail(path)
     assert lines and all(len(line) <= LOG_LINE_CHARS for line in lines)
     assert tail(tmp_path / "missing.log") == []
+
+
+def test_a_ready_engine_that_stops_answering_is_reported_and_ready_again_when_it_answers(
+    make: Any,
+) -> None:
+    """A sim engine stopped by SIGSTOP still accepts connections and answers nothing: its
+    watch reports it failed (the control plane takes it out of routing), its process left
+    running, and ready again once SIGCONT lets it answer."""
+    sup, rec = make()
+    sup.watch_every_s, sup.watch_timeout_s = 0.2, 0.5
+    sup.converge([sim()])
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    pid = rec.last(1)["pid"]
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        wait_for(sup, lambda: state_of(sup, 1) == "failed")
+        hung = rec.last(1)
+        assert hung["reason"].startswith(
+            "not answering: its /health gave no answer within 0.5 s 3 times in a row since "
+        )
+        assert "out of routing while its process runs on" in hung["reason"]
+        assert hung["pid"] == pid and hung["restarts"] == 0 and hung["port"]
+        assert alive(pid)  # left running: not killed, not restarted
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    wait_for(sup, lambda: state_of(sup, 1) == "ready")
+    back = rec.last(1)
+    assert back["reason"] == "the engine answers /health again"
+    assert back["pid"] == pid and back["restarts"] == 0
+    assert rec.states(1)[-3:] == ["ready", "failed", "ready"]

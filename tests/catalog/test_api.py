@@ -178,9 +178,12 @@ def test_revert_refused_when_the_result_breaks_a_rule(api_for: Any, operator: An
 
 
 def test_tokens_issue_use_revoke_expire(api_for: Any, admin_user: Any, operator: Any) -> None:
+    from django.contrib.auth.models import User
     from rest_framework.test import APIClient
 
-    admin_api = api_for(admin_user)
+    # A token for another user is a superuser's to issue (an admin issues its own).
+    root = User.objects.create_superuser("root", "root@example.com", "x")
+    admin_api = api_for(root)
     r = admin_api.post("/api/v1/tokens/", {"user": "otto", "name": "ci"}, format="json")
     assert r.status_code == 201, r.json()
     secret = r.json()["token"]
@@ -262,3 +265,25 @@ def test_a_whole_model_put_without_the_origin_keeps_it_and_a_patch_may_drop_it(
     r = api.patch(URL + "chat/", {"origin": None}, format="json")
     assert r.status_code == 200, r.json()
     assert "origin" not in api.get(URL + "chat/").json()
+
+
+def test_a_model_runs_its_own_code_only_by_its_trust_remote_code_field(
+    api_for: Any, operator: Any, client_for: Any
+) -> None:
+    api = api_for(operator)
+    # The engine's flag in a profile is refused, naming the field to set instead.
+    flagged = gpu_model("custom")
+    flagged["profiles"][0]["args"] = ["--trust-remote-code"]
+    r = api.post(URL, flagged, format="json")
+    assert r.status_code == 400, r.json()
+    assert "trust_remote_code: true" in str(r.json()) and not ServedModel.objects.exists()
+    # The field, set on purpose: stored, answered, shown on the model's page.
+    r = api.post(URL, gpu_model("custom", trust_remote_code=True), format="json")
+    assert r.status_code == 201, r.json()
+    assert r.json()["trust_remote_code"] is True
+    assert api.get(f"{URL}custom/").json()["trust_remote_code"] is True
+    page = client_for(operator).get("/catalog/models/custom/").content.decode()
+    assert 'id="trust-remote-code"><strong class="warn">yes</strong>' in page
+    r = api.post(URL, gpu_model("plain"), format="json")
+    assert r.status_code == 201 and not r.json().get("trust_remote_code")  # a default: left out
+    assert ">no <span" in client_for(operator).get("/catalog/models/plain/").content.decode()

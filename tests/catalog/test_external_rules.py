@@ -67,21 +67,44 @@ def test_an_allowed_key_file_is_always_inside_the_folder(path: str) -> None:
         assert full == ""
 
 
-@pytest.mark.parametrize("url", ["http://api.example.com/v1", "http://10.0.0.1:8000/",
-                                 "http://[2001:db8::1]/v1", "HTTP://Provider.lan"])  # fmt: skip
-def test_plain_http_is_refused_unless_loopback_or_listed(url: str) -> None:
+@pytest.mark.parametrize(
+    ("url", "listed"),
+    [
+        ("http://api.example.com/v1", "api.example.com"),
+        ("http://10.0.0.1:8000/", "10.0.0.1:8000"),
+        ("http://[2001:db8::1]/v1", "[2001:db8::1]:80"),
+        ("HTTP://Provider.lan", "provider.lan:80"),
+        ("http://127.0.0.1:9000/v1", "127.0.0.1:9000"),
+        ("http://localhost/v1", "LOCALHOST"),
+        ("http://[::1]:8000", "[::1]:8000"),
+    ],
+)
+def test_plain_http_is_refused_unless_its_host_and_port_are_listed(url: str, listed: str) -> None:
     (p,) = check_model(cloud(url=url))
     assert (p.path, p.code) == (("external", "url"), "plain_http")
     assert "https://" in p.message and "LLMGW_EXTERNAL_HTTP_HOSTS" in p.message
-    host = url.split("//")[1].split("/")[0].split(":")[0].strip("[]")
-    if host.startswith("2001"):
-        host = "2001:db8::1"
-    assert problems(cloud(url=url), Environment(http_hosts=frozenset({host}))) == []
+    assert problems(cloud(url=url), Environment(http_hosts=frozenset({listed}))) == []
 
 
-@pytest.mark.parametrize("url", ["https://api.example.com", "http://127.0.0.1:9000/v1",
-                                 "http://localhost/v1", "http://[::1]:8000", "http://127.9.9.9"])  # fmt: skip
-def test_https_and_loopback_are_allowed(url: str) -> None:
+@pytest.mark.parametrize(
+    ("url", "listed"),
+    [
+        # Loopback is not a pass: Redis, the database, another engine listen there.
+        ("http://127.0.0.1:6379", "127.0.0.1:9000"),
+        ("http://127.0.0.1:6379", "127.0.0.1"),
+        ("http://redis.localhost:6379", "127.0.0.1:6379"),
+        ("http://anything.localhost", "localhost"),
+        ("http://10.0.0.1:8001/", "10.0.0.1:8000"),
+    ],
+)
+def test_a_listed_host_opens_only_its_own_port(url: str, listed: str) -> None:
+    assert problems(cloud(url=url), Environment(http_hosts=frozenset({listed}))) == [
+        (("external", "url"), "plain_http")
+    ]
+
+
+@pytest.mark.parametrize("url", ["https://api.example.com", "https://127.0.0.1:9000/v1"])
+def test_https_is_allowed(url: str) -> None:
     assert problems(cloud(url=url)) == [] and url_problem(url) == ""
 
 

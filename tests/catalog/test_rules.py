@@ -152,9 +152,17 @@ def test_unsafe_env_allows_listed_names(key):
     assert unsafe_env(key) is None
 
 
-@pytest.mark.parametrize("key", ["HF_HOME", "_X", "a1", "XPATH"])
-def test_unsafe_env_refuses_names_no_engine_lists(key):
-    assert "not one an operator may set" in unsafe_env(key)
+@pytest.mark.parametrize("key", ["HF_HOME", "XPATH", "CLASSPATH", "hf_home"])
+def test_unsafe_env_refuses_names_that_name_a_thing(key):
+    assert "names a file" in unsafe_env(key)
+
+
+@pytest.mark.parametrize("key", ["_X", "a1", "NCCL_NEW_KNOB"])
+def test_unsafe_env_passes_names_no_engine_lists_and_warns_of_them(key):
+    from agent.flags import env_warning
+
+    assert unsafe_env(key) is None
+    assert "not a variable" in env_warning(key, "vllm")
 
 
 UNSAFE_FLAGS = [
@@ -192,8 +200,8 @@ UNSAFE_FLAGS = [
 @pytest.mark.parametrize(("engine", "flag", "field"), UNSAFE_FLAGS)
 @pytest.mark.parametrize("form", ["separate", "equals"])
 def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
-    ok = {"vllm": "--enforce-eager", "sglang": "--trust-remote-code", "llamacpp": "--jinja"}
-    first = ok.get(engine, "--trust_remote_code")
+    ok = {"vllm": "--enforce-eager", "sglang": "--is-embedding", "llamacpp": "--jinja"}
+    first = ok.get(engine, "--enable_chunked_prefill")
     args = [first, flag, "1"] if form == "separate" else [first, f"{flag}=1"]
     why = unsafe_args(engine, args)
     assert why is not None
@@ -209,7 +217,7 @@ def test_unsafe_args_refuses_what_the_agent_sets(engine, flag, field, form):
         ("vllm", ["--max-model-len", "32k", "--no-enable-prefix-caching", "--seed", "-1"]),
         ("llamacpp", ["--ctx-size", "8192", "--flash-attn", "on", "--jinja", "-ts", "3,1"]),
         ("llamacpp", ["--flash-attn", "on", "--cache-type-k", "q8_0", "--temp", ".7"]),
-        ("trtllm", ["--max_batch_size", "8", "--trust_remote_code"]),
+        ("trtllm", ["--max_batch_size", "8", "--enable_chunked_prefill"]),
         ("sglang", ["--mem-fraction-static", "0.8", "--disable-radix-cache"]),
         ("vllm", []),
     ],
@@ -607,7 +615,7 @@ RULES = [
     pytest.param(
         model(gpu(env={RUNTIME_LORA_ENV: "1"}), adapters=[Adapter("a", "s")]),
         ("profiles", 0, "env", RUNTIME_LORA_ENV),
-        "runtime_lora_env",
+        "unsafe_env",
         ['profile "gpu"', "max_loaded_adapters", RUNTIME_LORA_ENV],
         id="runtime_lora_env",
     ),
@@ -1047,7 +1055,7 @@ def test_check_model_bad_url(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["https://api.openai.com", "http://127.0.0.1:8000/", "HTTPS://user@host"]
+    "url", ["https://api.openai.com", "https://127.0.0.1:8000/", "HTTPS://user@host"]
 )
 def test_check_model_good_url(url):
     assert check_model(external(external=External(url=url, model="m"))) == []

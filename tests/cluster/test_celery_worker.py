@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,33 +20,40 @@ from cluster.models import Replica
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 from tests.dburl import database_url
+from tests.redisserver import RedisServer
 from tests.redisserver import url as redis_url
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS = redis_url(15)
 
 
 @contextlib.contextmanager
-def celery_worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A real Celery worker on the test database and the local Redis; this process's
-    Celery app sends to that Redis meanwhile."""
+def celery_worker(
+    tmp_path: Path, redis: str = REDIS, pool: str = "solo", **extra_env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker on the test database and the local Redis (or ``redis``); this
+    process's Celery app sends to that Redis meanwhile. ``pool``: solo (one process), or
+    prefork (two children)."""
     from llmgw_core.celery import app
 
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
         LLMGW_DATABASE_URL=database_url(),
-        LLMGW_REDIS_URL=REDIS,
+        LLMGW_REDIS_URL=redis,
         LLMGW_DATA_DIR=str(tmp_path),
         LLMGW_SECRET_KEY="test-only",
+        **extra_env,
     )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "llmgw_admin", "worker", "--pool", "solo",
-         "--concurrency", "1", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+        [sys.executable, "-m", "celery", "-A", "llmgw_admin", "worker", "--pool", pool,
+         "--concurrency", "1" if pool == "solo" else "2", "--without-gossip", "--without-mingle",
+         "--loglevel", "INFO"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     old = app.conf.broker_url
-    app.conf.broker_url = REDIS
+    app.conf.broker_url = redis
     _new_pools(app)
     try:
         yield worker
@@ -83,6 +91,59 @@ def test_worker_runs_the_reconcile_task(tmp_path: Path) -> None:
         if not placed.exists():
             worker.terminate()
             raise AssertionError(worker.communicate(timeout=20)[0].decode()[-3000:])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_with_redis_away_the_worker_still_reconciles_a_change(
+    tmp_path: Path, settings: Any, pool: str
+) -> None:
+    """Beat cannot send the reconcile task while Redis is away, nor can a change: the
+    worker ticks on its own timer (the leader lock in PostgreSQL), and the change made
+    meanwhile is placed. With the prefork pool the timers run in its children."""
+    from cluster.models import ControlMark
+
+    server = RedisServer(tmp_path / "redis")
+    (tmp_path / "redis").mkdir()
+    server.start()
+    join_node("n1", ["nvidia-h100-80gb"] * 2)
+    settings.REDIS_URL = server.url
+    lines: list[str] = []
+    try:
+        with celery_worker(tmp_path, server.url, pool, LLMGW_RECONCILE_INTERVAL="1") as worker:
+            threading.Thread(target=_read, args=(worker, lines), daemon=True).start()
+            wait_until(lambda: any(" ready." in line for line in lines), 60, "the worker ready")
+            server.stop()  # Redis away: no task reaches the worker from here on
+            store(gpu_model("chat", scaling={"min": 1, "max": 1}))
+            placed = Replica.objects.filter(model_name="chat", assignments__isnull=False)
+            wait_until(placed.exists, 30, "the change placed with Redis away")
+            assert worker.poll() is None
+            mark = ControlMark.objects.get(kind=ControlMark.TICK)
+            assert mark.by.startswith("worker on ")
+            # Solo: the worker's own process; prefork: one of its children, never the
+            # parent, which forks them.
+            assert (f"(pid {worker.pid})" in mark.by) == (pool == "solo"), mark.by
+    finally:
+        server.stop()
+
+
+def test_a_tick_is_due_when_none_finished_within_an_interval() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cluster.workertimer import due
+
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    assert due(None, now, 5)  # none yet
+    assert not due(now - timedelta(seconds=4.9), now, 5)  # beat's last is recent
+    assert due(now - timedelta(seconds=5), now, 5)
+    assert due(now - timedelta(minutes=3), now, 5)  # beat's ticks stopped
+
+
+def _read(worker: subprocess.Popen[bytes], lines: list[str]) -> None:
+    """Keep a worker's output (its pipe never fills), line by line, until it exits."""
+    assert worker.stdout is not None
+    for raw in worker.stdout:
+        lines.append(raw.decode(errors="replace"))
 
 
 @pytest.mark.django_db(transaction=True)

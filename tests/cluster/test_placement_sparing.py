@@ -96,6 +96,34 @@ def test_a_model_that_could_be_held_elsewhere_may_be_evicted() -> None:
     assert not held and plan.placed
 
 
+def test_a_held_request_would_evict_only_what_frees_its_one_card() -> None:
+    # A forced drain evicts what a held replacement would have evicted: each of a, b and
+    # c is a last ready replica with nowhere else to go, and one card is needed, so one
+    # of them (not all three the rounds of sparing tried) is what forcing it costs.
+    nodes = [replace(node("n1"), schedulable=False), node("n2", 3)]
+    running = [
+        Running(1, "judge", "h100", 3, (Assignment("n1", (0,)),)),
+        Running(2, "a", "h100", 1, (Assignment("n2", (0,)),)),
+        Running(3, "b", "h100", 1, (Assignment("n2", (1,)),)),
+        Running(4, "c", "h100", 1, (Assignment("n2", (2,)),)),
+    ]
+    ready = {"judge": {1}, "a": {2}, "b": {3}, "c": {4}}
+    want = [Request("9", "judge", ONE, 3)]
+    plan, held = place_sparing(
+        nodes, [], running, want, ready, ["9"], {"a": ONE, "b": ONE, "c": ONE}
+    )
+    assert not plan.placed and held.keys() == {"9"}
+    # Forcing it evicts exactly what place alone evicts for it.
+    plain = place(nodes, [], running, want)
+    assert [e.running_id for e in held["9"].evictions] == [e.running_id for e in plain.evictions]
+    assert len(held["9"].evictions) == 1
+    # The reason still names every room it spares.
+    for model in ("a", "b", "c"):
+        assert f"last ready replica of {model}" in held["9"].reason or f"; {model} (#" in (
+            held["9"].reason
+        ), held["9"].reason
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> tuple[list[Node], list[Running], list[Request], set[str]]:
     n = draw(st.integers(2, 5))
@@ -146,8 +174,17 @@ def test_a_patient_request_never_darkens_a_model_another_node_could_hold(
         trial = place(off, [], running, [Request("t", e.model, ONE, rank[e.model])])
         assert trial.placed and not trial.evictions, (e, plan)
     # Held requests wait, unplaced, and say what they spare.
+    by_id = {r.id: r for r in running}
     for key, h in held.items():
         assert key not in placed and h.evictions and "last ready replica of" in h.reason
+        # Forcing it would evict the fewest that free its one card: one replica, whose
+        # going lets it in without evicting anything else.
+        assert len(h.evictions) == 1, h
+        gone = {e.running_id for e in h.evictions}
+        (req,) = [r for r in reqs if r.key == key]
+        alone = place(nodes, [], [r for r in running if r.id not in gone], [req])
+        assert alone.placed and not alone.evictions, (h, alone)
+        assert all(by_id[e.running_id].class_rank < req.class_rank for e in h.evictions)
     # Nothing patient: the very plan ``place`` makes.
     plain = place(nodes, [], running, reqs)
     same, none = place_sparing(nodes, [], running, reqs, ready, [], profiles)

@@ -7,6 +7,7 @@ stop, as an agent does.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,6 +18,7 @@ from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
 from cluster import agentbeat, agentreport, live, reconciler, services
+from cluster.agentinput import AgentError
 from cluster.models import Assignment, ClusterAction, Node, Replica
 from cluster.replace import DrainRefused
 from tests.catalog.samples import gpu_model, store
@@ -338,6 +340,126 @@ def test_a_drain_replacement_never_evicts_a_last_ready_replica_the_drain_did_not
     waiting = Replica.objects.get(pk=done.replacing[next(iter(done.replacing))])
     assert not waiting.assignments.exists()
     assert "last ready replica of nightly" in waiting.reason, waiting.reason
+
+
+class Engines:
+    """Each node's agent as its supervisor converges (agent.supervisor), on its desired list.
+
+    ``read`` is an agent reading its list: it starts an engine for a replica it does not
+    run, or runs at a lower generation, and reports it ready; stops one no longer listed
+    and reports it stopped; and one it already runs at the listed generation it leaves
+    running, saying nothing (its last report stands).
+    """
+
+    def __init__(self) -> None:
+        self.running: dict[str, dict[int, int]] = {}
+        self.starts: dict[int, int] = {}
+
+    def read(self) -> None:
+        for node in Node.objects.all():
+            have = self.running.setdefault(node.name, {})
+            want = {r["id"]: r["generation"] for r in agentbeat.desired_list(node)["replicas"]}
+            reports = []
+            for rid in [rid for rid in have if rid not in want]:
+                del have[rid]
+                reports.append({"replica": rid, "state": "stopped"})
+            for rid, generation in want.items():
+                if have.get(rid) != generation:
+                    have[rid] = generation
+                    self.starts[rid] = self.starts.get(rid, 0) + 1
+                    reports.append({"replica": rid, "state": "ready", "port": 9000 + rid})
+            for rep in reports:
+                # One no longer this node's is refused, and dropped alone, as the agent does.
+                with contextlib.suppress(AgentError):
+                    agentreport.report(node, [rep])
+
+    def settle(self, ticks: int = 6) -> None:
+        for _ in range(ticks):
+            tick()
+            self.read()
+
+    def runs(self, rid: int) -> str | None:
+        """Return the node whose agent runs an engine for this replica, or None."""
+        return next((name for name, have in self.running.items() if rid in have), None)
+
+
+def judge_beside_three_last_replicas(engines: Engines) -> dict[str, int]:
+    """A critical judge alone on n1; n2 full with the only replica of each of three
+    opportunistic models (one card each). Return the three replicas' ids by model."""
+    join_node("n1", [H100])
+    store(one_card("judge", "critical") | {"profiles": [{"name": "h100", "gpu_class": H100}]})
+    engines.settle(3)
+    join_node("n2", [H100] * 3)
+    for name in ("a", "b", "c"):
+        store(one_card(name, "opportunistic"))
+        engines.settle(2)
+    ids = {}
+    for name in ("a", "b", "c"):
+        r = Replica.objects.get(model_name=name)
+        assert r.state == "ready" and engines.runs(r.pk) == "n2", (name, r.state)
+        ids[name] = r.pk
+    assert ready_count("judge") == 1
+    return ids
+
+
+def test_a_forced_drain_that_must_preempt_evicts_one_replica_for_one_card(settings: Any) -> None:
+    # The issue's case: the judge's replacement needed one card, the forced drain evicted
+    # all three replicas its rounds of sparing had tried; two went back on n2 under their
+    # ids while their engines ran on, and stayed pending.
+    settings.LLMGW_STOP_DRAIN = 0
+    engines = Engines()
+    ids = judge_beside_three_last_replicas(engines)
+    generations = {rid: Replica.objects.get(pk=rid).generation for rid in ids.values()}
+    done = services.drain(Node.objects.get(name="n1"), force=True)
+    evicted = list(Replica.objects.exclude(evicted_by="").values_list("model_name", flat=True))
+    assert len(evicted) == 1, evicted
+    assert done.dark == evicted and len(done.replacing) == 1
+    engines.settle()
+    judge = Replica.objects.get(model_name="judge", desired=True)
+    assert judge.state == "ready" and engines.runs(judge.pk) == "n2"
+    for name, rid in ids.items():
+        r = Replica.objects.get(pk=rid)
+        if name in evicted:
+            assert r.state == "pending" and not r.assignments.exists(), r.reason
+            assert engines.runs(rid) is None
+        else:
+            # Never touched: the same engine, started once, at the same generation.
+            assert r.state == "ready" and r.generation == generations[rid]
+            assert engines.starts[rid] == 1
+    # Nothing says pending while its engine runs.
+    for r in Replica.objects.filter(desired=True):
+        assert (engines.runs(r.pk) is not None) == (r.state == "ready"), (r.pk, r.state)
+
+
+def test_an_evicted_replica_placed_again_on_its_node_is_a_new_engine(settings: Any) -> None:
+    # An evicted replica's room can come back before its agent has read the list that
+    # dropped it (here the judge's replacement goes to a node that joined meanwhile): it
+    # is placed again on the same node, and its agent, which never stopped its engine,
+    # must see it as a new one, not as the engine it runs (which would leave it pending
+    # for good).
+    settings.LLMGW_STOP_DRAIN = 0
+    engines = Engines()
+    ids = judge_beside_three_last_replicas(engines)
+    services.drain(Node.objects.get(name="n1"), force=True)
+    (victim,) = Replica.objects.exclude(evicted_by="")
+    assert engines.runs(victim.pk) == "n2"  # its agent has not read its list since
+    join_node("m0", [H100])  # placed first for its name: the judge's replacement goes there
+    tick()
+    victim.refresh_from_db()
+    assert victim.assignments.get().node.name == "n2", "placed again on its node"
+    generation = engines.running["n2"][victim.pk]
+    assert victim.generation > generation
+    engines.settle(3)
+    victim.refresh_from_db()
+    assert victim.state == "ready", victim.reason
+    assert engines.running["n2"][victim.pk] == victim.generation
+    assert engines.starts[victim.pk] == 2
+    assert (
+        ready_count("judge") == 1
+        and engines.runs(Replica.objects.get(model_name="judge", desired=True).pk) == "m0"
+    )
+    for name in ids:
+        assert ready_count(name) == 1
 
 
 def test_the_api_refuses_the_issues_drain_naming_the_model_its_preemption_darkens(

@@ -163,13 +163,15 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
         return agent
 
     yield start
+    # Each told at once, then waited for: they stop side by side.
     for a in started:
         if a.proc.poll() is None:
             a.proc.terminate()
-            try:
-                a.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                a.proc.kill()
+    for a in started:
+        try:
+            a.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
     # Engines outlive their agents on purpose; the tests' own must not outlive the tests.
     from cluster.models import Assignment
 

@@ -14,6 +14,7 @@ import pytest
 from cluster.models import Assignment, Node, Replica
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
+from tests.llama import llama_server_binary
 
 pytestmark = pytest.mark.e2e
 
@@ -158,12 +159,11 @@ def _model_file() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@pytest.mark.llama_server
 def test_real_llama_server_on_cpu_ready_answers_and_stops(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
-    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
-    if not Path(binary).exists():
-        pytest.fail(f"no llama-server at {binary}: python3 run.py test builds it")
+    binary = llama_server_binary()
     # The test model's folder is one this node may read weights from (--weights-folder).
     model = _model_file()
     agents(

@@ -4,7 +4,6 @@ llama-server really gives a request (--ctx-size shared by --parallel slots)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,16 +16,16 @@ from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
 from tests.e2e.test_cluster_e2e import _model_file
 from tests.e2e.test_gateway import client, new_key, ready
+from tests.llama import llama_server_binary
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.llama_server
 def test_smollm2_streams_through_the_gateway_and_its_context_is_enforced(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
-    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
-    if not Path(binary).exists():
-        pytest.fail(f"no llama-server at {binary}: python3 run.py test builds it")
+    binary = llama_server_binary()
     model = _model_file()
     agents("cpu-1", "--llama-server", binary, "--weights-folder", str(model.parent),
            "--stop-engines-on-exit")  # fmt: skip

@@ -82,6 +82,9 @@ def test_scope_and_key_file_hold_through_a_gateway_process(
     secrets.mkdir()
     (secrets / "openai").write_text("sk-provider\n")
     settings.LLMGW_SECRETS_DIR = str(secrets)  # the catalog's check, in this process
+    # A plain http:// provider only at the host and port the operator lists.
+    listed = provider.url.split("//", 1)[1].split("/")[0]
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = [listed]
     local = spec.Model(name="local", source="sim/local", fallbacks=["cloud"],
                        scaling=spec.Scaling(min=1, max=1),
                        profiles=[spec.Profile(name="sim", engine="sim",
@@ -95,7 +98,8 @@ def test_scope_and_key_file_hold_through_a_gateway_process(
                            reason="no node has nvidia-h100-80gb cards")  # fmt: skip
     _, everything = key_services.create_key("cluster-only")  # every cluster model
     _, listing = key_services.create_key("listing", models=["local", "cloud"])
-    with serving(tmp_path, "--port", "0", LLMGW_SECRETS_DIR=str(secrets)) as running:
+    with serving(tmp_path, "--port", "0", LLMGW_SECRETS_DIR=str(secrets),
+                 LLMGW_EXTERNAL_HTTP_HOSTS=listed) as running:  # fmt: skip
         url = started(running).group(1)
 
         def ask(key: str) -> str:

@@ -25,7 +25,8 @@ import pytest
 from tests.e2e.conftest import ROOT, ControlPlane, wait_for
 from tests.redisserver import url as redis_url
 
-pytestmark = pytest.mark.e2e
+# 14 tests in 116 s on a loaded 2-core machine (the database's setup included).
+pytestmark = [pytest.mark.e2e, pytest.mark.takes(8)]
 
 SERVING = re.compile(r"^gateway serving on (http://127\.0\.0\.1:(\d+)/v1/) \(pid (\d+)\)$", re.M)
 

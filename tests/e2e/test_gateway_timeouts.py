@@ -74,7 +74,7 @@ def test_each_model_is_waited_for_as_its_catalog_says(
 
     page = console(operator, "/catalog/models/patient/")
     waits = " ".join(page.locator("#gateway-waits").inner_text().split())
-    assert "first token: 30s (10 × slo.ttft_p99 of 2s, at least 30s)" in waits
+    assert "first token: 20s (10 × slo.ttft_p99 of 2s, at least 10s)" in waits
     assert "held while waking:" in waits
     page.goto(control_plane.url + "/catalog/models/hasty/")
     waits = " ".join(page.locator("#gateway-waits").inner_text().split())

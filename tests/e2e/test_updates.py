@@ -193,3 +193,54 @@ def test_worse_weights_stop_at_the_gate_failing_ones_at_the_canary_better_ones_a
     # Every update is recorded with who started it, through the API.
     assert {x.surface for x in UpdateRun.objects.all()} == {"api"}
     assert all(x.started_by.startswith(operator.username) for x in UpdateRun.objects.all())
+
+
+def test_a_promote_on_a_full_node_keeps_a_lone_replica_s_model_answering(
+    control_plane: FaultPlane, agents: Any, hub: HubStandIn, operator: Any
+) -> None:
+    """One node of two cards: the model's one replica on one, the candidate on the other.
+    The replacement has no room beside the old replica, which stops first; the candidate
+    answers the model's requests until the replacement is ready, then goes."""
+    plane = control_plane
+    hub.commit(REPO, {"sim-weights.json": weights("v1"), "README.md": b"v1"})
+    agents("full-0", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").count() == 1, 60, "the node")
+    store({
+        "name": "chat", "source": REPO,
+        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}],
+        "scaling": {"min": 1, "max": 1},
+    })  # fmt: skip
+    fetch = mirror.request_fetch("chat", by="test", surface="cli", start=False)
+    assert mirror.run_fetch(fetch.pk).state == "done"
+    wait_for(lambda: Replica.objects.filter(model_name="chat", state="ready").count() == 1,
+             120, "chat's replica ready")  # fmt: skip
+    [old] = Replica.objects.filter(model_name="chat", desired=True)
+    key = plane.key("load")
+    ops = api(plane, operator)
+    with plane.load(key, "chat", clients=4) as load:
+        load.wait_for_answers(20)
+        better = hub.commit(REPO, {"sim-weights.json": weights("v2"), "README.md": b"v2"})
+        answer = ops.post("/catalog/models/chat/update/", json={"auto": True, "canary_percent": 0})
+        assert answer.status_code == 202, answer.text
+        pk = int(answer.json()["id"])
+        r = wait_for(lambda: ended(pk), 240, "the update to end")
+        assert r.state == "promoted", (r.state, r.reason, r.lines)
+        assert spec().origin.revision == better
+
+        why_old_stopped: list[str] = []
+
+        def rolled() -> bool:
+            # The old replica's row goes once its engine stopped: its reason is read before.
+            why_old_stopped.extend(Replica.objects.filter(pk=old.pk, desired=False)
+                                   .values_list("reason", flat=True))  # fmt: skip
+            ready = Replica.objects.filter(model_name="chat", desired=True, state="ready")
+            return ready.count() == 1 and ready[0].pk != old.pk
+
+        wait_for(rolled, 240, "chat's replica rolled to the new weights")
+        wait_for(lambda: candidate_gone(r), 90, "the candidate to go")
+        load.wait_for_answers(20)
+    # It did stop before its replacement was ready: the gap the candidate covered.
+    assert any("to make room" in why for why in why_old_stopped), why_old_stopped
+    r.refresh_from_db()
+    assert any("the replacements are ready" in line["text"] for line in r.lines), r.lines
+    assert load.failures == [], load.summary()

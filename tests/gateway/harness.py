@@ -33,7 +33,7 @@ class Engine:
     """One engine: how it answers, and what it saw."""
 
     name: str
-    # ok | 503 | 429 | refuse | cut | slow | tools | garbled | nested | stall | vllm (a
+    # ok | 503 | 429 | refuse | cut | slow | tools | toolname | garbled | nested | stall | vllm (a
     # stream's role chunk written with its first token, after first_token_delay, as vLLM
     # and llama-server send it once the prefill is done)
     behaviour: str = "ok"
@@ -43,6 +43,7 @@ class Engine:
     # A stream's head and a chunk with only the role at once, then this long before the
     # first token (as a prefill takes); "stall" waits it after the second word instead.
     first_token_delay: float = 0.0
+    pace: float = 0.0  # between a stream's words (as an engine generates them)
     port: int = 0
     requests: int = 0
     connections: int = 0
@@ -160,6 +161,19 @@ class Engine:
                 writer.write(chunk(f"{{garbled {word}"))
                 await writer.drain()
                 continue
+            if self.behaviour == "toolname":
+                # A tool call whose name carries the words, streamed as engines do: the
+                # name in the call's first delta, its arguments after.
+                call = {"index": 0, "id": "c1", "type": "function",
+                        "function": {"name": "_".join(words), "arguments": ""}}  # fmt: skip
+                for delta in ({"tool_calls": [call]},
+                              {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}):  # fmt: skip
+                    writer.write(chunk({"id": "x", "object": "chat.completion.chunk",
+                                        "created": 1, "model": data.get("model"),
+                                        "choices": [{"index": 0, "delta": delta,
+                                                     "finish_reason": None}]}))  # fmt: skip
+                    await writer.drain()
+                break
             if self.behaviour == "nested":
                 # One event of JSON nested deeper than a parser goes, every word inside.
                 writer.write(chunk("[" * 50_000 + json.dumps(" ".join(words)) + "]" * 50_000))
@@ -172,6 +186,8 @@ class Engine:
                                        "usage": None}))  # fmt: skip
             lead = b""
             await writer.drain()
+            if self.pace:
+                await asyncio.sleep(self.pace)
             if self.behaviour == "slow":
                 await asyncio.sleep(0.05)
                 if reader.at_eof():
@@ -200,6 +216,13 @@ class Engine:
 
 
 def _message_of(behaviour: str, words: list[str]) -> dict[str, Any]:
+    if behaviour == "toolname":
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "_".join(words), "arguments": "{}"},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
     if behaviour == "tools":
         arguments = json.dumps({"query": " ".join(words)})
         return {
@@ -228,6 +251,8 @@ class AllowAll:
 
 
 def model(name: str, **kw: Any) -> spec.Model:
+    # On demand by default (a model with min 0 and max 0 is switched off: never woken).
+    kw.setdefault("scaling", spec.Scaling(min=0, max=1))
     m = spec.Model(name=name, source=f"sim/{name}", **kw)
     return m
 

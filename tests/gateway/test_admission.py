@@ -246,6 +246,37 @@ def test_a_held_request_goes_in_when_a_lower_one_ends_while_it_waits() -> None:
     assert asyncio.run(go()).admit
 
 
+def test_a_waiting_normal_request_goes_in_before_a_low_one_that_waited_first() -> None:
+    """The wiring that counts the normal band's waiting requests ahead of a low one
+    (``Admission._ahead`` into ``decide``): both wake when room opens, the low one first,
+    and the one place goes to the normal one."""
+    clock = Clock()
+    a = Admission(window=WINDOW, queue=5.0, clock=clock, wall=clock, counts=Counts())
+    a.record("m", 0.6)
+
+    async def waiting(n: int) -> None:
+        while a.state()["m"]["waiting"] < n:
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        for _ in range(2):
+            a._take("m", "low")
+        a.record("m", 5.0)  # past the slo: an allowance of one, two in flight
+        assert a.check("m", "high", 1000).admit and a.limit("m") == 1
+        low = asyncio.create_task(a.admit("m", "low", 1000))
+        await asyncio.wait_for(waiting(1), 2.0)
+        normal = asyncio.create_task(a.admit("m", "normal", 1000))
+        await asyncio.wait_for(waiting(2), 2.0)
+        a.release("m", True)
+        a.release("m", True)  # one place: both look again, the low one first
+        assert (await asyncio.wait_for(normal, 2.0)).admit
+        assert not low.done() and a.state()["m"]["lower"] == 1
+        a.release("m", True)  # the normal one ends: now the low one
+        assert (await asyncio.wait_for(low, 2.0)).admit
+
+    asyncio.run(go())
+
+
 def test_the_queue_is_bounded() -> None:
     a, _ = admission(queue=5.0, queue_max=2)
     a.record("m", 5.0)

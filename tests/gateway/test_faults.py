@@ -103,6 +103,8 @@ def test_an_external_fallback_only_when_the_cluster_has_no_capacity(
     secret_file = tmp_path / "provider.key"
     secret_file.write_text("sk-provider-secret\n")
     local, provider = h.engine("local", behaviour="503"), h.engine("provider")
+    # A plain http:// provider only at the host and port the operator lists.
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = [provider.url.split("//", 1)[1].split("/")[0]]
     cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
                                                   api_key_file=str(secret_file)))  # fmt: skip
     # A key reaches an external model only if it names it, on a fallback too.

@@ -48,14 +48,24 @@ def gateway_for(
     return h, secret
 
 
-@pytest.mark.parametrize("behaviour", ["tools", "garbled", "nested"])
+@pytest.mark.parametrize(
+    ("behaviour", "stream"),
+    [
+        ("tools", False),
+        ("garbled", True),
+        ("nested", True),
+        ("toolname", False),
+        ("toolname", True),
+    ],
+)
 def test_an_unsafe_answer_hidden_where_text_is_not_expected_is_refused(
-    judge_url: str, behaviour: str
+    judge_url: str, behaviour: str, stream: bool
 ) -> None:
+    """Tool calls' arguments and names (a name is text the client reads, and acts on),
+    events that are not JSON, JSON nested past a parser's depth."""
     gw, secret = gateway_for(judge_url, behaviour)
     try:
         gw.serve([], [])
-        stream = behaviour in ("garbled", "nested")
         body = {"model": "chat", "stream": stream, "messages": [{"role": "user", "content": "x"}]}
         r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=20,
                        headers={"Authorization": f"Bearer {secret}"})  # fmt: skip

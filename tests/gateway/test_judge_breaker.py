@@ -11,6 +11,7 @@ gets 400 and the refusal record says no judge answered, which judge failed and h
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -177,3 +178,33 @@ def test_a_hung_judge_under_fail_closed_refuses_and_the_record_says_no_judge_ans
         # Skipped: its breaker is open; still refused (safety first), at once.
         assert rows[rid].judged is False
         assert rows[rid].failures == [{"judge": "judge", "kind": "breaker_open"}]
+
+
+def test_a_request_judged_in_and_out_waits_one_judge_timeout_in_all_when_the_judge_hangs(
+    setup: Setup, settings: Any
+) -> None:
+    """Judged on the way in and on the way out under ``fail: open``: with the judge hung,
+    the request waited its timeout twice (once per check). The bound is the request's:
+    the judge that failed on its request is not asked again for its answer, which fails
+    open at once (one connection to the judge, not two)."""
+    s = setup
+    settings.LLMGW_GUARD_BREAKER_FAILURES = 100  # the breaker stays closed throughout
+    timeout = 2.0
+    settings.LLMGW_GUARD_JUDGE_TIMEOUT = timeout
+    guard_services.set_policy({"judge": {"models": ["judge"]},
+                               "directions": ["requests", "answers"], "fail": "open"},
+                              surface="cli")  # fmt: skip
+    guard_services.forget()
+    wait_until(lambda: (p := guard_services.policy_in_memory()) is not None
+               and p.judges("answers"), what="the policy in memory")  # fmt: skip
+    assert s.ask().choices[0].message.content == "fine words"
+    s.proxy.hang()
+    for i in range(3):
+        held = s.proxy.held
+        started = time.monotonic()
+        assert s.ask().choices[0].message.content == "fine words"
+        took = time.monotonic() - started
+        assert took < 2 * timeout, took  # one timeout and the rest, never two
+        if i:  # (the first also meets the kept-alive connection the hang stalled)
+            assert s.proxy.held == held + 1, "the hung judge was asked again for the answer"
+    assert guard_services.BREAKERS.state("judge").state == breaker.CLOSED

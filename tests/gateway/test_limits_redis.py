@@ -26,6 +26,10 @@ from tests.redisserver import url as redis_url
 
 URL = redis_url(15)
 TIMEOUT = 0.2
+# A loaded machine: each answer of Redis held longer than its timeout, which a budget's call
+# still waits for (SLOW_FACTOR timeouts: 1 s here, for a new connection's two round trips).
+SLOW_TIMEOUT = 0.25
+SLOWER = 0.3
 # Generous: a loaded 2-core machine adds scheduling delay, never a second.
 BOUND = TIMEOUT + 1.5
 
@@ -86,7 +90,10 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
         result, took = await _timed(limits.take(key, "requests", 1, 5))
         assert took < BOUND
         results.append(result)
-    assert results[:4] == [None] * 4 and results[4] == pytest.approx(WINDOW - 1.0)
+    # Counted on from the shared count it last saw (1), not from nothing: with the call
+    # that met the fault, 4 more of the 5 fit.
+    assert results[:3] == [None] * 3 and results[3] == pytest.approx(WINDOW - 1.0)
+    assert results[4] == pytest.approx(WINDOW - 1.0)
     await limits.charge(key, "tokens", 7)
     assert limits.counted_here == 7
     said = [r.getMessage() for r in caplog.records if "alone" in r.getMessage()]
@@ -98,8 +105,8 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
         10, "the limiter to use Redis again",
     )  # fmt: skip
     assert not limits.away
-    # This minute's counts made here are in Redis now: 1 before + 5 taken here.
-    assert _in_redis(key, "requests", now[0]) == 6
+    # This minute's counts made here are in Redis now: 1 before + 4 taken here.
+    assert _in_redis(key, "requests", now[0]) == 5
     assert _in_redis(key, "tokens", now[0]) == 7
     assert await limits.take(key, "requests", 1, 5) == pytest.approx(WINDOW - 1.0)
 
@@ -113,6 +120,49 @@ async def test_a_redis_that_never_answered_counts_here_from_the_first_request(
     wait, took = await _timed(limits.take(1, "requests", 1, 1))
     assert wait is None and took < BOUND and limits.away
     assert (await limits.take(1, "requests", 1, 1)) is not None  # the limit, counted here
+
+
+@pytest.mark.asyncio
+async def test_slow_answers_keep_the_budget_shared_between_processes(proxy: FaultProxy) -> None:
+    # A loaded machine: every answer from Redis takes longer than the Redis timeout. Two
+    # gateway processes ask a 30-a-minute key's budget 30 times each, at once: a slow
+    # answer is waited for (not taken for an absent Redis with a fresh budget of its own),
+    # so no more than 30 get through, however they are spread.
+    now = [time.time() // WINDOW * WINDOW + 1.0]
+    one, two = (
+        RedisLimits(_through(proxy), clock=lambda: now[0], timeout=SLOW_TIMEOUT, probe_every=0.1)
+        for _ in range(2)
+    )
+    key = 10**9 + secrets.randbelow(10**9)
+    # Each process's connections open, as a gateway's are once it has served a while.
+    warm = 10**9 + secrets.randbelow(10**9)
+    await asyncio.gather(*(limits.take(warm, "requests", 1, 1000) for limits in (one, two)
+                           for _ in range(30)))  # fmt: skip
+    assert await one.take(key, "requests", 1, 30) is None
+    proxy.slow(SLOWER)
+    answers = await asyncio.gather(
+        *(limits.take(key, "requests", 1, 30) for limits in (one, two) for _ in range(30))
+    )
+    assert sum(a is None for a in answers) == 29
+    assert not one.away and not two.away
+    assert _in_redis(key, "requests", now[0]) == 30
+
+
+@pytest.mark.asyncio
+async def test_a_process_that_falls_back_counts_on_from_the_shared_count_it_saw(
+    proxy: FaultProxy,
+) -> None:
+    now = [time.time() // WINDOW * WINDOW + 1.0]
+    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=TIMEOUT, probe_every=60)
+    key = 10**9 + secrets.randbelow(10**9)
+    for _ in range(10):
+        assert await limits.take(key, "requests", 1, 30) is None
+    proxy.refuse()
+    answers = [await limits.take(key, "requests", 1, 30) for _ in range(30)]
+    assert limits.away
+    # 10 shared, then 20 here: the key's 30, not 30 more.
+    assert sum(a is None for a in answers) == 20
+    assert all(a == pytest.approx(WINDOW - 1.0) for a in answers[20:])
 
 
 # Through the gateway, as a client sees it: a key with both budgets, Redis cut.
@@ -165,3 +215,48 @@ def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     proxy.heal()
     wait(lambda: not h.gateway.limits.away, 10, "budgets shared in Redis again")
     ask(False)
+
+
+@pytest.mark.parametrize("fault", ["slow", "refuse"])
+def test_a_30_a_minute_key_lets_30_through_with_redis_slow_or_gone_midway(
+    gateway_h: Harness, proxy: FaultProxy, fault: str, settings: Any
+) -> None:
+    """The budget a client meets: 40 requests on a key of 30 a minute, 10 and then 30 at
+    once with Redis answering slower than its timeout (a loaded machine) or gone: 30 are
+    answered, the rest get 429."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.models import digest
+    from gateway.table import Key
+
+    settings.LLMGW_REDIS_TIMEOUT_MS = int(SLOW_TIMEOUT * 1000)
+    h = gateway_h
+    h.gateway.limits = RedisLimits(_through(proxy), probe_every=60)
+    engine = h.engine("e")
+    h.serve([model("m")], [(1, "m", engine)])
+    secret = "llmgw-ck-thirty-" + secrets.token_hex(4)
+    h.keys[digest(secret)] = Key(10**9 + secrets.randbelow(10**9), "thirty", "team:t", (),
+                                 None, rpm=30)  # fmt: skip
+    h.refresh()
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=20)
+
+    def ask(_: int) -> int:
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except openai.RateLimitError:
+            return 429
+        return 200
+
+    if time.time() % WINDOW > WINDOW - 20:  # a minute's end mid-test would start a new budget
+        wait(lambda: time.time() % WINDOW < 5, 25, "the next minute")
+    with ThreadPoolExecutor(8) as pool:  # the gateway's connections to Redis open
+        statuses = list(pool.map(ask, range(10)))
+    if fault == "refuse":
+        proxy.refuse()
+    else:
+        proxy.slow(SLOWER)
+    with ThreadPoolExecutor(8) as pool:
+        statuses += list(pool.map(ask, range(30)))
+    assert set(statuses) == {200, 429}
+    assert statuses.count(200) == 30, statuses.count(200)
+    assert h.gateway.limits.away == (fault == "refuse")

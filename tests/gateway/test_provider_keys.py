@@ -9,7 +9,9 @@ real local HTTP server) receives nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,28 @@ def test_a_file_outside_the_folder_a_link_out_of_it_and_no_folder_are_refused(
     assert provider.requests == 0
 
 
+def test_a_link_in_the_folder_to_a_key_outside_it_is_refused_and_one_inside_it_is_sent(
+    h: Harness, secrets: Path, tmp_path: Path
+) -> None:
+    """The link's real path is what counts: a link to a well-formed one-line key outside the
+    folder passes every other check, so only the folder check refuses it."""
+    outside = tmp_path / "elsewhere"
+    outside.write_text("sk-outside-the-folder\n")
+    (secrets / "link").symlink_to(outside)
+    provider = serve_cloud(h, "link")
+    refused(h)
+    assert provider.requests == 0 and provider.auth == []
+    # A link to a key inside the folder is followed.
+    (secrets / "real").write_text("sk-inside\n")
+    (secrets / "inner").symlink_to(secrets / "real")
+    h.models = [model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+                                                      api_key_file="inner"))]  # fmt: skip
+    h.refresh()
+    client = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+    client.chat.completions.create(model="cloud", messages=[{"role": "user", "content": "x"}])
+    assert provider.auth == ["Bearer sk-inside"]
+
+
 @pytest.mark.parametrize(
     "content",
     [SHADOW, "sk-one\nX-Injected: yes\n", "sk-one\r\nsk-two", "sk one", "sk-\x00one", "",
@@ -118,3 +142,47 @@ def test_a_key_in_the_folder_is_sent_and_read_again_when_it_changes(
     os.utime(key_file, (1, 1))
     refused(h)
     assert provider.requests == 1
+
+
+def test_a_fifo_named_as_the_key_file_is_refused_without_blocking(
+    h: Harness, secrets: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO blocks whoever opens it to read until something writes to it: read on the
+    gateway's event loop, it held every request of the process. It is refused at once,
+    saying what it is, and the provider is not asked."""
+    fifo = secrets / "openai"
+    os.mkfifo(fifo)
+    provider = serve_cloud(h, "openai")
+    try:
+        with caplog.at_level("WARNING", logger="gateway"):
+            message = refused(h)
+        assert "was not asked" in message
+        assert provider.requests == 0
+        assert f"api_key_file {fifo} is a FIFO, not a regular file: it is not read" in caplog.text
+        # The process goes on answering (its event loop was never held).
+        client = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=5)
+        assert [m.id for m in client.models.list()] == ["cloud"]
+    finally:
+        # Were a reader still held on it, a writer's open lets it go (the test ends).
+        with contextlib.suppress(OSError):  # no reader: nothing was held
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_key_file_replaced_by_a_fifo_after_its_check_is_refused_by_the_read(
+    secrets: Path,
+) -> None:
+    from gateway.providers import _read
+
+    fifo = secrets / "late"
+    os.mkfifo(fifo)
+    read: list[tuple[str, str]] = []
+    reader = threading.Thread(target=lambda: read.append(_read(str(fifo))), daemon=True)
+    reader.start()
+    reader.join(5)
+    held = reader.is_alive()
+    if held:  # a reader held on it: a writer's open lets it go
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not held, "reading the key file blocked on a FIFO"
+    assert read == [("", "is a FIFO, not a regular file: it is not read (it could block); "
+                         "write the key in a plain file in the secrets folder")]  # fmt: skip

@@ -66,6 +66,8 @@ def test_chunk_text_reads_chat_deltas_completions_and_tool_arguments() -> None:
     assert chunk_text({"choices": [{"text": "abc"}]}) == "abc"
     tool = {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": '{"q"'}}]}}]}
     assert chunk_text(tool) == '{"q"'
+    named = {"choices": [{"delta": {"tool_calls": [{"function": {"name": "f", "arguments": ""}}]}}]}
+    assert chunk_text(named) == "f"
     assert chunk_text({"choices": [{"delta": {"reasoning_content": "think"}}]}) == "think"
     for junk in (None, [], {"choices": "x"}, {"choices": [1, {"delta": 3}]}):
         assert chunk_text(junk) == ""

@@ -283,3 +283,62 @@ def test_a_pass_begun_as_the_process_stops_says_nothing(caplog: pytest.LogCaptur
         state._pass()
     assert state.failures == 0 and not state.stale
     assert "could not read" not in caplog.text
+
+
+# A process whose state reads the table continually, then stops without State.stop: its
+# interpreter's exit shuts the reader down under a pass ("cannot schedule new futures after
+# interpreter shutdown", logged with its traceback as a failed read).
+STOPPING = """
+import asyncio, logging, os, signal, sys, threading, time
+import django
+django.setup()
+logging.basicConfig(level=logging.INFO)
+from gateway.state import State
+from gateway.table import Table
+passes = threading.Event()
+def loader():
+    passes.set()
+    return Table()
+async def main():
+    state = State(loader=loader, interval=0.0005)
+    state.start()
+    assert await state.first_load(30)
+how = sys.argv[1]
+asyncio.run(main())
+assert passes.wait(30)
+print("passing", flush=True)
+if how == "exit":
+    sys.exit(0)
+if how == "signal":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+if how == "interrupt":
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+"""
+
+
+def test_a_process_that_stops_says_nothing_of_the_passes_it_cuts_short(tmp_path: Any) -> None:
+    """Its main code ends, it calls sys.exit, a SIGTERM handler exits, or it is
+    interrupted (SIGINT): twice each, side by side (the pass the exit cuts is a race)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", PYTHONPATH=str(root))
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING)
+    runs = [
+        (how, subprocess.Popen([sys.executable, str(script), how], cwd=root, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for how in ("end", "exit", "signal", "interrupt") * 2
+    ]  # fmt: skip
+    for how, proc in runs:
+        out, err = proc.communicate(timeout=120)
+        assert "passing" in out, (how, out, err)
+        assert "could not read" not in err and "RuntimeError" not in err, (how, err)
+        if how != "interrupt":  # KeyboardInterrupt's own traceback
+            assert "Traceback" not in err, (how, err)

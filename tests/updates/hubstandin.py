@@ -15,7 +15,9 @@ changes (``commit``, ``delete``), serving what the library asks of the Hub:
 A repository gone answers 404 with ``X-Error-Code: RepoNotFound``, an unknown revision
 ``RevisionNotFound``, as the Hub does, so the library raises its own errors. Faults:
 ``break_after[path] = n`` closes the connection after ``n`` bytes of that file's next
-download (once); ``wrong_bytes`` (paths) serves other bytes than the ones published; and a
+download (once); ``stall_after[path] = n`` holds it open after ``n`` bytes until
+``unstall`` is set (a worker killed mid-transfer); ``wrong_bytes`` (paths) serves other
+bytes than the ones published; and a
 slow registry, ``hold`` (an Event): model info waits until it is set.
 ``requests`` records every request (method, path, Range) so a test counts them.
 
@@ -100,6 +102,10 @@ class HubStandIn:
         self.repos: dict[str, Repo] = {}
         self.plain: dict[str, Blob] = {}
         self.break_after: dict[str, int] = {}
+        # A transfer that stalls: after that many bytes of the file's next download, it
+        # waits for ``unstall`` (at most 60 s), the connection held open.
+        self.stall_after: dict[str, int] = {}
+        self.unstall = threading.Event()
         self.wrong_bytes: set[str] = set()
         # A slow registry: while set, each model info request waits for it (at most 60 s).
         self.hold: threading.Event | None = None
@@ -324,8 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with hub._lock:
             cut = hub.break_after.pop(name, None)
+            stall = hub.stall_after.pop(name, None)
             wrong = name in hub.wrong_bytes
-        if blob.path is not None and cut is None and not wrong:
+        if blob.path is not None and cut is None and stall is None and not wrong:
             # A file on disk, no fault: sent by the kernel (bench/mirror.py measures the
             # mirror, not this server).
             with (
@@ -344,6 +351,14 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
+            if stall is not None:
+                n = min(n, max(0, stall - pos))
+                if n == 0:
+                    with contextlib.suppress(OSError):
+                        self.wfile.flush()
+                    hub.unstall.wait(60)
+                    stall = None
+                    continue
             data = blob.read(pos, pos + n)
             if wrong:
                 data = bytes(b ^ 0x5A for b in data)

@@ -139,3 +139,17 @@ def test_a_cancelled_wait_stops(hub: HubStandIn, served: Any, tmp_path: Path) ->
     cancel.set()
     with pytest.raises(weights.DownloadCancelled):
         MirrorClient(served.url, token, tmp_path).fetch("chat", "org/chat", "vllm", cancel=cancel)
+
+
+def test_a_node_takes_a_file_whose_name_has_a_space_or_a_hash(
+    hub: HubStandIn, served: Any, tmp_path: Path
+) -> None:
+    names = ["my model.safetensors", "part #2?.safetensors"]
+    hub.commit("org/chat", {names[0]: WEIGHTS, names[1]: b"two"})
+    store(gpu_model("chat"))
+    token = _node("n1", "chat")
+    client = MirrorClient(served.url, token, tmp_path / "weights", poll_s=0.1)
+    path = client.fetch("chat", "org/chat", "vllm")
+    assert path is not None
+    assert (Path(path) / names[0]).read_bytes() == WEIGHTS
+    assert (Path(path) / names[1]).read_bytes() == b"two"

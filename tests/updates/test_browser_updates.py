@@ -60,3 +60,31 @@ def test_the_mirror_page_shows_what_it_holds(hub: HubStandIn, open_page: Any, vi
     held = page.inner_text("[data-role=held]")
     assert "org/chat" in held and "chat (current)" in held
     assert page.errors == []
+
+
+def test_a_model_never_fetched_is_checked_and_fetched_now_from_its_page(
+    hub: HubStandIn, open_page: Any, operator: Any, settings: Any
+) -> None:
+    settings.REDIS_URL = ""  # the fetch runs in a thread of the web process (embedded)
+    newest = hub.commit("org/chat", {"model.safetensors": b"1" * 1000})
+    store(gpu_model("chat"))  # its nodes never fetched it: no origin
+    page = open_page(operator, "/catalog/models/chat/")
+    wait_js(page, f"{PANEL} && {PANEL}.textContent.includes('not checked yet')",
+            timeout=30, what="the updates panel")  # fmt: skip
+    page.click("[data-role=check-updates]")
+    wait_js(page, "document.querySelector('[data-role=never-fetched]')",
+            timeout=30, what="never fetched after the check")  # fmt: skip
+    said = page.inner_text("[data-role=update-state]")
+    assert f"never fetched: {newest[:8]} is the newest revision of org/chat" in said
+    assert page.query_selector("[data-role=update-available]") is None
+    # On a phone the panel and its button stay within the screen.
+    page.set_viewport_size({"width": 390, "height": 844})
+    box = page.query_selector("[data-role=fetch-now]").bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    panel = page.query_selector("[data-role=updates-panel]").bounding_box()
+    assert panel is not None and panel["x"] + panel["width"] <= 390, panel
+    page.click("[data-role=fetch-now]")
+    wait_js(page, "document.querySelector('[data-role=origin]')?.textContent"
+            f".includes('{newest[:8]}')", timeout=60, what="the origin fetched")  # fmt: skip
+    assert page.query_selector("[data-role=fetch-now]") is None
+    assert page.errors == []

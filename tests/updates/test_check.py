@@ -114,12 +114,80 @@ def test_a_model_not_in_the_catalog_is_an_error_and_the_others_are_checked(
 
 
 @pytest.mark.django_db
-def test_every_model_with_an_origin_is_checked_when_none_is_named(
+def test_every_model_with_a_registry_is_checked_when_none_is_named(
     hub: HubStandIn, settings: Any
 ) -> None:
+    from tests.catalog.samples import cpu_model
+
     _mirrored(hub, BASE)
-    store(gpu_model("other"))  # no origin: not checked
-    assert [r.model for r in checking.check_models()] == ["chat"]
+    newest = hub.commit("org/other", {"model.safetensors": b"o" * 10, "README.md": b"o"})
+    store(gpu_model("other"))  # never fetched: checked against the registry's newest
+    store(cpu_model("local"))  # a local path: no registry
+    found = {r.model: r for r in checking.check_models()}
+    assert sorted(found) == ["chat", "other"]
+    other = found["other"]
+    assert (other.state, other.revision, other.latest, other.added) == (
+        "available",
+        "",
+        newest,
+        ["model.safetensors"],
+    )
+    assert other.message.startswith(f"never fetched: {newest[:8]} is the newest revision")
+    assert "fetch it now" in other.message
+
+
+@pytest.mark.django_db
+def test_a_model_never_fetched_is_checked_then_fetched_now_through_the_api(
+    hub: HubStandIn, operator: Any, viewer: Any, settings: Any
+) -> None:
+    from django.test import Client
+
+    settings.REDIS_URL = ""
+    newest = hub.commit("org/chat", BASE)
+    store(gpu_model("chat"))
+    c = Client()
+    c.force_login(operator)
+    body = c.post("/api/v1/catalog/models/chat/update-check/").json()
+    assert (body["state"], body["latest"]) == ("available", newest)
+    assert "never fetched" in body["message"] and "no origin" not in body["message"]
+    c.force_login(viewer)
+    assert c.post("/api/v1/catalog/models/chat/mirror/").status_code == 403
+    c.force_login(operator)
+    answer = c.post("/api/v1/catalog/models/chat/mirror/")
+    assert answer.status_code == 202, answer.content
+    f = mirror.run_fetch(answer.json()["id"])
+    assert f is not None and f.state == "done", f.reason
+    from catalog.services import stored_specs
+
+    assert stored_specs(names=["chat"])[0].origin.revision == newest
+    [r] = checking.check_models(["chat"])
+    assert r.state == "current"
+    store(gpu_model("local", source="/models/x"))
+    refused = c.post("/api/v1/catalog/models/local/mirror/")
+    assert refused.status_code == 400 and "nothing to mirror" in refused.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_the_panel_offers_fetch_now_for_a_model_never_fetched(
+    hub: HubStandIn, operator: Any, viewer: Any
+) -> None:
+    from django.test import Client
+
+    from updates.models import Fetch
+
+    hub.commit("org/chat", BASE)
+    store(gpu_model("chat"))
+    c = Client()
+    c.force_login(viewer)
+    assert 'data-role="fetch-now"' not in c.get("/updates/models/chat/panel/").content.decode()
+    assert c.post("/updates/models/chat/fetch/").status_code == 403
+    c.force_login(operator)
+    page = c.post("/updates/models/chat/check/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-role="never-fetched"' in page and 'data-role="fetch-now"' in page
+    assert "update available" not in page
+    page = c.post("/updates/models/chat/fetch/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-role="fetch-now"' not in page  # its fetch is queued: shown instead
+    assert Fetch.objects.filter(model="chat", surface="console").count() == 1
 
 
 @pytest.mark.django_db
@@ -141,7 +209,7 @@ def test_the_periodic_job_checks_every_model_with_an_origin_and_resumes_a_dead_f
     Fetch.objects.filter(pk=left.pk).update(
         state="fetching", updated=timezone.now() - timedelta(minutes=10)
     )
-    assert tasks.check_for_updates() == 1
+    assert tasks.check_for_updates() == 2  # "left", never fetched, against the newest
     assert UpdateCheck.objects.get(model="chat").state == "available"
     # Taken up again (queued for a worker): its row was moved.
     assert Fetch.objects.get(pk=left.pk).updated > timezone.now() - timedelta(minutes=1)

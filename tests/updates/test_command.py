@@ -92,3 +92,21 @@ def test_the_admin_bulk_action_checks_the_selected_models(
     from updates.models import UpdateCheck
 
     assert UpdateCheck.objects.get(model="chat").checked_by == "otto (admin)"
+
+
+def test_a_code_only_commit_is_an_update_for_a_model_that_runs_its_code(
+    hub: HubStandIn,
+) -> None:
+    # Both repositories ship model code; only "custom" runs it (trust_remote_code).
+    for name, trusted in (("custom", True), ("plain", False)):
+        hub.commit(f"org/{name}", {"model.safetensors": b"1" * 100, "modeling_x.py": b"a"})
+        store(gpu_model(name, trust_remote_code=trusted))
+        assert mirror.run_fetch(mirror.request_fetch(name, start=False).pk).state == "done"
+    for name in ("custom", "plain"):
+        hub.commit(f"org/{name}", {"modeling_x.py": b"import os  # changed"}, keep=True)
+    code, lines = _run("--json")
+    assert code == 0
+    rows = {r["model"]: r for r in map(json.loads, lines)}
+    assert rows["custom"]["state"] == "available"
+    assert rows["custom"]["changed"] == ["modeling_x.py"]
+    assert rows["plain"]["state"] == "current" and rows["plain"]["changed"] == []

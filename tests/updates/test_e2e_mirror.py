@@ -5,7 +5,6 @@ four simulated nodes needing one model cause one fetch from the registry."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from tests.catalog.samples import store
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_cluster_e2e import _model_file, ready
+from tests.llama import llama_server_binary
 from tests.updates.hubstandin import HubStandIn
 
 pytestmark = pytest.mark.e2e
@@ -58,12 +58,11 @@ def _origin(name: str) -> Any:
     return stored_specs(names=[name])[0].origin
 
 
+@pytest.mark.llama_server
 def test_llama_server_loads_smollm2_from_the_mirror(
     control_plane: ControlPlane, agents: Callable[..., Agent], stand_in: HubStandIn, tmp_path: Path
 ) -> None:
-    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
-    if not Path(binary).exists():
-        pytest.fail(f"no llama-server at {binary}: python3 run.py test builds it")
+    binary = llama_server_binary()
     gguf = _model_file()
     repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
     commit = stand_in.commit(repo, {gguf.name: gguf, "README.md": b"# SmolLM2"})

@@ -191,7 +191,10 @@ def test_promote_keeps_the_old_revision_as_previous_and_drops_the_canary() -> No
     assert out.canary is None
     assert out.origin.revision == NEW and out.origin.files == list(NEW_REV.files)
     assert out.origin.previous == spec.PreviousOrigin("acme/chat", OLD, model().origin.files)
-    assert check(out) == []
+    # The candidate takes the model's traffic while it rolls, then is taken off.
+    assert out.fallbacks == ["chat@bbbbbbbb"]
+    after = flow.without_handover(out, "chat@bbbbbbbb")
+    assert after.fallbacks == [] and check(after) == []
 
 
 def test_rollback_returns_to_previous_and_keeps_the_current_as_previous() -> None:
@@ -210,3 +213,13 @@ def test_promote_then_rollback_is_where_it_started(commit: str) -> None:
     back = flow.rollback_spec(flow.promoted_spec(model(), "x", new))
     assert back.origin.revision == OLD and back.origin.files == model().origin.files
     assert back.source == model().source
+
+
+def test_a_rollback_to_the_revision_it_is_at_is_refused() -> None:
+    m = model()
+    m.origin.previous = spec.PreviousOrigin("acme/chat", m.origin.revision, m.origin.files)
+    with pytest.raises(flow.Refused, match="its previous revision is the one it is at"):
+        flow.rollback_spec(m)
+    # A promote to the revision it is at keeps what it came from.
+    again = flow.promoted_spec(model(), "x", flow.Revision(model().origin.revision, ()))
+    assert again.origin.previous == model().origin.previous

@@ -66,6 +66,17 @@ def ready(r: UpdateRun) -> UpdateRun:
     return out
 
 
+def replaced(r: UpdateRun) -> None:
+    """Make a promote's replacements ready (their agents' reports) and look once: the
+    candidate stops taking the model's traffic."""
+    r.refresh_from_db()
+    Replica.objects.filter(pk__in=r.handover).update(state="ready")
+    run.end_handovers()
+    r.refresh_from_db()
+    assert r.handover_ended is not None
+    assert r.candidate not in spec(r.model).fallbacks
+
+
 def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat: str) -> None:
     r = run.start("chat", surface="cli", via="ops@host")
     assert (r.state, r.step, r.started_by, r.surface) == (
@@ -91,12 +102,16 @@ def test_an_update_fetches_starts_a_candidate_and_waits_then_promote_rolls(chat:
     assert m.origin.previous.revision == r.from_commit
     assert [f.path for f in m.origin.files] == ["model.safetensors"]
     assert spec().canary is None and spec(r.candidate) is not None  # drained first
+    assert spec().fallbacks == [r.candidate]  # until its replacement is ready
+    assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == []
+    replaced(promoted)
+    assert spec().fallbacks == []
     assert run.sweep() == []
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [r.candidate]
     assert spec(r.candidate) is None  # the candidate went away
     assert Replica.objects.filter(model_name="chat", replaces=old_replica).count() == 1
-    log = ChangeRecord.objects.filter(model_name="chat").first()
-    assert "promoted to" in log.summary and "ops@host" in log.actor_name
+    log = ChangeRecord.objects.filter(model_name="chat", summary__contains="promoted to").first()
+    assert log is not None and "ops@host" in log.actor_name
 
     said = run.rollback("chat", surface="cli", via="ops@host")
     assert said.startswith(f"chat is back at {r.from_commit[:8]}")
@@ -311,6 +326,7 @@ def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -
     # for a replica for ever).
     first = ready(fetched(run.start("chat", surface="cli")))
     run.promote("chat", surface="cli")
+    replaced(first)
     later = timezone.now() + timedelta(seconds=run.DRAIN_S)
     assert run.sweep(later) == [first.candidate]
     run.rollback("chat", surface="cli")
@@ -321,6 +337,7 @@ def test_an_update_to_a_revision_gone_back_from_keeps_its_candidate(chat: str) -
     assert again.state == "waiting" and spec(again.candidate) is not None
     # Once it ends, its own drain decides.
     run.promote("chat", surface="cli")
+    replaced(again)
     assert run.sweep() == []
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S)) == [again.candidate]
 
@@ -374,3 +391,35 @@ def test_the_last_check_follows_a_promote_and_a_rollback(chat: str) -> None:
 def test_who_started_an_update_is_said_once(started_by: str, surface: str, shown: str) -> None:
     # The walk found "started by admin (console) (console)".
     assert UpdateRun(started_by=started_by, surface=surface).started_through == shown
+
+
+def test_an_update_of_a_model_never_fetched_writes_its_origin_at_promote_only(
+    hub: HubStandIn,
+) -> None:
+    # A sim engine's model: its nodes need no weights, so nothing fetched it before.
+    commit = hub.commit("org/sim", {"sim-weights.json": V1})
+    store(gpu_model("sim"))
+    served = ServedModel.objects.get(name="sim")
+    Replica.objects.create(model=served, model_name="sim", state="ready")
+    r = fetched(run.start("sim"))
+    assert r.step == "candidate"
+    assert spec("sim").origin is None  # the update's fetch is not what serves
+    r = ready(r)
+    assert r.state == "waiting"
+    assert spec("sim").origin is None
+    run.promote("sim")
+    m = spec("sim")
+    assert m.origin.revision == commit and m.origin.previous is None
+    # Nothing to go back to: refused naming why, and no replica rolled.
+    before = set(Replica.objects.values_list("pk", flat=True))
+    with pytest.raises(flow.Refused, match="no previous revision to go back to: it is at"):
+        run.rollback("sim")
+    assert set(Replica.objects.values_list("pk", flat=True)) == before
+    assert spec("sim").origin.revision == commit
+
+
+def test_a_rollback_with_no_origin_is_refused_naming_why(hub: HubStandIn) -> None:
+    hub.commit("org/sim", {"sim-weights.json": V1})
+    store(gpu_model("sim"))
+    with pytest.raises(flow.Refused, match="it has no origin"):
+        run.rollback("sim")

@@ -156,7 +156,7 @@ def test_a_model_never_checked_is_not_called_current(
     assert rows["under-way"].state == "fetching"
     assert (rows["demo"].state, rows["demo"].line) == (
         "unchecked",
-        "not checked: a sim engine needs no weights; Update fetches them",
+        "never fetched (a sim engine needs no weights): Check for updates asks the registry; Fetch now or Update fetches them",
     )
     assert rows["fetched"].state == "current"
     assert rows["fetched"].line.startswith("as fetched at ")

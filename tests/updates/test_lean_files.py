@@ -63,7 +63,7 @@ def ask(
     token: str | None = None,
     method: str = "GET",
     host: str = "localhost",
-    **headers: str,
+    **headers: str | bytes,
 ) -> httpx.Response:
     """One request to ``app``, as the web server hands it over."""
     sent = {k.replace("_", "-"): v for k, v in headers.items()}
@@ -166,3 +166,67 @@ def test_reading_stops_when_the_client_goes_away(
     assert messages[0]["type"] == "http.response.start" and messages[0]["status"] == 200
     sent = sum(len(m.get("body", b"")) for m in messages[1:])
     assert sent < len(WEIGHTS) // 10  # gone at once: a read or two of 512, not all of them
+
+
+def test_a_non_ascii_digit_or_a_huge_range_is_refused_clearly_never_a_500(
+    held: tuple[str, str],
+) -> None:
+    from llmgw_admin.asgi import application
+
+    token, url = held
+    # "²".isdigit() is true and int("²") fails: a fetch id of that is no fetch's.
+    for path in ("/api/v1/updates/mirror/files/%C2%B2/x", "/api/v1/updates/mirror/files/%D9%A1/x"):
+        r = ask(application, path, token=token)
+        assert r.status_code == 404, (path, r.status_code)
+    huge = ask(application, "/api/v1/updates/mirror/files/" + "9" * 40 + "/x", token=token)
+    assert huge.status_code == 404
+    answers = {
+        "5,000 digits": ask(application, url, token=token, Range="bytes=" + "1" * 5000 + "-"),
+        "an end of 5,000 digits": ask(application, url, token=token, Range="bytes=1-" + "9" * 5000),
+        "a superscript": ask(application, url, token=token, Range="bytes=\u00b2-".encode()),
+        "Arabic digits": ask(application, url, token=token, Range="bytes=\u0661-".encode()),
+    }
+    for why, r in answers.items():
+        assert r.status_code == 400, (why, r.status_code, r.text)
+        assert "ASCII digits" in r.json()["detail"], why
+    # An end past the file is the file's end (RFC 9110), a start past it 416.
+    far = ask(application, url, token=token, Range="bytes=1-" + "9" * 40)
+    assert far.status_code == 206 and far.content == WEIGHTS[1:]
+    past = ask(application, url, token=token, Range="bytes=" + "9" * 40 + "-")
+    assert past.status_code == 416
+
+
+def test_the_range_is_read_in_ascii_digits_of_bounded_length() -> None:
+    from updates.api import byte_range
+
+    assert byte_range("", 10) == (200, 0, 10)
+    assert byte_range("bytes=2-", 10) == (206, 2, 10)
+    assert byte_range("bytes=2-4", 10) == (206, 2, 5)
+    assert byte_range("bytes=\u00b2-", 10)[0] == 400
+    assert byte_range("bytes=1-" + "9" * 5000, 10)[0] == 400
+    assert byte_range("bytes=10-", 10)[0] == 416
+
+
+def test_a_file_whose_name_has_a_space_is_sent_from_the_url_the_manifest_gives(
+    hub: HubStandIn,
+) -> None:
+    from django.test import Client
+
+    from catalog.models import ServedModel
+    from cluster.models import Assignment, Replica
+    from llmgw_admin.asgi import application
+
+    hub.commit("org/chat", {"my model #1.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    node, token = join_node("n1")
+    r = Replica.objects.create(model=ServedModel.objects.get(name="chat"), model_name="chat")
+    Assignment.objects.create(replica=r, node=node)
+    assert mirror.run_fetch(mirror.request_fetch("chat", start=False).pk).state == "done"
+    manifest = Client().get(
+        "/api/v1/updates/mirror/models/chat/", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    [f] = manifest.json()["files"]
+    assert f["path"] == "my model #1.safetensors"
+    assert f["url"].endswith("/my%20model%20%231.safetensors")
+    got = ask(application, f["url"], token=token)
+    assert got.status_code == 200 and got.content == WEIGHTS

@@ -246,3 +246,138 @@ def test_the_newest_asked_of_a_registry_that_does_not_answer_fails_with_its_reas
     hub.delete("org/chat")
     f = _fetch("chat", "")
     assert f.pk != first.pk and f.state == "failed" and "is not there" in f.reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["evil\r\nX-Injected: 1.safetensors", "a\x1b[31m.bin", "<img src=x onerror=alert(1)>.gguf"],
+)
+def test_a_file_name_with_a_line_break_a_control_or_html_is_refused_at_the_registry(
+    hub: HubStandIn, name: str
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS, name: b"x"})
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.FAILED
+    assert "is not a file's name" in f.reason and "nothing was taken" in f.reason
+    assert hub.count("GET", "/resolve/") == 0  # nothing downloaded
+    assert not (mirror.root() / "hf").exists() or not list((mirror.root() / "hf").rglob("*.*"))
+    assert _origin() is None  # nothing written to the catalog
+
+
+def test_a_file_name_with_a_space_is_fetched(hub: HubStandIn) -> None:
+    sha = hub.commit("org/chat", {"my model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    folder = mirror.local_path("chat", sha)
+    assert folder is not None and (folder / "my model.safetensors").read_bytes() == WEIGHTS
+    assert [o.path for o in _origin().files] == ["my model.safetensors"]
+
+
+def _disk(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    """The mirror's disk as having ``free`` bytes free."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - free, free))
+
+
+def test_a_resume_with_room_for_the_rest_is_allowed(
+    hub: HubStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    state = mirror.registry.latest("org/chat")
+    part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
+    part_dir.mkdir(parents=True)
+    (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:800_000])
+    _disk(monkeypatch, len(WEIGHTS) - 700_000)  # not the whole file: the rest, and more
+    f = _fetch()
+    assert f.state == FetchState.DONE, f.reason
+    assert [r for m, p, r in hub.requests if m == "GET" and "/resolve/" in p] == ["bytes=800000-"]
+
+
+def test_a_resume_without_room_for_the_rest_says_what_is_held(
+    hub: HubStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    state = mirror.registry.latest("org/chat")
+    part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
+    part_dir.mkdir(parents=True)
+    (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:500_000])
+    _disk(monkeypatch, 100_000)
+    f = _fetch()
+    assert f.state == FetchState.FAILED
+    assert f"needs {(len(WEIGHTS) - 500_000) / 1e6:.1f} MB more (0.5 MB of it held" in f.reason
+    assert hub.count("GET", "/resolve/") == 0
+    assert (part_dir / "model.safetensors.part").stat().st_size == 500_000  # kept
+
+
+def test_a_disk_that_fills_up_mid_fetch_is_freed_and_the_mirror_page_says_so(
+    hub: HubStandIn, monkeypatch: pytest.MonkeyPatch, viewer: Any
+) -> None:
+    import errno
+
+    from django.test import Client
+
+    from agent import transfer
+
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS * 8})
+    store(gpu_model("chat"))
+    monkeypatch.setattr(transfer, "CHUNK", 1 << 20, raising=False)
+    real = transfer._Part._write
+    calls = []
+
+    def write(self: Any, view: memoryview) -> int:
+        calls.append(len(view))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, view)
+
+    monkeypatch.setattr(transfer._Part, "_write", write)
+    f = _fetch()
+    assert f.state == FetchState.FAILED, f.reason
+    assert f.reason.startswith("the mirror's disk filled up while fetching org/chat")
+    assert "No space left on device" in f.reason and "deleted the " in f.reason
+    assert not [p for p in mirror.root().rglob("*") if p.is_file() and ".locks" not in p.parts]
+    c = Client()
+    c.force_login(viewer)
+    page = c.get("/updates/mirror/").content.decode()
+    assert 'data-role="disk-filled"' in page and 'data-role="mirror-disk"' in page
+    assert "deleted the " in page
+
+
+def test_a_fetch_a_dead_worker_left_is_said_so_then_failed(hub: HubStandIn, viewer: Any) -> None:
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from updates import run
+
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("chat"))
+    f = mirror.request_fetch("chat", start=False)
+    gone = timezone.now() - timedelta(seconds=mirror.STALE_AFTER_S + 5)
+    Fetch.objects.filter(pk=f.pk).update(state="fetching", bytes_total=len(WEIGHTS), updated=gone)
+    from updates import signals
+
+    assert signals.worth_a_look()  # a tick looks while a fetch is under way
+    run.advance_all()  # every tick's look
+    f.refresh_from_db()
+    assert f.state == "fetching" and f.reason.startswith("its worker stopped (no progress for")
+    assert "queued again" in f.reason
+    c = Client()
+    c.force_login(viewer)
+    assert 'data-role="fetch-note"' in c.get("/updates/mirror/").content.decode()
+    run.advance_all()  # moved just now: not stale
+    f.refresh_from_db()
+    assert f.state == "fetching"
+    Fetch.objects.filter(pk=f.pk).update(updated=gone)
+    run.advance_all()
+    f.refresh_from_db()
+    assert f.state == "failed" and f.reason.startswith("its worker stopped again")
+    assert f.finished is not None

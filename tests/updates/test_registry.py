@@ -85,3 +85,12 @@ def test_a_token_file_that_cannot_be_read_names_the_variable_not_a_token(setting
 def test_a_source_with_no_registry_says_so() -> None:
     with pytest.raises(registry.RegistryError, match="has no registry"):
         registry.latest("/models/local.gguf")
+
+
+def test_a_path_or_commit_unfit_for_a_name_is_refused(hub: HubStandIn) -> None:
+    assert registry.unfit_path("model-00001 of 2.safetensors") == ""
+    for bad in ("a\nb", "a\rb", "a\x00b", "a\x85b", "a\u2028b", "<b>.bin", "x>y", "", "a" * 1025):
+        assert registry.unfit_path(bad), bad
+    hub.commit("org/m", {"ok.safetensors": b"w", "a\r\nb.bin": b"x"})
+    with pytest.raises(registry.RegistryError, match="is not a file's name"):
+        registry.latest("org/m")

@@ -25,7 +25,7 @@ WEIGHTS = bytes(range(256)) * 4096
 
 
 @contextlib.contextmanager
-def worker(tmp_path: Path, hub: HubStandIn, mirror_dir: Path) -> Iterator[None]:
+def worker(tmp_path: Path, hub: HubStandIn, mirror_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
     from llmgw_core.celery import app
 
     env = dict(
@@ -48,7 +48,7 @@ def worker(tmp_path: Path, hub: HubStandIn, mirror_dir: Path) -> Iterator[None]:
     app.conf.broker_url = REDIS
     _new_pools(app)
     try:
-        yield
+        yield proc
     finally:
         app.conf.broker_url = old
         _new_pools(app)
@@ -73,3 +73,47 @@ def test_a_worker_fetches_into_the_mirror(hub: HubStandIn, tmp_path: Path, setti
     assert done.state == "done", done.reason
     assert (mirror.local_path("chat") / "model.safetensors").read_bytes() == WEIGHTS
     assert hub.count("GET", "/resolve/") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fetch_whose_worker_is_killed_is_said_so_then_resumed(
+    hub: HubStandIn, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from updates import run, signals
+
+    settings.REDIS_URL = REDIS  # fetches are dispatched to the workers through the broker
+    monkeypatch.setattr(mirror, "STALE_AFTER_S", 3)
+    big = WEIGHTS * 4
+    hub.commit("org/chat", {"model.safetensors": big})
+    store(gpu_model("chat"))
+    hub.stall_after["model.safetensors"] = len(big) // 2
+    mirror_dir = Path(settings.LLMGW_MIRROR_DIR)
+    with worker(tmp_path, hub, mirror_dir) as proc:
+        fetch = mirror.request_fetch("chat", by="test", surface="cli")
+        wait_until(
+            lambda: Fetch.objects.filter(pk=fetch.pk, state="fetching", bytes_done__gt=0).first(),
+            timeout=90,
+            what="the worker to be fetching",
+        )
+        proc.kill()  # dies mid-transfer
+        proc.wait(20)
+
+        def said() -> Fetch | None:
+            assert signals.worth_a_look()
+            run.advance_all()  # each tick's look
+            f = Fetch.objects.get(pk=fetch.pk)
+            return f if f.reason.startswith("its worker stopped (no progress for") else None
+
+        f = wait_until(said, timeout=30, what="the dead worker's fetch said so")
+        assert f.state in ("queued", "fetching") and "queued again" in f.reason
+    hub.unstall.set()
+    with worker(tmp_path, hub, mirror_dir):  # a worker again: it takes the fetch up
+        done = wait_until(
+            lambda: Fetch.objects.filter(pk=fetch.pk, state__in=("done", "failed")).first(),
+            timeout=90,
+            what="the fetch to end",
+        )
+    assert done.state == "done", done.reason
+    assert (mirror.local_path("chat") / "model.safetensors").read_bytes() == big
+    resumed = [r for m, p, r in hub.requests if m == "GET" and "/resolve/" in p][1:]
+    assert resumed and resumed[0].startswith("bytes=") and resumed[0] != "bytes=0-", resumed

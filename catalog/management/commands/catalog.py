@@ -85,6 +85,8 @@ class Command(BaseCommand):
             problems = rules.check_catalog(models, services.environment())
             if problems:
                 self._fail(problems)
+            for w in rules.catalog_warnings(models):
+                self.stdout.write(f"warning: {w.line()}")
             self.stdout.write(f"{options['file']}: {len(models)} models, valid")
             return
         actor = services.Actor(
@@ -99,6 +101,10 @@ class Command(BaseCommand):
             )
         except services.Refused as exc:
             self._fail(exc.problems)
+        from catalog import rules
+
+        for w in rules.catalog_warnings(models):
+            self.stdout.write(f"warning: {w.line()}")
         prefix = "would be " if options["dry_run"] else ""
         for label, names in (
             ("added", result.added),

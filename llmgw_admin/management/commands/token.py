@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -47,14 +49,17 @@ class Command(BaseCommand):
                 user=user, name=options["name"], revoked__isnull=True
             ).exists():
                 raise CommandError(f"{user} already has a live token named {options['name']!r}")
-            token, secret = ApiToken.issue(user, options["name"], expires)
+            # Whoever runs manage.py holds the installation: the token says so.
+            maker = f"command line ({getpass.getuser()}@{socket.gethostname()})"
+            token, secret = ApiToken.issue(user, options["name"], expires, by_name=maker)
             self.stdout.write(
                 f"token {token.pk} for {user} ({token.name}); shown only now:\n{secret}"
             )
         elif action == "list":
             for t in ApiToken.objects.select_related("user").order_by("id"):
                 self.stdout.write(
-                    f"{t.pk}\t{t.user}\t{t.name}\t{t.state}\texpires {t.expires or 'never'}"
+                    f"{t.pk}\t{t.user}\t{t.name}\t{t.state}\tby {t.created_by_name or 'unknown'}"
+                    f"\texpires {t.expires or 'never'}"
                     f"\tlast used {t.last_used or 'never'}"
                 )
         else:

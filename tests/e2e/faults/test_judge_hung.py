@@ -118,6 +118,12 @@ def test_a_hung_judge_delays_no_request_past_its_timeout_its_breaker_shows_and_f
     )
     assert load.failures == [], load.summary()
     assert during, "no request was answered while the judge hung"
+    # The hung judge delays a request by at most its timeout: no answer while it hung took
+    # longer than the judge's timeout beside the slowest answer before it hung, and a
+    # second for the loaded machine's scheduling.
+    before = [o.seconds for o in load.outcomes if o.at + o.seconds < hung_at]
+    bound = JUDGE_TIMEOUT + max(before) + 1.0
+    assert seconds[-1] <= bound, (seconds[-5:], bound, load.summary())
 
     # Fail closed, the judge hung again: each gateway refuses (400), at once once its
     # breaker is open, and every record says no judge answered, which failed and how.

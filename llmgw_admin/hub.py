@@ -199,8 +199,10 @@ class Hub:
         channel = self.channel
         while True:
             try:
-                # The layer's own receive: it returns each message as it comes, or raises
-                # when Redis goes (the watch closes the consoles meanwhile).
+                # The layer's own receive: it returns each message as it comes (a heartbeat
+                # at least every BEAT_S while anyone listens), or raises when Redis goes
+                # (the watch closes the consoles meanwhile). Not cut short by a timeout:
+                # channels-redis unsubscribes a channel whose receive is cancelled.
                 event = await layer.receive(channel)
             except asyncio.CancelledError:
                 raise

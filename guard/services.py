@@ -187,7 +187,7 @@ def save_policy(
     else:
         return Saved(parsed, prepared.notes, False)
     who = getattr(user, "username", "") or name or "system"
-    changed = [k for k in after if before.get(k) != after.get(k)]
+    changed = policy_rules.changes(before, after)
     PolicyChange.objects.create(
         actor=user if getattr(user, "pk", None) else None,
         actor_name=who,

@@ -48,8 +48,8 @@ from llmgw_admin.hub import hub
 from llmgw_admin.hub import keep as hub_keep
 from llmgw_core import events
 from llmgw_core.roles import OPERATOR, VIEWER, has_role
-from updates import flowviews as updates_flowviews
 from updates import live as updates_live
+from updates import views as updates_views
 
 log = logging.getLogger(__name__)
 
@@ -409,8 +409,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         names = events.keys_of(event)
         if self.updates_view is not None:
             # The Updates page: asked to fetch its table again, filters and all (its own
-            # session renders it; updates.flowviews).
-            await self.send(text_data=updates_flowviews.region_poke(self.updates_view))
+            # session renders it; updates.views).
+            await self.send(text_data=updates_views.region_poke(self.updates_view))
             return
         if self.listed is not None:
             shown = [n for n in names if n in self.listed]

@@ -15,7 +15,7 @@ from llmgw_admin import api_views, status_views, token_views
 from llmgw_admin.dashboard import dashboard
 from llmgw_admin.throttle import LoginForm
 from llmgw_core.roles import VIEWER, role_required
-from updates import api_urls as updates_api_urls
+from updates.api import urls as updates_api_urls
 
 access_router = DefaultRouter()
 access_router.register("tokens", api_views.ApiTokenViewSet, basename="apitoken")

@@ -2,7 +2,7 @@
 
 Every node that runs a model takes its weights from the mirror, gigabytes each, so the
 web process's cost of a byte sent is paid on every byte of every model on every node.
-Through Django (``updates.api.node_file``) a file went through the middleware chain and
+Through Django (``updates.api.views.node_file``) a file went through the middleware chain and
 the ASGI handler's streaming response: 0.62 CPU seconds a GB sent here, 1.5 GB/s to a
 client that only receives; this route sends the same bytes at 0.35 (bench/mirror.py,
 docs/updates.md). What it costs per request is the node token's lookup, the fetch and
@@ -29,7 +29,7 @@ from django.db import connection
 
 from llmgw_core import lean
 from llmgw_core.lean import ASGIApp, Receive, Scope, Send
-from updates import api
+from updates.api import views as api
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,6 @@
-"""Console pages of the mirror and the update check (H19mirror's part of ``updates``).
+"""The updates app's console pages.
+
+The mirror and the update check:
 
 - a model's updates panel (``model_panel``): its fetch into the mirror with progress, its
   last update check ("update available", what changed), and for operators "Check for
@@ -9,11 +11,25 @@
   was never fetched;
 - the mirror's page (``mirror_page``): what it holds, for which models, how much, against
   its cap, and the fetches queued, running and failed.
+
+The update flow:
+
+- the **Updates page** (``updates_page``, ``/updates/``): every model's update state:
+  current, update available (the last check), fetching with progress, evaluating with
+  the score so far, canary with its figures, ready to promote, promoted, failed with why;
+  filtered by name and state; its table asked for again every two seconds while open;
+- on a model's page, inside its weights-and-updates panel (``panel_context``): the last
+  update's state and a progress line per step, and for operators **Update**, **Promote**
+  and **Rollback** (``model_update``, ``model_promote``, ``model_rollback``), each
+  recorded as made from the console by the signed-in user. Viewers see the states and no
+  button.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -21,10 +37,11 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from catalog.choices import Surface
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
-from updates import checking, mirror
-from updates.models import ACTIVE, Fetch, FetchState
+from updates import checking, flow, mirror, registry, run
+from updates.models import ACTIVE, Fetch, FetchState, UpdateRun
 
 # Seconds between a panel's refreshes: while a fetch runs, and otherwise.
 FAST_S = 2
@@ -54,15 +71,15 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
         "check": checking.last_checks([name]).get(name),
         "checking": name in checking.checking_now([name]),
         "checkable": checking.checkable(m),
-        "mirrorable": mirror.registry.kind(str(m.source or "")) is not None,
-        "not_mirrored": mirror.registry.mirrored(str(m.source or "")),
+        "mirrorable": registry.kind(str(m.source or "")) is not None,
+        "not_mirrored": registry.mirrored(str(m.source or "")),
         "mirror_on": mirror.enabled(),
         "can_check": has_role(request.user, OPERATOR),
         "can_fetch": (
             has_role(request.user, OPERATOR)
             and mirror.enabled()
-            and mirror.registry.kind(str(m.source or "")) is not None
-            and not mirror.registry.mirrored(str(m.source or ""))
+            and registry.kind(str(m.source or "")) is not None
+            and not registry.mirrored(str(m.source or ""))
             and (m.origin is None or not m.origin.revision)
             and not active
         ),
@@ -71,11 +88,8 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
 
 
 def _flow_context(request: Any, name: str) -> dict[str, Any]:
-    """The update flow's part of the panel (H19flow: updates.flowviews), refreshed fast
-    while an update runs."""
-    from updates import flowviews
-
-    found = flowviews.panel_context(request, name)
+    """The update flow's part of the panel, refreshed fast while an update runs."""
+    found = _update_part(request, name)
     return found | ({"refresh_s": FAST_S} if found["update_active"] else {})
 
 
@@ -134,7 +148,7 @@ DISK_WARN = 0.95
 
 def _disk() -> dict[str, Any]:
     """The mirror's disk: free and total bytes, and whether it is (nearly) full; a fetch
-    that filled it up said so, and what it deleted (``mirror._download_or_free``)."""
+    that filled it up said so, and what it deleted (``updates.mirror.download``)."""
     import shutil
     from pathlib import Path
 
@@ -184,3 +198,271 @@ def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx and request.GET.get("region"):
         return render(request, "updates/mirror.html#region", context)
     return render(request, "updates/mirror.html", context)
+
+
+# -- the update flow ----------------------------------------------------------------------
+
+
+# What the page's state filter offers, in the order a model goes through them.
+STATES = (
+    "unchecked", "current", "available", "checking", "fetching", "candidate", "evaluating",
+    "canary", "ready", "promoted", "failed",
+)  # fmt: skip
+# Seconds between the table's own refreshes: the live view asks for it at once when a
+# model changes (updates.views.region_poke); this is the net under it.
+REFRESH_S = 10
+
+
+@dataclass
+class Row:
+    """One model on the Updates page."""
+
+    model: str
+    state: str  # one of STATES
+    line: str  # what it is doing, or why it failed
+    run: UpdateRun | None = None
+    percent: int | None = None  # a fetch's progress
+    revision: str = ""
+
+
+def state_of(r: UpdateRun | None, check_state: str = "", checking: bool = False) -> str:
+    """Return a model's state on the Updates page from its last update and check, and
+    whether a check of it runs now ("checking", unless an update of it runs)."""
+    if r is not None and r.state == "running":
+        return {
+            flow.FETCH: "fetching",
+            flow.CANDIDATE: "candidate",
+            flow.EVAL: "evaluating",
+            flow.CANARY: "canary",
+            flow.PROMOTE: "ready",
+        }[r.step]
+    if r is not None and r.state == "waiting":
+        return "ready"
+    if checking:
+        return "checking"
+    if check_state == "available":
+        return "available"
+    if r is not None and r.state == "failed" and check_state != "current":
+        return "failed"
+    if r is not None and r.state == "promoted" and check_state != "available":
+        return "promoted"
+    if r is None and not check_state:
+        return "unchecked"  # never checked nor updated: not known to be current
+    return "current"
+
+
+def line_of(r: UpdateRun | None) -> str:
+    """Return what a model's update is doing: the step's line, the score so far, the
+    canary's figures, or why it failed."""
+    if r is None:
+        return ""
+    if r.state == "failed":
+        return r.reason
+    if r.state == "running" and r.step == flow.EVAL and r.eval_total:
+        return flow.eval_progress(r.eval_passed, r.eval_done, r.eval_total)
+    return r.lines[-1]["text"] if r.lines else ""
+
+
+def rows(name: str = "", state: str = "") -> list[Row]:
+    """Return every model's row (an update's candidate apart), filtered."""
+    from catalog.services import stored_specs
+    from updates import checking
+
+    specs = [m for m in stored_specs() if not flow.is_candidate(m.name) and m.external is None]
+    if name:
+        specs = [m for m in specs if name.lower() in m.name.lower()]
+    names = [m.name for m in specs]
+    last: dict[str, UpdateRun] = {}
+    for r in UpdateRun.objects.filter(model__in=names).order_by("model", "-created", "-id"):
+        last.setdefault(r.model, r)
+    checks = checking.last_checks(names)
+    now_checking = checking.checking_now(names)
+    fetches = {
+        f.pk: f
+        for f in Fetch.objects.filter(pk__in=[r.fetch_id for r in last.values() if r.fetch_id])
+    }
+    # The newest fetch of each model with no update nor check: the mirror's first fetch.
+    first_fetches: dict[str, Fetch] = {}
+    bare = [n for n in names if n not in last and n not in checks]
+    for f in Fetch.objects.filter(model__in=bare).order_by("model", "-id"):
+        first_fetches.setdefault(f.model, f)
+    out = []
+    for m in specs:
+        r = last.get(m.name)
+        check = checks.get(m.name)
+        row = Row(m.name, state_of(r, check.state if check else "", m.name in now_checking),
+                  line_of(r), r,
+                  revision=m.origin.revision if m.origin is not None else "")  # fmt: skip
+        if row.state == "checking":
+            row.line = "asking the registry for its newest revision"
+        elif row.state == "available" and check is not None and not row.line:
+            row.line = check.message
+        elif row.state == "available" and check is not None:
+            row.line = f"{check.message} (last update: {row.line})"
+        if row.state == "fetching" and r is not None:
+            f = fetches.get(r.fetch_id or 0)
+            if f is not None and f.fraction is not None:
+                row.percent = round(100 * f.fraction)
+        if row.state == "unchecked":
+            _unchecked(row, m, first_fetches.get(m.name))
+        out.append(row)
+    return [row for row in out if not state or row.state == state]
+
+
+def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
+    """Say what a model never checked nor updated is waiting for: its first fetch into the
+    mirror (under way, or failed with why), or nothing to mirror at all."""
+    from catalog import rules
+    from updates import registry
+
+    if fetch is not None and fetch.state in ACTIVE:
+        row.state = "fetching"
+        row.line = f"the mirror fetches its weights ({fetch.source})"
+        if fetch.fraction is not None:
+            row.percent = round(100 * fetch.fraction)
+    elif fetch is not None and fetch.state == FetchState.FAILED:
+        row.state = "failed"
+        row.line = f"the mirror could not fetch its weights: {fetch.reason}"
+    elif fetch is not None and fetch.state == FetchState.DONE:
+        row.state = "current"  # what the registry had when the mirror fetched it
+        row.line = f"as fetched at {fetch.commit[:12] or fetch.revision}; not checked since"
+    elif why := registry.mirrored(m.source):
+        row.line = f"no registry to check: {why}"
+    elif rules.simulated(m):
+        # Its nodes need no weights, so nothing fetches them until an update is asked for.
+        row.line = "never fetched (a sim engine needs no weights): Check for updates asks the registry; Fetch now or Update fetches them"
+    else:
+        row.line = "not checked yet: its origin is written when the mirror first fetches it"
+
+
+@role_required(VIEWER)
+def updates_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Show every model's update state, filtered by ``q`` (name) and ``state``."""
+    name = request.GET.get("q", "").strip()[:200]
+    state = request.GET.get("state", "").strip()
+    if state not in STATES:
+        state = ""
+    context = {
+        "rows": rows(name, state),
+        "q": name,
+        "state": state,
+        "states": STATES,
+        "refresh_s": REFRESH_S,
+        "is_operator": has_role(request.user, OPERATOR),
+        "live_query": urlencode({k: v for k, v in (("q", name), ("state", state)) if v}),
+    }
+    if request.htmx and request.GET.get("region"):
+        return render(request, "updates/updates.html#region", context)
+    return render(request, "updates/updates.html", context)
+
+
+def _update_part(request: Any, name: str) -> dict[str, Any]:
+    """Return what a model's panel shows of its updates (``panel_context`` adds it)."""
+    r = UpdateRun.objects.filter(model=name).first()
+    operator = has_role(request.user, OPERATOR)
+    active = r is not None and r.active
+    from catalog.services import stored_specs
+
+    found = stored_specs(names=[name])
+    m = found[0] if found else None
+    previous = m is not None and m.origin is not None and m.origin.previous is not None
+    return {
+        "update_run": r,
+        "update_state": state_of(r),
+        "update_line": line_of(r),
+        "update_lines": list(r.lines)[-12:] if r is not None else [],
+        "can_update": operator and not active and m is not None and not flow.is_candidate(name),
+        "can_promote": operator
+        and active
+        and r is not None
+        and r.step in (flow.EVAL, flow.CANARY, flow.PROMOTE),
+        "can_rollback": operator and not active and previous,
+        "can_cancel": operator and active,
+        "update_active": active,
+        "update_said": getattr(request, "update_said", ""),
+        "update_refused": getattr(request, "update_refused", False),
+    }
+
+
+def _answer(request: HtmxHttpRequest, name: str, said: str, refused: bool = False) -> HttpResponse:
+    """Answer an action: the panel saying what was done or why not (htmx), or the model's
+    page with it as a message."""
+    if request.htmx:
+        request.update_said, request.update_refused = said, refused  # type: ignore[attr-defined]
+        return render(request, "updates/partials/model_panel.html", panel_context(request, name))
+    (messages.error if refused else messages.success)(request, said)
+    return redirect("catalog:servedmodel_detail", name)
+
+
+def _known(name: str) -> None:
+    from catalog.services import stored_specs
+
+    if not stored_specs(names=[name]):
+        raise Http404(f"model {name!r} is not in the catalog")
+
+
+def _via(request: HtmxHttpRequest) -> str:
+    return "console"
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Start an update of a model (the newest revision; auto with its own canary)."""
+    _known(name)
+    auto = request.POST.get("auto", "") in ("1", "on", "true")
+    try:
+        r = run.start(
+            name, auto=auto, user=request.user, surface=Surface.CONSOLE, via=_via(request)
+        )
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, f"update #{r.pk} of {name} started")
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_promote(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Promote a model's running update now."""
+    _known(name)
+    try:
+        r = run.promote(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, r.reason if r.state == "failed" else r.lines[-1]["text"],
+                   refused=r.state == "failed")  # fmt: skip
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Move a model back to its previous revision while the mirror holds it."""
+    _known(name)
+    try:
+        said = run.rollback(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, said)
+
+
+@role_required(OPERATOR)
+@require_POST
+def model_cancel(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """End a model's running update; the model stays as it is."""
+    _known(name)
+    try:
+        r = run.cancel(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.Refused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    return _answer(request, name, f"update #{r.pk}: {r.reason}")
+
+
+def region_poke(query: dict[str, str]) -> str:
+    """Return what tells an open Updates page to ask for its table at once (the live view
+    sends it when a model changes: an update's step, a fetch, a check): an element htmx
+    loads into the page's holder, which asks with the page's own session and filters."""
+    from django.template.loader import render_to_string
+    from django.urls import reverse
+
+    url = reverse("updates:list") + "?" + urlencode({"region": "1", **query})
+    return render_to_string("updates/partials/region_poke.html", {"url": url})

@@ -1,4 +1,4 @@
-"""The update flow's API (updates.flowapi): start, read, promote, rollback, list; roles."""
+"""The update flow's API (updates.api): start, read, promote, rollback, list; roles."""
 
 from __future__ import annotations
 

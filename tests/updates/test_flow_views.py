@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.updates.test_flow_run import chat, fetched, ready  # noqa: F401 - fixtures
-from updates import flowviews, run
+from updates import run, views
 from updates.models import UpdateRun
 
 pytestmark = pytest.mark.django_db
@@ -34,11 +34,11 @@ def test_the_updates_page_lists_each_models_state_filtered(
         not in c.get("/updates/?region=1&state=failed", HTTP_HX_REQUEST="true").content.decode()
     )
     r = ready(fetched(r))
-    assert flowviews.rows()[0].state == "ready"
+    assert views.rows()[0].state == "ready"
     assert 'data-state="ready"' in c.get("/updates/?q=CHA").content.decode()
     assert 'data-model="chat"' not in c.get("/updates/?q=other").content.decode()
     # A candidate is not a row of its own.
-    assert [row.model for row in flowviews.rows()] == ["chat"]
+    assert [row.model for row in views.rows()] == ["chat"]
 
 
 def test_an_operator_starts_and_rolls_back_from_the_panel_a_viewer_sees_no_button(
@@ -144,7 +144,7 @@ def test_a_model_never_checked_is_not_called_current(
     mirror.request_fetch("under-way", start=False)  # queued: the worker has not taken it
     sim = {"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "tp": 1}
     store(gpu_model("demo", source="sim/demo", profiles=[sim]))  # as the first start's
-    rows = {row.model: row for row in flowviews.rows()}
+    rows = {row.model: row for row in views.rows()}
     assert (rows["never"].state, rows["never"].line) == (
         "unchecked",
         "not checked yet: its origin is written when the mirror first fetches it",

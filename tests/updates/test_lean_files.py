@@ -197,7 +197,7 @@ def test_a_non_ascii_digit_or_a_huge_range_is_refused_clearly_never_a_500(
 
 
 def test_the_range_is_read_in_ascii_digits_of_bounded_length() -> None:
-    from updates.api import byte_range
+    from updates.api.views import byte_range
 
     assert byte_range("", 10) == (200, 0, 10)
     assert byte_range("bytes=2-", 10) == (206, 2, 10)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.catalog.samples import gpu_model, store
 from tests.updates.hubstandin import Blob, HubStandIn
-from updates import mirror
+from updates import mirror, registry
 from updates.models import Fetch, FetchState
 
 pytestmark = pytest.mark.django_db
@@ -97,7 +97,7 @@ def test_a_fetch_that_failed_halfway_resumes_from_its_part_file(hub: HubStandIn)
     hub.commit("org/chat", {"model.safetensors": WEIGHTS})
     store(gpu_model("chat"))
     # A partial download left by an earlier try (a worker that died): the same folder.
-    state = mirror.registry.latest("org/chat")
+    state = registry.latest("org/chat")
     part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
     part_dir.mkdir(parents=True)
     (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:300_000])
@@ -289,7 +289,7 @@ def test_a_resume_with_room_for_the_rest_is_allowed(
 ) -> None:
     hub.commit("org/chat", {"model.safetensors": WEIGHTS})
     store(gpu_model("chat"))
-    state = mirror.registry.latest("org/chat")
+    state = registry.latest("org/chat")
     part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
     part_dir.mkdir(parents=True)
     (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:800_000])
@@ -304,7 +304,7 @@ def test_a_resume_without_room_for_the_rest_says_what_is_held(
 ) -> None:
     hub.commit("org/chat", {"model.safetensors": WEIGHTS})
     store(gpu_model("chat"))
-    state = mirror.registry.latest("org/chat")
+    state = registry.latest("org/chat")
     part_dir = mirror.root() / (mirror.folder_for("org/chat", state.commit) + ".part")
     part_dir.mkdir(parents=True)
     (part_dir / "model.safetensors.part").write_bytes(WEIGHTS[:500_000])
@@ -361,7 +361,7 @@ def test_a_fetch_a_dead_worker_left_is_said_so_then_failed(hub: HubStandIn, view
     hub.commit("org/chat", {"model.safetensors": WEIGHTS})
     store(gpu_model("chat"))
     f = mirror.request_fetch("chat", start=False)
-    gone = timezone.now() - timedelta(seconds=mirror.STALE_AFTER_S + 5)
+    gone = timezone.now() - timedelta(seconds=mirror.fetches.STALE_AFTER_S + 5)
     Fetch.objects.filter(pk=f.pk).update(state="fetching", bytes_total=len(WEIGHTS), updated=gone)
     from updates import signals
 

@@ -82,7 +82,7 @@ def test_a_fetch_whose_worker_is_killed_is_said_so_then_resumed(
     from updates import run, signals
 
     settings.REDIS_URL = REDIS  # fetches are dispatched to the workers through the broker
-    monkeypatch.setattr(mirror, "STALE_AFTER_S", 3)
+    monkeypatch.setattr(mirror.fetches, "STALE_AFTER_S", 3)
     big = WEIGHTS * 4
     hub.commit("org/chat", {"model.safetensors": big})
     store(gpu_model("chat"))

@@ -35,7 +35,7 @@ class UpdateCheckAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
     change_role = None
 
 
-# The update flow's (H19flow).
+# The update flow.
 @admin.register(UpdateRun)
 class UpdateRunAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Every update of a model, newest first; promoted or cancelled in bulk by operators."""

@@ -26,7 +26,7 @@ def check_for_updates(modeladmin: Any, request: Any, queryset: Any) -> None:
         modeladmin.message_user(request, f"Up to date: {', '.join(current)}.", messages.SUCCESS)
 
 
-# The update flow's (H19flow: updates.run).
+# The update flow (updates.run).
 @admin.action(permissions=[OPERATOR], description="Update selected models to their newest weights")
 def update_models(modeladmin: Any, request: Any, queryset: Any) -> None:
     """Start an update of each selected model (the newest revision, promoted by hand);

@@ -132,7 +132,7 @@ class UpdateCheck(models.Model):
         }
 
 
-# -- the update flow's records (H19flow; updates.run drives them, updates.flow decides) ------
+# -- the update flow's records (updates.run drives them, updates.flow decides) -------------
 
 
 class UpdateState(models.TextChoices):

@@ -28,7 +28,7 @@ def fetch_into_mirror(pk: int) -> None:
     mirror.run_fetch(pk)
 
 
-# The update flow's (H19flow): an eval runs apart from the reconcile tick that moves the
+# The update flow: an eval runs apart from the reconcile tick that moves the
 # update (updates.run); its cases take a while.
 @shared_task(ignore_result=True)
 def advance_updates() -> int:

@@ -38,6 +38,7 @@ from catalog.services import Actor, Refused, delete_model, save_model, stored_qu
 from cluster import services, wake
 from cluster.models import Replica
 from llmgw_core import events
+from llmgw_core.celery import app as celery_app
 from updates import flow, mirror, registry
 from updates.models import Fetch, UpdateRun, UpdateState
 
@@ -519,12 +520,15 @@ def _claim_eval(run: UpdateRun) -> None:
     transaction.on_commit(lambda: dispatch_eval(pk))
 
 
+# The worker's task that runs an eval (``updates.tasks``, sent by name: the tasks call the
+# flow, never the other way round).
+EVAL_TASK = "updates.tasks.run_update_eval"
+
+
 def dispatch_eval(pk: int) -> None:
     """Run a run's eval in the background: the worker in production, a thread embedded."""
     if settings.REDIS_URL:
-        from updates.tasks import run_update_eval
-
-        run_update_eval.delay(pk=pk)
+        celery_app.send_task(EVAL_TASK, kwargs={"pk": pk})
     else:
         threading.Thread(target=_eval_in_thread, args=(pk,), name=f"update-eval-{pk}",
                          daemon=True).start()  # fmt: skip

@@ -14,14 +14,19 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from llmgw_core.celery import app as celery_app
 from updates import registry
 from updates.mirror.download import run_fetch
 from updates.mirror.store import MirrorError, enabled, gb, mark, model_spec, pinned_revision, root
 from updates.models import ACTIVE, Fetch, FetchState
 
 log = logging.getLogger(__name__)
+
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
+# The worker's task that runs a fetch (``updates.tasks``, sent by name: the tasks call the
+# mirror, never the other way round).
+FETCH_TASK = "updates.tasks.fetch_into_mirror"
 # A fetch that ended this many seconds ago answers a node's ask racing its end.
 FRESH_S = 60
 # How a fetch a dead worker left says so (``resume_stale``).
@@ -165,9 +170,7 @@ def models_q_commit_or_revision(revision: str) -> Any:
 def dispatch(pk: int) -> None:
     """Have a queued fetch run in the background once the transaction commits."""
     if settings.REDIS_URL:
-        from updates.tasks import fetch_into_mirror
-
-        transaction.on_commit(lambda: fetch_into_mirror.delay(pk))
+        transaction.on_commit(lambda: celery_app.send_task(FETCH_TASK, args=[pk]))
     else:
         transaction.on_commit(
             lambda: threading.Thread(

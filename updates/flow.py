@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from catalog import spec
 
@@ -253,12 +254,22 @@ class Facts:
     settled_for: float = 0.0  # seconds since served first reached min_requests
 
 
+class Action(StrEnum):
+    """What an update does after a look at its step."""
+
+    STAY = "stay"  # stay at the step (with a line for the page)
+    GO = "go"  # go to the next step
+    WAIT = "wait"  # passed every step: wait for promote by hand
+    PROMOTE = "promote"
+    FAIL = "fail"  # with why
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do: stay at the step (with a line for the page), go to ``step``, wait for
     promote by hand, promote, or fail with why."""
 
-    action: str  # "stay", "go", "wait", "promote", "fail"
+    action: Action
     step: str
     line: str = ""
     remove_candidate: bool = False
@@ -269,31 +280,31 @@ def decide(p: Plan, step: str, facts: Facts) -> Decision:
     if step == FETCH:
         if facts.fetch_state == "failed":
             return Decision(
-                "fail", step, f"fetch failed: {facts.fetch_reason or 'no reason given'}"
+                Action.FAIL, step, f"fetch failed: {facts.fetch_reason or 'no reason given'}"
             )
         if facts.fetch_state == "done":
-            return Decision("go", next_step(p.steps, step), "fetched into the mirror")
-        return Decision("stay", step)
+            return Decision(Action.GO, next_step(p.steps, step), "fetched into the mirror")
+        return Decision(Action.STAY, step)
     if step == CANDIDATE:
         if facts.candidate_failed:
-            return Decision("fail", step, f"the candidate failed: {facts.candidate_failed}",
+            return Decision(Action.FAIL, step, f"the candidate failed: {facts.candidate_failed}",
                             remove_candidate=True)  # fmt: skip
         if facts.candidate_ready:
             return _after(p, step, "the candidate is ready")
-        return Decision("stay", step, facts.candidate_waiting)
+        return Decision(Action.STAY, step, facts.candidate_waiting)
     if step == EVAL:
         if facts.eval_error:
-            return Decision("fail", step, f"the eval could not run: {facts.eval_error}",
+            return Decision(Action.FAIL, step, f"the eval could not run: {facts.eval_error}",
                             remove_candidate=True)  # fmt: skip
         if not facts.eval_done:
-            return Decision("stay", step)
+            return Decision(Action.STAY, step)
         score = f"{facts.score:.2f}"
         if facts.score < facts.threshold - 1e-9:
             cases = ", ".join(facts.failed_cases[:20])
             more = len(facts.failed_cases) - 20
             cases += f" and {more} more" if more > 0 else ""
             return Decision(
-                "fail",
+                Action.FAIL,
                 step,
                 f"eval {p.suite}: score {score}, below {facts.threshold:.2f}; failed: {cases}",
                 remove_candidate=True,
@@ -302,20 +313,20 @@ def decide(p: Plan, step: str, facts: Facts) -> Decision:
     if step == CANARY:
         if not facts.canary_on:
             why = facts.canary_why or "the canary was switched off"
-            return Decision("fail", step, why, remove_candidate=True)
+            return Decision(Action.FAIL, step, why, remove_candidate=True)
         if facts.served >= facts.min_requests and facts.settled_for >= CANARY_SETTLE_S:
             return _after(p, step, f"canary: {facts.served} requests answered, not rolled back")
-        return Decision("stay", step)
+        return Decision(Action.STAY, step)
     if step == PROMOTE:
-        return Decision("promote", step)
+        return Decision(Action.PROMOTE, step)
     raise ValueError(f"unknown step {step!r}")
 
 
 def _after(p: Plan, step: str, line: str) -> Decision:
     following = next_step(p.steps, step)
     if following == PROMOTE:
-        return Decision("promote" if p.auto else "wait", PROMOTE, line)
-    return Decision("go", following, line)
+        return Decision(Action.PROMOTE if p.auto else "wait", PROMOTE, line)
+    return Decision(Action.GO, following, line)
 
 
 def eval_progress(passed: int, done: int, total: int) -> str:

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -394,74 +395,94 @@ def _spec(name: str) -> spec.Model | None:
 
 
 def _apply(run: UpdateRun, p: flow.Plan, d: flow.Decision) -> None:
-    if d.action == "stay":
+    if d.action == flow.Action.STAY:
         if d.line:
             _add_line(run, run.step, d.line, replace_last=True)
         return
-    if d.action == "fail":
+    if d.action == flow.Action.FAIL:
         _fail(run, d.line)
         return
     _add_line(run, run.step, d.line)
-    if d.action == "go":
+    if d.action == flow.Action.GO:
         run.step = d.step
         _enter(run, p)
-    elif d.action == "wait":
+    elif d.action == flow.Action.WAIT:
         run.step = flow.PROMOTE
         run.state = UpdateState.WAITING
         _add_line(run, flow.PROMOTE, f"ready to promote: catalog update promote {run.model}")
-    elif d.action == "promote":
+    elif d.action == flow.Action.PROMOTE:
         run.step = flow.PROMOTE
         _promote(run, actor_for(run))
 
 
 def _enter(run: UpdateRun, p: flow.Plan) -> None:
-    """Do what a step does as it starts."""
-    if run.step == flow.CANDIDATE:
-        fetch = Fetch.objects.get(pk=run.fetch_id)
-        run.commit = fetch.commit
-        m = _spec(run.model)
-        if m is None:
-            _fail(run, f'model "{run.model}" was deleted')
-            return
-        candidate = flow.candidate_spec(m, _revision(fetch))
-        run.candidate = candidate.name
-        try:
-            save_model(candidate, actor_for(run), note=f"update #{run.pk}: the candidate")
-        except Refused as exc:
-            _fail(run, f"the catalog refused the candidate: {exc}")
-            return
-        # The mirror keeps files by model: the candidate's are the update's fetch's, at
-        # its commit, found complete in the mirror (one registry look, no download), so
-        # its nodes (a sim engine among them) take them as soon as it is placed.
-        try:
-            own = mirror.request_fetch(candidate.name, run.commit, by=run.started_by,
-                                       surface=Surface.UPDATES, start=False)  # fmt: skip
-            if own.state != "done":
-                own = mirror.run_fetch(own.pk) or own
-        except mirror.MirrorError as exc:
-            _fail(run, f"the mirror refused the candidate's files: {exc}")
-            return
+    """Do what a step does as it starts (``ENTRY``; a step not there does nothing)."""
+    entry = ENTRY.get(run.step)
+    if entry is not None:
+        entry(run, p)
+
+
+def _enter_candidate(run: UpdateRun, p: flow.Plan) -> None:
+    """Add the candidate to the catalog, its files the update's fetch's."""
+    fetch = Fetch.objects.get(pk=run.fetch_id)
+    run.commit = fetch.commit
+    m = _spec(run.model)
+    if m is None:
+        _fail(run, f'model "{run.model}" was deleted')
+        return
+    candidate = flow.candidate_spec(m, _revision(fetch))
+    run.candidate = candidate.name
+    try:
+        save_model(candidate, actor_for(run), note=f"update #{run.pk}: the candidate")
+    except Refused as exc:
+        _fail(run, f"the catalog refused the candidate: {exc}")
+        return
+    # The mirror keeps files by model: the candidate's are the update's fetch's, at
+    # its commit, found complete in the mirror (one registry look, no download), so
+    # its nodes (a sim engine among them) take them as soon as it is placed.
+    try:
+        own = mirror.request_fetch(candidate.name, run.commit, by=run.started_by,
+                                   surface=Surface.UPDATES, start=False)  # fmt: skip
         if own.state != "done":
-            _fail(run, f"the mirror could not give the candidate its files: {own.reason}")
-            return
-        _add_line(run, flow.CANDIDATE, f"candidate {candidate.name} added: placing its replica")
-    elif run.step == flow.EVAL:
-        _add_line(run, flow.EVAL, f"eval {p.suite}: starting")
-        _claim_eval(run)
-    elif run.step == flow.CANARY:
-        assert p.canary is not None
-        m = _spec(run.model)
-        if m is None:
-            _fail(run, f'model "{run.model}" was deleted')
-            return
-        try:
-            save_model(flow.with_canary(m, run.candidate, p.canary), actor_for(run),
-                       replacing=run.model, note=f"update #{run.pk}: the canary")  # fmt: skip
-        except Refused as exc:
-            _fail(run, f"the catalog refused the canary: {exc}")
-            return
-        run.canary_started = _now()
-        _add_line(run, flow.CANARY, flow.canary_line(0, p.canary.limits()[0], p.canary.percent))
+            own = mirror.run_fetch(own.pk) or own
+    except mirror.MirrorError as exc:
+        _fail(run, f"the mirror refused the candidate's files: {exc}")
+        return
+    if own.state != "done":
+        _fail(run, f"the mirror could not give the candidate its files: {own.reason}")
+        return
+    _add_line(run, flow.CANDIDATE, f"candidate {candidate.name} added: placing its replica")
+
+
+def _enter_eval(run: UpdateRun, p: flow.Plan) -> None:
+    """Start the eval suite against the candidate, apart from the tick."""
+    _add_line(run, flow.EVAL, f"eval {p.suite}: starting")
+    _claim_eval(run)
+
+
+def _enter_canary(run: UpdateRun, p: flow.Plan) -> None:
+    """Send the canary's share of the model's requests to the candidate."""
+    assert p.canary is not None
+    m = _spec(run.model)
+    if m is None:
+        _fail(run, f'model "{run.model}" was deleted')
+        return
+    try:
+        save_model(flow.with_canary(m, run.candidate, p.canary), actor_for(run),
+                   replacing=run.model, note=f"update #{run.pk}: the canary")  # fmt: skip
+    except Refused as exc:
+        _fail(run, f"the catalog refused the canary: {exc}")
+        return
+    run.canary_started = _now()
+    _add_line(run, flow.CANARY, flow.canary_line(0, p.canary.limits()[0], p.canary.percent))
+
+
+# What a step does as it starts; a fetch starts with the update, promote is its own.
+ENTRY: dict[str, Callable[[UpdateRun, flow.Plan], None]] = {
+    flow.CANDIDATE: _enter_candidate,
+    flow.EVAL: _enter_eval,
+    flow.CANARY: _enter_canary,
+}
 
 
 def _revision(fetch: Fetch) -> flow.Revision:

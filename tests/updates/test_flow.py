@@ -159,7 +159,7 @@ def test_every_decision_names_a_step_of_the_plan(step, ready, done, score, on) -
                   eval_done=done, score=score, threshold=0.5, canary_on=on)  # fmt: skip
     d = flow.decide(FULL, step, facts)
     assert d.step in FULL.steps
-    assert d.action in ("stay", "go", "wait", "promote", "fail")
+    assert isinstance(d.action, flow.Action)
     if d.action == "go":
         assert FULL.steps.index(d.step) == FULL.steps.index(step) + 1
 

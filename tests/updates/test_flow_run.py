@@ -423,3 +423,8 @@ def test_a_rollback_with_no_origin_is_refused_naming_why(hub: HubStandIn) -> Non
     store(gpu_model("sim"))
     with pytest.raises(flow.Refused, match="it has no origin"):
         run.rollback("sim")
+
+
+def test_the_steps_that_act_as_they_start_are_the_candidate_the_eval_and_the_canary() -> None:
+    assert set(run.ENTRY) == {flow.CANDIDATE, flow.EVAL, flow.CANARY}
+    assert set(run.ENTRY) < set(flow.STEPS)

@@ -84,13 +84,7 @@ def panel_context(request: Any, name: str) -> dict[str, Any]:
             and not active
         ),
         "refresh_s": FAST_S if active else SLOW_S,
-    } | _flow_context(request, name)
-
-
-def _flow_context(request: Any, name: str) -> dict[str, Any]:
-    """The update flow's part of the panel, refreshed fast while an update runs."""
-    found = _update_part(request, name)
-    return found | ({"refresh_s": FAST_S} if found["update_active"] else {})
+    } | _update_part(request, name, m)
 
 
 @role_required(VIEWER)
@@ -356,22 +350,19 @@ def updates_page(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "updates/updates.html", context)
 
 
-def _update_part(request: Any, name: str) -> dict[str, Any]:
-    """Return what a model's panel shows of its updates (``panel_context`` adds it)."""
+def _update_part(request: Any, name: str, m: Any) -> dict[str, Any]:
+    """Return what a model's panel shows of its updates (``panel_context`` adds it), and
+    a fast refresh while an update runs."""
     r = UpdateRun.objects.filter(model=name).first()
     operator = has_role(request.user, OPERATOR)
     active = r is not None and r.active
-    from catalog.services import stored_specs
-
-    found = stored_specs(names=[name])
-    m = found[0] if found else None
-    previous = m is not None and m.origin is not None and m.origin.previous is not None
+    previous = m.origin is not None and m.origin.previous is not None
     return {
         "update_run": r,
         "update_state": state_of(r),
         "update_line": line_of(r),
         "update_lines": list(r.lines)[-12:] if r is not None else [],
-        "can_update": operator and not active and m is not None and not flow.is_candidate(name),
+        "can_update": operator and not active and not flow.is_candidate(name),
         "can_promote": operator
         and active
         and r is not None
@@ -381,7 +372,7 @@ def _update_part(request: Any, name: str) -> dict[str, Any]:
         "update_active": active,
         "update_said": getattr(request, "update_said", ""),
         "update_refused": getattr(request, "update_refused", False),
-    }
+    } | ({"refresh_s": FAST_S} if active else {})
 
 
 def _answer(request: HtmxHttpRequest, name: str, said: str, refused: bool = False) -> HttpResponse:

@@ -25,3 +25,21 @@ def roll_history() -> int:
 def prune_responses() -> int:
     """Delete stored responses older than ``LLMGW_RESPONSES_KEEP`` days; return how many."""
     return stored.prune()
+
+
+@shared_task(ignore_result=True)
+def run_batches() -> int:
+    """Run (or resume) every batch not ended that no other runner holds (``gateway.batch``)."""
+    from gateway.batch import runner
+
+    return runner.run_all()
+
+
+@shared_task(ignore_result=True)
+def prune_files() -> int:
+    """Delete files and ended batches older than ``LLMGW_FILES_KEEP`` days."""
+    from django.conf import settings
+
+    from gateway.batch import store
+
+    return store.prune(settings.LLMGW_FILES_KEEP)

@@ -15,7 +15,7 @@ import pytest
 from cluster.models import Node
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
-from tests.e2e.test_gateway import H100, client, new_key, ready, sim_model
+from tests.e2e.test_gateway import H100, client, new_key, ready, set_policy, sim_model
 
 pytestmark = pytest.mark.e2e
 
@@ -128,3 +128,62 @@ def test_a_batch_of_100_lines_and_a_file_refused_and_a_cancel(
     kept = lines_of(api, cancelled.output_file_id)
     assert len(kept) == finished
     assert len({o["custom_id"] for o in kept}) == finished
+
+
+def test_a_refused_line_names_the_judge_and_a_killed_runner_resumes_each_line_once(
+    control_plane: ControlPlane, agents: Callable[..., Agent]
+) -> None:
+    cp = control_plane
+    agents("bt-b", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+    wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
+    store(sim_model("chat", context_length=4096, max_output=512,
+                    profile={"env": {"LLMGW_SIM_TTFT": "0.3", "LLMGW_SIM_TPS": "50"}}),
+          sim_model("judge", role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
+    wait_for(ready("chat"), 90, "the chat replica ready")
+    wait_for(ready("judge"), 90, "the judge ready")
+    set_policy(cp, "--judges", "judge", "--directions", "requests", "--fail", "closed")
+    key = new_key(cp, "batcher", "--owner", "team:batch")
+    api = client(cp, key, timeout=60)
+
+    # A line the judge refuses is an error line naming it; the others are answered.
+    unsafe = chat_line(2)
+    unsafe["body"]["messages"][0]["content"] = "UNSAFE-MARKER please"  # type: ignore[index]
+    three = api.files.create(file=("g.jsonl", jsonl([chat_line(1), unsafe, chat_line(3)])),
+                             purpose="batch")  # fmt: skip
+    judged = api.batches.create(input_file_id=three.id, endpoint="/v1/chat/completions",
+                                completion_window="24h")  # fmt: skip
+    ended = wait_for(lambda: (b := api.batches.retrieve(judged.id)).status == "completed" and b,
+                     60, "the judged batch ended")  # fmt: skip
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (2, 1)
+    (refused,) = lines_of(api, ended.error_file_id)
+    assert refused["custom_id"] == "req-2"
+    assert refused["response"]["status_code"] == 400
+    error = refused["response"]["body"]["error"]
+    assert error["code"] == "content_filter" and "judge 'judge'" in error["message"]
+    assert [o["custom_id"] for o in lines_of(api, ended.output_file_id)] == ["req-1", "req-3"]
+
+    # The process running the batch killed mid-way, started again: each line answered once.
+    file = api.files.create(file=("k.jsonl", jsonl([chat_line(n) for n in range(1, 61)])),
+                            purpose="batch")  # fmt: skip
+    batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                               completion_window="24h")  # fmt: skip
+    before = wait_for(lambda: (n := api.batches.retrieve(batch.id).request_counts.completed) >= 8
+                      and n, 60, "some lines done")  # fmt: skip
+    assert cp.proc is not None
+    cp.proc.kill()  # SIGKILL: no chance to tidy up
+    cp.proc.wait()
+    kept = cp.tmp / "data" / "files" / "batches"
+    at_kill = json.loads((kept / f"{batch.id}.json").read_text())
+    assert at_kill["status"] == "in_progress"
+    assert before <= at_kill["request_counts"]["completed"] < 60
+    cp.start()
+    done = wait_for(lambda: (b := api.batches.retrieve(batch.id)).status == "completed" and b,
+                    120, "the batch completed after the restart")  # fmt: skip
+    assert done.request_counts.completed == 60 and done.request_counts.failed == 0
+    out = lines_of(api, done.output_file_id)
+    assert sorted(o["custom_id"] for o in out) == sorted(f"req-{n}" for n in range(1, 61))
+    # Its journal holds each line once: none lost, none written twice.
+    journal = [
+        json.loads(t)["line"] for t in (kept / f"{batch.id}.journal").read_text().splitlines()
+    ]
+    assert sorted(journal) == list(range(1, 61))

@@ -1,0 +1,77 @@
+"""Batches on disk as the runner and an operator meet them: the journal a killed runner
+leaves, and ``manage.py gateway batch list|show|cancel``."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from gateway.batch import status, store
+
+
+@pytest.fixture
+def files_dir(settings: Any, tmp_path: Path) -> Path:
+    settings.LLMGW_FILES_DIR = tmp_path / "files"
+    return tmp_path / "files"
+
+
+def made(now: int = 1000) -> dict[str, Any]:
+    batch = status.new(store.new_batch_id(), input_file_id="file-abc", window="24h",
+                       endpoint="/v1/chat/completions", metadata=None, now=now, total=3,
+                       owner="team:a", key="k", key_digest="d")  # fmt: skip
+    store.save_batch(batch)
+    return batch
+
+
+def test_a_line_torn_by_a_killed_runner_is_cut_off_and_runs_again(files_dir: Path) -> None:
+    batch = made()
+    journal = store.Journal(batch["id"])
+    journal.write({"line": 1, "ok": True, "out": {}})
+    journal.write({"line": 2, "ok": False, "out": {}})
+    journal.close()
+    path = store.batch_path(batch["id"], ".journal")
+    with path.open("ab") as handle:
+        handle.write(b'{"line": 3, "ok": tr')  # killed while writing line 3
+    assert sorted(store.journal(batch["id"])) == [1, 2]
+    assert path.read_bytes().endswith(b"\n")  # the torn tail is gone: line 3 is written whole next
+    again = store.Journal(batch["id"])
+    again.write({"line": 3, "ok": True, "out": {}})
+    again.close()
+    assert sorted(store.journal(batch["id"])) == [1, 2, 3]
+
+
+def test_files_are_their_owners_alone(files_dir: Path) -> None:
+    meta = store.save_file("team:a", "in.jsonl", "batch", b"x\n")
+    assert store.get_file("team:b", meta["id"]) is None
+    assert store.file_content("team:a", meta["id"]) == b"x\n"
+    assert not store.delete_file("team:b", meta["id"])
+    assert [m["id"] for m in store.list_files("team:a")] == [meta["id"]]
+    assert store.get_file("team:a", "../../etc/passwd") is None
+    assert store.delete_file("team:a", meta["id"])
+    assert store.list_files("team:a") == []
+
+
+def test_an_operator_lists_shows_and_cancels_a_batch(files_dir: Path) -> None:
+    batch = made()
+    out = StringIO()
+    call_command("gateway", "batch", "list", stdout=out)
+    assert batch["id"] in out.getvalue() and "team:a" in out.getvalue()
+    out = StringIO()
+    call_command("gateway", "batch", "show", batch["id"], stdout=out)
+    assert json.loads(out.getvalue())["status"] == "validating"
+    out = StringIO()
+    call_command("gateway", "batch", "cancel", batch["id"], stdout=out)
+    assert "cancelling" in out.getvalue()
+    assert store.get_batch(None, batch["id"])["status"] == "cancelling"
+    with pytest.raises(CommandError, match="no batch batch_nope"):
+        call_command("gateway", "batch", "cancel", "batch_nope")
+    ended = made()
+    store.update(ended["id"], lambda b: dict(b, status="completed"))
+    with pytest.raises(CommandError, match="is completed: it cannot be cancelled"):
+        call_command("gateway", "batch", "cancel", ended["id"])

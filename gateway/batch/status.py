@@ -81,3 +81,18 @@ def output_line(line_id: str, custom_id: str, status: int | None, body: Any,
     response = None if status is None else {"status_code": status, "request_id": request_id,
                                             "body": body}  # fmt: skip
     return {"id": line_id, "custom_id": custom_id, "response": response, "error": error}
+
+
+def progress(batch: dict[str, Any], now: float) -> dict[str, Any]:
+    """What the Batches page shows of a batch: lines done of the total, the share done,
+    lines a second since it began (None before it began)."""
+    counts = batch["request_counts"]
+    done = counts["completed"] + counts["failed"]
+    total = counts["total"]
+    began = batch.get("in_progress_at")
+    ended = next((batch[STAMP[s]] for s in (COMPLETED, CANCELLED, EXPIRED, FAILED)
+                  if batch.get(STAMP[s])), None)  # fmt: skip
+    seconds = ((ended or now) - began) if began else 0
+    return {"done": done, "total": total, "percent": round(100 * done / total) if total else 0,
+            "rate": round(done / seconds, 1) if seconds > 0 else None,
+            "errors": counts["failed"], "ended": batch["status"] in ENDED}  # fmt: skip

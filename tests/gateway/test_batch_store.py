@@ -75,3 +75,27 @@ def test_an_operator_lists_shows_and_cancels_a_batch(files_dir: Path) -> None:
     store.update(ended["id"], lambda b: dict(b, status="completed"))
     with pytest.raises(CommandError, match="is completed: it cannot be cancelled"):
         call_command("gateway", "batch", "cancel", ended["id"])
+
+
+def test_the_batches_page_shows_progress_and_an_operator_cancels(
+    files_dir: Path, client_for: Any, operator: Any, viewer: Any
+) -> None:
+    batch = made(now=1000)
+    store.update(batch["id"], lambda b: dict(
+        status.move(b, status.IN_PROGRESS, 1000),
+        request_counts={"total": 4, "completed": 1, "failed": 1}))  # fmt: skip
+    page = client_for(viewer).get("/gateway/batches/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert batch["id"] in text and "2 / 4 (50 %)" in text and 'http-equiv="refresh"' in text
+    assert 'data-role="cancel"' not in text  # a viewer has no Cancel button
+    assert 'data-role="cancel"' in client_for(operator).get("/gateway/batches/").content.decode()
+    # A viewer may not cancel; an operator may.
+    url = f"/gateway/batches/{batch['id']}/cancel/"
+    assert client_for(viewer).post(url).status_code == 403
+    assert store.get_batch(None, batch["id"])["status"] == "in_progress"
+    done = client_for(operator).post(url, follow=True)
+    assert "is cancelling: what finished is kept" in done.content.decode()
+    assert store.get_batch(None, batch["id"])["status"] == "cancelling"
+    assert "No batch batch_x." in client_for(operator).post(
+        "/gateway/batches/batch_x/cancel/", follow=True).content.decode()  # fmt: skip

@@ -73,6 +73,7 @@ from gateway.batch import routes as batch_routes
 from gateway.batch import token as batch_token
 from gateway.cycle import (
     CLIENT_GONE,
+    ClientStalled,
     Cycle,
     Receive,
     Scope,
@@ -81,7 +82,7 @@ from gateway.cycle import (
     header,
     read_body,
     send_error,
-)  # fmt: skip
+)
 from gateway.errors import ApiError
 from gateway.guarding import Guard, Judging
 from gateway.limits import LocalLimits
@@ -192,6 +193,7 @@ class Gateway:
             await self.app(scope, receive, send)
             return
         cycle = Cycle(send)
+        cycle.send_wait = self.options.send_timeout
         try:
             ready = await self.ready()
         except Exception:
@@ -212,6 +214,11 @@ class Gateway:
             await work()
         except ApiError as error:
             await cycle.error(error)
+        except ClientStalled as stalled:
+            # Taken as gone: what it was sent so far is all it gets.
+            log.info("%s: the client took none of its answer for %g s: given up", cycle.request_id,
+                     stalled.args[0])  # fmt: skip
+            cycle.outcome = CLIENT_GONE
         except asyncio.CancelledError:
             if cycle.client_gone:
                 cycle.outcome = CLIENT_GONE

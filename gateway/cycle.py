@@ -42,7 +42,7 @@ class Cycle:
 
     __slots__ = (
         # The response as sent so far.
-        "send", "started", "status", "outcome", "request_id",
+        "send", "send_wait", "stalled", "started", "status", "outcome", "request_id",
         # What the observers are told (gateway.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
         "tokens_out", "tokens_cached", "stream", "unreserved", "owner_reserved",
@@ -57,6 +57,11 @@ class Cycle:
 
     def __init__(self, send: Send, start_at: float | None = None) -> None:
         self.send = send
+        # A client that takes none of the answer's bytes for this long (its socket's
+        # buffers full) is taken as gone: the engine's connection is closed, as for one
+        # that left (the gateway sets its option, LLMGW_HTTP_SEND_TIMEOUT).
+        self.send_wait = 60.0
+        self.stalled = False
         self.started = False
         self.status = 0  # the status sent (0: none yet)
         # What the request came to when not its status: 499 (the client went away before
@@ -109,7 +114,14 @@ class Cycle:
         the client's time to first token)."""
         if self.first_at is None and data and text:
             self.first_at = time.perf_counter()
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        try:
+            await asyncio.wait_for(
+                self.send({"type": "http.response.body", "body": data, "more_body": more}),
+                self.send_wait,
+            )
+        except TimeoutError:
+            self.stalled = True
+            raise ClientStalled(self.send_wait) from None
 
     async def json(self, status: int, value: Any) -> None:
         data = json.dumps(value, ensure_ascii=False).encode()
@@ -140,6 +152,10 @@ class Cycle:
     def unwatch(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+
+
+class ClientStalled(Exception):
+    """The client took none of the answer for ``Cycle.send_wait`` seconds."""
 
 
 async def send_error(

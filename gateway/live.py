@@ -74,6 +74,8 @@ def render_traffic(now: float | None = None) -> str:
         {
             "rows": traffic_rows(WINDOW.summary(now)),
             "span": SPAN,
+            # Heard for a whole span: an empty window is no traffic, not "not heard yet".
+            "heard": WINDOW.heard_for(now) >= SPAN,
             "ejected": ejected_rows(WINDOW.ejected(now), now) if WINDOW.items else [],
             "max_percent": settings.LLMGW_GATEWAY_EJECT_MAX_PERCENT,
         },  # fmt: skip

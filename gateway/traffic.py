@@ -254,6 +254,20 @@ class Window:
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, int, str], dict[str, Any]] = {}
+        # Since when the process hears the gateways (None: not yet): before SPAN seconds
+        # of it, an empty window says nothing of their traffic.
+        self.listening_since: float | None = None
+
+    def listen(self, now: float | None = None) -> None:
+        """Note that the process hears the gateways from now (once; later calls keep it)."""
+        if self.listening_since is None:
+            self.listening_since = time.time() if now is None else now
+
+    def heard_for(self, now: float | None = None) -> float:
+        """Seconds the process has heard the gateways for (0 when it does not)."""
+        if self.listening_since is None:
+            return 0.0
+        return (time.time() if now is None else now) - self.listening_since
 
     def add(self, items: list[dict[str, Any]], now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -272,10 +286,11 @@ class Window:
         many processes have it out."""
         now = time.time() if now is None else now
         last: dict[str, int] = {}
-        for process, second, _ in self.items:
+        items = list(self.items.items())  # the event loop adds while a view reads
+        for (process, second, _), _item in items:
             last[process] = max(last.get(process, second), second)
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for (process, second, model), item in self.items.items():
+        for (process, second, model), item in items:
             if second != last[process]:
                 continue
             for replica, until in item.get("ejected", ()):
@@ -293,7 +308,7 @@ class Window:
         last = int(now) - 1
         first = last - SPAN + 1
         sums: dict[str, dict[str, Any]] = {}
-        for (_, second, model), item in self.items.items():
+        for (_, second, model), item in list(self.items.items()):
             if not first <= second <= last:
                 continue
             s = sums.setdefault(model, {"requests": 0, "errors": 0, "refusals": 0,

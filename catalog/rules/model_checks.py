@@ -239,8 +239,22 @@ def _http_url(u: str) -> bool:
     return parts.scheme in ("http", "https") and host not in ("", ":")
 
 
+# Characters an owner may not hold besides the refused ones (names.bad_character): the
+# gateway hands it to clients as /v1/models' owned_by, and pages show it.
+_OWNER_MARKUP = frozenset("<>\"&'`")
+
+
 def _check_fields(m: Model, out: _Found) -> None:
-    if m.owner and not valid_owner(m.owner):
+    bad = bad_character(m.owner) or next((f'"{c}"' for c in m.owner if c in _OWNER_MARKUP), None)
+    if bad:
+        out.add(
+            ("owner",),
+            "bad_owner",
+            f'owner "{shown(m.owner)}" holds {bad}: it is sent to clients as /v1/models\' '
+            "owned_by and shown on pages; write org:ID, team:ID or project:ID in letters, "
+            "digits and . _ - : / @",
+        )
+    elif m.owner and not valid_owner(m.owner):
         out.add(
             ("owner",),
             "bad_owner",

@@ -60,8 +60,10 @@ def save_file(owner: str, filename: str, purpose: str, data: bytes) -> dict[str,
     file_id = "file-" + secrets.token_hex(12)
     folder = _dir("files")
     (folder / f"{file_id}.data").write_bytes(data)
-    meta = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-            "expires_at": None, "filename": filename, "purpose": purpose,
+    now = int(time.time())
+    meta = {"id": file_id, "object": "file", "bytes": len(data), "created_at": now,
+            "expires_at": now + settings.LLMGW_FILES_KEEP * 86400, "filename": filename,
+            "purpose": purpose,
             "status": "processed", "status_details": None, "owner": owner}  # fmt: skip
     _write_json(folder / f"{file_id}.json", meta)
     return meta

@@ -99,3 +99,16 @@ def test_the_batches_page_shows_progress_and_an_operator_cancels(
     assert store.get_batch(None, batch["id"])["status"] == "cancelling"
     assert "No batch batch_x." in client_for(operator).post(
         "/gateway/batches/batch_x/cancel/", follow=True).content.decode()  # fmt: skip
+
+
+def test_old_files_and_ended_batches_are_pruned_running_ones_kept(files_dir: Path) -> None:
+    old = store.save_file("team:a", "old.jsonl", "batch", b"x\n")
+    path = store.root() / "files" / f"{old['id']}.json"
+    path.write_text(json.dumps(dict(old, created_at=1000)))
+    new = store.save_file("team:a", "new.jsonl", "batch", b"y\n")
+    ended, running = made(now=1000), made(now=1000)
+    store.update(ended["id"], lambda b: dict(b, status="completed"))
+    assert store.prune(days=1, now=1000 + 2 * 86400) == 1
+    assert store.get_file(None, old["id"]) is None and store.get_file(None, new["id"])
+    assert store.get_batch(None, ended["id"]) is None
+    assert store.get_batch(None, running["id"]) is not None

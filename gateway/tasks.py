@@ -27,12 +27,18 @@ def prune_responses() -> int:
     return stored.prune()
 
 
-@shared_task(ignore_result=True)
+# A batch's run lasts at most its window (24 h) and one line's timeout: not held to
+# LLMGW_TASK_TIME_LIMIT; a worker lost mid-run is resumed by the next call.
+BATCH_TIME_LIMIT_S = 26 * 3600
+
+
+@shared_task(ignore_result=True, time_limit=BATCH_TIME_LIMIT_S)
 def run_batches() -> int:
-    """Run (or resume) every batch not ended that no other runner holds (``gateway.batch``)."""
+    """Run (or resume) the oldest batch not ended that no other runner holds
+    (``gateway.batch.runner``)."""
     from gateway.batch import runner
 
-    return runner.run_all()
+    return runner.run_next()
 
 
 @shared_task(ignore_result=True)

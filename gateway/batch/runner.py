@@ -44,10 +44,12 @@ class Unreachable(Exception):
     """The gateway could not be reached: the line is not recorded, the run stops."""
 
 
-def run_all() -> int:
-    """Run every batch not ended that no other runner holds; return how many ran."""
-    ran = 0
-    for batch in store.list_batches(None):
+def run_next() -> int:
+    """Run the oldest batch not ended that no other runner holds, to its end; return how
+    many ran (0 or 1). One a call: a run lasts at most the batch's window (and one line's
+    timeout), and each next call (every ``LLMGW_BATCH_INTERVAL``, on any worker) takes up
+    another batch beside it."""
+    for batch in reversed(store.list_batches(None)):
         if batch["status"] in status.ENDED:
             continue
         with store.running(batch["id"]) as mine:
@@ -56,8 +58,8 @@ def run_all() -> int:
                     run(batch["id"])
                 except Unreachable as error:
                     log.warning("batch %s paused: %s", batch["id"], error)
-                ran += 1
-    return ran
+                return 1
+    return 0
 
 
 def _fail(batch_id: str, problems: list[tuple[int | None, str]], code: str) -> None:

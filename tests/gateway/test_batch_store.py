@@ -112,3 +112,29 @@ def test_old_files_and_ended_batches_are_pruned_running_ones_kept(files_dir: Pat
     assert store.get_file(None, old["id"]) is None and store.get_file(None, new["id"])
     assert store.get_batch(None, ended["id"]) is None
     assert store.get_batch(None, running["id"]) is not None
+
+
+def test_a_batch_past_its_window_ends_expired_with_what_finished_kept(
+    files_dir: Path, settings: Any
+) -> None:
+    from gateway.batch import runner
+
+    settings.LLMGW_GATEWAY_URL = "http://127.0.0.1:9"  # nothing is sent: the window is over
+    rows = [{"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "m"}} for n in (1, 2, 3)]  # fmt: skip
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    file = store.save_file("team:a", "in.jsonl", "batch", data)
+    batch = status.new(store.new_batch_id(), input_file_id=file["id"], window="24h",
+                       endpoint="/v1/chat/completions", metadata=None, now=1000, total=0,
+                       owner="team:a", key="k", key_digest="d")  # fmt: skip
+    store.save_batch(status.move(batch, status.IN_PROGRESS, 1000))  # its window ended long ago
+    journal = store.Journal(batch["id"])
+    journal.write({"line": 1, "ok": True, "out": status.output_line("q1", "r1", 200, {}, None)})
+    journal.close()
+    assert runner.run_next() == 1
+    ended = store.get_batch(None, batch["id"])
+    assert ended["status"] == "expired" and ended["expired_at"]
+    assert ended["request_counts"] == {"total": 3, "completed": 1, "failed": 0}
+    out = store.file_content("team:a", ended["output_file_id"]).decode().splitlines()
+    assert [json.loads(t)["custom_id"] for t in out] == ["r1"]
+    assert runner.run_next() == 0  # ended: nothing more to run

@@ -4,6 +4,7 @@ leaves, and ``manage.py gateway batch list|show|cancel``."""
 from __future__ import annotations
 
 import json
+import time
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,52 @@ def test_a_batch_past_its_window_ends_expired_with_what_finished_kept(
     out = store.file_content("team:a", ended["output_file_id"]).decode().splitlines()
     assert [json.loads(t)["custom_id"] for t in out] == ["r1"]
     assert runner.run_next() == 0  # ended: nothing more to run
+
+
+def test_a_held_back_line_waits_as_told_and_goes_again_not_an_error(
+    files_dir: Path, settings: Any
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gateway.batch import runner, token
+
+    seen: list[tuple[str, str]] = []
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((body["input"], self.headers["Authorization"]))
+            held = body["input"] == "a" and len([s for s in seen if s[0] == "a"]) == 1
+            answer = json.dumps({"error": {"message": "held"}} if held else {"data": []}).encode()
+            self.send_response(429 if held else 200)
+            if held:
+                self.send_header("Retry-After", "0.1")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings.LLMGW_GATEWAY_URL = f"http://127.0.0.1:{server.server_address[1]}"
+        rows = [{"custom_id": c, "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": "m", "input": c}} for c in ("a", "b")]  # fmt: skip
+        file = store.save_file("team:a", "in.jsonl", "batch",
+                               "".join(json.dumps(r) + "\n" for r in rows).encode())  # fmt: skip
+        batch = status.new(store.new_batch_id(), input_file_id=file["id"], window="24h",
+                           endpoint="/v1/embeddings", metadata=None, now=int(time.time()),
+                           total=0, owner="team:a", key="k", key_digest="d")  # fmt: skip
+        store.save_batch(batch)
+        assert runner.run_next() == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    ended = store.get_batch(None, batch["id"])
+    assert ended["status"] == "completed" and ended["error_file_id"] is None
+    assert ended["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert sorted(s[0] for s in seen) == ["a", "a", "b"]  # "a" held once, then answered
+    assert {s[1] for s in seen} == {f"Bearer {token.make('d', batch['id'])}"}

@@ -241,12 +241,7 @@ async def _create(cycle: Cycle, scope: Scope, owner: str, raw: bytes) -> None:
         raise errors.bad_request(f"input_file_id {input_file_id} names no file of purpose "
                                  "'batch' of this key's owner", "input_file_id")  # fmt: skip
     assert cycle.key is not None
-    secret = bearer(scope) or ""
-    from gateway.batch import token
-
-    # A line of a batch that makes a batch acts as the key the first one was made with.
-    key_digest = secret[len(token.PREFIX):].split(".")[0] if secret.startswith(token.PREFIX) \
-        else digest(secret)  # fmt: skip
+    key_digest = digest(bearer(scope) or "")
     batch = status.new(
         store.new_batch_id(), input_file_id=input_file_id, endpoint=endpoint, window=window,
         metadata=metadata, now=int(time.time()), total=0, owner=owner, key=cycle.key.name,

@@ -108,7 +108,7 @@ def run(batch_id: str) -> None:
     batch = store.update(batch_id, started)
     done = store.journal(batch_id)
     pending = [line for line in found if line.number not in done]
-    secret = token.make(batch["key_digest"], batch_id)
+    secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]))
     stop = threading.Event()
     journal = store.Journal(batch_id)
     counts = {"completed": sum(1 for r in done.values() if r["ok"]),

@@ -91,12 +91,16 @@ def test_a_form_reads_its_file_and_fields() -> None:
         multipart.parse(body, "multipart/form-data")
 
 
-def test_a_batch_credential_is_its_key_in_the_lowest_band(settings: object) -> None:
+def test_a_batch_credential_is_its_key_in_the_lowest_band_until_its_window_ends() -> None:
     key = Key(id=1, name="k", owner="team:a", models=(), expires=None, priority="high")
     keys = {"abc": key}
-    made = token.make("abc", "batch_1")
-    found = token.key_of(made, keys)
+    made = token.make("abc", "batch_1", 2000)
+    found = token.key_of(made, keys, now=1000)
     assert found is not None and found.name == "k" and found.priority == token.BAND == "low"
-    assert token.key_of(made[:-1] + ("0" if made[-1] != "0" else "1"), keys) is None
-    assert token.key_of(token.make("abc", "batch_2").replace("batch_2", "batch_1"), keys) is None
-    assert token.key_of(made, {}) is None  # the key gone (revoked): no credential
+    assert token.key_of(made, keys, now=2001) is None  # the window is over
+    assert token.key_of(made[:-1] + ("0" if made[-1] != "0" else "1"), keys, now=1000) is None
+    other = token.make("abc", "batch_2", 2000).replace("batch_2", "batch_1")
+    assert token.key_of(other, keys, now=1000) is None
+    longer = made.replace(".2000.", ".3000.")
+    assert token.key_of(longer, keys, now=2500) is None  # its end cannot be moved
+    assert token.key_of(made, {}, now=1000) is None  # the key gone (revoked): no credential

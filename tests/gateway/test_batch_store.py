@@ -187,4 +187,4 @@ def test_a_held_back_line_waits_as_told_and_goes_again_not_an_error(
     assert ended["status"] == "completed" and ended["error_file_id"] is None
     assert ended["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
     assert sorted(s[0] for s in seen) == ["a", "a", "b"]  # "a" held once, then answered
-    assert {s[1] for s in seen} == {f"Bearer {token.make('d', batch['id'])}"}
+    assert {s[1] for s in seen} == {f"Bearer {token.make('d', batch['id'], batch['expires_at'])}"}

@@ -55,7 +55,8 @@ URL_CHARACTERS = "?#%\\"
 ROUTE_WORDS = frozenset(
     {
         "address", "bench", "cancel", "changes", "check", "cordon", "delete", "demand",
-        "drain", "edit", "fetch", "mirror", "panel", "promote", "release", "revert",
+        "drain", "edit", "fetch", "health", "mirror", "panel", "promote", "prompt",
+        "prompt.txt", "release", "revert",
         "roll", "rollback", "scale", "schedule", "uncordon", "update", "update-check",
         "wake",
     }

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from catalog.rules.names import name_problem, shown
 from cluster import wake
 from cluster.address import check_allowed
 from cluster.agentinput import AgentError, apply_inventory, read_inventory
@@ -58,8 +59,13 @@ def join(
         raise AgentError(problem, 401)
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise AgentError("name must be the node's name, 1 to 200 characters")
-    fields = read_inventory(inventory)
     name = name.strip()
+    if why := name_problem(name):
+        raise AgentError(
+            f'node name "{shown(name)}" {why} (node names follow the catalog\'s name '
+            "grammar: docs/cluster.md)"
+        )
+    fields = read_inventory(inventory)
     node = Node.objects.select_for_update().filter(name__iexact=name).first()
     if node is not None and node.name != name:
         raise AgentError(

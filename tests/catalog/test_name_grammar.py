@@ -98,3 +98,23 @@ def test_the_model_rules_refuse_a_bad_name_at_its_field(data: dict, path: tuple)
 def test_a_model_named_like_a_client_id_passes_the_rules() -> None:
     data = cpu_model("meta-llama/Llama-3.1-8B-Instruct", aliases=["qwen2.5:7b"], owner="org:acme")
     assert _problems(data) == []
+
+
+@pytest.mark.django_db
+def test_catalog_validate_refuses_a_name_outside_the_grammar_with_the_reason(tmp_path) -> None:
+    import io
+
+    import yaml
+    from django.core.management import call_command
+
+    path = tmp_path / "c.yaml"
+    models = [cpu_model("org/fine"), cpu_model("../etc"), cpu_model("a b")]
+    path.write_text(yaml.safe_dump({"models": models}, sort_keys=False))
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_:
+        call_command("catalog", "validate", str(path), stdout=io.StringIO(), stderr=err)
+    assert exit_.value.code == 1
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("models[1].name") and '".."' in lines[0], lines
+    assert lines[1].startswith("models[2].name") and "space" in lines[1], lines

@@ -103,6 +103,7 @@ def _check_names(m: Model, out: _Found) -> None:
             )
         elif text and (why := name_problem(text)):
             out.add(path, "bad_name", f'{what} "{text}" {why}')
+    _check_origin(m, out)
     if m.external is not None and (bad := bad_character(m.external.model)):
         out.add(
             ("external", "model"),
@@ -110,6 +111,35 @@ def _check_names(m: Model, out: _Found) -> None:
             f'external model "{shown(m.external.model)}" holds {bad}: a name is one line of '
             "visible characters (it goes into URLs, headers and metrics); remove it",
         )
+
+
+def _check_origin(m: Model, out: _Found) -> None:
+    """Refuse a control or invisible character in what the origin names: the repository,
+    the commit and each file's path go into the mirror's URLs and the update's pages."""
+    if m.origin is None:
+        return
+    texts: list[tuple[Path, str, str]] = [
+        (("origin", "repo"), "origin repository", m.origin.repo),
+        (("origin", "revision"), "origin revision", m.origin.revision),
+    ]
+    texts += [
+        (("origin", "files", i, "path"), "origin file", f.path)
+        for i, f in enumerate(m.origin.files)
+    ]
+    if (before := m.origin.previous) is not None:
+        texts.append((("origin", "previous", "source"), "previous source", before.source))
+        texts += [
+            (("origin", "previous", "files", i, "path"), "previous origin file", f.path)
+            for i, f in enumerate(before.files)
+        ]
+    for path, what, text in texts:
+        if bad := bad_character(text):
+            out.add(
+                path,
+                "control_character",
+                f'{what} "{shown(text)}" holds {bad}: a name or a path is one line of '
+                "visible characters (it goes into URLs and pages); remove it",
+            )
 
 
 def _path_like(name: str) -> bool:

@@ -118,3 +118,32 @@ def test_catalog_validate_refuses_a_name_outside_the_grammar_with_the_reason(tmp
     assert len(lines) == 2, lines
     assert lines[0].startswith("models[1].name") and '".."' in lines[0], lines
     assert lines[1].startswith("models[2].name") and "space" in lines[1], lines
+
+
+@pytest.mark.parametrize(
+    ("origin", "path"),
+    [
+        ({"repo": "org/chat\r\nX: y", "revision": "abc"}, ("origin", "repo")),
+        ({"repo": "org/chat", "revision": "abc",
+          "files": [{"path": "ok.gguf"}, {"path": "evil\n.gguf"}]}, ("origin", "files", 1, "path")),
+        ({"repo": "org/chat", "revision": "abc",
+          "previous": {"source": "org/old\x1b", "revision": "def"}},
+         ("origin", "previous", "source")),
+    ],
+)  # fmt: skip
+def test_an_origin_path_with_a_control_character_is_refused_at_its_field(
+    origin: dict, path: tuple
+) -> None:
+    problems = [p for p in _problems(cpu_model("ok", origin=origin)) if p.path == path]
+    assert len(problems) == 1 and problems[0].code == "control_character", problems
+
+
+@pytest.mark.django_db
+def test_the_api_refuses_an_origin_file_with_a_line_break(api_for, operator) -> None:
+    from catalog.models import ServedModel
+
+    body = cpu_model("ok", origin={"repo": "org/ok", "revision": "a", "files": [{"path": "a\nb"}]})
+    r = api_for(operator).post("/api/v1/catalog/models/", body, format="json")
+    assert r.status_code == 400, r.json()
+    assert "origin" in str(r.json()) and "U+000A" in str(r.json())
+    assert not ServedModel.objects.exists()

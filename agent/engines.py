@@ -317,6 +317,9 @@ def _llamacpp(
     context = _int(replica, "context_length", 0)
     if context > 0:
         argv += ["--ctx-size", str(context)]
+    if replica.get("rerank"):
+        # A reranker model: llama-server answers /v1/rerank only with it.
+        argv.append("--reranking")
     env = {LLAMA_KEY_ENV: key} if (key := _key(replica)) else {}
     return argv, env, "/health"
 

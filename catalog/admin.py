@@ -225,7 +225,9 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
         ("scaling", {"fields": ("scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm")}),
         ("serving", {"fields": (
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
+            "capabilities_rerank",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
         )}),
         ("guard", {"fields": ("guard_format", "guard_categories")}),

@@ -73,6 +73,9 @@ class _Field:
     # The one Python type that is already a valid value as it is (str for text, int for
     # whole numbers); lets the decoder skip its general path for most values.
     exact: type | None = None
+    # A scalar's default when it is not empty (cached_token_weight's 1): the field is
+    # written when its value differs from it (0 included), else left out.
+    default: Any = None
 
 
 def _shape_of(tp: Any, duration: bool) -> _Shape:
@@ -115,7 +118,8 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     for f in dataclasses.fields(cls):
         shape = _shape_of(hints[f.name], f.metadata.get("kind") == "duration")
         exact = {"str": str, "int": int, "bool": bool}.get(shape.kind)
-        out.append(_Field(f.name, key_of(f), shape, f.name in always, exact))
+        default = f.default if f.default is not dataclasses.MISSING and f.default else None
+        out.append(_Field(f.name, key_of(f), shape, f.name in always, exact, default))
     return tuple(out)
 
 
@@ -512,7 +516,7 @@ def encode(obj: Any) -> dict[str, Any]:
             # block that is always there (scaling, slo) is left out when empty.
             if data or f.shape.optional or f.always:
                 out[f.key] = data
-        elif f.always or value:
+        elif f.always or (value if f.default is None else value != f.default):
             out[f.key] = _encode_value(f.shape, value)
     return out
 

@@ -8,6 +8,7 @@ item a line (or comma-separated), maps as ``KEY=VALUE`` lines. The rules are not
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,32 @@ class LinesField(forms.CharField):
         return [part.strip() for part in text.split(self.sep) if part.strip()]
 
 
+class ArgsField(LinesField):
+    """An engine's arguments as an operator pastes them: a command line split as a shell
+    splits it (``--n-gpu-layers 0`` is two arguments), on one line or one a line; quotes
+    keep spaces inside one argument (``--chat-template 'a b'``). Shown one a line, quoted
+    where a shell would need it, so a saved list reads back the same."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return "\n".join(shlex.quote(v) for v in value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = forms.CharField.to_python(self, value) or ""
+        out: list[str] = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            try:
+                out += shlex.split(line, comments=False, posix=True)
+            except ValueError as exc:  # an unclosed quote
+                raise ValidationError(
+                    f"line {n}: {exc} ({line.strip()[:80]!r}): close the quote, or write the "
+                    "argument without it",
+                    code="bad_args",
+                ) from None
+        return out
+
+
 class KeyValueField(forms.CharField):
     """A map of strings written ``KEY=VALUE``, one a line."""
 
@@ -102,6 +129,29 @@ def _suggest(choices: tuple[str, ...] | list[str]) -> forms.Widget:
     # A text box with suggestions rather than a select: an unknown value must reach the
     # rules, which say what is wrong in the same words everywhere.
     return forms.TextInput(attrs={"list": "", "data-suggest": ",".join(choices)})
+
+
+def _select(choices: list[tuple[str, str]]) -> forms.Select:
+    # A select, as the list's filters are; the field stays text, so whatever is posted
+    # still reaches the rules and their message (a stored value the choices lack is
+    # added to them: ``_keep_value``).
+    return forms.Select(choices=choices)
+
+
+def _keep_value(form: forms.BaseForm, name: str) -> None:
+    """Add the form's value of a select to its choices when they lack it."""
+    field = form.fields.get(name)
+    if field is None or not isinstance(field.widget, forms.Select):
+        return
+    value = form.data.get(form.add_prefix(name)) if form.is_bound else form.initial.get(name)
+    known = {str(v) for v, _ in field.widget.choices}
+    if value not in (None, "") and str(value) not in known:
+        field.widget.choices = [*field.widget.choices, (value, value)]
+
+
+ROLE_CHOICES = [("", "serve (answers requests)"), (rules.ROLE_GUARD, "guard (a judge)")]
+CLASS_CHOICES = [("", "unset")] + [(c, c) for c in rules.CLASSES]
+ENGINE_CHOICES = [("", "choose…")] + [(e, e) for e in ENGINES]
 
 
 # Column prefixes that stand for a block of the file: scaling_min is scaling.min.
@@ -144,6 +194,9 @@ class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
             if isinstance(field, forms.IntegerField | forms.FloatField):
                 field.required = False
 
+    # Numbers whose empty box means a default other than 0, as a file leaving them out.
+    BLANK_DEFAULTS: dict[str, float] = {"cached_token_weight": 1.0}
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         for name, field in self.fields.items():
@@ -151,7 +204,7 @@ class BlankNumbersAreZero(forms.ModelForm):  # type: ignore[type-arg]
                 isinstance(field, forms.IntegerField | forms.FloatField)
                 and data.get(name, 0) is None
             ):
-                data[name] = 0
+                data[name] = self.BLANK_DEFAULTS.get(name, 0)
         return data
 
 
@@ -173,7 +226,9 @@ class ServedModelForm(BlankNumbersAreZero):
             "capacity_class", "owner", "role", "trust_remote_code", "guard_format",
             "guard_categories",
             "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
+            "capabilities_rerank",
             "routing_profile", "slo_ttft_p99", "slo_tpot_p99",
             "external_url", "external_model", "external_api_key_file", "external_peer",
             "canary_model", "canary_percent", "canary_min_requests",
@@ -184,8 +239,8 @@ class ServedModelForm(BlankNumbersAreZero):
         )  # fmt: skip
         widgets = {
             "description": forms.Textarea(attrs={"rows": 2}),
-            "capacity_class": _suggest(rules.CLASSES),
-            "role": _suggest([rules.ROLE_GUARD]),
+            "capacity_class": _select(CLASS_CHOICES),
+            "role": _select(ROLE_CHOICES),
             "guard_format": _suggest(rules.GUARD_FORMATS),
         }
 
@@ -201,6 +256,8 @@ class ServedModelForm(BlankNumbersAreZero):
         for name in ("name", "source"):
             if name in self.fields:
                 self.fields[name].required = False
+        for name in ("capacity_class", "role"):
+            _keep_value(self, name)
 
 
 class UnsetIsOne(forms.NumberInput):
@@ -227,7 +284,9 @@ WIDTH_FIELDS = ("gpu_class", "tp", "pp", "gpus_per_node", "nodes")
 class ProfileForm(BlankNumbersAreZero):
     """One profile: engine, cards, parallelism, arguments and limits."""
 
-    args = LinesField(help_text="One argument a line.")
+    args = ArgsField(
+        help_text="As on a command line (--n-gpu-layers 0), on one line or one argument a line."
+    )
     env = KeyValueField()
     node_selector = KeyValueField()
     startup_timeout = GoDurationField()
@@ -241,7 +300,7 @@ class ProfileForm(BlankNumbersAreZero):
             "startup_timeout", "kv_events",
         )  # fmt: skip
         widgets = {
-            "engine": _suggest(ENGINES),
+            "engine": _select(ENGINE_CHOICES),
             "keep_within": _suggest(rules.FACILITY_LEVELS),
             "tp": UnsetIsOne(),
             "pp": UnsetIsOne(),
@@ -251,6 +310,7 @@ class ProfileForm(BlankNumbersAreZero):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.checked_as_bundle = True
+        _keep_value(self, "engine")
         # Checked as typed (the form page's trigger on .check-typed): the fields of a
         # profile's width, and its class, whose fit on the cluster shows beside it.
         for name in WIDTH_FIELDS:

@@ -38,6 +38,14 @@ class ServedModel(models.Model):
     external_api_key_file = models.CharField("external.api_key_file", max_length=1000, blank=True)
     external_peer = models.CharField("external.peer", max_length=200, blank=True)
     max_loaded_adapters = models.IntegerField(default=0)
+    cached_token_weight = models.FloatField(
+        _("cached_token_weight"),
+        default=1.0,
+        help_text=_(
+            "What a token budget charges for a prompt token the engine read from its prefix "
+            "cache, 0 to 1: 1 as much as a fresh one, 0.1 a tenth, 0 nothing."
+        ),
+    )
     trust_remote_code = models.BooleanField(
         _("trust_remote_code"),
         default=False,
@@ -64,6 +72,11 @@ class ServedModel(models.Model):
     capabilities_tools = models.BooleanField("capabilities.tools", default=False)
     capabilities_vision = models.BooleanField("capabilities.vision", default=False)
     capabilities_embeddings = models.BooleanField("capabilities.embeddings", default=False)
+    capabilities_rerank = models.BooleanField(
+        "capabilities.rerank",
+        default=False,
+        help_text=_("A reranker: the gateway sends it /v1/rerank and /v2/rerank."),
+    )
     role = models.CharField(max_length=40, blank=True)
     guard_format = models.CharField("guard.format", max_length=40, blank=True)
     guard_categories = models.JSONField("guard.categories", default=list, blank=True)

@@ -123,6 +123,8 @@ class Capabilities:
     tools: bool = False
     vision: bool = False
     embeddings: bool = False
+    # Ranks documents against a query (POST /v1/rerank, /v2/rerank): a reranker model.
+    rerank: bool = False
 
 
 @dataclass
@@ -184,6 +186,9 @@ class Model:
     slo: SLO = field(default_factory=SLO)
     context_length: int = 0
     max_output: int = 0
+    # What a token budget charges for a prompt token the engine read from its prefix
+    # cache, as a share of a fresh one: 0 to 1 (1: cached tokens cost as much).
+    cached_token_weight: float = 1.0
     capabilities: Capabilities = field(default_factory=Capabilities)
     role: str = ""
     guard: GuardModel | None = None

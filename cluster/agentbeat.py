@@ -261,6 +261,7 @@ def desired_list(node: Node) -> dict[str, Any]:
                     for ad in m.adapters
                 ],
                 "max_loaded_adapters": m.max_loaded_adapters,
+                "rerank": m.capabilities.rerank,
                 "trust_remote_code": m.trust_remote_code,
                 "kv_events": profile.kv_events,
                 "startup_timeout_s": profile.startup_timeout / 1e9,

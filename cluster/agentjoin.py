@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from catalog.rules.names import name_problem, shown
+from catalog.rules.names import bad_character, name_problem, shown
 from cluster import wake
 from cluster.address import check_allowed
 from cluster.agentinput import AgentError, apply_inventory, read_inventory
@@ -59,6 +59,11 @@ def join(
         raise AgentError(problem, 401)
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise AgentError("name must be the node's name, 1 to 200 characters")
+    if bad := bad_character(name) or next((f'"{c}"' for c in name if c in "<>\"&'`"), None):
+        raise AgentError(
+            f"name holds {bad}: a node's name is one line of visible text (pages, logs and "
+            "metrics show it); join under a name of letters, digits and . _ -"
+        )
     name = name.strip()
     if why := name_problem(name):
         raise AgentError(

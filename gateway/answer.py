@@ -62,7 +62,7 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
         # made OpenAI's.
         raw = errors.from_engine(status, raw, content_type)
         content_type = b"application/json"
-    if status == 200 and cycle.answers and req.kind != bodies.EMBEDDING:
+    if status == 200 and cycle.answers and req.kind not in bodies.NO_TEXT:
         await gateway.judging.whole(req, raw)
     usage_from(raw, cycle)
     if cycle.dialect is not None:

@@ -63,12 +63,24 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import admission, errors, listing, sizing, speaking, sse
+from gateway import admission, cacheshare, errors, listing, reranking, sizing, speaking, sse
 from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer
 from gateway.admission import Admission
-from gateway.cycle import CLIENT_GONE, Cycle, Receive, Scope, Send, bearer, read_body, send_error
+from gateway.affinity import Sessions
+from gateway.cycle import (
+    CLIENT_GONE,
+    ClientStalled,
+    Cycle,
+    Receive,
+    Scope,
+    Send,
+    bearer,
+    header,
+    read_body,
+    send_error,
+)
 from gateway.errors import ApiError
 from gateway.guarding import Guard, Judging
 from gateway.limits import LocalLimits
@@ -76,6 +88,8 @@ from gateway.models import KEY_PREFIX, digest
 from gateway.observe import Done, Observer
 from gateway.options import Options
 from gateway.outliers import Outliers, Rules
+from gateway.path.dialects import sessions
+from gateway.path.dialects.common import DialectError
 from gateway.routing import Routing
 from gateway.state import State
 from gateway.table import Key, Table
@@ -115,6 +129,8 @@ class Gateway:
         self.pinned_in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
+        # Each session's last replica, per model (gateway.affinity): this process's own.
+        self.sessions = Sessions.from_settings()
         # Replicas left out of routing after failures in a row (gateway.outliers).
         self.outliers = outliers or Outliers(Rules.from_settings(settings))
         self.routing = Routing(self)
@@ -168,13 +184,14 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith("/v1/"):
+        if scope["type"] != "http" or not (path.startswith("/v1/") or path == reranking.V2_PATH):
             if self.app is None:
                 await send_error(send, errors.not_found())
                 return
             await self.app(scope, receive, send)
             return
         cycle = Cycle(send)
+        cycle.send_wait = self.options.send_timeout
         try:
             ready = await self.ready()
         except Exception:
@@ -195,6 +212,11 @@ class Gateway:
             await work()
         except ApiError as error:
             await cycle.error(error)
+        except ClientStalled as stalled:
+            # Taken as gone: what it was sent so far is all it gets.
+            log.info("%s: the client took none of its answer for %g s: given up", cycle.request_id,
+                     stalled.args[0])  # fmt: skip
+            cycle.outcome = CLIENT_GONE
         except asyncio.CancelledError:
             if cycle.client_gone:
                 cycle.outcome = CLIENT_GONE
@@ -211,10 +233,16 @@ class Gateway:
         method = scope.get("method", "GET")
         table = self.state.table
         # Set first: from the key on, every error is in the dialect's shape.
-        cycle.dialect = dialects.for_path(path, cycle.request_id)
+        cycle.dialect = dialects.for_path(path, cycle.request_id) or reranking.for_path(
+            path, cycle.request_id
+        )
+        cycle.session_header = header(scope, sessions.HEADER.encode())
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await listing.answer(cycle, method, path, table, key, self.options.now())
+            return
+        if cycle.dialect is not None and cycle.dialect.name == reranking.RERANK:
+            await reranking.route(self, cycle, scope, receive, path, method)
             return
         if cycle.dialect is not None:
             await speaking.route(self, cycle, scope, receive, path, method)
@@ -271,11 +299,18 @@ class Gateway:
             if status == 401:
                 self.observer.unauthenticated()
         else:
+            # Cached prompt tokens cost the model's cached_token_weight of a fresh one's.
+            entry = cycle.entry
+            weight = entry.model.cached_token_weight if entry is not None else 1.0
+            spare = cacheshare.spared(cycle.tokens_cached, weight)
             if cycle.unreserved and cycle.tokens_out:
                 self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+            if key.tpm and spare:
+                # Reserved as fresh up front (the cache is known once the engine answers).
+                self.later(self._limits.charge(key.id, "tokens", -spare))
             if cycle.owner_reserved is not None:
                 window, reserved = cycle.owner_reserved
-                spent = cycle.tokens_in + cycle.tokens_out
+                spent = cycle.tokens_in + cycle.tokens_out - spare
                 self.later(self._limits.settle(key.owner, window, reserved, spent))
 
     def later(self, work: Awaitable[None]) -> None:
@@ -323,6 +358,7 @@ class Gateway:
         """The body read OpenAI's way, and the model, alias or adapter it names."""
         try:
             cycle.data = bodies.parse(raw)
+            _session(cycle, cycle.data)
             if cycle.dialect is not None:
                 # The dialect's body as the chat body it means: read as chat's is.
                 cycle.data = cycle.dialect.chat_body(cycle.data)
@@ -345,6 +381,8 @@ class Gateway:
         req, entry = cycle.req, cycle.entry
         assert req is not None and entry is not None
         model = entry.model
+        if req.kind == bodies.RERANK:
+            reranking.allows(cycle)  # natively, by embeddings, or 400
         if req.kind == bodies.EMBEDDING and not model.capabilities.embeddings:
             raise errors.no_embeddings(req.model)
         if req.uses_tools and not model.capabilities.tools:
@@ -416,6 +454,30 @@ class Gateway:
             raise errors.rate_limited(f"{what} ({key.owner_tpm} tokens a minute)", wait,
                                       "tokens")  # fmt: skip
         cycle.owner_reserved = (window, high + out)
+
+
+def _session(cycle: Cycle, data: dict[str, Any]) -> None:
+    """The session the request names (``gateway.affinity``), scoped to its key's owner; a
+    session key that is not a string, or too long, is a 400 naming its field."""
+    try:
+        named = sessions.session_of(data, cycle.session_header)
+    except DialectError as error:
+        raise errors.bad_request(error.message, error.param) from None
+    dialect = cycle.dialect
+    name = named.key if named is not None else None
+    if isinstance(dialect, dialects.Responses):
+        dialect.named = named  # what its stored response keeps (gateway.stored)
+        if named is not None and named.source == sessions.PREVIOUS:
+            # The session of the conversation it continues, kept with that response.
+            name = dialect.previous_session or named.key
+    if name is not None and cycle.key is not None:
+        cycle.session = affinity_key(cycle.key, name)
+
+
+def affinity_key(key: Key, session: str) -> str:
+    """A session's key in the table: scoped to the key's owner (a key with none: itself),
+    so two tenants' sessions never meet."""
+    return f"{key.owner or 'key:' + key.name}\x00{session}"
 
 
 def _key(scope: Scope, table: Table) -> Key:

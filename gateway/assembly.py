@@ -86,6 +86,7 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
     gateway = Gateway(inner, state=state, observer=observer)
     # Its load too, each second with its traffic, for the reconciler's scaling.
     traffic.report_load(gateway)
+    traffic.watch_sessions(gateway.sessions)  # its sessions kept on their replicas
     exported(gateway, metrics)  # its in-flight counts and its guard's time told to metrics
     assembly = Assembly(state, metrics, gateway, gateway, chat, traffic)
     application: Any = gateway

@@ -26,6 +26,11 @@ from typing import Any
 CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDING = "embedding"
+# A query and documents to rank (POST /v1/rerank, /v2/rerank: gateway.reranking), read
+# from the engine's body the dialect made of the client's.
+RERANK = "rerank"
+# Kinds whose answer holds no text of the engine's (numbers: vectors, scores).
+NO_TEXT = frozenset({EMBEDDING, RERANK})
 KINDS = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETION,
@@ -270,6 +275,11 @@ def read(kind: str, body: Any) -> Request:
         affinity, count = text[:AFFINITY_CHARS], 1
     elif kind == EMBEDDING:
         text, tokens = _prompt(body.get("input"), "input", "a non-empty list of strings")
+        affinity, count, stream = "", 1, False
+    elif kind == RERANK:
+        # The query and every document: what the engine reads, what the guard judges.
+        documents = body.get("documents")
+        text = "\n".join([str(body.get("query", "")), *map(str, documents or [])])
         affinity, count, stream = "", 1, False
     else:  # pragma: no cover - the route table names only the three kinds
         raise BodyError(f"unknown kind {kind}")

@@ -1,6 +1,10 @@
-"""The cache-hit share: of the prompt tokens a key, an owner or a model sent, those the
-engine read from its prefix cache (``gateway.models.Usage``'s ``tokens_cached`` over its
-``tokens_in``), today, per model. Shown on the Keys page and on an owner's page."""
+"""Cached prompt tokens: what a token budget spares of them, and the cache-hit share.
+
+A token budget charges a prompt token the engine read from its prefix cache at the
+model's ``cached_token_weight`` (0 to 1) of a fresh one's (``spared``). The cache-hit
+share: of the prompt tokens a key, an owner or a model sent, those the engine read from
+its prefix cache (``gateway.models.Usage``'s ``tokens_cached`` over its ``tokens_in``),
+today, per model; shown on the Keys page and on an owner's page."""
 
 from __future__ import annotations
 
@@ -8,6 +12,14 @@ import datetime as dt
 from dataclasses import dataclass
 
 WHICH = ("key", "owner", "model")
+
+
+def spared(cached: int, weight: float) -> int:
+    """Tokens a budget does not charge of ``cached`` cached prompt tokens at ``weight``
+    (whole tokens, rounded down: a budget never spares more than the weight says)."""
+    if cached <= 0 or not 0 <= weight < 1:
+        return 0
+    return int(cached * (1 - weight))
 
 
 def share(tokens_in: int | None, cached: int | None) -> int | None:

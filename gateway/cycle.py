@@ -42,7 +42,7 @@ class Cycle:
 
     __slots__ = (
         # The response as sent so far.
-        "send", "started", "status", "outcome", "request_id",
+        "send", "send_wait", "stalled", "started", "status", "outcome", "request_id",
         # What the observers are told (gateway.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
         "tokens_out", "tokens_cached", "stream", "unreserved", "owner_reserved",
@@ -50,10 +50,18 @@ class Cycle:
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
         # The dialect the client speaks (gateway.dialect; None: chat's own routes).
         "dialect",
+        # The client's x-session-id header, and the session the request names, scoped to
+        # its key's owner (gateway.affinity; None: it names none).
+        "session_header", "session",
     )  # fmt: skip
 
     def __init__(self, send: Send, start_at: float | None = None) -> None:
         self.send = send
+        # A client that takes none of the answer's bytes for this long (its socket's
+        # buffers full) is taken as gone: the engine's connection is closed, as for one
+        # that left (the gateway sets its option, LLMGW_HTTP_SEND_TIMEOUT).
+        self.send_wait = 60.0
+        self.stalled = False
         self.started = False
         self.status = 0  # the status sent (0: none yet)
         # What the request came to when not its status: 499 (the client went away before
@@ -83,6 +91,8 @@ class Cycle:
         self.req: bodies.Request | None = None
         self.data: dict[str, Any] = {}
         self.raw = b""  # the body as the client sent it
+        self.session_header: str | None = None
+        self.session: str | None = None
         self.verdict: asyncio.Task[dict[str, Any]] | None = None  # the guard's, running
         self.answers = False  # whether the policy judges answers
         self.watcher: asyncio.Task[None] | None = None
@@ -104,7 +114,14 @@ class Cycle:
         the client's time to first token)."""
         if self.first_at is None and data and text:
             self.first_at = time.perf_counter()
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        try:
+            await asyncio.wait_for(
+                self.send({"type": "http.response.body", "body": data, "more_body": more}),
+                self.send_wait,
+            )
+        except TimeoutError:
+            self.stalled = True
+            raise ClientStalled(self.send_wait) from None
 
     async def json(self, status: int, value: Any) -> None:
         data = json.dumps(value, ensure_ascii=False).encode()
@@ -135,6 +152,10 @@ class Cycle:
     def unwatch(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+
+
+class ClientStalled(Exception):
+    """The client took none of the answer for ``Cycle.send_wait`` seconds."""
 
 
 async def send_error(
@@ -171,6 +192,14 @@ def content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             return int(value) if value.strip().isdigit() else None
+    return None
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (its first), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
     return None
 
 

@@ -255,6 +255,21 @@ def no_room(model: str, retry_after: float) -> ApiError:
     )
 
 
+def not_a_rerank_answer() -> ApiError:
+    """An engine's answer to a rerank request that holds no readable ranking."""
+    return ApiError(502, "The engine's answer is not a rerank answer.", type="server_error",
+                    code="upstream_error")  # fmt: skip
+
+
+def no_rerank(model: str) -> ApiError:
+    return bad_request(
+        f"The model '{model}' does not rank documents (its capabilities list neither rerank "
+        "nor embeddings): name a reranker model.",
+        "model",
+        "model_not_supported",
+    )
+
+
 def no_embeddings(model: str) -> ApiError:
     return bad_request(
         f"The model '{model}' does not serve embeddings (its capabilities do not list "

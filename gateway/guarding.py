@@ -87,10 +87,18 @@ class Guard:
         return policy.judges(REQUESTS), policy.judges(ANSWERS)
 
     async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
-        done = await services.check_on_loop(request, answer)
+        done = await services.check_on_loop(request, answer)  # the judge's timeout bounds it
         if isinstance(done, dict):
             return done
-        return await _check_on_pool(request, answer, done)
+        # On a thread: bounded as a whole (its judges' timeouts, its reads, the pool's
+        # queue); past the bound the policy's fail decides, as if every judge timed out.
+        bound = services.check_bound()
+        try:
+            return await asyncio.wait_for(_check_on_pool(request, answer, done), bound)
+        except TimeoutError:
+            log.warning("a guard check got no answer within %g s: the policy's fail decides",
+                        bound)  # fmt: skip
+            return services.unanswered(request, answer, bound)
 
 
 REQUEST, ANSWER = "request", "answer"

@@ -58,10 +58,13 @@ class Counts:
     tokens_out: int = 0
     busy_ms: int = 0  # request-milliseconds in flight: / the period = the mean in flight
     ttft: list[int] = field(default_factory=lambda: [0] * NBUCKETS)
+    # Of tokens_in, cached by the engine: read from the usage rows (a key's, an owner's).
+    tokens_cached: int = 0
 
     def add(self, other: Counts) -> None:
         for f in COUNTS:
             setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.tokens_cached += other.tokens_cached
         self.ttft = [a + b for a, b in zip(self.ttft, other.ttft, strict=True)]
 
 
@@ -241,6 +244,14 @@ class Point:
     in_flight: float  # the mean requests in flight over the point
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+    tokens_cached: int = 0  # of tokens_in (a key's and an owner's series)
+
+    @property
+    def cached_share(self) -> int | None:
+        """The cached share of the point's prompt tokens, in per cent (None: none)."""
+        from gateway.cacheshare import share
+
+        return share(self.tokens_in, self.tokens_cached)
 
     def as_dict(self) -> dict[str, Any]:
         return {"at": self.at.isoformat(), "requests": self.requests, "errors": self.errors,
@@ -265,7 +276,7 @@ def group(rows: Iterable[tuple[dt.datetime, Counts]], start: dt.datetime, span: 
         out.append(Point(
             dt.datetime.fromtimestamp(t0 + i * step, tz=dt.UTC), c.requests, c.errors,
             c.refusals, c.held, c.tokens_in, c.tokens_out, c.busy_ms / 1000 / step,
-            _q(c.ttft, 0.5), _q(c.ttft, 0.99),
+            _q(c.ttft, 0.5), _q(c.ttft, 0.99), c.tokens_cached,
         ))  # fmt: skip
     return out
 
@@ -302,7 +313,8 @@ def usage_series(*, key: str = "", owner: str = "", span: str = "day",
     rows = rows.filter(key=key) if key else rows.filter(owner=owner)
     return group(
         ((u.minute, Counts(requests=u.requests, errors=u.errors, refusals=u.refusals,
-                           tokens_in=u.tokens_in, tokens_out=u.tokens_out)) for u in rows),
+                           tokens_in=u.tokens_in, tokens_out=u.tokens_out,
+                           tokens_cached=u.tokens_cached)) for u in rows),
         start, length, step,
     )  # fmt: skip
 
@@ -389,7 +401,7 @@ def charts_for(
 ) -> list[Chart]:
     """The console's charts of a series: a model's requests, TTFT p99, mean in flight and
     tokens out (marked with its scale events, bench runs and admission holds); a key's or
-    an owner's requests and tokens."""
+    an owner's requests, tokens and the cached share of its tokens in."""
     if model:
         points = series(model, span)
         extra = marks(model, points[0].at) if points else []
@@ -401,4 +413,5 @@ def charts_for(
         ]
     points = usage_series(key=key, owner=owner, span=span)
     return [chart(points, "requests", "requests"), chart(points, "tokens_out", "tokens out"),
-            chart(points, "tokens_in", "tokens in")]  # fmt: skip
+            chart(points, "tokens_in", "tokens in"),
+            chart(points, "cached_share", "cached share of tokens in (%)")]  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from catalog.rules.names import bad_character
 from gateway import errors
 from gateway.cycle import Cycle
 from gateway.table import Entry, Key, Table
@@ -31,6 +32,15 @@ async def answer(
     await cycle.json(200, describe(entry, table))
 
 
+def owned_by(owner: str) -> str:
+    """Return a model's owner as ``owned_by`` says it: "llmgw" for none, and for one the
+    catalog's rules refuse now (a control character, markup: a row written before the rule
+    said so), never handed to clients."""
+    if not owner or bad_character(owner) or any(c in owner for c in "<>\"&'`"):
+        return "llmgw"
+    return owner
+
+
 def describe(entry: Entry, table: Table) -> dict[str, Any]:
     """A model, alias or adapter as ``GET /v1/models`` lists it."""
     m = entry.model
@@ -40,7 +50,7 @@ def describe(entry: Entry, table: Table) -> dict[str, Any]:
         "id": entry.name,
         "object": "model",
         "created": table.added.get(m.name, table.created),
-        "owned_by": m.owner or "llmgw",
+        "owned_by": owned_by(m.owner),
         "description": m.description,
         "context_length": context or None,
         "max_output": m.max_output or None,

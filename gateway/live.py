@@ -41,6 +41,7 @@ def traffic_rows(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "ttft_slo": slo_verdict(fig["ttft_p99_ms"], ttft_slo),
             "tpot_slo": slo_verdict(fig["tpot_p99_ms"], tpot_slo),
             "error_pct": 100 * fig["error_rate"], "refusal_pct": 100 * fig["refusal_rate"],
+            "kept_pct": None if fig.get("kept_share") is None else 100 * fig["kept_share"],
         })  # fmt: skip
     return rows
 
@@ -73,6 +74,8 @@ def render_traffic(now: float | None = None) -> str:
         {
             "rows": traffic_rows(WINDOW.summary(now)),
             "span": SPAN,
+            # Heard for a whole span: an empty window is no traffic, not "not heard yet".
+            "heard": WINDOW.heard_for(now) >= SPAN,
             "ejected": ejected_rows(WINDOW.ejected(now), now) if WINDOW.items else [],
             "max_percent": settings.LLMGW_GATEWAY_EJECT_MAX_PERCENT,
         },  # fmt: skip

@@ -28,6 +28,8 @@ class Options:
     window_tokens: int = 16
     window_ms: float = 150.0
     retry_after: int = 10
+    # A client that takes none of an answer's bytes for this long is taken as gone.
+    send_timeout: float = 60.0
     # The control time zone, in which a model's schedule windows are read.
     time_zone: str = "UTC"
 
@@ -49,4 +51,5 @@ class Options:
             window_tokens=int(settings.LLMGW_GUARD_WINDOW_TOKENS),
             window_ms=float(settings.LLMGW_GUARD_WINDOW_MS),
             time_zone=str(settings.TIME_ZONE),
+            send_timeout=float(settings.LLMGW_HTTP_SEND_TIMEOUT),
         )

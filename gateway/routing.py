@@ -42,7 +42,7 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Retry-After for a model the cluster has no room for: placement frees slowly.
 NO_ROOM_RETRY = 30
 PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completions",
-         bodies.EMBEDDING: "/v1/embeddings"}  # fmt: skip
+         bodies.EMBEDDING: "/v1/embeddings", bodies.RERANK: "/v1/rerank"}  # fmt: skip
 
 
 def waits_defaults() -> timeouts.Defaults:
@@ -199,6 +199,13 @@ class Routing:
                 )
                 if target is not None and evicted:
                     self._unload(pool.endpoints[target.id], evicted)
+            elif cycle.session is not None:
+                # A session's turn: its last replica while it may (gateway.affinity).
+                target = gw.sessions.pick(
+                    name, cycle.session, pool.ring, gw.in_flight, time.monotonic(),
+                    profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
+                    exclude=skip,
+                )  # fmt: skip
             else:
                 target = balance.pick(
                     pool.ring, gw.in_flight, req.affinity,
@@ -237,7 +244,12 @@ class Routing:
         req = cycle.req
         assert req is not None
         context = pool.context
-        if not context or req.kind == bodies.EMBEDDING and not req.text:
+        if (
+            not context
+            or req.kind == bodies.RERANK
+            or req.kind == bodies.EMBEDDING
+            and not req.text
+        ):
             return
         asked = req.max_tokens or 0
         why = f" ({pool.context_why})" if pool.context_why else ""
@@ -328,7 +340,7 @@ class Routing:
         assert req is not None
         waits = model_waits(target_model, gw.options)
         # A stream's head comes before its first token; a whole answer's after its last.
-        head_wait = (waits.first_token if req.stream or req.kind == bodies.EMBEDDING
+        head_wait = (waits.first_token if req.stream or req.kind in bodies.NO_TEXT
                      else waits.whole(req.max_tokens))  # fmt: skip
         sent_at = asyncio.get_running_loop().time()
         resp: Response | None = None

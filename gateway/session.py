@@ -76,6 +76,7 @@ class SessionChat:
             await send(message)
 
         cycle = Cycle(send_naming, time.perf_counter())
+        cycle.send_wait = gateway.options.send_timeout
         cycle.key = key
 
         async def chat() -> None:

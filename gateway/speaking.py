@@ -11,6 +11,7 @@ route, else its ``/tokenize``: ``gateway.path.dialects.engines``), bounded in ti
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from gateway import body as bodies
@@ -55,8 +56,26 @@ async def route(
         await stored.before(gateway, cycle, raw)
         await gateway.complete(cycle, bodies.CHAT, raw)
         stored.after(gateway, cycle)
+        _began(gateway, cycle)
         return
     await gateway.complete(cycle, bodies.CHAT, raw)
+
+
+def _began(gateway: Any, cycle: Cycle) -> None:
+    """A stored response that named no session begins one, keyed by its id: the turn that
+    continues it (``previous_response_id``) goes to the replica that answered it."""
+    from gateway.app import affinity_key
+
+    dialect = cycle.dialect
+    response = getattr(dialect, "response", None)
+    request = getattr(dialect, "request", None)
+    if (
+        cycle.session is not None or response is None or request is None or not request.store
+        or cycle.key is None or cycle.replica is None or cycle.replica < 0
+    ):  # fmt: skip
+        return
+    session = affinity_key(cycle.key, str(response["id"]))
+    gateway.sessions.began(cycle.model, session, cycle.replica, time.monotonic())
 
 
 async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:

@@ -39,6 +39,7 @@ INTERVAL = 0.5
 # joined again (channels-redis forgets a group's members after a day).
 LISTENED = ("models", "nodes")
 REJOIN_EVERY = 600.0
+JOIN_WAIT = 10.0  # the longest the listener waits on the layer to join a group
 # A model's demand is written at most this often by one process, however many requests
 # ask (the reconciler's idle timeouts count in minutes).
 DEMAND_EVERY = 5.0
@@ -201,6 +202,8 @@ class State:
         self.failures = 0
         self._failure_logged = -float("inf")
         self.events = 0
+        self.rejoin_every = REJOIN_EVERY  # how long the listener waits before joining again
+        self.joins = 0  # times the listener joined the groups
         # Each ready replica's engine key by where it is reached (``engine_key``).
         self._engine_keys: dict[UpstreamKey, str] = {}
 
@@ -254,16 +257,24 @@ class State:
         groups = [e.group for e in events.EVENTS if e.topic in LISTENED]
         while not self._stop.is_set():
             try:
-                channel = await layer.new_channel("gateway-state.")
+                # Each call to the layer bounded: a hung Redis is tried again, not waited on.
+                channel = await asyncio.wait_for(layer.new_channel("gateway-state."), JOIN_WAIT)
                 for group in groups:
-                    await layer.group_add(group, channel)
+                    await asyncio.wait_for(layer.group_add(group, channel), JOIN_WAIT)
+                self.joins += 1
                 joined = time.monotonic()
                 while not self._stop.is_set():
-                    await layer.receive(channel)
+                    # Bounded by the rejoin: a quiet cluster (or a layer that stopped
+                    # delivering) still has its groups joined again before they expire.
+                    left = joined + self.rejoin_every - time.monotonic()
+                    if left <= 0:
+                        break  # groups expire in Redis: join them again
+                    try:
+                        await asyncio.wait_for(layer.receive(channel), left)
+                    except TimeoutError:
+                        break
                     self.poke()
                     self.events += 1
-                    if time.monotonic() - joined > REJOIN_EVERY:
-                        break  # groups expire in Redis: join them again
             except asyncio.CancelledError:
                 raise
             except Exception:

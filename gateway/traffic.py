@@ -33,6 +33,12 @@ publishes (one with no traffic too, while any is out), a model's item carries
 ``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
 one until the latest ``until`` any process said, with how many processes said it.
 
+Session affinity (``gateway.affinity``) rides along too: while a process remembers
+sessions of a model, each second's item of that model carries ``sessions``, ``[held,
+kept, moved, new]``: the sessions it holds now, and its session turns of that second that
+kept their replica, moved, or began one. The window sums each process's last ``held``
+and the turns over the span (the Traffic page's "sessions · kept" column).
+
 The same thread writes the process's load report for the reconciler's scaling each
 second (``gateway.loadreport``, given by ``report_load``): in flight and waiting per
 model now, and the TTFT counts of the seconds it just took.
@@ -90,6 +96,12 @@ class Traffic(Listener):
         # Replicas this process ejected: (model, replica) -> until (a Unix time).
         self.ejections: dict[tuple[str, int], float] = {}
         self.load: Any = None  # gateway.loadreport.LoadReport, once report_load is called
+        self.sessions: Any = None  # gateway.affinity.Sessions, once watch_sessions is called
+        self._turns: dict[str, tuple[int, int, int]] = {}  # kept, moved, new last published
+
+    def watch_sessions(self, sessions: Any) -> None:
+        """Publish ``sessions``' figures (``gateway.affinity.Sessions``) each second too."""
+        self.sessions = sessions
 
     def report_load(self, gateway: Any) -> None:
         """Report ``gateway``'s load each second too (``gateway.loadreport``)."""
@@ -161,6 +173,12 @@ class Traffic(Listener):
             for model in out:
                 if model not in last and len(last) < MAX_MODELS:
                     last[model] = Bucket()
+        affinity = self._affinity()
+        if affinity:
+            last = taken.setdefault(max(taken, default=before - 1), {})
+            for model in affinity:
+                if model not in last and len(last) < MAX_MODELS:
+                    last[model] = Bucket()
         items = [
             {"process": self.process, "second": s, "model": name, "requests": b.requests,
              "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
@@ -172,12 +190,29 @@ class Traffic(Listener):
             counted = bands.get(item["second"], {}).get(item["model"])
             if counted:
                 item["bands"] = counted
-        if out:
+        if out or affinity:
             last_second = items[-1]["second"]
             for item in items:
                 if item["second"] == last_second and item["model"] in out:
                     item["ejected"] = out[item["model"]]
+                if item["second"] == last_second and item["model"] in affinity:
+                    item["sessions"] = affinity[item["model"]]
         return items
+
+    def _affinity(self) -> dict[str, list[int]]:
+        """Per model: [sessions held, turns kept, moved, new since the last call], for the
+        models with sessions held or turns since."""
+        if self.sessions is None:
+            return {}
+        out = {}
+        for model, f in self.sessions.figures(time.monotonic()).items():
+            seen = self._turns.get(model, (0, 0, 0))
+            turns = (f["kept"], f["moved"], f["new"])
+            self._turns[model] = turns
+            since = [max(0, a - b) for a, b in zip(turns, seen, strict=True)]
+            if f["sessions"] or any(since):
+                out[model] = [f["sessions"], *since]
+        return out
 
     def start(self) -> None:
         """Publish each second from now, and sample the load (the servers call it when
@@ -219,6 +254,20 @@ class Window:
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, int, str], dict[str, Any]] = {}
+        # Since when the process hears the gateways (None: not yet): before SPAN seconds
+        # of it, an empty window says nothing of their traffic.
+        self.listening_since: float | None = None
+
+    def listen(self, now: float | None = None) -> None:
+        """Note that the process hears the gateways from now (once; later calls keep it)."""
+        if self.listening_since is None:
+            self.listening_since = time.time() if now is None else now
+
+    def heard_for(self, now: float | None = None) -> float:
+        """Seconds the process has heard the gateways for (0 when it does not)."""
+        if self.listening_since is None:
+            return 0.0
+        return (time.time() if now is None else now) - self.listening_since
 
     def add(self, items: list[dict[str, Any]], now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -237,10 +286,11 @@ class Window:
         many processes have it out."""
         now = time.time() if now is None else now
         last: dict[str, int] = {}
-        for process, second, _ in self.items:
+        items = list(self.items.items())  # the event loop adds while a view reads
+        for (process, second, _), _item in items:
             last[process] = max(last.get(process, second), second)
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for (process, second, model), item in self.items.items():
+        for (process, second, model), item in items:
             if second != last[process]:
                 continue
             for replica, until in item.get("ejected", ()):
@@ -258,7 +308,7 @@ class Window:
         last = int(now) - 1
         first = last - SPAN + 1
         sums: dict[str, dict[str, Any]] = {}
-        for (_, second, model), item in self.items.items():
+        for (_, second, model), item in list(self.items.items()):
             if not first <= second <= last:
                 continue
             s = sums.setdefault(model, {"requests": 0, "errors": 0, "refusals": 0,
@@ -274,13 +324,25 @@ class Window:
                 pair = s.setdefault("bands", {}).setdefault(band, [0, 0])
                 pair[0] += took
                 pair[1] += held
+            if "sessions" in item:
+                _, kept, moved, new = item["sessions"]
+                s["turns"] = [a + b for a, b in zip(s.get("turns", [0, 0, 0]),
+                                                    (kept, moved, new), strict=True)]  # fmt: skip
             for k in ("ttft", "engine_ttft", "tpot"):
                 # A process of an older release sends no engine_ttft: none counted.
                 got = item.get(k) or [0] * (len(EDGES_MS) + 1)
                 s[k] = [a + b for a, b in zip(s[k], got, strict=True)]
+        # The sessions each process holds, by its last second heard that said them.
+        held: dict[str, dict[str, tuple[int, int]]] = {}
+        for (process, second, model), item in self.items.items():
+            if "sessions" in item and second <= last:
+                had = held.setdefault(model, {}).get(process)
+                if had is None or second > had[0]:
+                    held[model][process] = (second, item["sessions"][0])
         out = {}
         for model, s in sorted(sums.items()):
             n = s["requests"]
+            kept, moved, new = s.get("turns", (0, 0, 0))
             out[model] = {
                 "rps": n / SPAN,
                 "tokens_per_s": s["tokens_out"] / SPAN,
@@ -291,6 +353,11 @@ class Window:
                 "engine_ttft_p50_ms": quantile(s["engine_ttft"], 0.5),
                 "engine_ttft_p99_ms": quantile(s["engine_ttft"], 0.99),
                 "tpot_p99_ms": quantile(s["tpot"], 0.99),
+                # Session affinity: the sessions held now, and the share of the span's
+                # turns that named a session known already and kept its replica.
+                "sessions": sum(h for _, h in held.get(model, {}).values()),
+                "session_turns": kept + moved + new,
+                "kept_share": kept / (kept + moved) if kept + moved else None,
                 # Admission per band: [admitted, held] over the span, top band first.
                 "bands": [
                     {"band": b, "admitted": s["bands"][b][0], "held": s["bands"][b][1]}
@@ -310,9 +377,13 @@ def _well_formed(item: dict[str, Any]) -> bool:
     ints = ("second", "requests", "errors", "refusals", "tokens_out")
     ejected = item.get("ejected", [])
     bands = item.get("bands", {})
+    sessions = item.get("sessions", [0, 0, 0, 0])
     dialects = item.get("dialects", {})
     return (
-        isinstance(dialects, dict)
+        isinstance(sessions, list)
+        and len(sessions) == 4
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sessions)
+        and isinstance(dialects, dict)
         and len(dialects) <= 16
         and all(
             isinstance(d, str)

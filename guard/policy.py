@@ -288,6 +288,25 @@ def to_data(policy: Policy) -> dict[str, Any]:
     }
 
 
+def changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """Return what changed between two ``to_data`` dicts, each key dotted as the file
+    writes it (``judge.controversial``), a single value with its old and new
+    (``fail: open → closed``), a list by its key alone."""
+    out: list[str] = []
+
+    def walk(old: Any, new: Any, path: str) -> None:
+        if isinstance(new, Mapping):
+            old = old if isinstance(old, Mapping) else {}
+            for key in new:
+                walk(old.get(key), new[key], f"{path}.{key}" if path else str(key))
+        elif old != new:
+            scalar = not isinstance(new, list) and not isinstance(old, list)
+            out.append(f"{path}: {old} → {new}" if scalar and old is not None else path)
+
+    walk(before or {}, after, "")
+    return out
+
+
 def validate(data: Any) -> tuple[Policy | None, list[Problem]]:
     """Return the policy a dict describes, or None and every problem with it.
 

@@ -38,7 +38,7 @@ from cluster import wake
 from cluster.choices import ReplicaState
 from cluster.enginekeys import engine_key
 from cluster.models import Replica
-from guard import breaker, client, formats, known, perrequest, pool, records
+from guard import breaker, client, formats, known, perrequest, pool, records, reprobe
 from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, Failure, JudgeRef, Stats, run_chain
@@ -187,7 +187,7 @@ def save_policy(
     else:
         return Saved(parsed, prepared.notes, False)
     who = getattr(user, "username", "") or name or "system"
-    changed = [k for k in after if before.get(k) != after.get(k)]
+    changed = policy_rules.changes(before, after)
     PolicyChange.objects.create(
         actor=user if getattr(user, "pk", None) else None,
         actor_name=who,
@@ -433,6 +433,24 @@ BREAKERS.listen(records.breaker_changed)
 PROBE_MARGIN = 1.0
 
 
+def _reprobe(name: str) -> None:
+    """Ask an open judge once, as the policy in memory has it (``guard.reprobe``): returns
+    when it answered, raises when it did not."""
+    snap = _snapshot.peek()
+    j = next((j for j in snap.judges if j.name == name), None) if snap is not None else None
+    if j is None or not j.endpoint or not j.format:
+        raise LookupError(f"judge {name} is not a ready judge of the policy in memory")
+    client.ask_judge(j.endpoint, j.format, PROBE_ORDINARY, None,
+                     **_ask_options(j, snap.policy, None), client=_http())  # fmt: skip
+
+
+# An open breaker's judge asked off the path until it answers, which closes it at once.
+REPROBER = reprobe.Reprober(
+    BREAKERS, _reprobe, lambda: float(settings.LLMGW_GUARD_BREAKER_PROBE_EVERY)
+)
+BREAKERS.listen(REPROBER.changed)
+
+
 def _lease(j: Judge, timeout: float | None) -> float:
     return _timeout(j, timeout) + PROBE_MARGIN
 
@@ -652,6 +670,36 @@ def _http() -> pool.Pool:
     if _client is None:
         _client = pool.Pool()
     return _client
+
+
+# Past what its judges' timeouts allow (each asked at most twice: the chain and its run
+# again after the snapshot is read again), and this margin for the reads and the thread
+# pool's queue, a check is given up on: ``unanswered``.
+CHECK_MARGIN = 10.0
+
+
+def check_bound() -> float:
+    """The longest a gateway waits for one check, from the policy in memory's judges."""
+    snap = _snapshot.peek()
+    if snap is None or not snap.judges:
+        return 2 * default_timeout() + CHECK_MARGIN
+    return 2 * sum(j.timeout for j in snap.judges) + CHECK_MARGIN
+
+
+def unanswered(request: str, answer: str | None, bound: float) -> dict[str, Any]:
+    """A check given up on after ``bound`` seconds: as if every judge timed out, so the
+    policy's ``fail`` decides (``fail: closed`` refuses; no policy in memory: refused)."""
+    snap = _snapshot.peek()
+    direction = policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS
+    message = f"the check got no answer within {bound:g} s"
+    if snap is None:
+        failure = Failure("", "timeout", message, timezone.now())
+        return as_json(ChainResult("refuse", None, (), None, None, None, [failure]))
+
+    def ask(ref: JudgeRef) -> Any:
+        raise client.JudgeFailure("timeout", message)
+
+    return as_json(run_chain(snap.policy, [j.ref for j in snap.judges], ask, direction=direction))
 
 
 def as_json(result: ChainResult) -> dict[str, Any]:

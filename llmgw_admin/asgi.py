@@ -18,6 +18,7 @@ from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway.assembly import build  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
+from llmgw_core.bodylimit import BodyLimit  # noqa: E402
 from llmgw_core.origins import OriginCheck  # noqa: E402
 from updates.lean import MirrorFileRoute  # noqa: E402
 
@@ -25,7 +26,7 @@ from updates.lean import MirrorFileRoute  # noqa: E402
 # chat in front and, behind it, the agents', guard checks' and mirror files' lean routes,
 # then Django.
 gateway_assembly = build(
-    LeanAgentRoutes(GuardCheckRoute(MirrorFileRoute(django_asgi_app))), chat=True
+    LeanAgentRoutes(GuardCheckRoute(MirrorFileRoute(BodyLimit(django_asgi_app)))), chat=True
 )
 gateway_state = gateway_assembly.state
 gateway_metrics = gateway_assembly.metrics
@@ -37,7 +38,8 @@ application = ProtocolTypeRouter(
         # gateway's /v1/ (gateway.assembly.LAYERS); agents' heartbeats and desired lists
         # skip Django's stack (cluster/api/lean.py), and so do guard checks
         # (guard/api/lean.py) and the mirror's files sent to nodes (updates/lean.py);
-        # Django has the rest, and checks its own hosts.
+        # Django has the rest, and checks its own hosts, after a body over the limit is
+        # refused unread (llmgw_core.bodylimit).
         "http": gateway_assembly.application,
         # A websocket from the console's own origin only, scheme, host and port exact
         # (llmgw_core.origins).

@@ -42,8 +42,10 @@ from django.conf import settings
 from catalog.views import listed_names
 from cluster import live as cluster_live
 from gateway import live as gateway_live
+from gateway import traffic as gateway_traffic
 from guard import live as guard_live
 from llmgw_admin.hub import hub
+from llmgw_admin.hub import keep as hub_keep
 from llmgw_core import events
 from llmgw_core.roles import OPERATOR, VIEWER, has_role
 from updates import flowviews as updates_flowviews
@@ -132,6 +134,15 @@ async def _render(
     except Exception:  # every waiting console hears of it; logged once
         log.exception("rendering %s for the live console failed", kind)
         raise
+
+
+def _keep_traffic(event: dict[str, Any]) -> None:
+    gateway_live.WINDOW.add(events.keys_of(event))
+
+
+# The process keeps the gateways' seconds once it hears them, consoles open or not: the
+# hub stays subscribed, so a Traffic page opened later renders the current streams.
+hub_keep(gateway_traffic.TYPE, _keep_traffic)
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -280,6 +291,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         finally:
             self.ready.set()
         if "traffic" in topics:
+            gateway_live.WINDOW.listen()  # subscribed: the gateways' seconds come from now
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
     def _snapshot(self) -> tuple[str, set[int], set[str]]:
@@ -441,9 +453,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=rendered["all"] or "")
 
     async def gateway_traffic_changed(self, event: dict[str, Any]) -> None:
-        """A gateway process's last second: kept in the process's window (each console of
-        the process hears it; keeping it again is a no-op); pushed by ``_push_traffic``."""
-        gateway_live.WINDOW.add(events.keys_of(event))
+        """A gateway process's last second: kept in the process's window by the hub as it
+        arrives (``_keep_traffic``); pushed by ``_push_traffic``."""
 
     async def guard_evals_changed(self, event: dict[str, Any]) -> None:
         if self.evaluation not in events.keys_of(event):

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -57,6 +58,16 @@ TAKE_TIMEOUT_S = 10.0
 TELL_TIMEOUT_S = 2.0
 # A member's task with nothing to take looks again this often (whether it was dropped).
 IDLE_S = 30.0
+
+
+# What the process keeps of an event whatever its consoles (``keep``): the gateways'
+# traffic, so a Traffic page opened later shows the current streams at once.
+KEEPERS: dict[str, Callable[[dict[str, Any]], None]] = {}
+
+
+def keep(event_type: str, keeper: Callable[[dict[str, Any]], None]) -> None:
+    """Have the hub hand every event of the type to ``keeper`` once, as it arrives."""
+    KEEPERS[event_type] = keeper
 
 
 class Member(Protocol):
@@ -165,6 +176,12 @@ class Hub:
 
     def deliver(self, event: dict[str, Any]) -> None:
         """Put an event in the queue of each member it is for; never waits on one."""
+        keeper = KEEPERS.get(event.get("type", ""))
+        if keeper is not None:
+            try:
+                keeper(event)
+            except Exception:
+                log.warning("keeping a live event failed", exc_info=True)
         if event.get("type") == BEAT:
             members = list(self.boxes)
         else:
@@ -182,8 +199,10 @@ class Hub:
         channel = self.channel
         while True:
             try:
-                # The layer's own receive: it returns each message as it comes, or raises
-                # when Redis goes (the watch closes the consoles meanwhile).
+                # The layer's own receive: it returns each message as it comes (a heartbeat
+                # at least every BEAT_S while anyone listens), or raises when Redis goes
+                # (the watch closes the consoles meanwhile). Not cut short by a timeout:
+                # channels-redis unsubscribes a channel whose receive is cancelled.
                 event = await layer.receive(channel)
             except asyncio.CancelledError:
                 raise

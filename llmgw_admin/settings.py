@@ -266,6 +266,14 @@ LLMGW_GUARD_JUDGE_TIMEOUT = envint("GUARD_JUDGE_TIMEOUT", 5)
 LLMGW_GUARD_BREAKER_FAILURES = envint("GUARD_BREAKER_FAILURES", 5)
 LLMGW_GUARD_BREAKER_BACKOFF = envint("GUARD_BREAKER_BACKOFF", 5)
 LLMGW_GUARD_BREAKER_MAX_BACKOFF = envint("GUARD_BREAKER_MAX_BACKOFF", 300)
+# How often a process asks a judge whose breaker is open, off the path (guard.reprobe):
+# its first answer closes the breaker. 0: never (only the checks' probes after back-off).
+LLMGW_GUARD_BREAKER_PROBE_EVERY = envint("GUARD_BREAKER_PROBE_EVERY", 1)
+if LLMGW_GUARD_BREAKER_PROBE_EVERY < 0:
+    raise ImproperlyConfigured(
+        f"LLMGW_GUARD_BREAKER_PROBE_EVERY is {LLMGW_GUARD_BREAKER_PROBE_EVERY}: write 0 (never) "
+        "or more seconds"
+    )
 for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_MAX_BACKOFF"):
     if globals()[f"LLMGW_GUARD_{_name}"] < 1:
         raise ImproperlyConfigured(
@@ -289,10 +297,33 @@ LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)
 # BODY_TIMEOUT of its headers; else the connection is closed (gateway/listener.py).
 LLMGW_HTTP_HEADER_TIMEOUT = envint("HTTP_HEADER_TIMEOUT", 10)
 LLMGW_HTTP_BODY_TIMEOUT = envint("HTTP_BODY_TIMEOUT", 60)
+# A client that takes none of an answer's bytes for this long is taken as gone (gateway).
+LLMGW_HTTP_SEND_TIMEOUT = envint("HTTP_SEND_TIMEOUT", 60)
 for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT"):
     if globals()[f"LLMGW_{_name}"] < 1:
         raise ImproperlyConfigured(
             f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more seconds"
+        )
+# Session affinity (gateway/affinity.py): a session's turn goes to its last replica while
+# that replica's requests in flight stay within SESSION_SKEW times its weighted share of
+# the model's; each gateway process remembers at most SESSION_MAX sessions, each for
+# SESSION_AGE seconds after its last turn.
+_skew = envstr("SESSION_SKEW", "2")
+try:
+    LLMGW_SESSION_SKEW = float(_skew)
+except ValueError:
+    raise ImproperlyConfigured(f"LLMGW_SESSION_SKEW is {_skew!r}: write a number") from None
+if not 1 <= LLMGW_SESSION_SKEW <= 100:
+    raise ImproperlyConfigured(
+        f"LLMGW_SESSION_SKEW is {_skew}: write a number from 1 (a session moves as soon as "
+        "its replica holds more than its share) to 100"
+    )
+LLMGW_SESSION_MAX = envint("SESSION_MAX", 100_000)
+LLMGW_SESSION_AGE = envint("SESSION_AGE", 1800)
+for _name in ("SESSION_MAX", "SESSION_AGE"):
+    if globals()[f"LLMGW_{_name}"] < 1:
+        raise ImproperlyConfigured(
+            f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more"
         )
 # Passive outlier detection (gateway/outliers.py, as Envoy's): a replica that fails this
 # many attempts in a row (no connection, a broken one, no answer in time, a 5xx) is left

@@ -292,8 +292,22 @@ def _http_url(u: str) -> bool:
     return parts.scheme in ("http", "https") and host not in ("", ":")
 
 
+# Characters an owner may not hold besides the refused ones (names.bad_character): the
+# gateway hands it to clients as /v1/models' owned_by, and pages show it.
+_OWNER_MARKUP = frozenset("<>\"&'`")
+
+
 def _check_fields(m: Model, out: _Found) -> None:
-    if m.owner and not valid_owner(m.owner):
+    bad = bad_character(m.owner) or next((f'"{c}"' for c in m.owner if c in _OWNER_MARKUP), None)
+    if bad:
+        out.add(
+            ("owner",),
+            "bad_owner",
+            f'owner "{shown(m.owner)}" holds {bad}: it is sent to clients as /v1/models\' '
+            "owned_by and shown on pages; write org:ID, team:ID or project:ID in letters, "
+            "digits and . _ - : / @",
+        )
+    elif m.owner and not valid_owner(m.owner):
         out.add(
             ("owner",),
             "bad_owner",
@@ -305,6 +319,22 @@ def _check_fields(m: Model, out: _Found) -> None:
             ("class",),
             "bad_class",
             f'class "{m.class_}" is not one of {", ".join(CLASSES)}',
+        )
+    if m.capabilities.rerank:
+        for i, p in enumerate(m.profiles):
+            if p.engine == "trtllm":  # its reranker is a separate command the agent never runs
+                out.add(
+                    ("capabilities", "rerank"),
+                    "rerank_engine",
+                    f"{_label(p, i)} runs trtllm, which the agent does not start as a "
+                    "reranker: use llamacpp, vllm or sglang for a rerank model",
+                )
+    if not 0 <= m.cached_token_weight <= 1:  # NaN too
+        out.add(
+            ("cached_token_weight",),
+            "cached_token_weight_range",
+            f"cached_token_weight {_num(m.cached_token_weight)} is not 0 to 1: what a token "
+            "budget charges for a cached prompt token (1 as much as a fresh one, 0 nothing)",
         )
     if (g := m.eval) is not None:
         if not g.suite.strip():

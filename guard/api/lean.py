@@ -21,6 +21,7 @@ Django with its body, so that answer is the view's, word for word
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,14 @@ async def _answer(secret: str, body: bytes) -> dict[str, Any] | None:
     done = await services.check_on_loop(*read)
     if isinstance(done, dict):
         return done
-    return await _check_on_pool(secret, body, done)
+    # Bounded as the gateway's check is (gateway.guarding.Guard.judge): past it the
+    # policy's fail decides, as if every judge timed out.
+    bound = services.check_bound()
+    try:
+        return await asyncio.wait_for(_check_on_pool(secret, body, done), bound)
+    except TimeoutError:
+        log.warning("a guard check got no answer within %g s: the policy's fail decides", bound)
+        return services.unanswered(*read, bound)
 
 
 def _read(body: bytes) -> tuple[str, str | None] | None:

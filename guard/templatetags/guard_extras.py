@@ -19,3 +19,17 @@ def percent(share: float | None) -> str:
 def score(value: float | None) -> str:
     """Return an unsafe score with two decimals, ``—`` for none."""
     return "—" if value is None else f"{value:.2f}"
+
+
+@register.filter
+def set_shown(source: str) -> str:
+    """Where an evaluation's set came from, without the machine's paths: a packaged set
+    by name, a file by its name alone."""
+    from pathlib import PurePath
+
+    from guard.evalrun import SET_DIR
+
+    path = PurePath(source)
+    if path.parent == PurePath(SET_DIR) and path.suffix == ".yaml":
+        return f"the packaged set {path.stem}"
+    return path.name or source

@@ -107,6 +107,13 @@ def test_llamacpp_offloads_every_layer_to_its_cards() -> None:
     assert cmd.env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
+def test_llamacpp_reranks_only_for_a_rerank_model() -> None:
+    reranker = command_for(replica(engine="llamacpp", rerank=True), 1, "/m.gguf", BINARIES)
+    assert "--reranking" in reranker.argv
+    chat = command_for(replica(engine="llamacpp"), 1, "/m.gguf", BINARIES)
+    assert "--reranking" not in chat.argv
+
+
 def test_llamacpp_adapters_context_and_args_in_order() -> None:
     cmd = command_for(
         replica(

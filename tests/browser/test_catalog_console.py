@@ -28,7 +28,7 @@ def test_new_model_checked_as_fields_are_left_then_saved(
     page.fill("#id_name", "chat")
     page.fill("#id_source", "org/chat")
     page.fill("#id_profiles-0-name", "h100")
-    page.fill("#id_profiles-0-engine", "vllm")
+    page.select_option("#id_profiles-0-engine", "vllm")
     page.fill("#id_profiles-0-gpu_class", "nvidia-h100-80gb")
     page.fill("#id_profiles-0-tp", "4")
     page.fill("#id_profiles-0-nodes", "2")

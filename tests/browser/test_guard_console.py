@@ -11,6 +11,7 @@ from django.core.management import call_command
 
 from catalog.models import ServedModel
 from guard import services
+from guard.evalrun import SET_DIR
 from guard.judgeprompt import judge_prompt
 from guard.models import EvalRun, PolicyChange
 from tests.browser.conftest import wait_js
@@ -78,6 +79,13 @@ def test_operator_edits_the_policy_and_enables_a_judge_without_reloading(
     page.locator("#guard-summary").get_by_text("closed").wait_for()
     page.locator("#guard-policy-changes").get_by_text(operator.username).wait_for()
     assert PolicyChange.objects.get().actor_name == operator.username
+    # A changed controversial is named in the log, with what it was and is.
+    page.check("input[name=controversial][value=unsafe]")
+    page.click("button:text('Save the policy')")
+    page.locator("#guard-policy-changes").get_by_text(
+        "judge.controversial: safe → unsafe"
+    ).wait_for()
+    assert services.current_policy().controversial == "unsafe"
 
     # Enable a known judge on the sim engine and add it to the policy.
     page.select_option("#guard-enable-judge-name", "qwen3guard-4b")
@@ -152,6 +160,10 @@ def test_judge_page_prompt_and_an_evaluation_with_its_chart(
     assert page.locator('[data-role="judge-evals"]').count() == 1
 
     page.goto(f"{live_server.url}/guard/evals/{record.pk}/")
+    # Where its set came from, by name: no path of the machine's.
+    lead = page.inner_text(".lead")
+    assert "texts from the packaged set coding-ops" in lead, lead
+    assert str(SET_DIR) not in page.content()
     chart = page.locator('[data-role="score-chart"]')
     chart.wait_for()
     answered = record.results.exclude(verdict="").count()

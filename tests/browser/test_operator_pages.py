@@ -96,7 +96,7 @@ def test_the_keys_page_shows_each_keys_usage_today_and_when_it_was_last_used(
     from gateway.models import Usage
     from gateway.views import today_start
 
-    services.create_key("busy-app", via="test")
+    services.create_key("busy-app", owner="team:busy", via="test")
     services.create_key("idle-app", via="test")
     start = today_start()
     now = timezone.now().replace(second=0, microsecond=0)
@@ -110,12 +110,19 @@ def test_the_keys_page_shows_each_keys_usage_today_and_when_it_was_last_used(
         )
     page = open_page(viewer, "/gateway/keys/", viewport)
     busy = page.locator("tr[data-key='busy-app']")
-    assert busy.locator("[data-role=today]").inner_text() == "5 requests, 135 tokens"
+    assert busy.locator("[data-role=today]").inner_text() == "5 requests, 135 tokens, 0 % cached"
     assert busy.locator("[data-role=last-used] time").get_attribute("datetime") == now.isoformat()
     idle = page.locator("tr[data-key='idle-app']")
     assert idle.locator("[data-role=today]").inner_text() == "0 requests, 0 tokens"
     assert idle.locator("[data-role=last-used]").inner_text() == "never"
+    # Each owner links its page; a key without one says so.
+    owner = busy.locator("a[data-role=owner]")
+    assert owner.inner_text() == "team:busy"
+    assert owner.get_attribute("href") == "/cluster/owners/team:busy/"
+    assert idle.locator("a[data-role=owner]").count() == 0
     fits(page)
+    owner.click()
+    page.wait_for_url("**/cluster/owners/team:busy/")
     assert page.errors == []
 
 
@@ -135,6 +142,9 @@ def test_a_new_key_is_copied_by_its_copy_button(
     page.locator("button[data-role=copy]").click()
     page.locator("[data-role=copied]", has_text="Copied.").wait_for()
     assert page.evaluate("navigator.clipboard.readText()") == secret
+    # Said on the button itself, where the eye is, then back to Copy.
+    page.locator("button[data-role=copy].copied", has_text="Copied ✓").wait_for()
+    page.locator("button[data-role=copy]:not(.copied)", has_text="Copy").wait_for()
     fits(page)
     assert page.errors == []
 

@@ -162,6 +162,19 @@ def test_without_room_the_roll_goes_one_at_a_time_and_says_so(
     assert min(seen) >= 1, seen
 
 
+# Notes, in the page, each request htmx sends and its answer's status (said when neither
+# the refusal nor the drain comes).
+NOTE_REQUESTS = """
+() => {
+  window.__requests = [];
+  const note = (e) => window.__requests.push(e.type.slice(5) + ' ' + e.detail.requestConfig?.path
+    + ' ' + (e.detail.xhr?.status ?? ''));
+  document.addEventListener('htmx:beforeRequest', note);
+  document.addEventListener('htmx:afterRequest', note);
+}
+"""
+
+
 def on_node(node: Node, model: str, count: int) -> bool:
     """Whether the node is ready, uncordoned, and holds ``count`` ready replicas of the model."""
     node.refresh_from_db()
@@ -186,13 +199,21 @@ def drain_refused(page: Any, node: Node, model: str, count: int) -> Any:
     for _ in range(3):
         wait_for(lambda: on_node(node, model, count), 60, f"{count} ready {model} on {node.name}")
         before = ClusterAction.objects.filter(action="drain").count()
+        page.evaluate(NOTE_REQUESTS)
         card.get_by_role("button", name="Drain", exact=True).click()
-        outcome = wait_for(
-            lambda before=before: (refusal.count() and "refused")
-            or (ClusterAction.objects.filter(action="drain").count() > before and "drained"),
-            30,
-            "the drain's refusal, or the drain",
-        )
+        try:
+            outcome = wait_for(
+                lambda before=before: (refusal.count() and "refused")
+                or (ClusterAction.objects.filter(action="drain").count() > before and "drained"),
+                30,
+                "the drain's refusal, or the drain",
+            )
+        except AssertionError as exc:
+            node.refresh_from_db()
+            raise AssertionError(
+                f"{exc}; the page's requests: {page.evaluate('window.__requests')}; the node: "
+                f"{node.health}, {node.reason!r}"
+            ) from None
         if outcome == "refused":
             refusal.wait_for()
             return refusal

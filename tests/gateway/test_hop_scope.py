@@ -27,6 +27,21 @@ def h() -> Iterator[Harness]:
     harness.close()
 
 
+@pytest.fixture(autouse=True)
+def listed_providers(settings: Any) -> list[str]:
+    """The host:port pairs a plain http:// provider may be at: each stand-in's, as made."""
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = []
+    return settings.LLMGW_EXTERNAL_HTTP_HOSTS
+
+
+def listed(provider: Any) -> str:
+    """List a stand-in provider's host:port for plain http:// (this test's settings)."""
+    from django.conf import settings
+
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS.append(provider.url.split("//", 1)[1].split("/")[0])
+    return provider.url
+
+
 def scoped(h: Harness, *models: str) -> None:
     h.keys[digest(KEY)] = Key(1, "harness", "team:t", tuple(models), None)
 
@@ -39,15 +54,13 @@ def ask(h: Harness, name: str) -> str:
 
 
 def external(name: str, provider: Any) -> spec.Model:
-    return model(name, external=spec.External(url=provider.url + "/v1", model="gpt-x"))
+    return model(name, external=spec.External(url=listed(provider) + "/v1", model="gpt-x"))
 
 
 def test_a_key_without_external_models_never_reaches_a_provider_through_a_fallback(
-    h: Harness, settings: Any
+    h: Harness,
 ) -> None:
     provider = h.engine("provider")
-    # A plain http:// provider only where the operator lists it: the local stand-in here.
-    settings.LLMGW_EXTERNAL_HTTP_HOSTS = [provider.url.removeprefix("http://")]
     h.unplaced = {"m": "no node has the cards"}
     # The default key: every cluster model, no external one.
     h.serve([model("m", fallbacks=["cloud"]), external("cloud", provider)], [])

@@ -70,6 +70,8 @@ def setup(settings: Any) -> Iterator[Setup]:
     settings.LLMGW_GUARD_BREAKER_FAILURES = FAILURES
     settings.LLMGW_GUARD_BREAKER_BACKOFF = 2
     settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF = 4
+    # The checks' own probes alone (a test below turns the probe off the path on).
+    settings.LLMGW_GUARD_BREAKER_PROBE_EVERY = 0
     guard_services.BREAKERS.clear()
     judge, judge_url = launch("--model", "judge", "--guard-format", "qwen3guard", "--ttft", "0",
                               "--tps", "100000")  # fmt: skip
@@ -212,3 +214,40 @@ def test_a_request_judged_in_and_out_waits_one_judge_timeout_in_all_when_the_jud
         if i:  # (the first also meets the kept-alive connection the hang stalled)
             assert s.proxy.held == held + 1, "the hung judge was asked again for the answer"
     assert guard_services.BREAKERS.state("judge").state == breaker.CLOSED
+
+
+def test_a_judge_back_from_a_hang_closes_its_open_breaker_at_once_under_fail_closed(
+    setup: Setup, settings: Any
+) -> None:
+    """Under ``fail: closed`` an open breaker refuses every request until a probe finds
+    the judge answering; the probe came only at the back-off's end (5 s, then longer),
+    refusing all the while after the judge was back. Each process now asks an open judge
+    itself, off the path, and its first answer closes the breaker: with a back-off of a
+    minute, the judge back is used again within the probe's interval."""
+    s = setup
+    settings.LLMGW_GUARD_BREAKER_BACKOFF = 60
+    settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF = 120
+    settings.LLMGW_GUARD_BREAKER_PROBE_EVERY = 0.5
+    s.policy("closed")
+    assert s.ask().choices[0].message.content == "fine words"
+    s.proxy.hang()
+    for _ in range(FAILURES):
+        with pytest.raises(openai.BadRequestError):
+            s.ask()
+    state = guard_services.BREAKERS.state("judge")
+    assert state.state == breaker.OPEN and state.next_probe is not None
+    # Still hung: the probes off the path fail and change nothing, and requests are
+    # refused at once (skipped), never waiting on the judge.
+    held = s.proxy.held
+    wait_until(lambda: s.proxy.held > held, what="a probe off the path")
+    with pytest.raises(openai.BadRequestError):
+        s.ask()
+    assert guard_services.BREAKERS.state("judge").state == breaker.OPEN
+    # Back: closed by the next probe, with no request asking and long before the
+    # back-off's end (a minute away).
+    s.proxy.heal()
+    wait_until(lambda: guard_services.BREAKERS.state("judge").state == breaker.CLOSED,
+               timeout=10, what="the breaker closed by a probe off the path")  # fmt: skip
+    assert time.time() < state.next_probe
+    assert s.ask().choices[0].message.content == "fine words"
+    wait_until(lambda: guard_services.REPROBER.running() == set(), what="the probing to end")

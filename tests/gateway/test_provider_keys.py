@@ -36,23 +36,32 @@ def h() -> Iterator[Harness]:
     harness.close()
 
 
+@pytest.fixture(autouse=True)
+def listed_providers(settings: Any) -> list[str]:
+    """The host:port pairs a plain http:// provider may be at: each stand-in's, as made."""
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = []
+    return settings.LLMGW_EXTERNAL_HTTP_HOSTS
+
+
+def listed(provider: Any) -> str:
+    """List a stand-in provider's host:port for plain http:// (this test's settings)."""
+    from django.conf import settings
+
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS.append(provider.url.split("//", 1)[1].split("/")[0])
+    return provider.url
+
+
 @pytest.fixture
 def secrets(tmp_path: Path, settings: Any) -> Path:
     folder = tmp_path / "secrets"
     folder.mkdir()
     settings.LLMGW_SECRETS_DIR = str(folder)
-    settings.LLMGW_EXTERNAL_HTTP_HOSTS = []  # serve_cloud lists the provider's stand-in
     return folder
 
 
 def serve_cloud(h: Harness, key_file: str) -> Any:
-    from django.conf import settings
-
     provider = h.engine("provider")
-    # A plain http:// provider only where the operator lists it: here, the local stand-in,
-    # so that nothing but the key file stands in the way.
-    settings.LLMGW_EXTERNAL_HTTP_HOSTS.append(provider.url.removeprefix("http://"))
-    cloud = model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+    cloud = model("cloud", external=spec.External(url=listed(provider) + "/v1", model="gpt-x",
                                                   api_key_file=key_file))  # fmt: skip
     h.serve([cloud], [])
     return provider
@@ -82,13 +91,13 @@ def test_a_file_outside_the_folder_a_link_out_of_it_and_no_folder_are_refused(
     provider = serve_cloud(h, str(outside))
     refused(h)
     for key_file in ("link", str(secrets / "link"), "../shadow"):
-        h.models = [model("cloud", external=spec.External(url=provider.url + "/v1",
+        h.models = [model("cloud", external=spec.External(url=listed(provider) + "/v1",
                                                           model="gpt-x", api_key_file=key_file))]  # fmt: skip
         h.refresh()
         refused(h)
     settings.LLMGW_SECRETS_DIR = ""
     (secrets / "openai").write_text("sk-fine\n")
-    h.models = [model("cloud", external=spec.External(url=provider.url + "/v1", model="gpt-x",
+    h.models = [model("cloud", external=spec.External(url=listed(provider) + "/v1", model="gpt-x",
                                                       api_key_file=str(secrets / "openai")))]  # fmt: skip
     h.refresh()
     refused(h)

@@ -285,6 +285,59 @@ def test_a_pass_begun_as_the_process_stops_says_nothing(caplog: pytest.LogCaptur
     assert "could not read" not in caplog.text
 
 
+def test_the_change_listener_joins_again_when_nothing_arrives(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener's wait for an event is bounded by the groups' rejoin: a layer that
+    delivers nothing (a quiet cluster, a Redis that stopped delivering) is joined again,
+    not waited on for ever while its groups expire; a join that hangs is given up on."""
+    from channels import layers
+
+    from gateway import state as states
+    from gateway.state import State
+
+    class Silent:
+        joined: list[str] = []
+        hang_joins = False
+
+        async def new_channel(self, prefix: str) -> str:
+            return prefix + "1"
+
+        async def group_add(self, group: str, channel: str) -> None:
+            if self.hang_joins:
+                await asyncio.Event().wait()
+            self.joined.append(group)
+
+        async def receive(self, channel: str) -> dict[str, Any]:
+            await asyncio.Event().wait()  # nothing ever arrives
+            return {}
+
+    silent = Silent()
+    monkeypatch.setattr(layers, "get_channel_layer", lambda: silent)
+    monkeypatch.setattr(states, "JOIN_WAIT", 0.2, raising=False)
+    state = State(interval=60)
+    state.rejoin_every = 0.2
+
+    async def listen_until(done: Any) -> None:
+        task = asyncio.ensure_future(state.listen())
+        try:
+            for _ in range(200):
+                if done():
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("the listener did not join again")
+        finally:
+            task.cancel()
+
+    asyncio.run(listen_until(lambda: state.joins >= 3))
+    # A join that hangs: given up on after JOIN_WAIT, said, and tried again.
+    silent.hang_joins = True
+    joins = state.joins
+    with caplog.at_level("WARNING", logger="gateway"):
+        asyncio.run(listen_until(lambda: "could not hear change events" in caplog.text))
+    assert state.joins == joins
+
+
 # A process whose state reads the table continually, then stops without State.stop: its
 # interpreter's exit shuts the reader down under a pass ("cannot schedule new futures after
 # interpreter shutdown", logged with its traceback as a failed read).

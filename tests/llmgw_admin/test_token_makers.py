@@ -74,9 +74,10 @@ def test_the_admin_page_refuses_another_users_token_and_lists_who_made_each(
     r = page.post("/admin/llmgw_core/apitoken/add/", {"user": admin_user.pk, "name": "x"})
     assert r.status_code == 302
     assert ApiToken.objects.get().created_by_name == "ada"
-    assert '<td class="field-created_by_name">ada</td>' in page.get(
-        "/admin/llmgw_core/apitoken/"
-    ).content.decode()
+    assert (
+        '<td class="field-created_by_name">ada</td>'
+        in page.get("/admin/llmgw_core/apitoken/").content.decode()
+    )
 
 
 def test_the_command_line_says_it_made_the_token(operator: Any) -> None:

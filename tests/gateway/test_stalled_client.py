@@ -1,0 +1,49 @@
+"""A client that stops reading its answer (its socket's buffers full): the gateway's
+send to it waited for ever, holding the request and the engine's generation. Past
+``LLMGW_HTTP_SEND_TIMEOUT`` (``Options.send_timeout``) it is taken as gone: its answer
+ends, the engine's connection is closed, and it is counted as 499."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.gateway.harness import KEY, Harness, model, wait
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def test_a_client_that_stops_reading_is_given_up_on_and_the_engine_stopped(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h.gateway.options.send_timeout = 1.0
+    engine = h.engine("e", words=400_000)  # tens of megabytes: more than any buffer holds
+    h.serve([model("m")], [(1, "m", engine)])
+    body = json.dumps({"model": "m", "stream": True,
+                       "messages": [{"role": "user", "content": "talk"}]}).encode()  # fmt: skip
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(("127.0.0.1", h.port))
+    try:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        # The answer begins; the client reads nothing more from now on.
+        assert client.recv(15) == b"HTTP/1.1 200 OK"
+        with caplog.at_level("INFO", logger="gateway"):
+            wait(lambda: "the client took none of its answer for 1 s: given up" in caplog.text,
+                 30, "the stalled client given up on")  # fmt: skip
+        # The engine's connection was closed: it stopped generating, well short of the end.
+        wait(lambda: not h.gateway.in_flight, 10, "the request to end")
+    finally:
+        client.close()

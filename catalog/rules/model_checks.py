@@ -78,7 +78,8 @@ def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
 
 
 def _check_names(m: Model, out: _Found) -> None:
-    """Refuse a name a client, a page or a URL cannot carry (``names.name_problem``).
+    """Refuse a name a client, a page or a URL cannot carry (``names.name_problem``; the
+    owner's is ``_check_fields``').
 
     The external model is the provider's own id, sent only in a request body: it is held
     to one line of visible characters.
@@ -91,8 +92,6 @@ def _check_names(m: Model, out: _Found) -> None:
         # Loaded on demand, a path-like name is refused as a file's name on the node.
         if not (m.max_loaded_adapters > 0 and _path_like(a.name))
     ]
-    if m.owner:
-        named.append((("owner",), "owner", m.owner))
     for path, what, text in named:
         if bad := bad_character(text):
             out.add(
@@ -314,6 +313,9 @@ def _check_fields(m: Model, out: _Found) -> None:
             f'owner "{m.owner}" is not org:ID, team:ID or project:ID: write one of '
             "those, or leave it empty for shared",
         )
+    elif m.owner and (why := name_problem(m.owner)):
+        # The owner's page is reached by its name (cluster:owner_detail).
+        out.add(("owner",), "bad_owner", f'owner "{m.owner}" {why}')
     if m.class_ and m.class_ not in CLASSES:
         out.add(
             ("class",),

@@ -48,7 +48,7 @@ def test_a_model_named_dot_dot_etc_is_refused_on_the_new_model_form(
     page.locator("#err-name", has_text='name "../etc" has a part that is "." or ".."').wait_for()
     page.fill("#id_source", "/models/etc.gguf")
     page.fill("#id_profiles-0-name", "cpu")
-    page.fill("#id_profiles-0-engine", "llamacpp")
+    page.select_option("#id_profiles-0-engine", "llamacpp")
     page.fill("#id_profiles-0-cpu_cores", "2")
     page.click("button:text('Save')")
     page.locator("#err-name", has_text="directory step").wait_for()

@@ -20,7 +20,6 @@ from django.conf import settings
 from gateway import errors
 from gateway.batch import lines, multipart, status, store
 from gateway.cycle import bearer, header, read_body
-from gateway.errors import ApiError
 from gateway.models import digest
 
 if TYPE_CHECKING:
@@ -43,10 +42,9 @@ async def _run(work: Any, *args: Any) -> Any:
     try:
         return await asyncio.wait_for(asyncio.shield(future), WAIT)
     except (TimeoutError, OSError) as error:
-        raise errors.unavailable(
-            f"The batch store ({settings.LLMGW_FILES_DIR}) cannot be reached now: "
-            f"{error or 'timeout'}. Try again shortly.", 5, code="store_unavailable",
-        ) from error  # fmt: skip
+        raise errors.batch_store_away(
+            str(settings.LLMGW_FILES_DIR), str(error) or "timeout"
+        ) from error
 
 
 def _owner(cycle: Cycle) -> str:
@@ -108,9 +106,7 @@ async def _files(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, pat
     file_id, _, tail = path[len(FILES) + 1 :].partition("/")
     if tail not in ("", "content"):
         raise errors.not_found(path)
-    missing = ApiError(404, f"No file {file_id} for this key's owner: it was never uploaded, "
-                       "was deleted, or is older than LLMGW_FILES_KEEP days.",
-                       param="file_id", code="file_not_found")  # fmt: skip
+    missing = errors.file_not_found(file_id)
     if tail == "content":
         _allow(path, method, "GET")
         data = await _run(store.file_content, owner, file_id)
@@ -154,18 +150,13 @@ async def _upload(cycle: Cycle, scope: Scope, receive: Receive, owner: str) -> N
     try:
         lines.check(upload.data, settings.LLMGW_FILES_MAX_LINES)
     except lines.LinesError as error:
-        raise errors.bad_request(str(error), "file", code="invalid_file") from None
+        raise errors.invalid_file(str(error)) from None
     meta = await _run(store.save_file, owner, upload.filename or "upload.jsonl", "batch",
                       upload.data)  # fmt: skip
     await cycle.json(200, store.shown_file(meta))
 
 
 # -- batches ------------------------------------------------------------------------------
-
-
-def _missing(batch_id: str) -> ApiError:
-    return ApiError(404, f"No batch {batch_id} for this key's owner.", param="batch_id",
-                    code="batch_not_found")  # fmt: skip
 
 
 async def _batches(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str,
@@ -189,13 +180,13 @@ async def _batches(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, p
         _allow(path, method, "POST")
         batch = await _run(cancel, owner, batch_id)
         if batch is None:
-            raise _missing(batch_id)
+            raise errors.batch_not_found(batch_id)
         await cycle.json(200, status.shown(batch))
         return
     _allow(path, method, "GET")
     batch = await _run(store.get_batch, owner, batch_id)
     if batch is None:
-        raise _missing(batch_id)
+        raise errors.batch_not_found(batch_id)
     await cycle.json(200, status.shown(batch))
 
 

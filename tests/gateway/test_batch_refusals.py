@@ -45,7 +45,8 @@ def test_bad_uploads_and_batches_are_told_what_is_wrong(h: Harness, tmp_path: Pa
         assert form.status_code == 400 and "multipart/form-data" in form.text
         assert http.put("/v1/files").status_code == 405
         assert http.post("/v1/batches", content=b"{").status_code == 400
-        assert http.get("/v1/batches/batch_nope/results").status_code == 404
+        unknown = http.get("/v1/batches/batch_nope/results")
+        assert unknown.status_code == 404 and "/v1/files and /v1/batches" in unknown.text
         assert http.get("/v1/files", headers={"Authorization": "Bearer nope"}).status_code == 401
     with pytest.raises(openai.NotFoundError, match="No file file-nope"):
         api.files.retrieve("file-nope")

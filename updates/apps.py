@@ -13,9 +13,13 @@ class UpdatesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from updates import command, signals
+        from updates import command, run, signals, tasks
+        from updates.mirror import fetches
 
         signals.connect()
+        # The workers' tasks call the mirror and the flow; these reach the workers through them.
+        fetches.to_worker = tasks.fetch_into_mirror.delay
+        run.eval_to_worker = tasks.run_update_eval.delay
         # The catalog command's `update` group and the admin's "Check for updates"
         # (catalog.extensions: the catalog does not import this app).
         command.register()

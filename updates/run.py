@@ -39,7 +39,6 @@ from catalog.services import Actor, Refused, delete_model, save_model, stored_qu
 from cluster import services, wake
 from cluster.models import Replica
 from llmgw_core import events
-from llmgw_core.celery import app as celery_app
 from updates import flow, mirror, registry
 from updates.models import Fetch, UpdateRun, UpdateState
 
@@ -541,15 +540,17 @@ def _claim_eval(run: UpdateRun) -> None:
     transaction.on_commit(lambda: dispatch_eval(pk))
 
 
-# The worker's task that runs an eval (``updates.tasks``, sent by name: the tasks call the
-# flow, never the other way round).
-EVAL_TASK = "updates.tasks.run_update_eval"
+# How an eval reaches the workers: ``updates.tasks.run_update_eval.delay``, set as the app
+# starts (``updates.apps``): the tasks call the flow, never the other way round.
+eval_to_worker: Callable[..., object] | None = None
 
 
 def dispatch_eval(pk: int) -> None:
     """Run a run's eval in the background: the worker in production, a thread embedded."""
     if settings.REDIS_URL:
-        celery_app.send_task(EVAL_TASK, kwargs={"pk": pk})
+        if eval_to_worker is None:
+            raise RuntimeError("the updates app is not ready: no way to the workers is set")
+        eval_to_worker(pk=pk)
     else:
         threading.Thread(target=_eval_in_thread, args=(pk,), name=f"update-eval-{pk}",
                          daemon=True).start()  # fmt: skip

@@ -1,6 +1,7 @@
 """No import circle across the files of ``updates/``: every import, at module level or in a
-function, points one way (the tasks call the mirror and the flow; the mirror's modules
-build on one another, ``store`` first)."""
+function, points one way (the tasks call the mirror and the flow, which reach the workers
+through them, set as the app starts; the mirror's modules build on one another, ``store``
+first)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,6 @@ def test_no_import_circle_across_the_files_of_updates() -> None:
     assert circles(_graph()) == []
 
 
-def test_the_tasks_sent_by_name_are_the_workers_tasks() -> None:
-    assert tasks.fetch_into_mirror.name == fetches.FETCH_TASK
-    assert tasks.run_update_eval.name == run.EVAL_TASK
+def test_the_mirror_and_the_flow_reach_the_workers_through_their_tasks() -> None:
+    assert fetches.to_worker == tasks.fetch_into_mirror.delay
+    assert run.eval_to_worker == tasks.run_update_eval.delay

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,6 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from llmgw_core.celery import app as celery_app
 from updates import registry
 from updates.mirror.download import run_fetch
 from updates.mirror.store import MirrorError, enabled, gb, mark, model_spec, pinned_revision, root
@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 
 # A "fetching" row not moved for this long was being fetched by a worker that died.
 STALE_AFTER_S = 120
-# The worker's task that runs a fetch (``updates.tasks``, sent by name: the tasks call the
-# mirror, never the other way round).
-FETCH_TASK = "updates.tasks.fetch_into_mirror"
+# How a queued fetch reaches the workers: ``updates.tasks.fetch_into_mirror.delay``, set as
+# the app starts (``updates.apps``): the tasks call the mirror, never the other way round.
+to_worker: Callable[..., object] | None = None
 # A fetch that ended this many seconds ago answers a node's ask racing its end.
 FRESH_S = 60
 # How a fetch a dead worker left says so (``resume_stale``).
@@ -170,7 +170,10 @@ def models_q_commit_or_revision(revision: str) -> Any:
 def dispatch(pk: int) -> None:
     """Have a queued fetch run in the background once the transaction commits."""
     if settings.REDIS_URL:
-        transaction.on_commit(lambda: celery_app.send_task(FETCH_TASK, args=[pk]))
+        send = to_worker
+        if send is None:
+            raise RuntimeError("the updates app is not ready: no way to the workers is set")
+        transaction.on_commit(lambda: send(pk))
     else:
         transaction.on_commit(
             lambda: threading.Thread(

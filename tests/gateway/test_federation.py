@@ -1,0 +1,137 @@
+"""Federation's shell: ``federation add|list|remove``, each logged with who made it, and
+the refresh that reads a real peer's ``/v1/models`` (a gateway serving its own catalog)
+and writes ``PEER/MODEL`` entries through the catalog's services."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from catalog.models import ChangeRecord, ServedModel
+from catalog.services import export_specs
+from cluster.models import ClusterAction
+from cluster.signals import reconcile_tick
+from gateway import peers, signals
+from gateway.models import Peer
+from tests.gateway.harness import KEY, Harness, model
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def peer_gateway() -> Iterator[Harness]:
+    """The peer: a gateway answering /v1/models with its catalog, for its client key."""
+    h = Harness()
+    engine = h.engine("peer-chat")
+    h.serve([model("chat"), model("embed")], [(1, "chat", engine), (2, "embed", engine)])
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def key_file(tmp_path: Path, settings: Any) -> str:
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    (folder / "east").write_text(KEY + "\n")
+    settings.LLMGW_SECRETS_DIR = str(folder)
+    return "east"
+
+
+@pytest.fixture
+def allowed(settings: Any, peer_gateway: Harness) -> str:
+    settings.LLMGW_EXTERNAL_HTTP_HOSTS = [peer_gateway.url.split("//", 1)[1]]
+    return peer_gateway.url
+
+
+def add(url: str, key_file: str, name: str = "east") -> str:
+    out = StringIO()
+    call_command("federation", "add", name, "--url", url, "--key-file", key_file, stdout=out)
+    return out.getvalue()
+
+
+def test_add_list_remove_logged_and_refused_with_a_clear_reason(
+    allowed: str, key_file: str
+) -> None:
+    assert "appear as east/MODEL" in add(allowed, key_file)
+    action = ClusterAction.objects.get(action="federation add")
+    assert action.target == "east" and "cli " in action.actor_name
+    with pytest.raises(CommandError, match="already added"):
+        add(allowed, key_file)
+    with pytest.raises(CommandError, match="NAME/MODEL"):
+        add(allowed, key_file, name="a/b")
+    with pytest.raises(CommandError, match="key_file: key file '/etc/shadow'"):
+        add(allowed, "/etc/shadow", name="west")
+    with pytest.raises(CommandError, match="url: url 'http://10.9.9.9:1'"):
+        add("http://10.9.9.9:1", key_file, name="west")
+    assert list(Peer.objects.values_list("name", flat=True)) == ["east"]
+    out = StringIO()
+    call_command("federation", "list", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())
+    assert row["name"] == "east" and row["key_file"] == "east" and row["state"] == "up"
+    assert KEY not in out.getvalue()
+    call_command("federation", "remove", "east", stdout=StringIO())
+    assert not Peer.objects.exists()
+    assert ClusterAction.objects.filter(action="federation remove", target="east").exists()
+    with pytest.raises(CommandError, match="no peer named 'east'"):
+        call_command("federation", "remove", "east", stdout=StringIO())
+
+
+def test_refresh_adds_what_the_peer_lists_and_removes_what_it_stops_listing(
+    peer_gateway: Harness, allowed: str, key_file: str
+) -> None:
+    add(allowed, key_file)
+    peers.refresh(Peer.objects.get())
+    row = ServedModel.objects.get(name="east/chat")
+    assert (row.external_peer, row.external_model, row.external_api_key_file) == (
+        "east",
+        "chat",
+        "east",
+    )
+    assert row.external_url == allowed + "/v1"
+    assert {m.name for m in export_specs()} >= {"east/chat", "east/embed"}
+    logged = ChangeRecord.objects.get(model_name="east/chat")
+    assert logged.actor_name == "federation east" and logged.summary == "created"
+    # The peer stops listing one: the next refresh removes it, logged.
+    peer_gateway.models = [model("chat")]
+    peer_gateway.refresh()
+    peers.refresh(Peer.objects.get())
+    assert list(ServedModel.objects.values_list("name", flat=True)) == ["east/chat"]
+    assert ChangeRecord.objects.filter(model_name="east/embed", summary="deleted").exists()
+    # Removing the peer removes its models.
+    call_command("federation", "remove", "east", stdout=StringIO())
+    assert not ServedModel.objects.exists()
+
+
+def test_a_failed_read_trips_the_peer_and_keeps_its_models(
+    peer_gateway: Harness, allowed: str, key_file: str, settings: Any
+) -> None:
+    add(allowed, key_file)
+    peers.refresh(Peer.objects.get())
+    peer_gateway.keys = {}  # the peer no longer knows the key: 401
+    peer_gateway.refresh()
+    peers.refresh(Peer.objects.get())
+    peer = Peer.objects.get()
+    assert peer.state == "tripped" and peer.last_error == "its /v1/models answered 401"
+    assert ServedModel.objects.filter(external_peer="east").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reconcile_tick_refreshes_a_peer_due_for_it(allowed: str, key_file: str) -> None:
+    add(allowed, key_file)
+    signals._refreshing.acquire()  # a refresh under way: the tick skips
+    try:
+        reconcile_tick.send(sender=None, now=None)
+    finally:
+        signals._refreshing.release()
+    assert not ServedModel.objects.exists()
+    reconcile_tick.send(sender=None, now=None)
+    assert signals.last is not None
+    signals.last.join(timeout=15)
+    assert not signals.last.is_alive()
+    assert set(ServedModel.objects.values_list("name", flat=True)) == {"east/chat", "east/embed"}

@@ -56,9 +56,9 @@ def _actor(peer: str) -> catalog.Actor:
     return catalog.Actor(user=None, surface=Surface.GATEWAY, name=f"federation {peer}")
 
 
-def add_peer(name: str, url: str, key_file: str, *, user: Any = None, via: str = "") -> Peer:
-    """Record a peer (its models arrive with the next refresh); ``PeerRefused`` naming the
-    field when the name, the url or the key file is not allowed."""
+def problems(name: str, url: str, key_file: str) -> dict[str, list[str]]:
+    """What stops a peer being added, by field (empty: nothing): the name, the url, the
+    key file (the rules of an external provider's), a name the catalog's models use."""
     errors: dict[str, list[str]] = {}
     why = federation.name_problem(name)
     if why:
@@ -74,13 +74,22 @@ def add_peer(name: str, url: str, key_file: str, *, user: Any = None, via: str =
     _, why = environment.key_file(key_file or "", settings.LLMGW_SECRETS_DIR)
     if why:
         errors["key_file"] = [f"key file {key_file!r} {why}"]
-    if (
-        not errors
-        and ServedModel.objects.filter(name__startswith=f"{name}/")
-        .exclude(external_peer=name)
-        .exists()
-    ):
-        errors["name"] = [f"the catalog has models named {name}/…: choose another peer name"]
+    if "name" not in errors:
+        if Peer.objects.filter(name=name).exists():
+            errors["name"] = [f"a peer named {name!r} is already added"]
+        elif (
+            ServedModel.objects.filter(name__startswith=f"{name}/")
+            .exclude(external_peer=name)
+            .exists()
+        ):
+            errors["name"] = [f"the catalog has models named {name}/…: choose another peer name"]
+    return errors
+
+
+def add_peer(name: str, url: str, key_file: str, *, user: Any = None, via: str = "") -> Peer:
+    """Record a peer (its models arrive with the next refresh); ``PeerRefused`` naming the
+    field when the name, the url or the key file is not allowed."""
+    errors = problems(name, url, key_file)
     if errors:
         raise PeerRefused(errors)
     try:

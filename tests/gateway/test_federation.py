@@ -135,3 +135,59 @@ def test_the_reconcile_tick_refreshes_a_peer_due_for_it(allowed: str, key_file: 
     signals.last.join(timeout=15)
     assert not signals.last.is_alive()
     assert set(ServedModel.objects.values_list("name", flat=True)) == {"east/chat", "east/embed"}
+
+
+def test_api_operators_add_and_remove_viewers_see(
+    api_for: Any, operator: Any, viewer: Any, allowed: str, key_file: str
+) -> None:
+    body = {"name": "east", "url": allowed, "key_file": key_file}
+    assert api_for(viewer).post("/api/v1/gateway/peers/", body, format="json").status_code == 403
+    bad = api_for(operator).post("/api/v1/gateway/peers/", {**body, "key_file": "/etc/shadow"},
+                                 format="json")  # fmt: skip
+    assert bad.status_code == 400, bad.json()
+    assert "key file '/etc/shadow'" in str(bad.json()) and not Peer.objects.exists()
+    made = api_for(operator).post("/api/v1/gateway/peers/", body, format="json")
+    assert made.status_code == 201 and made.json()["state"] == "up"
+    again = api_for(operator).post("/api/v1/gateway/peers/", body, format="json")
+    assert again.status_code == 400 and "already added" in str(again.json())
+    peers.refresh(Peer.objects.get())
+    seen = api_for(viewer).get("/api/v1/gateway/peers/east/").json()
+    assert seen["models"] == ["east/chat", "east/embed"] and KEY not in str(seen)
+    assert api_for(viewer).delete("/api/v1/gateway/peers/east/").status_code == 403
+    assert api_for(operator).delete("/api/v1/gateway/peers/east/").status_code == 204
+    assert not ServedModel.objects.exists()
+    (made_by, removed_by) = ClusterAction.objects.order_by("id").values_list(
+        "actor_name", flat=True
+    )
+    assert made_by == removed_by == f"{operator.username} (api)"
+
+
+def test_admin_operator_adds_and_deletes_viewer_sees(
+    client_for: Any, operator: Any, viewer: Any, allowed: str, key_file: str
+) -> None:
+    web = client_for(operator)
+    refused = web.post(
+        "/admin/gateway/peer/add/", {"name": "East", "url": allowed, "api_key_file": key_file}
+    )
+    assert refused.status_code == 200 and "NAME/MODEL" in refused.content.decode()
+    assert not Peer.objects.exists()
+    done = web.post(
+        "/admin/gateway/peer/add/", {"name": "east", "url": allowed, "api_key_file": key_file}
+    )
+    assert done.status_code == 302
+    peer = Peer.objects.get()
+    assert (
+        ClusterAction.objects.get(action="federation add").actor_name
+        == f"{operator.username} (admin)"
+    )
+    peers.refresh(peer)
+    page = client_for(viewer).get(f"/admin/gateway/peer/{peer.pk}/change/")
+    assert page.status_code == 200 and "east/chat" in page.content.decode()
+    assert (
+        client_for(viewer)
+        .post(f"/admin/gateway/peer/{peer.pk}/delete/", {"post": "yes"})
+        .status_code
+        == 403
+    )
+    assert web.post(f"/admin/gateway/peer/{peer.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Peer.objects.exists() and not ServedModel.objects.exists()

@@ -317,6 +317,7 @@ class Routing:
         payload = _payload(cycle, target_model, served, engine)
         in_flight = self.gateway.in_flight
         cycle.model, cycle.replica = target_model.name, replica
+        cycle.peer = target_model.external.peer if external else ""
         in_flight[replica] = in_flight.get(replica, 0) + 1
         try:
             return await self._exchange(cycle, base + path, payload, headers, replica,

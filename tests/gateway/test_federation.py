@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from catalog.models import ChangeRecord, ServedModel
 from catalog.services import export_specs
@@ -19,6 +20,8 @@ from cluster.models import ClusterAction
 from cluster.signals import reconcile_tick
 from gateway import peers, signals
 from gateway.models import Peer
+from gateway.state import load_table
+from gateway.table import Key
 from tests.gateway.harness import KEY, Harness, model
 
 pytestmark = pytest.mark.django_db
@@ -119,6 +122,12 @@ def test_a_failed_read_trips_the_peer_and_keeps_its_models(
     peer = Peer.objects.get()
     assert peer.state == "tripped" and peer.last_error == "its /v1/models answered 401"
     assert ServedModel.objects.filter(external_peer="east").count() == 2
+    # Every gateway process reads it with its table: the peer's models leave its list.
+    table = load_table()
+    assert table.down == {"east": "its /v1/models answered 401"}
+    assert table.peer_down(table.models["east/chat"]) == "east"
+    key = Key(1, "app", "", ("east/chat", "east/embed"), None)
+    assert table.listed(key, timezone.now()) == []
 
 
 @pytest.mark.django_db(transaction=True)

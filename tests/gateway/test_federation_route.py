@@ -66,3 +66,42 @@ def test_a_local_answer_names_no_peer(two: Any) -> None:
         model="chat", messages=[{"role": "user", "content": "hi"}]
     )
     assert "x-llmgw-peer" not in raw.headers
+
+
+def test_a_peer_that_is_down_leaves_the_list_and_is_refused_at_once(two: Any) -> None:
+    here, _, engine = two
+    here.down = {"east": "its /v1/models answered 502"}
+    here.refresh()
+    client = openai.OpenAI(base_url=here.url + "/v1", api_key=KEY, max_retries=2, timeout=20)
+    assert [m.id for m in client.models.list()] == []
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="east/chat", messages=[{"role": "user", "content": "hi"}]
+        )
+    error = caught.value
+    assert error.status_code == 503 and error.response.headers["x-should-retry"] == "false"
+    assert "federated cluster 'east', which is down (its /v1/models answered 502)" in error.message
+    assert engine.requests == 0  # nothing sent, and the client did not retry
+    # Back up: listed and answered again.
+    here.down = {}
+    here.refresh()
+    assert [m.id for m in client.models.list()] == ["east/chat"]
+    client.chat.completions.create(model="east/chat", messages=[{"role": "user", "content": "hi"}])
+    assert engine.requests == 1
+
+
+def test_a_down_peer_models_request_goes_to_its_fallback(two: Any) -> None:
+    here, _, engine = two
+    local = here.engine("local")
+    peer_chat = federation.peer_model("east", two[1].url, "east", "chat")
+    peer_chat.fallbacks = ["chat"]
+    here.keys = {digest(KEY): Key(1, "app", "team:t", ("east/chat", "chat"), None)}
+    here.down = {"east": "no answer within 5 s"}
+    here.serve([peer_chat, model("chat")], [(1, "chat", local)])
+    client = openai.OpenAI(base_url=here.url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+    answer = client.chat.completions.with_raw_response.create(
+        model="east/chat", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert "x-llmgw-peer" not in answer.headers
+    assert answer.parse().choices[0].message.content.startswith("local0")
+    assert engine.requests == 0 and local.requests == 1

@@ -43,8 +43,8 @@ def base_v1(url: str) -> str:
 def listed_models(body: Any) -> tuple[list[str], str]:
     """The model ids a ``/v1/models`` answer lists, and "" — or ([], why it is not one).
 
-    A model the peer itself learned from a peer (its id holds ``/``) is not offered
-    onward: no loops.
+    An id may hold ``/`` (``org/model``); one the catalog's name rules refuse is refused
+    when it is written (logged, the others still written).
     """
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
@@ -52,7 +52,7 @@ def listed_models(body: Any) -> tuple[list[str], str]:
     out: list[str] = []
     for item in data:
         ident = item.get("id") if isinstance(item, dict) else None
-        if not isinstance(ident, str) or not ident.strip() or "/" in ident:
+        if not isinstance(ident, str) or not ident.strip():
             continue
         if any(ord(c) < 0x21 or ord(c) == 0x7F for c in ident):
             continue

@@ -19,10 +19,10 @@ def test_models_url_with_or_without_v1() -> None:
     assert f.models_url("https://p.example/v1/") == "https://p.example/v1/models"
 
 
-def test_listed_models_reads_ids_and_skips_what_the_peer_learned_from_a_peer() -> None:
+def test_listed_models_reads_ids_and_skips_what_is_no_name() -> None:
     body = {"data": [{"id": "chat"}, {"id": "c/other"}, {"id": "chat"}, {"id": 3}, {},
                      {"id": "bad\nname"}, {"id": "embed"}]}  # fmt: skip
-    assert f.listed_models(body) == (["chat", "embed"], "")
+    assert f.listed_models(body) == (["chat", "c/other", "embed"], "")
     assert f.listed_models({"object": "list"})[1] == "its /v1/models answer has no data list"
     assert f.listed_models([1])[0] == []
 

@@ -145,8 +145,14 @@ class PeerAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         obj.pk = made.pk
 
     def delete_model(self, request: HttpRequest, obj: Peer) -> None:
-        peers.remove_peer(obj.name, user=request.user, via="admin")
+        self._remove(request, obj.name)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Peer]) -> None:
         for peer in list(queryset):
-            peers.remove_peer(peer.name, user=request.user, via="admin")
+            self._remove(request, peer.name)
+
+    def _remove(self, request: HttpRequest, name: str) -> None:
+        try:
+            peers.remove_peer(name, user=request.user, via="admin")
+        except peers.PeerRefused as refused:
+            self.message_user(request, str(refused), messages.ERROR)

@@ -289,5 +289,8 @@ class PeerViewSet(
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         peer = self.get_object()
-        peers.remove_peer(peer.name, user=request.user, via=VIA)
+        try:
+            peers.remove_peer(peer.name, user=request.user, via=VIA)
+        except peers.PeerRefused as error:
+            raise serializers.ValidationError({"name": error.errors[""]}) from None
         return Response(status=204)

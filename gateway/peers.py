@@ -110,12 +110,20 @@ def remove_peer(name: str, *, user: Any = None, via: str = "") -> list[str]:
     if peer is None:
         raise PeerRefused({"": [f"no peer named {name!r} (federation list shows them)"]})
     removed = []
-    with transaction.atomic():
-        for model in ServedModel.objects.filter(external_peer=name).values_list("name", flat=True):
-            catalog.delete_model(model, _actor(name))
-            removed.append(model)
-        peer.delete()
-        log_action(user, "federation remove", name, f"{len(removed)} models removed", via)
+    try:
+        with transaction.atomic():
+            for model in ServedModel.objects.filter(external_peer=name).values_list(
+                "name", flat=True
+            ):
+                catalog.delete_model(model, _actor(name))
+                removed.append(model)
+            peer.delete()
+            log_action(user, "federation remove", name, f"{len(removed)} models removed", via)
+    except catalog.Refused as refused:
+        # Another model names one of the peer's (a fallback, a canary): nothing removed.
+        raise PeerRefused(
+            {"": [f"peer {name!r} is kept: {refused}; change that model first"]}
+        ) from None
     return removed
 
 

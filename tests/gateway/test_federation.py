@@ -200,3 +200,22 @@ def test_admin_operator_adds_and_deletes_viewer_sees(
     )
     assert web.post(f"/admin/gateway/peer/{peer.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not Peer.objects.exists() and not ServedModel.objects.exists()
+
+
+def test_a_peer_whose_model_another_names_is_kept_with_the_reason(
+    allowed: str, key_file: str, api_for: Any, operator: Any
+) -> None:
+    from catalog import services as catalog_services
+    from tests.catalog.samples import store
+
+    add(allowed, key_file)
+    peers.refresh(Peer.objects.get())
+    store({"name": "chat", "source": "sim/chat", "fallbacks": ["east/chat"],
+           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    with pytest.raises(CommandError, match="peer 'east' is kept: .*change that model first"):
+        call_command("federation", "remove", "east", stdout=StringIO())
+    refused = api_for(operator).delete("/api/v1/gateway/peers/east/")
+    assert refused.status_code == 400 and "is kept" in str(refused.json())
+    assert Peer.objects.exists() and ServedModel.objects.filter(external_peer="east").count() == 2
+    assert not ClusterAction.objects.filter(action="federation remove").exists()
+    assert catalog_services.delete_blockers("east/chat")

@@ -268,6 +268,7 @@ class PeerViewSet(
     queryset = Peer.objects.select_related("created_by").order_by("name")
     serializer_class = PeerSerializer
     lookup_field = "name"
+    lookup_url_kwarg = "peer"  # a peer's name (lowercase, no /), not a model's
     read_role = VIEWER
     required_role = OPERATOR
 

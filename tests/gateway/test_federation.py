@@ -219,3 +219,32 @@ def test_a_peer_whose_model_another_names_is_kept_with_the_reason(
     assert Peer.objects.exists() and ServedModel.objects.filter(external_peer="east").count() == 2
     assert not ClusterAction.objects.filter(action="federation remove").exists()
     assert catalog_services.delete_blockers("east/chat")
+
+
+def test_console_operators_add_and_remove_viewers_see(
+    client_for: Any, operator: Any, viewer: Any, allowed: str, key_file: str
+) -> None:
+    web = client_for(operator)
+    bad = web.post(
+        "/gateway/peers/add/", {"name": "east", "url": allowed, "key_file": "/etc/shadow"}
+    )
+    assert bad.status_code == 400 and "key file &#x27;/etc/shadow&#x27;" in bad.content.decode()
+    assert (
+        web.post(
+            "/gateway/peers/add/", {"name": "east", "url": allowed, "key_file": key_file}
+        ).status_code
+        == 302
+    )
+    assert (
+        ClusterAction.objects.get(action="federation add").actor_name
+        == f"{operator.username} (console)"
+    )
+    peers.refresh(Peer.objects.get())
+    seen = client_for(viewer).get("/gateway/peers/")
+    page = seen.content.decode()
+    assert seen.status_code == 200 and "east/chat, east/embed" in page and "Add a peer" not in page
+    assert client_for(viewer).post("/gateway/peers/add/", {"name": "west", "url": allowed,
+                                                           "key_file": key_file}).status_code == 403  # fmt: skip
+    assert client_for(viewer).post("/gateway/peers/east/remove/").status_code == 403
+    assert web.post("/gateway/peers/east/remove/").status_code == 302
+    assert not Peer.objects.exists() and not ServedModel.objects.exists()

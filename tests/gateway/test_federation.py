@@ -19,7 +19,7 @@ from catalog.services import export_specs
 from cluster.models import ClusterAction
 from cluster.signals import reconcile_tick
 from gateway import peers, signals
-from gateway.models import Peer
+from gateway.models import Peer, digest
 from gateway.state import load_table
 from gateway.table import Key
 from tests.gateway.harness import KEY, Harness, model
@@ -111,7 +111,7 @@ def test_refresh_adds_what_the_peer_lists_and_removes_what_it_stops_listing(
     assert not ServedModel.objects.exists()
 
 
-def test_a_failed_read_trips_the_peer_and_keeps_its_models(
+def test_a_failed_read_trips_the_peer_keeps_its_models_and_probes_bring_it_back(
     peer_gateway: Harness, allowed: str, key_file: str, settings: Any
 ) -> None:
     add(allowed, key_file)
@@ -128,6 +128,16 @@ def test_a_failed_read_trips_the_peer_and_keeps_its_models(
     assert table.peer_down(table.models["east/chat"]) == "east"
     key = Key(1, "app", "", ("east/chat", "east/embed"), None)
     assert table.listed(key, timezone.now()) == []
+    # The peer takes the key again: back after the probes and the dwell (settings).
+    settings.LLMGW_FEDERATION_RECOVER_PROBES, settings.LLMGW_FEDERATION_DWELL = 2, 0
+    peer_gateway.keys = {digest(KEY): Key(1, "harness", "", (), None)}
+    peer_gateway.refresh()
+    peers.refresh(Peer.objects.get())
+    assert Peer.objects.get().state == "tripped"
+    peers.refresh(Peer.objects.get())
+    peer = Peer.objects.get()
+    assert peer.state == "up" and peer.last_error == ""
+    assert len(load_table().listed(key, timezone.now())) == 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -134,6 +134,8 @@ class State:
         self.holders: dict[str, set[int]] = {}
         # Downloads reserved per node: source -> [replicas using it, MB reserved].
         self.fetching: list[dict[str, list[int]]] = [{} for _ in nodes]
+        # The nodes fetching each source (those with an entry in ``fetching``).
+        self.fetching_at: dict[str, set[int]] = {}
         self.card_class: list[dict[int, str]] = []
         self.card_watts: list[dict[int, float]] = []
         self.children: list[dict[int, list[int]]] = []
@@ -174,6 +176,10 @@ class State:
         self.commits = 0
         self.fetched: dict[str, int] = {}
         self.failed: dict[tuple[object, ...], tuple[int, int, int, str]] = {}
+        # Every node whose free room changed, in order (``_apply``): what a reason counted
+        # over the cluster before need only be counted again on these (``misses``).
+        self.changed: list[int] = []
+        self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
 
     def _index_cards(self, i: int, n: Node) -> None:
         """Record node i's cards: classes, power limits, MIG parents and what is free."""
@@ -206,12 +212,14 @@ class State:
         self.cap = [caps[key] for key in self.domain_names]
         self.used = [0.0] * len(self.cap)
         self.node_domains: list[tuple[int, ...]] = []
-        for n in self.nodes:
+        self.domain_members: list[list[int]] = [[] for _ in self.cap]
+        for i, n in enumerate(self.nodes):
             mine = []
             for level in FACILITY_LEVELS:
                 name = n.labels.get(LABEL_PREFIX + level)
                 if name is not None and (level, name) in ids:
                     mine.append(ids[(level, name)])
+                    self.domain_members[ids[(level, name)]].append(i)
             self.node_domains.append(tuple(mine))
 
     def _cpu_key(self, i: int) -> int:
@@ -246,6 +254,7 @@ class State:
         """Take (sign 1) or give back (sign -1) what these holds use."""
         for h in holds:
             i = h.i
+            self.changed.append(i)
             for c in h.cards:
                 self._claim(i, c, sign)
                 for child in self.children[i].get(c, ()):
@@ -271,6 +280,7 @@ class State:
         if sign > 0:
             if entry is None:
                 entry = self.fetching[i][h.src] = [0, 0]
+                self.fetching_at.setdefault(h.src, set()).add(i)
             entry[0] += 1
             if h.disk > entry[1]:
                 self.disk[i] -= h.disk - entry[1]
@@ -280,6 +290,7 @@ class State:
             if entry[0] == 0:
                 self.disk[i] += entry[1]
                 del self.fetching[i][h.src]
+                self.fetching_at[h.src].discard(i)
 
     def _claim(self, i: int, c: int, sign: int) -> None:
         """Count a claim on card c of node i (or drop one), keeping the free lists."""
@@ -455,6 +466,15 @@ class State:
             # Apply node by node: the next node's derived watts read its own cards.
             self._apply([holds[-1]], 1)
         return tuple(out)
+
+    def dirty_since(self, pos: int) -> set[int]:
+        """Return the nodes whose room may have changed since the change log stood at pos:
+        those changed, and every node sharing a power domain with one (its power did)."""
+        dirty = set(self.changed[pos:])
+        for i in list(dirty):
+            for d in self.node_domains[i]:
+                dirty.update(self.domain_members[d])
+        return dirty
 
     def evictable(self, i: int, rank: int) -> bool:
         """Return whether node i runs a live replica of a class below rank."""

@@ -25,11 +25,13 @@ def evict_for(
     """
     options: list[tuple[tuple[int, int, int, int], int, list[Running]]] = []
     holders = state.holders.get(need.src, set()) & elig if need.src else set()
+    # Only the nodes running a lower class can make room for a one-node replica (the
+    # index of who runs which class finds them); a multi-node one may also use nodes
+    # that fit as they are.
+    pool = state.evictable_among(elig, rank) if need.n == 1 else elig
     # Holders first, so the first node where one opportunistic replica makes room is
     # the best there is, and the search of a full cluster can stop there.
-    for i in [*sorted(holders), *sorted(elig - holders)]:
-        if need.n == 1 and not state.evictable(i, rank):
-            continue
+    for i in [*sorted(holders & pool), *sorted(pool - holders)]:
         if state.fits(i, need):
             options.append(((0, 0, i not in holders, i), i, []))
             continue

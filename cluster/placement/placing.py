@@ -112,7 +112,7 @@ def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = No
                 del state.alive[v.id]
                 state.count_model(v.model, {h.i for h in state.holds_of[v.id]}, -1)
                 for i in {h.i for h in state.holds_of[v.id]}:
-                    state.ranks_on[i][v.class_rank] -= 1
+                    state.count_rank(i, v.class_rank, -1)
                 plan.evictions.append(
                     Eviction(
                         v.id,

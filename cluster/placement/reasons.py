@@ -64,7 +64,7 @@ def why_unplaced(
         text = parts[0][1]
     else:
         text = ". ".join(f'profile "{p.name}": {why}' for p, why in parts)
-    lower = any(state.evictable(i, req.class_rank) for _, _, elig in tries for i in elig)
+    lower = any(state.any_evictable(elig, req.class_rank) for _, _, elig in tries)
     if lower:
         text += " (evicting lower-class replicas would not make room)"
     return text

@@ -164,6 +164,8 @@ class State:
         self.model_on: dict[str, dict[int, int]] = {}
         # Live running replicas per node, by class rank: who could make way there.
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
+        # The nodes running a live replica of each class rank: where eviction may look.
+        self.rank_nodes: dict[int, set[int]] = {}
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
@@ -244,8 +246,7 @@ class State:
                 holds.append(Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, r.source))
                 if not self.on_node[i] or self.on_node[i][-1] is not r:
                     self.on_node[i].append(r)
-                    ranks = self.ranks_on[i]
-                    ranks[r.class_rank] = ranks.get(r.class_rank, 0) + 1
+                    self.count_rank(i, r.class_rank, 1)
             self.holds_of[r.id] = holds
             self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
@@ -476,9 +477,26 @@ class State:
                 dirty.update(self.domain_members[d])
         return dirty
 
-    def evictable(self, i: int, rank: int) -> bool:
-        """Return whether node i runs a live replica of a class below rank."""
-        return any(count for r, count in self.ranks_on[i].items() if r < rank)
+    def count_rank(self, i: int, rank: int, sign: int) -> None:
+        """Count a live replica of a class rank on node i (sign 1), or stop counting it."""
+        ranks = self.ranks_on[i]
+        ranks[rank] = ranks.get(rank, 0) + sign
+        if ranks[rank] > 0:
+            self.rank_nodes.setdefault(rank, set()).add(i)
+        else:
+            self.rank_nodes.get(rank, set()).discard(i)
+
+    def evictable_among(self, nodes: frozenset[int] | set[int], rank: int) -> set[int]:
+        """Return the nodes among these that run a live replica of a class below rank."""
+        out: set[int] = set()
+        for r, where in self.rank_nodes.items():
+            if r < rank:
+                out |= where & nodes
+        return out
+
+    def any_evictable(self, nodes: frozenset[int], rank: int) -> bool:
+        """Return whether any of these nodes runs a live replica of a class below rank."""
+        return any(not where.isdisjoint(nodes) for r, where in self.rank_nodes.items() if r < rank)
 
     def release(self, r: Running) -> None:
         """Give back what a running replica holds."""

@@ -7,6 +7,8 @@ and released only when chosen.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cluster.placement.data import Running
 from cluster.placement.finding import find_multi
 from cluster.placement.state import EPSILON, Hold, Need, State
@@ -28,14 +30,19 @@ def evict_for(
     # Only the nodes running a lower class can make room for a one-node replica (the
     # index of who runs which class finds them); a multi-node one may also use nodes
     # that fit as they are.
-    pool = state.evictable_among(elig, rank) if need.n == 1 else elig
+    # The weights count only for the disk: without it, one trial serves every source.
+    shape = need if need.disk or not need.src else replace(need, src="")
+    # A node too small even emptied is passed over (``_could_fit``, known per shape).
+    pool = elig & _could(state, need)
+    if need.n == 1:
+        pool = state.evictable_among(pool, rank)
     # Holders first, so the first node where one opportunistic replica makes room is
     # the best there is, and the search of a full cluster can stop there.
     for i in [*sorted(holders & pool), *sorted(pool - holders)]:
         if state.fits(i, need):
             options.append(((0, 0, i not in holders, i), i, []))
             continue
-        victims = _victims(state, i, rank, need, protect)
+        victims = _victims(state, i, rank, need, protect, shape)
         if victims is not None:
             top = max(v.class_rank for v in victims)
             options.append(((top, len(victims), i not in holders, i), i, victims))
@@ -77,10 +84,39 @@ def evict_for(
     return None
 
 
+def _could(state: State, need: Need) -> frozenset[int]:
+    """Return the nodes that, emptied, would be big enough for a replica's share."""
+    key = (need.cls, need.g, need.mem, need.cores)
+    found = state.could_memo.get(key)
+    if found is None:
+        found = frozenset(i for i in range(len(state.nodes)) if _could_fit(state, i, need))
+        state.could_memo[key] = found
+    return found
+
+
 def _victims(
-    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str] = frozenset()
+    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str], shape: Need
 ) -> list[Running] | None:
-    """Return the fewest, lowest-class replicas on node i whose going makes room."""
+    """Return the fewest, lowest-class replicas on node i whose going makes room.
+
+    Known from an earlier trial of the same shape (``shape``: need, its source left out
+    where it asks no disk) while node i's room and its domains'
+    power have not changed since (what runs there changes only with its room).
+    """
+    key = (i, rank, shape, protect)
+    stamp = (state.node_ver[i], *(state.domain_ver[d] for d in state.node_domains[i]))
+    memo = state.victims_memo.get(key)
+    if memo is not None and memo[0] == stamp:
+        return memo[1]  # type: ignore[return-value]
+    found = _victims_now(state, i, rank, need, protect)
+    state.victims_memo[key] = (stamp, found)
+    return found
+
+
+def _victims_now(
+    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str]
+) -> list[Running] | None:
+    """Return the fewest, lowest-class replicas on node i whose going makes room, counted."""
     lower = [
         r
         for r in state.on_node[i]

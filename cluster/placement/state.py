@@ -181,6 +181,11 @@ class State:
         # Every node whose free room changed, in order (``_apply``): what a reason counted
         # over the cluster before need only be counted again on these (``misses``).
         self.changed: list[int] = []
+        # How often each node's room, and each domain's power, changed: a node's trial
+        # of victims holds while neither changed (``evicting``).
+        self.node_ver = [0] * len(nodes)
+        self.victims_memo: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
 
     def _index_cards(self, i: int, n: Node) -> None:
@@ -213,6 +218,7 @@ class State:
         ids = {key: j for j, key in enumerate(self.domain_names)}
         self.cap = [caps[key] for key in self.domain_names]
         self.used = [0.0] * len(self.cap)
+        self.domain_ver = [0] * len(self.cap)
         self.node_domains: list[tuple[int, ...]] = []
         self.domain_members: list[list[int]] = [[] for _ in self.cap]
         for i, n in enumerate(self.nodes):
@@ -256,6 +262,7 @@ class State:
         for h in holds:
             i = h.i
             self.changed.append(i)
+            self.node_ver[i] += 1
             for c in h.cards:
                 self._claim(i, c, sign)
                 for child in self.children[i].get(c, ()):
@@ -269,6 +276,7 @@ class State:
             self._fetch(i, h, sign)
             for d in self.node_domains[i]:
                 self.used[d] += sign * h.watts
+                self.domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""

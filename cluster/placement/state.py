@@ -184,6 +184,10 @@ class State:
         # How often each node's room, and each domain's power, changed: a node's trial
         # of victims holds while neither changed (``evicting``).
         self.node_ver = [0] * len(nodes)
+        # The nodes where a replica may fit that did not before (room given back, or a
+        # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
+        self.gained: list[int] = []
+        self.find_failed: dict[tuple[object, ...], int] = {}
         self.victims_memo: dict[tuple[object, ...], tuple[object, ...]] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
@@ -263,6 +267,15 @@ class State:
             i = h.i
             self.changed.append(i)
             self.node_ver[i] += 1
+            # Room given back; or a fetch begun, after which the node needs no more disk
+            # for its source; or cards taken where power counts: a replica's derived
+            # watts read the lowest free cards, which may now draw less.
+            if (
+                sign < 0
+                or (h.src and h.src not in self.holds[i])
+                or (h.cards and self.node_domains[i])
+            ):
+                self.gained.append(i)
             for c in h.cards:
                 self._claim(i, c, sign)
                 for child in self.children[i].get(c, ()):
@@ -409,6 +422,13 @@ class State:
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 
+    def walk_among(self, need: Need, among: set[int]) -> list[int]:
+        """Return the nodes of ``among`` that ``walk`` would yield, in its order."""
+        if not need.g:
+            return sorted(among, key=lambda i: (self._cpu_key(i), i))
+        keyed = [(len(self.free[i].get(need.cls, ())), i) for i in among]
+        return [i for k, i in sorted(keyed) if k >= need.g]
+
     def spread(self, model: str, i: int) -> tuple[int, int]:
         """Return how many replicas of a model node i would share with: on the node, then
         in its rack (where it carries ``llmgw.io/rack``)."""
@@ -476,10 +496,11 @@ class State:
             self._apply([holds[-1]], 1)
         return tuple(out)
 
-    def dirty_since(self, pos: int) -> set[int]:
-        """Return the nodes whose room may have changed since the change log stood at pos:
-        those changed, and every node sharing a power domain with one (its power did)."""
-        dirty = set(self.changed[pos:])
+    def dirty_since(self, pos: int, log: list[int] | None = None) -> set[int]:
+        """Return the nodes whose room may have changed since a log (``changed``, or
+        ``gained``) stood at pos: those in it, and every node sharing a power domain
+        with one (its power did)."""
+        dirty = set((self.changed if log is None else log)[pos:])
         for i in list(dirty):
             for d in self.node_domains[i]:
                 dirty.update(self.domain_members[d])

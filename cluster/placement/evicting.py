@@ -32,6 +32,7 @@ def evict_for(
     # that fit as they are.
     # The weights count only for the disk: without it, one trial serves every source.
     shape = need if need.disk or not need.src else replace(need, src="")
+    memo = state.victims_memo.setdefault((shape, rank, protect), {})
     # A node too small even emptied is passed over (``_could_fit``, known per shape).
     pool = elig & _could(state, need)
     if need.n == 1:
@@ -42,7 +43,7 @@ def evict_for(
         if state.fits(i, need):
             options.append(((0, 0, i not in holders, i), i, []))
             continue
-        victims = _victims(state, i, rank, need, protect, shape)
+        victims = _victims(state, i, rank, need, protect, memo)
         if victims is not None:
             top = max(v.class_rank for v in victims)
             options.append(((top, len(victims), i not in holders, i), i, victims))
@@ -95,21 +96,26 @@ def _could(state: State, need: Need) -> frozenset[int]:
 
 
 def _victims(
-    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str], shape: Need
+    state: State,
+    i: int,
+    rank: int,
+    need: Need,
+    protect: frozenset[int | str],
+    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
 ) -> list[Running] | None:
     """Return the fewest, lowest-class replicas on node i whose going makes room.
 
-    Known from an earlier trial of the same shape (``shape``: need, its source left out
-    where it asks no disk) while node i's room and its domains'
-    power have not changed since (what runs there changes only with its room).
+    Known from an earlier trial of the same shape (``memo``, one per need with its
+    source left out where it asks no disk, rank and protected replicas) while node
+    i's room and its domains' power have not changed since (what runs there changes
+    only with its room).
     """
-    key = (i, rank, shape, protect)
-    stamp = (state.node_ver[i], *(state.domain_ver[d] for d in state.node_domains[i]))
-    memo = state.victims_memo.get(key)
-    if memo is not None and memo[0] == stamp:
-        return memo[1]  # type: ignore[return-value]
+    stamp = (state.node_ver[i], *[state.domain_ver[d] for d in state.node_domains[i]])
+    known = memo.get(i)
+    if known is not None and known[0] == stamp:
+        return known[1]
     found = _victims_now(state, i, rank, need, protect)
-    state.victims_memo[key] = (stamp, found)
+    memo[i] = (stamp, found)
     return found
 
 

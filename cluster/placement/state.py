@@ -188,7 +188,7 @@ class State:
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
-        self.victims_memo: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self.victims_memo: dict[tuple[object, ...], dict] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
 

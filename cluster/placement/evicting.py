@@ -34,21 +34,43 @@ def evict_for(
     shape = need if need.disk or not need.src else replace(need, src="")
     memo = state.victims_memo.setdefault((shape, rank, protect), {})
     # A node too small even emptied is passed over (``_could_fit``, known per shape).
-    pool = elig & _could(state, need)
-    if need.n == 1:
-        pool = state.evictable_among(pool, rank)
-    # Holders first, so the first node where one opportunistic replica makes room is
-    # the best there is, and the search of a full cluster can stop there.
-    for i in [*sorted(holders & pool), *sorted(pool - holders)]:
-        if state.fits(i, need):
-            options.append(((0, 0, i not in holders, i), i, []))
-            continue
-        victims = _victims(state, i, rank, need, protect, memo)
-        if victims is not None:
-            top = max(v.class_rank for v in victims)
-            options.append(((top, len(victims), i not in holders, i), i, victims))
-            if need.n == 1 and top == 1 and len(victims) == 1:
-                break
+    could = _could(state, need)
+    key = (shape, rank, protect, elig)
+    kept = state.options.get(key) if need.n == 1 else None
+    if kept is not None:
+        # Every node's room was counted for this shape before: count it again only
+        # where it changed since.
+        table, pos = kept
+        dirty = state.dirty_since(pos) & elig
+        fresh = state.evictable_among(dirty & could, rank)
+        for i in dirty - fresh:
+            table.pop(i, None)
+        for i in fresh:
+            option = _option(state, i, rank, need, protect, memo)
+            if option is None:
+                table.pop(i, None)
+            else:
+                table[i] = option
+        state.options[key] = (table, len(state.changed))
+        options = [((t, k, i not in holders, i), i, v) for i, (t, k, v) in table.items()]
+    else:
+        pool = elig & could
+        if need.n == 1:
+            pool = state.evictable_among(pool, rank)
+        whole = True
+        # Holders first, so the first node where one opportunistic replica makes room
+        # is the best there is, and the search of a full cluster can stop there.
+        for i in [*sorted(holders & pool), *sorted(pool - holders)]:
+            option = _option(state, i, rank, need, protect, memo)
+            if option is not None:
+                top, count, victims = option
+                options.append(((top, count, i not in holders, i), i, victims))
+                if need.n == 1 and top == 1 and count == 1:
+                    whole = False
+                    break
+        if need.n == 1 and whole:
+            table = {i: (c[0], c[1], v) for c, i, v in options}
+            state.options[key] = (table, len(state.changed))
     if need.n == 1:
         for _, i, victims in sorted(options, key=lambda o: o[0]):
             for v in victims:
@@ -93,6 +115,24 @@ def _could(state: State, need: Need) -> frozenset[int]:
         found = frozenset(i for i in range(len(state.nodes)) if _could_fit(state, i, need))
         state.could_memo[key] = found
     return found
+
+
+def _option(
+    state: State,
+    i: int,
+    rank: int,
+    need: Need,
+    protect: frozenset[int | str],
+    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
+) -> tuple[int, int, list[Running]] | None:
+    """Return what making room on node i costs (the highest class evicted, how many) and
+    whom it evicts, or None where it cannot be made."""
+    if state.fits(i, need):
+        return 0, 0, []
+    victims = _victims(state, i, rank, need, protect, memo)
+    if victims is None:
+        return None
+    return max(v.class_rank for v in victims), len(victims), victims
 
 
 def _victims(

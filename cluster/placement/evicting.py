@@ -36,13 +36,15 @@ def evict_for(
     # A node too small even emptied is passed over (``_could_fit``, known per shape).
     could = _could(state, need)
     key = (shape, rank, protect, elig)
-    kept = state.options.get(key) if need.n == 1 else None
+    kept = state.options.get(key)
     if kept is not None:
         # Every node's room was counted for this shape before: count it again only
         # where it changed since.
         table, pos = kept
         dirty = state.dirty_since(pos) & elig
-        fresh = state.evictable_among(dirty & could, rank)
+        fresh = dirty & could
+        if need.n == 1:
+            fresh = state.evictable_among(fresh, rank)
         for i in dirty - fresh:
             table.pop(i, None)
         for i in fresh:
@@ -68,7 +70,7 @@ def evict_for(
                 if need.n == 1 and top == 1 and count == 1:
                     whole = False
                     break
-        if need.n == 1 and whole:
+        if whole:
             table = {i: (c[0], c[1], v) for c, i, v in options}
             state.options[key] = (table, len(state.changed))
     if need.n == 1:

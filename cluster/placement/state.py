@@ -190,7 +190,7 @@ class State:
         self.find_failed: dict[tuple[object, ...], int] = {}
         self.victims_memo: dict[tuple[object, ...], dict] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
-        # Per shape of a one-node replica whose every node was counted: each node's
+        # Per shape of a replica whose every node was counted: each node's
         # cheapest room (``evicting``), and the length of ``changed`` then.
         self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
         self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}

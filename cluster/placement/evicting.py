@@ -74,6 +74,17 @@ def evict_for(
             table = {i: (c[0], c[1], v) for c, i, v in options}
             state.options[key] = (table, len(state.changed))
     if need.n == 1:
+        if not options:
+            return None
+        # The cheapest first, found without sorting them all: it holds but where the
+        # count did not, and then the rest are tried in order.
+        best = min(options, key=lambda o: o[0])
+        for v in best[2]:
+            state.release(v)
+        if state.fits(best[1], need):
+            return [best[1]], best[2]
+        for v in best[2]:
+            state.reclaim(v)
         for _, i, victims in sorted(options, key=lambda o: o[0]):
             for v in victims:
                 state.release(v)

@@ -5,6 +5,8 @@ that refuses control characters made ``reverse`` fail with the ``path`` converte
 
 from __future__ import annotations
 
+import re
+
 from django.urls import register_converter
 
 
@@ -21,3 +23,15 @@ class CatalogName:
 
 
 register_converter(CatalogName, "name")
+
+
+def lookup_regex(*actions: str) -> str:
+    """Return an API viewset's ``lookup_value_regex`` matching any name, ``/`` included.
+
+    A router puts an object's route before its actions' (``models/<name>/changes/``), so
+    a name with a slash may not end in an action's word: the name grammar refuses such a
+    name (``catalog.rules.names.ROUTE_WORDS``), and the action's route is reached. Parts
+    are not empty (the grammar refuses ``//``).
+    """
+    words = "|".join(re.escape(a) for a in actions)
+    return rf"(?:[^/]+/)+(?!(?:{words})(?:/|$))[^/]+|[^/]+"

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from catalog.rules.names import bad_character
+from catalog.rules.names import bad_character, name_problem, shown
 from cluster import wake
 from cluster.address import check_allowed
 from cluster.agentinput import AgentError, apply_inventory, read_inventory
@@ -64,8 +64,13 @@ def join(
             f"name holds {bad}: a node's name is one line of visible text (pages, logs and "
             "metrics show it); join under a name of letters, digits and . _ -"
         )
-    fields = read_inventory(inventory)
     name = name.strip()
+    if why := name_problem(name):
+        raise AgentError(
+            f'node name "{shown(name)}" {why} (node names follow the catalog\'s name '
+            "grammar: docs/cluster.md)"
+        )
+    fields = read_inventory(inventory)
     node = Node.objects.select_for_update().filter(name__iexact=name).first()
     if node is not None and node.name != name:
         raise AgentError(

@@ -69,6 +69,8 @@ from gateway import dialect as dialects
 from gateway.adapters import Placer
 from gateway.admission import Admission
 from gateway.affinity import Sessions
+from gateway.batch import routes as batch_routes
+from gateway.batch import token as batch_token
 from gateway.cycle import (
     CLIENT_GONE,
     ClientStalled,
@@ -240,6 +242,9 @@ class Gateway:
         key = cycle.key = await self._key_now(scope, table)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await listing.answer(cycle, method, path, table, key, self.options.now())
+            return
+        if batch_routes.serves(path):  # the Files and Batch APIs (gateway.batch)
+            await batch_routes.route(self, cycle, scope, receive, path, method)
             return
         if cycle.dialect is not None and cycle.dialect.name == reranking.RERANK:
             await reranking.route(self, cycle, scope, receive, path, method)
@@ -482,9 +487,12 @@ def affinity_key(key: Key, session: str) -> str:
 
 def _key(scope: Scope, table: Table) -> Key:
     secret = bearer(scope)
-    if not secret or not secret.startswith(KEY_PREFIX):
+    if secret and secret.startswith(batch_token.PREFIX):  # a batch's line (gateway.batch)
+        key = batch_token.key_of(secret, table.keys)
+    elif not secret or not secret.startswith(KEY_PREFIX):
         raise errors.bad_key()
-    key = table.keys.get(digest(secret))
+    else:
+        key = table.keys.get(digest(secret))
     if key is None or key.expired(time.time()):
         raise errors.bad_key()
     return key

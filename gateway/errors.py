@@ -166,7 +166,8 @@ def not_found(path: str | None = None) -> ApiError:
     return ApiError(
         404,
         f"Unknown path {path}: the gateway serves /v1/models, /v1/chat/completions, "
-        "/v1/completions and /v1/embeddings.",
+        "/v1/completions, /v1/embeddings, /v1/responses, /v1/messages, the rerank API, "
+        "/v1/files and /v1/batches.",
         code="not_found",
     )
 
@@ -509,3 +510,25 @@ def store_unavailable(why: str) -> ApiError:
         "whole conversation as input without previous_response_id.",
         retry_after=2, code="store_unavailable",
     )  # fmt: skip
+
+
+def file_not_found(file_id: str) -> ApiError:
+    return ApiError(
+        404, f"No file {file_id} for this key's owner: it was never uploaded, was deleted, "
+        "or is older than LLMGW_FILES_KEEP days.", param="file_id", code="file_not_found",
+    )  # fmt: skip
+
+
+def batch_not_found(batch_id: str) -> ApiError:
+    return ApiError(404, f"No batch {batch_id} for this key's owner.", param="batch_id",
+                    code="batch_not_found")  # fmt: skip
+
+
+def invalid_file(message: str) -> ApiError:
+    """A batch input file whose lines are refused (the message names each bad line)."""
+    return ApiError(400, message, param="file", code="invalid_file")
+
+
+def batch_store_away(where: str, why: str) -> ApiError:
+    return unavailable(f"The batch store ({where}) cannot be reached now: {why}. Try again "
+                       "shortly.", 5, code="store_unavailable")  # fmt: skip

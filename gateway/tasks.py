@@ -25,3 +25,27 @@ def roll_history() -> int:
 def prune_responses() -> int:
     """Delete stored responses older than ``LLMGW_RESPONSES_KEEP`` days; return how many."""
     return stored.prune()
+
+
+# A batch's run lasts at most its window (24 h) and one line's timeout: not held to
+# LLMGW_TASK_TIME_LIMIT; a worker lost mid-run is resumed by the next call.
+BATCH_TIME_LIMIT_S = 26 * 3600
+
+
+@shared_task(ignore_result=True, time_limit=BATCH_TIME_LIMIT_S)
+def run_batches() -> int:
+    """Run (or resume) the oldest batch not ended that no other runner holds
+    (``gateway.batch.runner``)."""
+    from gateway.batch import runner
+
+    return runner.run_next()
+
+
+@shared_task(ignore_result=True)
+def prune_files() -> int:
+    """Delete files and ended batches older than ``LLMGW_FILES_KEEP`` days."""
+    from django.conf import settings
+
+    from gateway.batch import store
+
+    return store.prune(settings.LLMGW_FILES_KEEP)

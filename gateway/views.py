@@ -378,3 +378,38 @@ def chat_state(request: HttpRequest) -> HttpResponse:
         .order_by("pk")
     ]
     return JsonResponse({"model": base, "replicas": replicas})
+
+
+@role_required(VIEWER)
+@require_GET
+def batch_list(request: HttpRequest) -> HttpResponse:
+    """Every owner's batches (the Batch API's), newest first: progress, lines a second,
+    errors; an operator may cancel one (what finished is kept)."""
+    import time
+    from datetime import UTC
+
+    from gateway.batch import status, store
+
+    now = time.time()
+    rows = [{"batch": b, "created": datetime.fromtimestamp(b["created_at"], tz=UTC),
+             **status.progress(b, now)} for b in store.list_batches(None)]  # fmt: skip
+    return render(request, "gateway/batches.html", {
+        "rows": rows, "running": any(not r["ended"] for r in rows),
+        "keep": settings.LLMGW_FILES_KEEP,
+    })  # fmt: skip
+
+
+@role_required(OPERATOR)
+@require_POST
+def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
+    """Cancel a batch: the runner stops sending its lines; what finished is kept."""
+    from gateway.batch import routes
+
+    batch = routes.cancel(None, batch_id)
+    if batch is None:
+        messages.error(request, f"No batch {batch_id}.")
+    elif batch["status"] in ("cancelling", "cancelled"):
+        messages.success(request, f"Batch {batch_id} is {batch['status']}: what finished is kept.")
+    else:
+        messages.info(request, f"Batch {batch_id} is {batch['status']}: it cannot be cancelled.")
+    return redirect("gateway:batch_list")

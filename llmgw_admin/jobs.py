@@ -57,6 +57,8 @@ JOBS: tuple[Job, ...] = (
         "gateway.tasks.prune_responses",
         "LLMGW_RESPONSES_PRUNE_INTERVAL",
     ),
+    Job("run-batches", "gateway.tasks.run_batches", "LLMGW_BATCH_INTERVAL"),
+    Job("prune-batch-files", "gateway.tasks.prune_files", "LLMGW_FILES_PRUNE_INTERVAL"),
     Job("roll-gateway-history", "gateway.tasks.roll_history", "LLMGW_HISTORY_ROLL_INTERVAL"),
     Job("check-for-updates", "updates.tasks.check_for_updates", "LLMGW_UPDATE_CHECK_EVERY"),
 )

@@ -210,6 +210,31 @@ if LLMGW_RESPONSES_KEEP < 1:
         f"LLMGW_RESPONSES_KEEP is {LLMGW_RESPONSES_KEEP}: write 1 or more days"
     )
 LLMGW_RESPONSES_PRUNE_INTERVAL = envint("RESPONSES_PRUNE_INTERVAL", 3600)
+# The Files and Batch APIs (gateway/batch): files and batches kept under LLMGW_FILES_DIR (a
+# folder every web and worker process reaches), an upload at most LLMGW_FILES_MAX_BYTES and
+# LLMGW_FILES_MAX_LINES lines, kept LLMGW_FILES_KEEP days (the job that deletes older ones
+# runs every LLMGW_FILES_PRUNE_INTERVAL seconds). The runner looks for batches to run every
+# LLMGW_BATCH_INTERVAL seconds and sends LLMGW_BATCH_CONCURRENCY lines of a batch at once
+# to the gateway (LLMGW_GATEWAY_URL), each given LLMGW_BATCH_LINE_TIMEOUT seconds.
+LLMGW_FILES_DIR = Path(envstr("FILES_DIR") or DATA_DIR / "files")
+if not LLMGW_FILES_DIR.is_absolute():
+    LLMGW_FILES_DIR = BASE_DIR / LLMGW_FILES_DIR
+LLMGW_FILES_MAX_BYTES = envint("FILES_MAX_BYTES", 100 * 1024 * 1024)
+LLMGW_FILES_MAX_LINES = envint("FILES_MAX_LINES", 50000)
+LLMGW_FILES_KEEP = envint("FILES_KEEP", 30)
+for _name, _value in (("FILES_MAX_BYTES", LLMGW_FILES_MAX_BYTES),
+                      ("FILES_MAX_LINES", LLMGW_FILES_MAX_LINES), ("FILES_KEEP", LLMGW_FILES_KEEP)):  # fmt: skip
+    if _value < 1:
+        raise ImproperlyConfigured(f"LLMGW_{_name} is {_value}: write 1 or more")
+LLMGW_FILES_PRUNE_INTERVAL = envint("FILES_PRUNE_INTERVAL", 3600)
+LLMGW_BATCH_INTERVAL = envint("BATCH_INTERVAL", 5)
+LLMGW_BATCH_CONCURRENCY = envint("BATCH_CONCURRENCY", 4)
+LLMGW_BATCH_LINE_TIMEOUT = envint("BATCH_LINE_TIMEOUT", 600)
+if LLMGW_BATCH_INTERVAL < 1 or LLMGW_BATCH_CONCURRENCY < 1 or LLMGW_BATCH_LINE_TIMEOUT < 1:
+    raise ImproperlyConfigured(
+        "LLMGW_BATCH_INTERVAL, LLMGW_BATCH_CONCURRENCY and LLMGW_BATCH_LINE_TIMEOUT are "
+        "each 1 or more"
+    )
 # Traffic over time (gateway.history): minutes kept this many hours, then summed into
 # hours, kept this many days; the job that rolls them runs every this many seconds.
 LLMGW_HISTORY_MINUTE_HOURS = envint("HISTORY_MINUTE_HOURS", 24)
@@ -251,6 +276,8 @@ if LLMGW_UPDATE_CHECK_EVERY < 60:
 # ones the project carries, and the gateway its cases are sent through, as a client's
 # requests are (default: this machine's web process, on LLMGW_PORT).
 LLMGW_EVAL_DIR = envstr("EVAL_DIR")
+# Whether it was given: else ``manage.py serve`` makes it its own address.
+GATEWAY_URL_GIVEN = bool(envstr("GATEWAY_URL"))
 _GATEWAY_URL = envstr("GATEWAY_URL") or f"http://127.0.0.1:{envint('PORT', 8000)}"
 LLMGW_GATEWAY_URL = _GATEWAY_URL.rstrip("/")
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from django.urls import path
 
+import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
 from updates import api, flowapi
 
 node_patterns = [
-    path("mirror/models/<str:name>/", api.node_manifest, name="mirror-manifest"),
+    path("mirror/models/<name:name>/", api.node_manifest, name="mirror-manifest"),
     path("mirror/files/<int:pk>/<path:path>", api.node_file, name="mirror-file"),
     path("mirror/", api.mirror_holdings, name="mirror-holdings"),
     # The update flow's (updates.flowapi).
@@ -20,11 +21,11 @@ node_patterns = [
 ]
 
 catalog_patterns = [
-    path("models/<str:name>/update-check/", api.update_check, name="update-check"),
-    path("models/<str:name>/mirror/", api.model_fetches, name="model-fetches"),
+    path("models/<name:name>/update-check/", api.update_check, name="update-check"),
+    path("models/<name:name>/mirror/", api.model_fetches, name="model-fetches"),
     # The update flow's (updates.flowapi).
-    path("models/<str:name>/update/", flowapi.model_update, name="update"),
-    path("models/<str:name>/update/promote/", flowapi.model_promote, name="update-promote"),
-    path("models/<str:name>/update/cancel/", flowapi.model_cancel, name="update-cancel"),
-    path("models/<str:name>/update/rollback/", flowapi.model_rollback, name="update-rollback"),
+    path("models/<name:name>/update/", flowapi.model_update, name="update"),
+    path("models/<name:name>/update/promote/", flowapi.model_promote, name="update-promote"),
+    path("models/<name:name>/update/cancel/", flowapi.model_cancel, name="update-cancel"),
+    path("models/<name:name>/update/rollback/", flowapi.model_rollback, name="update-rollback"),
 ]

@@ -25,6 +25,7 @@ from catalog.api.serializers import (
     RefusedSerializer,
 )
 from catalog.choices import Surface
+from catalog.converters import lookup_regex
 from catalog.filtersets import ServedModelFilterSet, with_effective_class
 from catalog.models import ChangeRecord, ServedModel
 from catalog.problems import Problem
@@ -133,7 +134,8 @@ class ServedModelViewSet(
     serializer_class = CatalogModelReadSerializer
     filterset_class = ServedModelFilterSet
     lookup_field = "name"
-    lookup_value_regex = "[^/]+"
+    # Any name, org/model included; not one ending in /changes, that action's route.
+    lookup_value_regex = lookup_regex("changes")
     ordering_fields = ("name", "position", "updated")
     ordering = ("position", "id")
 

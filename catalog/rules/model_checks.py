@@ -18,7 +18,7 @@ from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GU
 from catalog.rules.environment import STRICT, Environment, key_file, url_problem
 from catalog.rules.found import Path, _Found, _label, _not_finite, _num
 from catalog.rules.helpers import on_demand, repository_page, valid_owner
-from catalog.rules.names import bad_character, shown
+from catalog.rules.names import bad_character, name_problem, shown
 from catalog.rules.normalize import normalize
 from catalog.rules.profile_checks import _check_profile
 from catalog.rules.schedule import _WEEKDAYS, clock
@@ -78,12 +78,20 @@ def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
 
 
 def _check_names(m: Model, out: _Found) -> None:
-    """Refuse a control or invisible character in every name a client or a page uses."""
-    named: list[tuple[Path, str, str]] = [(("name",), "name", m.name)]
+    """Refuse a name a client, a page or a URL cannot carry (``names.name_problem``; the
+    owner's is ``_check_fields``').
+
+    The external model is the provider's own id, sent only in a request body: it is held
+    to one line of visible characters.
+    """
+    named: list[tuple[Path, str, str]] = [(("name",), "name", m.name)] if m.name else []
     named += [(("aliases", j), "alias", a) for j, a in enumerate(m.aliases)]
-    named += [(("adapters", j, "name"), "adapter name", a.name) for j, a in enumerate(m.adapters)]
-    if m.external is not None:
-        named.append((("external", "model"), "external model", m.external.model))
+    named += [
+        (("adapters", j, "name"), "adapter name", a.name)
+        for j, a in enumerate(m.adapters)
+        # Loaded on demand, a path-like name is refused as a file's name on the node.
+        if not (m.max_loaded_adapters > 0 and _path_like(a.name))
+    ]
     for path, what, text in named:
         if bad := bad_character(text):
             out.add(
@@ -92,6 +100,50 @@ def _check_names(m: Model, out: _Found) -> None:
                 f'{what} "{shown(text)}" holds {bad}: a name is one line of visible '
                 "characters (it goes into URLs, headers and metrics); remove it",
             )
+        elif text and (why := name_problem(text)):
+            out.add(path, "bad_name", f'{what} "{text}" {why}')
+    _check_origin(m, out)
+    if m.external is not None and (bad := bad_character(m.external.model)):
+        out.add(
+            ("external", "model"),
+            "control_character",
+            f'external model "{shown(m.external.model)}" holds {bad}: a name is one line of '
+            "visible characters (it goes into URLs, headers and metrics); remove it",
+        )
+
+
+def _check_origin(m: Model, out: _Found) -> None:
+    """Refuse a control or invisible character in what the origin names: the repository,
+    the commit and each file's path go into the mirror's URLs and the update's pages."""
+    if m.origin is None:
+        return
+    texts: list[tuple[Path, str, str]] = [
+        (("origin", "repo"), "origin repository", m.origin.repo),
+        (("origin", "revision"), "origin revision", m.origin.revision),
+    ]
+    texts += [
+        (("origin", "files", i, "path"), "origin file", f.path)
+        for i, f in enumerate(m.origin.files)
+    ]
+    if (before := m.origin.previous) is not None:
+        texts.append((("origin", "previous", "source"), "previous source", before.source))
+        texts += [
+            (("origin", "previous", "files", i, "path"), "previous origin file", f.path)
+            for i, f in enumerate(before.files)
+        ]
+    for path, what, text in texts:
+        if bad := bad_character(text):
+            out.add(
+                path,
+                "control_character",
+                f'{what} "{shown(text)}" holds {bad}: a name or a path is one line of '
+                "visible characters (it goes into URLs and pages); remove it",
+            )
+
+
+def _path_like(name: str) -> bool:
+    """Return whether an adapter's name would be read as a path on the node."""
+    return "/" in name or "\\" in name or name in (".", "..")
 
 
 def _check_adapters(m: Model, out: _Found) -> None:
@@ -175,7 +227,7 @@ def _check_each_adapter(m: Model, out: _Found) -> None:
                 f"{who} has a negative scale: give a positive one, or 0 for 1",
             )
         # Loaded on demand, the name is a file's name on the node.
-        if m.max_loaded_adapters > 0 and ("/" in a.name or "\\" in a.name or a.name in (".", "..")):
+        if m.max_loaded_adapters > 0 and _path_like(a.name):
             out.add(
                 (*at, "name"),
                 "adapter_name_path",
@@ -261,6 +313,9 @@ def _check_fields(m: Model, out: _Found) -> None:
             f'owner "{m.owner}" is not org:ID, team:ID or project:ID: write one of '
             "those, or leave it empty for shared",
         )
+    elif m.owner and (why := name_problem(m.owner)):
+        # The owner's page is reached by its name (cluster:owner_detail).
+        out.add(("owner",), "bad_owner", f'owner "{m.owner}" {why}')
     if m.class_ and m.class_ not in CLASSES:
         out.add(
             ("class",),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+import catalog.converters  # noqa: F401  (registers <name:…>, any name the catalog holds)
 from cluster.api import status, views
 
 router = DefaultRouter()
@@ -19,9 +20,9 @@ router.register("actions", views.ClusterActionViewSet, basename="clusteraction")
 urlpatterns = [
     *router.urls,
     path("status/", status.cluster_status, name="cluster-status"),
-    path("models/<path:name>/roll/", views.roll_model, name="model-roll"),
-    path("models/<path:name>/demand/", views.demand_model, name="model-demand"),
-    path("models/<path:name>/bench/", views.bench_model, name="model-bench"),
+    path("models/<name:name>/roll/", views.roll_model, name="model-roll"),
+    path("models/<name:name>/demand/", views.demand_model, name="model-demand"),
+    path("models/<name:name>/bench/", views.bench_model, name="model-bench"),
     path("gpu-classes/", include("cluster.api.classes")),
 ]
 

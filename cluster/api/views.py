@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from catalog import rules
+from catalog.converters import lookup_regex
 from catalog.services import stored_specs
 from cluster import agentbeat, agentinput, agentjoin, agentreport, nodepage, services, tenancy
 from cluster.address import peer_address
@@ -90,7 +91,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
 
     serializer_class = NodeSerializer
     lookup_field = "name"
-    lookup_value_regex = "[^/]+"
+    # Any name, rack/1 included; not one ending in an action's word.
+    lookup_value_regex = lookup_regex("cordon", "uncordon", "release", "address", "drain")
     filterset_fields = ("health", "cordoned", "simulated")
 
     def get_queryset(self) -> QuerySet[Node]:

@@ -143,6 +143,12 @@ CASES: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = [
         _with(_external("openai"), ("external", "model"), "gpt\x1b[2J"),
         ("external", "model"),
     ),
+    # Names a URL or a browser reads as something else (the name grammar).
+    ("a ../ name", gpu_model("../etc"), ("name",)),
+    ("a name with a space", gpu_model("a b"), ("name",)),
+    ("a name ending in an action", gpu_model("org/edit"), ("name",)),
+    ("an alias with //", gpu_model("bad", aliases=["org//x"]), ("aliases", 0)),
+    ("an owner with a line break", _with(gpu_model("bad"), ("owner",), "org:a\nb"), ("owner",)),
     # ... and a judge, which answers no client, as a fallback.
     (
         "judge as a fallback",

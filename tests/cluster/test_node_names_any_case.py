@@ -74,3 +74,22 @@ def test_the_migration_names_existing_duplicates_and_stops() -> None:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
     assert list(Node.objects.values_list("name", flat=True)) == ["dup-node"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("../etc", '".."'), ("a b", "space"), ("rack\x1b1", "control character"),
+     ("rack/1/drain", "/drain"), ("/rack", "starts or ends with /")],
+)  # fmt: skip
+def test_a_node_name_outside_the_name_grammar_is_refused_at_join(name: str, reason: str) -> None:
+    r = _join(name)
+    assert r.status_code == 400, r.content
+    assert reason in r.json()["detail"], r.json()
+    assert not Node.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_node_named_with_a_slash_joins() -> None:
+    assert _join("rack/1").status_code == 201
+    assert list(Node.objects.values_list("name", flat=True)) == ["rack/1"]

@@ -229,3 +229,16 @@ def test_the_api_shows_a_model_s_fetches_and_what_the_mirror_holds(
     assert c.get("/api/v1/catalog/models/nope/mirror/").status_code == 404
     c.force_login(outsider)
     assert c.get("/api/v1/updates/mirror/").status_code == 403
+
+
+def test_a_node_reads_the_manifest_of_a_model_named_with_a_slash(hub: HubStandIn) -> None:
+    # The agent writes the name percent-encoded (agent.mirror): org%2Fchat.
+    from urllib.parse import quote
+
+    hub.commit("org/chat", {"model.safetensors": WEIGHTS})
+    store(gpu_model("team/chat", source="org/chat"))
+    node, token = join_node("n0")
+    _place("team/chat", node)
+    url = f"/api/v1/updates/mirror/models/{quote('team/chat', safe='')}/"
+    assert _node_client(token).get(url).status_code == 202
+    assert Fetch.objects.count() == 1

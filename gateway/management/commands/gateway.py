@@ -5,6 +5,7 @@ manage.py gateway key create NAME [--owner O] [--model M ...] [--expires DURATIO
                                   [--rpm N] [--tpm N] [--priority high|normal|low]
 manage.py gateway key list
 manage.py gateway key revoke NAME
+manage.py gateway batch list|show ID|cancel ID
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def parse_expiry(text: str) -> timedelta:
 
 
 class Command(BaseCommand):
-    help = "Gateway: serve alone; key create|list|revoke."
+    help = "Gateway: serve alone; key create|list|revoke; batch list|show|cancel."
 
     def add_arguments(self, parser: Any) -> None:
         parser.allow_abbrev = False
@@ -76,10 +77,18 @@ class Command(BaseCommand):
             "revoke", help="revoke a key (every gateway refuses it within a second)"
         )
         revoke.add_argument("name")
+        batch = sub.add_parser("batch", help="batches (the Batch API's), every owner's")
+        bsub = batch.add_subparsers(dest="batch_action", required=True)
+        bsub.add_parser("list", help="every batch, newest first")
+        bsub.add_parser("show", help="a batch, whole (JSON)").add_argument("id")
+        bsub.add_parser("cancel", help="cancel a batch (what finished is kept)").add_argument("id")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["action"] == "serve":
             self._serve(opts["bind"], opts["port"])
+            return
+        if opts["action"] == "batch":
+            self._batch(opts["batch_action"], opts.get("id"))
             return
         action = opts["key_action"]
         if action == "create":
@@ -115,6 +124,34 @@ class Command(BaseCommand):
             except services.KeyRefused as error:
                 raise CommandError(str(error)) from None
             self.stdout.write(f"revoked {opts['name']}")
+
+    def _batch(self, action: str, batch_id: str | None) -> None:
+        import json
+        from datetime import UTC, datetime
+
+        from gateway.batch import routes, store
+
+        if action == "list":
+            for b in store.list_batches(None):
+                counts = b["request_counts"]
+                made = datetime.fromtimestamp(b["created_at"], UTC).isoformat()
+                self.stdout.write(
+                    f"{b['id']}\t{b['status']}\t{b['owner']}\t{b['key']}\t{b['endpoint']}\t"
+                    f"{counts['completed']}+{counts['failed']} failed/{counts['total']}\t{made}"
+                )
+            return
+        assert batch_id is not None
+        if store.get_batch(None, batch_id) is None:
+            raise CommandError(f"no batch {batch_id} (manage.py gateway batch list)")
+        if action == "show":
+            self.stdout.write(json.dumps(store.get_batch(None, batch_id), indent=2))
+            return
+        batch = routes.cancel(None, batch_id)
+        assert batch is not None
+        if batch["status"] not in ("cancelling", "cancelled"):
+            raise CommandError(f"batch {batch_id} is {batch['status']}: it cannot be cancelled")
+        self.stdout.write(f"{batch_id} {batch['status']}: the runner stops it, what finished "
+                          "is kept")  # fmt: skip
 
     def _serve(self, bind: str, port: int) -> None:
         from django.conf import settings

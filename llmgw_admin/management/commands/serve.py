@@ -62,6 +62,13 @@ class Command(BaseCommand):
                 self.stdout.write("evaluations left running by the last stop marked failed")
             # Embedded: no worker or beat, so the periodic jobs run in this process, from
             # the table beat's schedule is built from.
+            if not settings.GATEWAY_URL_GIVEN:
+                # The jobs that send requests through the gateway (a batch's lines, the
+                # eval gate) send them to this process.
+                host = options["bind"] if options["bind"] not in ("0.0.0.0", "::", "") \
+                    else "127.0.0.1"  # fmt: skip
+                host = f"[{host}]" if ":" in host else host
+                settings.LLMGW_GATEWAY_URL = f"http://{host}:{options['port']}"
             jobs.start_embedded(settings)
             self.stdout.write(
                 f"reconciling in-process every {float(settings.LLMGW_RECONCILE_INTERVAL):g} s"

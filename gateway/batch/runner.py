@@ -1,0 +1,239 @@
+"""The batch runner: each line of a batch sent over HTTP to the gateway itself
+(``LLMGW_GATEWAY_URL``), as the key that made the batch, in the lowest admission band
+(``gateway.batch.token``): the key's scope, budgets, owner quota, admission, routing,
+fallbacks and the guard apply to each line exactly as to a live request.
+
+A line held back (429: the batch band waits while the model is past its slo, or a budget
+is spent; 503: no replica yet) waits as it was told (``Retry-After``) and goes again, until
+the batch is cancelled or its window ends. Any other answer is the line's result: 200 in
+the output file, anything else in the error file with the gateway's status and body (a
+guard's refusal names its judge and category there).
+
+Each result is written to the batch's journal and flushed before it is counted
+(``store.Journal``); a runner that starts a batch takes its OS lock first, so two never
+run one batch, and one killed mid-batch lets the lock go: the next run reads the journal
+and sends only the lines not in it. At the end the output and error files are written from
+the journal in line order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from django.conf import settings
+
+from gateway.batch import lines, status, store, token
+
+log = logging.getLogger("gateway.batch")
+
+# The longest a held-back line waits before it goes again (it may be told longer).
+MOST_WAIT = 30.0
+# How often the runner looks at the batch (a cancel, the window's end) while lines run.
+LOOK = 0.5
+
+
+class Unreachable(Exception):
+    """The gateway could not be reached: the line is not recorded, the run stops."""
+
+
+def run_next() -> int:
+    """Run the oldest batch not ended that no other runner holds, to its end; return how
+    many ran (0 or 1). One a call: a run lasts at most the batch's window (and one line's
+    timeout), and each next call (every ``LLMGW_BATCH_INTERVAL``, on any worker) takes up
+    another batch beside it."""
+    for batch in reversed(store.list_batches(None)):
+        if batch["status"] in status.ENDED:
+            continue
+        with store.running(batch["id"]) as mine:
+            if mine:
+                try:
+                    run(batch["id"])
+                except Unreachable as error:
+                    log.warning("batch %s paused: %s", batch["id"], error)
+                return 1
+    return 0
+
+
+def _fail(batch_id: str, problems: list[tuple[int | None, str]], code: str) -> None:
+    data = [{"code": code, "message": what, "param": None, "line": n} for n, what in problems]
+
+    def change(batch: dict[str, Any]) -> dict[str, Any]:
+        if batch["status"] != status.VALIDATING:
+            return batch
+        failed = status.move(batch, status.FAILED, int(time.time()))
+        failed["errors"] = {"object": "list", "data": data}
+        return failed
+
+    store.update(batch_id, change)
+
+
+def _lines(batch: dict[str, Any]) -> list[lines.Line] | None:
+    raw = store.file_content(batch["owner"], batch["input_file_id"])
+    if raw is None:
+        _fail(batch["id"], [(None, f"the input file {batch['input_file_id']} is gone")],
+              "file_not_found")  # fmt: skip
+        return None
+    try:
+        found = lines.check(raw, settings.LLMGW_FILES_MAX_LINES)
+        lines.for_endpoint(found, batch["endpoint"])
+    except lines.LinesError as error:
+        _fail(batch["id"], list(error.problems), "invalid_line")
+        return None
+    return found
+
+
+def run(batch_id: str) -> None:
+    """Run one batch to its end (or as far as it can go now), holding its lock."""
+    batch = store.get_batch(None, batch_id)
+    if batch is None or batch["status"] in status.ENDED:
+        return
+    found = _lines(batch)
+    if found is None:
+        return
+
+    def started(b: dict[str, Any]) -> dict[str, Any]:
+        b = dict(b, request_counts=dict(b["request_counts"], total=len(found)))
+        if b["status"] == status.VALIDATING:
+            b = status.move(b, status.IN_PROGRESS, int(time.time()))
+        return b
+
+    batch = store.update(batch_id, started)
+    done = store.journal(batch_id)
+    pending = [line for line in found if line.number not in done]
+    secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]))
+    stop = threading.Event()
+    journal = store.Journal(batch_id)
+    counts = {"completed": sum(1 for r in done.values() if r["ok"]),
+              "failed": sum(1 for r in done.values() if not r["ok"])}  # fmt: skip
+    unreachable: Exception | None = None
+    try:
+        with ThreadPoolExecutor(settings.LLMGW_BATCH_CONCURRENCY,
+                                thread_name_prefix="batch-line") as pool:  # fmt: skip
+            running: set[Future[dict[str, Any]]] = set()
+            queue = iter(pending)
+            more = True
+            while True:
+                batch = store.get_batch(None, batch_id) or batch
+                if batch["status"] == status.CANCELLING or time.time() >= batch["expires_at"]:
+                    stop.set()
+                while more and not stop.is_set() and unreachable is None \
+                        and len(running) < settings.LLMGW_BATCH_CONCURRENCY:  # fmt: skip
+                    line = next(queue, None)
+                    if line is None:
+                        more = False
+                        break
+                    running.add(pool.submit(send, secret, line, stop, batch["expires_at"]))
+                if not running:
+                    break
+                finished, running = wait(running, timeout=LOOK, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    try:
+                        record = future.result()
+                    except Unreachable as error:
+                        unreachable = error
+                        stop.set()
+                        continue
+                    if record is None:
+                        continue  # stopped before it had an answer: not run
+                    journal.write(record)
+                    counts["completed" if record["ok"] else "failed"] += 1
+                    store.update(batch_id, lambda b: dict(
+                        b, request_counts=dict(b["request_counts"], **counts)))  # fmt: skip
+    finally:
+        journal.close()
+    if unreachable is not None:
+        raise Unreachable(str(unreachable))
+    finish(batch_id)
+
+
+def send(secret: str, line: lines.Line, stop: threading.Event,
+         deadline: float) -> dict[str, Any] | None:  # fmt: skip
+    """The line's result (None: stopped before it had one)."""
+    url = settings.LLMGW_GATEWAY_URL + line.url
+    body = json.dumps(line.body, ensure_ascii=False).encode()
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+               "User-Agent": "llmgw-batch"}  # fmt: skip
+    line_id = "batch_req_" + secrets.token_hex(12)
+    while not stop.is_set():
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=settings.LLMGW_BATCH_LINE_TIMEOUT) as r:
+                code, raw, request_id = r.status, r.read(), r.headers.get("x-request-id", "")
+                retry = None
+        except urllib.error.HTTPError as error:
+            code, raw = error.code, error.read()
+            request_id = error.headers.get("x-request-id", "")
+            retry = error.headers.get("retry-after")
+        except TimeoutError:
+            error_ = {"code": "line_timeout", "message": "no answer within "
+                      f"{settings.LLMGW_BATCH_LINE_TIMEOUT} s (LLMGW_BATCH_LINE_TIMEOUT)"}  # fmt: skip
+            out = status.output_line(line_id, line.custom_id, None, None, error_)
+            return {"line": line.number, "ok": False, "out": out}
+        except (urllib.error.URLError, ConnectionError) as error:
+            raise Unreachable(f"{url}: {getattr(error, 'reason', error)}") from error
+        if code in (429, 503):
+            # Held back (the batch band while the model is past its slo, a budget, no
+            # replica yet): wait as told, then again; a cancel or the window ends it.
+            try:
+                pause = float(retry or 1)
+            except ValueError:
+                pause = 1.0
+            pause = max(0.1, min(pause, MOST_WAIT, deadline - time.time()))
+            if stop.wait(pause) or time.time() >= deadline:
+                return None
+            continue
+        try:
+            answer: Any = json.loads(raw)
+        except ValueError:
+            answer = raw.decode("utf-8", "replace")
+        out = status.output_line(line_id, line.custom_id, code, answer, None, request_id)
+        return {"line": line.number, "ok": code == 200, "out": out}
+    return None
+
+
+def finish(batch_id: str) -> dict[str, Any]:
+    """Write the output and error files from the journal, then end the batch: cancelled
+    when asked, expired past its window, else completed (every line answered)."""
+    batch = store.get_batch(None, batch_id)
+    assert batch is not None
+    done = store.journal(batch_id)
+    total = batch["request_counts"]["total"]
+    now = int(time.time())
+    cancelling = batch["status"] == status.CANCELLING
+    expired = not cancelling and len(done) < total and now >= batch["expires_at"]
+    if not cancelling and not expired and len(done) < total:
+        return batch  # not at its end yet (a later run goes on)
+    if not cancelling and not expired:
+        batch = store.update(batch_id, lambda b: status.move(b, status.FINALIZING, now)
+                             if b["status"] == status.IN_PROGRESS else b)  # fmt: skip
+    ordered = [done[n] for n in sorted(done)]
+    files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+    for field, ok, name in (("output_file_id", True, "output"), ("error_file_id", False, "error")):
+        chosen = [r["out"] for r in ordered if r["ok"] is ok]
+        if chosen:
+            data = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in chosen).encode()
+            meta = store.save_file(batch["owner"], f"{batch_id}_{name}.jsonl", "batch_output",
+                                   data)  # fmt: skip
+            files[field] = meta["id"]
+    counts = {"total": total, "completed": sum(1 for r in ordered if r["ok"]),
+              "failed": sum(1 for r in ordered if not r["ok"])}  # fmt: skip
+
+    def ended(b: dict[str, Any]) -> dict[str, Any]:
+        b = dict(b, request_counts=counts, **files)
+        if b["status"] == status.CANCELLING:
+            return status.move(b, status.CANCELLED, now)
+        if b["status"] == status.FINALIZING:
+            return status.move(b, status.COMPLETED, now)
+        if b["status"] in (status.IN_PROGRESS, status.VALIDATING):
+            return status.move(b, status.EXPIRED, now)
+        return b
+
+    return store.update(batch_id, ended)

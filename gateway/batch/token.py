@@ -1,0 +1,51 @@
+"""The credential a batch's lines are sent with:
+``llmgw-bt-<key digest>.<batch>.<until>.<mac>``.
+
+The runner holds no client secret: it sends each line as the key that made the batch,
+named by that key's digest and signed with the deployment's ``SECRET_KEY``. The gateway
+checks the signature and that ``until`` (the batch's window's end, a Unix time) has not
+passed (no query), takes the key from its table as a live request's key
+(revoked or expired: 401, out of scope: 404, its budgets and the guard as ever), and puts
+it in the lowest admission band, whatever band the key has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import time
+from typing import Any
+
+from django.conf import settings
+
+from gateway.admission import BANDS
+
+PREFIX = "llmgw-bt-"
+BAND = BANDS[-1]
+
+
+def _mac(key_digest: str, batch_id: str, until: int) -> str:
+    message = f"batch-line:{key_digest}.{batch_id}.{until}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+def make(key_digest: str, batch_id: str, until: int) -> str:
+    return f"{PREFIX}{key_digest}.{batch_id}.{until}.{_mac(key_digest, batch_id, until)}"
+
+
+def key_of(secret: str, keys: dict[str, Any], now: float | None = None) -> Any:
+    """The key a batch credential stands for, in the lowest band; None when it is not a
+    valid one, its batch's window is over, or the key is gone."""
+    parts = secret[len(PREFIX) :].split(".")
+    if len(parts) != 4 or not parts[2].isdigit():
+        return None
+    key_digest, batch_id, until, mac = parts
+    if not hmac.compare_digest(mac, _mac(key_digest, batch_id, int(until))):
+        return None
+    if int(until) < (time.time() if now is None else now):
+        return None
+    key = keys.get(key_digest)
+    if key is None:
+        return None
+    return dataclasses.replace(key, priority=BAND)

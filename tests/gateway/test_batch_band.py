@@ -1,0 +1,55 @@
+"""A batch's lines through the real gateway (``gateway.app``, uvicorn, the ``openai``
+client): sent with the batch credential of a high-band key, they are that key (its scope,
+its name) in the lowest band, held while the model is past its slo when the key itself
+is answered; a forged or revoked credential or one past its batch's window is refused 401."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from catalog import spec
+from gateway.admission import Admission, Counts
+from gateway.batch import token
+from gateway.models import digest
+from gateway.table import Key
+from tests.gateway.harness import Harness, model
+
+HIGH = "llmgw-ck-batch-high-key"
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    harness.keys[digest(HIGH)] = Key(3, "prod", "team:t", (), None, priority="high")
+    yield harness
+    harness.close()
+
+
+def ask(h: Harness, secret: str) -> str:
+    api = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=15)
+    answer = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    return answer.choices[0].message.content or ""
+
+
+def test_a_batch_line_is_its_key_in_the_lowest_band(h: Harness) -> None:
+    h.gateway.admission = Admission(window=3.0, queue=0.2, counts=Counts())
+    engine = h.engine("e", delay=0.6)  # 600 ms to the answer, slo 300 ms
+    h.serve([model("m", slo=spec.SLO(ttft_p99=300_000_000))], [(1, "m", engine)])
+    line = token.make(digest(HIGH), "batch_abc", int(time.time()) + 3600)
+    assert ask(h, line)  # the key's own scope: answered while the model is within its slo
+    assert ask(h, HIGH)  # now past the slo
+    with pytest.raises(openai.RateLimitError) as caught:
+        ask(h, line)  # past the slo: held as the low band, though its key is high
+    assert "'low' band" in caught.value.body["message"]  # type: ignore[index]
+    assert ask(h, HIGH)  # the key itself still answered
+    for forged in (
+        line[:-4] + "0000",
+        token.make(digest("llmgw-ck-gone"), "batch_abc", int(time.time()) + 3600),
+        token.make(digest(HIGH), "batch_abc", int(time.time()) - 1),
+    ):
+        with pytest.raises(openai.AuthenticationError):
+            ask(h, forged)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cluster.placement.data import Running
+from cluster.placement.data import LABEL_PREFIX, Running
 from cluster.placement.finding import find_multi
 from cluster.placement.state import EPSILON, Hold, Need, State
 
@@ -95,20 +95,7 @@ def evict_for(
                 state.reclaim(v)
         return None
     by_node = {i: (cost, victims) for cost, i, victims in options}
-    trials = []
-    for name, members in state.groups(need, sorted(by_node)).items():
-        if len(members) < need.n:
-            continue
-        cheapest = sorted(members, key=lambda i: by_node[i][0])[: need.n]
-        victims = {}
-        for i in cheapest:
-            for v in by_node[i][1]:
-                victims[v.id] = v
-        if not victims:
-            continue  # it would have fit without evicting; power stopped it
-        picked = [victims[k] for k in sorted(victims, key=str)]
-        cost = (max(v.class_rank for v in picked), len(picked), name)
-        trials.append((cost, cheapest, picked))
+    trials = _trials(state, need, (*key, need.src), by_node, elig)
     for _, cheapest, picked in sorted(trials, key=lambda t: t[0]):
         for v in picked:
             state.release(v)
@@ -128,6 +115,53 @@ def _could(state: State, need: Need) -> frozenset[int]:
         found = frozenset(i for i in range(len(state.nodes)) if _could_fit(state, i, need))
         state.could_memo[key] = found
     return found
+
+
+Trial = tuple[tuple[int, int, str], list[int], list[Running]]
+
+
+def _trials(
+    state: State,
+    need: Need,
+    key: tuple[object, ...],
+    by_node: dict[int, tuple[tuple[int, int, int, int], list[Running]]],
+    elig: frozenset[int],
+) -> list[Trial]:
+    """Return, per group of nodes a multi-node replica may take (its keep_within
+    domain), the cheapest nodes and whom evicting there evicts, with its cost.
+
+    Kept per shape: only the groups with a node whose room changed are counted again.
+    """
+    label = LABEL_PREFIX + need.level if need.level else ""
+
+    def trial(name: str, members: list[int]) -> Trial | None:
+        if len(members) < need.n:
+            return None
+        cheapest = sorted(members, key=lambda i: by_node[i][0])[: need.n]
+        victims = {}
+        for i in cheapest:
+            for v in by_node[i][1]:
+                victims[v.id] = v
+        if not victims:
+            return None  # it would have fit without evicting; power stopped it
+        picked = [victims[k] for k in sorted(victims, key=str)]
+        return (max(v.class_rank for v in picked), len(picked), name), cheapest, picked
+
+    kept = state.group_trials.get(key)
+    if kept is None:
+        found = {
+            name: trial(name, members)
+            for name, members in state.groups(need, sorted(by_node)).items()
+        }
+    else:
+        found, pos = kept
+        dirty = state.dirty_since(pos) & elig
+        names = {state.labels[i].get(label) for i in dirty} - {None, ""} if label else {""}
+        for name in names if dirty else ():
+            nodes = state.members(label, name) if label else sorted(by_node)
+            found[name] = trial(name, [i for i in nodes if i in by_node])
+    state.group_trials[key] = (found, len(state.changed))
+    return [t for t in found.values() if t is not None]
 
 
 def _option(

@@ -193,6 +193,8 @@ class State:
         # Per shape of a replica whose every node was counted: each node's
         # cheapest room (``evicting``), and the length of ``changed`` then.
         self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
+        # The same for a multi-node replica's groups of nodes (``evicting._trials``).
+        self.group_trials: dict[tuple[object, ...], tuple[dict, int]] = {}
         self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
 
     def _index_cards(self, i: int, n: Node) -> None:

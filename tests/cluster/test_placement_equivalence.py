@@ -41,7 +41,9 @@ def make_node(i: int, rng: random.Random, racks: int) -> Node:
     engines = {"vllm": rng.choice(["0.11.0", "0.10.2"]), "sim": "1"}
     cards: list[Card] = []
     if kind == 0:
-        cards = [Card(c, H100, 81559, 700) for c in range(rng.choice([2, 4, 8]))]
+        # Cards of one node drawing differently: a replica's derived watts read the
+        # lowest free cards, which change as others are taken.
+        cards = [Card(c, H100, 81559, rng.choice([300, 700])) for c in range(rng.choice([2, 4, 8]))]
         labels["gpu"] = "big"
     elif kind == 1:
         cards = [Card(c, A100, 81920, 400) for c in range(rng.choice([4, 8]))]

@@ -180,3 +180,27 @@ def test_a_packed_cluster_evicts_and_leaves_some_unplaced_as_the_reference_does(
     plan = place(nodes, domains, running, requests)
     assert plan.evictions and plan.unplaced and plan.placed
     same(plan, reference_place(nodes, domains, running, requests))
+
+
+def test_a_shape_that_drew_too_much_fits_once_a_hungrier_card_is_taken() -> None:
+    """Power derived from the lowest free card: once another replica takes a 700 W card,
+    the same shape reads the 100 W one and fits under the cap it was over before."""
+    nodes = [
+        Node(
+            "n1",
+            labels={"llmgw.io/rack": "r1"},
+            engines={"vllm": "0.11.0"},
+            cards=[Card(0, H100, 81559, 700), Card(1, H100, 81559, 100)],
+        )
+    ]
+    domains = [Domain("rack", "r1", 650)]
+    hungry = PlacementProfile("x", gpu_class=H100, gpus_per_node=1)
+    requests = [
+        Request("a/0", "a", (hungry,), 3),
+        Request("b/0", "b", (PlacementProfile("y", gpu_class=H100, power_watts=50),), 2, 1),
+        Request("c/0", "c", (PlacementProfile("z", gpu_class=H100, gpus_per_node=1),), 2, 0),
+    ]
+    plan = place(nodes, domains, [], requests)
+    assert [(p.key, p.assignments[0].cards) for p in plan.placed] == [("b/0", (0,)), ("c/0", (1,))]
+    assert [u.key for u in plan.unplaced] == ["a/0"]
+    same(plan, reference_place(nodes, domains, [], requests))

@@ -8,16 +8,23 @@ the API or ``manage.py gateway key create``, which show the secret once.
 Usage and the guard's refusal records: read-only, as every gateway process writes them
 (``gateway.usage``, ``gateway.refusals``); refusal records go by age alone
 (``LLMGW_GATEWAY_REFUSAL_DAYS``).
+
+Federated peers: operators add (checked as ``federation add`` checks) and delete (its
+models leave the catalog with it), through ``gateway.peers``, logged with who did it;
+viewers see each peer's state, last error and models.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from gateway import keys
-from gateway.models import ClientKey, Refusal, Usage
+from gateway import keys, peers
+from gateway.models import ClientKey, Peer, Refusal, Usage
 from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
 
@@ -85,3 +92,67 @@ class RefusalAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="categories")
     def categories_shown(self, obj: Refusal) -> str:
         return ", ".join(obj.categories) or "—"
+
+
+class PeerForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = Peer
+        fields = ("name", "url", "api_key_file")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.instance.pk is None:
+            found = peers.problems(
+                data.get("name", ""), data.get("url", ""), data.get("api_key_file", "")
+            )
+            for field, messages_ in found.items():
+                self.add_error(
+                    "api_key_file" if field == "key_file" else (field or None), messages_
+                )
+        return data
+
+    def validate_unique(self) -> None:
+        """The name's uniqueness is ``peers.problems``' to say, in its words."""
+
+
+@admin.register(Peer)
+class PeerAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """A federated llmgw cluster: added and removed here, its state read-only."""
+
+    form = PeerForm
+    list_display = ("name", "url", "state", "last_error", "models_shown", "refreshed")
+    search_fields = ("name", "url")
+    readonly_fields = ("state", "last_error", "models_shown", "refreshed", "created", "created_by")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None:  # a peer is removed and added again, never edited
+            return ("name", "url", "api_key_file", *self.readonly_fields)
+        return ()
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ("name", "url", "api_key_file")
+        return ("name", "url", "api_key_file", *self.readonly_fields)
+
+    @admin.display(description="models")
+    def models_shown(self, obj: Peer) -> str:
+        return ", ".join(f"{obj.name}/{m}" for m in obj.listed or []) or "-"
+
+    def save_model(self, request: HttpRequest, obj: Peer, form: Any, change: bool) -> None:
+        if change:
+            return
+        made = peers.add_peer(obj.name, obj.url, obj.api_key_file, user=request.user, via="admin")
+        obj.pk = made.pk
+
+    def delete_model(self, request: HttpRequest, obj: Peer) -> None:
+        self._remove(request, obj.name)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Peer]) -> None:
+        for peer in list(queryset):
+            self._remove(request, peer.name)
+
+    def _remove(self, request: HttpRequest, name: str) -> None:
+        try:
+            peers.remove_peer(name, user=request.user, via="admin")
+        except peers.PeerRefused as refused:
+            self.message_user(request, str(refused), messages.ERROR)

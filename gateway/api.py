@@ -1,7 +1,8 @@
 """The gateway's API: client keys under /api/v1/gateway/keys/ (viewers list and read,
 operators create, the secret in the answer the only time it is shown, and revoke); usage
 under /api/v1/gateway/usage/ and the guard's refusals under /api/v1/gateway/refusals/
-(viewers read)."""
+(viewers read); federated peers under /api/v1/gateway/peers/ (viewers list and read,
+operators add and remove: ``gateway.peers``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gateway import keys, services
+from gateway import keys, peers, services
 from gateway.filtersets import RefusalFilterSet
-from gateway.models import KEY_PREFIX, ClientKey, Refusal, Usage
+from gateway.models import KEY_PREFIX, ClientKey, Peer, Refusal, Usage
 from llmgw_core.api import shown_once
 from llmgw_core.roles import OPERATOR, VIEWER
 
@@ -234,3 +235,63 @@ class HistoryViewSet(viewsets.ViewSet):
             body["key" if d.get("key") else "owner"] = d.get("key") or d.get("owner")
         body["points"] = [p.as_dict() for p in points]
         return Response(body)
+
+
+class PeerSerializer(serializers.ModelSerializer[Peer]):
+    """A federated peer: its key file's name, never the key; ``models`` what it lists."""
+
+    key_file = serializers.CharField(source="api_key_file", max_length=500)
+    models = serializers.SerializerMethodField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Peer
+        fields = ("name", "url", "key_file", "state", "last_error", "models", "refreshed",
+                  "created", "created_by")  # fmt: skip
+        read_only_fields = ("state", "last_error", "refreshed", "created")
+        validators: list[Any] = []  # the name's uniqueness is the services' to say
+        extra_kwargs = {"name": {"validators": []}}
+
+    def get_models(self, obj: Peer) -> list[str]:
+        return [f"{obj.name}/{m}" for m in obj.listed or []]
+
+
+class PeerViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Federated llmgw clusters: their models appear here as NAME/MODEL."""
+
+    queryset = Peer.objects.select_related("created_by").order_by("name")
+    serializer_class = PeerSerializer
+    lookup_field = "name"
+    lookup_url_kwarg = "peer"  # a peer's name (lowercase, no /), not a model's
+    read_role = VIEWER
+    required_role = OPERATOR
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = PeerSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            peer = peers.add_peer(data["name"], data["url"], data["api_key_file"],
+                                  user=request.user, via=VIA)  # fmt: skip
+        except peers.PeerRefused as error:
+            raise serializers.ValidationError(
+                {
+                    ("key_file" if k == "key_file" else (k or "name")): v
+                    for k, v in error.errors.items()
+                }
+            ) from None
+        return Response(PeerSerializer(peer).data, status=201)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        peer = self.get_object()
+        try:
+            peers.remove_peer(peer.name, user=request.user, via=VIA)
+        except peers.PeerRefused as error:
+            raise serializers.ValidationError({"name": error.errors[""]}) from None
+        return Response(status=204)

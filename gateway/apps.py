@@ -13,7 +13,7 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         from catalog import timeouts
         from cluster import benchrun
-        from gateway import routing, services, traffic
+        from gateway import routing, services, signals, traffic
         from llmgw_core.events import Event, register
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
@@ -22,6 +22,8 @@ class GatewayConfig(AppConfig):
         # The capacity bench drives its replica through the gateway with a client key
         # pinned to it, made for the run and revoked after it.
         benchrun.use_pinned_keys(services.pinned_key)
+        # Federated peers refreshed beside the reconciler's tick (gateway.signals).
+        signals.connect()
 
         # The gateway's live event (llmgw_core.events; its renderers: gateway.live). Not
         # keys but figures: each gateway process's last second per model, sent by

@@ -53,6 +53,8 @@ class Cycle:
         # The client's x-session-id header, and the session the request names, scoped to
         # its key's owner (gateway.affinity; None: it names none).
         "session_header", "session",
+        # The federated cluster that answers (x-llmgw-peer).
+        "peer",
     )  # fmt: skip
 
     def __init__(self, send: Send, start_at: float | None = None) -> None:
@@ -77,6 +79,8 @@ class Cycle:
         self.engine_first_at: float | None = None
         self.model = ""
         self.replica: int | None = None
+        # The federated cluster that answers (a PEER/MODEL model's): x-llmgw-peer.
+        self.peer = ""
         self.tokens_in = 0
         self.tokens_out = 0
         # Of tokens_in, those the engine read from its prefix cache (its usage's
@@ -107,6 +111,8 @@ class Cycle:
         self.started = True
         self.status = status
         headers = [*headers, (b"x-request-id", self.request_id.encode())]
+        if self.peer:
+            headers.append((b"x-llmgw-peer", self.peer.encode()))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool = True, text: bool = True) -> None:

@@ -133,6 +133,21 @@ def switched_off(model: str, why: str) -> ApiError:
     )
 
 
+def peer_down(model: str, peer: str, why: str) -> ApiError:
+    """A model of a federated cluster whose breaker is open (docs/federation.md): refused
+    at once, never held, with no ``Retry-After`` and ``x-should-retry: false``."""
+    reason = f" ({_clean(why)})" if why else ""
+    return ApiError(
+        503,
+        f"The model '{model}' is offered by the federated cluster '{peer}', which is down"
+        f"{reason}: nothing is sent to it until it passes its probes again. Retrying now "
+        "will not help; use another model.",
+        type="server_error",
+        code="peer_down",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def content_filter(direction: str, judge: str, categories: list[str]) -> ApiError:
     named = ", ".join(categories) if categories else "unsafe"
     what = "request" if direction == "request" else "answer"

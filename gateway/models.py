@@ -260,3 +260,47 @@ class StoredResponse(db.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+def validate_peer_name(value: str) -> None:
+    from gateway.federation import name_problem
+
+    why = name_problem(value)
+    if why:
+        raise ValidationError(why, code="name")
+
+
+class Peer(db.Model):
+    """A federated llmgw cluster: its models appear here as NAME/MODEL (``gateway.peers``).
+
+    Its key is a client key of the peer's, kept in a file in ``LLMGW_SECRETS_DIR`` (as an
+    external provider's): the file's name is stored, never the key. ``state`` and the
+    figures after it are what the last refreshes found (``gateway.federation.probed``).
+    """
+
+    name = db.CharField(_("name"), max_length=63, unique=True, validators=[validate_peer_name])
+    url = db.CharField(_("url"), max_length=500,
+                       help_text=_("the peer's address, with or without /v1"))  # fmt: skip
+    api_key_file = db.CharField(
+        _("key file"), max_length=500,
+        help_text=_("a file in LLMGW_SECRETS_DIR holding a client key of the peer's"),
+    )  # fmt: skip
+    state = db.CharField(_("state"), max_length=10, default="up", editable=False)
+    last_error = db.TextField(_("last error"), blank=True, editable=False)
+    failures = db.JSONField(default=list, blank=True, editable=False)
+    tripped_at = db.FloatField(default=0.0, editable=False)
+    passes = db.IntegerField(default=0, editable=False)
+    listed = db.JSONField(_("models listed"), default=list, blank=True, editable=False)
+    refreshed = db.DateTimeField(_("refreshed"), null=True, blank=True, editable=False)
+    created = db.DateTimeField(_("added"), auto_now_add=True)
+    created_by = db.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=db.SET_NULL,
+        related_name="+", editable=False,
+    )  # fmt: skip
+
+    class Meta:
+        ordering = ("name",)
+        verbose_name = _("federated peer")
+
+    def __str__(self) -> str:
+        return self.name

@@ -123,8 +123,13 @@ class Routing:
                 if await gw.state.wait_for_pool(model.name, model_waits(model, gw.options).wake):
                     continue
             break
+        down = None
         for name in (n for n in chain if n in table.models and table.models[n].external):
             ext = table.models[name]
+            peer = table.peer_down(ext)
+            if peer:  # a federated cluster that is down: sent nothing (docs/federation.md)
+                down = down or (peer, table.down[peer])
+                continue
             if name != model.name:
                 gw.observer.fell_back(model.name, name)
             outcome = await self.attempt(cycle, ext.external.url.rstrip("/"), -1, ext,
@@ -134,6 +139,8 @@ class Routing:
             last = outcome
         if off and not last and table.pool(model.name) is None:
             raise errors.switched_off(cycle.req.model, off)
+        if down and not last:
+            raise errors.peer_down(cycle.req.model, *down)
         raise self._none_answered(cycle, last)
 
     async def _pinned(self, cycle: Cycle, replica: int) -> None:
@@ -317,6 +324,7 @@ class Routing:
         payload = _payload(cycle, target_model, served, engine)
         in_flight = self.gateway.in_flight
         cycle.model, cycle.replica = target_model.name, replica
+        cycle.peer = target_model.external.peer if external else ""
         in_flight[replica] = in_flight.get(replica, 0) + 1
         try:
             return await self._exchange(cycle, base + path, payload, headers, replica,

@@ -76,7 +76,7 @@ class Loader:
         from cluster.choices import NodeHealth, ReplicaState
         from cluster.models import Quota, Replica
         from cluster.services import no_room
-        from gateway.models import ClientKey
+        from gateway.models import ClientKey, Peer
 
         mark = (ChangeRecord.objects.aggregate(last=Max("id"))["last"], ServedModel.objects.count())
         now = time.monotonic()
@@ -121,12 +121,14 @@ class Loader:
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }
+        # Federated peers whose breaker is open (gateway.peers keeps it): one small query.
+        down = dict(Peer.objects.filter(state="tripped").values_list("name", "last_error"))
         inputs = (id(self._models), rows, tuple(sorted(keys.items())),
-                  tuple(sorted(unplaced.items())))  # fmt: skip
+                  tuple(sorted(unplaced.items())), tuple(sorted(down.items())))  # fmt: skip
         if self._table is not None and inputs == self._inputs:
             return self._table
         self._inputs = inputs
-        self._table = build(self._models, rows, keys, unplaced, self._created)
+        self._table = build(self._models, rows, keys, unplaced, self._created, down)
         return self._table
 
 

@@ -115,6 +115,9 @@ class Table:
     unplaced: dict[str, str] = field(default_factory=dict)
     # When each model was added to the catalog (Unix seconds), for /v1/models.
     added: dict[str, int] = field(default_factory=dict)
+    # Federated peers whose breaker is open, and why (docs/federation.md): their models
+    # are not listed and a request for one is refused at once.
+    down: dict[str, str] = field(default_factory=dict)
     built: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -132,12 +135,19 @@ class Table:
 
     def listed(self, key: Key, now: datetime) -> list[Entry]:
         """What ``GET /v1/models`` shows this key: every name it may use, in catalog order,
-        but for a model switched off (``switched_off``) that has no ready replica left."""
+        but for a model switched off (``switched_off``) that has no ready replica left and
+        a model of a federated peer that is down."""
         return [
             e for e in self.names.values()
             if key.may_name(e) and not (e.model.name not in self.pools
                                         and switched_off(e.model, now))
+            and not self.peer_down(e.model)
         ]  # fmt: skip
+
+    def peer_down(self, model: spec.Model) -> str | None:
+        """The peer offering ``model`` when that peer is down, else None."""
+        peer = model.external.peer if model.external is not None else ""
+        return peer if peer and peer in self.down else None
 
 
 def switched_off(m: spec.Model, now: datetime) -> str:
@@ -178,8 +188,9 @@ def build(
     keys: Mapping[str, Key],
     unplaced: Mapping[str, str] | None = None,
     added: Mapping[str, int] | None = None,
+    down: Mapping[str, str] | None = None,
 ) -> Table:
-    table = Table(keys=dict(keys), added=dict(added or {}))
+    table = Table(keys=dict(keys), added=dict(added or {}), down=dict(down or {}))
     for m in models:
         table.models[m.name] = m
         if m.role == ROLE_GUARD:

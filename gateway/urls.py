@@ -21,4 +21,7 @@ urlpatterns = [
     path("keys/create/", views.key_create, name="key_create"),
     path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/revoke/confirm/", views.key_revoke_confirm, name="key_revoke_confirm"),
+    path("peers/", views.peer_list, name="peer_list"),
+    path("peers/add/", views.peer_add, name="peer_add"),
+    path("peers/<str:peer>/remove/", views.peer_remove, name="peer_remove"),
 ]

@@ -413,3 +413,67 @@ def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     else:
         messages.info(request, f"Batch {batch_id} is {batch['status']}: it cannot be cancelled.")
     return redirect("gateway:batch_list")
+
+
+class PeerForm(forms.Form):
+    """A federated peer to add (``gateway.peers.add_peer`` checks it)."""
+
+    name = forms.CharField(max_length=63, help_text="lowercase letters, digits and '-': its "
+                           "models are NAME/MODEL")  # fmt: skip
+    url = forms.CharField(max_length=500, help_text="the peer's address, https://…")
+    key_file = forms.CharField(max_length=500, help_text="a file in LLMGW_SECRETS_DIR holding "
+                               "a client key of the peer's")  # fmt: skip
+
+
+def _peers_page(
+    request: HttpRequest, form: PeerForm | None = None, status: int = 200
+) -> HttpResponse:
+    from gateway.models import Peer
+
+    context = {"peers": Peer.objects.all(), "form": form or PeerForm()}
+    return render(request, "gateway/peers.html", context, status=status)
+
+
+@role_required(VIEWER)
+@require_GET
+def peer_list(request: HttpRequest) -> HttpResponse:
+    """Federated peers: their state, last error and models (docs/federation.md)."""
+    return _peers_page(request)
+
+
+@role_required(OPERATOR)
+@require_POST
+def peer_add(request: HttpRequest) -> HttpResponse:
+    from gateway import peers
+
+    form = PeerForm(request.POST)
+    if not form.is_valid():
+        return _peers_page(request, form=form, status=400)
+    data = form.cleaned_data
+    try:
+        peers.add_peer(data["name"], data["url"], data["key_file"], user=request.user, via=VIA)
+    except peers.PeerRefused as error:
+        for field, msgs in error.errors.items():
+            for message in msgs:
+                form.add_error(field if field in form.fields else None, message)
+        return _peers_page(request, form=form, status=400)
+    messages.success(
+        request, f"Added peer {data['name']}: its models appear within the next refresh."
+    )
+    return redirect("gateway:peer_list")
+
+
+@role_required(OPERATOR)
+@require_POST
+def peer_remove(request: HttpRequest, peer: str) -> HttpResponse:
+    """Remove a peer and its models (a peer's name, never a model's: lowercase, no /)."""
+    from gateway import peers
+
+    name = peer
+    try:
+        removed = peers.remove_peer(name, user=request.user, via=VIA)
+    except peers.PeerRefused as error:
+        messages.error(request, str(error))
+    else:
+        messages.success(request, f"Removed peer {name} and {len(removed)} models.")
+    return redirect("gateway:peer_list")

@@ -193,6 +193,21 @@ LLMGW_SCALE_DOWN_AFTER = envint("SCALE_DOWN_AFTER", 300)
 LLMGW_STOP_DRAIN = envint("STOP_DRAIN", 30)
 LLMGW_LOCAL_AGENT = envbool("LOCAL_AGENT", True)
 LLMGW_PROBE_INTERVAL = envint("PROBE_INTERVAL", 60)
+# Federation (docs/federation.md): each peer's /v1/models read this often (each read
+# waits at most FEDERATION_TIMEOUT seconds); its breaker trips after TRIP_ERRORS failed
+# reads within TRIP_WINDOW seconds and comes back after RECOVER_PROBES passed in a row
+# and at least DWELL seconds (LocalAI's figures).
+LLMGW_FEDERATION_REFRESH = envint("FEDERATION_REFRESH", 10)
+LLMGW_FEDERATION_TIMEOUT = envint("FEDERATION_TIMEOUT", 5)
+LLMGW_FEDERATION_TRIP_ERRORS = envint("FEDERATION_TRIP_ERRORS", 1)
+LLMGW_FEDERATION_TRIP_WINDOW = envint("FEDERATION_TRIP_WINDOW", 30)
+LLMGW_FEDERATION_RECOVER_PROBES = envint("FEDERATION_RECOVER_PROBES", 3)
+LLMGW_FEDERATION_DWELL = envint("FEDERATION_DWELL", 60)
+for _name in ("REFRESH", "TIMEOUT", "TRIP_ERRORS", "TRIP_WINDOW", "RECOVER_PROBES"):
+    if globals()[f"LLMGW_FEDERATION_{_name}"] < 1:
+        raise ImproperlyConfigured(f"LLMGW_FEDERATION_{_name} must be 1 or more")
+if LLMGW_FEDERATION_DWELL < 0:
+    raise ImproperlyConfigured("LLMGW_FEDERATION_DWELL must be 0 or more (seconds)")
 # The gateway's refusal records (gateway/refusals.py) are kept this many days; the job that
 # deletes older ones runs every LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL seconds.
 LLMGW_GATEWAY_REFUSAL_DAYS = envint("GATEWAY_REFUSAL_DAYS", 30)

@@ -27,6 +27,9 @@ from django.db import close_old_connections, connection
 log = logging.getLogger(__name__)
 
 FAILURE_LOG_EVERY = 60.0  # seconds between the one-line reports of writes failing in a row
+# The longest a stop waits for a write under way (its database call is bounded by the
+# connect and statement timeouts; this bounds a write that is stuck anyway).
+STOP_WAIT = 90.0
 
 
 class Batcher(ABC):
@@ -41,6 +44,7 @@ class Batcher(ABC):
         self.failures = 0  # writes failed in a row
         self._failure_logged = -float("inf")
         self.failure_log_every = FAILURE_LOG_EVERY
+        self.stop_wait = STOP_WAIT
 
     @abstractmethod
     def _take(self) -> Any | None:
@@ -85,7 +89,13 @@ class Batcher(ABC):
         thread = self._thread
         if thread is not None:
             self._stop.set()
-            thread.join()
+            thread.join(self.stop_wait)
+            if thread.is_alive():
+                # A write stuck past every bound: what it holds, and what gathered since,
+                # is not written; the process stops anyway.
+                log.error("%s: a write was still under way after %.0f s; stopping without "
+                          "writing the rest", self.what, self.stop_wait)  # fmt: skip
+                return
             self._thread = None
         try:
             self.flush()

@@ -139,6 +139,11 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
             "expires": UNTIL,
         },
     ),
+    (
+        "post",
+        "/api/v1/gateway/peers/",
+        {"name": "east", "url": "https://east.example", "key_file": "east"},
+    ),
     ("post", "/api/v1/cluster/models/chat/demand/", {}),
     ("post", "/api/v1/cluster/models/chat/roll/", {}),
     ("post", "/api/v1/cluster/models/chat/bench/", {"profile": "h100"}),

@@ -7,7 +7,9 @@ and released only when chosen.
 
 from __future__ import annotations
 
-from cluster.placement.data import Running
+from dataclasses import replace
+
+from cluster.placement.data import LABEL_PREFIX, Running
 from cluster.placement.finding import find_multi
 from cluster.placement.state import EPSILON, Hold, Need, State
 
@@ -25,21 +27,64 @@ def evict_for(
     """
     options: list[tuple[tuple[int, int, int, int], int, list[Running]]] = []
     holders = state.holders.get(need.src, set()) & elig if need.src else set()
-    # Holders first, so the first node where one opportunistic replica makes room is
-    # the best there is, and the search of a full cluster can stop there.
-    for i in [*sorted(holders), *sorted(elig - holders)]:
-        if need.n == 1 and not state.evictable(i, rank):
-            continue
-        if state.fits(i, need):
-            options.append(((0, 0, i not in holders, i), i, []))
-            continue
-        victims = _victims(state, i, rank, need, protect)
-        if victims is not None:
-            top = max(v.class_rank for v in victims)
-            options.append(((top, len(victims), i not in holders, i), i, victims))
-            if need.n == 1 and top == 1 and len(victims) == 1:
-                break
+    # Only the nodes running a lower class can make room for a one-node replica (the
+    # index of who runs which class finds them); a multi-node one may also use nodes
+    # that fit as they are.
+    # The weights count only for the disk: without it, one trial serves every source.
+    shape = need if need.disk or not need.src else replace(need, src="")
+    memo = state.victims_memo.setdefault((shape, rank, protect), {})
+    # A node too small even emptied is passed over (``_could_fit``, known per shape).
+    could = _could(state, need)
+    key = (shape, rank, protect, elig)
+    kept = state.options.get(key)
+    if kept is not None:
+        # Every node's room was counted for this shape before: count it again only
+        # where it changed since.
+        table, pos = kept
+        dirty = state.dirty_since(pos) & elig
+        fresh = dirty & could
+        if need.n == 1:
+            fresh = state.evictable_among(fresh, rank)
+        for i in dirty - fresh:
+            table.pop(i, None)
+        for i in fresh:
+            option = _option(state, i, rank, need, protect, memo)
+            if option is None:
+                table.pop(i, None)
+            else:
+                table[i] = option
+        state.options[key] = (table, len(state.changed))
+        options = [((t, k, i not in holders, i), i, v) for i, (t, k, v) in table.items()]
+    else:
+        pool = elig & could
+        if need.n == 1:
+            pool = state.evictable_among(pool, rank)
+        whole = True
+        # Holders first, so the first node where one opportunistic replica makes room
+        # is the best there is, and the search of a full cluster can stop there.
+        for i in [*sorted(holders & pool), *sorted(pool - holders)]:
+            option = _option(state, i, rank, need, protect, memo)
+            if option is not None:
+                top, count, victims = option
+                options.append(((top, count, i not in holders, i), i, victims))
+                if need.n == 1 and top == 1 and count == 1:
+                    whole = False
+                    break
+        if whole:
+            table = {i: (c[0], c[1], v) for c, i, v in options}
+            state.options[key] = (table, len(state.changed))
     if need.n == 1:
+        if not options:
+            return None
+        # The cheapest first, found without sorting them all: it holds but where the
+        # count did not, and then the rest are tried in order.
+        best = min(options, key=lambda o: o[0])
+        for v in best[2]:
+            state.release(v)
+        if state.fits(best[1], need):
+            return [best[1]], best[2]
+        for v in best[2]:
+            state.reclaim(v)
         for _, i, victims in sorted(options, key=lambda o: o[0]):
             for v in victims:
                 state.release(v)
@@ -50,20 +95,7 @@ def evict_for(
                 state.reclaim(v)
         return None
     by_node = {i: (cost, victims) for cost, i, victims in options}
-    trials = []
-    for name, members in state.groups(need, sorted(by_node)).items():
-        if len(members) < need.n:
-            continue
-        cheapest = sorted(members, key=lambda i: by_node[i][0])[: need.n]
-        victims = {}
-        for i in cheapest:
-            for v in by_node[i][1]:
-                victims[v.id] = v
-        if not victims:
-            continue  # it would have fit without evicting; power stopped it
-        picked = [victims[k] for k in sorted(victims, key=str)]
-        cost = (max(v.class_rank for v in picked), len(picked), name)
-        trials.append((cost, cheapest, picked))
+    trials = _trials(state, need, (*key, need.src), by_node, elig)
     for _, cheapest, picked in sorted(trials, key=lambda t: t[0]):
         for v in picked:
             state.release(v)
@@ -75,10 +107,109 @@ def evict_for(
     return None
 
 
+def _could(state: State, need: Need) -> frozenset[int]:
+    """Return the nodes that, emptied, would be big enough for a replica's share."""
+    key = (need.cls, need.g, need.mem, need.cores)
+    found = state.could_memo.get(key)
+    if found is None:
+        found = frozenset(i for i in range(len(state.nodes)) if _could_fit(state, i, need))
+        state.could_memo[key] = found
+    return found
+
+
+Trial = tuple[tuple[int, int, str], list[int], list[Running]]
+
+
+def _trials(
+    state: State,
+    need: Need,
+    key: tuple[object, ...],
+    by_node: dict[int, tuple[tuple[int, int, int, int], list[Running]]],
+    elig: frozenset[int],
+) -> list[Trial]:
+    """Return, per group of nodes a multi-node replica may take (its keep_within
+    domain), the cheapest nodes and whom evicting there evicts, with its cost.
+
+    Kept per shape: only the groups with a node whose room changed are counted again.
+    """
+    label = LABEL_PREFIX + need.level if need.level else ""
+
+    def trial(name: str, members: list[int]) -> Trial | None:
+        if len(members) < need.n:
+            return None
+        cheapest = sorted(members, key=lambda i: by_node[i][0])[: need.n]
+        victims = {}
+        for i in cheapest:
+            for v in by_node[i][1]:
+                victims[v.id] = v
+        if not victims:
+            return None  # it would have fit without evicting; power stopped it
+        picked = [victims[k] for k in sorted(victims, key=str)]
+        return (max(v.class_rank for v in picked), len(picked), name), cheapest, picked
+
+    kept = state.group_trials.get(key)
+    if kept is None:
+        found = {
+            name: trial(name, members)
+            for name, members in state.groups(need, sorted(by_node)).items()
+        }
+    else:
+        found, pos = kept
+        dirty = state.dirty_since(pos) & elig
+        names = {state.labels[i].get(label) for i in dirty} - {None, ""} if label else {""}
+        for name in names if dirty else ():
+            nodes = state.members(label, name) if label else sorted(by_node)
+            found[name] = trial(name, [i for i in nodes if i in by_node])
+    state.group_trials[key] = (found, len(state.changed))
+    return [t for t in found.values() if t is not None]
+
+
+def _option(
+    state: State,
+    i: int,
+    rank: int,
+    need: Need,
+    protect: frozenset[int | str],
+    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
+) -> tuple[int, int, list[Running]] | None:
+    """Return what making room on node i costs (the highest class evicted, how many) and
+    whom it evicts, or None where it cannot be made."""
+    if state.fits(i, need):
+        return 0, 0, []
+    victims = _victims(state, i, rank, need, protect, memo)
+    if victims is None:
+        return None
+    return max(v.class_rank for v in victims), len(victims), victims
+
+
 def _victims(
-    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str] = frozenset()
+    state: State,
+    i: int,
+    rank: int,
+    need: Need,
+    protect: frozenset[int | str],
+    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
 ) -> list[Running] | None:
-    """Return the fewest, lowest-class replicas on node i whose going makes room."""
+    """Return the fewest, lowest-class replicas on node i whose going makes room.
+
+    Known from an earlier trial of the same shape (``memo``, one per need with its
+    source left out where it asks no disk, rank and protected replicas) while node
+    i's room and its domains' power have not changed since (what runs there changes
+    only with its room).
+    """
+    stamp = (state.node_ver[i], *[state.domain_ver[d] for d in state.node_domains[i]])
+    known = memo.get(i)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    found = _victims_now(state, i, rank, need, protect)
+    memo[i] = (stamp, found)
+    return found
+
+
+def _victims_now(
+    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str]
+) -> list[Running] | None:
+    """Return the fewest, lowest-class replicas on node i whose going makes room, counted."""
     lower = [
         r
         for r in state.on_node[i]

@@ -2,21 +2,54 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cluster.placement.data import LABEL_PREFIX
 from cluster.placement.state import EPSILON, Need, State
 
 
-def find(state: State, need: Need, elig: frozenset[int], model: str = "") -> list[int]:
+def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") -> list[int]:
+    """Return what ``find`` returns, knowing where the same shape fit nowhere before.
+
+    A placement only takes room; a shape that fit no node fits none until some node
+    gains room (``State.gained``), and then only there: only those nodes are tried.
+    The shape is the need, its source left out where it asks no disk.
+    """
+    shape = need if need.disk or not need.src else replace(need, src="")
+    key = (shape, elig)
+    now = len(state.gained)
+    pos = state.find_failed.get(key)
+    if pos is None:
+        chosen = find(state, need, elig, model)
+    elif pos == now:
+        return []
+    else:
+        among = state.dirty_since(pos, state.gained) & elig
+        chosen = find(state, need, elig, model, among) if among else []
+    if not chosen:
+        state.find_failed[key] = now
+    return chosen
+
+
+def find(
+    state: State,
+    need: Need,
+    elig: frozenset[int],
+    model: str = "",
+    among: set[int] | None = None,
+) -> list[int]:
     """Return the best nodes for a replica, or [] when none fit.
 
     A one-node replica goes where its model has the fewest replicas: on the node,
     then in its rack (``spread``); then on a node holding the weights, then the best
-    fit.
+    fit. With ``among``, only those nodes are walked: every node that fits must be
+    among them.
     """
     if need.n > 1:
-        return find_multi(state, need, elig)
+        return find_multi(state, need, elig, among)
     holders = state.holders.get(need.src) if need.src else None
     mine = state.model_on.get(model) if model else None
+    walk = state.walk(need) if among is None else state.walk_among(need, among)
     if not mine:
         if holders:
             best = min(
@@ -25,7 +58,7 @@ def find(state: State, need: Need, elig: frozenset[int], model: str = "") -> lis
             )
             if best is not None:
                 return [best[1]]
-        for i in state.walk(need):
+        for i in walk:
             if i in elig and state.fits(i, need):
                 return [i]
         return []
@@ -39,7 +72,7 @@ def find(state: State, need: Need, elig: frozenset[int], model: str = "") -> lis
                 return [i]
             if found is None or (score, 0) < found[:2]:
                 found = (score, 0, i)
-    for i in state.walk(need):
+    for i in walk:
         if i in elig and state.fits(i, need):
             score = state.spread(model, i)
             if not any(score):
@@ -49,7 +82,9 @@ def find(state: State, need: Need, elig: frozenset[int], model: str = "") -> lis
     return [found[2]] if found else []
 
 
-def find_multi(state: State, need: Need, elig: frozenset[int]) -> list[int]:
+def find_multi(
+    state: State, need: Need, elig: frozenset[int], among: set[int] | None = None
+) -> list[int]:
     """Return ``need.n`` nodes for a multi-node replica, or [].
 
     Groups holding the weights are tried first, whole; then the nodes are walked in
@@ -78,7 +113,8 @@ def find_multi(state: State, need: Need, elig: frozenset[int]) -> list[int]:
     else:
         # One group, the holders in it from the start: _choose puts them first.
         found = {"": sorted(i for i in holders if state.fits(i, need))}
-    for i in state.walk(need):
+    walk = state.walk(need) if among is None else state.walk_among(need, among)
+    for i in walk:
         if i not in elig or i in holders or not state.fits(i, need):
             continue
         name = labels[i].get(label) if label else ""

@@ -21,7 +21,7 @@ from cluster.placement.data import (
     profile_key,
 )
 from cluster.placement.evicting import evict_for
-from cluster.placement.finding import find
+from cluster.placement.finding import find_again
 from cluster.placement.reasons import never, why_unplaced
 from cluster.placement.state import Need, State
 from cluster.quotas import Book, Ledger, held_by, need_of
@@ -91,7 +91,7 @@ def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = No
             continue
         if need.g == 0 and p.gpus_per_node > 0:
             continue
-        chosen = find(state, need, elig, req.model)
+        chosen = find_again(state, need, elig, req.model)
         if chosen:
             _record(state, req, p, need, chosen, plan)
             if ledger is not None:
@@ -112,7 +112,7 @@ def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = No
                 del state.alive[v.id]
                 state.count_model(v.model, {h.i for h in state.holds_of[v.id]}, -1)
                 for i in {h.i for h in state.holds_of[v.id]}:
-                    state.ranks_on[i][v.class_rank] -= 1
+                    state.count_rank(i, v.class_rank, -1)
                 plan.evictions.append(
                     Eviction(
                         v.id,

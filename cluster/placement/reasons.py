@@ -64,7 +64,7 @@ def why_unplaced(
         text = parts[0][1]
     else:
         text = ". ".join(f'profile "{p.name}": {why}' for p, why in parts)
-    lower = any(state.evictable(i, req.class_rank) for _, _, elig in tries for i in elig)
+    lower = any(state.any_evictable(elig, req.class_rank) for _, _, elig in tries)
     if lower:
         text += " (evicting lower-class replicas would not make room)"
     return text
@@ -127,7 +127,7 @@ def diagnose(state: State, p: PlacementProfile, need: Need) -> str:
     if need.g == 0 and p.gpus_per_node > 0:
         return _staged(state, p, need)
     nn = need.n
-    misses = [_misses(state, i, p, need) for i in range(len(state.nodes))]
+    misses = all_misses(state, p, need)
     fit = [i for i, m in enumerate(misses) if not m]
     if len(fit) >= nn:
         # Enough nodes each fit: what binds is how they group (keep_within, power).
@@ -142,11 +142,43 @@ def diagnose(state: State, p: PlacementProfile, need: Need) -> str:
         enough = [i for i in pool if state.total[i].get(need.cls, 0) >= need.g]
         if len(enough) >= nn:
             pool = enough
+    alone: dict[str, list[int]] = {}
+    for i in pool:
+        m = misses[i]
+        if len(m) == 1:
+            alone.setdefault(m[0], []).append(i)
     for cond in CONDITIONS:
-        only = [i for i in pool if misses[i] == (cond,)]
+        only = alone.get(cond)
         if only and len(fit) + len(only) >= nn:
             return _bound(state, cond, p, need, only, len(fit))
     return _staged(state, p, need)
+
+
+def all_misses(state: State, p: PlacementProfile, need: Need) -> list[tuple[str, ...]]:
+    """Return what each node misses for p (``_misses``), by node index.
+
+    Kept per profile's shape, its weights aside, and counted again only on the nodes
+    whose room changed since (``State.dirty_since``): what a node is and runs does not
+    change in a plan. The weights matter only where they are held or being fetched;
+    those nodes are counted for them.
+    """
+    shape = replace_node(need, src="") if need.src else need
+    key = (p.engine, p.engine_version, tuple(sorted(p.node_selector.items())), shape)
+    entry = state.miss_cache.get(key)
+    if entry is None:
+        misses = [_misses(state, i, p, shape) for i in range(len(state.nodes))]
+    else:
+        misses, pos = entry
+        if pos < len(state.changed):
+            for i in state.dirty_since(pos):
+                misses[i] = _misses(state, i, p, shape)
+    state.miss_cache[key] = (misses, len(state.changed))
+    if not (need.src and need.disk):
+        return misses
+    own = list(misses)
+    for i in state.holders.get(need.src, set()) | state.fetching_at.get(need.src, set()):
+        own[i] = _misses(state, i, p, need)
+    return own
 
 
 def _misses(state: State, i: int, p: PlacementProfile, need: Need) -> tuple[str, ...]:

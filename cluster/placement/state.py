@@ -134,6 +134,8 @@ class State:
         self.holders: dict[str, set[int]] = {}
         # Downloads reserved per node: source -> [replicas using it, MB reserved].
         self.fetching: list[dict[str, list[int]]] = [{} for _ in nodes]
+        # The nodes fetching each source (those with an entry in ``fetching``).
+        self.fetching_at: dict[str, set[int]] = {}
         self.card_class: list[dict[int, str]] = []
         self.card_watts: list[dict[int, float]] = []
         self.children: list[dict[int, list[int]]] = []
@@ -162,6 +164,8 @@ class State:
         self.model_on: dict[str, dict[int, int]] = {}
         # Live running replicas per node, by class rank: who could make way there.
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
+        # The nodes running a live replica of each class rank: where eviction may look.
+        self.rank_nodes: dict[int, set[int]] = {}
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
@@ -174,6 +178,24 @@ class State:
         self.commits = 0
         self.fetched: dict[str, int] = {}
         self.failed: dict[tuple[object, ...], tuple[int, int, int, str]] = {}
+        # Every node whose free room changed, in order (``_apply``): what a reason counted
+        # over the cluster before need only be counted again on these (``misses``).
+        self.changed: list[int] = []
+        # How often each node's room, and each domain's power, changed: a node's trial
+        # of victims holds while neither changed (``evicting``).
+        self.node_ver = [0] * len(nodes)
+        # The nodes where a replica may fit that did not before (room given back, or a
+        # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
+        self.gained: list[int] = []
+        self.find_failed: dict[tuple[object, ...], int] = {}
+        self.victims_memo: dict[tuple[object, ...], dict] = {}
+        self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
+        # Per shape of a replica whose every node was counted: each node's
+        # cheapest room (``evicting``), and the length of ``changed`` then.
+        self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
+        # The same for a multi-node replica's groups of nodes (``evicting._trials``).
+        self.group_trials: dict[tuple[object, ...], tuple[dict, int]] = {}
+        self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
 
     def _index_cards(self, i: int, n: Node) -> None:
         """Record node i's cards: classes, power limits, MIG parents and what is free."""
@@ -205,13 +227,16 @@ class State:
         ids = {key: j for j, key in enumerate(self.domain_names)}
         self.cap = [caps[key] for key in self.domain_names]
         self.used = [0.0] * len(self.cap)
+        self.domain_ver = [0] * len(self.cap)
         self.node_domains: list[tuple[int, ...]] = []
-        for n in self.nodes:
+        self.domain_members: list[list[int]] = [[] for _ in self.cap]
+        for i, n in enumerate(self.nodes):
             mine = []
             for level in FACILITY_LEVELS:
                 name = n.labels.get(LABEL_PREFIX + level)
                 if name is not None and (level, name) in ids:
                     mine.append(ids[(level, name)])
+                    self.domain_members[ids[(level, name)]].append(i)
             self.node_domains.append(tuple(mine))
 
     def _cpu_key(self, i: int) -> int:
@@ -236,8 +261,7 @@ class State:
                 holds.append(Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, r.source))
                 if not self.on_node[i] or self.on_node[i][-1] is not r:
                     self.on_node[i].append(r)
-                    ranks = self.ranks_on[i]
-                    ranks[r.class_rank] = ranks.get(r.class_rank, 0) + 1
+                    self.count_rank(i, r.class_rank, 1)
             self.holds_of[r.id] = holds
             self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
@@ -246,6 +270,17 @@ class State:
         """Take (sign 1) or give back (sign -1) what these holds use."""
         for h in holds:
             i = h.i
+            self.changed.append(i)
+            self.node_ver[i] += 1
+            # Room given back; or a fetch begun, after which the node needs no more disk
+            # for its source; or cards taken where power counts: a replica's derived
+            # watts read the lowest free cards, which may now draw less.
+            if (
+                sign < 0
+                or (h.src and h.src not in self.holds[i])
+                or (h.cards and self.node_domains[i])
+            ):
+                self.gained.append(i)
             for c in h.cards:
                 self._claim(i, c, sign)
                 for child in self.children[i].get(c, ()):
@@ -259,6 +294,7 @@ class State:
             self._fetch(i, h, sign)
             for d in self.node_domains[i]:
                 self.used[d] += sign * h.watts
+                self.domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""
@@ -271,6 +307,7 @@ class State:
         if sign > 0:
             if entry is None:
                 entry = self.fetching[i][h.src] = [0, 0]
+                self.fetching_at.setdefault(h.src, set()).add(i)
             entry[0] += 1
             if h.disk > entry[1]:
                 self.disk[i] -= h.disk - entry[1]
@@ -280,6 +317,7 @@ class State:
             if entry[0] == 0:
                 self.disk[i] += entry[1]
                 del self.fetching[i][h.src]
+                self.fetching_at[h.src].discard(i)
 
     def _claim(self, i: int, c: int, sign: int) -> None:
         """Count a claim on card c of node i (or drop one), keeping the free lists."""
@@ -389,6 +427,13 @@ class State:
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 
+    def walk_among(self, need: Need, among: set[int]) -> list[int]:
+        """Return the nodes of ``among`` that ``walk`` would yield, in its order."""
+        if not need.g:
+            return sorted(among, key=lambda i: (self._cpu_key(i), i))
+        keyed = [(len(self.free[i].get(need.cls, ())), i) for i in among]
+        return [i for k, i in sorted(keyed) if k >= need.g]
+
     def spread(self, model: str, i: int) -> tuple[int, int]:
         """Return how many replicas of a model node i would share with: on the node, then
         in its rack (where it carries ``llmgw.io/rack``)."""
@@ -456,9 +501,36 @@ class State:
             self._apply([holds[-1]], 1)
         return tuple(out)
 
-    def evictable(self, i: int, rank: int) -> bool:
-        """Return whether node i runs a live replica of a class below rank."""
-        return any(count for r, count in self.ranks_on[i].items() if r < rank)
+    def dirty_since(self, pos: int, log: list[int] | None = None) -> set[int]:
+        """Return the nodes whose room may have changed since a log (``changed``, or
+        ``gained``) stood at pos: those in it, and every node sharing a power domain
+        with one (its power did)."""
+        dirty = set((self.changed if log is None else log)[pos:])
+        for i in list(dirty):
+            for d in self.node_domains[i]:
+                dirty.update(self.domain_members[d])
+        return dirty
+
+    def count_rank(self, i: int, rank: int, sign: int) -> None:
+        """Count a live replica of a class rank on node i (sign 1), or stop counting it."""
+        ranks = self.ranks_on[i]
+        ranks[rank] = ranks.get(rank, 0) + sign
+        if ranks[rank] > 0:
+            self.rank_nodes.setdefault(rank, set()).add(i)
+        else:
+            self.rank_nodes.get(rank, set()).discard(i)
+
+    def evictable_among(self, nodes: frozenset[int] | set[int], rank: int) -> set[int]:
+        """Return the nodes among these that run a live replica of a class below rank."""
+        out: set[int] = set()
+        for r, where in self.rank_nodes.items():
+            if r < rank:
+                out |= where & nodes
+        return out
+
+    def any_evictable(self, nodes: frozenset[int], rank: int) -> bool:
+        """Return whether any of these nodes runs a live replica of a class below rank."""
+        return any(not where.isdisjoint(nodes) for r, where in self.rank_nodes.items() if r < rank)
 
     def release(self, r: Running) -> None:
         """Give back what a running replica holds."""

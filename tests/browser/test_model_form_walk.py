@@ -94,3 +94,24 @@ def test_a_new_models_tp_past_its_class_nodes_cards_warns_as_it_is_typed(
     page.locator("#profiles-0-gpu_class-note").get_by_text(
         f"no node has 4 free {L4}; the best has 2: replicas will be unplaced"
     ).wait_for()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_check_box_has_its_name_beside_it_and_its_help_below_both(
+    signed_in: Any, operator: Any, live_server: Any, width: int
+) -> None:
+    """trust_remote_code and the capabilities: the box, its name on the same line, the
+    help under them the form's width (at 390 px the help once sat between box and name,
+    the name broken a letter group a line)."""
+    page = signed_in(operator)
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"{live_server.url}/catalog/new/")
+    for name in ("trust_remote_code", "capabilities_rerank"):
+        box = page.locator(f"input[type=checkbox][name='{name}']").bounding_box()
+        field = page.locator(f".field.check:has(input[name='{name}'])")
+        label = field.locator("label").bounding_box()
+        help_ = field.locator(".help").bounding_box()
+        assert box and label and help_, name
+        assert abs((label["y"] + label["height"] / 2) - (box["y"] + box["height"] / 2)) < 8, name
+        assert label["height"] < 30, f"{name}'s name is broken over lines: {label}"
+        assert help_["y"] >= label["y"] + label["height"] - 1, name

@@ -267,6 +267,7 @@ class Harness:
         self.keys: dict[str, Key] = {digest(KEY): Key(1, "harness", "team:t", (), None)}
         self.demanded: list[str] = []
         self.unplaced: dict[str, str] = {}  # models placement found no room for, and why
+        self.down: dict[str, str] = {}  # federated peers whose breaker is open, and why
         self.state = state or State(
             loader=self._table, interval=0.05, record_demand=self.demanded.append
         )
@@ -278,7 +279,8 @@ class Harness:
         self._server: uvicorn.Server | None = None
 
     def _table(self) -> Table:
-        return build(list(self.models), list(self.rows), dict(self.keys), dict(self.unplaced))
+        return build(list(self.models), list(self.rows), dict(self.keys), dict(self.unplaced),
+                     down=dict(self.down))  # fmt: skip
 
     def run(self, coro: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -63,3 +63,42 @@ def test_a_write_failing_in_a_row_is_logged_whole_once_then_a_line_a_minute(
             assert batcher.failures == 0
         finally:
             batcher.stop()
+
+
+class Stuck(Batcher):
+    """A write that never ends (a database call stuck past every bound)."""
+
+    what = "the stuck counts"
+
+    def __init__(self) -> None:
+        self._init_batches(0.005)
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def _take(self) -> Any | None:
+        return 1
+
+    def _write(self, batch: Any) -> None:
+        self.writing.set()
+        self.release.wait(60)  # bounded, so the test's thread ends
+
+    def _put_back(self, batch: Any) -> None:
+        pass
+
+
+def test_a_stop_beside_a_stuck_write_is_bounded_and_says_what_is_not_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A process that stops (atexit calls stop) is not held by a write that never ends."""
+    batcher = Stuck()
+    batcher.stop_wait = 0.2
+    batcher.start()
+    wait_until(batcher.writing.is_set, what="a write under way")
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    stopper.join(30)
+    try:
+        assert not stopper.is_alive(), "stop waited on the stuck write"
+        assert "a write was still under way" in caplog.text
+    finally:
+        batcher.release.set()

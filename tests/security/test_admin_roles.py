@@ -117,6 +117,9 @@ def _rows(make_user: Any) -> dict[str, Any]:
 
     Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="app")
     Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="request", key="app")
+    from gateway.models import Peer
+
+    Peer.objects.create(name="east", url="https://east.example", api_key_file="east")
     from updates.models import Fetch, UpdateCheck
 
     fetch = Fetch.objects.create(model="chat", source="org/chat", commit="c" * 40)

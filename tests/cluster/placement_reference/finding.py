@@ -1,0 +1,126 @@
+"""The best node, or set of nodes, for a replica: spread, then the weights, then best fit."""
+
+from __future__ import annotations
+
+from cluster.placement.data import LABEL_PREFIX
+from tests.cluster.placement_reference.state import EPSILON, Need, State
+
+
+def find(state: State, need: Need, elig: frozenset[int], model: str = "") -> list[int]:
+    """Return the best nodes for a replica, or [] when none fit.
+
+    A one-node replica goes where its model has the fewest replicas: on the node,
+    then in its rack (``spread``); then on a node holding the weights, then the best
+    fit.
+    """
+    if need.n > 1:
+        return find_multi(state, need, elig)
+    holders = state.holders.get(need.src) if need.src else None
+    mine = state.model_on.get(model) if model else None
+    if not mine:
+        if holders:
+            best = min(
+                ((state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)),
+                default=None,
+            )
+            if best is not None:
+                return [best[1]]
+        for i in state.walk(need):
+            if i in elig and state.fits(i, need):
+                return [i]
+        return []
+    found: tuple[tuple[int, int], int, int] | None = None
+    if holders:
+        for _, i in sorted(
+            (state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)
+        ):
+            score = state.spread(model, i)
+            if not any(score):
+                return [i]
+            if found is None or (score, 0) < found[:2]:
+                found = (score, 0, i)
+    for i in state.walk(need):
+        if i in elig and state.fits(i, need):
+            score = state.spread(model, i)
+            if not any(score):
+                return [i]
+            if found is None or (score, 1) < found[:2]:
+                found = (score, 1, i)
+    return [found[2]] if found else []
+
+
+def find_multi(state: State, need: Need, elig: frozenset[int]) -> list[int]:
+    """Return ``need.n`` nodes for a multi-node replica, or [].
+
+    Groups holding the weights are tried first, whole; then the nodes are walked in
+    best-fit order, and the first group to gather enough of them (with power for
+    all) wins, which keeps the smallest holes in use.
+    """
+    label = LABEL_PREFIX + need.level if need.level else ""
+    labels = state.labels
+    holders = state.holders.get(need.src, set()) & elig if need.src else set()
+    if label:
+        names = sorted(
+            {labels[i][label] for i in holders if labels[i].get(label) and state.fits(i, need)}
+        )
+        best: tuple[tuple[int, int, str], list[int]] | None = None
+        for name in names:
+            members = [i for i in state.members(label, name) if i in elig and state.fits(i, need)]
+            chosen, _ = choose(state, need, members)
+            if chosen:
+                held = sum(need.src in state.holds[i] for i in chosen)
+                score = (-held, sum(state.fit_key(i, need) for i in chosen), name)
+                if best is None or score < best[0]:
+                    best = (score, chosen)
+        if best:
+            return best[1]
+        found: dict[str, list[int]] = {}
+    else:
+        # One group, the holders in it from the start: _choose puts them first.
+        found = {"": sorted(i for i in holders if state.fits(i, need))}
+    for i in state.walk(need):
+        if i not in elig or i in holders or not state.fits(i, need):
+            continue
+        name = labels[i].get(label) if label else ""
+        if name is None or (label and not name):
+            continue
+        members = found.setdefault(name, [])
+        members.append(i)
+        if len(members) >= need.n:
+            chosen, _ = choose(state, need, members)
+            if chosen:
+                return chosen
+    members = found.get("", [])
+    if not label and len(members) >= need.n:
+        return choose(state, need, members)[0]
+    return []
+
+
+def choose(state: State, need: Need, members: list[int]) -> tuple[list[int], str]:
+    """Pick ``need.n`` nodes from members, counting their power together.
+
+    Returns the nodes, or [] and the power cap that stopped it.
+    """
+    order = sorted(
+        members, key=lambda i: (need.src not in state.holds[i], state.fit_key(i, need), i)
+    )
+    extra: dict[int, float] = {}
+    chosen: list[int] = []
+    blocked = ""
+    for i in order:
+        w = state.watts(i, need)
+        over = [
+            d
+            for d in state.node_domains[i]
+            if state.used[d] + extra.get(d, 0.0) + w > state.cap[d] + EPSILON
+        ]
+        if over:
+            d = over[0]
+            blocked = blocked or state.power_text(d, state.used[d] + extra.get(d, 0.0), w)
+            continue
+        chosen.append(i)
+        for d in state.node_domains[i]:
+            extra[d] = extra.get(d, 0.0) + w
+        if len(chosen) == need.n:
+            return chosen, ""
+    return [], blocked

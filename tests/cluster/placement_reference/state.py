@@ -1,0 +1,469 @@
+"""The cluster as it stands while a plan is made: what is free on each node.
+
+``State`` indexes the nodes (their cards, MIG instances, power domains), counts what each
+running replica holds, answers whether one node fits one node's share of a replica
+(``fits``), and takes a placed replica's room (``commit``). Finding nodes, evicting and
+telling why are functions over it (``finding``, ``evicting``, ``reasons``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from catalog.rules import FACILITY_LEVELS
+from cluster.placement.data import (
+    LABEL_PREFIX,
+    RACK_LABEL,
+    Assignment,
+    Domain,
+    Node,
+    PlacementProfile,
+    Running,
+)
+
+MB_PER_GB = 1024
+# A capacity a node did not report: large enough never to run out, and still an int.
+UNKNOWN = 1 << 62
+EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one node must give a profile's replica."""
+
+    cls: str
+    g: int
+    n: int
+    mem: int
+    cores: int
+    disk: int
+    watts: float | None  # per node; None derives it from the cards and cores
+    src: str
+    level: str
+
+
+@dataclass
+class Hold:
+    """A replica's resources on one node, in the state's terms."""
+
+    i: int
+    cards: tuple[int, ...]
+    cores: int
+    mem: int
+    disk: int
+    watts: float
+    src: str
+
+
+class Buckets:
+    """Node indexes grouped by a fit key, each group in name order.
+
+    Iterating from a key walks the nodes in (key, name) order, so the first that fits
+    is the best fit without sorting the cluster for every request.
+    """
+
+    def __init__(self) -> None:
+        """Start with no nodes."""
+        self.groups: dict[int, list[int]] = {}
+        self.keys: list[int] = []
+
+    def add(self, key: int, i: int) -> None:
+        """Put node i in the group of a key."""
+        group = self.groups.get(key)
+        if group is None:
+            self.groups[key] = [i]
+            bisect.insort(self.keys, key)
+        else:
+            bisect.insort(group, i)
+
+    def remove(self, key: int, i: int) -> None:
+        """Take node i out of the group of a key."""
+        group = self.groups[key]
+        del group[bisect.bisect_left(group, i)]
+        if not group:
+            del self.groups[key]
+            del self.keys[bisect.bisect_left(self.keys, key)]
+
+    def move(self, old: int, new: int, i: int) -> None:
+        """Move node i from one key's group to another's."""
+        if old != new:
+            self.remove(old, i)
+            self.add(new, i)
+
+    def from_key(self, key: int) -> Iterator[int]:
+        """Yield the nodes of every key from this one up, in (key, name) order."""
+        for k in self.keys[bisect.bisect_left(self.keys, key) :]:
+            yield from self.groups[k]
+
+
+def version_matches(version: str, prefix: str) -> bool:
+    """Return whether an installed version starts with a prefix, by whole components."""
+    if not prefix:
+        return True
+    if not version.startswith(prefix):
+        return False
+    # Whole components: "0.1" is not a prefix of 0.11.0.
+    rest = version[len(prefix) :]
+    return not (rest and rest[0].isdigit() and prefix[-1].isdigit())
+
+
+def _w(watts: float) -> str:
+    """Return watts as a person reads them."""
+    return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
+
+
+class State:
+    """The cluster as it stands while a plan is made: what is free on each node."""
+
+    def __init__(self, nodes: list[Node], domains: list[Domain], cpu_core_watts: float) -> None:
+        """Index the nodes, their cards and domains, with nothing yet held."""
+        nodes = sorted(nodes, key=lambda n: n.name)
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("two nodes share a name")
+        self.nodes = nodes
+        self.index = {name: i for i, name in enumerate(names)}
+        self.core_watts = cpu_core_watts
+        self.mem = [n.memory_mb if n.memory_mb > 0 else UNKNOWN for n in nodes]
+        self.cores = [n.cpu_cores if n.cpu_cores > 0 else UNKNOWN for n in nodes]
+        self.disk = [n.disk_free_mb if n.disk_free_mb > 0 else UNKNOWN for n in nodes]
+        self.holds = [frozenset(n.holds) for n in nodes]
+        self.labels = [n.labels for n in nodes]
+        self.holders: dict[str, set[int]] = {}
+        # Downloads reserved per node: source -> [replicas using it, MB reserved].
+        self.fetching: list[dict[str, list[int]]] = [{} for _ in nodes]
+        self.card_class: list[dict[int, str]] = []
+        self.card_watts: list[dict[int, float]] = []
+        self.children: list[dict[int, list[int]]] = []
+        self.claims: list[dict[int, int]] = []
+        self.free: list[dict[str, list[int]]] = []
+        self.total: list[dict[str, int]] = []
+        self.class_buckets: dict[str, Buckets] = {}
+        self.cpu_buckets = Buckets()
+        for i, n in enumerate(nodes):
+            for src in n.holds:
+                self.holders.setdefault(src, set()).add(i)
+            self._index_cards(i, n)
+        self.has_cards = [bool(t) for t in self.total]
+        for i, n in enumerate(nodes):
+            if not n.schedulable:
+                continue
+            self.cpu_buckets.add(self._cpu_key(i), i)
+            for cls, count in self.total[i].items():
+                self.class_buckets.setdefault(cls, Buckets()).add(count, i)
+        self._index_domains(domains)
+        self.domains = domains
+        self.empty: State | None = None
+        self.never_memo: dict[tuple[object, ...], str | None] = {}
+        self.on_node: list[list[Running]] = [[] for _ in nodes]
+        # Replicas of each model per node index: placement spreads them (``spread``).
+        self.model_on: dict[str, dict[int, int]] = {}
+        # Live running replicas per node, by class rank: who could make way there.
+        self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
+        self.holds_of: dict[int | str, list[Hold]] = {}
+        self.alive: dict[int | str, Running] = {}
+        self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        self.label_index: dict[str, dict[str, list[int]]] = {}
+        # Placements only take capacity, so a request that failed keeps failing until
+        # an eviction gives some back (``epoch`` counts them), or a placement starts
+        # fetching its weights somewhere (``fetched``, per source), after which that
+        # node needs no disk for them. ``commits`` only dates the reason's figures.
+        self.epoch = 0
+        self.commits = 0
+        self.fetched: dict[str, int] = {}
+        self.failed: dict[tuple[object, ...], tuple[int, int, int, str]] = {}
+
+    def _index_cards(self, i: int, n: Node) -> None:
+        """Record node i's cards: classes, power limits, MIG parents and what is free."""
+        classes = {c.index: c.gpu_class for c in n.cards}
+        children: dict[int, list[int]] = {}
+        for c in n.cards:
+            if c.mig_of is not None and c.mig_of != c.index:
+                children.setdefault(c.mig_of, []).append(c.index)
+        free: dict[str, list[int]] = {}
+        for idx in sorted(classes):
+            if idx not in children:
+                free.setdefault(classes[idx], []).append(idx)
+        self.card_class.append(classes)
+        self.card_watts.append({c.index: max(c.power_limit_w, 0.0) for c in n.cards})
+        self.children.append(children)
+        self.claims.append(dict.fromkeys(classes, 0))
+        self.free.append(free)
+        self.total.append({cls: len(idx) for cls, idx in free.items()})
+
+    def _index_domains(self, domains: list[Domain]) -> None:
+        """Record the capped domains and which of them each node is in."""
+        caps: dict[tuple[str, str], float] = {}
+        for d in domains:
+            if d.cap_watts > 0:
+                key = (d.level.strip().lower(), d.name)
+                # Two caps on one domain: the stricter holds.
+                caps[key] = min(caps.get(key, d.cap_watts), d.cap_watts)
+        self.domain_names = sorted(caps)
+        ids = {key: j for j, key in enumerate(self.domain_names)}
+        self.cap = [caps[key] for key in self.domain_names]
+        self.used = [0.0] * len(self.cap)
+        self.node_domains: list[tuple[int, ...]] = []
+        for n in self.nodes:
+            mine = []
+            for level in FACILITY_LEVELS:
+                name = n.labels.get(LABEL_PREFIX + level)
+                if name is not None and (level, name) in ids:
+                    mine.append(ids[(level, name)])
+            self.node_domains.append(tuple(mine))
+
+    def _cpu_key(self, i: int) -> int:
+        """Return node i's place in the best-fit order of CPU profiles."""
+        # Nodes without cards first, keeping GPU nodes' hosts for GPU replicas; then
+        # the fewest free cores, keeping large holes for large CPU replicas.
+        cores = min(max(self.cores[i], 0), 1 << 40)
+        return (1 << 41 if self.has_cards[i] else 0) + cores
+
+    def hold(self, running: list[Running]) -> None:
+        """Count running replicas against their nodes."""
+        for r in sorted(running, key=lambda r: str(r.id)):
+            if r.id in self.alive:
+                raise ValueError(f"two running replicas share the id {r.id}")
+            self.alive[r.id] = r
+            holds = []
+            for a in r.assignments:
+                i = self.index.get(a.node)
+                if i is None:
+                    continue  # a node that is gone holds nothing
+                cards = tuple(c for c in a.cards if c in self.card_class[i])
+                holds.append(Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, r.source))
+                if not self.on_node[i] or self.on_node[i][-1] is not r:
+                    self.on_node[i].append(r)
+                    ranks = self.ranks_on[i]
+                    ranks[r.class_rank] = ranks.get(r.class_rank, 0) + 1
+            self.holds_of[r.id] = holds
+            self._apply(holds, 1)
+            self.count_model(r.model, {h.i for h in holds}, 1)
+
+    def _apply(self, holds: list[Hold], sign: int) -> None:
+        """Take (sign 1) or give back (sign -1) what these holds use."""
+        for h in holds:
+            i = h.i
+            for c in h.cards:
+                self._claim(i, c, sign)
+                for child in self.children[i].get(c, ()):
+                    self._claim(i, child, sign)
+            if h.cores:
+                old = self._cpu_key(i)
+                self.cores[i] -= sign * h.cores
+                if self.nodes[i].schedulable:
+                    self.cpu_buckets.move(old, self._cpu_key(i), i)
+            self.mem[i] -= sign * h.mem
+            self._fetch(i, h, sign)
+            for d in self.node_domains[i]:
+                self.used[d] += sign * h.watts
+
+    def _fetch(self, i: int, h: Hold, sign: int) -> None:
+        """Reserve or release a hold's disk for fetching its weights to node i."""
+        if h.src in self.holds[i]:
+            return
+        if not h.src:
+            self.disk[i] -= sign * h.disk
+            return
+        entry = self.fetching[i].get(h.src)
+        if sign > 0:
+            if entry is None:
+                entry = self.fetching[i][h.src] = [0, 0]
+            entry[0] += 1
+            if h.disk > entry[1]:
+                self.disk[i] -= h.disk - entry[1]
+                entry[1] = h.disk
+        elif entry is not None:
+            entry[0] -= 1
+            if entry[0] == 0:
+                self.disk[i] += entry[1]
+                del self.fetching[i][h.src]
+
+    def _claim(self, i: int, c: int, sign: int) -> None:
+        """Count a claim on card c of node i (or drop one), keeping the free lists."""
+        claims = self.claims[i]
+        before = claims[c]
+        claims[c] = before + sign
+        if c in self.children[i]:
+            return  # never offered whole
+        cls = self.card_class[i][c]
+        free = self.free[i].setdefault(cls, [])
+        count = len(free)
+        if sign > 0 and before == 0:
+            del free[bisect.bisect_left(free, c)]
+        elif sign < 0 and before == 1:
+            bisect.insort(free, c)
+        else:
+            return
+        if self.nodes[i].schedulable:
+            self.class_buckets[cls].move(count, len(free), i)
+
+    def need(self, p: PlacementProfile) -> Need:
+        """Return what each node of a replica of profile p must give."""
+        n = max(p.nodes, 1)
+        g = max(p.gpus_per_node, 1) if p.gpu_class else 0
+        return Need(
+            cls=p.gpu_class,
+            g=g,
+            n=n,
+            mem=max(p.min_memory_gb, 0) * MB_PER_GB,
+            cores=max(p.cpu_cores, 0),
+            disk=max(p.min_disk_gb, 0) * MB_PER_GB,
+            watts=p.power_watts / n if p.power_watts > 0 else None,
+            src=p.source,
+            level=p.keep_within.strip().lower() if n > 1 else "",
+        )
+
+    def eligible(self, p: PlacementProfile) -> frozenset[int]:
+        """Return the schedulable nodes whose engine, labels and kind suit p."""
+        sel = tuple(sorted(p.node_selector.items()))
+        key = (p.engine, p.engine_version, sel)
+        found = self.eligible_cache.get(key)
+        if found is None:
+            found = frozenset(i for i in range(len(self.nodes)) if self.static_ok(i, p))
+            self.eligible_cache[key] = found
+        return found
+
+    def static_ok(self, i: int, p: PlacementProfile) -> bool:
+        """Return whether node i suits p whatever is free on it."""
+        n = self.nodes[i]
+        if not n.schedulable:
+            return False
+        if p.engine == "sim":
+            # The sim engine is built into every agent; it may run on any card.
+            version = n.engines.get("sim", "")
+        else:
+            if n.simulated or p.engine not in n.engines:
+                return False
+            version = n.engines[p.engine]
+        if not version_matches(version, p.engine_version):
+            return False
+        labels = n.labels
+        return all(labels.get(k) == v for k, v in p.node_selector.items())
+
+    def cards_for(self, i: int, need: Need) -> list[int]:
+        """Return the cards a replica would take on node i: the lowest free of its class."""
+        return self.free[i].get(need.cls, [])[: need.g] if need.g else []
+
+    def watts(self, i: int, need: Need) -> float:
+        """Return what a replica's share on node i draws."""
+        if need.watts is not None:
+            return need.watts
+        cw = self.card_watts[i]
+        return sum(cw[c] for c in self.cards_for(i, need)) + need.cores * self.core_watts
+
+    def disk_needed(self, i: int, need: Need) -> int:
+        """Return the disk still to reserve on node i for a replica's weights."""
+        if not need.disk or need.src in self.holds[i]:
+            return 0
+        entry = self.fetching[i].get(need.src) if need.src else None
+        return max(need.disk - entry[1], 0) if entry else need.disk
+
+    def fits(self, i: int, need: Need) -> bool:
+        """Return whether node i has room for one node's share of a replica."""
+        if need.g and len(self.free[i].get(need.cls, ())) < need.g:
+            return False
+        if self.mem[i] < need.mem or self.cores[i] < need.cores:
+            return False
+        if need.disk and self.disk[i] < self.disk_needed(i, need):
+            return False
+        domains = self.node_domains[i]
+        if domains:
+            w = self.watts(i, need)
+            used, cap = self.used, self.cap
+            for d in domains:
+                if used[d] + w > cap[d] + EPSILON:
+                    return False
+        return True
+
+    def fit_key(self, i: int, need: Need) -> int:
+        """Return node i's place in the best-fit order (lower is tighter)."""
+        return len(self.free[i].get(need.cls, ())) if need.g else self._cpu_key(i)
+
+    def walk(self, need: Need) -> Iterator[int]:
+        """Yield schedulable nodes that may have room, best fit first."""
+        if not need.g:
+            return self.cpu_buckets.from_key(0)
+        buckets = self.class_buckets.get(need.cls)
+        return buckets.from_key(need.g) if buckets else iter(())
+
+    def spread(self, model: str, i: int) -> tuple[int, int]:
+        """Return how many replicas of a model node i would share with: on the node, then
+        in its rack (where it carries ``llmgw.io/rack``)."""
+        mine = self.model_on.get(model, {})
+        rack = self.labels[i].get(RACK_LABEL)
+        shared = sum(k for j, k in mine.items() if self.labels[j].get(RACK_LABEL) == rack)
+        return (mine.get(i, 0), shared if rack else 0)
+
+    def count_model(self, model: str, nodes: Iterable[int], sign: int) -> None:
+        """Count a replica of a model on these nodes (sign 1), or stop counting it (-1)."""
+        mine = self.model_on.setdefault(model, {})
+        for i in set(nodes):
+            mine[i] = mine.get(i, 0) + sign
+            if mine[i] <= 0:
+                del mine[i]
+
+    def members(self, label: str, name: str) -> list[int]:
+        """Return the nodes labelled name (rack r1, say), in name order."""
+        index = self.label_index.get(label)
+        if index is None:
+            index = self.label_index[label] = {}
+            for i, n in enumerate(self.nodes):
+                value = n.labels.get(label)
+                if value:
+                    index.setdefault(value, []).append(i)
+        return index.get(name, [])
+
+    def groups(self, need: Need, nodes: list[int]) -> dict[str, list[int]]:
+        """Return nodes grouped by their keep_within domain (one group without it)."""
+        if not need.level:
+            return {"": nodes}
+        label = LABEL_PREFIX + need.level
+        groups: dict[str, list[int]] = {}
+        for i in nodes:
+            value = self.nodes[i].labels.get(label)
+            if value:
+                groups.setdefault(value, []).append(i)
+        return groups
+
+    def power_text(self, d: int, used: float, needs: float) -> str:
+        """Return the reason a domain's power cap gives."""
+        level, name = self.domain_names[d]
+        return (
+            f"power cap of {level} {name} ({_w(self.cap[d])} W) would be exceeded: "
+            f"{_w(used)} W used, needs {_w(needs)} W"
+        )
+
+    def commit(self, need: Need, chosen: list[int]) -> tuple[Assignment, ...]:
+        """Take the chosen nodes' room for a replica; return its assignments."""
+        self.commits += 1
+        if need.src:
+            self.fetched[need.src] = self.fetched.get(need.src, 0) + 1
+        out = []
+        holds = []
+        for i in chosen:
+            cards = tuple(self.cards_for(i, need))
+            w = self.watts(i, need)
+            # The whole need, even when another replica's fetch already reserved part:
+            # the reservation is the largest of those fetching the source, kept while
+            # any of them remains.
+            disk = need.disk if need.src not in self.holds[i] else 0
+            holds.append(Hold(i, cards, need.cores, need.mem, disk, w, need.src))
+            out.append(Assignment(self.nodes[i].name, cards, need.cores, need.mem, disk, w))
+            # Apply node by node: the next node's derived watts read its own cards.
+            self._apply([holds[-1]], 1)
+        return tuple(out)
+
+    def evictable(self, i: int, rank: int) -> bool:
+        """Return whether node i runs a live replica of a class below rank."""
+        return any(count for r, count in self.ranks_on[i].items() if r < rank)
+
+    def release(self, r: Running) -> None:
+        """Give back what a running replica holds."""
+        self._apply(self.holds_of[r.id], -1)
+
+    def reclaim(self, r: Running) -> None:
+        """Take again what a released running replica held."""
+        self._apply(self.holds_of[r.id], 1)

@@ -462,7 +462,7 @@ def test_both_dialects_over_llama_server_report_its_cached_tokens(llama_server: 
             model="smol",
             instructions=system,
             max_output_tokens=4,
-            input="And of Italy?",
+            input="Now list the capitals of ten other European countries.",  # not in 4 tokens
             previous_response_id=first.id,
         ) as s:
             second = list(s)[-1].response  # cut at 4 tokens: it ends on response.incomplete
@@ -470,7 +470,7 @@ def test_both_dialects_over_llama_server_report_its_cached_tokens(llama_server: 
         turn = [{"role": "user", "content": "Name a river in Spain."}]
         one = claude.messages.create(model="smol", max_tokens=4, system=system, messages=turn)
         turn += [{"role": "assistant", "content": one.content[0].text},
-                 {"role": "user", "content": "And one in Italy?"}]  # fmt: skip
+                 {"role": "user", "content": "Now name ten rivers in Italy."}]  # fmt: skip
         with claude.messages.stream(model="smol", max_tokens=4, system=system, messages=turn) as s:
             two = s.get_final_message()
     assert first.output_text and second.status == "incomplete"  # cut at 4 tokens

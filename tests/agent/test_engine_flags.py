@@ -12,6 +12,7 @@ from agent.engines import CommandError, command_for
 from agent.flags import (
     AGENT,
     ENGINES,
+    REPO_ID_FLAGS,
     WORDS_ONLY,
     arg_problems,
     kinds,
@@ -216,6 +217,9 @@ def _allowed_line(draw: st.DrawFn) -> tuple[str, list[str]]:
         args.append(name)
         if name in WORDS_ONLY.get(engine, {}):  # a value from its own words
             args.append(min(WORDS_ONLY[engine][name]))
+            continue
+        if name in REPO_ID_FLAGS.get(engine, ()):  # a repository id, as operators write
+            args.append("Qwen/Qwen3-8B")
             continue
         args += {"none": [], "one": ["1"], "optional": [], "many": ["1", "2"], "two": ["a", "b"]}[
             flag.value

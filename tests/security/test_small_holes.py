@@ -105,11 +105,12 @@ def _a_row_in_every_list(admin_user: Any) -> None:
     tenancy.set_quota("team:search", cards={"nvidia-h100-80gb": 2}, via="test")
     from django.utils import timezone
 
-    from gateway.models import ClientKey, Refusal, Usage
+    from gateway.models import ClientKey, Peer, Refusal, Usage
 
     ClientKey.objects.create(name="k1", prefix="llmgw_k1", digest="0" * 64)
     Usage.objects.create(minute=timezone.now().replace(second=0, microsecond=0), key="k1")
     Refusal.objects.create(at=timezone.now(), request_id="req_1", direction="request", key="k1")
+    Peer.objects.create(name="east", url="https://east.example", api_key_file="east")
 
 
 @pytest.mark.django_db

@@ -13,7 +13,7 @@ as llmgw-agent's client does; they speak plain HTTP/1.1 written here rather than
 httpx, whose work for 200 agents in one process would be timed as the web process's: real
 agents each have a machine of their own. Prints heartbeat latency p50/p99, the
 web process's CPU use, and the machine's load average, since other work on the machine
-shows in every latency; asserts nothing. Goal (issue 3): p99 under 50 ms.
+shows in every latency; asserts nothing. Goal: p99 under 50 ms.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Measure how the cluster reacts to its load: load scaling (issue 20, item 1), and
-admission by priority band (item 3).
+"""Measure how the cluster reacts to its load: load scaling, and
+admission by priority band.
 
     .venv/bin/python bench/autoscale.py [--up 10] [--down 20] [--clients 8] [--only admission]
 
@@ -92,7 +92,7 @@ def store(data: dict[str, object]) -> None:
     services.save_model(m, services.Actor(user=None, surface=Surface.CLI, name="bench"))
 
 
-# -- load scaling (issue 20, item 1) ------------------------------------------------------
+# -- load scaling ------------------------------------------------------
 
 
 def scaling(s: Setup) -> None:
@@ -136,7 +136,7 @@ def scaling(s: Setup) -> None:
     s.say(f"  back at min 1 {at_min:.1f} s after the load ended (one replica a window)")
 
 
-# -- admission by priority band (issue 20, item 3) -----------------------------------------
+# -- admission by priority band -----------------------------------------
 
 
 def admission_decision(s: Setup) -> None:

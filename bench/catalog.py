@@ -4,7 +4,7 @@
 
 Runs on a throwaway database created on the configured server (tests/settings.py: the
 local PostgreSQL unless LLMGW_TEST_DATABASE_URL says otherwise) and drops it after.
-Prints figures; asserts nothing about time. Goals (issue 2): validate under 1 s, import
+Prints figures; asserts nothing about time. Goals: validate under 1 s, import
 under 10 s, the same small number of queries for the list at 10 and at 1,000 models.
 """
 

@@ -22,7 +22,7 @@ both targets and cancels out. Phases, each printing its figures:
    latency and closed-loop phases through LiteLLM's proxy (two workers, no database, a
    master key, the local cost map) in front of the same mock engine.
 
-Asserts nothing. Goals (issue 12): overhead p50 <= 1 ms and p99 <= 5 ms at 100 req/s,
+Asserts nothing. Goals: overhead p50 <= 1 ms and p99 <= 5 ms at 100 req/s,
 <= 50 us a streamed event, RSS flat, >= 2,500 req/s through one process.
 """
 

@@ -20,7 +20,7 @@ async client cost 2.5-4 ms a call of its own here, on both sides, which only add
 noise.) The overhead is a check's time less the raw call's in the same round. Prints
 p50/p99 of each, the CPU the engine and the web process spend per call, the machine's
 load, and the answers the recorders wrote against the checks made; asserts nothing.
-Goal (issue 4): overhead under 2 ms p50, the last line (over HTTP).
+Goal: overhead under 2 ms p50, the last line (over HTTP).
 """
 
 from __future__ import annotations

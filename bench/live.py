@@ -14,7 +14,7 @@ change at a time, and times, for every console, from just before the API call to
 - in the websocket clients: the frame carrying the node's new fragment arriving.
 
 Prints p50/p95 per console count (all consoles' times together, and the browser's
-alone); asserts nothing. Goal (issue 5): p95 under 250 ms with 100 consoles. The last
+alone); asserts nothing. Goal: p95 under 250 ms with 100 consoles. The last
 line reads `live p95 with 100 consoles: <ms> ms`.
 """
 

@@ -20,7 +20,7 @@ machine one run says little, and the CPU each took a GB (this process's, all its
 for the node's fetch the web process's too), which others' load moves much less than the
 rate. What a long-running process does once (importing ``huggingface_hub``, reading the CAs
 for TLS) is done before the runs. Runs on a throwaway database on the configured server
-(tests/settings.py) and drops it after. Prints figures; asserts nothing. Goal (issue 19):
+(tests/settings.py) and drops it after. Prints figures; asserts nothing. Goal:
 each at least 0.8 of the plain copy (docs/updates.md, "Figures").
 
     mirror fetch: <MB/s> (disk copy <MB/s>)

@@ -1,4 +1,4 @@
-"""The console's quotas (issue 20, item 4): every owner's quota with what its replicas
+"""The console's quotas: every owner's quota with what its replicas
 hold now, the form that sets one and the button that removes it (operators), and an
 owner's page: its quota, its parents', its models and their replicas, a waiting one with
 the quota it waits on. Writes go through ``cluster.tenancy`` (checked, logged)."""

@@ -1,4 +1,4 @@
-"""Capacity quotas per owner (issue 20, item 4), plain data and pure functions.
+"""Capacity quotas per owner, plain data and pure functions.
 
 A catalog model's ``owner`` (``org:ID``, ``team:ID`` or ``project:ID``; empty: shared,
 counted against nobody) is the part of the tenancy tree its replicas count against. A

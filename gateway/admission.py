@@ -1,7 +1,7 @@
 """Admission by priority band: while a model is under pressure (its recent TTFT p99 past
 its ``slo``), the bands below the top get an allowance of requests in flight, found as TCP
 and Envoy's adaptive concurrency find theirs; past it they wait at the door, briefly, then
-get 429 (issue 20, item 3).
+get 429.
 
 A client key has a band (``high``, ``normal``, ``low``; ``ClientKey.priority``). Each
 gateway process keeps, per model, the first-token times of the requests it admitted over

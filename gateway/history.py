@@ -1,4 +1,4 @@
-"""Traffic over time (issue 20, item 5): what the gateway counts per model, kept in the
+"""Traffic over time: what the gateway counts per model, kept in the
 database and downsampled; per key and per owner from the usage records.
 
 ``HistoryRecorder`` is an observer (``gateway.observe``) like ``gateway.usage``'s: each

@@ -46,7 +46,7 @@ urlpatterns = [
     path("tokens/<str:kind>/", token_views.token_issue, name="token_issue"),
     path("tokens/<str:kind>/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
     path("favicon.ico", token_views.favicon, name="favicon"),
-    # API tokens' admin pages moved with their model to the framework (llmgw_core, issue 18);
+    # API tokens' admin pages moved with their model to the framework (llmgw_core);
     # an operator's bookmark of the old address still lands on them.
     re_path(
         r"^admin/llmgw_admin/apitoken/(?P<rest>.*)$",

@@ -5,7 +5,7 @@ The gateway sends every request to an engine or a provider through one ``Upstrea
 process (per event loop); the guard asks its judges through one per event loop too
 (``guard.pool.AsyncPool``, which gives ``post_json``'s answer as ``Pool.post`` gives
 it). httpx's ``AsyncClient`` does the same job and was measured in its place through
-``bench/gateway.py`` (issue 18): it carried fewer requests a second and added more to
+``bench/gateway.py``: it carried fewer requests a second and added more to
 each (docs/gateway.md, "What it holds, and what it costs"), so this one stays.
 
  A request takes a connection of

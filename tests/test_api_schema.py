@@ -1,4 +1,4 @@
-"""The API against its own OpenAPI schema, by schemathesis (issue 11, item 6).
+"""The API against its own OpenAPI schema, by schemathesis.
 
 Every operation in ``/api/schema/`` is called with examples drawn from the schema on a
 live server, as an admin's API token: no answer may be a 5xx, and every answer's body and

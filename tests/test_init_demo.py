@@ -162,7 +162,7 @@ def test_init_never_adds_back_what_an_operator_deleted_or_changed(
     init()
     assert demo.ON_DEMAND not in names()
     assert ServedModel.objects.get(name=BASELINE_JUDGE).source.startswith("https://mirror.")
-    # A judge the policy names and judges with is not deleted (issue 16): the operator
+    # A judge the policy names and judges with is not deleted: the operator
     # has the policy judge nothing first.
     with pytest.raises(Refused, match="named by the guard policy"):
         delete_model(BASELINE_JUDGE, actor)

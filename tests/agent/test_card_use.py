@@ -1,4 +1,4 @@
-"""What each card uses, as the agent reports it with every heartbeat (issue 17): read from
+"""What each card uses, as the agent reports it with every heartbeat: read from
 nvidia-smi's recorded output on a real node, and, on a simulated one, derived from its
 replicas' state and the load a real sim engine says on its /health."""
 

@@ -609,7 +609,7 @@ def test_a_catalog_cannot_set_or_replace_the_engine_key(
 
 
 def test_the_agents_engine_key_wins_over_any_the_profile_gives() -> None:
-    # The argument checks refuse the key variables (LLMGW_SIM_API_KEY with the issue 17
+    # The argument checks refuse the key variables (LLMGW_SIM_API_KEY with the
     # flag tables); whatever passes them, the agent's key is set last.
     for engine, variable in (("sim", "LLMGW_SIM_API_KEY"),):
         try:

@@ -1,4 +1,4 @@
-"""The catalog's admin in a real Chromium: what a deletion says, widths, names (issue 11, item 21)."""
+"""The catalog's admin in a real Chromium: what a deletion says, widths, names."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Chat page's notes say what a message would meet (issue 17): an asleep, on-demand
+"""The Chat page's notes say what a message would meet: an asleep, on-demand
 model that a wake could not place is not offered as "started when asked" (the send got
 "no room"), in a real Chromium at 1280 and 390 px with the console's errors collected."""
 

@@ -1,6 +1,6 @@
 """The console's details in a real Chromium: labels, widths, messages, favicon, phones, tokens.
 
-Each test is one point an operator met in the first hour (issue 11, item 22).
+Each test is one point an operator met in the first hour.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The console's items of issue 17 in a real Chromium, each as an operator met it.
+"""The console's details in a real Chromium, each as an operator met it.
 
 Each page collects what Chromium's console says (``page.errors``): htmx's errors, the
 Content-Security-Policy's, the page's exceptions.

@@ -1,4 +1,4 @@
-"""The dashboard says loudly when no judge of the guard policy answers (issue 16, item 10),
+"""The dashboard says loudly when no judge of the guard policy answers,
 in real Chromium: before, a policy whose judges were gone or down failed open with
 nothing on the page."""
 

@@ -1,4 +1,4 @@
-"""The operators' pages GPUStack and LiteLLM users looked for (issue 17, item 5), in a real
+"""The operators' pages GPUStack and LiteLLM users looked for, in a real
 Chromium under the pages' real CSP: a node's page, a replica's engine log, usage on the
 Keys page, Try/Scale/Wake on a model's page, the copy button of a new key. Each page is
 walked at 1280 and 390 px with its console errors collected."""

@@ -1,4 +1,4 @@
-"""Quotas in real Chromium (issue 20, item 4): an operator sets a team's quota on the
+"""Quotas in real Chromium: an operator sets a team's quota on the
 Quotas page; the team's next replica waits pending with the quota named, on the Quotas
 page, on the team's owner page and in the API; another team's model still places. No
 console error, at 1280 and 390 px."""

@@ -1,4 +1,4 @@
-"""Saving each console form breaks none of the page's Content-Security-Policy (issue 17):
+"""Saving each console form breaks none of the page's Content-Security-Policy:
 the catalog's model form, its schedule, the guard policy and the Keys page, with a textarea
 resized first as an operator does (Chromium keeps the new size in the element's style
 attribute, which htmx copied back with setAttribute as it swapped the form: refused by

@@ -1,5 +1,5 @@
 """Reasons that name what is missing, and a model no node could ever run, as operators see
-them (issue 17, item 3), in real Chromium: the dashboard's Unplaced list said "no node has
+them, in real Chromium: the dashboard's Unplaced list said "no node has
 nvidia-l4-24gb cards" where a node had them but not the engine, or none free."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_a_terminal_import_may_name_the_stored_demo_models(tmp_path: Path) -> No
             'models[0].canary.model (model "extra"): canary "demo-coder" is removed by '
             '--replace, as the file does not list "demo-coder": add it to the file, or name a '
             "model the file lists",
-            # ... and the judges the demo's policy judges with (issue 16) are not removed.
+            # ... and the judges the demo's policy judges with are not removed.
             *(f'name (model "{judge}"): judge "{judge}" is named by the guard policy '
               "(judge.models: qwen3guard-0.6b, qwen3guard-0.6b-sim): take it out of the "
               "policy first (the Guard page, the API's policy, or manage.py guard policy set; "

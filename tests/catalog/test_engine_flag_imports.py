@@ -1,4 +1,4 @@
-"""Catalogs with real engines' command lines import (issue 17: 63 valid catalogs were refused)."""
+"""Catalogs with real engines' command lines import."""
 
 from __future__ import annotations
 

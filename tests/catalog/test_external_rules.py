@@ -1,4 +1,4 @@
-"""An external provider's key file and address (issue 16, item 6), as the rules see them:
+"""An external provider's key file and address, as the rules see them:
 plain data, with the installation's facts passed in (``catalog.rules.Environment``).
 
 Before, ``external.api_key_file`` could be any path (``/etc/shadow``) and ``url`` any

@@ -1,4 +1,4 @@
-"""A profile's measured capacity (issue 20): stored, checked, written with its weight by
+"""A profile's measured capacity: stored, checked, written with its weight by
 catalog.services.set_measured and logged with the figures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pages render whatever name the catalog holds (issue 17): a name stored before the rule
+"""Pages render whatever name the catalog holds: a name stored before the rule
 that refuses control characters (with a CR or LF) answered 500 (NoReverseMatch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The capacity bench drives its replica through the gateway (issue 20, item 2), as an
+"""The capacity bench drives its replica through the gateway, as an
 operator runs it: ``manage.py cluster bench`` against real sim engines, through a real
 ``manage.py gateway serve`` process, with a client key made for the run, pinned to the
 replica measured and revoked after it.

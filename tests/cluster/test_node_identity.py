@@ -1,5 +1,5 @@
 """A node's identity is its node token; its engines are reached where the control plane sees
-it (cluster.address), never where its inventory says (issue 11, item 2)."""
+it (cluster.address), never where its inventory says."""
 
 from __future__ import annotations
 

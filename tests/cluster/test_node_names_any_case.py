@@ -1,4 +1,4 @@
-"""Node names are unique without regard to case (issue 17: SIM-1 beside sim-1 both joined):
+"""Node names are unique without regard to case:
 at join (the agents' API), in the admin, and in the database."""
 
 from __future__ import annotations

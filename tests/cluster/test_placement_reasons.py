@@ -153,7 +153,7 @@ def test_a_node_missing_one_condition_is_told_by_it(cond: str) -> None:
 
 
 # The cards: a reason never says no node has them (or enough of them on one) where a
-# node has, so a node missing only them is told after one that has them (issue 17).
+# node has, so a node missing only them is told after one that has them.
 HARD = ("class", "count")
 # The order in which the nodes fall out when none misses only one condition.
 STAGED = ["ready", "real", "class", "count", "engine", "version", "selector", "label"]
@@ -222,7 +222,7 @@ def test_multi_node_profiles_name_the_binding_condition_with_what_was_found() ->
     p = replace(PROFILE, nodes=2)
     text = reason((), ("free",), profile=p)
     assert text == f"needs 2 nodes each with 2 free {L4}; found 1"
-    # Two nodes have the cards (issue 17: the class is not what is missing): room binds.
+    # Two nodes have the cards: room binds.
     text = reason((), ("free",), ("class",), profile=p)
     assert text == f"needs 2 nodes each with 2 free {L4}; found 1"
     text = reason((), ("class",), ("class",), profile=p)

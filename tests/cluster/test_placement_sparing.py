@@ -1,4 +1,4 @@
-"""Preemption that never darkens a model another node could hold (issue 16, item 5).
+"""Preemption that never darkens a model another node could hold.
 
 Plain data, no database: run with ``-p no:django``. ``place_sparing`` is ``place`` where a
 patient request (a drain's replacement whose replica still serves) may not evict a model's

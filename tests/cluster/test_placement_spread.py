@@ -1,4 +1,4 @@
-"""Replicas of a model spread across nodes and racks (issue 17, item 4), as Kubernetes'
+"""Replicas of a model spread across nodes and racks, as Kubernetes'
 topology spread does a deployment's pods; where they cannot, the placement says so.
 
 Plain data, no database.

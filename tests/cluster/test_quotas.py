@@ -1,4 +1,4 @@
-"""cluster.quotas and placement with quotas (issue 20, item 4): each replica counts against
+"""cluster.quotas and placement with quotas: each replica counts against
 its owner's quota and every parent's; a request past one waits with the quota named and
 evicts nothing for it; another owner's model still places. Hypothesis for what holds
 whatever the quotas and requests."""

@@ -1,4 +1,4 @@
-"""Quotas per owner through every surface (issue 20, item 4): the command, the API, the
+"""Quotas per owner through every surface: the command, the API, the
 admin and the console set them through ``cluster.tenancy`` (checked, logged with who and
 how); the reconciler counts each model's replicas against its owner's quota and its
 parents', a replica past one waits pending with the quota named, shown on the quotas page,

@@ -1,4 +1,4 @@
-"""Production with what it leans on behind proxies a test cuts (issue 16's fault suite).
+"""Production with what it leans on behind proxies a test cuts.
 
 The arrangement docs/production.md describes, as processes: the web process, a Celery
 worker, Celery beat and two ``gateway serve`` processes, all reaching PostgreSQL and Redis

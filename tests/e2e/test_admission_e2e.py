@@ -1,4 +1,4 @@
-"""Admission by priority band end to end (issue 20, item 3), as production runs it: the web
+"""Admission by priority band end to end, as production runs it: the web
 process, a Celery worker and beat, two ``gateway serve`` processes, PostgreSQL and Redis
 (tests/e2e/faultplane.py), a simulated node, and openai clients streaming through both
 gateways with a high and a low key.

@@ -1,4 +1,4 @@
-"""A node's cards' use on its page (issue 17): a real agent on a simulated node reports
+"""A node's cards' use on its page: a real agent on a simulated node reports
 each card's memory used and utilisation with its heartbeats, derived from its replicas'
 state and its sim engine's busy slots; the node page, open in Chromium at 1280 and 390 px,
 shows them and follows a request held in the engine without a reload, no console error."""

@@ -1,4 +1,4 @@
-"""The catalog list's ready column, live (issue 17): in a real Chromium against a real
+"""The catalog list's ready column, live: in a real Chromium against a real
 control plane, a replica a real agent's sim engine brings to ready changes the cell of
 its model from 0/1 to 1/1 without a reload; a model the list's filters leave out gets
 nothing pushed (htmx would say it found no target), and the console says nothing."""

@@ -1,4 +1,4 @@
-"""The Chat page's note of a model after a send (issue 17): the page opened while the
+"""The Chat page's note of a model after a send: the page opened while the
 cluster had room for an asleep model ("started when asked"); the cluster filled, the send
 woke the model into no room, and its note now says so. A real control plane, a real
 agent with a sim engine, the page in Chromium; the gateway's wake wait set short."""

@@ -1,4 +1,4 @@
-"""The live console's items of issue 17 in a real Chromium against ``manage.py serve``.
+"""The live console's details in a real Chromium against ``manage.py serve``.
 
 Each page collects what Chromium's console says (``collect``): htmx's own errors (an
 out-of-band swap with no target), the Content-Security-Policy's, the page's exceptions.

@@ -1,4 +1,4 @@
-"""The console's chat page as a user meets it (issue 12, item 10): real Chromium against a
+"""The console's chat page as a user meets it: real Chromium against a
 real ``manage.py serve``, a real agent and sim engines. A viewer picks a model (judges
 are not offered), the answer streams through the gateway and its guard with the session
 (no key in the page), naming the replica that answered, the time to the first token and

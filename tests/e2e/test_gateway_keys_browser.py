@@ -1,4 +1,4 @@
-"""Client keys as an operator meets them (issue 12, item 3): in real Chromium against a
+"""Client keys as an operator meets them: in real Chromium against a
 real ``manage.py serve``, a key is created on the console's page and shown once, the
 official ``openai`` client uses it on the same port, and once it is revoked (confirmed
 first) the gateway refuses it; a viewer sees the keys with no button to change them."""

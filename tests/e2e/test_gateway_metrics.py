@@ -1,4 +1,4 @@
-"""``GET /metrics`` as Prometheus meets it (issue 12, item 9): two real gateway processes
+"""``GET /metrics`` as Prometheus meets it: two real gateway processes
 (``manage.py serve`` and ``manage.py gateway serve``) sharing one data folder, either
 scraped, tell the traffic of both; only a viewer's API token may scrape."""
 

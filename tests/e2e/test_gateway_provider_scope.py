@@ -1,5 +1,5 @@
 """An external provider reached only within a key's scope, with a key file from the secrets
-folder only (issue 16, items 6 and 7), through a real ``manage.py gateway serve`` process
+folder only, through a real ``manage.py gateway serve`` process
 and the ``openai`` client; the provider is a real HTTP server that counts what reaches it.
 
 Before, a key that could not name external models reached the provider through the

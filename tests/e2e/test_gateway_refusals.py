@@ -1,4 +1,4 @@
-"""A refusal found again by the request id its client got (issue 12), as people meet it:
+"""A refusal found again by the request id its client got, as people meet it:
 the official ``openai`` client against a real ``manage.py serve``, a real agent, a sim
 engine and a real sim judge; the operator finds the request id in the console's Refusals
 list in real Chromium (reached from the Traffic page) and through the API, and a viewer's

@@ -1,4 +1,4 @@
-"""Each model's own waits as an operator and a client meet them (issue 12, item 5): a real
+"""Each model's own waits as an operator and a client meet them: a real
 ``manage.py serve`` whose settings give a 1 s first-token wait, a real agent and sim
 engines that take 1.5 s to their first token. The model whose catalog entry says its
 first token takes up to 2 s is waited for; the one that says nothing is given up on

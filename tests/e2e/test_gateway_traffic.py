@@ -1,4 +1,4 @@
-"""The console's live traffic as an operator meets it (issue 12, item 9): real Chromium on
+"""The console's live traffic as an operator meets it: real Chromium on
 ``/gateway/traffic/`` of a real ``manage.py serve``, pushed over the live websocket, while
 clients send through a separate ``manage.py gateway serve`` process only: its seconds
 reach the web process (the embedded relay) and the panel shows the model's requests/s,

@@ -1,4 +1,4 @@
-"""An on-demand model woken by its clients (issue 12, items 4 and 5): a real
+"""An on-demand model woken by its clients: a real
 ``manage.py serve``, a real agent and a sim engine that takes 3 s to load. Fifty clients
 ask at once for a model scaled to zero: the gateway records the demand, the reconciler
 starts one replica (not fifty), every request is held until it is ready and all fifty
@@ -52,7 +52,7 @@ def test_a_model_with_no_room_is_503_at_once_woken_or_not(
     """No room for it now (its card is another's): the reconciler says so, and the
     gateway answers 503 with a long Retry-After at once, for a model that runs always and
     for one woken on demand (the held requests are let go), instead of holding clients
-    ten minutes. A model no node could ever run (no node has its class, issue 17) is
+    ten minutes. A model no node could ever run (no node has its class) is
     503 ``model_unplaceable``, naming what is missing, with nothing inviting a retry."""
     agents("room-node", "--simulate", f"1x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")

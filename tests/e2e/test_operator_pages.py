@@ -1,5 +1,5 @@
 """The node page and an engine's log with a real agent and a real sim engine that crashes
-(issue 17, item 5): its last lines reach the control plane with the agent's reports and
+: its last lines reach the control plane with the agent's reports and
 are shown to operators, walked in Chromium at 1280 and 390 px with console errors
 collected."""
 

@@ -1,7 +1,7 @@
 """An operator's first hour: catalog changes reach the open consoles without a reload.
 
 A real Chromium against a real ``manage.py serve`` and a simulated agent; the changes are
-made through the API, as a script would, while the pages stay open (issue 11, item 20).
+made through the API, as a script would, while the pages stay open.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A client key's admission band (issue 20, item 3): set by the console, the API and
+"""A client key's admission band: set by the console, the API and
 ``gateway key create --priority``, normal by default, shown in the list, the admin and the
 command's list, refused when it is none of the bands, and carried to the gateway's table."""
 

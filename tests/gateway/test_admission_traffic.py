@@ -1,4 +1,4 @@
-"""Admission on the Traffic page (issue 20, item 3): each process's admitted and held
+"""Admission on the Traffic page: each process's admitted and held
 requests per band ride its traffic seconds; the console's window sums every process's,
 and the panel shows them per model, top band first."""
 

@@ -1,4 +1,4 @@
-"""The console's chat answers a model whatever name the catalog holds (issue 17): a name
+"""The console's chat answers a model whatever name the catalog holds: a name
 stored before the rule that refuses control characters put a raw CR into the answer's
 ``x-llmgw-model`` header, and the web server dropped the connection instead."""
 

@@ -1,6 +1,6 @@
 """The TTFT the gateway reports is the client's: to the first byte of text released to
 it, after the guard's hold of a streamed window; the engine's (its first token as it
-reached the gateway) is reported beside it (issue 17, item 5).
+reached the gateway) is reported beside it.
 
 A stream through the real gateway with the real guard judging answers by a sim judge
 that takes ``JUDGE_TTFT`` seconds a verdict, read by the official ``openai`` client. No

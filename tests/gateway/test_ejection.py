@@ -1,4 +1,4 @@
-"""Replicas ejected on failure (issue 16, item 3), over real sockets with the ``openai``
+"""Replicas ejected on failure, over real sockets with the ``openai``
 client: a replica refusing connections, or answering 503, is left out of routing after a
 few failures in a row (every request still answered by the other), comes back on its
 own once its while is over and it listens again, and retries stop growing meanwhile.

@@ -63,7 +63,7 @@ def test_the_docs_table_lists_every_status_and_code_the_module_makes_and_no_othe
     ours, docs = made(), documented()
     assert ours - docs == set(), f"made by gateway/errors.py, not in docs/gateway.md: {ours - docs}"
     assert docs - ours == set(), f"in docs/gateway.md, made by no constructor: {docs - ours}"
-    # The table knows the statuses issue 18 found missing.
+    # The table knows the statuses once found missing from it.
     assert {413, 405, 404, 500} <= {status for status, _ in docs}
 
 

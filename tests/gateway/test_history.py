@@ -1,4 +1,4 @@
-"""Traffic over time (issue 20, item 5): each process's minutes per model written off the
+"""Traffic over time: each process's minutes per model written off the
 request path and added in the database, minutes rolled into hours and old hours deleted,
 the series read back by span (the API, the Traffic page, the keys' and owners' pages),
 and the charts' geometry."""

@@ -1,4 +1,4 @@
-"""A key's scope holds on every hop (issue 16, item 7): a canary or fallback the key
+"""A key's scope holds on every hop: a canary or fallback the key
 could not name itself is skipped, through the real gateway with the ``openai`` client.
 Before, a key that may not use external models reached an external provider through a
 fallback, the console's chat did the same, and a key listing only ``fb-a`` got another

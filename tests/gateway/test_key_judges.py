@@ -1,4 +1,4 @@
-"""No client key may name a judge, by its name, an alias or an adapter (issue 16, item 7):
+"""No client key may name a judge, by its name, an alias or an adapter:
 refused the same way in the console, the API and the command, and nothing is made.
 Before, a key could list a judge's alias (the gateway held; the key should not exist)."""
 

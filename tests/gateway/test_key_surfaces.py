@@ -1,4 +1,4 @@
-"""Client keys in the console, the API and the admin (issue 12, item 3): each surface
+"""Client keys in the console, the API and the admin: each surface
 lists, creates (the secret shown once) and revokes through ``gateway.services``, logged
 with who did it; viewers read and are refused every change."""
 

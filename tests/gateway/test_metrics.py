@@ -1,4 +1,4 @@
-"""The gateway's Prometheus counts (issue 12, item 9) over real sockets: what a request,
+"""The gateway's Prometheus counts over real sockets: what a request,
 a retry, a fallback and a request in flight leave in ``/metrics``' text, read back with
 Prometheus' own parser. Across processes and with the scrape's auth:
 tests/e2e/test_gateway_metrics.py."""
@@ -99,7 +99,7 @@ def test_retries_fallbacks_and_in_flight(h: Harness) -> None:
 
 
 def test_a_model_name_with_control_characters_leaves_readable_one_line_samples(h) -> None:
-    # A name stored before the catalog refused control characters (issue 17): the scrape
+    # A name stored before the catalog refused control characters: the scrape
     # held its CR raw, which breaks the exposition's lines for a scraper.
     name = "mx-\rcr\x1b"
     h.serve([model(name)], [(31, name, h.engine("e", words=2))])

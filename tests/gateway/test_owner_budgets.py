@@ -1,4 +1,4 @@
-"""Token budgets per owner (issue 20, item 4), shared by all the owner's keys and exact
+"""Token budgets per owner, shared by all the owner's keys and exact
 across gateway processes: reserved up front in Redis by one script, settled with the real
 count when the answer ends. Two real processes reserving at once against the real Redis
 never let through more than the budget plus one request's reservation, and the count in

@@ -1,4 +1,4 @@
-"""An external provider's key file, read by the real gateway as it sends (issue 16, item 6).
+"""An external provider's key file, read by the real gateway as it sends.
 
 Before, the gateway read whatever ``external.api_key_file`` named (``/etc/shadow`` as
 root) and sent it to the provider as ``Authorization: Bearer …``, its other lines as

@@ -1,4 +1,4 @@
-"""Where operators find the guard's refusal records (issue 12): the console's list (from
+"""Where operators find the guard's refusal records: the console's list (from
 the traffic page), the API and the admin, each by role; filters by request id, key,
 model and direction; a filter that cannot be read is a 400 saying which, never a 500."""
 

@@ -1,4 +1,4 @@
-"""The guard's refusal records (issue 12): written off the request path in batches, a
+"""The guard's refusal records: written off the request path in batches, a
 failed batch put back, bounded; every refusal the real Gateway makes recorded by the
 request id its client got; found in the console's list, the API and the admin by role;
 deleted after ``LLMGW_GATEWAY_REFUSAL_DAYS`` by the periodic job."""

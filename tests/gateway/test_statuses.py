@@ -1,5 +1,4 @@
-"""Every status the gateway answers is counted, in ``/metrics`` and in usage (issue 16,
-item 4), over real sockets with the ``openai`` client and httpx: 200, 401, 404, 405, 413,
+"""Every status the gateway answers is counted, in ``/metrics`` and in usage, over real sockets with the ``openai`` client and httpx: 200, 401, 404, 405, 413,
 429, a 500 (an unexpected exception in the gateway: an OpenAI-shaped error with the
 request id, a log line with it, never a raw crash) and 499 (a client gone before its
 answer ended, streamed or whole)."""

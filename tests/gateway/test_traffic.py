@@ -1,4 +1,4 @@
-"""The live traffic's figures (issue 12, item 9): one process's seconds as its observer
+"""The live traffic's figures: one process's seconds as its observer
 counts them, and several processes' seconds summed as the console's window reads them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A model no node of the cluster could ever run (issue 17, item 3): the gateway answers
+"""A model no node of the cluster could ever run: the gateway answers
 503 ``model_unplaceable`` at once, naming what is missing, with no ``Retry-After`` and
 ``x-should-retry: false``, so the official client does not retry what cannot succeed.
 The reconciler's reason reaches the gateway as ``Replica.reason`` (tests/e2e covers that

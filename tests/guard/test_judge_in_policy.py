@@ -1,4 +1,4 @@
-"""A judge the guard policy names cannot leave it through the catalog (issue 16, item 10).
+"""A judge the guard policy names cannot leave it through the catalog.
 
 Before, deleting the policy's judges was accepted on every surface and the default policy
 fails open, so a cluster silently stopped judging. Now a deletion, a rename or a role

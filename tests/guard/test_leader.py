@@ -132,7 +132,7 @@ def test_a_judge_the_operator_deleted_stays_deleted_until_the_policy_is_saved_ag
     set_judges("qwen3guard-0.6b")
     reconciler.tick()
     assert ServedModel.objects.filter(name="qwen3guard-0.6b").exists()
-    # Not while the policy judges with it (issue 16): it would silently stop judging.
+    # Not while the policy judges with it: it would silently stop judging.
     with pytest.raises(catalog_services.Refused, match="named by the guard policy"):
         catalog_services.delete_model("qwen3guard-0.6b", operator_actor(operator))
     services.set_policy({"judge": {"models": ["qwen3guard-0.6b"]}, "directions": []},

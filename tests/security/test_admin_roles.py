@@ -1,4 +1,4 @@
-"""Every admin action and view by role (issue 11, item 1), through the real admin.
+"""Every admin action and view by role, through the real admin.
 
 The registry is walked, not listed: every ModelAdmin in ``admin.site._registry``, every
 action it has (Django's own ``delete_selected`` too) and every URL it serves (changelist,

@@ -1,4 +1,4 @@
-"""Sign-in throttling at /login/ and /admin/login/ (issue 11, item 5).
+"""Sign-in throttling at /login/ and /admin/login/.
 
 Through the real sign-in pages with Django's test client; the throttle's clock is the
 test's own (no sleeps): a window passes when the test moves the clock.

@@ -1,4 +1,4 @@
-"""Smaller security holes (issue 11, item 6): each through the surface it was met at.
+"""Smaller security holes: each through the surface it was met at.
 
 - the embedded database and the data folder are private to the user running llmgw;
 - a ``limit`` or ``offset`` no database integer holds gives a page, not a 500;

@@ -1,4 +1,4 @@
-"""Drain plus preemption leaves no model dark (issue 16, item 5), in production's
+"""Drain plus preemption leaves no model dark, in production's
 processes under a client load: a critical model on one node, a scheduled model's only
 replica on the other, one card each. Draining the first would have its replacement evict
 the second's last ready replica (before, the drain answered 200 with ``dark: []`` and the

@@ -1,4 +1,4 @@
-"""A replica refusing connections is ejected (issue 16, item 3), in production's
+"""A replica refusing connections is ejected, in production's
 arrangement (tests/e2e/faultplane.py): two ``gateway serve`` processes under a steady
 openai-client load, a sim model with two replicas on two simulated nodes, one of them
 reached through a TCP proxy the test stops (its port refuses connections) and starts again.

@@ -1,4 +1,4 @@
-"""A judge that hangs, in production (issue 16, item 2): the web
+"""A judge that hangs, in production: the web
 process, worker, beat and two ``gateway serve`` processes, real agents and sim engines, an
 openai-client load on both gateways throughout. The judge's engine is stopped (SIGSTOP:
 its port still accepts connections and answers nothing, as a hung engine does) and

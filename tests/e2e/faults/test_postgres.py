@@ -1,4 +1,4 @@
-"""PostgreSQL away: the gateways go on serving from what they read last (issue 16, item 1).
+"""PostgreSQL away: the gateways go on serving from what they read last.
 
 Production's processes behind proxies (tests/e2e/faultplane.py), a steady openai-client
 load through both ``gateway serve`` processes, streamed and not. PostgreSQL is refused for

@@ -1,4 +1,4 @@
-"""Redis away for 30 s, then hung for 30 s, in production mode (issue 16, item 1's Redis half).
+"""Redis away for 30 s, then hung for 30 s, in production mode.
 
 The fault plane (tests/e2e/faultplane.py): web, worker, beat and two ``gateway serve``
 processes reach Redis only through a FaultProxy; an openai-client load on a key with

@@ -25,6 +25,7 @@ Plain over the translators: no I/O here but what its callers do.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any
 
 from gateway import errors
@@ -44,8 +45,9 @@ COUNT_PATH = messages.COUNT_PATH
 RESPONSES_PATH = responses.PATH
 
 
-class Dialect:
-    """One request's dialect (the module's docstring)."""
+class Dialect(ABC):
+    """One request's dialect (the module's docstring): each says how its body becomes
+    chat's and how chat's whole answer comes back; one that streams says how its stream does."""
 
     name = CHAT
     # The field a client names the answer's bound with (an error about it names it).
@@ -62,14 +64,19 @@ class Dialect:
         """An engine's error (already in OpenAI's shape: ``errors.from_engine``)."""
         return raw
 
+    @abstractmethod
     def chat_body(self, data: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """The chat completions body this dialect's ``data`` asks for."""
 
+    @abstractmethod
     def whole(self, raw: bytes) -> bytes:
-        raise NotImplementedError
+        """Chat's whole answer ``raw`` in this dialect."""
 
     def stream(self) -> Any:
-        raise NotImplementedError
+        """This dialect's stream translator; a dialect that answers whole only (rerank)
+        refuses a streamed request with the reason."""
+        raise errors.bad_request(f"{self.name} answers are not streamed: send stream false",
+                                 "stream")  # fmt: skip
 
     # A stream: the translator is made at its first event.
     def _translator(self) -> Any:

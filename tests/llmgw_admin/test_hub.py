@@ -38,7 +38,9 @@ class Console:
         self.told: asyncio.Event = asyncio.Event()
 
     async def handle_event(self, event: dict[str, Any]) -> None:
-        await self.ready.wait()  # as the consumer did: unbounded, here on purpose
+        # Unbounded on purpose: the console that never becomes ready, which the hub must
+        # not wait on (the test bounds its own waits; pytest-timeout bounds the rest).
+        await self.ready.wait()
         self.events.put_nowait(event)
 
     async def layer_lost(self) -> None:

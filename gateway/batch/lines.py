@@ -2,7 +2,9 @@
 (pure).
 
 Each line is a JSON object ``{"custom_id": str, "method": "POST", "url": endpoint,
-"body": {...}}``; ``custom_id`` unique in the file; ``url`` one of ``ENDPOINTS``. A problem
+"body": {...}}``; ``custom_id`` unique in the file; ``url`` one of ``ENDPOINTS``; ``body.stream`` absent or
+false (a line is answered whole, in the output file; OpenAI's Batch API refuses a streamed
+line too). A problem
 is told with its line number (1-based), so a client fixes the file without guessing.
 """
 
@@ -64,6 +66,9 @@ def _one(number: int, text: str) -> Line | str:
         return "body is missing or not a JSON object"
     if not isinstance(body.get("model"), str) or not body["model"]:
         return "body.model is missing or not a string"
+    if body.get("stream") not in (None, False):
+        # As OpenAI's Batch API: a line is answered whole, in the output file.
+        return "body.stream must be false or left out: a batch's lines are not streamed"
     return Line(number, custom_id, url, body)
 
 

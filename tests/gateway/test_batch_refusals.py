@@ -34,6 +34,11 @@ def test_bad_uploads_and_batches_are_told_what_is_wrong(h: Harness, tmp_path: Pa
         api.files.create(file=("x.jsonl", LINE * 4), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="line 2: custom_id 'a' is used by line 1"):
         api.files.create(file=("x.jsonl", LINE * 2), purpose="batch")
+    streamed = LINE.replace(b'"model": "m"', b'"model": "m", "stream": true')
+    with pytest.raises(openai.BadRequestError) as stream:
+        api.files.create(file=("x.jsonl", LINE + streamed.replace(b'"a"', b'"b"')), purpose="batch")
+    message = stream.value.body["message"]  # type: ignore[index]
+    assert "line 2: body.stream must be false or left out" in message and "line 1" not in message
     with pytest.raises(openai.BadRequestError, match="purpose must be 'batch'"):
         api.files.create(file=("x.jsonl", LINE), purpose="fine-tune")
     with pytest.raises(openai.APIStatusError) as big:

@@ -380,38 +380,61 @@ def chat_state(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"model": base, "replicas": replicas})
 
 
-@role_required(VIEWER)
-@require_GET
-def batch_list(request: HttpRequest) -> HttpResponse:
-    """Every owner's batches (the Batch API's), newest first: progress, lines a second,
-    errors; an operator may cancel one (what finished is kept)."""
+# How often an open Batches page asks for its table again: while a batch runs, and not.
+BATCHES_FAST_S = 2
+BATCHES_SLOW_S = 15
+# The most batches the page lists (newest first).
+BATCHES_SHOWN = 200
+
+
+def _batches_context(notice: str = "") -> dict[str, Any]:
     import time
     from datetime import UTC
 
     from gateway.batch import status, store
 
     now = time.time()
+    found = store.list_batches(None)
     rows = [{"batch": b, "created": datetime.fromtimestamp(b["created_at"], tz=UTC),
-             **status.progress(b, now)} for b in store.list_batches(None)]  # fmt: skip
-    return render(request, "gateway/batches.html", {
-        "rows": rows, "running": any(not r["ended"] for r in rows),
-        "keep": settings.LLMGW_FILES_KEEP,
-    })  # fmt: skip
+             **status.progress(b, now)} for b in found[:BATCHES_SHOWN]]  # fmt: skip
+    running = any(not r["ended"] for r in rows)
+    return {"rows": rows, "running": running, "more": max(0, len(found) - BATCHES_SHOWN),
+            "refresh_s": BATCHES_FAST_S if running else BATCHES_SLOW_S,
+            "keep": settings.LLMGW_FILES_KEEP, "notice": notice}  # fmt: skip
+
+
+@role_required(VIEWER)
+@require_GET
+def batch_list(request: HttpRequest) -> HttpResponse:
+    """Every owner's batches (the Batch API's), newest first: progress, lines a second,
+    errors by kind; an operator may cancel one (what finished is kept). The table is a
+    region the page asks for again every few seconds (``?region=1``): batches live on
+    disk (``gateway.batch.store``), not on the live view's events."""
+    context = _batches_context()
+    if getattr(request, "htmx", False) and request.GET.get("region") == "1":
+        return render(request, "gateway/batches.html#region", context)
+    return render(request, "gateway/batches.html", context)
 
 
 @role_required(OPERATOR)
 @require_POST
 def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
-    """Cancel a batch: the runner stops sending its lines; what finished is kept."""
+    """Cancel a batch: the runner stops sending its lines; what finished is kept. Answers
+    the page's table (htmx) or goes back to the page."""
     from gateway.batch import routes
 
     batch = routes.cancel(None, batch_id)
     if batch is None:
-        messages.error(request, f"No batch {batch_id}.")
+        said, level = f"No batch {batch_id}.", messages.ERROR
     elif batch["status"] in ("cancelling", "cancelled"):
-        messages.success(request, f"Batch {batch_id} is {batch['status']}: what finished is kept.")
+        said = f"Batch {batch_id} is {batch['status']}: what finished is kept."
+        level = messages.SUCCESS
     else:
-        messages.info(request, f"Batch {batch_id} is {batch['status']}: it cannot be cancelled.")
+        said = f"Batch {batch_id} is {batch['status']}: it cannot be cancelled."
+        level = messages.INFO
+    if getattr(request, "htmx", False):
+        return render(request, "gateway/batches.html#region", _batches_context(said))
+    messages.add_message(request, level, said)
     return redirect("gateway:batch_list")
 
 

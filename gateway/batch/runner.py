@@ -145,13 +145,21 @@ def run(batch_id: str) -> None:
                         continue  # stopped before it had an answer: not run
                     journal.write(record)
                     counts["completed" if record["ok"] else "failed"] += 1
-                    store.update(batch_id, lambda b: dict(
-                        b, request_counts=dict(b["request_counts"], **counts)))  # fmt: skip
+                    store.update(batch_id, lambda b, r=record: counted(b, counts, r))
     finally:
         journal.close()
     if unreachable is not None:
         raise Unreachable(str(unreachable))
     finish(batch_id)
+
+
+def counted(batch: dict[str, Any], counts: dict[str, int],
+            record: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The batch with its counts as they now are and an error line's kind counted."""
+    batch = dict(batch, request_counts=dict(batch["request_counts"], **counts))
+    if not record["ok"]:
+        batch["line_errors"] = status.count_error(batch.get("line_errors"), record["out"])
+    return batch
 
 
 def send(secret: str, line: lines.Line, stop: threading.Event,
@@ -226,8 +234,15 @@ def finish(batch_id: str) -> dict[str, Any]:
     counts = {"total": total, "completed": sum(1 for r in ordered if r["ok"]),
               "failed": sum(1 for r in ordered if not r["ok"])}  # fmt: skip
 
+    kinds: dict[str, Any] = {}
+    for r in ordered:
+        if not r["ok"]:
+            kinds = status.count_error(kinds, r["out"])
+
     def ended(b: dict[str, Any]) -> dict[str, Any]:
-        b = dict(b, request_counts=counts, **files)
+        # Counted again from the journal: a runner killed between a line's journal write
+        # and its count left the running figures one short.
+        b = dict(b, request_counts=counts, line_errors=kinds, **files)
         if b["status"] == status.CANCELLING:
             return status.move(b, status.CANCELLED, now)
         if b["status"] == status.FINALIZING:

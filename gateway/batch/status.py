@@ -25,8 +25,10 @@ STAMP = {IN_PROGRESS: "in_progress_at", FINALIZING: "finalizing_at", COMPLETED: 
          FAILED: "failed_at", EXPIRED: "expired_at", CANCELLING: "cancelling_at",
          CANCELLED: "cancelled_at"}  # fmt: skip
 WINDOWS = {"24h": 24 * 3600}
-# Kept with a batch for the runner, never shown.
-PRIVATE = ("owner", "key", "key_digest")
+# Kept with a batch for the runner and the console, never shown by the API.
+PRIVATE = ("owner", "key", "key_digest", "line_errors")
+# How much of an error's message a batch keeps for the console (per kind of error).
+MESSAGE_KEPT = 300
 
 
 class Refused(ValueError):
@@ -83,9 +85,37 @@ def output_line(line_id: str, custom_id: str, status: int | None, body: Any,
     return {"id": line_id, "custom_id": custom_id, "response": response, "error": error}
 
 
+def error_of(out: dict[str, Any]) -> tuple[str, str]:
+    """An error line's kind (the gateway's error code, else its status) and message."""
+    if out.get("error"):
+        return str(out["error"].get("code") or "error"), str(out["error"].get("message") or "")
+    response = out.get("response") or {}
+    body = response.get("body")
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type") or f"HTTP {response.get('status_code')}"
+        return str(code), str(error.get("message") or "")
+    return f"HTTP {response.get('status_code')}", str(body or "")[:MESSAGE_KEPT]
+
+
+def count_error(kinds: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any]:
+    """``kinds`` (a batch's ``line_errors``: each kind's count and first message) with one
+    more error line counted."""
+    code, message = error_of(out)
+    kinds = dict(kinds or {})
+    seen = kinds.get(code) or {"count": 0, "message": message[:MESSAGE_KEPT]}
+    kinds[code] = {**seen, "count": seen["count"] + 1}
+    return kinds
+
+
+# How many of a failed batch's problems the console lists.
+TOLD_FAILURES = 20
+
+
 def progress(batch: dict[str, Any], now: float) -> dict[str, Any]:
     """What the Batches page shows of a batch: lines done of the total, the share done,
-    lines a second since it began (None before it began)."""
+    lines a second since it began (None before it began), its error lines by kind (most
+    first: kind, count, the first one's message) and why it failed, if it did."""
     counts = batch["request_counts"]
     done = counts["completed"] + counts["failed"]
     total = counts["total"]
@@ -95,4 +125,10 @@ def progress(batch: dict[str, Any], now: float) -> dict[str, Any]:
     seconds = ((ended or now) - began) if began else 0
     return {"done": done, "total": total, "percent": round(100 * done / total) if total else 0,
             "rate": round(done / seconds, 1) if seconds > 0 else None,
-            "errors": counts["failed"], "ended": batch["status"] in ENDED}  # fmt: skip
+            "errors": counts["failed"], "ended": batch["status"] in ENDED,
+            "error_kinds": sorted(((k, v["count"], v["message"])
+                                   for k, v in (batch.get("line_errors") or {}).items()),
+                                  key=lambda e: (-e[1], e[0])),
+            "failures": [(f"line {e['line']}: " if e.get("line") else "") + e.get("message", "")
+                         for e in ((batch.get("errors") or {}).get("data") or [])
+                         ][:TOLD_FAILURES]}  # fmt: skip

@@ -67,7 +67,7 @@ class UsageAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     change_role = None
     list_display = ("minute", "key", "owner", "model", "requests", "errors", "tokens_in",
-                    "tokens_out", "tokens_cached", "refusals")  # fmt: skip
+                    "tokens_out", "tokens_cached", "refusals", "batch_requests")  # fmt: skip
     list_filter = ("owner",)
     search_fields = ("key", "model")
     date_hierarchy = "minute"

@@ -103,7 +103,7 @@ class UsageSerializer(serializers.ModelSerializer[Usage]):
     class Meta:
         model = Usage
         fields = ("minute", "key", "owner", "model", "requests", "errors", "tokens_in",
-                  "tokens_out", "tokens_cached", "refusals")  # fmt: skip
+                  "tokens_out", "tokens_cached", "refusals", "batch_requests")  # fmt: skip
         read_only_fields = fields
 
 

@@ -295,7 +295,7 @@ class Gateway:
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
             pinned=key is not None and key.replica is not None, dialect=cycle.dialect_name,
-            tokens_cached=cycle.tokens_cached,
+            tokens_cached=cycle.tokens_cached, batch=key is not None and key.batch,
         )  # fmt: skip
         self.observer.request(ended)
         if key is None or key.replica is None:  # a pinned key's overload is deliberate

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 SPANS = {"hour": (3600, 60), "day": (86400, 600), "week": (7 * 86400, 3600)}  # span, step
 MAX_PENDING = 20_000
 NBUCKETS = len(EDGES_MS) + 1
-COUNTS = ("requests", "errors", "refusals", "held", "tokens_in", "tokens_out", "busy_ms")
+COUNTS = ("requests", "errors", "refusals", "held", "tokens_in", "tokens_out", "busy_ms",
+          "batch_requests")  # fmt: skip
 
 # A refusal by the guard, or a hold at admission, heard in the request's own task.
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("history_refused", default=False)
@@ -60,6 +61,7 @@ class Counts:
     ttft: list[int] = field(default_factory=lambda: [0] * NBUCKETS)
     # Of tokens_in, cached by the engine: read from the usage rows (a key's, an owner's).
     tokens_cached: int = 0
+    batch_requests: int = 0  # of requests, those a batch's runner sent (gateway.batch)
 
     def add(self, other: Counts) -> None:
         for f in COUNTS:
@@ -139,6 +141,8 @@ class HistoryRecorder(Batcher, Listener):
                     return
                 c = self._pending[bucket] = Counts()
             c.requests += 1
+            if done.batch:
+                c.batch_requests += 1
             if refused:
                 c.refusals += 1
             elif held:
@@ -245,6 +249,7 @@ class Point:
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     tokens_cached: int = 0  # of tokens_in (a key's and an owner's series)
+    batch_requests: int = 0  # of requests, those a batch's runner sent (gateway.batch)
 
     @property
     def cached_share(self) -> int | None:
@@ -257,7 +262,8 @@ class Point:
         return {"at": self.at.isoformat(), "requests": self.requests, "errors": self.errors,
                 "refusals": self.refusals, "held": self.held, "tokens_in": self.tokens_in,
                 "tokens_out": self.tokens_out, "in_flight": round(self.in_flight, 3),
-                "ttft_p50_ms": self.ttft_p50_ms, "ttft_p99_ms": self.ttft_p99_ms}  # fmt: skip
+                "ttft_p50_ms": self.ttft_p50_ms, "ttft_p99_ms": self.ttft_p99_ms,
+                "batch_requests": self.batch_requests}  # fmt: skip
 
 
 def group(rows: Iterable[tuple[dt.datetime, Counts]], start: dt.datetime, span: int,
@@ -276,7 +282,7 @@ def group(rows: Iterable[tuple[dt.datetime, Counts]], start: dt.datetime, span: 
         out.append(Point(
             dt.datetime.fromtimestamp(t0 + i * step, tz=dt.UTC), c.requests, c.errors,
             c.refusals, c.held, c.tokens_in, c.tokens_out, c.busy_ms / 1000 / step,
-            _q(c.ttft, 0.5), _q(c.ttft, 0.99), c.tokens_cached,
+            _q(c.ttft, 0.5), _q(c.ttft, 0.99), c.tokens_cached, c.batch_requests,
         ))  # fmt: skip
     return out
 
@@ -314,7 +320,8 @@ def usage_series(*, key: str = "", owner: str = "", span: str = "day",
     return group(
         ((u.minute, Counts(requests=u.requests, errors=u.errors, refusals=u.refusals,
                            tokens_in=u.tokens_in, tokens_out=u.tokens_out,
-                           tokens_cached=u.tokens_cached)) for u in rows),
+                           tokens_cached=u.tokens_cached,
+                           batch_requests=u.batch_requests)) for u in rows),
         start, length, step,
     )  # fmt: skip
 
@@ -399,14 +406,15 @@ def chart(points: Sequence[Point], what: str, label: str,
 def charts_for(
     *, model: str = "", key: str = "", owner: str = "", span: str = "day"
 ) -> list[Chart]:
-    """The console's charts of a series: a model's requests, TTFT p99, mean in flight and
-    tokens out (marked with its scale events, bench runs and admission holds); a key's or
+    """The console's charts of a series: a model's requests and of them a batch's lines
+    (``gateway.batch``), TTFT p99, mean in flight and tokens out (marked with its scale events, bench runs and admission holds); a key's or
     an owner's requests, tokens and the cached share of its tokens in."""
     if model:
         points = series(model, span)
         extra = marks(model, points[0].at) if points else []
         return [
             chart(points, "requests", "requests", extra),
+            chart(points, "batch_requests", "of them, batch lines", extra),
             chart(points, "ttft_p99_ms", "TTFT p99 (ms)", extra),
             chart(points, "in_flight", "mean in flight", extra),
             chart(points, "tokens_out", "tokens out", extra),

@@ -123,6 +123,10 @@ class Usage(db.Model):
         _("cached tokens"), default=0,
         help_text=_("of the tokens in, those the engine read from its prefix cache"),
     )  # fmt: skip
+    batch_requests = db.PositiveBigIntegerField(
+        _("batch requests"), default=0,
+        help_text=_("of the requests, those a batch's runner sent (the Batch API's lines)"),
+    )  # fmt: skip
 
     class Meta:
         ordering = ("-minute", "key", "model")
@@ -215,6 +219,9 @@ class TrafficPoint(db.Model):
     )
     ttft = db.JSONField(default=list, blank=True,
                         help_text=_("TTFT histogram on gateway.traffic's edges"))  # fmt: skip
+    batch_requests = db.PositiveBigIntegerField(
+        default=0, help_text=_("of the requests, those a batch's runner sent")
+    )
 
     class Meta:
         ordering = ("-at", "model")

@@ -38,6 +38,8 @@ class Done:
     dialect: str = "chat"
     # Of tokens_in, those the engine read from its prefix cache.
     tokens_cached: int = 0
+    # Sent by a batch's runner (gateway.batch): counted apart from live traffic.
+    batch: bool = False
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class Key:
     # The one replica its requests go to (the control plane's key for the capacity
     # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.routing).
     replica: int | None = None
+    # A batch's line (gateway.batch.token): its traffic is counted as batch traffic.
+    batch: bool = False
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires

@@ -21,7 +21,8 @@ from the summed histograms (the upper edge of the bucket the quantile falls in, 
 
 Each item carries ``dialects``, ``{dialect: requests}``: the APIs its clients spoke
 (``gateway.dialect``: chat, messages, count_tokens, responses), summed per model over the
-span (the Traffic page's "APIs" column).
+span (the Traffic page's "APIs" column). And ``batch``, when any: of its requests, those
+a batch's runner sent (``gateway.batch``; the Traffic page's requests/s says live · batch).
 
 Admission (``gateway.admission``) rides along too: an item carries ``bands``,
 ``{band: [admitted, held]}`` for its second, when any request of the model met its gate;
@@ -81,6 +82,7 @@ class Bucket:
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     # Requests by the API their clients spoke (gateway.dialect): chat, messages, ...
     dialects: dict[str, int] = field(default_factory=dict)
+    batch: int = 0  # of requests, those a batch's runner sent (gateway.batch)
 
 
 class Traffic(Listener):
@@ -135,6 +137,8 @@ class Traffic(Listener):
                     return
                 b = models[done.model] = Bucket()
             b.requests += 1
+            if done.batch:
+                b.batch += 1
             b.dialects[done.dialect] = b.dialects.get(done.dialect, 0) + 1
             if refused:
                 b.refusals += 1
@@ -183,7 +187,7 @@ class Traffic(Listener):
             {"process": self.process, "second": s, "model": name, "requests": b.requests,
              "errors": b.errors, "refusals": b.refusals, "tokens_out": b.tokens_out,
              "ttft": b.ttft, "engine_ttft": b.engine_ttft, "tpot": b.tpot,
-             "dialects": b.dialects}
+             "dialects": b.dialects, **({"batch": b.batch} if b.batch else {})}
             for s, models in sorted(taken.items()) for name, b in models.items()
         ]  # fmt: skip
         for item in items:
@@ -317,6 +321,7 @@ class Window:
                                         "tpot": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
             for k in ("requests", "errors", "refusals", "tokens_out"):
                 s[k] += item[k]
+            s["batch"] = s.get("batch", 0) + item.get("batch", 0)
             for dialect, n in item.get("dialects", {}).items():
                 spoke = s.setdefault("dialects", {})
                 spoke[dialect] = spoke.get(dialect, 0) + n
@@ -345,6 +350,9 @@ class Window:
             kept, moved, new = s.get("turns", (0, 0, 0))
             out[model] = {
                 "rps": n / SPAN,
+                # Of them, a batch's lines (gateway.batch) and the live requests.
+                "batch_rps": s.get("batch", 0) / SPAN,
+                "live_rps": (n - s.get("batch", 0)) / SPAN,
                 "tokens_per_s": s["tokens_out"] / SPAN,
                 "error_rate": s["errors"] / n if n else 0.0,
                 "refusal_rate": s["refusals"] / n if n else 0.0,
@@ -379,6 +387,7 @@ def _well_formed(item: dict[str, Any]) -> bool:
     bands = item.get("bands", {})
     sessions = item.get("sessions", [0, 0, 0, 0])
     dialects = item.get("dialects", {})
+    batch = item.get("batch", 0)
     return (
         isinstance(sessions, list)
         and len(sessions) == 4
@@ -419,6 +428,9 @@ def _well_formed(item: dict[str, Any]) -> bool:
             and all(isinstance(v, int) and v >= 0 for v in item[k])
             for k in ("ttft", "tpot", *(("engine_ttft",) if "engine_ttft" in item else ()))
         )
+        and isinstance(batch, int)
+        and not isinstance(batch, bool)
+        and 0 <= batch <= item["requests"]
     )
 
 

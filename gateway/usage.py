@@ -15,7 +15,8 @@ A request's bucket counts it once in ``requests``; in ``errors`` when its answer
 error (4xx or 5xx) other than a refusal; in ``refusals`` when the guard refused its
 request or its answer (the refusal is heard in the request's own task, before it ends);
 its tokens as the engine's usage said (``tokens_cached``: of ``tokens_in``, those the
-engine read from its prefix cache). A client that went away (499) counts as a request
+engine read from its prefix cache); in ``batch_requests`` too when a batch's runner sent
+it (``gateway.batch``: the row says how much of its traffic was batch work). A client that went away (499) counts as a request
 and nothing else.
 """
 
@@ -43,7 +44,8 @@ FLUSH_INTERVAL = 1.0
 MAX_PENDING = 100_000
 
 Bucket = tuple[int, str, str, str]  # (minute as Unix seconds, key, owner, model)
-FIELDS = ("requests", "errors", "tokens_in", "tokens_out", "refusals", "tokens_cached")
+FIELDS = ("requests", "errors", "tokens_in", "tokens_out", "refusals", "tokens_cached",
+          "batch_requests")  # fmt: skip
 
 # Refusals heard in the running request's task, until its end is heard.
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_usage_refused",
@@ -58,6 +60,7 @@ class Counts:
     tokens_out: int = 0
     refusals: int = 0
     tokens_cached: int = 0  # of tokens_in, read from the engine's prefix cache
+    batch_requests: int = 0  # of requests, those a batch's runner sent (gateway.batch)
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
@@ -66,6 +69,7 @@ class Counts:
         self.tokens_out += other.tokens_out
         self.refusals += other.refusals
         self.tokens_cached += other.tokens_cached
+        self.batch_requests += other.batch_requests
 
 
 def write(batch: dict[Bucket, Counts]) -> None:
@@ -136,6 +140,8 @@ class UsageRecorder(Batcher, Listener):
                     return
                 counts = self._pending[bucket] = Counts()
             counts.requests += 1
+            if done.batch:
+                counts.batch_requests += 1
             if refused:
                 counts.refusals += 1
             elif done.status >= 400 and done.status != 499:

@@ -6,7 +6,8 @@ named by that key's digest and signed with the deployment's ``SECRET_KEY``. The 
 checks the signature and that ``until`` (the batch's window's end, a Unix time) has not
 passed (no query), takes the key from its table as a live request's key
 (revoked or expired: 401, out of scope: 404, its budgets and the guard as ever), and puts
-it in the lowest admission band, whatever band the key has.
+it in the lowest admission band, whatever band the key has; its traffic is counted as a
+batch's (``Key.batch``: the Traffic page, the charts, the usage rows).
 """
 
 from __future__ import annotations
@@ -48,4 +49,4 @@ def key_of(secret: str, keys: dict[str, Any], now: float | None = None) -> Any:
     key = keys.get(key_digest)
     if key is None:
         return None
-    return dataclasses.replace(key, priority=BAND)
+    return dataclasses.replace(key, priority=BAND, batch=True)

@@ -215,7 +215,8 @@ def test_viewers_list_usage_newest_first_and_filter_it(
     assert [(r["key"], r["requests"]) for r in rows] == [("app", 2), ("other", 1), ("app", 3)]
     assert rows[2] == {"minute": "2027-01-15T08:00:00Z", "key": "app", "owner": "team:t",
                        "model": "m", "requests": 3, "errors": 1, "tokens_in": 30,
-                       "tokens_out": 50, "tokens_cached": 0, "refusals": 1}  # fmt: skip
+                       "tokens_out": 50, "tokens_cached": 0, "refusals": 1,
+                       "batch_requests": 0}  # fmt: skip
     only = api.get("/api/v1/gateway/usage/", {"key": "app", "minute__lt": rows[0]["minute"]})
     assert [r["requests"] for r in only.json()["results"]] == [3]
     bad = api.get("/api/v1/gateway/usage/", {"minute__gte": "yesterday"})

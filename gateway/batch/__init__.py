@@ -5,5 +5,6 @@ batch's lines through the gateway's own path.
 API's objects); ``multipart`` reads an upload; ``store`` keeps files and batches on disk
 under ``LLMGW_FILES_DIR`` (a folder every web and worker process reaches); ``routes``
 answers the API on the gateway's ``/v1/`` route; ``token`` is the credential a batch's
-lines are sent with; ``runner`` runs them.
+lines are sent with; ``window`` says whether a batch held to its models' schedule windows
+may send a line now (pure); ``runner`` runs them.
 """

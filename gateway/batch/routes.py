@@ -227,6 +227,11 @@ async def _create(cycle: Cycle, scope: Scope, owner: str, raw: bytes) -> None:
         metadata = status.metadata(data.get("metadata"))
     except ValueError as error:
         raise errors.bad_request(str(error), "metadata") from None
+    held = data.get("schedule_window", False)
+    if not isinstance(held, bool):
+        raise errors.bad_request("schedule_window must be true (send the lines only while "
+                                 "each line's model is inside one of its schedule windows) "
+                                 "or false", "schedule_window")  # fmt: skip
     meta = await _run(store.get_file, owner, input_file_id)
     if meta is None or meta["purpose"] != "batch":
         raise errors.bad_request(f"input_file_id {input_file_id} names no file of purpose "
@@ -238,5 +243,7 @@ async def _create(cycle: Cycle, scope: Scope, owner: str, raw: bytes) -> None:
         metadata=metadata, now=int(time.time()), total=0, owner=owner, key=cycle.key.name,
         key_digest=key_digest,
     )  # fmt: skip
+    if held:
+        batch["schedule_window"] = True
     await _run(store.save_batch, batch)
     await cycle.json(200, status.shown(batch))

@@ -14,6 +14,12 @@ Each result is written to the batch's journal and flushed before it is counted
 run one batch, and one killed mid-batch lets the lock go: the next run reads the journal
 and sends only the lines not in it. At the end the output and error files are written from
 the journal in line order.
+
+A batch made with ``"schedule_window": true`` sends a line only while the model it names
+is inside one of its schedule windows (``gateway.batch.window``; the catalog read every
+``REREAD`` seconds): outside them it waits, saying why on the batch (``held``, the
+Batches page shows it), until a window opens, it is cancelled, or its own window ends
+(``expired``, what finished kept).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.batch import lines, status, store, token
+from gateway.batch import lines, status, store, token, window
 
 log = logging.getLogger("gateway.batch")
 
@@ -38,6 +44,8 @@ log = logging.getLogger("gateway.batch")
 MOST_WAIT = 30.0
 # How often the runner looks at the batch (a cancel, the window's end) while lines run.
 LOOK = 0.5
+# How often a batch held to its models' schedule windows reads the catalog again.
+REREAD = 30.0
 
 
 class Unreachable(Exception):
@@ -111,6 +119,7 @@ def run(batch_id: str) -> None:
     secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]))
     stop = threading.Event()
     journal = store.Journal(batch_id)
+    models = Models() if batch.get("schedule_window") else None
     counts = {"completed": sum(1 for r in done.values() if r["ok"]),
               "failed": sum(1 for r in done.values() if not r["ok"])}  # fmt: skip
     unreachable: Exception | None = None
@@ -118,20 +127,26 @@ def run(batch_id: str) -> None:
         with ThreadPoolExecutor(settings.LLMGW_BATCH_CONCURRENCY,
                                 thread_name_prefix="batch-line") as pool:  # fmt: skip
             running: set[Future[dict[str, Any]]] = set()
-            queue = iter(pending)
-            more = True
+            queue = list(reversed(pending))  # the next line last
             while True:
                 batch = store.get_batch(None, batch_id) or batch
                 if batch["status"] == status.CANCELLING or time.time() >= batch["expires_at"]:
                     stop.set()
-                while more and not stop.is_set() and unreachable is None \
+                held = ""
+                while queue and not stop.is_set() and unreachable is None \
                         and len(running) < settings.LLMGW_BATCH_CONCURRENCY:  # fmt: skip
-                    line = next(queue, None)
-                    if line is None:
-                        more = False
-                        break
+                    if models is not None:
+                        held = models.closed(str(queue[-1].body["model"]))
+                        if held:
+                            break  # the next line waits for its model's window
+                    line = queue.pop()
                     running.add(pool.submit(send, secret, line, stop, batch["expires_at"]))
+                if batch.get("held", "") != held:
+                    batch = store.update(batch_id, lambda b, h=held: dict(b, held=h))
                 if not running:
+                    if held and not stop.is_set():
+                        stop.wait(LOOK)
+                        continue
                     break
                 finished, running = wait(running, timeout=LOOK, return_when=FIRST_COMPLETED)
                 for future in finished:
@@ -148,9 +163,55 @@ def run(batch_id: str) -> None:
                     store.update(batch_id, lambda b, r=record: counted(b, counts, r))
     finally:
         journal.close()
+        if models is not None:
+            models.close()
     if unreachable is not None:
         raise Unreachable(str(unreachable))
     finish(batch_id)
+
+
+class Models:
+    """The catalog's models a held batch's lines name, read again every ``REREAD``
+    seconds (a schedule edited meanwhile counts), asked whether each is inside a
+    schedule window now (``gateway.batch.window``)."""
+
+    def __init__(self) -> None:
+        self.read_at = -float("inf")
+        self.found: dict[str, Any] = {}
+        self.failed = ""
+
+    def closed(self, name: str) -> str:
+        """Why a line for model ``name`` may not be sent now ('' when it may)."""
+        from zoneinfo import ZoneInfo
+
+        from django.utils import timezone
+
+        if time.monotonic() - self.read_at >= REREAD:
+            self._read()
+        if self.failed:
+            return self.failed
+        now = timezone.now().astimezone(ZoneInfo(settings.TIME_ZONE))
+        return window.closed(self.found.get(name), now)
+
+    def close(self) -> None:
+        """Let this thread's database connection go (the run is over)."""
+        from django.db import connection
+
+        connection.close()
+
+    def _read(self) -> None:
+        from django.db import DatabaseError, close_old_connections
+
+        from catalog.models import ServedModel
+
+        self.read_at = time.monotonic()
+        try:
+            close_old_connections()
+            self.found = {m.name: m.to_spec() for m in ServedModel.objects.all()}
+            self.failed = ""
+        except DatabaseError as error:  # bounded by the database's timeouts
+            log.warning("a held batch could not read the catalog: %s", error)
+            self.failed = "the catalog cannot be read now; trying again"
 
 
 def counted(batch: dict[str, Any], counts: dict[str, int],

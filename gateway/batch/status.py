@@ -26,7 +26,7 @@ STAMP = {IN_PROGRESS: "in_progress_at", FINALIZING: "finalizing_at", COMPLETED: 
          CANCELLED: "cancelled_at"}  # fmt: skip
 WINDOWS = {"24h": 24 * 3600}
 # Kept with a batch for the runner and the console, never shown by the API.
-PRIVATE = ("owner", "key", "key_digest", "line_errors")
+PRIVATE = ("owner", "key", "key_digest", "line_errors", "held")
 # How much of an error's message a batch keeps for the console (per kind of error).
 MESSAGE_KEPT = 300
 
@@ -126,6 +126,7 @@ def progress(batch: dict[str, Any], now: float) -> dict[str, Any]:
     return {"done": done, "total": total, "percent": round(100 * done / total) if total else 0,
             "rate": round(done / seconds, 1) if seconds > 0 else None,
             "errors": counts["failed"], "ended": batch["status"] in ENDED,
+            "held": "" if batch["status"] in ENDED else batch.get("held", ""),
             "error_kinds": sorted(((k, v["count"], v["message"])
                                    for k, v in (batch.get("line_errors") or {}).items()),
                                   key=lambda e: (-e[1], e[0])),

@@ -1,0 +1,275 @@
+"""Live traffic beside a batch: the live band's TTFT p99 on a sim model with and without a
+10,000-line batch running on the same replica in the lowest band.
+
+    .venv/bin/python bench/batch.py [--lines 10000] [--rate 4] [--seconds 60]
+
+One sim engine (``python -m agent.sim``, its own process: ``--parallel`` slots, more wait
+their turn, each request beside another slowing a new one by ``--slowdown``) is the ready
+replica of model ``chat``, whose ``slo`` is a TTFT p99 of ``--slo-ms`` (by default 110 %
+of the live p99 measured alone: the bound admission then holds the batch to). The real gateway
+(``gateway.app.Gateway`` under uvicorn, its table built in memory as its state builds it
+from the database, admission as configured) routes to it. Two client keys: ``live``
+(band ``--live-band``, ``normal`` by default) and ``nightly``, whose batch is uploaded and created with the official
+``openai`` client through the gateway's Files and Batch APIs, then run by the batch
+runner in a process of its own (``gateway.batch.runner.run_next``, as a worker runs it),
+``LLMGW_BATCH_CONCURRENCY`` lines at once, each sent back through the gateway in the
+lowest band.
+
+Phases, each printing its figures:
+
+1. live alone: ``--rate`` streamed requests a second (open loop) for ``--seconds``; the
+   client's TTFT (to the first byte of text) p50 and p99;
+2. the same live load beside the batch (started first, running the whole phase);
+3. the batch to its end: its lines, its time, lines a second, and how often its lines
+   were held back (429) by admission.
+
+Asserts nothing. Goal: the live TTFT p99 beside the batch within 10 % of its value alone,
+and the batch finished within its window (24 h).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+FILES = tempfile.mkdtemp(prefix="llmgw-bench-batch-")
+os.environ["LLMGW_FILES_DIR"] = FILES
+
+import django  # noqa: E402
+
+django.setup()
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import uvicorn  # noqa: E402
+
+from catalog import spec  # noqa: E402
+from gateway.app import Gateway, Options  # noqa: E402
+from gateway.models import digest  # noqa: E402
+from gateway.observe import Done, Observer  # noqa: E402
+from gateway.state import State  # noqa: E402
+from gateway.table import Key, ReplicaRow, build  # noqa: E402
+
+LIVE = "llmgw-ck-bench-batch-live"
+NIGHTLY = "llmgw-ck-bench-batch-nightly"
+# The batch runner as a worker runs it: one batch, to its end.
+RUNNER = """
+import django, sys
+django.setup()
+from gateway.batch import runner
+sys.exit(0 if runner.run_next() == 1 else 1)
+"""
+
+
+class NoGuard:
+    """A policy that judges nothing: this measures admission."""
+
+    def directions(self) -> tuple[bool, bool]:
+        return False, False
+
+    async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
+        raise AssertionError("nothing is judged")
+
+
+class Heard(Observer):
+    """Counts the batch's lines held back (429) at admission."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = 0
+        self.answered = 0
+
+    def request(self, done: Done) -> None:
+        super().request(done)
+        if done.batch:
+            if done.status == 429:
+                self.held += 1
+            else:
+                self.answered += 1
+
+
+def launch_sim(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.sim", "--host", "127.0.0.1", "--port", "0",
+         "--model", "chat", "--ttft", str(args.ttft), "--tps", str(args.tps),
+         "--parallel", str(args.parallel), "--slowdown", str(args.slowdown)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    found = re.search(r"listening on (http://\S+)", proc.stdout.readline())
+    if not found:
+        raise SystemExit("the sim engine did not start")
+    return proc, found.group(1)
+
+
+def serve(engine: str, slo_ms: list[int], heard: Heard,
+          live_band: str) -> tuple[uvicorn.Server, State, str]:  # fmt: skip
+    """The gateway on a loop of its own, in a thread (the load generator has its own);
+    the model's slo is ``slo_ms[0]`` as the state last read it."""
+    keys = {digest(LIVE): Key(1, "live", "team:app", (), None, priority=live_band),
+            digest(NIGHTLY): Key(2, "nightly", "team:offline", (), None, priority="normal")}  # fmt: skip
+    rows = [ReplicaRow(1, "chat", "sim", engine)]
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def table() -> Any:
+        model = spec.Model(name="chat", source="sim/chat", scaling=spec.Scaling(min=1, max=1),
+                           slo=spec.SLO(ttft_p99=slo_ms[0] * 1_000_000))  # fmt: skip
+        return build([model], rows, keys, {})
+
+    state = State(loader=table, interval=1.0, record_demand=lambda name: None)
+    gateway = Gateway(state=state, guard=NoGuard(), observer=heard,  # type: ignore[arg-type]
+                      options=Options(first_byte_timeout=60, read_timeout=60))  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(gateway, host="127.0.0.1", port=0, lifespan="off",
+                                           log_level="warning", access_log=False,
+                                           timeout_keep_alive=120))  # fmt: skip
+    loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.serve()))
+    while not (server.started and server.servers):
+        time.sleep(0.01)
+    state.start(loop)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, state, f"http://127.0.0.1:{port}"
+
+
+async def live_load(url: str, rate: float, seconds: float) -> list[float]:
+    """Streamed requests at ``rate`` a second (open loop); each one's TTFT in ms."""
+    ttfts: list[float] = []
+    body = {"model": "chat", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "a live question"}]}  # fmt: skip
+    headers = {"Authorization": f"Bearer {LIVE}"}
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def one() -> None:
+            start = time.perf_counter()
+            async with client.stream("POST", "/v1/chat/completions", json=body,
+                                     headers=headers) as r:  # fmt: skip
+                if r.status_code != 200:
+                    raise SystemExit(f"a live request was answered {r.status_code}")
+                first = None
+                async for line in r.aiter_lines():
+                    if (
+                        first is None
+                        and line.startswith("data: {")
+                        and any(
+                            (c.get("delta") or {}).get("content")
+                            for c in json.loads(line[6:]).get("choices", ())
+                        )
+                    ):
+                        first = (time.perf_counter() - start) * 1000
+                if first is None:
+                    raise SystemExit("a live answer had no text")
+                ttfts.append(first)
+
+        tasks = []
+        began = time.perf_counter()
+        n = int(rate * seconds)
+        for i in range(n):
+            delay = began + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.gather(*tasks)
+    return ttfts
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000)
+    parser.add_argument("--rate", type=float, default=4.0, help="live requests a second")
+    parser.add_argument("--seconds", type=float, default=60.0, help="each live phase")
+    parser.add_argument("--ttft", type=float, default=0.05, help="the sim's seconds to a token")
+    parser.add_argument("--tps", type=float, default=400.0)
+    parser.add_argument("--parallel", type=int, default=8, help="the sim's slots")
+    parser.add_argument("--slowdown", type=float, default=0.05)
+    parser.add_argument(
+        "--slo-ms",
+        type=int,
+        default=0,
+        help="the model's TTFT p99 slo (0: 110 %% of the live p99 alone)",
+    )
+    parser.add_argument("--live-band", default="normal", choices=("high", "normal"),
+                        help="the live key's admission band")  # fmt: skip
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="LLMGW_BATCH_CONCURRENCY: batch lines sent at once")  # fmt: skip
+    args = parser.parse_args()
+    proc, engine = launch_sim(args)
+    heard = Heard()
+    slo = [args.slo_ms or 60_000]
+    server, state, url = serve(engine, slo, heard, args.live_band)
+    runner: subprocess.Popen[bytes] | None = None
+    try:
+        print(f"sim: ttft {args.ttft * 1000:.0f} ms, {args.tps:.0f} tokens/s, "
+              f"{args.parallel} slots, slowdown {args.slowdown}; batch lines "
+              f"{args.concurrency} at once; live ({args.live_band} band) {args.rate:g} req/s for {args.seconds:g} s "
+              "a phase")  # fmt: skip
+        asyncio.run(live_load(url, args.rate, 5))  # warm: connections, the gate's window
+        alone = asyncio.run(live_load(url, args.rate, args.seconds))
+        print(f"live alone:        TTFT p50 {pct(alone, 50):6.0f} ms  p99 "
+              f"{pct(alone, 99):6.0f} ms  ({len(alone)} requests)")  # fmt: skip
+        slo[0] = args.slo_ms or round(1.1 * pct(alone, 99))
+        before = state.table
+        state.poke()
+        while state.table is before:
+            time.sleep(0.01)
+        print(f"the model's slo: TTFT p99 {slo[0]} ms")
+
+        api = openai.OpenAI(base_url=url + "/v1", api_key=NIGHTLY, max_retries=0, timeout=120)
+        rows = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "chat", "max_tokens": 8,
+                          "messages": [{"role": "user", "content": f"classify item {n}"}]}}
+                for n in range(args.lines)]  # fmt: skip
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        uploaded = api.files.create(file=("nightly.jsonl", data), purpose="batch")
+        batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")  # fmt: skip
+        env = dict(os.environ, LLMGW_GATEWAY_URL=url,
+                   LLMGW_BATCH_CONCURRENCY=str(args.concurrency))  # fmt: skip
+        started = time.perf_counter()
+        runner = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=env)
+        while api.batches.retrieve(batch.id).request_counts.completed < args.concurrency:
+            time.sleep(0.2)  # the batch under way before the live phase starts
+        beside = asyncio.run(live_load(url, args.rate, args.seconds))
+        during = api.batches.retrieve(batch.id).request_counts
+        print(f"live beside batch: TTFT p50 {pct(beside, 50):6.0f} ms  p99 "
+              f"{pct(beside, 99):6.0f} ms  ({len(beside)} requests; {during.completed} "
+              f"batch lines done meanwhile)")  # fmt: skip
+        print(f"p99 beside / alone: {pct(beside, 99) / pct(alone, 99):.2f}")
+        if runner.wait(timeout=24 * 3600) != 0:
+            raise SystemExit("the batch runner failed")
+        took = time.perf_counter() - started
+        done = api.batches.retrieve(batch.id)
+        counts = done.request_counts
+        print(f"batch: {done.status}, {counts.completed} of {counts.total} lines answered "
+              f"({counts.failed} failed) in {took:.0f} s ({counts.total / took:.0f} lines/s); "
+              f"its lines held back by admission {heard.held} times")  # fmt: skip
+    finally:
+        if runner is not None and runner.poll() is None:
+            runner.terminate()
+            runner.wait(timeout=10)
+        server.should_exit = True
+        state.stop()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

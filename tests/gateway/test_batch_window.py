@@ -1,0 +1,79 @@
+"""A batch held to its models' schedule windows (``"schedule_window": true``), made with
+the official ``openai`` client through the real gateway and run by the batch runner: no
+line is sent while the model is outside its windows (the batch and the Batches page say
+why); once the model's schedule has a window in force, the lines go and the batch ends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from catalog import codec, services
+from catalog.choices import Surface
+from gateway.batch import runner, store
+from tests.catalog.samples import cpu_model
+from tests.catalog.samples import store as store_models
+from tests.gateway.harness import KEY, Harness, model
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def h(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    settings.LLMGW_FILES_DIR = tmp_path / "files"
+    monkeypatch.setattr(runner, "REREAD", 0.1)  # the catalog read again at once
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def night(hours: tuple[int, int]) -> dict[str, Any]:
+    """Model ``night`` with one schedule window, every day from hour to hour (UTC)."""
+    return cpu_model("night", scaling={"min": 0, "max": 1, "schedule": [
+        {"from": f"{hours[0]:02d}:00", "to": f"{hours[1]:02d}:00", "min": 1, "max": 1}]})  # fmt: skip
+
+
+def test_a_held_batch_waits_for_its_models_window_and_runs_in_it(
+    h: Harness, settings: Any, transactional_db: Any, client_for: Any, viewer: Any
+) -> None:
+    engine = h.engine("e")
+    h.serve([model("night")], [(1, "night", engine)])
+    settings.LLMGW_GATEWAY_URL = h.url
+    hour = datetime.now(UTC).hour
+    store_models(night(((hour + 3) % 24, (hour + 5) % 24)))  # not now: hours away
+    api = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=15)
+    rows = "".join(
+        f'{{"custom_id": "r{n}", "method": "POST", "url": "/v1/chat/completions", "body": '
+        f'{{"model": "night", "messages": [{{"role": "user", "content": "hi"}}]}}}}\n'
+        for n in range(3)
+    ).encode()
+    file = api.files.create(file=("n.jsonl", rows), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="schedule_window must be true"):
+        api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                           completion_window="24h", extra_body={"schedule_window": "yes"})  # fmt: skip
+    batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                               completion_window="24h", extra_body={"schedule_window": True})  # fmt: skip
+
+    worker = threading.Thread(target=runner.run_next, daemon=True)
+    worker.start()
+    held = wait_until(lambda: store.get_batch(None, batch.id).get("held"), 30, "the batch held")
+    assert "waiting for a schedule window of model night" in held
+    assert engine.requests == 0  # no line sent outside the window
+    assert api.batches.retrieve(batch.id).status == "in_progress"
+    page = client_for(viewer).get("/gateway/batches/").content.decode()
+    assert "waiting for a schedule window of model night" in page
+
+    # The operator opens a window in force now (the catalog's one write path).
+    m, problems = codec.decode_model(night(((hour + 23) % 24, (hour + 2) % 24)))
+    assert not problems
+    services.save_model(m, services.Actor(user=None, surface=Surface.CLI, name="t"), "night")
+    done = wait_until(lambda: (b := api.batches.retrieve(batch.id)).status == "completed" and b,
+                      30, "the batch completed in the window")  # fmt: skip
+    worker.join(30)
+    assert done.request_counts.completed == 3 and engine.requests == 3
+    assert not store.get_batch(None, batch.id).get("held")

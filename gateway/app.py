@@ -127,7 +127,8 @@ class Gateway:
         self.observer = observer or Observer()
         # Requests in flight per replica in this process (the balancer reads them).
         self.in_flight: dict[int, int] = {}
-        # Of those, the requests of keys pinned to a replica (the bench's): not load.
+        # Of those, the requests load scaling leaves out: of keys pinned to a replica (the
+        # bench's) and a batch's lines that may not add replicas (gateway.batch).
         self.pinned_in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
@@ -295,7 +296,7 @@ class Gateway:
             tokens_in=cycle.tokens_in, tokens_out=cycle.tokens_out, replica=cycle.replica,
             stream=cycle.stream, engine_ttft=None if engine is None else engine - cycle.start_at,
             pinned=key is not None and key.replica is not None, dialect=cycle.dialect_name,
-            tokens_cached=cycle.tokens_cached, batch=key is not None and key.batch,
+            tokens_cached=cycle.tokens_cached, batch=key.batch if key else "",
         )  # fmt: skip
         self.observer.request(ended)
         if key is None or key.replica is None:  # a pinned key's overload is deliberate

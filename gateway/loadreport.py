@@ -47,7 +47,8 @@ class LoadReport:
     def in_flight_now(self) -> dict[str, int]:
         """The requests in flight per model at this instant (a copy: safe beside the loop)."""
         in_flight = dict(self.gateway.in_flight)  # one C-level copy
-        # Less the capacity bench's (a key pinned to a replica): its overload is deliberate.
+        # Less the capacity bench's (a key pinned to a replica): its overload is deliberate;
+        # and a batch's lines that may not add replicas (gateway.batch: "scale_up").
         pinned = dict(self.gateway.pinned_in_flight)
         out = {}
         for name, pool in list(self.gateway.state.table.pools.items()):

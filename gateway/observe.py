@@ -38,8 +38,9 @@ class Done:
     dialect: str = "chat"
     # Of tokens_in, those the engine read from its prefix cache.
     tokens_cached: int = 0
-    # Sent by a batch's runner (gateway.batch): counted apart from live traffic.
-    batch: bool = False
+    # Sent by a batch's runner (gateway.batch: "idle" or "scale", Key.batch; "" for every
+    # other request): counted apart from live traffic.
+    batch: str = ""
 
 
 @dataclass(frozen=True)

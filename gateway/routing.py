@@ -326,6 +326,13 @@ class Routing:
         cycle.model, cycle.replica = target_model.name, replica
         cycle.peer = target_model.external.peer if external else ""
         in_flight[replica] = in_flight.get(replica, 0) + 1
+        # A batch's line that may not add replicas: counted apart, as the bench's are.
+        idle, apart = (
+            cycle.key is not None and cycle.key.batch == "idle",
+            self.gateway.pinned_in_flight,
+        )
+        if idle:
+            apart[replica] = apart.get(replica, 0) + 1
         try:
             return await self._exchange(cycle, base + path, payload, headers, replica,
                                         target_model, external)  # fmt: skip
@@ -338,6 +345,10 @@ class Routing:
             in_flight[replica] -= 1
             if not in_flight[replica]:
                 del in_flight[replica]
+            if idle:
+                apart[replica] -= 1
+                if not apart[replica]:
+                    del apart[replica]
 
     async def _exchange(
         self, cycle: Cycle, url: str, payload: bytes, headers: list[tuple[str, str]],

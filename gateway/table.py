@@ -49,8 +49,9 @@ class Key:
     # The one replica its requests go to (the control plane's key for the capacity
     # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.routing).
     replica: int | None = None
-    # A batch's line (gateway.batch.token): its traffic is counted as batch traffic.
-    batch: bool = False
+    # A batch's line (gateway.batch.token): "idle" (load scaling leaves it out: it runs on
+    # the replicas there are) or "scale" (counted as load); "" for every other request.
+    batch: str = ""
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires

@@ -145,7 +145,10 @@ class Traffic(Listener):
             elif done.status >= 500 or done.status == 429:
                 b.errors += 1
             b.tokens_out += done.tokens_out
-            if done.ttft is not None and done.status == 200 and not done.pinned:
+            # Neither the bench's deliberate overload nor a batch's lines that may not add
+            # replicas count toward the TTFT load scaling and the SLO read.
+            if done.ttft is not None and done.status == 200 and not done.pinned \
+                    and done.batch != "idle":  # fmt: skip
                 b.ttft[bucket(done.ttft * 1000)] += 1
                 if done.engine_ttft is not None:
                     b.engine_ttft[bucket(done.engine_ttft * 1000)] += 1

@@ -227,11 +227,15 @@ async def _create(cycle: Cycle, scope: Scope, owner: str, raw: bytes) -> None:
         metadata = status.metadata(data.get("metadata"))
     except ValueError as error:
         raise errors.bad_request(str(error), "metadata") from None
-    held = data.get("schedule_window", False)
+    held, scale = data.get("schedule_window", False), data.get("scale_up", False)
     if not isinstance(held, bool):
         raise errors.bad_request("schedule_window must be true (send the lines only while "
                                  "each line's model is inside one of its schedule windows) "
                                  "or false", "schedule_window")  # fmt: skip
+    if not isinstance(scale, bool):
+        raise errors.bad_request("scale_up must be true (load scaling may add replicas for "
+                                 "the lines, up to the model's max) or false (they run on "
+                                 "the replicas there are)", "scale_up")  # fmt: skip
     meta = await _run(store.get_file, owner, input_file_id)
     if meta is None or meta["purpose"] != "batch":
         raise errors.bad_request(f"input_file_id {input_file_id} names no file of purpose "
@@ -245,5 +249,7 @@ async def _create(cycle: Cycle, scope: Scope, owner: str, raw: bytes) -> None:
     )  # fmt: skip
     if held:
         batch["schedule_window"] = True
+    if scale:
+        batch["scale_up"] = True
     await _run(store.save_batch, batch)
     await cycle.json(200, status.shown(batch))

@@ -116,7 +116,8 @@ def run(batch_id: str) -> None:
     batch = store.update(batch_id, started)
     done = store.journal(batch_id)
     pending = [line for line in found if line.number not in done]
-    secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]))
+    secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]),
+                        scale=bool(batch.get("scale_up")))  # fmt: skip
     stop = threading.Event()
     journal = store.Journal(batch_id)
     models = Models() if batch.get("schedule_window") else None

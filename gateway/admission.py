@@ -327,7 +327,7 @@ class Admission:
     def heard(self, done: Done) -> None:
         """A request ended (``Gateway.done``, in its own task): it leaves the in-flight
         count, and an answered one's TTFT, less what it waited at the door, joins the
-        window."""
+        window (not a batch's line: its own wait is no client's)."""
         waited = held_for.get()
         if waited:
             held_for.set(0.0)
@@ -335,8 +335,8 @@ class Admission:
         if took is not None:
             taken.set(None)
             self.release(*took)
-        if done.status != 200 or done.ttft is None or not done.model:
-            return
+        if done.status != 200 or done.ttft is None or not done.model or done.batch:
+            return  # a batch's lines (gateway.batch) are not what the slo holds
         self.record(done.model, max(0.0, done.ttft - waited))
 
     def release(self, model: str, low: bool) -> None:

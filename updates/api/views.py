@@ -163,7 +163,10 @@ def held_file(node: Any, pk: int, path: str) -> Held | str:
     if not _placed_on(node, f.model):
         return f.model
     try:
-        file_path = mirror.file_in(mirror.root() / f.folder, path)
+        # None: a blob changed since its bytes were checked (set aside, fetched again).
+        file_path = mirror.served_file(f.folder, path, str(listed[path]["sha256"] or ""))
+        if file_path is None:
+            return "missing"
         size = file_path.stat().st_size
     except (mirror.MirrorError, OSError):
         return "missing"

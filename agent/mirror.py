@@ -58,7 +58,9 @@ POLL_S = 2.0
 
 @dataclass
 class Took:
-    """What one fetch from the mirror took over the network, and what it found held."""
+    """What one fetch from the mirror took: ``files`` received over the network and their
+    ``bytes``; ``held``, the files its revision's folder held already (a replica started
+    again). The rest were linked to blobs the node held for another revision."""
 
     files: int = 0
     bytes: int = 0

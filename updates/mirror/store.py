@@ -310,18 +310,22 @@ def _recheck(sha: str, size: int | None) -> bool:
     return False
 
 
-def set_aside(sha: str) -> None:
+def set_aside(sha: str) -> bool:
     """Move a blob that changed since it was checked out of the links' way
-    (``suspect/<sha256>``): nothing serves it until a fetch hashes it again."""
+    (``suspect/<sha256>``): nothing serves it until a fetch hashes it again. Return False
+    when it is trusted after all (put in place by a fetch meanwhile: looked at again under
+    the lock)."""
     with blobs_lock():
+        if trusted(sha):
+            return False
         blob = blob_path(sha)
-        if not blob.exists() or trusted(sha):
-            return
-        log.warning("the mirror's copy of %s changed since it was checked: set aside", sha)
-        dest = _suspect_path(sha)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(blob, dest)
-        _checked_path(sha).unlink(missing_ok=True)
+        if blob.exists():
+            log.warning("the mirror's copy of %s changed since it was checked: set aside", sha)
+            dest = _suspect_path(sha)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(blob, dest)
+            _checked_path(sha).unlink(missing_ok=True)
+        return True
 
 
 def linked_blobs() -> set[str]:
@@ -402,10 +406,14 @@ def intact(f: Fetch) -> bool:
         sha = str(x.get("sha256") or "")
         if whole(place, size, sha):
             continue
-        ok = False
         linked = linked_sha(place)
-        if linked is not None:
-            set_aside(linked)
+        if (
+            linked is None
+            or (sha and linked != sha)
+            or set_aside(linked)
+            or not whole(place, size, sha)
+        ):
+            ok = False
     return ok
 
 
@@ -414,10 +422,9 @@ def served_file(folder: str, rel: str, sha: str) -> Path | None:
     whole (a blob changed since it was checked is set aside, never sent)."""
     place = file_in(root() / folder, rel)
     linked = linked_sha(place)
-    if linked is not None and not trusted(linked):
-        set_aside(linked)
-        return None
-    if linked is not None and sha and linked != sha:
+    if linked is None:
+        return place
+    if (sha and linked != sha) or (not trusted(linked) and set_aside(linked)):
         return None
     return place
 

@@ -116,7 +116,9 @@ def test_an_update_of_one_file_of_eight_fetches_one_on_the_mirror_and_one_on_the
     assert (client.took.files, client.took.held) == (0, 8)
 
 
-def test_prune_keeps_a_blob_a_kept_revision_links(hub: HubStandIn) -> None:
+def test_prune_keeps_a_blob_a_kept_revision_links(hub: HubStandIn, viewer: Any) -> None:
+    from django.test import Client
+
     shared = b"s" * 5000
     v1 = hub.commit("org/chat", {"a.safetensors": shared, "b.safetensors": b"1" * 5000})
     store(gpu_model("chat"))
@@ -138,6 +140,12 @@ def test_prune_keeps_a_blob_a_kept_revision_links(hub: HubStandIn) -> None:
     assert (mirror.local_path("chat", v2) / "a.safetensors").read_bytes() == shared
     assert (mirror.local_path("chat", v3) / "b.safetensors").read_bytes() == b"3" * 5000
     assert mirror.local_path("chat", v1) is None
+    # The mirror's page and API count what two revisions share once.
+    c = Client()
+    c.force_login(viewer)
+    held_api = c.get("/api/v1/updates/mirror/").json()
+    assert held_api["bytes"] == mirror.held_bytes() == 3 * 5000
+    assert sorted(h["bytes"] for h in held_api["held"]) == [10_000, 10_000]
 
 
 def _damage(path: Path) -> None:

@@ -368,7 +368,7 @@ def mirror_holdings(request: Request) -> Response:
     return Response(
         {
             "enabled": mirror.enabled(),
-            "bytes": sum(h.bytes for h in held),
+            "bytes": mirror.kept_bytes(),  # each content once: revisions share files
             "cap_bytes": int(cap_gb * 1e9) if cap_gb else None,
             "held": [
                 {

@@ -504,12 +504,13 @@ def complete(final: Path, state: registry.RepoState, known: dict[str, str]) -> b
     return all(whole(file_in(final, f.path), f.size, content(f, known)) for f in state.files)
 
 
-def held_contents(exclude: int | None = None) -> dict[str, int]:
-    """Return what the mirror's done and running fetches hold, each content once: its
-    bytes by its sha256 (by its folder and path for a file of no sha256, by its folder for
-    a running fetch whose files are not listed yet)."""
+def held_contents(exclude: int | None = None, *, running: bool = True) -> dict[str, int]:
+    """Return what the mirror's done and (with ``running``) running fetches hold, each
+    content once: its bytes by its sha256 (by its folder and path for a file of no sha256,
+    by its folder for a running fetch whose files are not listed yet)."""
     held: dict[str, int] = {}
-    q = Fetch.objects.filter(state__in=(*ACTIVE, FetchState.DONE)).exclude(folder="")
+    states = (*ACTIVE, FetchState.DONE) if running else (FetchState.DONE,)
+    q = Fetch.objects.filter(state__in=states).exclude(folder="")
     if exclude is not None:
         q = q.exclude(pk=exclude)
     for folder, total, files in q.values_list("folder", "bytes_total", "files"):
@@ -527,6 +528,12 @@ def held_contents(exclude: int | None = None) -> dict[str, int]:
 def used_bytes(exclude: int | None = None) -> int:
     """Return the bytes the mirror's done and running fetches take (each content once)."""
     return sum(held_contents(exclude).values())
+
+
+def kept_bytes() -> int:
+    """Return the bytes the mirror's done fetches hold, each content once: what its
+    revisions take on the disk (two that share seven files of eight take the seven once)."""
+    return sum(held_contents(running=False).values())
 
 
 def held_for_resume(final: Path, state: registry.RepoState) -> int:

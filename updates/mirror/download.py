@@ -104,7 +104,11 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.bytes_total = state.total_bytes
         fetch.save(update_fields=["commit", "folder", "bytes_total", "updated"])
         final = root() / fetch.folder
-        adopt_legacy()
+        try:
+            adopt_legacy()
+        except OSError:
+            # The old folders stay served as they are; this fetch links what it can.
+            log.warning("keeping the mirror's folders from before as blobs failed", exc_info=True)
         known = known_contents()
         hashed: dict[str, str] = {}
         with folder_lock(fetch.folder, fetch):

@@ -33,8 +33,11 @@ import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
 
 from gateway.batch import lines, status, store, token, window
 
@@ -183,10 +186,6 @@ class Models:
 
     def closed(self, name: str) -> str:
         """Why a line for model ``name`` may not be sent now ('' when it may)."""
-        from zoneinfo import ZoneInfo
-
-        from django.utils import timezone
-
         if time.monotonic() - self.read_at >= REREAD:
             self._read()
         if self.failed:
@@ -196,14 +195,10 @@ class Models:
 
     def close(self) -> None:
         """Let this thread's database connection go (the run is over)."""
-        from django.db import connection
-
         connection.close()
 
     def _read(self) -> None:
-        from django.db import DatabaseError, close_old_connections
-
-        from catalog.models import ServedModel
+        from catalog.models import ServedModel  # the apps are loaded once a run starts
 
         self.read_at = time.monotonic()
         try:

@@ -7,6 +7,12 @@ of range, an address that is not this machine's or a port in use is refused with
 write instead, and the port a ``--port 0`` was given is known. Once uvicorn serves on
 that socket, the table's reader starts (so ``/healthz`` turns ready with no traffic) and
 one line says where: ``gateway serving on http://H:P/v1/ (pid N)``.
+
+With ``--workers N`` above 1 (``run_workers``) the process is a parent of N workers,
+each serving as above on a socket of its own bound to the same address with
+``SO_REUSEPORT`` (``llmgw_core.workers`` says why this way and how a worker that dies is
+started again); the line says where once every worker accepts connections:
+``gateway serving on http://H:P/v1/ (pid N; 2 workers: A, B)``.
 """
 
 from __future__ import annotations
@@ -46,9 +52,11 @@ class AddressRefused(ValueError):
     """An address the gateway cannot serve on; the text says what to write instead."""
 
 
-def listen(bind: str, port: int) -> socket.socket:
+def listen(bind: str, port: int, *, shared: bool = False) -> socket.socket:
     """Return a socket bound to ``bind``:``port`` (uvicorn listens on it), or raise
-    ``AddressRefused``. A host name binds its first address."""
+    ``AddressRefused``. A host name binds its first address. ``shared``: bound with
+    ``SO_REUSEPORT``, so each worker of ``run_workers`` binds the same address (a port
+    another program listens on is still refused)."""
     if not 0 <= port <= 65535:
         raise AddressRefused(f"--port {port}: a port is 0 to 65535 (0 for any free port)")
     host = bind[1:-1] if bind.startswith("[") and bind.endswith("]") else bind
@@ -61,6 +69,8 @@ def listen(bind: str, port: int) -> socket.socket:
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
     except OSError as error:
@@ -111,7 +121,32 @@ def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     usage.start()
     history.start()
     refusals.start()
-    _Server(config(), lambda: _listening(sock, say)).run(sockets=[sock])
+    Server(config(), lambda: _listening(sock, say)).run(sockets=[sock])
+
+
+def run_workers(
+    sock: socket.socket, count: int, say: Callable[[str], None], warn: Callable[[str], None]
+) -> int:
+    """Serve on ``sock``'s address with ``count`` worker processes (``llmgw_core.workers``),
+    each on a socket of its own bound with ``SO_REUSEPORT``; the parent keeps ``sock``
+    (bound, not listening) so no other program takes the port while a worker restarts.
+    Returns the parent's exit status after a stop."""
+    from llmgw_core import workers
+
+    host, port = sock.getsockname()[:2]
+    url = where(sock)
+
+    def serve(ready: Callable[[], None]) -> None:
+        sock.close()  # the parent's
+        run(listen(host, port, shared=True), lambda line: ready())
+
+    def serving(pids: list[int]) -> None:
+        say(f"gateway serving on {url} (pid {os.getpid()}; {count} workers: "
+            f"{', '.join(map(str, pids))})")  # fmt: skip
+
+    # Each worker drains within GRACE (uvicorn's bound); the parent waits a little more.
+    return workers.Supervisor(count, serve, name="gateway", grace=GRACE + 5, say=say,
+                              warn=warn, serving=serving).run()  # fmt: skip
 
 
 def config() -> uvicorn.Config:
@@ -132,7 +167,7 @@ def config() -> uvicorn.Config:
     )  # fmt: skip
 
 
-class _Server(uvicorn.Server):
+class Server(uvicorn.Server):
     """uvicorn's server, which calls ``listening`` once it accepts connections."""
 
     def __init__(self, config: uvicorn.Config, listening: Callable[[], None]) -> None:

@@ -341,6 +341,10 @@ LLMGW_HTTP_HEADER_TIMEOUT = envint("HTTP_HEADER_TIMEOUT", 10)
 LLMGW_HTTP_BODY_TIMEOUT = envint("HTTP_BODY_TIMEOUT", 60)
 # A client that takes none of an answer's bytes for this long is taken as gone (gateway).
 LLMGW_HTTP_SEND_TIMEOUT = envint("HTTP_SEND_TIMEOUT", 60)
+# Processes serving one port (``--workers``; llmgw_core.workers): 0 is one a core. The web
+# process's more than one only with LLMGW_REDIS_URL (embedded, it is one process).
+LLMGW_GATEWAY_WORKERS = envint("GATEWAY_WORKERS", 0)
+LLMGW_WEB_WORKERS = envint("WEB_WORKERS", 1)
 for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT"):
     if globals()[f"LLMGW_{_name}"] < 1:
         raise ImproperlyConfigured(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import ipaddress
 import os
 import re
@@ -33,6 +34,8 @@ import uvicorn
 APP = "gateway.asgi:application"
 KEEP_ALIVE = 75
 GRACE = 30
+# Objects allocated (less those freed) before the cycle collector's youngest pass (``_frozen``).
+YOUNG = 20_000
 # What ``--bind`` may name besides an IP address: a host name of RFC 1123's letters.
 _HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")  # fmt: skip
@@ -136,6 +139,8 @@ def run_workers(
     host, port = sock.getsockname()[:2]
     url = where(sock)
 
+    # Each worker imports the application itself, after the fork: what it builds names
+    # its process (its load report's pid, its metrics' files) as it is made.
     def serve(ready: Callable[[], None]) -> None:
         sock.close()  # the parent's
         run(listen(host, port, shared=True), lambda line: ready())
@@ -185,11 +190,28 @@ def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
     # /healthz sees this process ready once it has read the table (gateway.health).
     from gateway.asgi import assembly, state
 
+    _frozen()
     state.start(asyncio.get_running_loop())
     if assembly.traffic is not None:
         # Its load reported from now: requests waiting before any is answered count too.
         assembly.traffic.start()
     say(f"gateway serving on {where(sock)} (pid {os.getpid()})")
+
+
+def _frozen() -> None:
+    """Leave what the process holds once started out of the cycle collector's passes.
+
+    Django, the application and their modules are some hundreds of thousands of objects
+    that live as long as the process; each full pass of the collector walked them all,
+    and a young generation of 700 objects (the default) started a pass every few
+    requests: a profile under load showed a tenth of the process's time in collections
+    made at whatever line allocated. ``gc.freeze`` moves every object made so far to a
+    generation no pass looks at, and a young generation of ``YOUNG`` objects runs the
+    passes that remain less often (cyclic garbage waits a little longer to be freed).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG, *gc.get_threshold()[1:])
 
 
 def _exit(signum: int, frame: Any) -> None:

@@ -13,7 +13,9 @@ during the run moves them all alike. Printed for each target:
 
 1. the time it adds at p50 and p99 (open loop, each at 50 req/s, the four targets --
    the engine directly, nginx, one gateway process, two workers -- asked in turn, from
-   this process over kept-alive connections);
+   this process over kept-alive connections), beside each one's own p50 and p99 (on a
+   loaded machine the engine's own p99 can exceed a proxy's, and the difference is
+   negative: the p99 are each run's, not a hop's);
 2. req/s, closed loop: ``wrk`` with one thread and ``--connections``, ``--rounds`` runs
    each (the order rotated each round); the median and every run, and the CPU time a
    request cost the target's processes;
@@ -267,15 +269,16 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"\nthe engine directly: p50 {d50:.3f} ms, p99 {d99:.3f} ms; "
               f"{statistics.median(direct.rates):.0f} req/s; a {EVENTS}-event stream "
               f"{dstream * 1000:.2f} ms")  # fmt: skip
-        print(f"{'':12} {'added p50':>10} {'added p99':>10} {'req/s':>8} {'CPU/req':>8} "
-              f"{'per event':>10} {'cold start':>10}  RSS (MB)")  # fmt: skip
+        print(f"{'':12} {'added p50':>10} {'added p99':>10} {'p50, p99 (ms)':>14} {'req/s':>8} "
+              f"{'CPU/req':>8} {'per event':>10} {'cold start':>10}  RSS (MB)")  # fmt: skip
         for hop in proxies:
             rss = ", ".join(f"{rss_mb(p):.0f}" for p in hop.pids)
             if hop.parent and hop.parent not in hop.pids:
                 rss = f"parent {rss_mb(hop.parent):.0f}; workers {rss}"
             per_event = (statistics.median(hop.streams) - dstream) / EVENTS * 1e6
+            own = f"{pct(hop.latencies, 50):.3f}, {pct(hop.latencies, 99):.3f}"
             print(f"{hop.name:12} {pct(hop.latencies, 50) - d50:>7.3f} ms {pct(hop.latencies, 99) - d99:>7.3f} ms "
-                  f"{statistics.median(hop.rates):>8.0f} {statistics.median(hop.cpu_us):>5.0f} us "
+                  f"{own:>14} {statistics.median(hop.rates):>8.0f} {statistics.median(hop.cpu_us):>5.0f} us "
                   f"{per_event:>7.2f} us {hop.cold:>8.2f} s  {rss}")  # fmt: skip
         for hop in proxies:
             print(f"{hop.name} req/s each round: {', '.join(f'{r:.0f}' for r in hop.rates)}")

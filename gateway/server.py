@@ -166,13 +166,13 @@ def config() -> uvicorn.Config:
         proxy_headers=False,
         # Headers and bodies read within their timeouts (gateway.listener); idle
         # kept-alive connections closed after KEEP_ALIVE.
-        http=_coalescing(listener.from_settings()),
+        http=coalescing(listener.from_settings()),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )  # fmt: skip
 
 
-class _Writes:
+class Writes:
     """A connection's transport whose writes made in one pass of the event loop leave in
     one system call, at the pass's end.
 
@@ -221,12 +221,12 @@ class _Writes:
         return getattr(self._transport, name)
 
 
-def _coalescing(http: type[Any]) -> type[Any]:
+def coalescing(http: type[Any]) -> type[Any]:
     """``http`` (uvicorn's protocol, ``gateway.listener``'s timeouts) writing through
-    ``_Writes``."""
+    ``Writes``."""
 
     def connection_made(self: Any, transport: asyncio.Transport) -> None:
-        http.connection_made(self, _Writes(transport, self.loop))
+        http.connection_made(self, Writes(transport, self.loop))
 
     return type("CoalescingHttp", (http,), {"connection_made": connection_made})
 

@@ -1,7 +1,8 @@
 """Anthropic's Messages API through the real gateway: the official ``anthropic`` client
 against the gateway (real uvicorn, its real table read from the database, the real guard
 with a sim judge) in front of a real sim engine process, and of an engine told to say an
-unsafe marker. Translated to chat completions on the way, and back."""
+unsafe marker. The sim serves the Messages API natively (its answer normalized by the
+gateway); the marked engine is translated to chat completions on the way, and back."""
 
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ def serving(sims: tuple[str, str], say: str, directions: tuple[str, ...]) -> Ser
     _, secret = keys.create_key("k")
     records.start()
     h.serve([], [])
+    # The sim process serves the dialects natively; the engine told what to say speaks
+    # chat completions alone, so the operator's setting has its dialects translated.
+    h.gateway.options.translate = frozenset({"marked"})
     return Served(h, secret, engine)
 
 

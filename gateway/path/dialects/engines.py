@@ -69,10 +69,13 @@ NATIVE: dict[str, dict[str, str]] = {
 # dialect's event types is fit; any doubt, translated (docs/dialects.md, "Native or
 # translated, per engine").
 FIT: dict[str, dict[str, bool]] = {
-    # Measured (docs/dialects.md): its Responses stream has no sequence_number, no
-    # output_index and no content_index, and it refuses previous_response_id; its Messages
-    # route takes invalid input and answers a missing field with a 500. Both translated.
-    "llamacpp": {RESPONSES: False, MESSAGES: False},
+    # Measured (docs/dialects.md): its Responses route says "completed" for an answer cut
+    # at max_output_tokens (the API says "incomplete"): translated. Its Messages route
+    # reads tool uses, tool results and the billing-free system prompt, streams the API's
+    # events with the prompt's cached tokens, and names the stop sequence it stopped at;
+    # what it would take wrongly (no max_tokens, an unknown role: a 500 or a 200) the
+    # gateway refuses first.
+    "llamacpp": {RESPONSES: False, MESSAGES: True},
     # vllm/entrypoints/openai/responses (the openai package's event types, each with its
     # sequence_number; usage with input_tokens_details.cached_tokens) and
     # vllm/entrypoints/anthropic (Anthropic's events, each under its event: line).

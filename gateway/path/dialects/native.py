@@ -416,7 +416,8 @@ class MessagesNative:
         if kind == "message_stop":
             self.ended = True
             finish = _STOPS.get(str(self._stop), "stop")
-            stop = self._sequence if self._stop == "stop_sequence" else None
+            # The stop string it names (llama-server names it beside "end_turn").
+            stop = self._sequence if finish == "stop" else None
             out = [_chunk({}, finish, stop)]
             if self._usage is not None:
                 out.append(_usage_chunk(self._usage))
@@ -460,7 +461,7 @@ class MessagesNative:
         stop = answer.get("stop_reason")
         choice: dict[str, Any] = {"index": 0, "message": message,
                                   "finish_reason": _STOPS.get(str(stop), "stop")}  # fmt: skip
-        if stop == "stop_sequence" and isinstance(answer.get("stop_sequence"), str):
+        if choice["finish_reason"] == "stop" and isinstance(answer.get("stop_sequence"), str):
             choice["stop_reason"] = answer["stop_sequence"]
         chat: dict[str, Any] = {"object": "chat.completion", "choices": [choice]}
         usage = _messages_usage(answer.get("usage"))

@@ -19,9 +19,10 @@ def test_generating_dialects_are_translated_to_chat_unless_native_is_asked(engin
 
 
 def test_native_only_where_fit_and_the_operator_does_not_force_translation() -> None:
-    # llama-server's own routes are measured unfit; vLLM's and the sim's are fit.
+    # llama-server's own Responses route is measured unfit, its Messages route fit;
+    # vLLM's and the sim's are fit.
     assert route(RESPONSES, "llamacpp", native=True) == Route("/v1/chat/completions", False)
-    assert route(MESSAGES, "llamacpp", native=True) == Route("/v1/chat/completions", False)
+    assert route(MESSAGES, "llamacpp", native=True) == Route("/v1/messages", True)
     assert route(RESPONSES, "vllm", native=True) == Route("/v1/responses", True)
     assert route(MESSAGES, "sim", native=True) == Route("/v1/messages", True)
     # The operator names engines, models, or all of them.

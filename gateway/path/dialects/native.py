@@ -92,8 +92,15 @@ def responses_body(
     """The engine's own ``/v1/responses`` body: the fields served (``data`` already read
     by ``responses.read``), the conversation ``previous_response_id`` continues as input
     items before the new ones, never stored by the engine."""
-    body: dict[str, Any] = {"model": served,
-                            "input": [dict(i) for i in (*history, *request.input)]}  # fmt: skip
+    items = []
+    for item in (*history, *request.input):
+        item = dict(item)
+        if item.get("type") == "reasoning":
+            # Its summary is not in the chat body the guard judged: the engine reads
+            # what was judged (the reasoning's text), nothing more.
+            item["summary"] = []
+        items.append(item)
+    body: dict[str, Any] = {"model": served, "input": items}
     for name in _RESPONSES_FIELDS:
         if data.get(name) is not None:
             body[name] = data[name]
@@ -318,8 +325,20 @@ def messages_body(data: Mapping[str, Any], request: messages.MessagesRequest,
     for name in _MESSAGES_FIELDS:
         if data.get(name) is not None:
             body[name] = data[name]
+    # Redacted thinking is opaque and left out of the chat body the guard judged: the
+    # engine reads what was judged, nothing more.
+    body["messages"] = [_without_redacted(m) for m in body.get("messages") or ()]
     body["stream"] = request.stream
     return body
+
+
+def _without_redacted(message: Any) -> Any:
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if not isinstance(content, list):
+        return message
+    kept = [b for b in content
+            if not (isinstance(b, Mapping) and b.get("type") == "redacted_thinking")]  # fmt: skip
+    return {**message, "content": kept}
 
 
 # A Messages stop_reason as a chat finish.

@@ -31,26 +31,37 @@ def test_the_responses_body_is_the_checked_request_with_the_whole_conversation()
             "instructions": "Be brief.", "max_output_tokens": 9, "prompt_cache_key": "s1",
             "include": ["reasoning.encrypted_content"], "truncation": "auto", "stream": True}  # fmt: skip
     request = responses.read(data)
-    history = [{"type": "message", "role": "user",
+    history = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "unjudged"}],
+                "content": [{"type": "reasoning_text", "text": "hmm"}]},
+               {"type": "message", "role": "user",
                 "content": [{"type": "input_text", "text": "Capital of France?"}]},
                {"type": "message", "role": "assistant", "id": "msg_1",
                 "content": [{"type": "output_text", "text": "Paris."}]}]  # fmt: skip
     body = native.responses_body(data, request, history, "qwen3-8b")
     assert body["model"] == "qwen3-8b"  # the name the engine knows
     assert [i["content"][0]["text"] for i in body["input"]] == \
-        ["Capital of France?", "Paris.", "And of Italy?"]  # fmt: skip
+        ["hmm", "Capital of France?", "Paris.", "And of Italy?"]  # fmt: skip
+    # A reasoning summary is not in the chat body the guard judges: not sent either.
+    assert body["input"][0]["summary"] == [] and "unjudged" not in json.dumps(body)
     # The engine keeps nothing and continues nothing: the gateway's store does.
     assert body["store"] is False and "previous_response_id" not in body
     # Only the fields the gateway serves; the session key is the gateway's.
     assert set(body) == {"model", "input", "instructions", "max_output_tokens", "stream", "store"}
 
 
-def test_the_messages_body_leaves_out_claude_codes_billing_block() -> None:
+def test_the_messages_body_leaves_out_the_billing_block_and_what_is_not_judged() -> None:
     data = {"model": "m", "max_tokens": 5, "stream": False, "mcp_servers": [],
             "system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
                        {"type": "text", "text": "You are terse."}],
-            "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["END"]}  # fmt: skip
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": [
+                             {"type": "redacted_thinking", "data": "b3BhcXVl"},
+                             {"type": "text", "text": "Hello."}]},
+                         {"role": "user", "content": "again"}],
+            "stop_sequences": ["END"]}  # fmt: skip
     body = native.messages_body(data, messages.read(data), "served")
+    # Opaque redacted thinking is not judged: not sent either.
+    assert body["messages"][1]["content"] == [{"type": "text", "text": "Hello."}]
     assert body["system"] == [{"type": "text", "text": "You are terse."}]
     assert body["model"] == "served" and body["stop_sequences"] == ["END"]
     assert "mcp_servers" not in body

@@ -1,8 +1,10 @@
 """OpenAI's Responses API through the real gateway: the official ``openai`` client against
 the gateway (real uvicorn, its table read from the database, the real guard with a sim
 judge) in front of a real sim engine process, and of an engine told to say an unsafe
-marker. Translated to chat completions on the way, and back; stored responses in the
-database, continued by ``previous_response_id`` from another gateway."""
+marker. The sim serves the Responses API natively (its answer normalized by the
+gateway); the marked engine is translated to chat completions on the way, and back;
+stored responses in the database, continued by ``previous_response_id`` from another
+gateway."""
 
 from __future__ import annotations
 

@@ -80,9 +80,9 @@ FIT: dict[str, dict[str, bool]] = {
     # sequence_number; usage with input_tokens_details.cached_tokens) and
     # vllm/entrypoints/anthropic (Anthropic's events, each under its event: line).
     "vllm": {RESPONSES: True, MESSAGES: True},
-    # Its Responses route writes the openai package's event types; its Messages route
-    # is not confirmed from its sources: translated.
-    "sglang": {RESPONSES: True, MESSAGES: False},
+    # Neither route is confirmed from its sources (its Responses route is reported
+    # incomplete by those who tried it): both translated.
+    "sglang": {RESPONSES: False, MESSAGES: False},
     # Not measured, and its Responses route is new: translated.
     "trtllm": {RESPONSES: False},
     # Its own routes, tested through the gateway (tests/e2e/test_gateway_dialects.py).

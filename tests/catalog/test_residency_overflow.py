@@ -102,7 +102,9 @@ def test_the_api_stores_them_answers_them_and_refuses_wrong_ones(
 
 
 @pytest.mark.django_db
-def test_the_console_form_takes_them_and_refuses_a_wrong_one(client_for: Any, operator: Any) -> None:
+def test_the_console_form_takes_them_and_refuses_a_wrong_one(
+    client_for: Any, operator: Any
+) -> None:
     c = client_for(operator)
     r = c.post(ADD, new_model_data(c, residency="abroad"), **HX)
     assert "is not local" in r.content.decode() and not ServedModel.objects.exists()

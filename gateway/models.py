@@ -216,6 +216,9 @@ class TrafficPoint(db.Model):
     errors = db.PositiveBigIntegerField(default=0)
     refusals = db.PositiveBigIntegerField(default=0, help_text=_("refused by the guard"))
     held = db.PositiveBigIntegerField(default=0, help_text=_("held back by admission (429)"))
+    overflowed = db.PositiveBigIntegerField(
+        default=0, help_text=_("held back by admission and sent to the model's overflow")
+    )
     tokens_in = db.PositiveBigIntegerField(default=0)
     tokens_out = db.PositiveBigIntegerField(default=0)
     busy_ms = db.PositiveBigIntegerField(

@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway import federation, live
+from gateway import federation, history, live
 from gateway.admission import Admission, Counts
-from gateway.models import digest
+from gateway.models import TrafficPoint, digest
 from gateway.observe import Fanout
 from gateway.table import Key
 from gateway.traffic import Traffic
@@ -126,12 +126,15 @@ def test_a_peers_request_is_not_sent_to_a_peer_by_a_fallback(east: Any) -> None:
 
 
 @pytest.mark.django_db
-def test_a_low_band_held_back_is_answered_by_the_overflow_none_429(east: Any) -> None:
+def test_a_low_band_held_back_is_answered_by_the_overflow_none_429(
+    east: Any, client_for: Any, viewer: Any
+) -> None:
     peer, engines = east
     here = Harness()
     try:
         traffic = Traffic(publish=lambda message: None)
-        here.gateway.observer = Fanout(traffic)
+        recorder = history.HistoryRecorder()
+        here.gateway.observer = Fanout(traffic, recorder)
         here.gateway.admission = Admission(window=10.0, queue=0.2, counts=Counts())
         # The local replica takes 600 ms to answer and its slo is 300 ms: past it after
         # one answer, and the low band held back from then on.
@@ -177,6 +180,12 @@ def test_a_low_band_held_back_is_answered_by_the_overflow_none_429(east: Any) ->
         html = live.render_traffic(now + 1)
         assert f'data-overflowed="east/chat" data-requests="{len(peers)}"' in html
         assert f">{len(peers)} to <a" in html
+        # And its records: the minute's row of the model asked for, shaded on its chart.
+        history.write(recorder.pending())
+        assert sum(TrafficPoint.objects.filter(model="chat").values_list("overflowed",
+                                                                         flat=True)) == len(peers)  # fmt: skip
+        page = client_for(viewer).get("/gateway/traffic/?model=chat&span=hour").content.decode()
+        assert f"{len(peers)} sent to its overflow" in page
     finally:
         here.close()
 

@@ -2,7 +2,8 @@
 gateway that federates it ("west"), with the ``openai`` client: a key made with owner
 ``peer:west`` lists and reaches neither east's ``residency: local`` model nor one east
 learned from its own peer; an ordinary key of east's reaches all three directly, but not
-through west's gateway, whose requests say ``x-llmgw-via``: nothing is passed on."""
+through west's gateway, whose requests and list reads say ``x-llmgw-via``: nothing is
+passed on."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import pytest
 from catalog import services as catalog
 from catalog import spec
 from catalog.choices import Surface
-from gateway import federation
+from gateway import federation, peers
 from gateway import services as key_services
-from gateway.models import digest
+from gateway.models import Peer, digest
 from gateway.table import Key
 from tests.e2e.conftest import ControlPlane, wait_for
 from tests.gateway.harness import KEY, Engine, Harness
@@ -75,8 +76,12 @@ def test_a_peers_key_and_a_request_through_a_peer_reach_nothing_local_nor_onward
         plain = openai.OpenAI(base_url=cp.url + "/v1", api_key=plain_key, max_retries=0,
                               timeout=30)  # fmt: skip
         assert sorted(m.id for m in plain.models.list()) == sorted(NAMES)
-        # The same key, as west's federation key: through west's gateway only the shared.
+        # The same key, as west's federation key: west's refresh learns only the shared,
+        # and through west's gateway only the shared is answered.
         (secrets / "east").write_text(plain_key + "\n")
+        assert peers.read_models(Peer(name="east", url=cp.url, api_key_file="east")).models == [
+            "shared"
+        ]
         h.keys = {digest(KEY): Key(1, "app", "team:t", tuple(f"east/{n}" for n in NAMES), None)}
         h.serve([federation.peer_model("east", cp.url, "east", n) for n in NAMES], [])
         through = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=30)

@@ -77,7 +77,7 @@ from gateway import (
     sizing,
     speaking,
     sse,
-)  # fmt: skip
+)
 from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer

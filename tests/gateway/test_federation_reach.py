@@ -23,7 +23,7 @@ from gateway.admission import Admission, Counts
 from gateway.models import TrafficPoint, digest
 from gateway.observe import Fanout
 from gateway.table import Key
-from gateway.traffic import Traffic
+from gateway.traffic import SPAN, Traffic
 from tests.gateway.harness import KEY, Harness, model
 
 PEER_KEY = "llmgw-ck-the-peers-own-key-for-us"
@@ -172,20 +172,26 @@ def test_a_low_band_held_back_is_answered_by_the_overflow_none_429(
         assert local.requests == 1 + 8 - len(peers)
         assert all(g.parse().choices[0].message.content.startswith("chat0") for g in peers)
         assert here.gateway.observer.overflows == {("chat", "east/chat"): len(peers)}
-        # The Traffic page says how many went to the overflow.
-        now = time.time()
+        # Each second's item says how many went to the overflow, and the Traffic page
+        # shows those of its span (the last SPAN seconds, here ending with the last one).
+        items = traffic.take(int(time.time()) + 1)
+        went = {i["second"]: i["overflowed"]["east/chat"] for i in items if "overflowed" in i}
+        assert sum(went.values()) == len(peers)
+        last = max(went)
+        shown = sum(n for second, n in went.items() if second > last - SPAN)
         live.WINDOW.items.clear()
-        live.WINDOW.add(traffic.take(int(now) + 1), now=now)
+        live.WINDOW.add(items, now=last + 1)
         live._rendered = None
-        html = live.render_traffic(now + 1)
-        assert f'data-overflowed="east/chat" data-requests="{len(peers)}"' in html
-        assert f">{len(peers)} to <a" in html
-        # And its records: the minute's row of the model asked for, shaded on its chart.
+        html = live.render_traffic(last + 1.5)
+        assert f'data-overflowed="east/chat" data-requests="{shown}"' in html
+        assert f">{shown} to <a" in html
+        # And its records: the minute rows of the model asked for, each shaded on its chart.
         history.write(recorder.pending())
-        assert sum(TrafficPoint.objects.filter(model="chat").values_list("overflowed",
-                                                                         flat=True)) == len(peers)  # fmt: skip
+        minutes = list(TrafficPoint.objects.filter(model="chat").values_list("overflowed",
+                                                                             flat=True))  # fmt: skip
+        assert sum(minutes) == len(peers)
         page = client_for(viewer).get("/gateway/traffic/?model=chat&span=hour").content.decode()
-        assert f"{len(peers)} sent to its overflow" in page
+        assert all(f"{n} sent to its overflow" in page for n in minutes if n)
     finally:
         here.close()
 

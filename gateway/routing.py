@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
-from gateway import answer, balance, errors, providers, sizing
+from gateway import answer, balance, errors, federation, providers, sizing
 from gateway import body as bodies
 from gateway.answer import Retry, told_of
 from gateway.guarding import GuardRefused
@@ -321,6 +321,8 @@ class Routing:
                 return refused.told
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
+            if target_model.external.peer:
+                headers.append((federation.VIA, federation.VIA_VALUE))
         payload = _payload(cycle, target_model, served, engine)
         if cycle.dialect is not None:
             # The dialect's own route on this engine, where it goes natively (each

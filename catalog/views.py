@@ -52,7 +52,16 @@ from llmgw_core.roles import OPERATOR, VIEWER, role_required
 SECTIONS: list[tuple[str, list[str], str | None]] = [
     (
         "Model",
-        ["name", "source", "trust_remote_code", "description", "role", "capacity_class", "owner"],
+        [
+            "name",
+            "source",
+            "trust_remote_code",
+            "residency",
+            "description",
+            "role",
+            "capacity_class",
+            "owner",
+        ],  # fmt: skip
         None,
     ),
     ("Aliases", [], "aliases"),
@@ -66,6 +75,7 @@ SECTIONS: list[tuple[str, list[str], str | None]] = [
         "Serving",
         [
             "fallbacks",
+            "overflow",
             "context_length",
             "max_output",
             "cached_token_weight",
@@ -363,7 +373,8 @@ def _detail_context(
     """Return what the model's page shows: the model, what is derived, depends, the log."""
     m = obj.to_spec()
     # Fallbacks, a canary and a judge may name an alias: links go to the model it means.
-    refs = [*m.fallbacks, m.canary.model if m.canary else "", m.eval.judge if m.eval else ""]
+    refs = [*m.fallbacks, m.canary.model if m.canary else "", m.eval.judge if m.eval else "",
+            m.overflow]  # fmt: skip
     alias_of = dict(
         Alias.objects.filter(name__in=[r for r in refs if r]).values_list("name", "model__name")
     )
@@ -411,6 +422,7 @@ def _detail_context(
         },
         **week_context(m.scaling),
         "fallbacks": fallbacks,
+        "overflow": alias_of.get(m.overflow, m.overflow),
         "canary": canary,
         "judge": alias_of.get(m.eval.judge, m.eval.judge) if m.eval else "",
         "depended_on_by": services.delete_blockers(obj.name),

@@ -331,6 +331,10 @@ LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# Engines (llamacpp, vllm, sglang, trtllm, sim) and model names whose Responses and
+# Messages requests are always translated to chat completions, never sent to the engine's
+# own route; "all" for every one (gateway/path/dialects/engines.py, docs/dialects.md).
+LLMGW_GATEWAY_TRANSLATE_DIALECTS = envlist("GATEWAY_TRANSLATE_DIALECTS", [])
 # A gateway process that cannot read the database serves from what it read last; its
 # /healthz says "stale" with the age, 200 up to this many seconds, then 503 (gateway/health.py).
 LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)

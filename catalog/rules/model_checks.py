@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from agent.engines import ENGINES
 from catalog.durations import format_duration
 from catalog.problems import Problem
-from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GUARD
+from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, RESIDENCIES, ROLE_GUARD
 from catalog.rules.environment import STRICT, Environment, key_file, url_problem
 from catalog.rules.found import Path, _Found, _label, _not_finite, _num
 from catalog.rules.helpers import on_demand, repository_page, valid_owner
@@ -331,6 +331,24 @@ def _check_fields(m: Model, out: _Found) -> None:
                     f"{_label(p, i)} runs trtllm, which the agent does not start as a "
                     "reranker: use llamacpp, vllm or sglang for a rerank model",
                 )
+    if m.residency and m.residency not in RESIDENCIES:
+        out.add(
+            ("residency",),
+            "bad_residency",
+            f'residency "{shown(m.residency)}" is not local: write local for a model that '
+            "never crosses to a federated cluster, or leave it out",
+        )
+    if m.overflow:
+        if m.overflow == m.name:
+            out.add(("overflow",), "overflow_self",
+                    "a model cannot overflow to itself: name another catalog model")  # fmt: skip
+        elif not m.slo.ttft_p99:
+            out.add(
+                ("overflow",),
+                "overflow_needs_slo",
+                f'overflow "{shown(m.overflow)}" is used only while admission holds a lower '
+                "band back, which it does only past the model's slo.ttft_p99: set one",
+            )
     if not 0 <= m.cached_token_weight <= 1:  # NaN too
         out.add(
             ("cached_token_weight",),

@@ -65,7 +65,12 @@ class Command(BaseCommand):
         ksub = key.add_subparsers(dest="key_action", required=True)
         create = ksub.add_parser("create", help="make a key; prints it alone on the last line")
         create.add_argument("name")
-        create.add_argument("--owner", default="", help="org:NAME, team:NAME or project:NAME")
+        create.add_argument(
+            "--owner",
+            default="",
+            help="org:NAME, team:NAME or project:NAME; peer:NAME for a "
+            "federated cluster's key (docs/federation.md)",
+        )
         create.add_argument("--model", action="append", default=[], dest="models",
                             help="a model, alias or adapter it may name (repeat); default every "
                             "model in the cluster")  # fmt: skip

@@ -209,7 +209,7 @@ def wait_http(url: str) -> None:
 def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     log = Path(f"/tmp/llmgw-bench-gateway-{port}.log").open("w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "gateway", "serve", "--port", str(port)],
+        [sys.executable, "manage.py", "gateway", "serve", "--port", str(port), "--workers", "1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{port}/v1/models")

@@ -2,7 +2,8 @@
 """The dashboard and the Federated peers page show a peer's state live, in Chromium
 against ``manage.py serve`` (its reconcile tick reads the peer): a peer answering is up;
 stopped (its port refusing connections) it shows tripped with the error, without a reload;
-started again it shows recovering as it passes its probes, then up."""
+started again it shows recovering as it passes its probes, then up. An operator removes it
+from the page, and the dashboard loses it live."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway import peers
+from gateway.models import Peer
 from tests.browser.conftest import wait_js
 from tests.e2e.conftest import ControlPlane, chromium, console  # noqa: F401
 from tests.gateway.harness import KEY
@@ -76,7 +78,7 @@ def control_plane(
 
 
 def test_the_dashboard_and_the_peers_page_show_a_peer_trip_and_come_back_live(
-    console: Callable[..., Any], east: PeerServer, viewer: Any
+    console: Callable[..., Any], east: PeerServer, viewer: Any, operator: Any
 ) -> None:
     peers.add_peer("east", east.url, "east")
     pages = [console(viewer, "/cluster/"), console(viewer, "/gateway/peers/")]
@@ -99,3 +101,14 @@ def test_the_dashboard_and_the_peers_page_show_a_peer_trip_and_come_back_live(
         assert seen[0] == "up" and "tripped" in seen and "tripped+" in seen, seen
         assert seen[-1] == "up", seen
         assert page.evaluate("window.__kept") is True  # no reload: pushed live
+
+    # An operator removes it from the page's panel (a boosted form: the CSRF token from
+    # <body>'s hx-headers); the viewer's dashboard loses it live.
+    page = console(operator, "/gateway/peers/")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator('#gateway-peers [data-peer="east"] button', has_text="Remove").click()
+    page.get_by_text("Removed peer east").wait_for()
+    assert not Peer.objects.exists()
+    wait_js(pages[0], "!document.querySelector('#gateway-peers [data-peer]')", timeout=10,
+            what="the peer gone from the dashboard")  # fmt: skip
+    assert "No federated peer" in pages[0].locator("#gateway-peers").inner_text()

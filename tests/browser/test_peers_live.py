@@ -16,6 +16,7 @@ import pytest
 from gateway import peers
 from gateway.models import Peer
 from tests.browser.conftest import wait_js
+from tests.browser.test_walk_pages import OVERFLOW
 from tests.e2e.conftest import ControlPlane, chromium, console  # noqa: F401
 from tests.gateway.harness import KEY
 from tests.gateway.peerserver import PeerServer
@@ -82,7 +83,10 @@ def test_the_dashboard_and_the_peers_page_show_a_peer_trip_and_come_back_live(
 ) -> None:
     peers.add_peer("east", east.url, "east")
     pages = [console(viewer, "/cluster/"), console(viewer, "/gateway/peers/")]
+    said: list[str] = []  # what the pages say in the console as the pushes arrive (none)
     for page in pages:
+        page.on("console", lambda m: said.append(m.text) if m.type in ("error", "warning") else None)  # fmt: skip
+        page.on("pageerror", lambda e: said.append(str(e)))
         row = wait_js(page, f"({ROW})('east')?.state === 'up' && ({ROW})('east')", timeout=30,
                       what="the peer shown up")  # fmt: skip
         assert row["error"] == "—"
@@ -93,6 +97,10 @@ def test_the_dashboard_and_the_peers_page_show_a_peer_trip_and_come_back_live(
         row = wait_js(page, f"({ROW})('east')?.state === 'tripped' && ({ROW})('east')",
                       timeout=20, what="the peer shown tripped")  # fmt: skip
         assert "not reached" in row["error"], row
+        # Its error and all fit a phone's width (the table scrolls, nothing is cut).
+        page.set_viewport_size({"width": 390, "height": 900})
+        assert page.evaluate(OVERFLOW) == []
+        page.set_viewport_size({"width": 1400, "height": 1000})
 
     east.start()  # back on the same port: two passed reads and the dwell bring it back
     for page in pages:
@@ -101,6 +109,7 @@ def test_the_dashboard_and_the_peers_page_show_a_peer_trip_and_come_back_live(
         assert seen[0] == "up" and "tripped" in seen and "tripped+" in seen, seen
         assert seen[-1] == "up", seen
         assert page.evaluate("window.__kept") is True  # no reload: pushed live
+    assert said == []
 
     # An operator removes it from the page's panel (a boosted form: the CSRF token from
     # <body>'s hx-headers); the viewer's dashboard loses it live.

@@ -154,7 +154,7 @@ def _text_chunk(text: str) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
 
 
-def _read(reader: Any, data: Any) -> Any:
+def read_request(reader: Any, data: Any) -> Any:
     try:
         return reader(data)
     except DialectError as error:
@@ -194,7 +194,7 @@ class Messages(Dialect):
 
     def chat_body(self, data: dict[str, Any]) -> dict[str, Any]:
         self.data = data
-        self.request = _read(messages.read, data)
+        self.request = read_request(messages.read, data)
         return messages.chat_request(self.request)
 
     def engine_request(self, engine: str, served: str, model: str = "",
@@ -245,7 +245,7 @@ class Responses(Dialect):
     def read(self, data: dict[str, Any]) -> responses.ResponsesRequest:
         """The request checked (before its history is read)."""
         self.data = data
-        self.request = _read(responses.read, data)
+        self.request = read_request(responses.read, data)
         return self.request
 
     def engine_request(self, engine: str, served: str, model: str = "",
@@ -264,7 +264,7 @@ class Responses(Dialect):
         if self.request is None:
             self.read(data)
         assert self.request is not None
-        return _read(lambda r: responses.chat_request(r, self.history), self.request)
+        return read_request(lambda r: responses.chat_request(r, self.history), self.request)
 
     def whole(self, raw: bytes) -> bytes:
         request = self.request

@@ -15,7 +15,7 @@ from catalog.rules.constants import RESIDENCY_LOCAL
 from catalog.rules.environment import STRICT, Environment
 from catalog.rules.found import Path
 from catalog.rules.helpers import is_guard
-from catalog.rules.model_checks import _check_normalized
+from catalog.rules.model_checks import check_normalized
 from catalog.rules.normalize import normalize
 from catalog.rules.profile_checks import profile_warnings
 from catalog.spec import Adapter, Model
@@ -45,7 +45,7 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
     ms = [normalize(m) for m in models]
     out: list[Problem] = []
     for i, m in enumerate(ms):
-        out += [replace(p, model=m.name, index=i) for p in _check_normalized(m, env)]
+        out += [replace(p, model=m.name, index=i) for p in check_normalized(m, env)]
 
     def add(i: int, path: Path, code: str, message: str) -> None:
         out.append(Problem(path, message, code, model=ms[i].name, index=i))

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0010_peer'),
+        ('gateway', '0012_trafficpoint_overflowed'),
     ]
 
     operations = [

@@ -19,13 +19,22 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     key = (shape, elig)
     now = len(state.gained)
     pos = state.find_failed.get(key)
-    if pos is None:
-        chosen = find(state, need, elig, model)
-    elif pos == now:
+    if pos == now:
         return []
+    # The nodes the shape did not fit, by the same rule: each stays so until it gains.
+    kept = state.find_bad.get(key)
+    if kept is None:
+        bad: set[int] = set()
+    else:
+        bad, since = kept
+        if since < now:
+            bad -= state.dirty_since(since, state.gained)
+    state.find_bad[key] = (bad, now)
+    if pos is None:
+        chosen = find(state, need, elig, model, bad=bad)
     else:
         among = state.dirty_since(pos, state.gained) & elig
-        chosen = find(state, need, elig, model, among) if among else []
+        chosen = find(state, need, elig, model, among, bad) if among else []
     if not chosen:
         state.find_failed[key] = now
     return chosen
@@ -37,43 +46,51 @@ def find(
     elig: frozenset[int],
     model: str = "",
     among: set[int] | None = None,
+    bad: set[int] | None = None,
 ) -> list[int]:
     """Return the best nodes for a replica, or [] when none fit.
 
     A one-node replica goes where its model has the fewest replicas: on the node,
     then in its rack (``spread``); then on a node holding the weights, then the best
     fit. With ``among``, only those nodes are walked: every node that fits must be
-    among them.
+    among them. With ``bad``, the nodes in it are known not to fit and are passed
+    over, and each node walked that does not fit is added to it.
     """
     if need.n > 1:
         return find_multi(state, need, elig, among)
     holders = state.holders.get(need.src) if need.src else None
     mine = state.model_on.get(model) if model else None
     walk = state.walk(need) if among is None else state.walk_among(need, among)
+    if bad is None:
+        bad = set()
+    fits = state.fits
     if not mine:
         if holders:
             best = min(
-                ((state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)),
+                ((state.fit_key(i, need), i) for i in holders & elig if fits(i, need)),
                 default=None,
             )
             if best is not None:
                 return [best[1]]
         for i in walk:
-            if i in elig and state.fits(i, need):
-                return [i]
+            if i in elig and i not in bad:
+                if fits(i, need):
+                    return [i]
+                bad.add(i)
         return []
     found: tuple[tuple[int, int], int, int] | None = None
     if holders:
-        for _, i in sorted(
-            (state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)
-        ):
+        for _, i in sorted((state.fit_key(i, need), i) for i in holders & elig if fits(i, need)):
             score = state.spread(model, i)
             if not any(score):
                 return [i]
             if found is None or (score, 0) < found[:2]:
                 found = (score, 0, i)
     for i in walk:
-        if i in elig and state.fits(i, need):
+        if i in elig and i not in bad:
+            if not fits(i, need):
+                bad.add(i)
+                continue
             score = state.spread(model, i)
             if not any(score):
                 return [i]

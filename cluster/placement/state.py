@@ -9,6 +9,7 @@ telling why are functions over it (``finding``, ``evicting``, ``reasons``).
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ MB_PER_GB = 1024
 # A capacity a node did not report: large enough never to run out, and still an int.
 UNKNOWN = 1 << 62
 EPSILON = 1e-6
+# Where nodes with cards start in the best-fit order of CPU profiles (``State._cpu_key``).
+CARDS_KEY = 1 << 41
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,12 @@ class Buckets:
             self.remove(old, i)
             self.add(new, i)
 
-    def from_key(self, key: int) -> Iterator[int]:
-        """Yield the nodes of every key from this one up, in (key, name) order."""
-        for k in self.keys[bisect.bisect_left(self.keys, key) :]:
+    def from_key(self, key: int, below: int | None = None) -> Iterator[int]:
+        """Yield the nodes of every key from this one up (to ``below``, if given), in
+        (key, name) order."""
+        keys = self.keys
+        end = len(keys) if below is None else bisect.bisect_left(keys, below)
+        for k in keys[bisect.bisect_left(keys, key) : end]:
             yield from self.groups[k]
 
 
@@ -149,12 +155,10 @@ class State:
                 self.holders.setdefault(src, set()).add(i)
             self._index_cards(i, n)
         self.has_cards = [bool(t) for t in self.total]
-        for i, n in enumerate(nodes):
-            if not n.schedulable:
-                continue
-            self.cpu_buckets.add(self._cpu_key(i), i)
-            for cls, count in self.total[i].items():
-                self.class_buckets.setdefault(cls, Buckets()).add(count, i)
+        # While running replicas are first held, the best-fit order is built once after
+        # (``hold``), not moved replica by replica.
+        self.bucketed = False
+        self._bucket()
         self._index_domains(domains)
         self.domains = domains
         self.empty: State | None = None
@@ -188,6 +192,9 @@ class State:
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
+        # Per shape, the nodes walked that it did not fit, and the length of ``gained``
+        # then: passed over until they gain room (``finding.find_again``).
+        self.find_bad: dict[tuple[object, ...], tuple[set[int], int]] = {}
         self.victims_memo: dict[tuple[object, ...], dict] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         # Per shape of a replica whose every node was counted: each node's
@@ -239,15 +246,29 @@ class State:
                     self.domain_members[ids[(level, name)]].append(i)
             self.node_domains.append(tuple(mine))
 
+    def _bucket(self) -> None:
+        """Build the best-fit order of every schedulable node from what is free now."""
+        self.class_buckets = {}
+        self.cpu_buckets = Buckets()
+        for i, n in enumerate(self.nodes):
+            if not n.schedulable:
+                continue
+            self.cpu_buckets.add(self._cpu_key(i), i)
+            free = self.free[i]
+            for cls in self.total[i]:
+                self.class_buckets.setdefault(cls, Buckets()).add(len(free.get(cls, ())), i)
+        self.bucketed = True
+
     def _cpu_key(self, i: int) -> int:
         """Return node i's place in the best-fit order of CPU profiles."""
         # Nodes without cards first, keeping GPU nodes' hosts for GPU replicas; then
         # the fewest free cores, keeping large holes for large CPU replicas.
         cores = min(max(self.cores[i], 0), 1 << 40)
-        return (1 << 41 if self.has_cards[i] else 0) + cores
+        return (CARDS_KEY if self.has_cards[i] else 0) + cores
 
     def hold(self, running: list[Running]) -> None:
         """Count running replicas against their nodes."""
+        self.bucketed = False
         for r in sorted(running, key=lambda r: str(r.id)):
             if r.id in self.alive:
                 raise ValueError(f"two running replicas share the id {r.id}")
@@ -265,6 +286,7 @@ class State:
             self.holds_of[r.id] = holds
             self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
+        self._bucket()
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
@@ -288,7 +310,7 @@ class State:
             if h.cores:
                 old = self._cpu_key(i)
                 self.cores[i] -= sign * h.cores
-                if self.nodes[i].schedulable:
+                if self.bucketed and self.nodes[i].schedulable:
                     self.cpu_buckets.move(old, self._cpu_key(i), i)
             self.mem[i] -= sign * h.mem
             self._fetch(i, h, sign)
@@ -335,7 +357,7 @@ class State:
             bisect.insort(free, c)
         else:
             return
-        if self.nodes[i].schedulable:
+        if self.bucketed and self.nodes[i].schedulable:
             self.class_buckets[cls].move(count, len(free), i)
 
     def need(self, p: PlacementProfile) -> Need:
@@ -423,7 +445,13 @@ class State:
     def walk(self, need: Need) -> Iterator[int]:
         """Yield schedulable nodes that may have room, best fit first."""
         if not need.g:
-            return self.cpu_buckets.from_key(0)
+            # A node with fewer free cores than the replica needs cannot fit it: those
+            # without cards, then those with, each from the cores needed up.
+            cores = min(need.cores, 1 << 40)
+            return itertools.chain(
+                self.cpu_buckets.from_key(cores, CARDS_KEY),
+                self.cpu_buckets.from_key(CARDS_KEY + cores),
+            )
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 

@@ -12,6 +12,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from catalog.rules import FACILITY_LEVELS
 from cluster.placement.data import (
@@ -202,7 +203,7 @@ class State:
         self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
         # The same for a multi-node replica's groups of nodes (``evicting._trials``).
         self.group_trials: dict[tuple[object, ...], tuple[dict, int]] = {}
-        self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
+        self.miss_cache: dict[tuple[object, ...], Any] = {}  # ``reasons.Tally`` per shape
 
     def _index_cards(self, i: int, n: Node) -> None:
         """Record node i's cards: classes, power limits, MIG parents and what is free."""

@@ -158,6 +158,7 @@ class Tally:
         """Count what each node misses (``static``: what it misses whatever is free)."""
         self.misses = misses
         self.static = static
+        self.drawn: dict[int, float] = {}
         self.pool = pool
         self.pos = pos
         self.fit = 0
@@ -178,8 +179,17 @@ class Tally:
             else:
                 self.alone[m[0]].discard(i)
 
+    def watts(self, state: State, i: int, need: Need) -> float:
+        """Return what this shape's share on node i draws, known while node i's room
+        stays as it is (its lowest free cards)."""
+        w = self.drawn.get(i)
+        if w is None:
+            w = self.drawn[i] = state.watts(i, need)
+        return w
+
     def set(self, i: int, m: tuple[str, ...]) -> None:
         """Record what node i misses now."""
+        self.drawn.pop(i, None)
         old = self.misses[i]
         if old != m:
             self._count(i, old, -1)
@@ -217,8 +227,26 @@ def _tally(state: State, p: PlacementProfile, need: Need) -> Tally:
         tally = Tally(misses, static, _pool(state, need), len(state.changed))
         state.miss_cache[key] = tally
     elif tally.pos < len(state.changed):
-        for i in state.dirty_since(tally.pos):
+        # A node whose own room did not change, in a domain whose power did, may
+        # have come within its caps or gone over them: only that is counted again.
+        nodes, domains = state.changed_since(tally.pos)
+        for i in nodes:
             tally.set(i, _misses(state, i, shape, tally.static[i]))
+        members, node_domains, used, cap = (
+            state.domain_members,
+            state.node_domains,
+            state.used,
+            state.cap,
+        )
+        for d in domains:
+            for i in members[d]:
+                if i in nodes:
+                    continue
+                old = tally.misses[i]
+                w = tally.watts(state, i, shape)
+                over = any(used[e] + w - cap[e] > EPSILON for e in node_domains[i])
+                if over != ("power" in old):
+                    tally.set(i, _with_power(old, over))
         tally.pos = len(state.changed)
     tally.fit_delta = 0
     tally.added, tally.removed = {}, {}
@@ -247,6 +275,15 @@ def _pool(state: State, need: Need) -> list[bool]:
 
 
 Static = tuple[tuple[str, ...], bool, bool]
+
+
+def _with_power(misses: tuple[str, ...], over: bool) -> tuple[str, ...]:
+    """Return what a node misses with "power" put in its place (over its caps) or
+    taken out."""
+    out = [c for c in misses if c != "power"]
+    if over:
+        out.insert(len(out) - 1 if out and out[-1] == "real" else len(out), "power")
+    return tuple(out)
 
 
 def _static(state: State, i: int, p: PlacementProfile, need: Need) -> Static:

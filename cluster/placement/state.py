@@ -534,11 +534,16 @@ class State:
         """Return the nodes whose room may have changed since a log (``changed``, or
         ``gained``) stood at pos: those in it, and every node sharing a power domain
         with one (its power did)."""
-        dirty = set((self.changed if log is None else log)[pos:])
-        for i in list(dirty):
-            for d in self.node_domains[i]:
-                dirty.update(self.domain_members[d])
+        dirty, domains = self.changed_since(pos, log)
+        for d in domains:
+            dirty.update(self.domain_members[d])
         return dirty
+
+    def changed_since(self, pos: int, log: list[int] | None = None) -> tuple[set[int], set[int]]:
+        """Return the nodes in a log since pos, and the power domains they are in."""
+        nodes = set((self.changed if log is None else log)[pos:])
+        node_domains = self.node_domains
+        return nodes, {d for i in nodes for d in node_domains[i]}
 
     def count_rank(self, i: int, rank: int, sign: int) -> None:
         """Count a live replica of a class rank on node i (sign 1), or stop counting it."""

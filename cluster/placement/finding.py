@@ -27,8 +27,11 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
         bad: set[int] = set()
     else:
         bad, since = kept
-        if since < now:
-            bad -= state.dirty_since(since, state.gained)
+        if bad and since < now:
+            gained, domains = state.changed_since(since, state.gained)
+            bad -= gained
+            for d in domains:
+                bad.difference_update(state.domain_members[d])
     state.find_bad[key] = (bad, now)
     if pos is None:
         chosen = find(state, need, elig, model, bad=bad)

@@ -7,6 +7,9 @@ and released only when chosen.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterator
 from dataclasses import replace
 
 from cluster.placement.data import LABEL_PREFIX, Running
@@ -60,7 +63,7 @@ def evict_for(
         whole = True
         # Holders first, so the first node where one opportunistic replica makes room
         # is the best there is, and the search of a full cluster can stop there.
-        for i in [*sorted(holders & pool), *sorted(pool - holders)]:
+        for i in itertools.chain(sorted(holders & pool), _ascending(pool - holders)):
             option = _option(state, i, rank, need, protect, memo)
             if option is not None:
                 top, count, victims = option
@@ -117,6 +120,15 @@ def evict_for(
 
 
 Option = tuple[int, int, list[Running]]
+
+
+def _ascending(nodes: set[int]) -> Iterator[int]:
+    """Yield nodes in name order as they are asked for (a heap): a search that stops
+    early does not sort them all."""
+    heap = list(nodes)
+    heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)
 
 
 class Costs:

@@ -36,7 +36,7 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     if pos is None:
         chosen = find(state, need, elig, model, bad=bad)
     else:
-        among = state.dirty_since(pos, state.gained) & elig
+        among = (state.dirty_since(pos, state.gained) & elig) - bad
         chosen = find(state, need, elig, model, among, bad) if among else []
     if not chosen:
         state.find_failed[key] = now
@@ -63,9 +63,9 @@ def find(
         return find_multi(state, need, elig, among)
     holders = state.holders.get(need.src) if need.src else None
     mine = state.model_on.get(model) if model else None
-    walk = state.walk(need) if among is None else state.walk_among(need, among)
     if bad is None:
         bad = set()
+    walk = state.walk(need) if among is None else state.walk_among(need, among, bad)
     fits = state.fits
     if not mine:
         if holders:

@@ -9,6 +9,7 @@ telling why are functions over it (``finding``, ``evicting``, ``reasons``).
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -291,33 +292,35 @@ class State:
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
+        node_domains, used, domain_ver = self.node_domains, self.used, self.domain_ver
         for h in holds:
             i = h.i
             self.changed.append(i)
             self.node_ver[i] += 1
+            domains = node_domains[i]
             # Room given back; or a fetch begun, after which the node needs no more disk
             # for its source; or cards taken where power counts: a replica's derived
             # watts read the lowest free cards, which may now draw less.
-            if (
-                sign < 0
-                or (h.src and h.src not in self.holds[i])
-                or (h.cards and self.node_domains[i])
-            ):
+            if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
                 self.gained.append(i)
-            for c in h.cards:
-                self._claim(i, c, sign)
-                for child in self.children[i].get(c, ()):
-                    self._claim(i, child, sign)
+            if h.cards:
+                children = self.children[i]
+                for c in h.cards:
+                    self._claim(i, c, sign)
+                    if children:
+                        for child in children.get(c, ()):
+                            self._claim(i, child, sign)
             if h.cores:
                 old = self._cpu_key(i)
                 self.cores[i] -= sign * h.cores
                 if self.bucketed and self.nodes[i].schedulable:
                     self.cpu_buckets.move(old, self._cpu_key(i), i)
             self.mem[i] -= sign * h.mem
-            self._fetch(i, h, sign)
-            for d in self.node_domains[i]:
-                self.used[d] += sign * h.watts
-                self.domain_ver[d] += 1
+            if h.src or h.disk:
+                self._fetch(i, h, sign)
+            for d in domains:
+                used[d] += sign * h.watts
+                domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""
@@ -347,17 +350,15 @@ class State:
         claims = self.claims[i]
         before = claims[c]
         claims[c] = before + sign
-        if c in self.children[i]:
-            return  # never offered whole
+        if sign > 0 and before != 0 or sign < 0 and before != 1 or c in self.children[i]:
+            return  # already claimed, still claimed, or never offered whole
         cls = self.card_class[i][c]
         free = self.free[i].setdefault(cls, [])
         count = len(free)
-        if sign > 0 and before == 0:
+        if sign > 0:
             del free[bisect.bisect_left(free, c)]
-        elif sign < 0 and before == 1:
-            bisect.insort(free, c)
         else:
-            return
+            bisect.insort(free, c)
         if self.bucketed and self.nodes[i].schedulable:
             self.class_buckets[cls].move(count, len(free), i)
 
@@ -456,12 +457,26 @@ class State:
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 
-    def walk_among(self, need: Need, among: set[int]) -> list[int]:
-        """Return the nodes of ``among`` that ``walk`` would yield, in its order."""
+    def walk_among(
+        self, need: Need, among: set[int], short: set[int] | None = None
+    ) -> Iterator[int]:
+        """Yield the nodes of ``among`` that ``walk`` would yield, in its order; those
+        it passes over (too few free cards or cores) are added to ``short``.
+
+        In order as they are asked for (a heap): a walk that stops at the first node
+        that fits does not sort the rest.
+        """
         if not need.g:
-            return sorted(among, key=lambda i: (self._cpu_key(i), i))
-        keyed = [(len(self.free[i].get(need.cls, ())), i) for i in among]
-        return [i for k, i in sorted(keyed) if k >= need.g]
+            cores, key = self.cores, self._cpu_key
+            keyed = [(key(i), i) for i in among if cores[i] >= need.cores]
+        else:
+            free, cls, g = self.free, need.cls, need.g
+            keyed = [(k, i) for i in among if (k := len(free[i].get(cls, ()))) >= g]
+        if short is not None and len(keyed) < len(among):
+            short.update(among.difference(i for _, i in keyed))
+        heapq.heapify(keyed)
+        while keyed:
+            yield heapq.heappop(keyed)[1]
 
     def spread(self, model: str, i: int) -> tuple[int, int]:
         """Return how many replicas of a model node i would share with: on the node, then

@@ -7,6 +7,7 @@ and released only when chosen.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterator
@@ -57,13 +58,15 @@ def evict_for(
                 costs.put(i, option)
         costs.pos = len(state.changed)
     else:
-        pool = elig & could
         if need.n == 1:
-            pool = state.evictable_among(pool, rank)
+            order = _evictable_order(state, rank, need, elig, could, holders)
+        else:
+            pool = elig & could
+            order = itertools.chain(sorted(holders & pool), _ascending(pool - holders))
         whole = True
         # Holders first, so the first node where one opportunistic replica makes room
         # is the best there is, and the search of a full cluster can stop there.
-        for i in itertools.chain(sorted(holders & pool), _ascending(pool - holders)):
+        for i in order:
             option = _option(state, i, rank, need, protect, memo)
             if option is not None:
                 top, count, victims = option
@@ -120,6 +123,50 @@ def evict_for(
 
 
 Option = tuple[int, int, list[Running]]
+
+
+def _evictable_order(
+    state: State,
+    rank: int,
+    need: Need,
+    elig: frozenset[int],
+    could: frozenset[int],
+    holders: set[int],
+) -> Iterator[int]:
+    """Yield the eligible nodes big enough emptied that run a class below rank: the
+    holders of the weights, then the rest, each in name order.
+
+    The rest are kept in order per shape's nodes and rank: a node that no longer runs
+    a lower class is dropped as it is met, and one that began to since is put in its
+    place (``State.became``), so a search that stops early walks only a few.
+    """
+    ranks_on = state.ranks_on
+
+    def evictable(i: int) -> bool:
+        return any(k > 0 for r, k in ranks_on[i].items() if r < rank)
+
+    key = (elig, need.cls, need.g, need.mem, need.cores, rank)
+    kept = state.evictable_order.get(key)
+    if kept is None:
+        nodes = sorted(state.evictable_among(elig & could, rank))
+    else:
+        nodes, pos = kept
+        for i, r in state.became[pos:]:
+            if r < rank and i in elig and i in could:
+                at = bisect.bisect_left(nodes, i)
+                if at == len(nodes) or nodes[at] != i:
+                    nodes.insert(at, i)
+    state.evictable_order[key] = (nodes, len(state.became))
+    yield from sorted(i for i in holders if i in could and evictable(i))
+    at = 0
+    while at < len(nodes):
+        i = nodes[at]
+        if not evictable(i):
+            del nodes[at]
+            continue
+        at += 1
+        if i not in holders:
+            yield i
 
 
 def _ascending(nodes: set[int]) -> Iterator[int]:

@@ -172,6 +172,11 @@ class State:
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
         # The nodes running a live replica of each class rank: where eviction may look.
         self.rank_nodes: dict[int, set[int]] = {}
+        # Each time a node began to run a live replica of a class rank, in order; and
+        # per shape's nodes and rank, the nodes where eviction may look, in name order,
+        # with the length of ``became`` then (``evicting._evictable_order``).
+        self.became: list[tuple[int, int]] = []
+        self.evictable_order: dict[tuple[object, ...], tuple[list[int], int]] = {}
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
@@ -566,6 +571,8 @@ class State:
         ranks[rank] = ranks.get(rank, 0) + sign
         if ranks[rank] > 0:
             self.rank_nodes.setdefault(rank, set()).add(i)
+            if ranks[rank] == sign:
+                self.became.append((i, rank))
         else:
             self.rank_nodes.get(rank, set()).discard(i)
 

@@ -28,7 +28,7 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     else:
         bad, since = kept
         if bad and since < now:
-            gained, domains = state.changed_since(since, state.gained)
+            gained, domains = state.gained_since(since)
             bad -= gained
             for d in domains:
                 bad.difference_update(state.domain_members[d])
@@ -36,7 +36,10 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     if pos is None:
         chosen = find(state, need, elig, model, bad=bad)
     else:
-        among = (state.dirty_since(pos, state.gained) & elig) - bad
+        among, domains = state.gained_since(pos)
+        for d in domains:
+            among.update(state.domain_members[d])
+        among = (among & elig) - bad
         chosen = find(state, need, elig, model, among, bad) if among else []
     if not chosen:
         state.find_failed[key] = now

@@ -198,6 +198,7 @@ class State:
         # The nodes where a replica may fit that did not before (room given back, or a
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
+        self.gained_wide: list[bool] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
         # Per shape, the nodes walked that it did not fit, and the length of ``gained``
         # then: passed over until they gain room (``finding.find_again``).
@@ -308,6 +309,8 @@ class State:
             # watts read the lowest free cards, which may now draw less.
             if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
                 self.gained.append(i)
+                # Only room given back frees power its domains' other nodes may use.
+                self.gained_wide.append(sign < 0)
             if h.cards:
                 children = self.children[i]
                 for c in h.cards:
@@ -558,6 +561,17 @@ class State:
         for d in domains:
             dirty.update(self.domain_members[d])
         return dirty
+
+    def gained_since(self, pos: int) -> tuple[set[int], set[int]]:
+        """Return the nodes that gained room since ``gained`` stood at pos, and the power
+        domains where room was given back (each of their nodes may fit now)."""
+        nodes = set(self.gained[pos:])
+        wide = self.gained_wide
+        node_domains = self.node_domains
+        domains = {
+            d for k in range(pos, len(wide)) if wide[k] for d in node_domains[self.gained[k]]
+        }
+        return nodes, domains
 
     def changed_since(self, pos: int, log: list[int] | None = None) -> tuple[set[int], set[int]]:
         """Return the nodes in a log since pos, and the power domains they are in."""

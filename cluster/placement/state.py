@@ -49,7 +49,7 @@ class Need:
     level: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Hold:
     """A replica's resources on one node, in the state's terms."""
 

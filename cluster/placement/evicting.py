@@ -11,7 +11,6 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
 
 from cluster.placement.data import LABEL_PREFIX, Running
 from cluster.placement.finding import find_multi
@@ -35,7 +34,7 @@ def evict_for(
     # index of who runs which class finds them); a multi-node one may also use nodes
     # that fit as they are.
     # The weights count only for the disk: without it, one trial serves every source.
-    shape = need if need.disk or not need.src else replace(need, src="")
+    shape = state.shape(need)
     memo = state.victims_memo.setdefault((shape, rank, protect), {})
     # A node too small even emptied is passed over (``_could_fit``, known per shape).
     could = _could(state, need)

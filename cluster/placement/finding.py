@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from cluster.placement.data import LABEL_PREFIX
 from cluster.placement.state import EPSILON, Need, State
 
@@ -15,7 +13,7 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     gains room (``State.gained``), and then only there: only those nodes are tried.
     The shape is the need, its source left out where it asks no disk.
     """
-    shape = need if need.disk or not need.src else replace(need, src="")
+    shape = state.shape(need)
     key = (shape, elig)
     now = len(state.gained)
     pos = state.find_failed.get(key)

@@ -218,7 +218,7 @@ class Tally:
 
 def _tally(state: State, p: PlacementProfile, need: Need) -> Tally:
     """Return what each node misses for p, counted (``Tally``), for this replica's weights."""
-    shape = replace_node(need, src="") if need.src else need
+    shape = state.shape(need, always=True)
     key = (p.engine, p.engine_version, tuple(sorted(p.node_selector.items())), shape)
     tally = state.miss_cache.get(key)
     if tally is None:

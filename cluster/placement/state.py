@@ -9,6 +9,7 @@ telling why are functions over it (``finding``, ``evicting``, ``reasons``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator
@@ -180,6 +181,10 @@ class State:
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        # By profile object: it, its need, eligible nodes and key (``placing._known``).
+        self.profiles: dict[int, tuple[Any, ...]] = {}
+        # By need object: it, and its shape without the weights (``shape``).
+        self.shapes: dict[int, tuple[Need, Need]] = {}
         self.label_index: dict[str, dict[str, list[int]]] = {}
         # Placements only take capacity, so a request that failed keeps failing until
         # an eviction gives some back (``epoch`` counts them), or a placement starts
@@ -385,6 +390,16 @@ class State:
             src=p.source,
             level=p.keep_within.strip().lower() if n > 1 else "",
         )
+
+    def shape(self, need: Need, always: bool = False) -> Need:
+        """Return a need with its source left out where it asks no disk (or, with
+        ``always``, in any case): what the weights do not change."""
+        if not need.src or (need.disk and not always):
+            return need
+        found = self.shapes.get(id(need))
+        if found is None or found[0] is not need:
+            found = self.shapes[id(need)] = (need, dataclasses.replace(need, src=""))
+        return found[1]
 
     def eligible(self, p: PlacementProfile) -> frozenset[int]:
         """Return the schedulable nodes whose engine, labels and kind suit p."""

@@ -10,7 +10,8 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     """Return what ``find`` returns, knowing where the same shape fit nowhere before.
 
     A placement only takes room; a shape that fit no node fits none until some node
-    gains room (``State.gained``), and then only there: only those nodes are tried.
+    gains room (``State.gained``), and then only there: only those nodes are tried
+    (for a multi-node replica, only once one has, since it may complete a group).
     The shape is the need, its source left out where it asks no disk.
     """
     shape = state.shape(need)
@@ -38,7 +39,14 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
         for d in domains:
             among.update(state.domain_members[d])
         among = (among & elig) - bad
-        chosen = find(state, need, elig, model, among, bad) if among else []
+        if not among:
+            chosen = []
+        elif need.n > 1:
+            # A node that gained may complete a group with nodes that did not: every
+            # node is walked again.
+            chosen = find(state, need, elig, model, bad=bad)
+        else:
+            chosen = find(state, need, elig, model, among, bad)
     if not chosen:
         state.find_failed[key] = now
     return chosen

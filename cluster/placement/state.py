@@ -158,10 +158,9 @@ class State:
                 self.holders.setdefault(src, set()).add(i)
             self._index_cards(i, n)
         self.has_cards = [bool(t) for t in self.total]
-        # While running replicas are first held, the best-fit order is built once after
-        # (``hold``), not moved replica by replica.
+        # The best-fit order is built when first walked, once the running replicas are
+        # held (``hold``), not moved replica by replica.
         self.bucketed = False
-        self._bucket()
         self._index_domains(domains)
         self.domains = domains
         self.empty: State | None = None
@@ -299,7 +298,6 @@ class State:
             self.holds_of[r.id] = holds
             self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
-        self._bucket()
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
@@ -469,6 +467,8 @@ class State:
 
     def walk(self, need: Need) -> Iterator[int]:
         """Yield schedulable nodes that may have room, best fit first."""
+        if not self.bucketed:
+            self._bucket()
         if not need.g:
             # A node with fewer free cores than the replica needs cannot fit it: those
             # without cards, then those with, each from the cores needed up.

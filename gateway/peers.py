@@ -1,7 +1,7 @@
 """Federated peers' operations (the ``federation`` command, the API and the admin share
 them) and the refresh the reconciler's tick runs (``gateway.signals``).
 
-A refresh reads the peer's ``/v1/models`` with its key (at most
+A refresh reads the peer's ``/v1/models`` with its key and ``x-llmgw-via`` (at most
 ``LLMGW_FEDERATION_TIMEOUT`` seconds), writes the catalog's ``PEER/MODEL`` entries
 through ``catalog.services`` (so the change log, the export and every surface see them)
 and keeps the peer's breaker (``gateway.federation.probed``): a failed read is a failed
@@ -144,6 +144,9 @@ def read_models(peer: Peer, timeout: float | None = None) -> Read:
         return Read([], refused.why)
     limit = settings.LLMGW_FEDERATION_TIMEOUT if timeout is None else timeout
     headers = {"authorization": f"Bearer {secret}"} if secret else {}
+    # As a request sent to the peer says it (gateway.routing): the peer lists only what it
+    # offers another cluster, whatever the key (no local model, none it learned).
+    headers[federation.VIA] = federation.VIA_VALUE
     try:
         resp = httpx.get(federation.models_url(peer.url), headers=headers, timeout=limit)
     except httpx.TimeoutException:

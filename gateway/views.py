@@ -36,7 +36,8 @@ class KeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. support-bot.")
     owner = forms.CharField(
         max_length=120, required=False,
-        help_text="org:NAME, team:NAME or project:NAME: whose traffic this is.",
+        help_text="org:NAME, team:NAME or project:NAME: whose traffic this is; peer:NAME: a "
+        "federated cluster's key (never offered residency: local models).",
     )  # fmt: skip
     models = forms.CharField(
         required=False, max_length=10_000,
@@ -164,9 +165,9 @@ def chat(request: HttpRequest) -> HttpResponse:
     gateway and its guard, as the signed-in user (``gateway.session``)."""
     from catalog.models import Adapter, ServedModel
     from cluster.models import Replica
-    from cluster.pages import wake_room
     from cluster.placement import unplaceable
     from cluster.services import no_room
+    from cluster.views.pages import wake_room
     from gateway.session import PATH
 
     rows = list(

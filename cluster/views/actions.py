@@ -1,6 +1,6 @@
 """The cluster's console: the operators' actions on the live dashboard.
 
-The dashboard (``llmgw_admin.dashboard``) renders the same fragments
+The dashboard (``llmgw_admin.views.dashboard``) renders the same fragments
 (``templates/cluster/partials/``, ``cluster.live``) that the live consumer pushes; each
 action answers with its fragment, and every other open console gets it pushed. The actions are the API's (cluster.api.views): the same services,
 logged the same way, through "console".
@@ -113,7 +113,7 @@ def model_bench(request: HtmxHttpRequest, name: str) -> HttpResponse:
     profile = (request.POST.get("profile") or "").strip() or None
     row = live.model_row(name)
     try:
-        benchrun._replica(name, profile)
+        benchrun.ready_replica(name, profile)
     except benchrun.BenchError as exc:
         if row is not None:
             row.bench = f"bench not started: {exc}"

@@ -47,7 +47,7 @@ def evict_for(
         fresh = dirty & could
         if need.n == 1:
             fresh = state.evictable_among(fresh, rank)
-        for i in dirty - fresh:
+        for i in (dirty - fresh) & costs.table.keys():
             costs.drop(i)
         for i in fresh:
             option = _option(state, i, rank, need, protect, memo)

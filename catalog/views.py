@@ -609,7 +609,7 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
 
     Called by the form page whenever a field is left, and as a profile's class and width
     are typed. Each error element is swapped out of band by its id (``err-<html
-    name>``); only fields in ``touched_fields`` (kept by ``static/llmgw/console.js``) show
+    name>``); only fields in ``_touched`` (kept by ``static/llmgw/console.js``) show
     their errors, and ``*`` shows every error. A profile's class and width fields show
     together (one rule ties them), and each profile's class note comes back too.
     """
@@ -639,9 +639,9 @@ _PAIRED = {"min": "max", "max": "min", "scaling_min": "scaling_max", "scaling_ma
 
 
 def touched_fields(request: HtmxHttpRequest) -> set[str]:
-    """Return the names in the form's ``touched_fields`` (``*``: every field), with the other
+    """Return the names in the form's ``_touched`` (``*``: every field), with the other
     of each min and max pair (the model's, a window's)."""
-    touched = {t for t in request.POST.get("touched_fields", "").split(",") if t}
+    touched = {t for t in request.POST.get("_touched", "").split(",") if t}
     for name in list(touched):
         prefix, dash, field = name.rpartition("-")
         if field in _PAIRED and (not dash or prefix.startswith("windows-")):

@@ -429,9 +429,14 @@ class PeerForm(forms.Form):
 def _peers_page(
     request: HttpRequest, form: PeerForm | None = None, status: int = 200
 ) -> HttpResponse:
-    from gateway.models import Peer
+    from django.utils.safestring import mark_safe
 
-    context = {"peers": Peer.objects.all(), "form": form or PeerForm()}
+    from gateway import live
+    from llmgw_core.roles import has_role
+
+    # The peers' panel is the fragment the live view pushes (gateway.live).
+    panel = mark_safe(live.render_peers(has_role(request.user, OPERATOR)))  # noqa: S308
+    context = {"panel": panel, "form": form or PeerForm()}
     return render(request, "gateway/peers.html", context, status=status)
 
 

@@ -310,12 +310,12 @@ def _replace_elsewhere(
 
 def _evict(evictions: list[placement.Eviction], node: str) -> None:
     """Evict now what a forced drain's replacements need: their room frees for them."""
-    from cluster.reconciler import _release
+    from cluster.reconciler import release_assignments
     from cluster.services import bump_desired
 
     for e in evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
-        _release(
+        release_assignments(
             victims,
             f"evicted for the replacement of a replica on drained node {node} (forced "
             f"drain): {e.model} has no ready replica until room returns",

@@ -23,6 +23,7 @@ from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, Node, Replica
 from llmgw_core import events
+from llmgw_core.refused import Refused
 
 
 @dataclass
@@ -103,7 +104,7 @@ def running_of(pl: placement.Placement, rank: int) -> placement.Running:
     return placement.Running(pl.key, pl.model, pl.profile, rank, pl.assignments, pl.source)
 
 
-class DrainRefused(Exception):
+class DrainRefused(Refused):
     """A drain that would leave models with no ready replica; ``models`` names them."""
 
     status = 409

@@ -191,7 +191,7 @@ def profiles_of(m: Any) -> tuple[placement.PlacementProfile, ...]:
     return found
 
 
-def _release(assignments: list[Assignment], reason: str) -> None:
+def release_assignments(assignments: list[Assignment], reason: str) -> None:
     """Take replicas off their nodes: desired ones wait to be placed again.
 
     Each is placed again at a higher generation: its engine may still run where it was
@@ -253,7 +253,7 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
         held = list(Assignment.objects.filter(node=node))
         # Every rank of a multi-node replica goes: one lost rank breaks the replica.
         whole = list(Assignment.objects.filter(replica_id__in={a.replica_id for a in held}))
-        _release(whole, f"node {node.name} lost: placing it elsewhere")
+        release_assignments(whole, f"node {node.name} lost: placing it elsewhere")
         services.bump_desired(a.node_id for a in whole)
         result.lost.append(node.name)
 
@@ -602,7 +602,7 @@ def _evict(result_plan: placement.Plan, result: TickResult) -> set[int]:
     for e in result_plan.evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
         bumped |= {a.node_id for a in victims}
-        _release(victims, e.reason)
+        release_assignments(victims, e.reason)
         Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
         events.changed(replicas=[int(e.running_id)])
     result.evicted.extend(int(e.running_id) for e in result_plan.evictions)

@@ -32,11 +32,12 @@ from cluster.services import log_action
 from gateway import federation, providers
 from gateway.models import Peer
 from llmgw_core import events
+from llmgw_core.refused import Refused
 
 log = logging.getLogger("gateway")
 
 
-class PeerRefused(ValueError):
+class PeerRefused(Refused, ValueError):
     """A peer operation refused, nothing written: ``errors`` by field ("": the peer)."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:

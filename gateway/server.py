@@ -31,6 +31,8 @@ from typing import Any
 
 import uvicorn
 
+from llmgw_core.refused import Refused
+
 APP = "gateway.asgi:application"
 KEEP_ALIVE = 75
 GRACE = 30
@@ -51,7 +53,7 @@ PER_PROCESS = (
 )
 
 
-class AddressRefused(ValueError):
+class AddressRefused(Refused, ValueError):
     """An address the gateway cannot serve on; the text says what to write instead."""
 
 

@@ -20,6 +20,7 @@ from gateway.observe import Fanout
 from gateway.traffic import SPAN, Traffic, Window
 from gateway.usage import UsageRecorder
 from tests.gateway.harness import KEY, Harness, model
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -42,6 +43,10 @@ def test_a_batchs_lines_are_counted_apart_from_live_traffic(
         api = openai.OpenAI(base_url=h.url + "/v1", api_key=secret, max_retries=0, timeout=15)
         for _ in range(n):
             assert api.chat.completions.create(model="m", messages=messages).choices
+
+    # Each request is heard once its answer has gone: the last one may still be on its way.
+    wait_until(lambda: sum(c.requests for c in points.pending().values()) == 5, 10,
+               "every request heard")  # fmt: skip
 
     # The Traffic page's live figures: 5 requests over the span, 3 live and 2 a batch's.
     window = Window()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmgw_core.refused import Refused
+
 VALIDATING, IN_PROGRESS, FINALIZING = "validating", "in_progress", "finalizing"
 COMPLETED, FAILED, EXPIRED = "completed", "failed", "expired"
 CANCELLING, CANCELLED = "cancelling", "cancelled"
@@ -31,15 +33,15 @@ PRIVATE = ("owner", "key", "key_digest", "line_errors", "held")
 MESSAGE_KEPT = 300
 
 
-class Refused(ValueError):
+class StatusRefused(Refused, ValueError):
     """A move a batch's status does not allow."""
 
 
 def move(batch: dict[str, Any], to: str, now: int) -> dict[str, Any]:
-    """``batch`` with status ``to`` (stamped at ``now``); ``Refused`` when not allowed."""
+    """``batch`` with status ``to`` (stamped at ``now``); ``StatusRefused`` when not allowed."""
     at = batch["status"]
     if to not in NEXT.get(at, frozenset()):
-        raise Refused(f"a batch that is {at} cannot become {to}")
+        raise StatusRefused(f"a batch that is {at} cannot become {to}")
     moved = dict(batch, status=to)
     moved[STAMP[to]] = now
     return moved

@@ -64,9 +64,9 @@ def test_statuses_move_only_forward_and_stamp_when() -> None:
     assert running["in_progress_at"] == 101 and b["status"] == status.VALIDATING
     cancelling = status.move(running, status.CANCELLING, 102)
     assert status.move(cancelling, status.CANCELLED, 103)["cancelled_at"] == 103
-    with pytest.raises(status.Refused):
+    with pytest.raises(status.StatusRefused):
         status.move(cancelling, status.COMPLETED, 103)
-    with pytest.raises(status.Refused):
+    with pytest.raises(status.StatusRefused):
         status.move(status.move(cancelling, status.CANCELLED, 103), status.IN_PROGRESS, 104)
     assert set(status.shown(b)) & set(status.PRIVATE) == set()
 

@@ -84,9 +84,8 @@ was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_h
 # Seconds the running request waited at the door (taken off its TTFT when it ends).
 held_for: contextvars.ContextVar[float] = contextvars.ContextVar("admission_held_for",
                                                                  default=0.0)  # fmt: skip
-# The model and band the running request was admitted as (counted in flight until it
-# ends), and whether its room was taken in Redis (given back there when it ends).
-taken: contextvars.ContextVar[tuple[str, bool, bool] | None] = contextvars.ContextVar(
+# The model and band the running request was admitted as (counted in flight until it ends).
+taken: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar(
     "admission_taken", default=None
 )
 
@@ -356,21 +355,22 @@ class Admission:
             return
         self.record(done.model, max(0.0, done.ttft - waited))
 
-    def release(self, model: str, low: bool, shared: bool = False) -> None:
-        """An admitted request of ``model`` ended (``low``: of a lower band; ``shared``:
-        its room was taken in Redis, given back there off the path)."""
+    def release(self, model: str, low: bool) -> None:
+        """An admitted request of ``model`` ended (``low``: of a lower band). Of this
+        process's lower ones counted in Redis, no more stay than are in flight here: the
+        room goes back there off the path (``Shared.release``)."""
         m = self._models.get(model)
         if m is None:
             return
-        if shared:
-            m.shared = max(0, m.shared - 1)
-            if self.shared is not None:
-                self.shared.release(model)
         m.busy = max(0, m.busy - 1)
         if not m.busy:
             m.idle_since = self._clock()
         if low:
             m.lower = max(0, m.lower - 1)
+            if m.shared > m.lower:
+                m.shared = m.lower
+                if self.shared is not None:
+                    self.shared.release(model)
             self._wake(m)
 
     # The decision.
@@ -453,6 +453,13 @@ class Admission:
             if m.gate.limit is not None or m.shared or m.others
         }
 
+    def rejoin(self) -> dict[str, int]:
+        """Redis answers again (``gateway.shared``): every lower request in flight here is
+        counted there from now on (set there to these), those admitted alone included."""
+        for m in self._models.values():
+            m.shared = m.lower
+        return {name: m.lower for name, m in self._models.items() if m.lower or m.others}
+
     def gates(self) -> dict[str, Gate]:
         """Each model's gate in this process (``gateway.shared``)."""
         return {name: m.gate for name, m in self._models.items()}
@@ -465,7 +472,7 @@ class Admission:
         m.busy += 1
         m.lower += low
         m.shared += shared
-        taken.set((model, low, shared))
+        taken.set((model, low))
 
     async def admit(self, model: str, band: str, slo_ms: float) -> Decision:
         """Decide; a held request waits up to ``queue`` for room. Returns the last

@@ -88,10 +88,11 @@ def _waiting(model: str) -> str:
 
 
 # A lower band's room across the processes: the live processes' counts summed (a process
-# whose key is gone is dropped), compared with the allowance less those waiting ahead,
+# whose key is gone is dropped; the caller's is set alive), compared with the allowance less those waiting ahead,
 # this process's count up one when it fits. Answers the total after it, or the total
 # there is, negated less one, when it does not fit.
 _TAKE = """
+redis.call('SET', ARGV[4] .. ARGV[1], 1, 'EX', ARGV[6])
 local all = redis.call('HGETALL', KEYS[1])
 local total = 0
 for i = 1, #all, 2 do
@@ -236,7 +237,8 @@ class Shared:
                 return int(
                     await asyncio.wait_for(
                         self._take(keys=[_admitted(model)],
-                                   args=[self.name, limit, ahead, _process(""), KEEP_S]),
+                                   args=[self.name, limit, ahead, _process(""), KEEP_S,
+                                         ALIVE_S]),
                         self.timeout,
                     )
                 )  # fmt: skip
@@ -246,7 +248,7 @@ class Shared:
         return None
 
     def release(self, model: str) -> None:
-        """A request whose room was taken in Redis ended: given back there, off the path
+        """A lower request counted in Redis ended: its room given back there, off the path
         (Redis away: set right when it is back)."""
         if self.away_since is not None or self._loop is None:
             return
@@ -516,11 +518,11 @@ class Shared:
         ejections and open breakers written, and shared from now on."""
         assert self.away_since is not None
         away_for = self._mono() - self.away_since
-        counts = self.admission.shared_counts()
+        counts = self.admission.rejoin()
         now_wall, now_mono = self._wall(), self._mono()
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(_process(self.name), 1, ex=ALIVE_S)
-        for model, (n, _) in counts.items():
+        for model, n in counts.items():
             pipe.hset(_admitted(model), self.name, n)
             pipe.expire(_admitted(model), KEEP_S)
         out = self.outliers.out(now_mono)

@@ -33,12 +33,13 @@ p99 and the slo. Admitted and held requests are counted per model, band and seco
 (``Counts``) and ride the traffic event to the console's Traffic page.
 
 With Redis (``gateway.shared``), the gateway processes act as one: a gate that changes in
-one is taken up by the others (within a quarter second), the requests of the lower bands
-in flight and waiting are counted across them, and a lower band's request the gate lets
-in while it is closed takes its room in Redis with one bounded script (``Shared.take``:
-read the processes' counts, compare with the allowance, add), so N processes admit what
-one would, plus at most one. An open gate (the usual case) and the top band ask Redis
-nothing. While Redis does not answer, each process decides alone, as above, and says so.
+one is taken up by the others (within a quarter second), each process's lower bands in
+flight and waiting are written there every quarter second and the others' read back (so
+``lower`` is every process's), and a lower band's request a closed gate lets in takes its
+room in Redis with one bounded script (``Shared.take``: read the processes' counts,
+compare with the allowance, add one), so N processes admit what one would. An open gate
+(the usual case) and the top band ask Redis nothing on the request's path. While Redis
+does not answer, each process decides alone, as above, and says so.
 """
 
 from __future__ import annotations
@@ -215,10 +216,9 @@ class _Model:
     waiting: dict[str, int] = field(default_factory=dict)
     opened: asyncio.Event | None = None
     # Across the gateway processes (gateway.shared): the other processes' lower bands in
-    # flight and waiting, as last heard; this process's lower ones counted in Redis.
+    # flight and waiting, as last heard.
     others: int = 0
     others_waiting: dict[str, int] = field(default_factory=dict)
-    shared: int = 0
 
 
 class Counts:
@@ -356,9 +356,8 @@ class Admission:
         self.record(done.model, max(0.0, done.ttft - waited))
 
     def release(self, model: str, low: bool) -> None:
-        """An admitted request of ``model`` ended (``low``: of a lower band). Of this
-        process's lower ones counted in Redis, no more stay than are in flight here: the
-        room goes back there off the path (``Shared.release``)."""
+        """An admitted request of ``model`` ended (``low``: of a lower band; the count in
+        Redis follows with the next pass of ``gateway.shared``)."""
         m = self._models.get(model)
         if m is None:
             return
@@ -367,10 +366,6 @@ class Admission:
             m.idle_since = self._clock()
         if low:
             m.lower = max(0, m.lower - 1)
-            if m.shared > m.lower:
-                m.shared = m.lower
-                if self.shared is not None:
-                    self.shared.release(model)
             self._wake(m)
 
     # The decision.
@@ -402,28 +397,27 @@ class Admission:
             self.shared.gate_changed(model, before, m.gate)
         return decision
 
-    async def _room(self, model: str, band: str, slo_ms: float) -> tuple[Decision, bool]:
+    async def _room(self, model: str, band: str, slo_ms: float) -> Decision:
         """``check``, and for a lower band let in by a closed gate, its room taken in Redis
-        across the processes (``Shared.take``: one bounded script). Returns the decision
-        and whether the room was taken there; Redis away: this process's decision."""
+        across the processes (``Shared.take``: one bounded script); Redis away: this
+        process's decision."""
         decision = self.check(model, band, slo_ms)
         shared = self.shared
         if not decision.admit or decision.limit is None or shared is None or not lower(band):
-            return decision, False
+            return decision
         m = self._models.get(model)
         if m is None:
-            return decision, False
+            return decision
         ahead = self._ahead(m, band) if m.waiting or m.others_waiting else 0
         total = await shared.take(model, decision.limit, ahead)
         if total is None:
-            return decision, False  # Redis away: this process alone
-        # What the others have in flight, as Redis counted it (this process's own is the
-        # part of it taken in Redis: ``shared``).
+            return decision  # Redis away: this process alone
+        # Every process's in flight as Redis has it (this one's as of its last pass, and
+        # its takes since): the others' part of it, roughly, until the next pass.
         if total < 0:
-            m.others = max(0, -total - 1 - m.shared)
-            return decision._replace(admit=False), False
-        m.others = max(0, total - 1 - m.shared)
-        return decision, True
+            m.others = max(m.others, -total - 1 - m.lower)
+            return decision._replace(admit=False)
+        return decision
 
     def adopt(self, model: str, limit: int | None, pressed: float, stepped: float) -> None:
         """Another gateway process changed ``model``'s gate (``gateway.shared``; times on
@@ -445,51 +439,44 @@ class Admission:
             self._wake(m)
 
     def shared_counts(self) -> dict[str, tuple[int, dict[str, int]]]:
-        """Per model with a closed gate or requests here: this process's lower bands in
-        flight counted in Redis, and its waiting by band (``gateway.shared``)."""
+        """Per model with a closed gate or lower requests in flight (here or in another
+        process): this process's lower bands in flight and its waiting by band
+        (``gateway.shared``)."""
         return {
-            name: (m.shared, {b: n for b, n in m.waiting.items() if n})
+            name: (m.lower, {b: n for b, n in m.waiting.items() if n})
             for name, m in self._models.items()
-            if m.gate.limit is not None or m.shared or m.others
+            if m.gate.limit is not None or m.lower or m.others
         }
-
-    def rejoin(self) -> dict[str, int]:
-        """Redis answers again (``gateway.shared``): every lower request in flight here is
-        counted there from now on (set there to these), those admitted alone included."""
-        for m in self._models.values():
-            m.shared = m.lower
-        return {name: m.lower for name, m in self._models.items() if m.lower or m.others}
 
     def gates(self) -> dict[str, Gate]:
         """Each model's gate in this process (``gateway.shared``)."""
         return {name: m.gate for name, m in self._models.items()}
 
-    def _take(self, model: str, band: str, shared: bool = False) -> None:
+    def _take(self, model: str, band: str) -> None:
         m = self._models.get(model)
         if m is None:
             return
         low = lower(band)
         m.busy += 1
         m.lower += low
-        m.shared += shared
         taken.set((model, low))
 
     async def admit(self, model: str, band: str, slo_ms: float) -> Decision:
         """Decide; a held request waits up to ``queue`` for room. Returns the last
         decision (``admit`` False: refuse it). Counted either way; an admitted one is
         in flight until ``heard`` of its end."""
-        decision, shared = await self._room(model, band, slo_ms)
+        decision = await self._room(model, band, slo_ms)
         if not decision.admit and self.queue > 0:
-            decision, shared = await self._wait(model, band, slo_ms)
+            decision = await self._wait(model, band, slo_ms)
         if self.counts is not None:
             self.counts.add(int(self._wall()), model, band, not decision.admit)
         if not decision.admit:
             was_held.set(True)
         elif slo_ms:
-            self._take(model, band, shared)
+            self._take(model, band)
         return decision
 
-    async def _wait(self, model: str, band: str, slo_ms: float) -> tuple[Decision, bool]:
+    async def _wait(self, model: str, band: str, slo_ms: float) -> Decision:
         m = self._models[model]
         if sum(m.waiting.values()) + sum(m.others_waiting.values()) >= self.queue_max:
             return await self._room(model, band, slo_ms)
@@ -510,18 +497,18 @@ class Admission:
                     await asyncio.wait_for(m.opened.wait(), min(left, RECHECK))
                 m.waiting[band] -= 1  # not ahead of itself
                 try:
-                    decision, shared = await self._room(model, band, slo_ms)
+                    decision = await self._room(model, band, slo_ms)
                 finally:
                     m.waiting[band] += 1
                 if decision.admit:
                     held_for.set(loop.time() - start)
-                    return decision, shared
+                    return decision
         finally:
             m.waiting[band] -= 1
-        decision, shared = await self._room(model, band, slo_ms)
+        decision = await self._room(model, band, slo_ms)
         if decision.admit:
             held_for.set(loop.time() - start)
-        return decision, shared
+        return decision
 
     def state(self) -> dict[str, dict[str, object]]:
         """Each model's gate as this process sees it (the console, tests)."""

@@ -152,8 +152,8 @@ class Outliers:
     def adopt(self, model: str, replica: int, until: float, level: int,
               now: float | None = None) -> bool:  # fmt: skip
         """Another gateway process ejected ``replica`` of ``model`` until ``until`` (this
-        clock's time), its ``level``-th ejection in a row: out of routing here too, as long.
-        Returns whether that is news here (it was not out as long already)."""
+        clock's time), its ``level``-th ejection in a row: out of routing here too, as long,
+        unless it is out here already. Returns whether that is news here."""
         now = self.clock() if now is None else now
         if until <= now:
             return False
@@ -164,8 +164,8 @@ class Outliers:
             health = self.replicas[replica] = Health(model)
         health.model = model
         health.heard = now
-        if health.until >= until - 0.5:
-            return False  # out as long already (its own, or heard before)
+        if health.until > now:
+            return False  # out already (its own ejection, or one heard before)
         health.until = until
         health.level = max(health.level, level)
         health.failures = 0

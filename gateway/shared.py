@@ -5,9 +5,9 @@ breakers (``guard.breaker``).
 
 Nothing here is on a request's path but one call: a request of a lower band that a closed
 gate lets in takes its room in Redis (``take``: one script, read the processes' counts,
-compare with the allowance, add), bounded as a budget's call is (``SLOW_FACTOR`` times
-``LLMGW_REDIS_TIMEOUT_MS``). An open gate, the top band, routing and the guard ask Redis
-nothing; its end gives the room back off the path (``release``).
+compare with the allowance, add one), bounded as a budget's call is (``SLOW_FACTOR``
+times ``LLMGW_REDIS_TIMEOUT_MS``). An open gate, the top band, routing and the guard ask
+Redis nothing; a request's end is written with the next pass.
 
 The rest is a task of the process's own (``run``), every ``EVERY`` seconds, one pipeline:
 
@@ -15,7 +15,9 @@ The rest is a task of the process's own (``run``), every ``EVERY`` seconds, one 
   dropped by the next ``take``);
 - what changed here since its last pass is written: an ejection (its replica, model, the
   Unix time it ends, its level), a breaker opened or closed by an answer (its state), a
-  gate whose allowance changed (or that stayed pressed), the requests waiting per band;
+  gate whose allowance changed (or that stayed pressed), the lower bands' requests in
+  flight (the count as it is, so a pass sets right what an end or a race left) and
+  waiting per band;
 - what the others wrote is read and taken up: a replica another process ejected is out of
   routing here too until the same time (``Outliers.adopt``; logged, counted as an
   ejection of this process), a breaker another opened is open here until the same time
@@ -32,9 +34,8 @@ from what it has, ejections and breakers are this process's own; it logs when th
 once a minute while it lasts and when it ends, and counts in
 ``llmgw_gateway_shared_local_total{kind}`` (``admission``: decisions made alone;
 ``ejection``, ``breaker``: changes that could not be shared). The pass goes on every
-``PROBE_S`` as the probe; once Redis answers, this process's counts in flight are set there
-again and its current ejections and open breakers written, so what happened alone is
-shared.
+``PROBE_S`` as the probe; once Redis answers, this process's current ejections and open
+breakers are written (and its counts by the next pass), so what happened alone is shared.
 """
 
 from __future__ import annotations
@@ -107,12 +108,6 @@ redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return total + 1
 """
-# A room given back, never below zero.
-_GIVE = """
-local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if n < 0 then redis.call('HSET', KEYS[1], ARGV[1], 0) end
-return n
-"""
 
 _counter: Any = None
 
@@ -166,7 +161,6 @@ class Shared:
         )  # fmt: skip
         self._redis = aioredis.Redis(connection_pool=pool)
         self._take = self._redis.register_script(_TAKE)
-        self._give = self._redis.register_script(_GIVE)
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.admission = admission
         self.outliers = outliers
@@ -190,13 +184,13 @@ class Shared:
         self._breaker_seen: dict[str, float] = {}
         self._gate_seen: dict[str, float] = {}
         self._waited: set[str] = set()  # models whose waiting counts were written last pass
+        self._counted: set[str] = set()  # models whose count in flight was written not 0
         self.away_since: float | None = None
         self.counted_here = 0
         self._said_at = 0.0
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
         self.passes = 0
 
     # Wiring.
@@ -246,23 +240,6 @@ class Shared:
                 self._went_away(exc)
         self._alone("admission")
         return None
-
-    def release(self, model: str) -> None:
-        """A lower request counted in Redis ended: its room given back there, off the path
-        (Redis away: set right when it is back)."""
-        if self.away_since is not None or self._loop is None:
-            return
-        task = self._loop.create_task(self._release(model))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _release(self, model: str) -> None:
-        try:
-            await asyncio.wait_for(
-                self._give(keys=[_admitted(model)], args=[self.name]), self.timeout
-            )
-        except Exception as exc:
-            self._went_away(exc)
 
     # Changes here, written by the next pass.
     def gate_changed(self, model: str, before: Gate, after: Gate) -> None:
@@ -357,8 +334,16 @@ class Shared:
             self._gate_seen[model] = now_wall
         if gates:
             pipe.expire(GATES, KEEP_S)
-        waited = set()
-        for model, (_, waiting) in counts.items():
+        waited, counted = set(), set()
+        for model, (lower, waiting) in counts.items():
+            if lower or model in self._counted:
+                # This process's count, as it is (the takes' increments since the last
+                # pass are in it): what a request ended gives back, and what a take met
+                # by this write lost is set right within a pass.
+                pipe.hset(_admitted(model), self.name, lower)
+                pipe.expire(_admitted(model), KEEP_S)
+                if lower:
+                    counted.add(model)
             if waiting or model in self._waited:
                 pipe.hset(_waiting(model), self.name, json.dumps({"at": now_wall, "w": waiting}))
                 pipe.expire(_waiting(model), KEEP_S)
@@ -382,7 +367,7 @@ class Shared:
             return
         finally:
             await pipe.reset()
-        self._waited = waited
+        self._waited, self._counted = waited, counted
         self.passes += 1
         reads = answers[len(answers) - 3 - 2 * len(models) :]
         self._take_ejections(reads[0], now_wall, now_mono)
@@ -514,17 +499,12 @@ class Shared:
             self.admission.others(model, 0, {})
 
     async def _back(self) -> None:
-        """Redis answers: this process's counts in flight set there again, its current
-        ejections and open breakers written, and shared from now on."""
+        """Redis answers: this process's current ejections and open breakers written, and
+        shared from now on (its counts in flight are written by the next pass)."""
         assert self.away_since is not None
         away_for = self._mono() - self.away_since
-        counts = self.admission.rejoin()
         now_wall, now_mono = self._wall(), self._mono()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(_process(self.name), 1, ex=ALIVE_S)
-        for model, n in counts.items():
-            pipe.hset(_admitted(model), self.name, n)
-            pipe.expire(_admitted(model), KEEP_S)
         out = self.outliers.out(now_mono)
         for model, replicas in out.items():
             for replica, until in replicas.items():

@@ -100,7 +100,7 @@ async def test_two_processes_admit_a_lower_band_within_one_allowance(
     assert admitted.count(True) == 3, admitted
     # The top band is never held, nor counted against the allowance.
     assert (await two.admission.admit(model, "high", SLO_MS)).admit
-    # One ends in the first process: its room is given back across both.
+    # One ends in the first process: its room is given back across both (the next pass).
     took = one.admission.state()[model]["lower"]
     giver = one if took else two
     giver.admission.release(model, True)
@@ -192,7 +192,7 @@ async def test_with_redis_cut_each_process_goes_on_alone_and_shares_again_after(
     assert "shared in Redis again" in caplog.text
     await _eventually(lambda: two.breakers.state(judge).state == breaker.OPEN, 2,
                       "the breaker open in two once back")  # fmt: skip
-    # Two's two in flight are in Redis again: one has no room left.
+    # Two's two in flight are in Redis again (its pass): one has no room left.
     await _eventually(lambda: one.admission.state()[model]["others"] == 2, 2,
                       "two's requests counted in one")  # fmt: skip
     assert not (await one.admission.admit(model, "low", SLO_MS)).admit

@@ -438,6 +438,22 @@ class Admission:
             m.others, m.others_waiting = lower_, waiting
             self._wake(m)
 
+    def recent(self, model: str) -> list[tuple[float, float]]:
+        """The model's last first-token times here: (when, on this clock; ms)."""
+        m = self._models.get(model)
+        return list(m.recent) if m is not None else []
+
+    def heard_elsewhere(self, model: str, samples: list[tuple[float, float]]) -> None:
+        """First-token times another gateway process measured of ``model`` (when, on this
+        clock; ms): the last ``RECENT`` of all are what the allowance steps on, so a slow
+        one seen by a process that admits little does not keep cutting the allowance the
+        others' fast ones would grow (``gateway.shared``, each quarter second)."""
+        m = self._models.get(model)
+        if m is None or not samples:
+            return
+        m.recent = deque(sorted([*m.recent, *samples])[-RECENT:], maxlen=RECENT)
+        self._wake(m)
+
     def shared_counts(self) -> dict[str, tuple[int, dict[str, int]]]:
         """Per model with a closed gate or lower requests in flight (here or in another
         process): this process's lower bands in flight and its waiting by band

@@ -17,13 +17,15 @@ The rest is a task of the process's own (``run``), every ``EVERY`` seconds, one 
   Unix time it ends, its level), a breaker opened or closed by an answer (its state), a
   gate whose allowance changed (or that stayed pressed), the lower bands' requests in
   flight (the count as it is, so a pass sets right what an end or a race left) and
-  waiting per band;
+  waiting per band, and the last first-token times measured here (the allowance steps on
+  the last few of every process's);
 - what the others wrote is read and taken up: a replica another process ejected is out of
   routing here too until the same time (``Outliers.adopt``; logged, counted as an
   ejection of this process), a breaker another opened is open here until the same time
   (and one closed there closes here: ``Breakers.adopt``), a gate changed elsewhere is this
   process's gate (``Admission.adopt``), the others' requests in flight and waiting count
-  here (``Admission.others``).
+  here (``Admission.others``), and their first-token times join this process's last few
+  (``Admission.heard_elsewhere``).
 
 So a replica ejected by one process is skipped by the others within ``EVERY`` (plus the
 pipeline's round trip), and a breaker opened in one is open in all.
@@ -86,6 +88,10 @@ def _admitted(model: str) -> str:
 
 def _waiting(model: str) -> str:
     return f"{PREFIX}waiting:{model}"
+
+
+def _recent(model: str) -> str:
+    return f"{PREFIX}recent:{model}"
 
 
 # A lower band's room across the processes: the live processes' counts summed (a process
@@ -185,6 +191,8 @@ class Shared:
         self._gate_seen: dict[str, float] = {}
         self._waited: set[str] = set()  # models whose waiting counts were written last pass
         self._counted: set[str] = set()  # models whose count in flight was written not 0
+        # The newest of another process's first-token times taken up, per model and process.
+        self._recent_seen: dict[tuple[str, bytes], float] = {}
         self.away_since: float | None = None
         self.counted_here = 0
         self._said_at = 0.0
@@ -344,6 +352,10 @@ class Shared:
                 pipe.expire(_admitted(model), KEEP_S)
                 if lower:
                     counted.add(model)
+            recent = [[now_wall - (now_mono - at), ms] for at, ms in self.admission.recent(model)]
+            if recent:
+                pipe.hset(_recent(model), self.name, json.dumps(recent))
+                pipe.expire(_recent(model), KEEP_S)
             if waiting or model in self._waited:
                 pipe.hset(_waiting(model), self.name, json.dumps({"at": now_wall, "w": waiting}))
                 pipe.expire(_waiting(model), KEEP_S)
@@ -356,6 +368,7 @@ class Shared:
         for model in models:
             pipe.hgetall(_admitted(model))
             pipe.hgetall(_waiting(model))
+            pipe.hgetall(_recent(model))
         try:
             answers = await asyncio.wait_for(pipe.execute(), self.timeout)
         except Exception as exc:
@@ -369,12 +382,14 @@ class Shared:
             await pipe.reset()
         self._waited, self._counted = waited, counted
         self.passes += 1
-        reads = answers[len(answers) - 3 - 2 * len(models) :]
+        reads = answers[len(answers) - 3 - 3 * len(models) :]
         self._take_ejections(reads[0], now_wall, now_mono)
         await self._take_breakers(reads[1], now_wall)
         self._take_gates(reads[2], now_wall, now_mono)
         for i, model in enumerate(models):
-            self._take_counts(model, reads[3 + 2 * i], reads[4 + 2 * i], now_wall)
+            admitted, waiting, recent = reads[3 + 3 * i : 6 + 3 * i]
+            self._take_counts(model, admitted, waiting, now_wall)
+            self._take_recent(model, recent, now_wall, now_mono)
 
     # Taking up what the others wrote.
     def _take_ejections(self, found: dict[bytes, bytes], now_wall: float,
@@ -470,6 +485,26 @@ class Shared:
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self.admission.others(model, lower, bands)
+
+    def _take_recent(self, model: str, found: dict[bytes, bytes], now_wall: float,
+                     now_mono: float) -> None:  # fmt: skip
+        me = self.name.encode()
+        samples = []
+        for name, raw in found.items():
+            if name == me:
+                continue
+            seen = self._recent_seen.get((model, name), 0.0)
+            try:
+                pairs = [(float(at), float(ms)) for at, ms in json.loads(raw)]
+            except (ValueError, TypeError):
+                continue
+            newer = [(at, ms) for at, ms in pairs if at > seen]
+            if newer:
+                self._recent_seen[(model, name)] = max(at for at, _ in newer)
+                samples += [(now_mono - (now_wall - at), ms) for at, ms in newer]
+        if len(self._recent_seen) > 10000:
+            self._recent_seen.clear()
+        self.admission.heard_elsewhere(model, samples)
 
     # Redis away, and back.
     def _alone(self, kind: str) -> None:

@@ -115,6 +115,22 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 return total + 1
 """
 
+# The live processes' counts of a model (a process whose key is gone is dropped, so the
+# counts of one that died leave with its key): name, count, name, count ...
+_LIVE = """
+local all = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #all, 2 do
+  if redis.call('EXISTS', ARGV[1] .. all[i]) == 1 then
+    live[#live + 1] = all[i]
+    live[#live + 1] = all[i + 1]
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return live
+"""
+
 _counter: Any = None
 
 
@@ -167,6 +183,7 @@ class Shared:
         )  # fmt: skip
         self._redis = aioredis.Redis(connection_pool=pool)
         self._take = self._redis.register_script(_TAKE)
+        self._live = self._redis.register_script(_LIVE)
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.admission = admission
         self.outliers = outliers
@@ -190,6 +207,7 @@ class Shared:
         self._breaker_seen: dict[str, float] = {}
         self._gate_seen: dict[str, float] = {}
         self._waited: set[str] = set()  # models whose waiting counts were written last pass
+        self._ended: list[str] = []  # ejections over for a minute: deleted by the next pass
         self._counted: set[str] = set()  # models whose count in flight was written not 0
         # The newest of another process's first-token times taken up, per model and process.
         self._recent_seen: dict[tuple[str, bytes], float] = {}
@@ -326,6 +344,9 @@ class Shared:
         now_wall, now_mono = self._wall(), self._mono()
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(_process(self.name), 1, ex=ALIVE_S)
+        if self._ended:
+            pipe.hdel(EJECTED, *self._ended)
+            self._ended = []
         for replica, entry in ejections.items():
             pipe.hset(EJECTED, str(replica), json.dumps(entry))
         if ejections:
@@ -366,7 +387,7 @@ class Shared:
         pipe.hgetall(GATES)
         models = list(counts)
         for model in models:
-            pipe.hgetall(_admitted(model))
+            await self._live(keys=[_admitted(model)], args=[_process("")], client=pipe)
             pipe.hgetall(_waiting(model))
             pipe.hgetall(_recent(model))
         try:
@@ -400,7 +421,11 @@ class Shared:
                 replica, until = int(replica_), float(entry["until"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if entry.get("by") == self.name or until <= now_wall:
+            if until <= now_wall:
+                if until < now_wall - 60:
+                    self._ended.append(replica_.decode())
+                continue
+            if entry.get("by") == self.name:
                 continue
             model = str(entry.get("model", ""))
             seconds = until - now_wall
@@ -462,11 +487,11 @@ class Shared:
                                  now_mono - (now_wall - stepped))  # fmt: skip
             self._published[model] = Gate(limit, now_mono - (now_wall - pressed))
 
-    def _take_counts(self, model: str, admitted: dict[bytes, bytes],
+    def _take_counts(self, model: str, live: list[bytes],
                      waiting: dict[bytes, bytes], now_wall: float) -> None:  # fmt: skip
         me = self.name.encode()
         lower = 0
-        for name, n in admitted.items():
+        for name, n in zip(live[::2], live[1::2], strict=True):
             if name != me:
                 try:
                     lower += max(0, int(n))

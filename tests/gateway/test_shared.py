@@ -196,3 +196,19 @@ async def test_with_redis_cut_each_process_goes_on_alone_and_shares_again_after(
     await _eventually(lambda: one.admission.state()[model]["others"] == 2, 2,
                       "two's requests counted in one")  # fmt: skip
     assert not (await one.admission.admit(model, "low", SLO_MS)).admit
+
+
+async def test_the_counts_of_a_process_gone_are_dropped(sides: tuple[Side, Side]) -> None:
+    one, two = sides
+    model = _name()
+    _closed(sides, model, 2)
+    assert (await two.admission.admit(model, "low", SLO_MS)).admit
+    assert (await two.admission.admit(model, "low", SLO_MS)).admit
+    await _eventually(lambda: one.admission.state()[model]["others"] == 2, 2,
+                      "two's requests counted in one")  # fmt: skip
+    assert not (await one.admission.admit(model, "low", SLO_MS)).admit
+    # Two dies with its requests in flight: once its key is gone, one has the room again.
+    await two.shared.stop()
+    await _eventually(lambda: one.admission.state()[model]["others"] == 0, 5,
+                      "two's counts dropped")  # fmt: skip
+    assert (await one.admission.admit(model, "low", SLO_MS)).admit

@@ -333,7 +333,8 @@ class Admission:
         if m is None:
             return Reading(None, (), slo_ms, idle=float("inf"))
         recent = tuple(ms for at, ms in m.recent if now - at < self.window)
-        idle = 0.0 if m.busy else now - m.idle_since
+        # Idle: nothing in flight here, nor a lower band's in another process.
+        idle = 0.0 if m.busy or m.others else now - m.idle_since
         return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle)
 
     def limit(self, model: str) -> int | None:

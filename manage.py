@@ -10,7 +10,8 @@ import sys
 def main() -> None:
     """Run administrative tasks."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_admin.settings")
-    from django.core.management import execute_from_command_line
+    # Imported here: after DJANGO_SETTINGS_MODULE is set.
+    from django.core.management import execute_from_command_line  # noqa: PLC0415
 
     execute_from_command_line(sys.argv)
 

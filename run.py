@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -161,8 +162,6 @@ def test_database_server(env: dict[str, str]) -> None:
     role = test_role()
     secret_file = VENV / ".test-db-password"
     if not secret_file.exists():
-        import secrets
-
         secret_file.write_text(secrets.token_urlsafe(24))
         secret_file.chmod(0o600)
     password = secret_file.read_text().strip()

@@ -3,11 +3,20 @@
 No Django here. When the control plane mirrors a model's weights (docs/updates.md), a node
 takes them from it, never from the internet: it asks for the model's manifest with its
 node token (``GET /api/v1/updates/mirror/models/<name>/``), waits while the mirror is
-fetching (its progress is the replica's), then downloads each file over the control
+fetching (its progress is the replica's), then takes each file over the control
 plane's HTTP into ``<weights folder>/mirror/<the mirror's folder>/``: into a ``.part`` file
 first, resumed with a Range request after a broken transfer, its sha256 checked again here,
-then renamed into place. ``.llmgw-verified.json`` in that folder records the files checked,
-so a replica started again reads nothing twice.
+then kept as the mirror keeps it (updates.mirror.store): once by content, in
+``<weights folder>/mirror/blobs/<sha256>`` (read-only), the revision's folder holding a
+relative symbolic link to it. A file whose blob the node holds already (the same content in
+another revision) is linked, not taken again: a node that holds a model's revision N takes
+only the files of N+1 that changed. ``.llmgw-verified.json`` in the folder records the
+files checked, so a replica started again reads nothing twice.
+
+Folders from before the blobs (files in each revision's folder) are turned into links at
+the first fetch of a client (``adopt_legacy``), each file hard-linked into the blobs under
+the sha256 it was checked against, then the link swapped in: no byte copied, and the file
+at its place throughout (an engine running from it reads on).
 
 The control plane answering 404 (the mirror off, ``LLMGW_MIRROR=off``, or a source with
 nothing to mirror) means the node fetches as it did before (``agent.weights``); so does
@@ -17,8 +26,13 @@ this node's own ``LLMGW_MIRROR=off`` (``enabled``).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import shutil
 import threading
+import uuid
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
@@ -28,13 +42,29 @@ import httpx
 from agent import transfer, weights
 from agent.state import write_atomic
 
+log = logging.getLogger(__name__)
+
 VERIFIED = ".llmgw-verified.json"
+# Under the node's mirror folder: each content once, by its sha256.
+BLOBS = "blobs"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Written once every file of a folder is checked: the source the folder holds.
 SOURCE = ".llmgw-source"
 # Broken transfers of one file resumed within one fetch before it fails.
 ATTEMPTS = 4
 # Seconds between asks while the mirror is fetching.
 POLL_S = 2.0
+
+
+@dataclass
+class Took:
+    """What one fetch from the mirror took: ``files`` received over the network and their
+    ``bytes``; ``held``, the files its revision's folder held already (a replica started
+    again). The rest were linked to blobs the node held for another revision."""
+
+    files: int = 0
+    bytes: int = 0
+    held: int = 0
 
 
 def enabled(environ: Any = os.environ) -> bool:
@@ -63,6 +93,9 @@ class MirrorClient:
         self.poll_s = poll_s
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._adopted = False
+        # What the last fetch took (the files it received, their bytes, the files held).
+        self.took = Took()
 
     def _headers(self) -> dict[str, str]:
         token = self._token() if callable(self._token) else self._token
@@ -154,6 +187,18 @@ class MirrorClient:
         whole)."""
         return url if "://" in url else self.server + "/" + url.lstrip("/")
 
+    def _adopt_once(self) -> None:
+        with self._guard:
+            if self._adopted:
+                return
+            self._adopted = True
+        try:
+            adopt_legacy(self.folder)
+        except OSError:
+            log.warning(
+                "keeping the mirror's files of %s as blobs failed", self.folder, exc_info=True
+            )
+
     def _lock(self, key: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
@@ -170,7 +215,9 @@ class MirrorClient:
         dest = self.folder.joinpath(*_parts(str(manifest.get("folder") or "")))
         files = [f for f in manifest.get("files") or [] if isinstance(f, dict)]
         total = sum(int(f.get("bytes") or 0) for f in files) or None
+        took = Took()
         with self._lock(str(dest)):
+            self._adopt_once()
             dest.mkdir(parents=True, exist_ok=True)
             verified = _load(dest / VERIFIED)
             done = 0
@@ -179,35 +226,47 @@ class MirrorClient:
                 target = dest.joinpath(*_parts(rel))
                 sha = str(f.get("sha256") or "").lower()
                 size = int(f.get("bytes") or 0)
-                if target.is_file() and verified.get(rel) == sha and target.stat().st_size == size:
+                blob = self.folder / BLOBS / sha if _SHA256.fullmatch(sha) else None
+                if _whole(target, blob, size) and verified.get(rel) == sha:
                     done += size
+                    took.held += 1
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                part = target.with_name(target.name + ".part")
-                base = done
+                if blob is not None and _held(blob, size):
+                    # The same content in another revision: linked, not taken again.
+                    _link(target, blob)
+                else:
+                    part = target.with_name(target.name + ".part")
+                    base = done
 
-                def moved(have: int, _total: int | None, base: int = base) -> None:
-                    if progress:
-                        progress(base + have, total)
+                    def moved(have: int, _total: int | None, base: int = base) -> None:
+                        if progress:
+                            progress(base + have, total)
 
-                got = _stream(
-                    self._url(str(f.get("url") or "")),
-                    part,
-                    size,
-                    headers,
-                    self.timeout_s,
-                    moved,
-                    cancel,
-                )
-                if sha and got != sha:
-                    part.unlink(missing_ok=True)
-                    raise weights.WeightsError(
-                        "the weights from the mirror are not the expected ones (their sha256 "
-                        "differs)",
-                        detail=f"{rel} from the control plane has sha256 {got}, not {sha}: "
-                        "deleted it",
+                    got = _stream(
+                        self._url(str(f.get("url") or "")),
+                        part,
+                        size,
+                        headers,
+                        self.timeout_s,
+                        moved,
+                        cancel,
                     )
-                os.replace(part, target)
+                    if sha and got != sha:
+                        part.unlink(missing_ok=True)
+                        raise weights.WeightsError(
+                            "the weights from the mirror are not the expected ones (their "
+                            "sha256 differs)",
+                            detail=f"{rel} from the control plane has sha256 {got}, not {sha}: "
+                            "deleted it",
+                        )
+                    took.files += 1
+                    took.bytes += part.stat().st_size
+                    if blob is not None:
+                        _keep(part, blob)
+                        _link(target, blob)
+                    else:
+                        os.replace(part, target)
                 verified[rel] = sha
                 write_atomic(dest / VERIFIED, json.dumps(verified, indent=1, sort_keys=True))
                 done += size
@@ -216,6 +275,16 @@ class MirrorClient:
             marker = dest / SOURCE
             if not marker.is_file() or marker.read_text(encoding="utf-8") != source:
                 write_atomic(marker, source)
+        self.took = took
+        if took.files:
+            log.info(
+                "took %d of %d files of %s (%d bytes) from the mirror; %d held already",
+                took.files,
+                len(files),
+                source,
+                took.bytes,
+                len(files) - took.files,
+            )
         return str(_for_engine(dest, [str(f.get("path") or "") for f in files], source, engine))
 
 
@@ -249,6 +318,82 @@ def _stream(
         attempts=ATTEMPTS,
         headers=headers,
     )
+
+
+def _held(blob: Path, size: int) -> bool:
+    """Return whether a blob is held whole (its name is its checked sha256)."""
+    try:
+        return blob.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _whole(target: Path, blob: Path | None, size: int) -> bool:
+    """Return whether a file's place holds it: a link to its blob, held whole, or (a
+    folder from before the blobs, or a file of no sha256) a file of its size."""
+    if blob is not None and target.is_symlink():
+        try:
+            linked = os.readlink(target)
+        except OSError:
+            return False
+        return os.path.basename(linked) == blob.name and _held(blob, size)
+    return not target.is_symlink() and target.is_file() and target.stat().st_size == size
+
+
+def _keep(checked: Path, blob: Path) -> None:
+    """Put a file whose sha256 was checked into the blobs (renamed, read-only), or drop it
+    when that blob is held already."""
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    if _held(blob, checked.stat().st_size):
+        checked.unlink()
+        return
+    os.chmod(checked, 0o444)
+    os.replace(checked, blob)
+
+
+def _link(place: Path, blob: Path) -> None:
+    """Make ``place`` a relative link to ``blob``, in one step over what was there."""
+    target = os.path.relpath(blob, place.parent)
+    try:
+        if os.readlink(place) == target:
+            return
+    except OSError:
+        pass
+    tmp = place.with_name(f".{uuid.uuid4().hex[:12]}.link")
+    os.symlink(target, tmp)
+    os.replace(tmp, place)
+
+
+def adopt_legacy(folder: Path) -> int:
+    """Turn the files of a node's mirror folders from before the blobs into links to blobs
+    (those ``.llmgw-verified.json`` records as checked, by their sha256); return how many."""
+    turned = 0
+    blobs = folder / BLOBS
+    for record in folder.rglob(VERIFIED):
+        if blobs in record.parents:
+            continue
+        for rel, sha in _load(record).items():
+            try:
+                place = record.parent.joinpath(*_parts(str(rel)))
+            except weights.WeightsError:
+                continue
+            if not _SHA256.fullmatch(str(sha)) or place.is_symlink() or not place.is_file():
+                continue
+            blob = blobs / str(sha)
+            if not _held(blob, place.stat().st_size):
+                blobs.mkdir(parents=True, exist_ok=True)
+                tmp = blobs / f".{sha}.{uuid.uuid4().hex[:12]}"
+                try:
+                    os.link(place, tmp)
+                except OSError:
+                    shutil.copyfile(place, tmp)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, blob)
+            _link(place, blob)
+            turned += 1
+    if turned:
+        log.info("kept %d files of %s from before as blobs", turned, folder)
+    return turned
 
 
 def _parts(rel: str) -> tuple[str, ...]:

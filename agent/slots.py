@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent.flags import table
+
 
 def effective_context(
     context_length: int, args: Sequence[str], engine: str = "llamacpp"
@@ -32,7 +34,6 @@ def effective_context(
 def _flag(args: Sequence[str], names: tuple[str, ...]) -> int | None:
     # Any of the flag's names in llama-server's table (-c, --ctx-size, --ctx_size), the
     # last one given winning, as llama-server takes it.
-    from agent.flags import table
 
     t = table("llamacpp")
     wanted = {t.flag(n) for n in names} - {None}

@@ -482,7 +482,8 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def _origin(url: str) -> str:
-    from agent.weights import origin_of
+    # Imported here: agent.weights imports this module.
+    from agent.weights import origin_of  # noqa: PLC0415
 
     return origin_of(url)
 
@@ -501,6 +502,7 @@ def tls() -> Any:
     """Return httpx's TLS context (certifi, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``), made once
     a process (making one reads every CA: 60 ms here). An httpx client given it
     (``verify=tls()``) makes none of its own."""
-    import httpx
+    # Imported here: the agent's urllib transfers need none of httpx.
+    import httpx  # noqa: PLC0415
 
     return httpx.create_ssl_context()

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 
 from catalog import codec, convert, rules, signals, spec
@@ -145,7 +145,6 @@ def _column_path(field: Any) -> tuple[str, ...]:
 
 def _unstorable(value: Any, field: Any, path: tuple[Any, ...]) -> Problem | None:
     """Why ``value`` cannot be stored in ``field``'s column, if it cannot."""
-    from django.db import connection
 
     if isinstance(value, str):
         if "\x00" in value:

@@ -6,7 +6,7 @@ show. Each function reads a fixed number of queries whatever the cluster's size.
 
 The ``render_*`` functions and ``*_changed`` at the end are the cluster's renderers:
 the console's live consumer (``llmgw_admin.consumer``) pushes what they return, and the
-cluster's actions (``cluster.views``) answer with it.
+cluster's actions (``cluster.views.actions``) answer with it.
 """
 
 from __future__ import annotations

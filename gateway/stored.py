@@ -12,8 +12,9 @@ keys of that owner.
 The path reads the database only for a request that names a stored response
 (``previous_response_id``, or the ``/v1/responses/{id}`` routes), bounded by
 ``READ_WAIT`` seconds: a write still under way in this process is awaited; one another
-process may still be writing is looked for again within the bound; past it the client is
-told the store cannot be read now (503, ``Retry-After``), and a response that is not
+process may still be writing is looked for again within the bound; a store that answered
+no read within it is told to the client as one that cannot be read now (503,
+``Retry-After``), and a response that is not
 there (never stored, another owner's, deleted, or older than ``LLMGW_RESPONSES_KEEP``
 days and pruned: ``prune``) is a 400 naming ``previous_response_id`` (404 on its own
 routes).
@@ -47,8 +48,10 @@ log = logging.getLogger("gateway")
 
 # The longest a request waits for a stored response it names.
 READ_WAIT = 3.0
-# Between two looks for a response another process may still be writing.
+# Between two looks for a response another process may still be writing: the first
+# pause, doubled after each look up to the most.
 LOOK_AGAIN = 0.05
+LOOK_AGAIN_MOST = 0.8
 PRUNE_CHUNK = 1000
 PREFIX = "/v1/responses/"
 
@@ -125,8 +128,10 @@ def prune(days: int | None = None, now: dt.datetime | None = None) -> int:
 
 async def load(owner: str, response_id: str, *, look_again: bool) -> dict[str, Any] | None:
     """The stored response (None: not there for this owner), within ``READ_WAIT``;
-    ``Unreadable`` past it. ``look_again``: one another process may be writing is looked
-    for until the bound."""
+    ``Unreadable`` when no read of the store ended within it. ``look_again``: one another
+    process may still be writing is looked for until the bound, each look a little later
+    than the last (``LOOK_AGAIN``, doubling up to ``LOOK_AGAIN_MOST``), and once a read
+    has said "not there", the bound's end is that answer, not a 503."""
     deadline = time.monotonic() + READ_WAIT
     writing = _writing.get(response_id)
     if writing is not None and writing.get_loop() is asyncio.get_running_loop():
@@ -136,14 +141,25 @@ async def load(owner: str, response_id: str, *, look_again: bool) -> dict[str, A
             raise Unreadable("the write of that response is still under way") from None
         except Exception:  # noqa: BLE001 - a failed write: read what is there
             log.debug("the write of %s failed", response_id, exc_info=True)
+    pause = LOOK_AGAIN
+    read_once = False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
+            if read_once:
+                return None
             raise Unreadable("timeout")
-        row = await _run(_read, owner, response_id, timeout=left)
-        if row is not None or not look_again or deadline - time.monotonic() < LOOK_AGAIN:
+        try:
+            row = await _run(_read, owner, response_id, timeout=left)
+        except Unreadable:
+            if read_once:
+                return None  # the store said "not there"; a later look did not end in time
+            raise
+        read_once = True
+        if row is not None or not look_again or deadline - time.monotonic() < pause:
             return row
-        await asyncio.sleep(LOOK_AGAIN)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, LOOK_AGAIN_MOST)
 
 
 def scope(key: Any) -> str:

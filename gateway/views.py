@@ -164,9 +164,9 @@ def chat(request: HttpRequest) -> HttpResponse:
     gateway and its guard, as the signed-in user (``gateway.session``)."""
     from catalog.models import Adapter, ServedModel
     from cluster.models import Replica
-    from cluster.pages import wake_room
     from cluster.placement import unplaceable
     from cluster.services import no_room
+    from cluster.views.pages import wake_room
     from gateway.session import PATH
 
     rows = list(

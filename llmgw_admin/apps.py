@@ -16,7 +16,10 @@ class LlmgwAdminConfig(AppConfig):
     def ready(self) -> None:
         # Wiring from on top: the catalog's model form shows the cluster's GPU classes,
         # and the catalog never imports the cluster (imports point catalog <- cluster).
-        from catalog import inventory as catalog_inventory
-        from cluster import inventory
+        # Imported here: in ready(): the apps are loaded only now.
+        from catalog import inventory as catalog_inventory  # noqa: PLC0415
+
+        # Imported here: in ready(): the apps are loaded only now.
+        from cluster import inventory  # noqa: PLC0415
 
         catalog_inventory.register(inventory)

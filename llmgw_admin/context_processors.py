@@ -7,6 +7,9 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
+from cluster.choices import NodeHealth
+from cluster.models import Node
+
 
 def simulated(request: HttpRequest) -> dict[str, Any]:
     """Give templates ``simulated_nodes``: the names of the simulated nodes not lost.
@@ -20,9 +23,6 @@ def simulated(request: HttpRequest) -> dict[str, Any]:
         return {"simulated_nodes": ()}
 
     def names() -> list[str]:
-        from cluster.choices import NodeHealth
-        from cluster.models import Node
-
         return list(
             Node.objects.filter(simulated=True)
             .exclude(health=NodeHealth.LOST)

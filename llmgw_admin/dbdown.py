@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import psycopg
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views import defaults
@@ -42,7 +43,6 @@ MESSAGE = (
 
 def is_database_down(error: BaseException | None) -> bool:
     """Whether ``error`` says PostgreSQL cannot be reached or did not answer in time."""
-    import psycopg
 
     seen = 0
     while error is not None and seen < 5:

@@ -38,6 +38,8 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from llmgw_core import events
 
@@ -234,7 +236,6 @@ class Hub:
 
     async def _watch(self, layer: Any) -> None:
         """Ping Redis every second; tell the consoles when it is away, subscribe again when back."""
-        from redis.asyncio import Redis
 
         client = Redis.from_url(settings.REDIS_URL, socket_timeout=PING_TIMEOUT_S)
         try:
@@ -298,8 +299,6 @@ class LayerAway(logging.Filter):
         self._said = -self.EVERY_S
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from redis.exceptions import RedisError
-
         exc = record.exc_info[1] if record.exc_info else None
         if not isinstance(exc, RedisError | OSError | TimeoutError):
             return True

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import close_old_connections
+
 log = logging.getLogger(__name__)
 
 
@@ -119,7 +121,6 @@ def start_embedded(
 
 def every(interval: float, call: Callable[[], Any], stop: threading.Event) -> None:
     """Call ``call()`` every ``interval`` seconds, first after one interval, until ``stop``."""
-    from django.db import close_old_connections
 
     name = getattr(call, "name", None) or getattr(call, "__name__", repr(call))
     while not stop.wait(interval):

@@ -40,6 +40,8 @@ from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
 
+from cluster.address import peer_address
+
 log = logging.getLogger(__name__)
 
 PAIR = "user at address"
@@ -72,7 +74,6 @@ class Lock:
 def client_address(request: HttpRequest) -> str:
     """Return the address a request came from (``X-Forwarded-For`` only from a trusted
     proxy)."""
-    from cluster.address import peer_address
 
     return peer_address(
         request.META.get("REMOTE_ADDR", ""),

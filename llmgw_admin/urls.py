@@ -11,9 +11,10 @@ from rest_framework.routers import DefaultRouter
 
 from cluster import urls as cluster_urls
 from cluster.api.urls import agent_urlpatterns
-from llmgw_admin import api_views, status_views, token_views
-from llmgw_admin.dashboard import dashboard
+from llmgw_admin.api import views as api_views
 from llmgw_admin.throttle import LoginForm
+from llmgw_admin.views import status, tokens
+from llmgw_admin.views.dashboard import dashboard
 from llmgw_core.roles import VIEWER, role_required
 from updates.api import urls as updates_api_urls
 
@@ -35,17 +36,17 @@ urlpatterns = [
     path("catalog/", include("catalog.urls")),
     path("guard/", include("guard.urls")),
     path("gateway/", include("gateway.urls")),
-    path("cluster/reconciler/", status_views.reconciler, name="cluster-reconciler"),
-    # The dashboard is the console's home (llmgw_admin.dashboard); it keeps its name in
+    path("cluster/reconciler/", status.reconciler, name="cluster-reconciler"),
+    # The dashboard is the console's home (llmgw_admin.views.dashboard); it keeps its name in
     # the cluster's namespace, beside the cluster's actions (cluster.urls).
     path(
         "cluster/",
         include(([path("", dashboard, name="dashboard"), *cluster_urls.urlpatterns], "cluster")),
     ),
-    path("tokens/", token_views.tokens, name="tokens"),
-    path("tokens/<str:kind>/", token_views.token_issue, name="token_issue"),
-    path("tokens/<str:kind>/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
-    path("favicon.ico", token_views.favicon, name="favicon"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<str:kind>/", tokens.token_issue, name="token_issue"),
+    path("tokens/<str:kind>/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
+    path("favicon.ico", tokens.favicon, name="favicon"),
     # API tokens' admin pages moved with their model to the framework (llmgw_core);
     # an operator's bookmark of the old address still lands on them.
     re_path(

@@ -14,6 +14,7 @@ from rest_framework.parsers import JSONParser as DRFJSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from llmgw_core.lean import nul_at
 from llmgw_core.refused import Problem, Refused
 
 
@@ -95,8 +96,6 @@ class JSONParser(TextJSONParser):
     PostgreSQL cannot store, naming where it is."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        from llmgw_core.lean import nul_at
-
         data = super().parse(stream, media_type, parser_context)
         where = nul_at(data)
         if where:

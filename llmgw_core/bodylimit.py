@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
+
 Scope = dict[str, Any]
 
 _DIGITS = frozenset(b"0123456789")
@@ -55,7 +57,6 @@ class BodyLimit:
     def _limit(self) -> int | None:
         if self.limit is not None:
             return self.limit
-        from django.conf import settings
 
         return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 

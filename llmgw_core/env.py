@@ -8,10 +8,13 @@ Every secret also accepts ``LLMGW_<NAME>_FILE``, a path to a file holding it.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from llmgw_core.dbbounds import bounded
 
 PREFIX = "LLMGW_"
 
@@ -84,7 +87,6 @@ def database_from_url(url: str) -> dict[str, object]:
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured(f"{PREFIX}DATABASE_URL names no database after the host")
-    from llmgw_core.dbbounds import bounded
 
     connect = envint("DB_CONNECT_TIMEOUT", 5)
     statement = envint("DB_STATEMENT_TIMEOUT", 30)
@@ -137,7 +139,6 @@ def secret_key(data_dir: Path) -> str:
     path = data_dir / "secret_key"
     if path.exists():
         return path.read_text().strip()
-    import secrets
 
     data_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(50)

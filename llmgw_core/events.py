@@ -40,6 +40,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from redis.exceptions import RedisError
 
@@ -212,8 +213,6 @@ _outage = _Outage()
 
 
 def _timeout() -> float:
-    from django.conf import settings
-
     return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
 
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from channels.security.websocket import WebsocketDenier
+from django.conf import settings
+from django.http.request import validate_host
 
 _DEFAULT_PORT = {"http": 80, "https": 443}
 _ORIGIN = re.compile(
@@ -60,7 +62,6 @@ def origin_allowed(
 ) -> bool:
     """Return whether a websocket from ``origin`` to a request with ``host_header`` (None:
     none sent) over ``scheme`` (http or https) is the console's own, or a trusted one."""
-    from django.http.request import validate_host
 
     got = parse_origin(origin)
     if got is None:
@@ -87,8 +88,6 @@ class OriginCheck:
         self.application = application
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        from django.conf import settings
-
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         origin = headers.get(b"origin", b"").decode("latin-1")
         host = headers.get(b"host")

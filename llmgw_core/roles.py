@@ -13,6 +13,7 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
+from django.core import checks
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -165,7 +166,6 @@ class RoleAdminMixin:
 
     def check(self, **kwargs: Any) -> list[Any]:
         """Django's checks, and that every action names a role (``llmgw.E001``)."""
-        from django.core import checks
 
         errors = list(super().check(**kwargs))  # type: ignore[misc]
         if hasattr(self, "_get_base_actions"):

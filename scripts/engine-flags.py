@@ -633,7 +633,8 @@ def trtllm(serve_py: Path, version: str, origin: str) -> None:
 
 def sim() -> None:
     sys.path.insert(0, str(ROOT))
-    from agent import simconfig as simulator
+    # Imported here: after the project's root is on sys.path.
+    from agent import simconfig as simulator  # noqa: PLC0415
 
     parser = simulator.build_parser()
     flags = []

@@ -9,11 +9,21 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "the condition") -> T:
-    """Return ``predicate()``'s first truthy value; fail naming ``what`` after ``timeout`` s.
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "the condition",
+    *,
+    every: float = 0.01,
+) -> T:
+    """Return ``predicate()``'s first truthy value; fail naming ``what`` (and the last
+    value it gave) after ``timeout`` s.
 
-    It looks again every 10 ms: as soon as the condition holds the test goes on, and a
-    slow machine only makes it wait longer, up to the deadline.
+    It looks again every ``every`` s (10 ms; a look that asks a database or a process over
+    HTTP may want longer): as soon as the condition holds the test goes on, and a slow
+    machine only makes it wait longer, up to the deadline. The suite's other waits
+    (``tests.gateway.harness.wait``, ``tests.e2e.conftest.wait_for``) are this one with
+    their own defaults.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -21,5 +31,7 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "t
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"waited {timeout:g} s for {what}; it did not happen")
-        time.sleep(0.01)
+            raise AssertionError(
+                f"waited {timeout:g} s for {what}; it did not happen (last: {value!r})"
+            )
+        time.sleep(every)

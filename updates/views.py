@@ -173,7 +173,7 @@ def _disk() -> dict[str, Any]:
 def mirror_page(request: HtmxHttpRequest) -> HttpResponse:
     """Show what the mirror holds, for whom, and how much; and its fetches."""
     held = mirror.holdings()
-    used = sum(h.bytes for h in held)
+    used = mirror.kept_bytes()  # each content once: revisions share their files
     cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
     context = {
         "held": held,

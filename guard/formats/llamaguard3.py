@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from agent.judgecards import LLAMA_GUARD_CATEGORIES
 from guard.formats.base import (
     SAFE,
     UNSAFE,
@@ -20,25 +21,8 @@ from guard.formats.base import (
     split_list,
 )
 
-# Code, the chat template's string (without its period) and the model card's name (§2.2).
 # The prompt carries the template's strings; a verdict reports the model card's names,
 # the ones the spec keeps for display, unless the judge is configured with its own.
-LLAMA_GUARD_CATEGORIES = (
-    ("S1", "Violent Crimes", "Violent Crimes"),
-    ("S2", "Non-Violent Crimes", "Non-Violent Crimes"),
-    ("S3", "Sex Crimes", "Sex-Related Crimes"),
-    ("S4", "Child Exploitation", "Child Sexual Exploitation"),
-    ("S5", "Defamation", "Defamation"),
-    ("S6", "Specialized Advice", "Specialized Advice"),
-    ("S7", "Privacy", "Privacy"),
-    ("S8", "Intellectual Property", "Intellectual Property"),
-    ("S9", "Indiscriminate Weapons", "Indiscriminate Weapons"),
-    ("S10", "Hate", "Hate"),
-    ("S11", "Self-Harm", "Suicide & Self-Harm"),
-    ("S12", "Sexual Content", "Sexual Content"),
-    ("S13", "Elections", "Elections"),
-    ("S14", "Code Interpreter Abuse", "Code Interpreter Abuse"),
-)
 VARIANT_1B = "1b"
 VARIANT_8B = "8b"
 # The 1B template lists S1-S13 only (§2.5); the 8B adds S14.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from agent.judgecards import QWEN3GUARD_ANSWER_CATEGORIES, QWEN3GUARD_CATEGORIES
 from guard.formats.base import (
     CONTROVERSIAL,
     SAFE,
@@ -19,21 +20,6 @@ from guard.formats.base import (
     dedupe,
     split_list,
 )
-
-# The answer's category names (§1.6): the template lists each with a period; Jailbreak is
-# for requests only.
-QWEN3GUARD_CATEGORIES = (
-    "Violent",
-    "Non-violent Illegal Acts",
-    "Sexual Content or Sexual Acts",
-    "PII",
-    "Suicide & Self-Harm",
-    "Unethical Acts",
-    "Politically Sensitive Topics",
-    "Copyright Violation",
-    "Jailbreak",
-)
-QWEN3GUARD_ANSWER_CATEGORIES = QWEN3GUARD_CATEGORIES[:-1]
 
 # The template's text, verbatim (§1.3): one user turn holding the instructions and the
 # flattened conversation, then the assistant header with an empty thinking block.

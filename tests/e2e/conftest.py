@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from django.conf import settings
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD
 from tests.dburl import database_url
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,15 +36,9 @@ def free_port() -> int:
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    """``tests.waiting.wait_until`` with the end-to-end tests' bound and pace: each look
+    asks real processes or the database, so it looks every 0.25 s."""
+    return wait_until(check, timeout, what, every=0.25)
 
 
 def engine_auth(replica_id: int) -> dict[str, str]:

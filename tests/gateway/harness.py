@@ -24,6 +24,7 @@ from gateway.app import Gateway, Options
 from gateway.models import digest
 from gateway.state import State
 from gateway.table import Key, ReplicaRow, Table, build
+from tests.waiting import wait_until
 
 KEY = "llmgw-ck-harness-key"
 
@@ -338,10 +339,5 @@ class Harness:
 
 
 def wait(check: Callable[[], Any], timeout: float = 5, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+    """``tests.waiting.wait_until`` with the gateway tests' default bound."""
+    return wait_until(check, timeout, what)

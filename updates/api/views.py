@@ -163,7 +163,10 @@ def held_file(node: Any, pk: int, path: str) -> Held | str:
     if not _placed_on(node, f.model):
         return f.model
     try:
-        file_path = mirror.file_in(mirror.root() / f.folder, path)
+        # None: a blob changed since its bytes were checked (set aside, fetched again).
+        file_path = mirror.served_file(f.folder, path, str(listed[path]["sha256"] or ""))
+        if file_path is None:
+            return "missing"
         size = file_path.stat().st_size
     except (mirror.MirrorError, OSError):
         return "missing"
@@ -365,7 +368,7 @@ def mirror_holdings(request: Request) -> Response:
     return Response(
         {
             "enabled": mirror.enabled(),
-            "bytes": sum(h.bytes for h in held),
+            "bytes": mirror.kept_bytes(),  # each content once: revisions share files
             "cap_bytes": int(cap_gb * 1e9) if cap_gb else None,
             "held": [
                 {

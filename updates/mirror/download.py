@@ -1,5 +1,10 @@
-"""One fetch run (the worker's part): a revision's files downloaded into the mirror,
-resumed, checked against the registry's hashes, renamed into place in one step."""
+"""One fetch run (the worker's part): a revision's files that the mirror does not hold yet
+downloaded, resumed, checked against the registry's hashes and kept as blobs; the
+revision's folder of links to them renamed into place in one step.
+
+A file whose content the mirror holds already (the registry's sha256 of an LFS file, or a
+file kept in git by the blob id a done fetch recorded) is linked, not fetched: an update
+that changes one file of eight fetches that one."""
 
 from __future__ import annotations
 
@@ -18,19 +23,30 @@ from updates import registry
 from updates.mirror.origin import write_origin
 from updates.mirror.store import (
     MirrorError,
-    bytes_with_folder,
+    adopt,
+    adopt_legacy,
+    blob_path,
+    blobs_lock,
     complete,
+    content,
     file_in,
     folder_for,
     folder_lock,
     gb,
     git_blob_id,
+    held_contents,
     held_for_resume,
+    known_contents,
+    link_to_blob,
+    linked_sha,
     mark,
     prune,
+    put_blob,
     root,
     sha256_of,
-    used_bytes,
+    sweep_blobs,
+    take,
+    whole,
 )
 from updates.models import ACTIVE, Fetch, FetchState
 
@@ -88,17 +104,28 @@ def run_fetch(pk: int) -> Fetch | None:
         fetch.bytes_total = state.total_bytes
         fetch.save(update_fields=["commit", "folder", "bytes_total", "updated"])
         final = root() / fetch.folder
+        try:
+            adopt_legacy()
+        except OSError:
+            # The old folders stay served as they are; this fetch links what it can.
+            log.warning("keeping the mirror's folders from before as blobs failed", exc_info=True)
+        known = known_contents()
         hashed: dict[str, str] = {}
         with folder_lock(fetch.folder, fetch):
-            if not complete(final, state):
-                _check_room(fetch, state, final)
-                hashed = _download_or_free(fetch, state, final)
+            if not complete(final, state, known):
+                _check_room(fetch, state, final, known)
+                hashed = _download_or_free(fetch, state, final, known)
         fetch.files = [
             {
                 "path": f.path,
-                # A file the registry gave no sha256 for: the one hashed as it arrived.
-                "sha256": f.sha256 or hashed.get(f.path) or sha256_of(final / f.path),
+                # A file the registry gave no sha256 for: the one hashed as it arrived, or
+                # the blob's it links.
+                "sha256": f.sha256
+                or hashed.get(f.path)
+                or linked_sha(file_in(final, f.path))
+                or sha256_of(file_in(final, f.path)),
                 "bytes": f.size or 0,
+                "blob_id": f.blob_id,
             }
             for f in state.files
         ]
@@ -134,45 +161,65 @@ def _fail(fetch: Fetch, reason: str) -> Fetch:
     return fetch
 
 
-def _check_room(fetch: Fetch, state: registry.RepoState, final: Path | None = None) -> None:
-    """Refuse a fetch past the size cap or the disk's free space, saying by how much. What
-    a resume holds already (its ``.part`` folder) is on the disk: only the rest is needed."""
-    need = state.total_bytes
-    resumed = held_for_resume(final, state) if final is not None else 0
+def _check_room(
+    fetch: Fetch, state: registry.RepoState, final: Path, known: dict[str, str]
+) -> None:
+    """Refuse a fetch past the size cap or the disk's free space, saying by how much. Only
+    the files whose content the mirror does not hold are needed (each content counts once);
+    what a resume holds already (its ``.part`` folder) is on the disk: only the rest is."""
     cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
     if cap_gb:
         prune()
-        held = used_bytes(exclude=fetch.pk) - bytes_with_folder(fetch.folder, fetch.pk)
+    held = held_contents(exclude=fetch.pk)
+    new = [f for f in state.files if content(f, known) not in held]
+    need = 0 if f"folder:{fetch.folder}" in held else sum(f.size or 0 for f in new)
+    if cap_gb:
         cap = int(cap_gb * 1e9)
-        if held + need > cap:
+        now = sum(held.values())
+        if now + need > cap:
             raise MirrorError(
                 f"the mirror's cap is {cap_gb:g} GB (LLMGW_MIRROR_MAX_GB): it holds "
-                f"{gb(held)} (the current and previous revisions of its models) and "
+                f"{gb(now)} (the current and previous revisions of its models) and "
                 f"{fetch.source} at {fetch.commit[:8]} needs {gb(need)}: raise the cap, or "
                 "remove models from the catalog"
             )
+    on_disk = sum(f.size or 0 for f in state.files if not _on_disk(f, known))
+    resumed = held_for_resume(final, state)
     root().mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root()).free
-    if need - resumed > free:
-        held = f" ({gb(resumed)} of it held from an earlier try)" if resumed else ""
+    if on_disk - resumed > free:
+        was = f" ({gb(resumed)} of it held from an earlier try)" if resumed else ""
         raise MirrorError(
-            f"{fetch.source} at {fetch.commit[:8]} needs {gb(need - resumed)} more{held} and "
-            f"the mirror's disk has {gb(free)} free: free some, or move LLMGW_MIRROR_DIR"
+            f"{fetch.source} at {fetch.commit[:8]} needs {gb(on_disk - resumed)} more{was} "
+            f"and the mirror's disk has {gb(free)} free: free some, or move LLMGW_MIRROR_DIR"
         )
 
 
-def _download_or_free(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str, str]:
+def _on_disk(f: registry.RepoFile, known: dict[str, str]) -> bool:
+    sha = content(f, known)
+    return bool(sha) and blob_path(sha).is_file()
+
+
+def _download_or_free(
+    fetch: Fetch, state: registry.RepoState, final: Path, known: dict[str, str]
+) -> dict[str, str]:
     """``_download``; when the disk fills up meanwhile, delete what this fetch wrote (its
-    ``.part`` folder) so the disk is not left full, and fail saying so."""
+    ``.part`` folder, and the blobs it put that nothing links) so the disk is not left full,
+    and fail saying so."""
     try:
-        return _download(fetch, state, final)
+        return _download(fetch, state, final, known)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         part_dir = final.with_name(final.name + ".part")
-        written = sum(p.stat().st_size for p in part_dir.rglob("*") if p.is_file())
+        written = sum(
+            p.stat().st_size for p in part_dir.rglob("*") if p.is_file() and not p.is_symlink()
+        )
+        linked = {s for p in part_dir.rglob("*") if (s := linked_sha(p)) is not None}
         shutil.rmtree(part_dir, ignore_errors=True)
         left = "" if not part_dir.exists() else f"; {part_dir} could not be deleted"
+        sizes = {s: blob_path(s).stat().st_size for s in linked if blob_path(s).is_file()}
+        written += sum(sizes.get(s, 0) for s in sweep_blobs())
         try:
             usage = shutil.disk_usage(root())
             disk = f" ({gb(usage.free)} free of {gb(usage.total)} now)"
@@ -187,10 +234,14 @@ def _download_or_free(fetch: Fetch, state: registry.RepoState, final: Path) -> d
         ) from None
 
 
-def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str, str]:
-    """Download every file of ``state`` into ``final``'s ``.part`` folder, check each, and
-    rename the folder into place in one step. Return the sha256 of each file downloaded
-    (hashed as it arrived), by path."""
+def _download(
+    fetch: Fetch, state: registry.RepoState, final: Path, known: dict[str, str]
+) -> dict[str, str]:
+    """Put every file of ``state`` into ``final``'s ``.part`` folder as a link to its blob:
+    a content held already is linked (``take``), any other downloaded, checked and put in
+    the blobs; then rename the folder into place in one step (or, when ``final`` is there
+    already and lost a file, each link into it). Return the sha256 of each file placed, by
+    path."""
     part_dir = final.with_name(final.name + ".part")
     part_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(fetch)
@@ -198,20 +249,44 @@ def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str,
     token = registry.token()
     hashed: dict[str, str] = {}
     for f in state.files:
+        sha = content(f, known)
         target = file_in(part_dir, f.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_file() and f.size is not None and target.stat().st_size == f.size:
-            progress.base += f.size  # checked when it was renamed into this folder
+        if whole(file_in(final, f.path), f.size, sha) or whole(target, f.size, sha):
+            # In place already (a folder that lost another file), or linked by an earlier
+            # try of this fetch.
+            progress.base += f.size or 0
             continue
+        if (
+            f.size is not None
+            and not target.is_symlink()
+            and target.is_file()
+            and target.stat().st_size == f.size
+        ):
+            # A whole file an earlier try left in a ``.part`` folder from before the blobs
+            # (checked when it was renamed there).
+            got = sha or sha256_of(target)
+            adopt(target, got)
+            hashed[f.path] = got
+            progress.base += f.size or 0
+            continue
+        if sha and take(target, sha, f.size):
+            hashed[f.path] = sha
+            progress.base += f.size or 0
+            progress.at(progress.base, force=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
         headers: dict[str, str] = {}
         if token and _origin(f.url) == hub_origin:
             headers["Authorization"] = f"Bearer {token}"
         got = _get(f, part, headers, progress)
         _verify(f, part, fetch, got)
+        size = part.stat().st_size
+        with blobs_lock():
+            put_blob(part, got)
+            link_to_blob(target, got)
         hashed[f.path] = got
-        os.replace(part, target)
-        progress.base += target.stat().st_size
+        progress.base += size
         progress.at(progress.base, force=True)
     if final.exists():
         _merge(part_dir, final)
@@ -221,10 +296,11 @@ def _download(fetch: Fetch, state: registry.RepoState, final: Path) -> dict[str,
 
 
 def _merge(part_dir: Path, final: Path) -> None:
-    """Put a ``.part`` folder's files into a folder that exists already (a fetch of the same
-    commit that was done and then lost a file): each file renamed into place."""
+    """Put a ``.part`` folder's links into a folder that exists already (a fetch of the same
+    commit that was done and then lost a file): each renamed into place (at the same depth,
+    so a relative link still leads to its blob)."""
     for path in sorted(part_dir.rglob("*")):
-        if path.is_file():
+        if path.is_symlink() or path.is_file():
             dest = final / path.relative_to(part_dir)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, dest)

@@ -17,7 +17,16 @@ from django.utils import timezone
 
 from updates import registry
 from updates.mirror.download import run_fetch
-from updates.mirror.store import MirrorError, enabled, gb, mark, model_spec, pinned_revision, root
+from updates.mirror.store import (
+    MirrorError,
+    enabled,
+    gb,
+    intact,
+    mark,
+    model_spec,
+    pinned_revision,
+    root,
+)
 from updates.models import ACTIVE, Fetch, FetchState
 
 log = logging.getLogger(__name__)
@@ -141,7 +150,7 @@ def _just_done(model_name: str, source: str) -> Fetch | None:
         .order_by("-finished")
         .first()
     )
-    return recent if recent is not None and (root() / recent.folder).is_dir() else None
+    return recent if recent is not None and intact(recent) else None
 
 
 def _active(model_name: str, source: str, revision: str) -> Fetch | None:
@@ -156,7 +165,7 @@ def _done_at(model_name: str, source: str, revision: str) -> Fetch | None:
     for f in Fetch.objects.filter(model=model_name, source=source, state=FetchState.DONE).filter(
         models_q_commit_or_revision(revision)
     ):
-        if (root() / f.folder).is_dir():
+        if intact(f):
             return f
     return None
 
@@ -246,7 +255,8 @@ def latest_fetch(model_name: str) -> Fetch | None:
 
 def local_path(model_name: str, revision: str | None = None) -> Path | None:
     """Return the folder holding a model's files at ``revision`` (its pinned one for
-    None), or None when the mirror does not hold them (not fetched, failed, dropped)."""
+    None), or None when the mirror does not hold them whole (not fetched, failed, dropped,
+    a file lost or damaged: ``store.intact``)."""
     if revision is None:
         try:
             revision = pinned_revision(model_spec(model_name))
@@ -255,9 +265,8 @@ def local_path(model_name: str, revision: str | None = None) -> Path | None:
     q = Fetch.objects.filter(model=model_name, state=FetchState.DONE)
     q = q.filter(models_q_commit_or_revision(revision)) if revision else q
     for f in q.order_by("-finished", "-id"):
-        path = root() / f.folder
-        if path.is_dir():
-            return path
+        if intact(f):
+            return root() / f.folder
     return None
 
 
@@ -296,7 +305,7 @@ def manifest(model_name: str, *, enqueue: bool = True, by: str = "") -> Manifest
         .order_by("-finished", "-id")
         .first()
     )
-    if done is not None and (root() / done.folder).is_dir():
+    if done is not None and intact(done):
         return Manifest("done", done, list(done.files))
     if not enqueue and not revision:
         # Asked by a node that needs no weights to start (a sim engine): a model with no

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog import extensions, files, services
+from catalog import extensions, files, rules, services
 from catalog.choices import Surface
 from catalog.problems import Problem
 
@@ -80,8 +80,6 @@ class Command(BaseCommand):
         if problems or models is None:
             self._fail(problems)
         if action == "validate":
-            from catalog import rules
-
             problems = rules.check_catalog(models, services.environment())
             if problems:
                 self._fail(problems)
@@ -101,7 +99,6 @@ class Command(BaseCommand):
             )
         except services.Refused as exc:
             self._fail(exc.problems)
-        from catalog import rules
 
         for w in rules.catalog_warnings(models):
             self.stdout.write(f"warning: {w.line()}")

@@ -18,12 +18,20 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from catalog.choices import Surface
 from catalog.models import ChangeRecord
+from catalog.services import Actor, Refused
+from guard import policy as policy_rules
+from guard import services as guard_services
+from guard.models import GuardPolicy
+from guard.services import PolicyRefused
+from llmgw_admin import demo
 from llmgw_admin.demo import INIT_ACTOR as INIT
 from llmgw_core.roles import ADMIN, ROLES
 
@@ -37,12 +45,6 @@ class Command(BaseCommand):
         parser.add_argument("--admin-username", default="admin")
 
     def _guard(self) -> None:
-        from catalog.choices import Surface
-        from catalog.services import Actor
-        from guard import policy as policy_rules
-        from guard import services as guard_services
-        from guard.models import GuardPolicy
-
         if not GuardPolicy.objects.exists():
             guard_services.set_policy(
                 policy_rules.to_data(policy_rules.BASELINE), surface="cli", name=INIT
@@ -59,12 +61,6 @@ class Command(BaseCommand):
             self.stdout.write(f"init: {name} added to the catalog as the baseline judge")
 
     def _demo(self) -> None:
-        from django.conf import settings
-
-        from catalog.services import Refused
-        from guard.services import PolicyRefused
-        from llmgw_admin import demo
-
         nodes = settings.LLMGW_SIMULATE
         if not nodes or not demo.untouched():
             return

@@ -254,3 +254,32 @@ def test_a_store_that_cannot_be_read_in_time_is_a_clear_503(
             api.responses.retrieve(first.id)
     finally:
         hung.set()
+
+
+def test_a_response_not_there_on_a_slow_store_is_not_found_not_a_503(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load a read of the store can be slow: a previous_response_id the store has
+    said is not there stays "not found" when a later look cannot end within the bound,
+    rather than turning into 503 store_unavailable."""
+    api = client(served)
+    real_read = stored._read
+    reads: list[str] = []
+    loaded = threading.Event()
+
+    def read_then_slow(owner: str, rid: str) -> object:
+        reads.append(rid)
+        if len(reads) > 1:
+            loaded.wait(10)  # the database got slow after its first answer
+        return real_read(owner, rid)
+
+    monkeypatch.setattr(stored, "READ_WAIT", 1.5)
+    monkeypatch.setattr(stored, "_read", read_then_slow)
+    try:
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.responses.create(model="chat", input="x",
+                                 previous_response_id="resp_" + "0" * 24)  # fmt: skip
+    finally:
+        loaded.set()
+    assert caught.value.code == "previous_response_not_found"
+    assert len(reads) == 2  # it looked again for one another process might be writing

@@ -1,6 +1,6 @@
 """The console's page for API and join tokens: list, issue (the secret shown once), revoke.
 
-The API's rules (``llmgw_admin.api_views``, ``cluster.api.views``): admins only, for
+The API's rules (``llmgw_admin.api.views``, ``cluster.api.views``): admins only, for
 reading as for writing, since a token acts as a user or lets a machine join. Each
 issue and revoke is logged with who did it (``cluster.ClusterAction``, "through
 console"); secrets are never stored or logged, only their hashes.

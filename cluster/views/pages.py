@@ -1,7 +1,7 @@
 """The cluster's pages of one thing: a node's page and a replica's engine log; and the
 model page's Scale and Wake buttons (operators), which act on the cluster.
 
-The dashboard (``llmgw_admin.dashboard``) shows every node and model at once; these show
+The dashboard (``llmgw_admin.views.dashboard``) shows every node and model at once; these show
 one node whole (its cards and the replica holding each, the replicas it runs, its agent)
 and one replica's engine log as its agents last reported it (``cluster.nodepage``, which
 the API reads too). Each page asks again for its region every few seconds while it is

@@ -1,6 +1,6 @@
 """The cluster's console: the operators' actions on the live dashboard.
 
-The dashboard (``llmgw_admin.dashboard``) renders the same fragments
+The dashboard (``llmgw_admin.views.dashboard``) renders the same fragments
 (``templates/cluster/partials/``, ``cluster.live``) that the live consumer pushes; each
 action answers with its fragment, and every other open console gets it pushed. The actions are the API's (cluster.api.views): the same services,
 logged the same way, through "console".

@@ -1,0 +1,1 @@
+"""The wiring's own API: API tokens (``views``), under /api/v1/access/."""

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway")
 
 EVERY = 0.25  # seconds between passes while Redis answers
+GAP = 0.05  # the least between two passes (a change here brings the next one forward)
 PROBE_S = 1.0  # and while it does not
 ALIVE_S = 3  # a process's key lives this long past its last pass
 KEEP_S = 24 * 3600  # the shared hashes live this long past their last write
@@ -235,9 +236,7 @@ class Shared:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.admission.shared is self:
             self.admission.shared = None
-        self.breakers._listeners[:] = [
-            x for x in self.breakers._listeners if x != self._breaker_changed
-        ]
+        self.breakers.unlisten(self._breaker_changed)
         with contextlib.suppress(Exception):  # its key expires on its own
             await asyncio.wait_for(self._redis.delete(_process(self.name)), self.timeout)
         await self._redis.aclose()
@@ -325,6 +324,7 @@ class Shared:
                 await self.once()
             except Exception as exc:  # the pass's own bug: said, and the next pass goes on
                 log.exception("the gateway processes' shared state could not be read: %s", exc)
+            await asyncio.sleep(GAP)
 
     async def once(self) -> None:
         """One pass: written, read, taken up (Redis away: back once it answers)."""

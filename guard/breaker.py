@@ -184,6 +184,11 @@ class Breakers:
         if listener not in self._listeners:
             self._listeners.append(listener)
 
+    def unlisten(self, listener: Listener) -> None:
+        """Tell ``listener`` nothing more."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def admit(self, judge: str, lease: float) -> str:
         """Return ``ASK``, ``PROBE`` or ``SKIP`` for a check about to ask ``judge``."""
         with self._lock:

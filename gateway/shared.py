@@ -481,10 +481,16 @@ class Shared:
             if entry.get("by") == self.name or at <= self._gate_seen.get(model, 0.0):
                 continue
             self._gate_seen[model] = at
-            if limit is None and model not in self.admission.gates():
+            gate = self.admission.gates().get(model)
+            if limit is None and gate is None:
                 continue  # open, and nothing of it here: nothing to take up
-            self.admission.adopt(model, limit, now_mono - (now_wall - pressed),
-                                 now_mono - (now_wall - stepped))  # fmt: skip
+            pressed_here = now_mono - (now_wall - pressed)
+            if limit is not None and (gate is None or gate.limit is None):
+                if now_mono - pressed_here >= self.admission.window:
+                    continue  # a gate left closed long ago: over
+                log.warning("model %s is under pressure, as another gateway process found it: "
+                            "its lower bands get at most %d in flight", model, limit)  # fmt: skip
+            self.admission.adopt(model, limit, pressed_here, now_mono - (now_wall - stepped))
             self._published[model] = Gate(limit, now_mono - (now_wall - pressed))
 
     def _take_counts(self, model: str, live: list[bytes],

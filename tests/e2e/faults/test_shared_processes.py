@@ -21,15 +21,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.models import Assignment, Replica
 from gateway.models import Refusal
 from guard.models import JudgeBreaker
 from guard.services import set_policy
+from llmgw_core.models import ApiToken
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import FaultPlane, GatewayProcess, Load, sim_model
@@ -173,8 +177,21 @@ def test_a_judge_breaker_opened_in_one_gateway_is_open_in_the_other(
     assert not record.judged
 
 
+def unshared(plane: FaultPlane, token: str, kind: str) -> float:
+    """``llmgw_gateway_shared_local_total{kind}`` of this host's gateways (one folder)."""
+    got = httpx.get(plane.gateways[0].url + "/metrics", timeout=10,
+                    headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    assert got.status_code == 200, got.text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(got.text)
+        for s in family.samples
+        if s.name == "llmgw_gateway_shared_local_total" and s.labels.get("kind") == kind
+    )
+
+
 def test_with_redis_cut_both_gateways_serve_alone_and_share_again_after(
-    plane: FaultPlane, agents: Callable[..., Agent]
+    plane: FaultPlane, agents: Callable[..., Agent], viewer: Any
 ) -> None:
     plane.sim_cluster(agents, model="steady", replicas=2)
     key = plane.key("load")
@@ -200,6 +217,9 @@ def test_with_redis_cut_both_gateways_serve_alone_and_share_again_after(
             wait_for(lambda: said(first, back) and said(second, back), 30, "both shared again")
             load.wait_for_answers(10)
     assert load.failures == [] and load.since(cut), load.summary()
+    # Said in /metrics too: each gateway's ejection made alone.
+    _, token = ApiToken.issue(viewer, "prometheus")
+    assert unshared(plane, token, "ejection") >= 2
 
 
 @pytest.fixture
@@ -270,6 +290,8 @@ def test_a_lower_band_admitted_across_both_gateways_within_its_allowance_plus_on
         proxy.slow(1.5)
         assert streamed(first.url, high) == (200, "")
         proxy.heal()
+        heard = "model banded is under pressure, as another gateway process found it"
+        wait_for(lambda: said(second, heard), 5, "the second gateway to hear of it")
         # Bursts of low requests, half at each gateway, each burst more than twice the
         # allowance the last said, until one meets an allowance of 3 or more (it grows by
         # one a second while the band waits and the first tokens are fast).

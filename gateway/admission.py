@@ -210,6 +210,8 @@ class _Model:
     seconds: dict[int, list[int]] = field(default_factory=dict)
     # the last RECENT first tokens: (when, ms)
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    # Of them, the ones measured here (what gateway.shared tells the other processes).
+    mine: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     lower: int = 0  # lower bands in flight
     busy: int = 0  # every band in flight
     idle_since: float = 0.0  # when busy last fell to 0
@@ -300,6 +302,7 @@ class Admission:
             self._trim(m, second)
         hist[bucket(ttft * 1000)] += 1
         m.recent.append((now, ttft * 1000))
+        m.mine.append((now, ttft * 1000))
         self._wake(m)
 
     def _wake(self, m: _Model) -> None:
@@ -440,9 +443,9 @@ class Admission:
             self._wake(m)
 
     def recent(self, model: str) -> list[tuple[float, float]]:
-        """The model's last first-token times here: (when, on this clock; ms)."""
+        """The model's last first-token times measured here: (when, on this clock; ms)."""
         m = self._models.get(model)
-        return list(m.recent) if m is not None else []
+        return list(m.mine) if m is not None else []
 
     def heard_elsewhere(self, model: str, samples: list[tuple[float, float]]) -> None:
         """First-token times another gateway process measured of ``model`` (when, on this

@@ -212,3 +212,20 @@ async def test_the_counts_of_a_process_gone_are_dropped(sides: tuple[Side, Side]
     await _eventually(lambda: one.admission.state()[model]["others"] == 0, 5,
                       "two's counts dropped")  # fmt: skip
     assert (await one.admission.admit(model, "low", SLO_MS)).admit
+
+
+async def test_a_normal_request_waiting_in_one_process_goes_before_a_low_one_in_the_other(
+    sides: tuple[Side, Side],
+) -> None:
+    one, two = sides
+    model = _name()
+    _closed(sides, model, 1)
+    assert (await two.admission.admit(model, "low", SLO_MS)).admit  # the one room, taken
+    one.admission.queue = 3.0
+    waiting = asyncio.ensure_future(one.admission.admit(model, "normal", SLO_MS))
+    await _eventually(lambda: two.admission._models[model].others_waiting == {"normal": 1}, 2,
+                      "one's waiting normal request counted in two")  # fmt: skip
+    # Two's low request ends: the room is the waiting normal one's, not a new low one's.
+    two.admission.release(model, True)
+    assert not (await two.admission.admit(model, "low", SLO_MS)).admit
+    assert (await asyncio.wait_for(waiting, 5)).admit

@@ -15,8 +15,10 @@ This module is the HTTP server, its routes and the generation slots; beside it a
 ``simconfig`` (the configuration and the command line: ``python -m agent.sim --help``),
 ``simtext`` (the tokenizer, the synthetic text, max tokens and stop strings),
 ``simguard`` (the guard formats' templates, what a prompt asks to judge, the verdict),
-``simopenai`` (the OpenAI answer shapes, usage and logprobs), ``simhttp`` (reading a
-request, writing JSON and server-sent events), ``simweights`` (the ``--weights`` file).
+``simopenai`` (the OpenAI answer shapes, usage and logprobs), ``simnative`` (its own
+``/v1/responses`` and ``/v1/messages``, made of its chat completions as vLLM's are),
+``simhttp`` (reading a request, writing JSON and server-sent events), ``simweights`` (the
+``--weights`` file).
 
 Standard library only; no Django.
 """
@@ -35,7 +37,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agent import simchat, simweights
+from agent import simchat, simnative, simweights
 from agent.simcache import PrefixCache
 from agent.simconfig import MAX_LOGPROBS, SIM_VERSION, Config, parse_config
 from agent.simguard import (
@@ -63,7 +65,7 @@ from agent.simopenai import (
 )
 from agent.simtext import plan, synthetic_text, text_seed, token_id, tokenize
 
-Result = tuple[int, Any] | AsyncIterator[dict[str, Any]]
+Result = tuple[int, Any] | AsyncIterator[dict[str, Any]] | simnative.Typed
 # What answers without the key when one is set: health, as llama-server, vLLM and SGLang
 # answer it (the agent's readiness check, a load balancer's).
 _PUBLIC = frozenset({"/health", "/v1/health"})
@@ -107,6 +109,8 @@ class SimServer:
             "/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions),
             "/chat/completions": ("POST", self.chat_completions),
+            "/v1/responses": ("POST", self.responses),
+            "/v1/messages": ("POST", self.messages),
             "/v1/embeddings": ("POST", self.embeddings),
             "/v1/rerank": ("POST", self.rerank),
             "/rerank": ("POST", self.rerank),
@@ -117,7 +121,9 @@ class SimServer:
         # that went away (a gateway cancelling) stopped the generation.
         # Also the prompt tokens generation requests came with, and how many of them the
         # prefix cache held (agent.simcache): a replica's cache hits, for tests and benches.
-        self.stats = {"completed": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        # And the requests its own Responses and Messages routes served (agent.simnative).
+        self.stats = {"completed": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                      "responses": 0, "messages": 0}  # fmt: skip
         self.cache = PrefixCache(cfg.prefix_cache_tokens)
         self.generations = 0  # generation requests, for --fail-every
         self.weighted = 0  # generation requests, for the weights' error rate
@@ -163,6 +169,8 @@ class SimServer:
             result = (500, HttpError(500, f"internal error: {exc!r}", "server_error").body)
         if isinstance(result, tuple):
             await send_json(writer, result[0], result[1], request.keep_alive)
+        elif isinstance(result, simnative.Typed):
+            await send_stream(writer, result.events, request.keep_alive, typed=True)
         else:
             await send_stream(writer, result, request.keep_alive)
 
@@ -180,11 +188,12 @@ class SimServer:
         # llama-server answers these two while loading (models with a null meta).
         if handler not in (self.health, self.models) and self.loading():
             raise HttpError(503, "Loading model", "unavailable_error")
-        if self.cfg.fail_every and handler in (self.chat_completions, self.completions):
+        generating = (self.chat_completions, self.completions, self.responses, self.messages)
+        if self.cfg.fail_every and handler in generating:
             self.generations += 1
             if self.generations % self.cfg.fail_every == 0:
                 raise HttpError(500, "simulated engine failure (--fail-every)", "server_error")
-        if self.cfg.weights and handler in (self.chat_completions, self.completions):
+        if self.cfg.weights and handler in generating:
             self.weighted += 1
             if simweights.fails(self.cfg.weights, self.weighted):
                 raise HttpError(
@@ -360,7 +369,34 @@ class SimServer:
 
     async def chat_completions(self, request: Request) -> Result:
         """Answer ``/v1/chat/completions``."""
+        return await self.run(self.chat_job(request.json()), request.reader)
+
+    async def responses(self, request: Request) -> Result:
+        """Answer ``/v1/responses`` as vLLM does: the chat completion it means, written as
+        a response object or the API's events (agent.simnative; stateless)."""
         body = request.json()
+        result = await self.run(self.chat_job(simnative.responses_chat(body)), request.reader)
+        self.stats["responses"] += 1
+        if isinstance(result, tuple):
+            return result[0], simnative.response_object(body, result[1])
+        assert not isinstance(result, simnative.Typed)
+        return simnative.Typed(simnative.response_events(body, result))
+
+    async def messages(self, request: Request) -> Result:
+        """Answer ``/v1/messages`` as vLLM does: the chat completion it means, written as
+        a message or the API's events (agent.simnative)."""
+        body = request.json()
+        job = self.chat_job(simnative.messages_chat(body))
+        result = await self.run(job, request.reader)
+        self.stats["messages"] += 1
+        if isinstance(result, tuple):
+            return result[0], simnative.message_object(body, result[1])
+        assert not isinstance(result, simnative.Typed)
+        return simnative.Typed(simnative.message_events(body, job.prompt_tokens, job.cached,
+                                                        result))  # fmt: skip
+
+    def chat_job(self, body: dict[str, Any]) -> Job:
+        """A chat completion's job, its body checked."""
         prompt = self.render(body)
         top_n = None
         if body.get("logprobs"):
@@ -383,10 +419,9 @@ class SimServer:
             if echo is None and users and self.cfg.weights is not None:
                 echo = simweights.answer(self.cfg.weights, users[-1])
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        job = self.job(
+        return self.job(
             body, True, prompt, len(tokenize(prompt)), top_n, judged, max_tokens, echo, calls
         )
-        return await self.run(job, request.reader)
 
     def job(
         self,

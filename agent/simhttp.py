@@ -148,9 +148,14 @@ async def send_json(
 
 
 async def send_stream(
-    writer: asyncio.StreamWriter, events: AsyncIterator[dict[str, Any]], keep_alive: bool
+    writer: asyncio.StreamWriter,
+    events: AsyncIterator[dict[str, Any]],
+    keep_alive: bool,
+    typed: bool = False,
 ) -> None:
-    """Write server-sent events, each ``data: {json}``, then ``data: [DONE]``, chunked."""
+    """Write server-sent events, each ``data: {json}``, then ``data: [DONE]``, chunked;
+    ``typed``: each under an ``event: <type>`` line, and no ``[DONE]`` (the Responses and
+    Messages APIs' streams)."""
     extra = "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
     writer.write(_head(200, "text/event-stream; charset=utf-8", extra, keep_alive))
 
@@ -160,7 +165,9 @@ async def send_stream(
     async with contextlib.aclosing(events):
         async for event in events:
             data = "data: " + json.dumps(event, ensure_ascii=False) + "\n\n"
+            if typed:
+                data = f"event: {event['type']}\n" + data
             writer.write(chunk(data.encode("utf-8")))
             await writer.drain()
-    writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    writer.write((b"" if typed else chunk(b"data: [DONE]\n\n")) + b"0\r\n\r\n")
     await writer.drain()

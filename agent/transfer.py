@@ -7,7 +7,7 @@ bytes=<held>-``); a server that ignores the Range (200) sends the whole file aga
 that Range means all of it was held. A transfer that breaks (the connection lost, a read
 that times out, fewer bytes than the length) is resumed from what arrived, up to
 ``attempts`` times, then ``Broken`` says why with the bytes held; any other answer than the
-file is ``Refused`` with its HTTP status. The file's sha256 is computed as the bytes arrive,
+file is ``TransferRefused`` with its HTTP status. The file's sha256 is computed as the bytes arrive,
 on a thread of its own (``agent.sha``), so checking it costs no second pass.
 
 The request goes through ``urllib.request`` (the standard library): redirects followed
@@ -72,7 +72,7 @@ _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 PRIVATE = ("Authorization",)
 
 
-class Refused(Exception):
+class TransferRefused(Exception):
     """The server answered something other than the file: ``status`` is its HTTP status."""
 
     def __init__(self, url: str, status: int) -> None:
@@ -122,7 +122,7 @@ def receive(
     bounds the connecting and every read.
 
     Raises:
-        Refused: the server answered another status than 200, 206 (or 416 to a Range).
+        TransferRefused: the server answered another status than 200, 206 (or 416 to a Range).
         Broken: the transfer broke ``attempts`` times.
     """
     digest = BackgroundSha256()
@@ -160,7 +160,7 @@ def _fill(
                 if r.status == 416:
                     return digest.hexdigest()  # all of it was held already
                 if r.status not in (200, 206):
-                    raise Refused(url, r.status)
+                    raise TransferRefused(url, r.status)
                 if r.status == 200 and have:
                     # The server ignored the Range: start over.
                     have = 0
@@ -188,7 +188,7 @@ def _open(url: str, headers: dict[str, str], have: int, timeout_s: float) -> Any
     """Ask for the file from byte ``have``; return the answer (200, 206, or 416 to a Range).
 
     Raises:
-        Refused: any other status.
+        TransferRefused: any other status.
         _Lost: the server could not be reached, or broke off before answering.
     """
     request = urllib.request.Request(url, method="GET")
@@ -206,7 +206,7 @@ def _open(url: str, headers: dict[str, str], have: int, timeout_s: float) -> Any
         exc.close()
         if exc.code == 416 and have:
             return _Answered(416)
-        raise Refused(url, exc.code) from None
+        raise TransferRefused(url, exc.code) from None
     except urllib.error.URLError as exc:
         raise _Lost(f"{type(exc.reason).__name__}: {exc.reason}") from None
     except (OSError, http.client.HTTPException) as exc:

@@ -378,7 +378,7 @@ def receive(
             moved=moved,
             answered=on_answer,
         )
-    except transfer.Refused as exc:
+    except transfer.TransferRefused as exc:
         raise WeightsError(
             refused,
             retry=exc.status >= 500 or exc.status == 429,

@@ -11,8 +11,11 @@ both targets and cancels out. Phases, each printing its figures:
 1. latency at 100 req/s, open loop, requests to the engine directly and through the
    gateway interleaved one for one: p50 and p99 of each and the difference;
 2. the most requests a second each carries, closed loop with 64 connections; then the
-   same request as Anthropic's Messages and OpenAI's Responses (translated to chat
-   completions): latency at 100 req/s against the engine directly, and the most a second;
+   same request as Anthropic's Messages and OpenAI's Responses, sent natively to the
+   engine's own routes (model ``bench``: the mock answers them as vLLM does, the gateway
+   checks the request and normalizes the answer) and translated to its chat completions
+   (model ``bench-chat``, on the same engine, which ``LLMGW_GATEWAY_TRANSLATE_DIALECTS``
+   names): latency at 100 req/s against the engine directly, and the most a second;
 3. a stream of 2,000 events, directly and through the gateway: the time per event added;
 4. memory: the gateway's RSS before and after ``--requests`` requests;
 5. the guard on requests: a sim judge (no artificial latency) judging every request, at
@@ -60,13 +63,17 @@ import httpx  # noqa: E402
 from bench import webproc  # noqa: E402
 
 BODY = {"model": "bench", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-# The same request in the other dialects, translated to the engine's chat completions
-# (not stored: the store's write is off the request path, and not what is measured).
+# The same request in the other dialects, natively (model bench) and translated to the
+# engine's chat completions (model bench-chat), not stored: the store's write is off the
+# request path, and not what is measured.
 DIALECTS = {
-    "messages": ("/v1/messages", {"model": "bench", "max_tokens": 10,
-                                  "messages": [{"role": "user", "content": "hi"}]}),
-    "responses": ("/v1/responses", {"model": "bench", "max_output_tokens": 10, "input": "hi",
-                                    "store": False}),
+    f"{dialect} {way}": (path, {**body, "model": model})
+    for way, model in (("native", "bench"), ("translated", "bench-chat"))
+    for dialect, path, body in (
+        ("messages", "/v1/messages",
+         {"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}),
+        ("responses", "/v1/responses", {"max_output_tokens": 10, "input": "hi", "store": False}),
+    )
 }  # fmt: skip
 
 
@@ -207,7 +214,7 @@ def wait_http(url: str) -> None:
 def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     log = Path(f"/tmp/llmgw-bench-gateway-{port}.log").open("w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "gateway", "serve", "--port", str(port)],
+        [sys.executable, "manage.py", "gateway", "serve", "--port", str(port), "--workers", "1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{port}/v1/models")
@@ -230,12 +237,18 @@ async def measure(args: argparse.Namespace) -> None:
                                       cwd=ROOT, stdout=subprocess.DEVNULL))  # fmt: skip
         store({"name": "bench", "source": "sim/bench", "scaling": {"min": 1, "max": 1},
                "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
-        Replica.objects.create(model_name="bench", state="ready", profile="sim",
-                               endpoint=f"http://127.0.0.1:{engine_port}")  # fmt: skip
+        for model in ("bench", "bench-chat"):
+            if model != "bench":
+                store({"name": model, "source": f"sim/{model}", "scaling": {"min": 1, "max": 1},
+                       "profiles": [{"name": "sim", "engine": "sim",
+                                     "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+            Replica.objects.create(model_name=model, state="ready", profile="sim",
+                                   endpoint=f"http://127.0.0.1:{engine_port}")  # fmt: skip
         guard_services.set_policy({"directions": []}, surface="cli")
         _, secret = keys.create_key("bench")
         env = dict(os.environ, LLMGW_DATABASE_URL=webproc.database_url(name),
-                   DJANGO_SETTINGS_MODULE="llmgw_admin.settings")  # fmt: skip
+                   DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
+                   LLMGW_GATEWAY_TRANSLATE_DIALECTS="bench-chat")  # fmt: skip
         env.pop("LLMGW_REDIS_URL", None)
         if args.redis:
             env["LLMGW_REDIS_URL"] = args.redis

@@ -4,7 +4,8 @@
 
 ``POST /v1/chat/completions`` answers a fixed completion; with ``"stream": true`` it
 streams ``events`` chunks (the body's ``max_tokens``, default 10), then usage and
-``[DONE]``. HTTP/1.1 keep-alive, uvloop, an asyncio Protocol: no framework, so what the
+``[DONE]``. ``POST /v1/responses`` and ``/v1/messages`` answer a fixed response object
+and message whole, as an engine serving those APIs natively does (vLLM). HTTP/1.1 keep-alive, uvloop, an asyncio Protocol: no framework, so what the
 benchmark measures is the gateway, not this.
 """
 
@@ -31,6 +32,30 @@ END = (
     b'data: {"id":"mock","object":"chat.completion.chunk","created":1,"model":"bench","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n\n'
     b"data: [DONE]\n\n"
 )
+
+
+def _whole(value: dict) -> bytes:
+    data = json.dumps(value).encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(data) + data)  # fmt: skip
+
+
+NATIVE = {
+    b"/v1/responses": _whole({
+        "id": "resp_mock", "object": "response", "created_at": 1, "status": "completed",
+        "model": "bench", "output": [{"type": "message", "id": "msg_mock", "role": "assistant",
+                                      "status": "completed",
+                                      "content": [{"type": "output_text", "text": "ok"}]}],
+        "usage": {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": 1, "total_tokens": 6},
+    }),
+    b"/v1/messages": _whole({
+        "id": "msg_mock", "type": "message", "role": "assistant", "model": "bench",
+        "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 1,
+                                         "cache_read_input_tokens": 0},
+    }),
+}  # fmt: skip
 MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
 
 
@@ -58,7 +83,10 @@ class Engine(asyncio.Protocol):
                 return
             body = self.buf[end + 4 : end + 4 + length]
             self.buf = self.buf[end + 4 + length :]
-            if b'"stream": true' in body or b'"stream":true' in body:
+            native = NATIVE.get(head.split(b" ", 2)[1])
+            if native is not None:
+                self.transport.write(native)
+            elif b'"stream": true' in body or b'"stream":true' in body:
                 found = MAX_TOKENS.search(body)
                 events = int(found.group(1)) if found else 10
                 out = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"

@@ -220,11 +220,11 @@ class ServedModelAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-a
         return actions
 
     fieldsets = (
-        (None, {"fields": ("name", "description", "source", "trust_remote_code", "role",
-                           "capacity_class", "owner")}),
+        (None, {"fields": ("name", "description", "source", "trust_remote_code", "residency",
+                           "role", "capacity_class", "owner")}),
         ("scaling", {"fields": ("scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm")}),
         ("serving", {"fields": (
-            "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "fallbacks", "overflow", "max_loaded_adapters", "context_length", "max_output",
             "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
             "capabilities_rerank",

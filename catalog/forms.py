@@ -151,6 +151,8 @@ def _keep_value(form: forms.BaseForm, name: str) -> None:
 
 ROLE_CHOICES = [("", "serve (answers requests)"), (rules.ROLE_GUARD, "guard (a judge)")]
 CLASS_CHOICES = [("", "unset")] + [(c, c) for c in rules.CLASSES]
+RESIDENCY_CHOICES = [("", "may cross to a federated peer"),
+                     (rules.RESIDENCY_LOCAL, "local (never to a federated peer)")]  # fmt: skip
 ENGINE_CHOICES = [("", "choose…")] + [(e, e) for e in ENGINES]
 
 
@@ -223,9 +225,9 @@ class ServedModelForm(BlankNumbersAreZero):
         fields = (
             "name", "description", "source",
             "scaling_min", "scaling_max", "scaling_idle_timeout", "scaling_prewarm",
-            "capacity_class", "owner", "role", "trust_remote_code", "guard_format",
+            "capacity_class", "owner", "role", "trust_remote_code", "residency", "guard_format",
             "guard_categories",
-            "fallbacks", "max_loaded_adapters", "context_length", "max_output",
+            "fallbacks", "overflow", "max_loaded_adapters", "context_length", "max_output",
             "cached_token_weight",
             "capabilities_tools", "capabilities_vision", "capabilities_embeddings",
             "capabilities_rerank",
@@ -241,6 +243,7 @@ class ServedModelForm(BlankNumbersAreZero):
             "description": forms.Textarea(attrs={"rows": 2}),
             "capacity_class": _select(CLASS_CHOICES),
             "role": _select(ROLE_CHOICES),
+            "residency": _select(RESIDENCY_CHOICES),
             "guard_format": _suggest(rules.GUARD_FORMATS),
         }
 
@@ -256,7 +259,7 @@ class ServedModelForm(BlankNumbersAreZero):
         for name in ("name", "source"):
             if name in self.fields:
                 self.fields[name].required = False
-        for name in ("capacity_class", "role"):
+        for name in ("capacity_class", "role", "residency"):
             _keep_value(self, name)
 
 

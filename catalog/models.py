@@ -56,7 +56,17 @@ class ServedModel(models.Model):
             "change to those files counts as an update."
         ),
     )
+    residency = models.CharField(
+        _("residency"), max_length=20, blank=True,
+        help_text=_("local: never offered to a federated peer's key nor sent to a peer "
+                    "(docs/federation.md); empty: no such limit"),
+    )  # fmt: skip
     fallbacks = models.JSONField(default=list, blank=True)
+    overflow = models.CharField(
+        _("overflow"), max_length=200, blank=True,
+        help_text=_("a model (or alias) a lower band's request goes to while admission holds "
+                    "that band back for this one (its TTFT p99 past its slo), instead of 429"),
+    )  # fmt: skip
     canary_model = models.CharField("canary.model", max_length=200, blank=True)
     canary_percent = models.IntegerField("canary.percent", default=0)
     canary_min_requests = models.IntegerField("canary.min_requests", default=0)

@@ -20,12 +20,12 @@ from catalog import convert, rules, services, spec
 from catalog.forms import FORMSETS, ScheduleForm, check_bundle
 from catalog.models import ServedModel
 from catalog.views import (
-    _stored,
-    _template,
-    _touched,
     check_answer,
     file_key,
+    partial_template,
     save_bundle,
+    stored_model,
+    touched_fields,
     week_context,
 )
 from llmgw_core.htmx import HtmxHttpRequest
@@ -86,7 +86,7 @@ def servedmodel_schedule(request: HtmxHttpRequest, name: str) -> HttpResponse:
     On any problem the editor comes back (status 200) with every error at its field and
     nothing saved; saved, the browser goes to the model's page.
     """
-    obj = _stored(name)
+    obj = stored_model(name)
     data = request.POST if request.method == "POST" else None
     form, formsets = _bundle(data, obj)
     if data is not None:
@@ -97,7 +97,7 @@ def servedmodel_schedule(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if data is not None:
         context["status"] = check_answer(form, formsets, {"*"})["status"]
     return render(
-        request, _template(request, "catalog/servedmodel_schedule.html", "editor"), context
+        request, partial_template(request, "catalog/servedmodel_schedule.html", "editor"), context
     )
 
 
@@ -118,7 +118,7 @@ def servedmodel_schedule_check(request: HtmxHttpRequest, name: str) -> HttpRespo
     form, formsets = _bundle(request.POST, obj)
     check_bundle(form, formsets, name)
     context = {
-        **check_answer(form, formsets, _touched(request)),
+        **check_answer(form, formsets, touched_fields(request)),
         **draft_week(obj, form, formsets),
         "obj": obj,
         "oob": True,

@@ -504,7 +504,8 @@ def set_measured(name: str, profile: str, weight: float, capacity: int, actor: A
 
 
 def reference_specs() -> list[spec.Model]:
-    """Return every model with only what names other models: aliases, fallbacks, canary.
+    """Return every model with only what names other models: aliases, fallbacks, canary,
+    overflow.
 
     Two queries whatever the catalog's size, and enough for ``rules.Catalog.dependents``:
     a model's page asks it on every view.
@@ -515,8 +516,8 @@ def reference_specs() -> list[spec.Model]:
     ):
         aliases.setdefault(model_id, []).append(alias)
     out = []
-    for pk, name, fallbacks, canary in ServedModel.objects.values_list(
-        "pk", "name", "fallbacks", "canary_model"
+    for pk, name, fallbacks, canary, overflow in ServedModel.objects.values_list(
+        "pk", "name", "fallbacks", "canary_model", "overflow"
     ):
         out.append(
             spec.Model(
@@ -524,13 +525,14 @@ def reference_specs() -> list[spec.Model]:
                 aliases=aliases.get(pk, []),
                 fallbacks=list(fallbacks or []),
                 canary=spec.Canary(model=canary) if canary else None,
+                overflow=overflow,
             )
         )
     return out
 
 
 def delete_blockers(name: str) -> list[tuple[str, str]]:
-    """Return (model, how) for each model whose fallbacks or canary name this one."""
+    """Return (model, how) for each model whose fallbacks, canary or overflow name this one."""
     return rules.Catalog(reference_specs()).dependents(name)
 
 
@@ -581,7 +583,9 @@ def _import_problems(
         ref = _reference(models[i], p)
         target = gone.resolve(ref) if ref else None
         if target is not None:
-            what = "fallback" if p.code == "unknown_fallback" else "canary"
+            what = {"unknown_fallback": "fallback", "unknown_overflow": "overflow"}.get(
+                p.code, "canary"
+            )
             named = f'"{ref}"' if ref == target.name else f'"{ref}" (an alias of "{target.name}")'
             message = (
                 f"{what} {named} is removed by --replace, as the file does not list "
@@ -597,6 +601,8 @@ def _reference(m: spec.Model, p: Problem) -> str:
         return m.fallbacks[p.path[1]]
     if p.code == "unknown_canary" and m.canary is not None:
         return m.canary.model
+    if p.code == "unknown_overflow":
+        return m.overflow
     return ""
 
 

@@ -179,7 +179,14 @@ class Model:
     adapters: list[Adapter] = field(default_factory=list)
     max_loaded_adapters: int = 0
     trust_remote_code: bool = False
+    # "local": the model never crosses to a federated cluster (docs/federation.md): never
+    # listed to nor reached by a peer's key, never sent on to a peer by a fallback,
+    # canary or overflow. "" (the default): no such limit.
+    residency: str = ""
     fallbacks: list[str] = field(default_factory=list)
+    # The model (or alias) a request of a lower band goes to while admission holds that
+    # band back for this model (its TTFT p99 past its slo), instead of waiting and 429.
+    overflow: str = ""
     canary: Canary | None = None
     eval: EvalGate | None = None
     routing_profile: str = ""

@@ -52,7 +52,16 @@ from llmgw_core.roles import OPERATOR, VIEWER, role_required
 SECTIONS: list[tuple[str, list[str], str | None]] = [
     (
         "Model",
-        ["name", "source", "trust_remote_code", "description", "role", "capacity_class", "owner"],
+        [
+            "name",
+            "source",
+            "trust_remote_code",
+            "residency",
+            "description",
+            "role",
+            "capacity_class",
+            "owner",
+        ],  # fmt: skip
         None,
     ),
     ("Aliases", [], "aliases"),
@@ -66,6 +75,7 @@ SECTIONS: list[tuple[str, list[str], str | None]] = [
         "Serving",
         [
             "fallbacks",
+            "overflow",
             "context_length",
             "max_output",
             "cached_token_weight",
@@ -273,7 +283,7 @@ def profile_table(profiles: list[spec.Profile]) -> list[tuple[str, list[tuple[st
 # Pages
 
 
-def _template(request: HtmxHttpRequest, name: str, partial: str) -> str:
+def partial_template(request: HtmxHttpRequest, name: str, partial: str) -> str:
     """Return the page's template, or its named partial when htmx asks for a fragment.
 
     Restoring history that htmx no longer has cached asks for the whole page (htmx puts
@@ -331,7 +341,9 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
         "gpu_class_options": gpu_classes,
         "filtered": any(values.values()),
     }
-    return render(request, _template(request, "catalog/servedmodel_list.html", "table"), context)
+    return render(
+        request, partial_template(request, "catalog/servedmodel_list.html", "table"), context
+    )
 
 
 def listed(params: Mapping[str, Any]) -> ServedModelFilterSet:
@@ -346,7 +358,7 @@ def listed_names(params: Mapping[str, Any]) -> set[str]:
     return set(listed(params).qs.values_list("name", flat=True))
 
 
-def _stored(name: str) -> ServedModel:
+def stored_model(name: str) -> ServedModel:
     """Return a stored model with its rows prefetched, or raise Http404."""
     obj = services.stored_queryset().filter(name=name).first()
     if obj is None:
@@ -363,7 +375,8 @@ def _detail_context(
     """Return what the model's page shows: the model, what is derived, depends, the log."""
     m = obj.to_spec()
     # Fallbacks, a canary and a judge may name an alias: links go to the model it means.
-    refs = [*m.fallbacks, m.canary.model if m.canary else "", m.eval.judge if m.eval else ""]
+    refs = [*m.fallbacks, m.canary.model if m.canary else "", m.eval.judge if m.eval else "",
+            m.overflow]  # fmt: skip
     alias_of = dict(
         Alias.objects.filter(name__in=[r for r in refs if r]).values_list("name", "model__name")
     )
@@ -411,6 +424,7 @@ def _detail_context(
         },
         **week_context(m.scaling),
         "fallbacks": fallbacks,
+        "overflow": alias_of.get(m.overflow, m.overflow),
         "canary": canary,
         "judge": alias_of.get(m.eval.judge, m.eval.judge) if m.eval else "",
         "depended_on_by": services.delete_blockers(obj.name),
@@ -425,10 +439,10 @@ def _detail_context(
 @require_GET
 def servedmodel_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Show everything about one model, its week schedule and its change log."""
-    obj = _stored(name)
+    obj = stored_model(name)
     return render(
         request,
-        _template(request, "catalog/servedmodel_detail.html", "content"),
+        partial_template(request, "catalog/servedmodel_detail.html", "content"),
         _detail_context(obj),
     )
 
@@ -501,7 +515,9 @@ def _form_page(
         if saved is not None:
             return saved
     context = _form_context(form, formsets, replacing, "*" if data is not None else "")
-    return render(request, _template(request, "catalog/servedmodel_form.html", "form"), context)
+    return render(
+        request, partial_template(request, "catalog/servedmodel_form.html", "form"), context
+    )
 
 
 def save_bundle(
@@ -546,7 +562,7 @@ def servedmodel_add(request: HtmxHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def servedmodel_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Show the form for a stored model, and save it in the model's place."""
-    return _form_page(request, _stored(name), name)
+    return _form_page(request, stored_model(name), name)
 
 
 def _error_slots(form: ServedModelForm, formsets: Mapping[str, OrderedInlineFormSet]) -> list[str]:
@@ -598,7 +614,7 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
     together (one rule ties them), and each profile's class note comes back too.
     """
     replacing = request.POST.get("_replacing") or None
-    touched = _with_width(_touched(request))
+    touched = _with_width(touched_fields(request))
     instance = ServedModel()
     if replacing is not None:
         found = ServedModel.objects.filter(name=replacing).first()
@@ -622,7 +638,7 @@ def servedmodel_validate(request: HtmxHttpRequest) -> HttpResponse:
 _PAIRED = {"min": "max", "max": "min", "scaling_min": "scaling_max", "scaling_max": "scaling_min"}
 
 
-def _touched(request: HtmxHttpRequest) -> set[str]:
+def touched_fields(request: HtmxHttpRequest) -> set[str]:
     """Return the names in the form's ``_touched`` (``*``: every field), with the other
     of each min and max pair (the model's, a window's)."""
     touched = {t for t in request.POST.get("_touched", "").split(",") if t}
@@ -758,7 +774,7 @@ def changerecord_revert(request: HtmxHttpRequest, name: str, pk: int) -> HttpRes
                 "catalog/servedmodel_detail.html#revert-problems",
                 {"revert_problems": exc.problems},
             )
-        context = _detail_context(_stored(name), revert_problems=exc.problems, revert_pk=pk)
+        context = _detail_context(stored_model(name), revert_problems=exc.problems, revert_pk=pk)
         return render(request, "catalog/servedmodel_detail.html", context)
     now = services.stored_queryset().filter(name=done.model_name).first()
     if now is None:

@@ -103,7 +103,7 @@ class Outcome:
                 f"TTFT p99 {self.limits.ttft * 1000:.0f} ms (replica #{self.replica})")  # fmt: skip
 
 
-def _replica(model: str, profile: str | None) -> Replica:
+def ready_replica(model: str, profile: str | None) -> Replica:
     ready = Replica.objects.filter(model_name=model, desired=True, state=ReplicaState.READY)
     ready = ready.exclude(endpoint="").order_by("id")
     chosen = ready.filter(profile=profile).first() if profile else ready.first()
@@ -263,7 +263,7 @@ def measure(
     if m.role == "guard":
         raise BenchError(f"model {model} is a judge (role guard): the gateway serves judges to "
                          "no client, so the bench cannot drive one through it")  # fmt: skip
-    replica = _replica(model, profile)
+    replica = ready_replica(model, profile)
     if _pinned_keys is None:
         raise BenchError("no gateway to drive the replica through: the gateway app is not "
                          "installed (INSTALLED_APPS)")  # fmt: skip

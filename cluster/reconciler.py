@@ -41,7 +41,7 @@ from django.utils import timezone
 from catalog import rules
 from catalog.durations import SECOND
 from catalog.models import ChangeRecord, ServedModel
-from catalog.services import stored_specs
+from catalog.services import CHILD_MODELS, stored_specs
 from cluster import load, marks, placement, plan, replace, scaling, services, silence, tenancy, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
@@ -113,7 +113,7 @@ def tick(now: datetime | None = None) -> TickResult:
         # (the guard: a known judge its policy names, guard.signals).
         reconcile_tick.send(sender=tick, now=now)
         # The catalog is read once a tick; both steps work from the same view of it.
-        specs = {m.name: rules.normalize(m) for m in stored_specs()}
+        specs = catalog_specs()
         with transaction.atomic():
             services.end_drains(now)
             wants = _scale(now, specs, result)
@@ -125,7 +125,73 @@ def tick(now: datetime | None = None) -> TickResult:
         return result
 
 
-def _release(assignments: list[Assignment], reason: str) -> None:
+@dataclass
+class _Catalog:
+    """The stored catalog as the reconciler reads it, for one fingerprint of its rows."""
+
+    version: tuple[Any, ...]
+    specs: dict[str, Any]
+    # Each model's profiles in placement's view, converted when first asked for.
+    profiles: dict[str, tuple[placement.PlacementProfile, ...]] = field(default_factory=dict)
+
+
+_catalog: _Catalog | None = None
+
+
+def catalog_version() -> tuple[Any, ...] | None:
+    """Return a fingerprint of every stored catalog row, or None where none is taken.
+
+    On PostgreSQL, one query: an md5 of each catalog table's rows as text, in id order,
+    so any change to a model or its profiles, windows, adapters, aliases or origin files
+    (however written) changes it. Elsewhere (the embedded mode's SQLite) None: the
+    catalog is read afresh each tick.
+    """
+    if connection.vendor != "postgresql":
+        return None
+    tables = [ServedModel._meta.db_table, *(m._meta.db_table for m in CHILD_MODELS.values())]
+    sql = "SELECT " + ", ".join(
+        f"(SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) "
+        f"FROM {connection.ops.quote_name(table)} t)"
+        for table in tables
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql)
+        return tuple(cur.fetchone())
+
+
+def catalog_specs() -> dict[str, Any]:
+    """Return the stored catalog's models by name, normalized, in catalog order.
+
+    Converting 2,000 models' rows to specs and normalizing them takes most of half a
+    second; a tick whose catalog is unchanged (``catalog_version``) reuses the last
+    tick's, and the placement profiles converted from them. The specs are read, never
+    changed, by a tick.
+    """
+    global _catalog
+    version = catalog_version()
+    kept = _catalog
+    if version is not None and kept is not None and kept.version == version:
+        return dict(kept.specs)
+    # Read after the fingerprint: a change between the two is newer than the
+    # fingerprint, which the next tick sees differ.
+    specs = {m.name: rules.normalize(m) for m in stored_specs()}
+    _catalog = _Catalog(version, specs) if version is not None else None
+    return dict(specs)
+
+
+def profiles_of(m: Any) -> tuple[placement.PlacementProfile, ...]:
+    """Return a catalog model's profiles in placement's view (kept with the catalog's
+    specs while they are the ones ``catalog_specs`` gave)."""
+    kept = _catalog
+    if kept is None or kept.specs.get(m.name) is not m:
+        return tuple(placement.profiles_from_spec(m))
+    found = kept.profiles.get(m.name)
+    if found is None:
+        found = kept.profiles[m.name] = tuple(placement.profiles_from_spec(m))
+    return found
+
+
+def release_assignments(assignments: list[Assignment], reason: str) -> None:
     """Take replicas off their nodes: desired ones wait to be placed again.
 
     Each is placed again at a higher generation: its engine may still run where it was
@@ -187,7 +253,7 @@ def _mark_lost(now: datetime, result: TickResult) -> None:
         held = list(Assignment.objects.filter(node=node))
         # Every rank of a multi-node replica goes: one lost rank breaks the replica.
         whole = list(Assignment.objects.filter(replica_id__in={a.replica_id for a in held}))
-        _release(whole, f"node {node.name} lost: placing it elsewhere")
+        release_assignments(whole, f"node {node.name} lost: placing it elsewhere")
         services.bump_desired(a.node_id for a in whole)
         result.lost.append(node.name)
 
@@ -485,7 +551,7 @@ def _requests(
         m = specs.get(r.model_name)
         if not r.assignments.all() and r.desired and m is not None:
             if m.name not in profiles:
-                profiles[m.name] = tuple(placement.profiles_from_spec(m))
+                profiles[m.name] = profiles_of(m)
             # A model's first replica ranks above another model's second, within a class.
             n = placed_count[m.name]
             placed_count[m.name] += 1
@@ -519,7 +585,7 @@ def _plan_placement(
     patient = [q.key for q in requests if by_pk[int(q.key)].replaces_id in draining]
     for name in ready if patient else ():
         if name not in profiles and name in specs:
-            profiles[name] = tuple(placement.profiles_from_spec(specs[name]))
+            profiles[name] = profiles_of(specs[name])
     result_plan, held = placement.place_sparing(
         snap.p_nodes, snap.domains, snap.running, requests, ready, patient, profiles,
         quotas=tenancy.book(specs),  # each owner's quotas (cluster.quotas)
@@ -536,7 +602,7 @@ def _evict(result_plan: placement.Plan, result: TickResult) -> set[int]:
     for e in result_plan.evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
         bumped |= {a.node_id for a in victims}
-        _release(victims, e.reason)
+        release_assignments(victims, e.reason)
         Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
         events.changed(replicas=[int(e.running_id)])
     result.evicted.extend(int(e.running_id) for e in result_plan.evictions)
@@ -611,9 +677,7 @@ def _make_room(
         new = by_pk[rid]
         others = [x for x in snap.running if x.id != new.replaces_id and x.id not in evicted]
         m = specs[new.model_name]
-        alone = placement.Request(
-            str(rid), m.name, tuple(placement.profiles_from_spec(m)), ranks.get(m.name, 1)
-        )
+        alone = placement.Request(str(rid), m.name, profiles_of(m), ranks.get(m.name, 1))
         trial = placement.place(snap.p_nodes, snap.domains, others + taken, [alone])
         if trial.placed and not trial.evictions:
             blocked.append(rid)

@@ -23,6 +23,7 @@ from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
 from cluster.models import Assignment, FacilityBudget, Node, Replica
 from llmgw_core import events
+from llmgw_core.refused import Refused
 
 
 @dataclass
@@ -103,7 +104,7 @@ def running_of(pl: placement.Placement, rank: int) -> placement.Running:
     return placement.Running(pl.key, pl.model, pl.profile, rank, pl.assignments, pl.source)
 
 
-class DrainRefused(Exception):
+class DrainRefused(Refused):
     """A drain that would leave models with no ready replica; ``models`` names them."""
 
     status = 409
@@ -310,12 +311,12 @@ def _replace_elsewhere(
 
 def _evict(evictions: list[placement.Eviction], node: str) -> None:
     """Evict now what a forced drain's replacements need: their room frees for them."""
-    from cluster.reconciler import _release
+    from cluster.reconciler import release_assignments
     from cluster.services import bump_desired
 
     for e in evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
-        _release(
+        release_assignments(
             victims,
             f"evicted for the replacement of a replica on drained node {node} (forced "
             f"drain): {e.model} has no ready replica until room returns",

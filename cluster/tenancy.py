@@ -13,9 +13,10 @@ from django.db import transaction
 
 from cluster import quotas
 from cluster.models import Assignment, Card, Quota, Replica
+from llmgw_core.refused import Refused
 
 
-class QuotaRefused(ValueError):
+class QuotaRefused(Refused, ValueError):
     """A quota not written: ``errors`` by field, nothing changed."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:

@@ -3,7 +3,9 @@
 A whole answer is read to its end (bounded), made OpenAI's shape when it is an engine's
 error, judged whole when the policy judges answers, and sent. A stream is framed as
 server-sent events and relayed as they come; under a guard that judges answers it is
-held in windows (``gateway.holdback``) and only judged text leaves. Before the first
+held in windows (``gateway.holdback``) and only judged text leaves. An engine's own
+Responses or Messages answer is first read into the chat answer or chunks it means
+(``gateway.dialect``, ``gateway.path.dialects.native``), so both are judged alike. Before the first
 byte reaches the client a failure raises ``Retry`` (another replica may answer); after
 it the stream ends with an error event and ``[DONE]``.
 
@@ -23,6 +25,7 @@ from gateway import errors, sse
 from gateway.dialect import usage_counted
 from gateway.guarding import GuardRefused, filtered_end, held_text
 from gateway.holdback import Holdback
+from gateway.path.dialects.native import NativeError
 from llmgw_core.upstream import BROKEN, TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
@@ -56,6 +59,10 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
     raw = await resp.read(gateway.options.max_answer)
     cycle.engine_token()  # the engine's answer is here; the client's when it is sent
     status = resp.status
+    if status == 200 and cycle.dialect is not None and cycle.dialect.native is not None:
+        # An engine's own dialect answer, read as the chat answer it means: judged and
+        # written back as every answer is (gateway.path.dialects.native).
+        raw = cycle.dialect.native_whole(raw)
     content_type = resp.header(b"content-type") or b"application/json"
     if status >= 400:
         # The engine's own shape of error (FastAPI's detail, a numeric code, text),
@@ -96,6 +103,8 @@ class Stream:
         assert cycle.req is not None
         self.req = cycle.req
         self.strip_usage = not self.req.include_usage
+        # The reader of an engine's own dialect stream (None: chat chunks as they come).
+        self.native = cycle.dialect.native if cycle.dialect is not None else None
         self.ended = False  # [DONE] came
         self.seen = False  # the first token (not a chunk with only the role)
         # What came before the first token (the role) waits for it: until a byte has
@@ -119,6 +128,9 @@ class Stream:
                         )
                     out = self.hold.releasable()
                 await self._forward(out)
+            if self.native is not None and not self.native.ended:
+                # A native stream that stopped short of its ending event broke.
+                raise UpstreamError(BROKEN, "the engine's stream ended before its answer did")
             await self._finish()
             return True
         except GuardRefused as refused:
@@ -158,7 +170,6 @@ class Stream:
     def _events(self, data: bytes) -> list[bytes]:
         """The events in ``data``, as the client may have them (held, under a guard)."""
         out: list[bytes] = []
-        cycle = self.cycle
         for event in self.framer.feed(data):
             payload = sse.data_of(event)
             if payload is None:
@@ -166,22 +177,39 @@ class Stream:
             if payload == sse.DONE:
                 self.ended = True
                 break
-            if not self.seen:
-                self.seen = carries_token(payload)
-                if self.seen:
-                    cycle.engine_token()
-            if b'"usage":{' in payload or b'"usage": {' in payload:
-                usage_from(payload, cycle)
-            if self.strip_usage and b'"usage"' in payload:
-                payload = without_usage(payload)
-                if payload is None:
-                    continue
-            chunk_bytes = b"data: " + payload + b"\n\n"
-            if self.hold is None:
-                out.append(chunk_bytes)
-            else:
-                self.hold.add(chunk_bytes, held_text(payload), self.loop.time())
+            if self.native is None:
+                self._chunk(payload, out)
+                continue
+            try:
+                chunks = self.cycle.dialect.native_events(payload)  # type: ignore[union-attr]
+            except NativeError as error:
+                raise UpstreamError(BROKEN, f"the engine's answer failed: {error}") from None
+            for chunk in chunks:
+                self._chunk(chunk, out)
+            if self.native.ended:
+                self.ended = True
+                break
         return out
+
+    def _chunk(self, payload: bytes, out: list[bytes]) -> None:
+        """One chat chunk: kept in ``out`` to be sent, or held under the guard."""
+        cycle = self.cycle
+        if not self.seen:
+            self.seen = carries_token(payload)
+            if self.seen:
+                cycle.engine_token()
+        if b'"usage":{' in payload or b'"usage": {' in payload:
+            usage_from(payload, cycle)
+        if self.strip_usage and b'"usage"' in payload:
+            stripped = without_usage(payload)
+            if stripped is None:
+                return
+            payload = stripped
+        chunk_bytes = b"data: " + payload + b"\n\n"
+        if self.hold is None:
+            out.append(chunk_bytes)
+        else:
+            self.hold.add(chunk_bytes, held_text(payload), self.loop.time())
 
     async def _forward(self, out: list[bytes]) -> None:
         """Send ``out``, or keep it with what came before the first token."""

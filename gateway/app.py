@@ -7,7 +7,9 @@ kept-alive connections (``llmgw_core.upstream``); nothing on its path queries th
 database. The order of a request's life:
 
 1. The client key (``Authorization: Bearer llmgw-ck-…``): 401 when unknown, revoked or
-   expired.
+   expired. A peer's key (owner ``peer:NAME``), or any key on a request that came through
+   another llmgw cluster (``x-llmgw-via``), never names nor reaches a ``residency: local``
+   model or one learned from a peer (``gateway.table.crosses``).
 2. The body: 400 naming the field OpenAI's way when unreadable.
 3. The name: a model, alias or adapter the key may name, else 404 ``model_not_found``
    (guard models for every key; external models unless the key lists them).
@@ -16,7 +18,8 @@ database. The order of a request's life:
    they cannot say); embeddings only from a model that has them. Then admission by the
    key's band (``gateway.admission``): while the model's TTFT p99 is past its ``slo``, a
    lower band past its allowance in flight waits briefly, then 429 with ``Retry-After``
-   and ``x-should-retry``.
+   and ``x-should-retry``; a model that names an ``overflow`` the key may reach sends
+   such a request there at once instead (admitted by that model's own slo).
 5. The key's budgets: 429 with ``Retry-After``.
 6. A replica: the canary's share to the candidate, else the model's ready replicas by
    its routing profile (``gateway.balance``); with none ready the demand is recorded
@@ -55,6 +58,7 @@ list in ``gateway.assembly``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -63,7 +67,17 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import admission, cacheshare, errors, listing, reranking, sizing, speaking, sse
+from gateway import (
+    admission,
+    cacheshare,
+    errors,
+    federation,
+    listing,
+    reranking,
+    sizing,
+    speaking,
+    sse,
+)
 from gateway import body as bodies
 from gateway import dialect as dialects
 from gateway.adapters import Placer
@@ -94,7 +108,7 @@ from gateway.path.dialects import sessions
 from gateway.path.dialects.common import DialectError
 from gateway.routing import Routing
 from gateway.state import State
-from gateway.table import Key, Table
+from gateway.table import Entry, Key, Table
 from llmgw_core.upstream import Upstream
 
 log = logging.getLogger("gateway")
@@ -249,6 +263,10 @@ class Gateway:
         )
         cycle.session_header = header(scope, sessions.HEADER.encode())
         key = cycle.key = await self._key_now(scope, table)
+        if not key.peer and header(scope, federation.VIA.encode()):
+            # Sent on by another llmgw cluster (its peer sender sets it): held to what a
+            # peer's key may reach, whatever the key (docs/federation.md).
+            key = cycle.key = dataclasses.replace(key, peer=True)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await listing.answer(cycle, method, path, table, key, self.options.now())
             return
@@ -421,6 +439,15 @@ class Gateway:
             # A key pinned to one replica is the capacity bench's, which drives it past
             # the slo on purpose: never held, and its times are not the model's service.
             return
+        over = self._overflow(cycle) if admission.lower(key.priority) else None
+        if over is not None and not self.admission.check(model.name, key.priority, slo_ms).admit:
+            # Held back here: its overflow answers instead of a wait and a 429, admitted
+            # there by its own slo (docs/catalog.md, overflow).
+            self.observer.overflowed(model.name, over.model.name)
+            cycle.entry, cycle.model = over, over.model.name
+            model, slo_ms = over.model, over.model.slo.ttft_p99 / 1e6
+            if not slo_ms:
+                return
         decision = await self.admission.admit(model.name, key.priority, slo_ms)
         if not decision.admit:
             a = self.admission
@@ -428,6 +455,20 @@ class Gateway:
                 admission.reason(key.priority, model.name, decision, a.window),
                 admission.retry_after(a.window),
             )
+
+    def _overflow(self, cycle: Cycle) -> Entry | None:
+        """The model's ``overflow`` as an entry, when there is one this request may go to:
+        within the key's scope (``Key.may_reach``), not a peer that is down, and not for
+        an adapter (the overflow does not hold it)."""
+        entry, key, table = cycle.entry, cycle.key, self.state.table
+        assert entry is not None and key is not None
+        name = table.model_named(entry.model.overflow) if entry.model.overflow else None
+        if name is None or entry.adapter is not None:
+            return None
+        target = table.models[name]
+        if not key.may_reach(target) or table.peer_down(target):
+            return None
+        return Entry(name, target)
 
     async def _budget(self, cycle: Cycle) -> None:
         """The key's budgets: 429 with ``Retry-After`` when over."""

@@ -25,10 +25,13 @@ class GatewayConfig(AppConfig):
         # Federated peers refreshed beside the reconciler's tick (gateway.signals).
         signals.connect()
 
-        # The gateway's live event (llmgw_core.events; its renderers: gateway.live). Not
-        # keys but figures: each gateway process's last second per model, sent by
+        # The gateway's live events (llmgw_core.events; their renderers: gateway.live). The
+        # peers' is marked by gateway.peers when a peer's state, last error or models change
+        # (and when one is added or removed). The traffic's is not keys but figures: each gateway process's last second per model, sent by
         # ``gateway.traffic`` with ``events.send`` once a second, never by ``changed()``.
         register(
             Event("traffic", "gateway.traffic_changed", traffic.GROUP, "models", dict,
                   "the gateway's traffic: one process's second, per model (figures, not keys)"),
+            Event("peers", "gateway.peers_changed", "gateway.peers", "names", str,
+                  "federated peers: state, last error, models (the panel is sent whole)"),
         )  # fmt: skip

@@ -121,10 +121,10 @@ class Cycle:
         if self.first_at is None and data and text:
             self.first_at = time.perf_counter()
         try:
-            await asyncio.wait_for(
-                self.send({"type": "http.response.body", "body": data, "more_body": more}),
-                self.send_wait,
-            )
+            # A timer on this task, not the task and event loop pass ``wait_for`` adds to
+            # every piece of every answer.
+            async with asyncio.timeout(self.send_wait):
+                await self.send({"type": "http.response.body", "body": data, "more_body": more})
         except TimeoutError:
             self.stalled = True
             raise ClientStalled(self.send_wait) from None

@@ -19,6 +19,14 @@ which need none). The dialect is made per request and kept on the cycle
   ``response.incomplete`` with reason ``content_filter``), ``fail`` when the engine's
   stream broke after the first byte.
 
+Where the engine serves the dialect itself and its route is fit
+(``gateway.path.dialects.engines``), ``engine_request`` gives the engine's own path and
+body for an attempt, and ``native`` reads its answer (``gateway.path.dialects.native``):
+its events into the chat chunks they mean (``native_events``), which take the same
+guard's windows and the same writer of the dialect's events, its whole answer into the
+chat answer it means (``native_whole``). Else ``native`` is None and the request is
+translated.
+
 Plain over the translators: no I/O here but what its callers do.
 """
 
@@ -30,8 +38,8 @@ from typing import Any
 
 from gateway import errors
 from gateway.errors import ApiError
-from gateway.path.dialects import messages, responses
-from gateway.path.dialects.common import DialectError, Usage, typed_sse
+from gateway.path.dialects import engines, messages, native, responses
+from gateway.path.dialects.common import DialectError, Usage, dump, typed_sse
 from gateway.path.dialects.messages_stream import MessagesStream
 from gateway.path.dialects.responses_stream import ResponsesStream
 
@@ -56,6 +64,36 @@ class Dialect(ABC):
     def __init__(self, request_id: str = "") -> None:
         self.request_id = request_id
         self.translator: Any = None  # the stream's, once a stream begins
+        # The reader of the engine's own answer, for an attempt sent natively (None:
+        # translated to chat completions).
+        self.native: Any = None
+        self.data: dict[str, Any] = {}  # the client's body, as it was read
+
+    def engine_request(self, engine: str, served: str, model: str = "",
+                       translate: frozenset[str] = frozenset()) -> tuple[str, bytes] | None:  # fmt: skip
+        """The engine's own path and body for an attempt on ``engine`` (the name it knows
+        the model by: ``served``), when the dialect goes there natively; None: the chat
+        body, translated. Called for every attempt (each may meet another engine)."""
+        self.native = None
+        return None
+
+    def native_events(self, payload: bytes) -> list[bytes]:
+        """A native stream event's data as the chat chunks it means (their data), for
+        the guard's windows; ``native.NativeError`` when the engine says it failed."""
+        try:
+            event = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise native.NativeError("the engine sent an event that is not JSON") from None
+        return [dump(chunk).encode() for chunk in self.native.feed(event)]
+
+    def native_whole(self, raw: bytes) -> bytes:
+        """A native whole answer as the chat answer it means (502 when it is not the
+        dialect's answer, or says it failed)."""
+        try:
+            chat = self.native.whole(json.loads(raw))
+        except (ValueError, RecursionError, native.NativeError):
+            raise errors.not_a_chat_answer() from None
+        return dump(chat).encode()
 
     def error_body(self, error: ApiError) -> bytes:
         return error.body()
@@ -116,7 +154,7 @@ def _text_chunk(text: str) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
 
 
-def _read(reader: Any, data: Any) -> Any:
+def read_request(reader: Any, data: Any) -> Any:
     try:
         return reader(data)
     except DialectError as error:
@@ -155,8 +193,20 @@ class Messages(Dialect):
         return messages.from_openai_error(status, raw, self.request_id or None)
 
     def chat_body(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.request = _read(messages.read, data)
+        self.data = data
+        self.request = read_request(messages.read, data)
         return messages.chat_request(self.request)
+
+    def engine_request(self, engine: str, served: str, model: str = "",
+                       translate: frozenset[str] = frozenset()) -> tuple[str, bytes] | None:  # fmt: skip
+        self.native = None
+        where = engines.route(engines.MESSAGES, engine, native=True, model=model,
+                              translate=translate)  # fmt: skip
+        if where is None or not where.native or self.request is None:
+            return None
+        self.native = native.MessagesNative()
+        body = native.messages_body(self.data, self.request, served)
+        return where.path, json.dumps(body, ensure_ascii=False).encode()
 
     def whole(self, raw: bytes) -> bytes:
         request = self.request
@@ -194,14 +244,27 @@ class Responses(Dialect):
 
     def read(self, data: dict[str, Any]) -> responses.ResponsesRequest:
         """The request checked (before its history is read)."""
-        self.request = _read(responses.read, data)
+        self.data = data
+        self.request = read_request(responses.read, data)
         return self.request
+
+    def engine_request(self, engine: str, served: str, model: str = "",
+                       translate: frozenset[str] = frozenset()) -> tuple[str, bytes] | None:  # fmt: skip
+        self.native = None
+        where = engines.route(engines.RESPONSES, engine, native=True, model=model,
+                              translate=translate)  # fmt: skip
+        if where is None or not where.native or self.request is None:
+            return None
+        self.native = native.ResponsesNative()
+        # The conversation from the gateway's own store, whole: the engine keeps none.
+        body = native.responses_body(self.data, self.request, self.history, served)
+        return where.path, json.dumps(body, ensure_ascii=False).encode()
 
     def chat_body(self, data: dict[str, Any]) -> dict[str, Any]:
         if self.request is None:
             self.read(data)
         assert self.request is not None
-        return _read(lambda r: responses.chat_request(r, self.history), self.request)
+        return read_request(lambda r: responses.chat_request(r, self.history), self.request)
 
     def whole(self, raw: bytes) -> bytes:
         request = self.request

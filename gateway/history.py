@@ -3,7 +3,7 @@ database and downsampled; per key and per owner from the usage records.
 
 ``HistoryRecorder`` is an observer (``gateway.observe``) like ``gateway.usage``'s: each
 request ended is added, under a lock, to its minute's bucket per model (requests,
-errors, guard refusals, admission holds, tokens in and out, the seconds requests were in
+errors, guard refusals, admission holds and overflows, tokens in and out, the seconds requests were in
 flight, and a TTFT histogram on ``gateway.traffic``'s edges); a background thread writes
 what gathered every second in one transaction (``write``: each (minute, model) row read
 for update and added to, so any number of processes stay exact). Nothing on the request
@@ -42,7 +42,16 @@ log = logging.getLogger(__name__)
 SPANS = {"hour": (3600, 60), "day": (86400, 600), "week": (7 * 86400, 3600)}  # span, step
 MAX_PENDING = 20_000
 NBUCKETS = len(EDGES_MS) + 1
-COUNTS = ("requests", "errors", "refusals", "held", "tokens_in", "tokens_out", "busy_ms")
+COUNTS = (
+    "requests",
+    "errors",
+    "refusals",
+    "held",
+    "overflowed",
+    "tokens_in",
+    "tokens_out",
+    "busy_ms",
+)
 
 # A refusal by the guard, or a hold at admission, heard in the request's own task.
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("history_refused", default=False)
@@ -54,6 +63,9 @@ class Counts:
     errors: int = 0
     refusals: int = 0
     held: int = 0
+    # Held back by admission and sent to the model's overflow (counted at the model asked
+    # for; the request itself is the overflow model's).
+    overflowed: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
     busy_ms: int = 0  # request-milliseconds in flight: / the period = the mean in flight
@@ -120,6 +132,17 @@ class HistoryRecorder(Batcher, Listener):
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         _refused.set(True)
+
+    def overflowed(self, model: str, to: str) -> None:
+        bucket = (int(self._clock()) // 60 * 60, model)
+        with self._lock:
+            c = self._pending.get(bucket)
+            if c is None:
+                if len(self._pending) >= MAX_PENDING:
+                    self.dropped += 1
+                    return
+                c = self._pending[bucket] = Counts()
+            c.overflowed += 1
 
     def request(self, done: Done) -> None:
         refused = _refused.get()
@@ -245,6 +268,7 @@ class Point:
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     tokens_cached: int = 0  # of tokens_in (a key's and an owner's series)
+    overflowed: int = 0  # held back by admission and sent to the model's overflow
 
     @property
     def cached_share(self) -> int | None:
@@ -255,7 +279,8 @@ class Point:
 
     def as_dict(self) -> dict[str, Any]:
         return {"at": self.at.isoformat(), "requests": self.requests, "errors": self.errors,
-                "refusals": self.refusals, "held": self.held, "tokens_in": self.tokens_in,
+                "refusals": self.refusals, "held": self.held, "overflowed": self.overflowed,
+                "tokens_in": self.tokens_in,
                 "tokens_out": self.tokens_out, "in_flight": round(self.in_flight, 3),
                 "ttft_p50_ms": self.ttft_p50_ms, "ttft_p99_ms": self.ttft_p99_ms}  # fmt: skip
 
@@ -276,7 +301,7 @@ def group(rows: Iterable[tuple[dt.datetime, Counts]], start: dt.datetime, span: 
         out.append(Point(
             dt.datetime.fromtimestamp(t0 + i * step, tz=dt.UTC), c.requests, c.errors,
             c.refusals, c.held, c.tokens_in, c.tokens_out, c.busy_ms / 1000 / step,
-            _q(c.ttft, 0.5), _q(c.ttft, 0.99), c.tokens_cached,
+            _q(c.ttft, 0.5), _q(c.ttft, 0.99), c.tokens_cached, c.overflowed,
         ))  # fmt: skip
     return out
 
@@ -382,8 +407,8 @@ def chart(points: Sequence[Point], what: str, label: str,
     last = points[-1].at if points else first
     span = max(1.0, (last - first).total_seconds())
     cell = width / max(1, len(points))
-    holds = tuple((round(i * width / n - cell / 2, 1), round(cell, 1), f"{p.held} held")
-                  for i, p in enumerate(points) if p.held)  # fmt: skip
+    holds = tuple((round(i * width / n - cell / 2, 1), round(cell, 1), _held(p))
+                  for i, p in enumerate(points) if p.held or p.overflowed)  # fmt: skip
     # The last point stands for its whole step (the minute going on, on the hour's chart):
     # what happened in it is marked at the right edge, not left out.
     end = last + (last - first) / n
@@ -394,6 +419,14 @@ def chart(points: Sequence[Point], what: str, label: str,
     return Chart(width, height, " ".join(parts), top, label, placed, holds,
                  first.strftime("%m-%d %H:%M"), last.strftime("%m-%d %H:%M"),
                  quiet=not any(values))  # fmt: skip
+
+
+def _held(p: Point) -> str:
+    """What admission did at a point: held back (429), sent to the overflow instead."""
+    parts = [f"{p.held} held"] if p.held else []
+    if p.overflowed:
+        parts.append(f"{p.overflowed} sent to its overflow")
+    return ", ".join(parts)
 
 
 def charts_for(

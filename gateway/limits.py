@@ -162,7 +162,7 @@ def _local_counter() -> Any:
 
             from gateway import metrics
 
-            metrics._setup()  # the multiprocess folder first, as every series of the gateway
+            metrics.setup()  # the multiprocess folder first, as every series of the gateway
             _counter = Counter(
                 "budget_local", "budget takes counted in this process while Redis was away",
                 ("kind",), namespace=metrics.NS, registry=None,

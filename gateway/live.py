@@ -1,4 +1,14 @@
-"""The live traffic panel's fragment, built without a request (the page and the pushes).
+"""The gateway's live fragments, built without a request (the pages and the pushes).
+
+The federated peers' panel: ``templates/gateway/partials/peers.html``, root element id
+``gateway-peers`` (``PEERS_DOM_ID``), each peer's state (``gateway.federation``'s up or
+tripped, and while tripped how many of its recovery probes it has passed), last error,
+models and when it was last read; on the dashboard and the Federated peers page, pushed
+whole when a peer changes (the ``peers`` event, marked by ``gateway.peers``; its renderer
+``peers_changed``). Operators get each peer's Remove button (a boosted form: the CSRF
+token is in ``hx-headers`` on ``<body>``, never in the fragment).
+
+The live traffic panel:
 
 ``templates/gateway/partials/traffic.html``, root element id ``gateway-traffic``: each
 model's figures over the last seconds (``gateway.traffic.Window.summary``) with its SLO
@@ -18,7 +28,11 @@ from django.conf import settings
 from django.template.loader import render_to_string
 
 from catalog.models import ServedModel
+from gateway import federation
+from gateway.models import Peer
 from gateway.traffic import SPAN, Window, slo_verdict
+
+PEERS_DOM_ID = "gateway-peers"
 
 WINDOW = Window()
 _rendered: tuple[int, str] | None = None
@@ -82,3 +96,36 @@ def render_traffic(now: float | None = None) -> str:
     )
     _rendered = (second, html)
     return html
+
+
+def peer_rows() -> list[dict[str, Any]]:
+    """Every federated peer as the panel shows it (one query)."""
+    probes = settings.LLMGW_FEDERATION_RECOVER_PROBES
+    rows = []
+    for p in Peer.objects.all():
+        tripped = p.state == federation.TRIPPED
+        rows.append({
+            "name": p.name, "url": p.url, "state": p.state, "last_error": p.last_error,
+            "models": [f"{p.name}/{m}" for m in p.listed or ()],
+            "refreshed": p.refreshed,
+            "tripped_at": dt.datetime.fromtimestamp(p.tripped_at, tz=dt.UTC)
+            if tripped and p.tripped_at else None,
+            "recovering": tripped and p.passes > 0, "passes": p.passes, "probes": probes,
+        })  # fmt: skip
+    return rows
+
+
+def peers_context(can_act: bool) -> dict[str, Any]:
+    """The peers' panel's context (``gateway/partials/peers.html``)."""
+    return {"peers": peer_rows(), "peers_dom_id": PEERS_DOM_ID, "can_act": can_act}
+
+
+def render_peers(can_act: bool) -> str:
+    """The peers' panel as the pages render it."""
+    return render_to_string("gateway/partials/peers.html", peers_context(can_act))
+
+
+def peers_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
+    """The peers' panel under "all": a handful of peers, sent whole (one added or removed
+    shows too)."""
+    return {"all": render_peers(can_act)}

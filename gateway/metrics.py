@@ -26,7 +26,8 @@ The series (all ``llmgw_gateway_`` but the judge's):
 - ``tokens_in_total{model}``, ``tokens_out_total{model}`` (the engines' usage);
 - ``refusals_total{direction,category}`` (the guard's, on requests and answers);
   ``failed_open_windows_total`` (answers released unjudged under ``fail: open``);
-- ``retries_total{model}``, ``fallbacks_total{model,to}``;
+- ``retries_total{model}``, ``fallbacks_total{model,to}``, ``overflows_total{model,to}``
+  (requests of a lower band sent to the model's ``overflow`` while admission held it);
 - ``ejections_total{model}`` (replicas ejected from routing, ``gateway.outliers``) and
   ``ejected_replicas{model}`` (out now: the most any live process has out);
 - ``in_flight{replica}`` (summed over live processes; synced every half second);
@@ -116,6 +117,9 @@ def _setup() -> dict[str, Any]:
                                    "answer windows released unjudged (fail: open)"),
             "retries": counter("retries", "requests moved to another replica", ("model",)),
             "fallbacks": counter("fallbacks", "requests sent to a fallback", ("model", "to")),
+            "overflows": counter("overflows", "requests of a lower band sent to the model's "
+                                 "overflow while admission held that band back",
+                                 ("model", "to")),
             "in_flight": Gauge("in_flight", "requests in flight per replica", ("replica",),
                                namespace=NS, multiprocess_mode="livesum", registry=None),
             "ejections": counter("ejections", "replicas ejected from routing after "
@@ -261,6 +265,9 @@ class Metrics(Listener):
 
     def fell_back(self, model: str, to: str) -> None:
         self.m["fallbacks"].labels(model, to).inc()
+
+    def overflowed(self, model: str, to: str) -> None:
+        self.m["overflows"].labels(model, to).inc()
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         for category in categories or ("",):

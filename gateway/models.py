@@ -17,7 +17,10 @@ from llmgw_core import models as tokens
 digest = tokens.digest
 
 KEY_PREFIX = "llmgw-ck-"
-OWNER_RE = re.compile(r"^(org|team|project):[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# peer:NAME: the key of another llmgw cluster that federates this one (docs/federation.md):
+# it never sees a residency: local model nor one this cluster learned from a peer.
+PEER_OWNER = "peer:"
+OWNER_RE = re.compile(r"^(org|team|project|peer):[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 PRIORITIES = [("high", _("high")), ("normal", _("normal")), ("low", _("low"))]
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -25,7 +28,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 def validate_owner(value: str) -> None:
     if value and not OWNER_RE.match(value):
         raise ValidationError(
-            _("write the owner as org:NAME, team:NAME or project:NAME"), code="owner"
+            _(
+                "write the owner as org:NAME, team:NAME or project:NAME (peer:NAME: a federated "
+                "cluster's key)"
+            ),
+            code="owner",
         )
 
 
@@ -43,7 +50,8 @@ class ClientKey(tokens.ShownOnce):
     name = db.CharField(_("name"), max_length=100, validators=[validate_name])
     owner = db.CharField(
         _("owner"), max_length=120, blank=True, validators=[validate_owner],
-        help_text=_("org:NAME, team:NAME or project:NAME: whose traffic this is"),
+        help_text=_("org:NAME, team:NAME or project:NAME: whose traffic this is; peer:NAME: "
+                    "a federated cluster's key (never offered residency: local models)"),
     )  # fmt: skip
     models = db.JSONField(
         _("models"), default=list, blank=True,
@@ -208,6 +216,9 @@ class TrafficPoint(db.Model):
     errors = db.PositiveBigIntegerField(default=0)
     refusals = db.PositiveBigIntegerField(default=0, help_text=_("refused by the guard"))
     held = db.PositiveBigIntegerField(default=0, help_text=_("held back by admission (429)"))
+    overflowed = db.PositiveBigIntegerField(
+        default=0, help_text=_("held back by admission and sent to the model's overflow")
+    )
     tokens_in = db.PositiveBigIntegerField(default=0)
     tokens_out = db.PositiveBigIntegerField(default=0)
     busy_ms = db.PositiveBigIntegerField(

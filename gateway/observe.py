@@ -73,6 +73,10 @@ class Listener:
     def fell_back(self, model: str, to: str) -> None:
         """A request for ``model`` went to its fallback ``to``."""
 
+    def overflowed(self, model: str, to: str) -> None:
+        """A lower band's request for ``model``, held back by admission, went to the
+        model's ``overflow`` ``to`` instead."""
+
     def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
         """``replica`` of ``model`` was ejected from routing for ``seconds``, until the
         Unix time ``until`` (``gateway.outliers``)."""
@@ -99,6 +103,7 @@ class Observer(Listener):
     tokens_out: dict[str, int] = field(default_factory=dict)
     retries: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+    overflows: dict[tuple[str, str], int] = field(default_factory=dict)
     ejections: dict[str, int] = field(default_factory=dict)
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     failed_open_windows: int = 0
@@ -120,6 +125,9 @@ class Observer(Listener):
 
     def fell_back(self, model: str, to: str) -> None:
         self.fallbacks[(model, to)] = self.fallbacks.get((model, to), 0) + 1
+
+    def overflowed(self, model: str, to: str) -> None:
+        self.overflows[(model, to)] = self.overflows.get((model, to), 0) + 1
 
     def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
         self.ejections[model] = self.ejections.get(model, 0) + 1
@@ -160,6 +168,11 @@ class Fanout(Observer):
         super().fell_back(model, to)
         for listener in self.listeners:
             listener.fell_back(model, to)
+
+    def overflowed(self, model: str, to: str) -> None:
+        super().overflowed(model, to)
+        for listener in self.listeners:
+            listener.overflowed(model, to)
 
     def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
         super().ejected(model, replica, seconds, until)

@@ -32,6 +32,9 @@ class Options:
     send_timeout: float = 60.0
     # The control time zone, in which a model's schedule windows are read.
     time_zone: str = "UTC"
+    # Engines and model names whose Responses and Messages requests are always
+    # translated ("all": every one; gateway.path.dialects.engines.fit).
+    translate: frozenset[str] = frozenset()
 
     def now(self) -> datetime:
         """Now, in the control time zone (a model's schedule windows are read in it)."""
@@ -52,4 +55,5 @@ class Options:
             window_ms=float(settings.LLMGW_GUARD_WINDOW_MS),
             time_zone=str(settings.TIME_ZONE),
             send_timeout=float(settings.LLMGW_HTTP_SEND_TIMEOUT),
+            translate=frozenset(settings.LLMGW_GATEWAY_TRANSLATE_DIALECTS),
         )

@@ -1,11 +1,13 @@
 """Federated peers' operations (the ``federation`` command, the API and the admin share
 them) and the refresh the reconciler's tick runs (``gateway.signals``).
 
-A refresh reads the peer's ``/v1/models`` with its key (at most
+A refresh reads the peer's ``/v1/models`` with its key and ``x-llmgw-via`` (at most
 ``LLMGW_FEDERATION_TIMEOUT`` seconds), writes the catalog's ``PEER/MODEL`` entries
 through ``catalog.services`` (so the change log, the export and every surface see them)
 and keeps the peer's breaker (``gateway.federation.probed``): a failed read is a failed
 probe. Every operator's change is recorded with who made it (the cluster's action log).
+A peer added or removed, and a refresh that changes a peer's state, last error or models,
+marks the live ``peers`` event (``llmgw_core.events``): the consoles' peers panels update.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from catalog.rules import environment
 from cluster.services import log_action
 from gateway import federation, providers
 from gateway.models import Peer
+from llmgw_core import events
+from llmgw_core.refused import Refused
 
 log = logging.getLogger("gateway")
 
 
-class PeerRefused(ValueError):
+class PeerRefused(Refused, ValueError):
     """A peer operation refused, nothing written: ``errors`` by field ("": the peer)."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:
@@ -99,6 +103,7 @@ def add_peer(name: str, url: str, key_file: str, *, user: Any = None, via: str =
                 created_by=user if getattr(user, "pk", None) else None,
             )  # fmt: skip
             log_action(user, "federation add", name, url, via)
+            events.changed(peers=[name])
     except IntegrityError:
         raise PeerRefused({"name": [f"a peer named {name!r} is already added"]}) from None
     return peer
@@ -119,6 +124,7 @@ def remove_peer(name: str, *, user: Any = None, via: str = "") -> list[str]:
                 removed.append(model)
             peer.delete()
             log_action(user, "federation remove", name, f"{len(removed)} models removed", via)
+            events.changed(peers=[name])
     except catalog.Refused as refused:
         # Another model names one of the peer's (a fallback, a canary): nothing removed.
         raise PeerRefused(
@@ -144,6 +150,9 @@ def read_models(peer: Peer, timeout: float | None = None) -> Read:
         return Read([], refused.why)
     limit = settings.LLMGW_FEDERATION_TIMEOUT if timeout is None else timeout
     headers = {"authorization": f"Bearer {secret}"} if secret else {}
+    # As a request sent to the peer says it (gateway.routing): the peer lists only what it
+    # offers another cluster, whatever the key (no local model, none it learned).
+    headers[federation.VIA] = federation.VIA_VALUE
     try:
         resp = httpx.get(federation.models_url(peer.url), headers=headers, timeout=limit)
     except httpx.TimeoutException:
@@ -169,6 +178,8 @@ def refresh(peer: Peer, now: float | None = None, read: Read | None = None) -> f
     now = time.time() if now is None else now
     got = read_models(peer) if read is None else read
     ok = not got.error
+    # What the peers' panel shows (gateway.live): pushed when a read changes it.
+    shown = (peer.state, peer.last_error, peer.passes, list(peer.listed or ()))
     before = federation.Health(peer.state, tuple(peer.failures or ()), peer.tripped_at, peer.passes)
     health = federation.probed(before, ok, now, thresholds())
     if health.state != before.state:
@@ -187,6 +198,8 @@ def refresh(peer: Peer, now: float | None = None, read: Read | None = None) -> f
         _write(peer.name, change)
     peer.save(update_fields=["state", "failures", "tripped_at", "passes", "last_error",
                              "listed", "refreshed"])  # fmt: skip
+    if (peer.state, peer.last_error, peer.passes, list(peer.listed or ())) != shown:
+        events.changed(peers=[peer.name])  # what the peers' panel shows changed
     return change
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from django.conf import settings
 
 from catalog.rules import environment
+from llmgw_core.refused import Refused
 
 log = logging.getLogger("gateway")
 
@@ -41,7 +42,7 @@ _KEY = re.compile(r"[\x21-\x7e]+")
 _held: dict[str, tuple[tuple[float, int], str, str]] = {}
 
 
-class ProviderRefused(Exception):
+class ProviderRefused(Refused):
     """A provider not asked: its url or key file is not allowed; ``why`` for the log."""
 
     def __init__(self, model: str, why: str) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import body as bodies
 from gateway import errors
 from gateway.cycle import read_body
-from gateway.dialect import Dialect, _read
+from gateway.dialect import Dialect, read_request
 from gateway.path.dialects import rerank
 from gateway.path.dialects.common import DialectError
 
@@ -48,7 +48,7 @@ class Rerank(Dialect):
 
     def chat_body(self, data: dict[str, Any]) -> dict[str, Any]:
         """The engine's rerank body (the name says chat's: the step is chat's)."""
-        self.request = _read(lambda d: rerank.read(d, self.shape), data)
+        self.request = read_request(lambda d: rerank.read(d, self.shape), data)
         return rerank.engine_request(self.request)
 
     def whole(self, raw: bytes) -> bytes:
@@ -58,7 +58,7 @@ class Rerank(Dialect):
             method = "rerank"
             if self.by_embeddings:
                 engine, method = rerank.from_embeddings(self.request, engine), "embeddings"
-            self.tokens = rerank._tokens(engine) if isinstance(engine, dict) else None
+            self.tokens = rerank.answer_tokens(engine) if isinstance(engine, dict) else None
             out = rerank.answer(self.request, engine, ident="rerank-" + uuid.uuid4().hex,
                                 method=method)  # fmt: skip
         except (ValueError, RecursionError, DialectError):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
-from gateway import answer, balance, errors, providers, sizing
+from gateway import answer, balance, errors, federation, providers, sizing
 from gateway import body as bodies
 from gateway.answer import Retry, told_of
 from gateway.guarding import GuardRefused
@@ -321,7 +321,20 @@ class Routing:
                 return refused.told
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
+            if target_model.external.peer:
+                headers.append((federation.VIA, federation.VIA_VALUE))
         payload = _payload(cycle, target_model, served, engine)
+        if cycle.dialect is not None:
+            # The dialect's own route on this engine, where it goes natively (each
+            # attempt asks: another replica may run another engine).
+            entry = cycle.entry
+            assert entry is not None
+            adapter = entry.adapter if target_model.name == entry.model.name else None
+            sent = cycle.dialect.engine_request(
+                "" if external or (adapter and engine == "llamacpp") else engine,
+                adapter or served, target_model.name, self.gateway.options.translate)  # fmt: skip
+            if sent is not None:
+                path, payload = sent
         in_flight = self.gateway.in_flight
         cycle.model, cycle.replica = target_model.name, replica
         cycle.peer = target_model.external.peer if external else ""

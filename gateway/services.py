@@ -16,11 +16,12 @@ from django.utils import timezone
 from catalog.models import Adapter, Alias, ServedModel
 from cluster.services import log_action
 from gateway.models import ClientKey, digest, new_secret
+from llmgw_core.refused import Refused
 
 MAX_LIMIT = 1_000_000_000
 
 
-class KeyRefused(ValueError):
+class KeyRefused(Refused, ValueError):
     """A key operation refused, nothing written: ``errors`` says what is wrong by field
     ("": the key as a whole, which the console's form and the API show at its name), its
     text what to do."""

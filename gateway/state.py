@@ -76,7 +76,7 @@ class Loader:
         from cluster.choices import NodeHealth, ReplicaState
         from cluster.models import Quota, Replica
         from cluster.services import no_room
-        from gateway.models import ClientKey, Peer
+        from gateway.models import PEER_OWNER, ClientKey, Peer
 
         mark = (ChangeRecord.objects.aggregate(last=Max("id"))["last"], ServedModel.objects.count())
         now = time.monotonic()
@@ -118,6 +118,7 @@ class Loader:
                 priority=k.priority,
                 owner_tpm=owner_tpm.get(k.owner, 0) if k.owner else 0,
                 replica=k.replica,
+                peer=k.owner.startswith(PEER_OWNER),
             )
             for k in ClientKey.objects.filter(revoked__isnull=True)
         }

@@ -49,6 +49,10 @@ class Key:
     # The one replica its requests go to (the control plane's key for the capacity
     # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.routing).
     replica: int | None = None
+    # Another llmgw cluster's (its owner peer:NAME), or a request that came through one
+    # (``x-llmgw-via``): never a residency: local model nor one learned from a peer, on
+    # any hop (docs/federation.md).
+    peer: bool = False
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires
@@ -58,7 +62,7 @@ class Key:
 
         External models only when listed by name: their prompts leave the cluster.
         """
-        if entry.guard:
+        if entry.guard or (self.peer and not crosses(entry.model)):
             return False
         if self.models:
             return entry.model.name in self.models or entry.name in self.models
@@ -72,11 +76,19 @@ class Key:
         one, cluster models only (a fallback must not carry a prompt out of the cluster
         for a key that could not send it there itself).
         """
-        if model.role == ROLE_GUARD:
+        if model.role == ROLE_GUARD or (self.peer and not crosses(model)):
             return False
         if self.models:
             return model.name in self.models or any(a in self.models for a in model.aliases)
         return model.external is None
+
+
+def crosses(model: spec.Model) -> bool:
+    """Whether ``model`` may be offered to another llmgw cluster: not residency: local,
+    and not learned from a peer (nothing is passed on from one peer to another)."""
+    if model.residency == rules.RESIDENCY_LOCAL:
+        return False
+    return model.external is None or not model.external.peer
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,11 @@ Admission (``gateway.admission``) rides along too: an item carries ``bands``,
 the window sums them per model and band over the span (the Traffic page's "admitted ·
 held" column).
 
+Overflow rides along: an item carries ``overflowed``, ``{to: requests}``, the requests of
+a lower band that admission held back for the model and that went to its ``overflow`` model
+instead in that second; the window sums them per model over the span (the Traffic page's
+"admitted · held" column says "N to MODEL").
+
 A process's replicas out of routing (``gateway.outliers``) ride along: each second it
 publishes (one with no traffic too, while any is out), a model's item carries
 ``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
@@ -66,6 +71,7 @@ TYPE = "gateway.traffic_changed"
 SPAN = 5  # seconds the console's figures cover
 KEEP = 15  # seconds a web process keeps
 MAX_MODELS = 100  # a process publishes at most this many models a second (one datagram)
+MAX_OVERFLOWS = 16  # overflow models counted per model a second (one names one)
 
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_refused", default=False)
 
@@ -81,6 +87,8 @@ class Bucket:
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     # Requests by the API their clients spoke (gateway.dialect): chat, messages, ...
     dialects: dict[str, int] = field(default_factory=dict)
+    # Requests held back by admission and sent to the model's overflow, by that model.
+    overflowed: dict[str, int] = field(default_factory=dict)
 
 
 class Traffic(Listener):
@@ -117,6 +125,20 @@ class Traffic(Listener):
             self.start()
         with self._lock:
             self.ejections[(model, replica)] = until
+
+    def overflowed(self, model: str, to: str) -> None:
+        if not self._started:
+            self.start()
+        second = int(time.time())
+        with self._lock:
+            models = self.seconds.setdefault(second, {})
+            b = models.get(model)
+            if b is None:
+                if len(models) >= MAX_MODELS:
+                    return
+                b = models[model] = Bucket()
+            if to in b.overflowed or len(b.overflowed) < MAX_OVERFLOWS:
+                b.overflowed[to] = b.overflowed.get(to, 0) + 1
 
     def request(self, done: Done) -> None:
         if not self._started:
@@ -190,6 +212,9 @@ class Traffic(Listener):
             counted = bands.get(item["second"], {}).get(item["model"])
             if counted:
                 item["bands"] = counted
+            overflowed = taken[item["second"]][item["model"]].overflowed
+            if overflowed:
+                item["overflowed"] = overflowed
         if out or affinity:
             last_second = items[-1]["second"]
             for item in items:
@@ -320,6 +345,9 @@ class Window:
             for dialect, n in item.get("dialects", {}).items():
                 spoke = s.setdefault("dialects", {})
                 spoke[dialect] = spoke.get(dialect, 0) + n
+            for to, n in item.get("overflowed", {}).items():
+                went = s.setdefault("overflowed", {})
+                went[to] = went.get(to, 0) + n
             for band, (took, held) in item.get("bands", {}).items():
                 pair = s.setdefault("bands", {}).setdefault(band, [0, 0])
                 pair[0] += took
@@ -364,6 +392,10 @@ class Window:
                     for b in admission.BANDS
                     if b in s.get("bands", {})
                 ],
+                # Held back by admission and sent to the model's overflow, per model.
+                "overflowed": [
+                    {"to": to, "requests": n} for to, n in sorted(s.get("overflowed", {}).items())
+                ],
                 # Requests per API the clients spoke over the span, most first.
                 "dialects": [
                     {"dialect": d, "requests": n}
@@ -379,8 +411,19 @@ def _well_formed(item: dict[str, Any]) -> bool:
     bands = item.get("bands", {})
     sessions = item.get("sessions", [0, 0, 0, 0])
     dialects = item.get("dialects", {})
+    overflowed = item.get("overflowed", {})
     return (
-        isinstance(sessions, list)
+        isinstance(overflowed, dict)
+        and len(overflowed) <= MAX_OVERFLOWS
+        and all(
+            isinstance(t, str)
+            and len(t) <= 200
+            and isinstance(n, int)
+            and not isinstance(n, bool)
+            and n >= 0
+            for t, n in overflowed.items()
+        )
+        and isinstance(sessions, list)
         and len(sessions) == 4
         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sessions)
         and isinstance(dialects, dict)

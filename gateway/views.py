@@ -36,7 +36,8 @@ class KeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. support-bot.")
     owner = forms.CharField(
         max_length=120, required=False,
-        help_text="org:NAME, team:NAME or project:NAME: whose traffic this is.",
+        help_text="org:NAME, team:NAME or project:NAME: whose traffic this is; peer:NAME: a "
+        "federated cluster's key (never offered residency: local models).",
     )  # fmt: skip
     models = forms.CharField(
         required=False, max_length=10_000,
@@ -428,9 +429,14 @@ class PeerForm(forms.Form):
 def _peers_page(
     request: HttpRequest, form: PeerForm | None = None, status: int = 200
 ) -> HttpResponse:
-    from gateway.models import Peer
+    from django.utils.safestring import mark_safe
 
-    context = {"peers": Peer.objects.all(), "form": form or PeerForm()}
+    from gateway import live
+    from llmgw_core.roles import has_role
+
+    # The peers' panel is the fragment the live view pushes (gateway.live).
+    panel = mark_safe(live.render_peers(has_role(request.user, OPERATOR)))  # noqa: S308
+    context = {"panel": panel, "form": form or PeerForm()}
     return render(request, "gateway/peers.html", context, status=status)
 
 

@@ -14,12 +14,13 @@ from typing import Any
 from catalog import services as catalog_services
 from catalog.models import ServedModel
 from guard import known, services
+from llmgw_core.refused import Refused
 
 WHERE_CPU, WHERE_GPU, WHERE_SIM = "cpu", "gpu", "sim"
 WHERES = (WHERE_CPU, WHERE_GPU, WHERE_SIM)
 
 
-class EnableRefused(Exception):
+class EnableRefused(Refused):
     """The request cannot be carried out; ``errors`` by field (name, where, policy)."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:

@@ -33,6 +33,7 @@ from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
 from llmgw_core import events
+from llmgw_core.refused import Refused
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ BATCH = 5
 DEFAULT_SET = "coding-ops"
 
 
-class SetRefused(Exception):
+class SetRefused(Refused):
     """A labelled set that cannot be read; ``problems`` say where and what."""
 
     def __init__(self, source: str, problems: Sequence[Problem]) -> None:

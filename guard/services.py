@@ -43,6 +43,7 @@ from guard import policy as policy_rules
 from guard.cache import Cached
 from guard.chain import ChainResult, Failure, JudgeRef, Stats, run_chain
 from guard.models import GuardPolicy, JudgeHealth, JudgeProbe, PolicyChange
+from llmgw_core.refused import Refused
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ DEFAULT_CONTEXT = 8192
 SNAPSHOT_TTL = 1.0
 
 
-class PolicyRefused(Exception):
+class PolicyRefused(Refused):
     """A policy the rules refuse; nothing was written."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:

@@ -1,7 +1,8 @@
 """The console's live view: cluster and guard state pushed as the fragments the page rendered.
 
-``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges``, ``evals`` and
-``traffic`` (the gateway's, pushed once a second, ``gateway.live``)
+``/ws/live/<topics>/`` with topics among ``nodes``, ``models``, ``judges``, ``evals``,
+``peers`` (the federated peers' panel, ``gateway.live``) and ``traffic`` (the gateway's,
+pushed once a second, ``gateway.live``)
 (comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
 ``?view=catalog`` makes ``models`` the catalog list's ready column, for the models its
 other parameters, the list's filters, show (``catalog.views.listed_names``);
@@ -94,6 +95,8 @@ def snapshot(
         parts.append(guard_live.render_eval(evaluation))
     if "traffic" in topics:
         parts.append(gateway_live.render_traffic())
+    if "peers" in topics:
+        parts.append(gateway_live.render_peers(can_act))
     return "\n".join(parts)
 
 
@@ -450,6 +453,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:
         names = events.keys_of(event)
         rendered = await self._rendered(event, "judges", guard_live.judges_changed, names)
+        await self.send(text_data=rendered["all"] or "")
+
+    async def gateway_peers_changed(self, event: dict[str, Any]) -> None:
+        names = events.keys_of(event)
+        rendered = await self._rendered(event, "peers", gateway_live.peers_changed, names)
         await self.send(text_data=rendered["all"] or "")
 
     async def gateway_traffic_changed(self, event: dict[str, Any]) -> None:

@@ -71,6 +71,35 @@ def run(bind: str, port: int) -> None:
     uvicorn.Server(config(bind, port)).run()
 
 
+def run_workers(sock: Any, count: int, say: Any, warn: Any) -> int:
+    """Serve on ``sock``'s address with ``count`` worker processes, as ``gateway serve
+    --workers`` does (``gateway.server.run_workers``, ``llmgw_core.workers``): each on a
+    socket of its own bound with ``SO_REUSEPORT``, the parent keeping ``sock``. Only in
+    production (``LLMGW_REDIS_URL``): the consoles' live changes cross processes there."""
+    from gateway.server import Server, listen
+    from llmgw_core import workers
+
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    def serve(ready: Any) -> None:
+        sock.close()  # the parent's
+        own = listen(host, port, shared=True)
+        signal.signal(signal.SIGTERM, _exit)
+        _start_recorder()
+        _note_listening()
+        Server(config(host, port), ready).run(sockets=[own])
+
+    def serving(pids: list[int]) -> None:
+        import os
+
+        say(f"web process serving on http://{shown}:{port}/ (pid {os.getpid()}; {count} "
+            f"workers: {', '.join(map(str, pids))})")  # fmt: skip
+
+    return workers.Supervisor(count, serve, name="web process", grace=GRACE + 5, say=say,
+                              warn=warn, serving=serving).run()  # fmt: skip
+
+
 def _note_listening() -> None:
     """Note that heartbeats can be heard from now: nodes' silence counts from here.
 

@@ -331,6 +331,10 @@ LLMGW_GATEWAY_READ_TIMEOUT = envint("GATEWAY_READ_TIMEOUT", 300)
 LLMGW_GATEWAY_WHOLE_TIMEOUT = envint("GATEWAY_WHOLE_TIMEOUT", 1800)
 LLMGW_GATEWAY_WAKE_WAIT = envint("GATEWAY_WAKE_WAIT", 600)
 LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
+# Engines (llamacpp, vllm, sglang, trtllm, sim) and model names whose Responses and
+# Messages requests are always translated to chat completions, never sent to the engine's
+# own route; "all" for every one (gateway/path/dialects/engines.py, docs/dialects.md).
+LLMGW_GATEWAY_TRANSLATE_DIALECTS = envlist("GATEWAY_TRANSLATE_DIALECTS", [])
 # A gateway process that cannot read the database serves from what it read last; its
 # /healthz says "stale" with the age, 200 up to this many seconds, then 503 (gateway/health.py).
 LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)
@@ -341,6 +345,10 @@ LLMGW_HTTP_HEADER_TIMEOUT = envint("HTTP_HEADER_TIMEOUT", 10)
 LLMGW_HTTP_BODY_TIMEOUT = envint("HTTP_BODY_TIMEOUT", 60)
 # A client that takes none of an answer's bytes for this long is taken as gone (gateway).
 LLMGW_HTTP_SEND_TIMEOUT = envint("HTTP_SEND_TIMEOUT", 60)
+# Processes serving one port (``--workers``; llmgw_core.workers): 0 is one a core. The web
+# process's more than one only with LLMGW_REDIS_URL (embedded, it is one process).
+LLMGW_GATEWAY_WORKERS = envint("GATEWAY_WORKERS", 0)
+LLMGW_WEB_WORKERS = envint("WEB_WORKERS", 1)
 for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT"):
     if globals()[f"LLMGW_{_name}"] < 1:
         raise ImproperlyConfigured(

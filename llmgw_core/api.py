@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from llmgw_core.lean import nul_at
-from llmgw_core.refused import Problem, Refused
+from llmgw_core.refused import Problem, Refused, problems_of
 
 
 def problems_response(problems: Iterable[Problem], detail: str) -> Response:
@@ -44,7 +44,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """Answer a refused change (any app's ``Refused``) with 400 and its problems; else as
     DRF does."""
     if isinstance(exc, Refused):
-        return problems_response(exc.problems, exc.detail)
+        return problems_response(problems_of(exc), exc.detail)
     response = drf_exception_handler(exc, context)
     if response is not None and response.status_code == 400 and isinstance(exc, APIException):
         # A body DRF itself refused (unreadable JSON, a serializer's field errors): the

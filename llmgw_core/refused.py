@@ -7,6 +7,7 @@ imports the app. Nothing here imports Django REST framework: services import thi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -27,8 +28,41 @@ class Problem(Protocol):
     def model(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class Said:
+    """A problem a refusal says in words only (an app's refusal with no ``problems`` of
+    its own: its ``errors`` by field, or its message)."""
+
+    field: str
+    message: str
+    code: str = "refused"
+    model: str = ""
+
+
 class Refused(Exception):
-    """A change refused; nothing was written. ``problems`` says why, ``detail`` what."""
+    """A change refused; nothing was written. ``problems`` says why, ``detail`` what.
+
+    Every app's "you can fix this" exception extends it (``catalog.services.Refused``,
+    ``gateway.services.KeyRefused``, ``updates.flow.FlowRefused``, ...), so the API
+    answers each with 400 and its problems (``problems_of``), never a 500. A subclass
+    gives ``problems``, or ``errors`` (field: messages, as a form's), or only its
+    message."""
 
     detail = "the change is refused"
     problems: list[Any]
+
+
+def problems_of(exc: Refused) -> list[Any]:
+    """What ``exc`` says is wrong: its ``problems``; else its ``errors`` by field (a
+    field ``__all__`` is the whole change's); else its message."""
+    given = getattr(exc, "problems", None)
+    if given:
+        return list(given)
+    errors = getattr(exc, "errors", None)
+    if isinstance(errors, dict) and errors:
+        return [
+            Said("" if field == "__all__" else str(field), str(message))
+            for field, messages in errors.items()
+            for message in (messages if isinstance(messages, list | tuple) else [messages])
+        ]
+    return [Said("", str(exc) or exc.detail)]

@@ -27,6 +27,12 @@ from tests.redisserver import start_for_run  # noqa: E402
 
 start_for_run()
 
+# One process per server a test starts (`gateway serve` would fork one worker a core):
+# the tests that count on one process's own state (its sessions, its in-flight counts)
+# hold as they are; tests/e2e/test_gateway_workers.py starts workers by --workers.
+os.environ.setdefault("LLMGW_GATEWAY_WORKERS", "1")
+os.environ.setdefault("LLMGW_WEB_WORKERS", "1")
+
 # A data folder per test process: xdist's workers inherit the environment of the process
 # that started them, and a folder they shared mixed their metrics (one worker's scrape read
 # another's judge breaker gauge), engine logs and mirror.

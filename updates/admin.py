@@ -62,7 +62,7 @@ class UpdateRunAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg
         for name in names:
             try:
                 act(name, user=request.user, surface=Surface.ADMIN, via="admin")
-            except flow.Refused as exc:
+            except flow.FlowRefused as exc:
                 self.message_user(request, f"{name}: {exc}", messages.ERROR)
             else:
                 ok.append(name)

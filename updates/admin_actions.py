@@ -38,7 +38,7 @@ def update_models(modeladmin: Any, request: Any, queryset: Any) -> None:
     for name in queryset.values_list("name", flat=True):
         try:
             r = run.start(name, user=request.user, surface=Surface.ADMIN, via="admin")
-        except flow.Refused as exc:
+        except flow.FlowRefused as exc:
             modeladmin.message_user(request, f"{name}: {exc}", messages.ERROR)
         else:
             started.append(f"{name} (#{r.pk})")

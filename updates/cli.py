@@ -91,7 +91,7 @@ def handle(action: str, options: dict[str, Any], out: Any, err: Any) -> int:
             return 0
         if action == "status":
             return _status(options.get("models") or [], bool(options.get("json")), out)
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         err.write(str(exc))
         return 1
     raise ValueError(f"unknown action {action!r}")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from catalog import spec
+from llmgw_core.refused import Refused
 
 FETCH = "fetch"
 CANDIDATE = "candidate"
@@ -59,7 +60,7 @@ CANDIDATE_MARK = "@"
 SHORT = 8
 
 
-class Refused(Exception):
+class FlowRefused(Refused):
     """An update that cannot start or go on; the message says why and what to do."""
 
 
@@ -140,7 +141,7 @@ def plan(
     fetches.
 
     Raises:
-        Refused: an update of the model is running, the model cannot be updated (a
+        FlowRefused: an update of the model is running, the model cannot be updated (a
             candidate, an external model, no registry), or the canary percent is wrong.
     """
     _refuse_update(m, running, has_registry)
@@ -166,20 +167,20 @@ def plan(
 
 
 def _refuse_update(m: spec.Model, running: Iterable[Running], has_registry: bool) -> None:
-    """Raise Refused when ``m`` cannot be updated now (see ``plan``)."""
+    """Raise FlowRefused when ``m`` cannot be updated now (see ``plan``)."""
     for r in running:
         if r.model == m.name:
-            raise Refused(
+            raise FlowRefused(
                 f'an update of "{m.name}" is running already: #{r.id}, started by '
                 f"{r.started_by or 'the system'} at {r.started}, at its {r.step} step "
                 f"({r.state}); wait for it to end, or promote it (catalog update promote)"
             )
     if is_candidate(m.name):
-        raise Refused(f'"{m.name}" is an update\'s candidate: update the model it is for')
+        raise FlowRefused(f'"{m.name}" is an update\'s candidate: update the model it is for')
     if m.external is not None:
-        raise Refused(f'"{m.name}" is an external model: its provider updates it')
+        raise FlowRefused(f'"{m.name}" is an external model: its provider updates it')
     if not has_registry:
-        raise Refused(
+        raise FlowRefused(
             f'"{m.name}" has source {m.source or "(none)"}, which is not a Hugging Face '
             "repository or an http(s) URL: there is no registry to update it from"
         )
@@ -189,7 +190,7 @@ def _refuse_update(m: spec.Model, running: Iterable[Running], has_registry: bool
         and not is_candidate(m.canary.model)
         and (m.canary.percent > 0)
     ):
-        raise Refused(
+        raise FlowRefused(
             f'"{m.name}" sends {m.canary.percent}% of its traffic to "{m.canary.model}" '
             "already: set that canary's percent to 0 (its thresholds are kept for updates) "
             "or remove it first"
@@ -201,11 +202,11 @@ def _canary_settings(m: spec.Model, canary_percent: int | None) -> CanarySetting
     model's own canary settings, if any.
 
     Raises:
-        Refused: the percent given is not 0 to 100.
+        FlowRefused: the percent given is not 0 to 100.
     """
     if canary_percent is not None:
         if not 0 <= canary_percent <= 100:
-            raise Refused(f"canary percent {canary_percent} is not 0 to 100")
+            raise FlowRefused(f"canary percent {canary_percent} is not 0 to 100")
         if canary_percent <= 0:
             return None
         base = m.canary or spec.Canary()
@@ -459,23 +460,23 @@ def rollback_spec(m: spec.Model) -> spec.Model:
     """Return ``m`` back at its previous revision (the current one becomes previous).
 
     Raises:
-        Refused: the model has no previous revision.
+        FlowRefused: the model has no previous revision.
     """
     old = m.origin
     if old is None or not old.revision:
-        raise Refused(
+        raise FlowRefused(
             f'"{m.name}" has no previous revision to go back to: it has no origin (its files '
             "were never fetched nor updated); nothing was rolled"
         )
     if old.previous is None or not old.previous.revision:
-        raise Refused(
+        raise FlowRefused(
             f'"{m.name}" has no previous revision to go back to: it is at '
             f"{short(old.revision)}, the first revision it was fetched or updated to; "
             "nothing was rolled"
         )
     prev = old.previous
     if prev.revision == old.revision and (prev.source or m.source) == m.source:
-        raise Refused(
+        raise FlowRefused(
             f'"{m.name}" has no other revision to go back to: its previous revision is the '
             f"one it is at ({short(old.revision)}); nothing was rolled"
         )

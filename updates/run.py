@@ -130,7 +130,7 @@ def start(
     """Start an update of a model to ``revision`` (the newest for ""); return its run.
 
     Raises:
-        flow.Refused: the model is not in the catalog, an update of it is running (named),
+        flow.FlowRefused: the model is not in the catalog, an update of it is running (named),
             it cannot be updated, or the mirror refuses the fetch (with why).
     """
     by = label(user, via)
@@ -138,7 +138,7 @@ def start(
     with transaction.atomic():
         row = stored_queryset().select_for_update().filter(name=model_name).first()
         if row is None:
-            raise flow.Refused(f'model "{model_name}" is not in the catalog')
+            raise flow.FlowRefused(f'model "{model_name}" is not in the catalog')
         m = row.to_spec()
         p = flow.plan(
             m,
@@ -151,7 +151,7 @@ def start(
         try:
             fetch = mirror.request_fetch(model_name, commit, by=by, surface=str(surface))
         except mirror.MirrorError as exc:
-            raise flow.Refused(str(exc)) from None
+            raise flow.FlowRefused(str(exc)) from None
         run = UpdateRun(
             model=model_name,
             revision=p.revision,
@@ -169,7 +169,7 @@ def start(
             with transaction.atomic():
                 run.save()
         except IntegrityError:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f'an update of "{model_name}" was started at the same time: see catalog update list'
             ) from None
         _mark(model_name)
@@ -182,23 +182,23 @@ def _resolve(model_name: str, revision: str) -> str:
     registry before anything is written (a branch names a commit only now).
 
     Raises:
-        flow.Refused: the model is not in the catalog, has no registry, or the registry
+        flow.FlowRefused: the model is not in the catalog, has no registry, or the registry
             cannot say (a repository gone, a revision unknown: its reason), or the model
             is at that commit already.
     """
     m = _spec(model_name)
     if m is None:
-        raise flow.Refused(f'model "{model_name}" is not in the catalog')
+        raise flow.FlowRefused(f'model "{model_name}" is not in the catalog')
     source = str(m.source or "").strip()
     if registry.kind(source) is None:
         return ""  # flow.plan refuses it, saying why
     try:
         state = registry.latest(source, revision.strip() or None)
     except registry.RegistryError as exc:
-        raise flow.Refused(f"{model_name}: {exc}") from None
+        raise flow.FlowRefused(f"{model_name}: {exc}") from None
     at = m.origin.revision if m.origin is not None else ""
     if at and state.commit == at:
-        raise flow.Refused(
+        raise flow.FlowRefused(
             f"{model_name} is at {flow.short(at)} already, "
             f"{'the newest revision' if not revision.strip() else revision.strip()}: "
             "nothing to update to"
@@ -642,7 +642,7 @@ def cancel(
     canary to it are removed, the model is as it was.
 
     Raises:
-        flow.Refused: no update of the model is running.
+        flow.FlowRefused: no update of the model is running.
     """
     by = label(user, via)
     with transaction.atomic():
@@ -652,7 +652,7 @@ def cancel(
             .first()
         )
         if run is None:
-            raise flow.Refused(f'no update of "{model_name}" is running')
+            raise flow.FlowRefused(f'no update of "{model_name}" is running')
         _fail(run, f"cancelled by {by}", by=by)
         run.save()
         _mark(run.model, run.candidate)
@@ -665,7 +665,7 @@ def promote(
     """Promote a model's update now (one waiting, or running past its fetch and candidate).
 
     Raises:
-        flow.Refused: no update of the model to promote, or its candidate is not ready.
+        flow.FlowRefused: no update of the model to promote, or its candidate is not ready.
     """
     with transaction.atomic():
         run = (
@@ -674,18 +674,18 @@ def promote(
             .first()
         )
         if run is None:
-            raise flow.Refused(f'no update of "{model_name}" is running: start one first')
+            raise flow.FlowRefused(f'no update of "{model_name}" is running: start one first')
         if run.step in (flow.FETCH, flow.CANDIDATE) or not run.candidate:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f"update #{run.pk} of {model_name} is at its {run.step} step: its candidate "
                 "is not ready to promote yet"
             )
         if run.step == flow.EVAL and run.score is None:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f"update #{run.pk} of {model_name} is being evaluated: wait for its score"
             )
         if run.step == flow.EVAL and run.score < (run.threshold or 0.0) - 1e-9:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f"update #{run.pk} of {model_name} scored {run.score:.2f}, below "
                 f"{run.threshold:.2f}: its eval failed; it cannot be promoted"
             )
@@ -796,16 +796,16 @@ def rollback(
     was done, for a person.
 
     Raises:
-        flow.Refused: an update of it is running, it has no previous revision, or the
+        flow.FlowRefused: an update of it is running, it has no previous revision, or the
             mirror no longer holds that revision's files (it says so).
     """
     with transaction.atomic():
         row = stored_queryset().select_for_update().filter(name=model_name).first()
         if row is None:
-            raise flow.Refused(f'model "{model_name}" is not in the catalog')
+            raise flow.FlowRefused(f'model "{model_name}" is not in the catalog')
         active = UpdateRun.objects.filter(model=model_name, state__in=flow.ACTIVE).first()
         if active is not None:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f"update #{active.pk} of {model_name} is running (its {active.step} step): "
                 "let it end first; a failed update changes nothing to go back from"
             )
@@ -822,7 +822,7 @@ def rollback(
             back = flow.without_handover(back, h.candidate)
         prev = back.origin.revision if back.origin is not None else ""
         if mirror.enabled() and mirror.local_path(model_name, prev) is None:
-            raise flow.Refused(
+            raise flow.FlowRefused(
                 f"the mirror no longer holds {model_name} at {flow.short(prev)}: it cannot be "
                 "gone back to (start an update to that revision instead: catalog update start "
                 f"{model_name} --revision {prev})"
@@ -831,7 +831,7 @@ def rollback(
         try:
             save_model(back, actor, replacing=model_name, note=f"rolled back to {flow.short(prev)}")
         except Refused as exc:
-            raise flow.Refused(f"the catalog refused the rollback: {exc}") from None
+            raise flow.FlowRefused(f"the catalog refused the rollback: {exc}") from None
         for h in handing:
             h.handover_ended = _now()
             _add_line(h, flow.PROMOTE, f"rolled back: {h.candidate} stops taking "

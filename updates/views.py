@@ -406,7 +406,7 @@ def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
         r = run.start(
             name, auto=auto, user=request.user, surface=Surface.CONSOLE, via=_via(request)
         )
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _answer(request, name, str(exc), refused=True)
     return _answer(request, name, f"update #{r.pk} of {name} started")
 
@@ -418,7 +418,7 @@ def model_promote(request: HtmxHttpRequest, name: str) -> HttpResponse:
     _known(name)
     try:
         r = run.promote(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _answer(request, name, str(exc), refused=True)
     return _answer(request, name, r.reason if r.state == "failed" else r.lines[-1]["text"],
                    refused=r.state == "failed")  # fmt: skip
@@ -431,7 +431,7 @@ def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
     _known(name)
     try:
         said = run.rollback(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _answer(request, name, str(exc), refused=True)
     return _answer(request, name, said)
 
@@ -443,7 +443,7 @@ def model_cancel(request: HtmxHttpRequest, name: str) -> HttpResponse:
     _known(name)
     try:
         r = run.cancel(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _answer(request, name, str(exc), refused=True)
     return _answer(request, name, f"update #{r.pk}: {r.reason}")
 

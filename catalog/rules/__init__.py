@@ -41,6 +41,8 @@ from catalog.rules.constants import (
     FACILITY_LEVELS,
     GUARD_FORMATS,
     MAX_PREWARM,
+    RESIDENCIES,
+    RESIDENCY_LOCAL,
     ROLE_GUARD,
 )
 from catalog.rules.environment import STRICT, Environment, is_loopback, key_file, url_problem
@@ -79,6 +81,8 @@ __all__ = [
     "FACILITY_LEVELS",
     "GUARD_FORMATS",
     "MAX_PREWARM",
+    "RESIDENCIES",
+    "RESIDENCY_LOCAL",
     "ROLE_GUARD",
     "STRICT",
     "Catalog",

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from catalog.problems import Problem
+from catalog.rules.constants import RESIDENCY_LOCAL
 from catalog.rules.environment import STRICT, Environment
 from catalog.rules.found import Path
 from catalog.rules.helpers import is_guard
-from catalog.rules.model_checks import _check_normalized
+from catalog.rules.model_checks import check_normalized
 from catalog.rules.normalize import normalize
 from catalog.rules.profile_checks import profile_warnings
 from catalog.spec import Adapter, Model
@@ -44,7 +45,7 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
     ms = [normalize(m) for m in models]
     out: list[Problem] = []
     for i, m in enumerate(ms):
-        out += [replace(p, model=m.name, index=i) for p in _check_normalized(m, env)]
+        out += [replace(p, model=m.name, index=i) for p in check_normalized(m, env)]
 
     def add(i: int, path: Path, code: str, message: str) -> None:
         out.append(Problem(path, message, code, model=ms[i].name, index=i))
@@ -60,6 +61,8 @@ def check_catalog(models: list[Model], env: Environment = STRICT) -> list[Proble
 
     _fallbacks(kept, resolve, add)
     _canaries(kept, resolve, add)
+    _overflows(kept, resolve, add)
+    _residency(kept, resolve, add)
     return out
 
 
@@ -195,6 +198,54 @@ def _canaries(kept: list[tuple[int, Model]], resolve: Resolve, add: Add) -> None
         add(i, ("canary", "model"), code, f"{what}: name another catalog model")
 
 
+def _overflows(kept: list[tuple[int, Model]], resolve: Resolve, add: Add) -> None:
+    """Report an overflow that is not in the catalog, or is a judge (its own name is
+    check_model's)."""
+    for i, m in kept:
+        if not m.overflow or m.overflow == m.name:
+            continue
+        target = resolve(m.overflow)
+        if target is None:
+            add(i, ("overflow",), "unknown_overflow",
+                f'overflow "{m.overflow}" is not in the catalog: name a model or an alias')  # fmt: skip
+        elif is_guard(target):
+            add(i, ("overflow",), "overflow_guard",
+                f'overflow "{m.overflow}" is a guard model, which answers no client: name '
+                "another model")  # fmt: skip
+
+
+def _peer_model(m: Model | None) -> bool:
+    return m is not None and m.external is not None and bool(m.external.peer)
+
+
+def _residency(kept: list[tuple[int, Model]], resolve: Resolve, add: Add) -> None:
+    """Report a ``residency: local`` model that names a federated peer's model as a
+    fallback, canary or overflow: its requests would leave for the peer."""
+    for i, m in kept:
+        if m.residency != RESIDENCY_LOCAL:
+            continue
+        hops: list[tuple[Path, str, str]] = [
+            (("fallbacks", j), "fallback", f) for j, f in enumerate(m.fallbacks)
+        ]
+        if m.canary is not None and m.canary.model:
+            hops.append((("canary", "model"), "canary", m.canary.model))
+        if m.overflow:
+            hops.append((("overflow",), "overflow", m.overflow))
+        for path, what, ref in hops:
+            target = resolve(ref)
+            if _peer_model(target):
+                assert target is not None and target.external is not None
+                add(
+                    i,
+                    path,
+                    "local_to_peer",
+                    f'{what} "{ref}" is a model of the federated cluster '
+                    f'"{target.external.peer}", and this model is residency: local, whose '
+                    "requests never leave for a peer: name a model of this cluster, or "
+                    "remove residency: local",
+                )
+
+
 class Catalog:
     """The set of models the cluster should serve, looked up by name, alias or adapter.
 
@@ -266,6 +317,8 @@ class Catalog:
                 out.append((m.name, "fallbacks"))
             if m.canary is not None and self._means(m.canary.model, target.name):
                 out.append((m.name, "canary"))
+            if m.overflow and self._means(m.overflow, target.name):
+                out.append((m.name, "overflow"))
         return out
 
     def _means(self, ref: str, name: str) -> bool:

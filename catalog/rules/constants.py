@@ -12,6 +12,10 @@ CLASS_OPPORTUNISTIC = "opportunistic"
 CLASSES = (CLASS_CRITICAL, CLASS_STANDARD, CLASS_OPPORTUNISTIC)
 
 ROLE_GUARD = "guard"
+
+# A model's residency (docs/federation.md): "local" never crosses to a federated peer.
+RESIDENCY_LOCAL = "local"
+RESIDENCIES = (RESIDENCY_LOCAL,)
 # The guard app reads these formats; the names live here because the catalog must not
 # import the guard app (imports point one way: catalog <- guard).
 GUARD_FORMATS = ("qwen3guard", "llamaguard3", "shieldgemma", "json")

@@ -10,7 +10,7 @@ from catalog.spec import Profile
 Path = tuple[PathPart, ...]
 
 
-class _Found(list[Problem]):
+class Found(list[Problem]):
     """The problems found so far, in the order they were found."""
 
     def add(self, path: Path, code: str, message: str) -> None:
@@ -18,14 +18,14 @@ class _Found(list[Problem]):
         self.append(Problem(path=path, message=message, code=code))
 
 
-def _label(p: Profile, i: int) -> str:
+def profile_label(p: Profile, i: int) -> str:
     return f'profile "{p.name}"' if p.name else f"profiles[{i}]"
 
 
-def _num(v: float) -> str:
+def num(v: float) -> str:
     return f"{v:g}"
 
 
-def _not_finite(out: _Found, path: Path, what: str, v: float) -> None:
+def not_finite(out: Found, path: Path, what: str, v: float) -> None:
     # NaN passes every comparison the reference makes, and no JSON can carry it.
     out.add(path, "not_finite", f"{what} is {v}: write a finite number")

@@ -14,14 +14,14 @@ from urllib.parse import urlsplit
 from agent.engines import ENGINES
 from catalog.durations import format_duration
 from catalog.problems import Problem
-from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, ROLE_GUARD
+from catalog.rules.constants import CLASSES, GUARD_FORMATS, MAX_PREWARM, RESIDENCIES, ROLE_GUARD
 from catalog.rules.environment import STRICT, Environment, key_file, url_problem
-from catalog.rules.found import Path, _Found, _label, _not_finite, _num
+from catalog.rules.found import Found, Path, not_finite, num, profile_label
 from catalog.rules.helpers import on_demand, repository_page, valid_owner
 from catalog.rules.names import bad_character, name_problem, shown
 from catalog.rules.normalize import normalize
-from catalog.rules.profile_checks import _check_profile
-from catalog.rules.schedule import _WEEKDAYS, clock
+from catalog.rules.profile_checks import check_profile
+from catalog.rules.schedule import WEEKDAYS, clock
 from catalog.spec import Model
 
 
@@ -32,11 +32,11 @@ def check_model(m: Model, env: Environment = STRICT) -> list[Problem]:
     rules (names, aliases, fallbacks, canaries) are ``check_catalog``'s. ``env`` is what
     the installation allows (``catalog.rules.environment``); the strictest without it.
     """
-    return _check_normalized(normalize(m), env)
+    return check_normalized(normalize(m), env)
 
 
-def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
-    out = _Found()
+def check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
+    out = Found()
     if not m.name:
         out.add(("name",), "required", "the model has no name: give it one")
     _check_names(m, out)
@@ -73,11 +73,11 @@ def _check_normalized(m: Model, env: Environment = STRICT) -> list[Problem]:
     _check_scaling(m, out)
     seen: set[str] = set()
     for i, p in enumerate(m.profiles):
-        _check_profile(m, p, ("profiles", i), _label(p, i), seen, out)
+        check_profile(m, p, ("profiles", i), profile_label(p, i), seen, out)
     return list(out)
 
 
-def _check_names(m: Model, out: _Found) -> None:
+def _check_names(m: Model, out: Found) -> None:
     """Refuse a name a client, a page or a URL cannot carry (``names.name_problem``; the
     owner's is ``_check_fields``').
 
@@ -112,7 +112,7 @@ def _check_names(m: Model, out: _Found) -> None:
         )
 
 
-def _check_origin(m: Model, out: _Found) -> None:
+def _check_origin(m: Model, out: Found) -> None:
     """Refuse a control or invisible character in what the origin names: the repository,
     the commit and each file's path go into the mirror's URLs and the update's pages."""
     if m.origin is None:
@@ -146,7 +146,7 @@ def _path_like(name: str) -> bool:
     return "/" in name or "\\" in name or name in (".", "..")
 
 
-def _check_adapters(m: Model, out: _Found) -> None:
+def _check_adapters(m: Model, out: Found) -> None:
     if m.max_loaded_adapters < 0:
         out.add(
             ("max_loaded_adapters",),
@@ -165,7 +165,7 @@ def _check_adapters(m: Model, out: _Found) -> None:
                 out.add(
                     ("max_loaded_adapters",),
                     "max_loaded_adapters_engine",
-                    f"{_label(p, i)} runs {p.engine}, but max_loaded_adapters needs "
+                    f"{profile_label(p, i)} runs {p.engine}, but max_loaded_adapters needs "
                     "vllm profiles (llama.cpp loads every adapter at start): set it "
                     "to 0 or use vllm",
                 )
@@ -182,7 +182,7 @@ def _check_adapters(m: Model, out: _Found) -> None:
             out.add(
                 ("profiles", i, "engine"),
                 "adapter_engine",
-                f"{_label(p, i)}: adapters are served by llamacpp and vllm profiles "
+                f"{profile_label(p, i)}: adapters are served by llamacpp and vllm profiles "
                 f"only, not {p.engine}",
             )
         # RUNTIME_LORA_ENV by hand is refused with the profile's env (agent.flags):
@@ -190,7 +190,7 @@ def _check_adapters(m: Model, out: _Found) -> None:
     _check_each_adapter(m, out)
 
 
-def _check_each_adapter(m: Model, out: _Found) -> None:
+def _check_each_adapter(m: Model, out: Found) -> None:
     """Check each adapter: its name and source, its name's uniqueness, its scale."""
     seen: set[str] = set()
     for j, a in enumerate(m.adapters):
@@ -219,7 +219,7 @@ def _check_each_adapter(m: Model, out: _Found) -> None:
             )
         seen.add(a.name)
         if not math.isfinite(a.scale):
-            _not_finite(out, (*at, "scale"), f"{who}: scale", a.scale)
+            not_finite(out, (*at, "scale"), f"{who}: scale", a.scale)
         elif a.scale < 0:
             out.add(
                 (*at, "scale"),
@@ -236,7 +236,7 @@ def _check_each_adapter(m: Model, out: _Found) -> None:
             )
 
 
-def _check_external(m: Model, out: _Found, env: Environment) -> None:
+def _check_external(m: Model, out: Found, env: Environment) -> None:
     e = m.external
     assert e is not None  # the caller checked
     if m.profiles:
@@ -296,7 +296,7 @@ def _http_url(u: str) -> bool:
 _OWNER_MARKUP = frozenset("<>\"&'`")
 
 
-def _check_fields(m: Model, out: _Found) -> None:
+def _check_fields(m: Model, out: Found) -> None:
     bad = bad_character(m.owner) or next((f'"{c}"' for c in m.owner if c in _OWNER_MARKUP), None)
     if bad:
         out.add(
@@ -328,14 +328,32 @@ def _check_fields(m: Model, out: _Found) -> None:
                 out.add(
                     ("capabilities", "rerank"),
                     "rerank_engine",
-                    f"{_label(p, i)} runs trtllm, which the agent does not start as a "
+                    f"{profile_label(p, i)} runs trtllm, which the agent does not start as a "
                     "reranker: use llamacpp, vllm or sglang for a rerank model",
                 )
+    if m.residency and m.residency not in RESIDENCIES:
+        out.add(
+            ("residency",),
+            "bad_residency",
+            f'residency "{shown(m.residency)}" is not local: write local for a model that '
+            "never crosses to a federated cluster, or leave it out",
+        )
+    if m.overflow:
+        if m.overflow == m.name:
+            out.add(("overflow",), "overflow_self",
+                    "a model cannot overflow to itself: name another catalog model")  # fmt: skip
+        elif not m.slo.ttft_p99:
+            out.add(
+                ("overflow",),
+                "overflow_needs_slo",
+                f'overflow "{shown(m.overflow)}" is used only while admission holds a lower '
+                "band back, which it does only past the model's slo.ttft_p99: set one",
+            )
     if not 0 <= m.cached_token_weight <= 1:  # NaN too
         out.add(
             ("cached_token_weight",),
             "cached_token_weight_range",
-            f"cached_token_weight {_num(m.cached_token_weight)} is not 0 to 1: what a token "
+            f"cached_token_weight {num(m.cached_token_weight)} is not 0 to 1: what a token "
             "budget charges for a cached prompt token (1 as much as a fresh one, 0 nothing)",
         )
     if (g := m.eval) is not None:
@@ -350,7 +368,7 @@ def _check_fields(m: Model, out: _Found) -> None:
             out.add(
                 ("eval", "min_score"),
                 "min_score_range",
-                f"eval min_score {_num(g.min_score)} is not 0 to 1 (0 takes the "
+                f"eval min_score {num(g.min_score)} is not 0 to 1 (0 takes the "
                 "suite's own threshold)",
             )
     if (c := m.canary) is not None:
@@ -368,10 +386,10 @@ def _check_fields(m: Model, out: _Found) -> None:
             )
         for key in ("max_error_increase", "max_ttft_ratio"):
             if not math.isfinite(v := getattr(c, key)):
-                _not_finite(out, ("canary", key), f"canary {key}", v)
+                not_finite(out, ("canary", key), f"canary {key}", v)
 
 
-def _check_role(m: Model, out: _Found) -> None:
+def _check_role(m: Model, out: Found) -> None:
     formats = ", ".join(GUARD_FORMATS)
     if m.role == "":
         if m.guard is not None:
@@ -416,7 +434,7 @@ def _check_role(m: Model, out: _Found) -> None:
         )
 
 
-def _check_scaling(m: Model, out: _Found) -> None:
+def _check_scaling(m: Model, out: Found) -> None:
     s = m.scaling
     for i, w in enumerate(s.schedule):
         at: Path = ("scaling", "schedule", i)
@@ -436,7 +454,7 @@ def _check_scaling(m: Model, out: _Found) -> None:
                 "length (a to before from runs past midnight)",
             )
         for j, d in enumerate(w.days):
-            if d.lower() not in _WEEKDAYS:
+            if d.lower() not in WEEKDAYS:
                 out.add(
                     (*at, "days", j),
                     "bad_day",

@@ -8,23 +8,25 @@ import math
 
 from agent.discovery import is_mig_class
 from agent.engines import ENGINES, arg_problems, env_warning, unsafe_args, unsafe_env
-from catalog.rules.found import Path, _Found, _label, _not_finite, _num
+from catalog.rules.found import Found, Path, not_finite, num, profile_label
 from catalog.rules.helpers import cpu_capable, cpu_only, parse_level
 from catalog.spec import Model, Profile
 
 
-def profile_warnings(m: Model) -> _Found:
+def profile_warnings(m: Model) -> Found:
     """Return what is allowed in a model's profiles but may not do what is meant: a
     variable its engine does not document (passed as written; the engine may ignore it)."""
-    out = _Found()
+    out = Found()
     for i, p in enumerate(m.profiles):
         for key in sorted(p.env):
             if why := env_warning(key, p.engine):
-                out.add(("profiles", i, "env", key), "undocumented_env", f"{_label(p, i)}: {why}")
+                out.add(
+                    ("profiles", i, "env", key), "undocumented_env", f"{profile_label(p, i)}: {why}"
+                )
     return out
 
 
-def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], out: _Found) -> None:
+def check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], out: Found) -> None:
     if not p.name:
         out.add((*at, "name"), "required", f"{label} has no name: give it one")
     elif p.name in seen:
@@ -43,7 +45,7 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
                 f"{label}: env {key} is not allowed: {why}",
             )
     if not math.isfinite(p.weight):
-        _not_finite(out, (*at, "weight"), f"{label}: weight", p.weight)
+        not_finite(out, (*at, "weight"), f"{label}: weight", p.weight)
     if p.capacity < 0:
         out.add(
             (*at, "capacity"),
@@ -52,12 +54,12 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
             "carries within the slo (manage.py cluster bench measures it), or 0",
         )
     if not math.isfinite(p.power_watts):
-        _not_finite(out, (*at, "power_watts"), f"{label}: power_watts", p.power_watts)
+        not_finite(out, (*at, "power_watts"), f"{label}: power_watts", p.power_watts)
     elif p.power_watts < 0:
         out.add(
             (*at, "power_watts"),
             "negative_power",
-            f"{label}: power_watts {_num(p.power_watts)} is negative: give what one "
+            f"{label}: power_watts {num(p.power_watts)} is negative: give what one "
             "replica draws, or 0 to derive it",
         )
     if p.keep_within:
@@ -82,7 +84,7 @@ def _check_profile(m: Model, p: Profile, at: Path, label: str, seen: set[str], o
     _check_width(m, p, at, label, out)
 
 
-def _check_width(m: Model, p: Profile, at: Path, label: str, out: _Found) -> None:
+def _check_width(m: Model, p: Profile, at: Path, label: str, out: Found) -> None:
     """Check a profile's cards and nodes against its engine's limits."""
     if p.gpu_class == "" and not cpu_capable(p.engine):
         out.add(

@@ -9,7 +9,7 @@ from catalog.durations import SECOND
 from catalog.spec import ScaleWindow, Scaling
 
 _DAY_MINUTES = 24 * 60
-_WEEKDAYS: dict[str, tuple[int, ...]] = {
+WEEKDAYS: dict[str, tuple[int, ...]] = {
     "mon": (0,),
     "tue": (1,),
     "wed": (2,),
@@ -88,7 +88,7 @@ def _holds(w: ScaleWindow, now: int, today: int, t: datetime, lead: int) -> bool
 def _starts_on(w: ScaleWindow, weekday: int) -> bool:
     if not w.days:
         return True
-    return any(weekday in _WEEKDAYS.get(d.lower(), ()) for d in w.days)
+    return any(weekday in WEEKDAYS.get(d.lower(), ()) for d in w.days)
 
 
 def _epoch_ns(t: datetime) -> int:

@@ -412,7 +412,7 @@ def bench_model(request: Request, name: str) -> Response:
         return Response({"detail": f"model {name} has no profile {profile} (its profiles: "
                                    f"{names})"}, status=404)  # fmt: skip
     try:
-        benchrun._replica(name, profile)
+        benchrun.ready_replica(name, profile)
     except benchrun.BenchError as exc:
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     token = request.auth

@@ -7,11 +7,14 @@ and released only when chosen.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import bisect
+import heapq
+import itertools
+from collections.abc import Iterator
 
 from cluster.placement.data import LABEL_PREFIX, Running
 from cluster.placement.finding import find_multi
-from cluster.placement.state import EPSILON, Hold, Need, State
+from cluster.placement.state import EPSILON, Buckets, Hold, Need, State
 
 
 def evict_for(
@@ -31,38 +34,38 @@ def evict_for(
     # index of who runs which class finds them); a multi-node one may also use nodes
     # that fit as they are.
     # The weights count only for the disk: without it, one trial serves every source.
-    shape = need if need.disk or not need.src else replace(need, src="")
+    shape = state.shape(need)
     memo = state.victims_memo.setdefault((shape, rank, protect), {})
     # A node too small even emptied is passed over (``_could_fit``, known per shape).
     could = _could(state, need)
     key = (shape, rank, protect, elig)
-    kept = state.options.get(key)
-    if kept is not None:
+    costs = state.options.get(key)
+    if costs is not None:
         # Every node's room was counted for this shape before: count it again only
         # where it changed since.
-        table, pos = kept
-        dirty = state.dirty_since(pos) & elig
+        dirty = state.dirty_since(costs.pos) & elig
         fresh = dirty & could
         if need.n == 1:
             fresh = state.evictable_among(fresh, rank)
-        for i in dirty - fresh:
-            table.pop(i, None)
+        for i in (dirty - fresh) & costs.table.keys():
+            costs.drop(i)
         for i in fresh:
             option = _option(state, i, rank, need, protect, memo)
             if option is None:
-                table.pop(i, None)
+                costs.drop(i)
             else:
-                table[i] = option
-        state.options[key] = (table, len(state.changed))
-        options = [((t, k, i not in holders, i), i, v) for i, (t, k, v) in table.items()]
+                costs.put(i, option)
+        costs.pos = len(state.changed)
     else:
-        pool = elig & could
         if need.n == 1:
-            pool = state.evictable_among(pool, rank)
+            order = _evictable_order(state, rank, need, elig, could, holders)
+        else:
+            pool = elig & could
+            order = itertools.chain(sorted(holders & pool), _ascending(pool - holders))
         whole = True
         # Holders first, so the first node where one opportunistic replica makes room
         # is the best there is, and the search of a full cluster can stop there.
-        for i in [*sorted(holders & pool), *sorted(pool - holders)]:
+        for i in order:
             option = _option(state, i, rank, need, protect, memo)
             if option is not None:
                 top, count, victims = option
@@ -71,20 +74,31 @@ def evict_for(
                     whole = False
                     break
         if whole:
-            table = {i: (c[0], c[1], v) for c, i, v in options}
-            state.options[key] = (table, len(state.changed))
+            costs = Costs(len(state.changed))
+            for c, i, v in options:
+                costs.put(i, (c[0], c[1], v))
+            state.options[key] = costs
     if need.n == 1:
-        if not options:
+        if costs is not None:
+            # The cheapest first, from the index of costs: the holders of the weights
+            # come first among those of the cheapest cost.
+            found = costs.cheapest(holders)
+            if found is None:
+                return None
+            best = found
+        elif not options:
             return None
-        # The cheapest first, found without sorting them all: it holds but where the
-        # count did not, and then the rest are tried in order.
-        best = min(options, key=lambda o: o[0])
+        else:
+            best = min(options, key=lambda o: o[0])
+        # It holds but where the count did not, and then the rest are tried in order.
         for v in best[2]:
             state.release(v)
         if state.fits(best[1], need):
             return [best[1]], best[2]
         for v in best[2]:
             state.reclaim(v)
+        if costs is not None:
+            options = costs.options(holders)
         for _, i, victims in sorted(options, key=lambda o: o[0]):
             for v in victims:
                 state.release(v)
@@ -94,8 +108,8 @@ def evict_for(
             for v in victims:
                 state.reclaim(v)
         return None
-    by_node = {i: (cost, victims) for cost, i, victims in options}
-    trials = _trials(state, need, (*key, need.src), by_node, elig)
+    assert costs is not None  # a multi-node replica's trial counts every node
+    trials = _trials(state, need, key, costs.table, elig, holders)
     for _, cheapest, picked in sorted(trials, key=lambda t: t[0]):
         for v in picked:
             state.release(v)
@@ -105,6 +119,113 @@ def evict_for(
         for v in picked:
             state.reclaim(v)
     return None
+
+
+Option = tuple[int, int, list[Running]]
+
+
+def _evictable_order(
+    state: State,
+    rank: int,
+    need: Need,
+    elig: frozenset[int],
+    could: frozenset[int],
+    holders: set[int],
+) -> Iterator[int]:
+    """Yield the eligible nodes big enough emptied that run a class below rank: the
+    holders of the weights, then the rest, each in name order.
+
+    The rest are kept in order per shape's nodes and rank: a node that no longer runs
+    a lower class is dropped as it is met, and one that began to since is put in its
+    place (``State.became``), so a search that stops early walks only a few.
+    """
+    ranks_on = state.ranks_on
+
+    def evictable(i: int) -> bool:
+        return any(k > 0 for r, k in ranks_on[i].items() if r < rank)
+
+    key = (elig, need.cls, need.g, need.mem, need.cores, rank)
+    kept = state.evictable_order.get(key)
+    if kept is None:
+        nodes = sorted(state.evictable_among(elig & could, rank))
+    else:
+        nodes, pos = kept
+        for i, r in state.became[pos:]:
+            if r < rank and i in elig and i in could:
+                at = bisect.bisect_left(nodes, i)
+                if at == len(nodes) or nodes[at] != i:
+                    nodes.insert(at, i)
+    state.evictable_order[key] = (nodes, len(state.became))
+    yield from sorted(i for i in holders if i in could and evictable(i))
+    at = 0
+    while at < len(nodes):
+        i = nodes[at]
+        if not evictable(i):
+            del nodes[at]
+            continue
+        at += 1
+        if i not in holders:
+            yield i
+
+
+def _ascending(nodes: set[int]) -> Iterator[int]:
+    """Yield nodes in name order as they are asked for (a heap): a search that stops
+    early does not sort them all."""
+    heap = list(nodes)
+    heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)
+
+
+class Costs:
+    """What making room costs on each node for one shape (``_option``), indexed by cost.
+
+    ``table`` holds each node's cost (the highest class evicted, how many) and victims;
+    the nodes of each cost are kept in name order, so the cheapest is found without
+    walking the cluster. ``pos`` is the length of ``State.changed`` when last counted.
+    """
+
+    def __init__(self, pos: int) -> None:
+        """Start with no node counted."""
+        self.pos = pos
+        self.table: dict[int, Option] = {}
+        self.by_cost = Buckets()
+
+    def put(self, i: int, option: Option) -> None:
+        """Record node i's cost and victims."""
+        old = self.table.get(i)
+        self.table[i] = option
+        new = _cost_key(option)
+        if old is None:
+            self.by_cost.add(new, i)
+        else:
+            self.by_cost.move(_cost_key(old), new, i)
+
+    def drop(self, i: int) -> None:
+        """Forget node i: no room can be made there."""
+        old = self.table.pop(i, None)
+        if old is not None:
+            self.by_cost.remove(_cost_key(old), i)
+
+    def cheapest(self, holders: set[int]) -> tuple[object, int, list[Running]] | None:
+        """Return the cheapest option as ``options`` orders them: by cost, then holding
+        the weights, then name."""
+        for k in self.by_cost.keys:
+            held = [i for i in holders if i in self.table and _cost_key(self.table[i]) == k]
+            i = min(held) if held else self.by_cost.groups[k][0]
+            return None, i, self.table[i][2]
+        return None
+
+    def options(
+        self, holders: set[int]
+    ) -> list[tuple[tuple[int, int, int, int], int, list[Running]]]:
+        """Return every option, keyed by cost, holding the weights, then name."""
+        return [((t, k, i not in holders, i), i, v) for i, (t, k, v) in self.table.items()]
+
+
+def _cost_key(option: Option) -> int:
+    """Return an option's cost (highest class evicted, then how many) as one int."""
+    return (option[0] << 32) + option[1]
 
 
 def _could(state: State, need: Need) -> frozenset[int]:
@@ -124,44 +245,59 @@ def _trials(
     state: State,
     need: Need,
     key: tuple[object, ...],
-    by_node: dict[int, tuple[tuple[int, int, int, int], list[Running]]],
+    table: dict[int, Option],
     elig: frozenset[int],
+    holders: set[int],
 ) -> list[Trial]:
     """Return, per group of nodes a multi-node replica may take (its keep_within
     domain), the cheapest nodes and whom evicting there evicts, with its cost.
 
-    Kept per shape: only the groups with a node whose room changed are counted again.
+    Among nodes of one cost, those holding the weights come first. Kept per shape as
+    though no node held them, and only the groups with a node whose room changed are
+    counted again; a group with a node holding this replica's weights is counted for it.
     """
     label = LABEL_PREFIX + need.level if need.level else ""
 
-    def trial(name: str, members: list[int]) -> Trial | None:
+    def trial(name: str, members: list[int], held: set[int]) -> Trial | None:
         if len(members) < need.n:
             return None
-        cheapest = sorted(members, key=lambda i: by_node[i][0])[: need.n]
+        cheapest = sorted(members, key=lambda i: (table[i][0], table[i][1], i not in held, i))[
+            : need.n
+        ]
         victims = {}
         for i in cheapest:
-            for v in by_node[i][1]:
+            for v in table[i][2]:
                 victims[v.id] = v
         if not victims:
             return None  # it would have fit without evicting; power stopped it
         picked = [victims[k] for k in sorted(victims, key=str)]
         return (max(v.class_rank for v in picked), len(picked), name), cheapest, picked
 
+    def nodes_of(name: str) -> list[int]:
+        nodes = state.members(label, name) if label else sorted(table)
+        return [i for i in nodes if i in table]
+
     kept = state.group_trials.get(key)
     if kept is None:
         found = {
-            name: trial(name, members)
-            for name, members in state.groups(need, sorted(by_node)).items()
+            name: trial(name, members, set())
+            for name, members in state.groups(need, sorted(table)).items()
         }
     else:
         found, pos = kept
         dirty = state.dirty_since(pos) & elig
         names = {state.labels[i].get(label) for i in dirty} - {None, ""} if label else {""}
         for name in names if dirty else ():
-            nodes = state.members(label, name) if label else sorted(by_node)
-            found[name] = trial(name, [i for i in nodes if i in by_node])
+            found[name] = trial(name, nodes_of(name), set())
     state.group_trials[key] = (found, len(state.changed))
-    return [t for t in found.values() if t is not None]
+    out = found
+    mine = {i for i in holders if i in table}
+    if mine:
+        out = dict(found)
+        names = {state.labels[i].get(label) for i in mine} - {None, ""} if label else {""}
+        for name in names:
+            out[name] = trial(name, nodes_of(name), mine)
+    return [t for t in out.values() if t is not None]
 
 
 def _option(

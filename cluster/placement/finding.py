@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from cluster.placement.data import LABEL_PREFIX
 from cluster.placement.state import EPSILON, Need, State
 
@@ -12,20 +10,43 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     """Return what ``find`` returns, knowing where the same shape fit nowhere before.
 
     A placement only takes room; a shape that fit no node fits none until some node
-    gains room (``State.gained``), and then only there: only those nodes are tried.
+    gains room (``State.gained``), and then only there: only those nodes are tried
+    (for a multi-node replica, only once one has, since it may complete a group).
     The shape is the need, its source left out where it asks no disk.
     """
-    shape = need if need.disk or not need.src else replace(need, src="")
+    shape = state.shape(need)
     key = (shape, elig)
     now = len(state.gained)
     pos = state.find_failed.get(key)
-    if pos is None:
-        chosen = find(state, need, elig, model)
-    elif pos == now:
+    if pos == now:
         return []
+    # The nodes the shape did not fit, by the same rule: each stays so until it gains.
+    kept = state.find_bad.get(key)
+    if kept is None:
+        bad: set[int] = set()
     else:
-        among = state.dirty_since(pos, state.gained) & elig
-        chosen = find(state, need, elig, model, among) if among else []
+        bad, since = kept
+        if bad and since < now:
+            gained, domains = state.gained_since(since)
+            bad -= gained
+            for d in domains:
+                bad.difference_update(state.domain_members[d])
+    state.find_bad[key] = (bad, now)
+    if pos is None:
+        chosen = find(state, need, elig, model, bad=bad)
+    else:
+        among, domains = state.gained_since(pos)
+        for d in domains:
+            among.update(state.domain_members[d])
+        among = (among & elig) - bad
+        if not among:
+            chosen = []
+        elif need.n > 1:
+            # A node that gained may complete a group with nodes that did not: every
+            # node is walked again.
+            chosen = find(state, need, elig, model, bad=bad)
+        else:
+            chosen = find(state, need, elig, model, among, bad)
     if not chosen:
         state.find_failed[key] = now
     return chosen
@@ -37,43 +58,51 @@ def find(
     elig: frozenset[int],
     model: str = "",
     among: set[int] | None = None,
+    bad: set[int] | None = None,
 ) -> list[int]:
     """Return the best nodes for a replica, or [] when none fit.
 
     A one-node replica goes where its model has the fewest replicas: on the node,
     then in its rack (``spread``); then on a node holding the weights, then the best
     fit. With ``among``, only those nodes are walked: every node that fits must be
-    among them.
+    among them. With ``bad``, the nodes in it are known not to fit and are passed
+    over, and each node walked that does not fit is added to it.
     """
     if need.n > 1:
         return find_multi(state, need, elig, among)
     holders = state.holders.get(need.src) if need.src else None
     mine = state.model_on.get(model) if model else None
-    walk = state.walk(need) if among is None else state.walk_among(need, among)
+    if bad is None:
+        bad = set()
+    walk = state.walk(need) if among is None else state.walk_among(need, among, bad)
+    fits = state.fits
     if not mine:
         if holders:
             best = min(
-                ((state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)),
+                ((state.fit_key(i, need), i) for i in holders & elig if fits(i, need)),
                 default=None,
             )
             if best is not None:
                 return [best[1]]
         for i in walk:
-            if i in elig and state.fits(i, need):
-                return [i]
+            if i in elig and i not in bad:
+                if fits(i, need):
+                    return [i]
+                bad.add(i)
         return []
     found: tuple[tuple[int, int], int, int] | None = None
     if holders:
-        for _, i in sorted(
-            (state.fit_key(i, need), i) for i in holders & elig if state.fits(i, need)
-        ):
+        for _, i in sorted((state.fit_key(i, need), i) for i in holders & elig if fits(i, need)):
             score = state.spread(model, i)
             if not any(score):
                 return [i]
             if found is None or (score, 0) < found[:2]:
                 found = (score, 0, i)
     for i in walk:
-        if i in elig and state.fits(i, need):
+        if i in elig and i not in bad:
+            if not fits(i, need):
+                bad.add(i)
+                continue
             score = state.spread(model, i)
             if not any(score):
                 return [i]

@@ -77,8 +77,9 @@ def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = No
             plan.unplaced.append(Unplaced(req.key, req.model, str(whys[0])))
             return
         profiles = [p for p, why in zip(profiles, whys, strict=True) if why is None]
-    tries = [(p, state.need(p), state.eligible(p)) for p in profiles]
-    memo_key = (req.class_rank, req.protect, *(profile_key(p) for p in profiles))
+    known = [_known(state, p) for p in profiles]
+    tries = [(p, need, elig) for p, need, elig, _ in known]
+    memo_key = (req.class_rank, req.protect, *(k for *_, k in known))
     fetched = sum(state.fetched.get(p.source, 0) for p in profiles)
     memo = state.failed.get(memo_key)
     if memo is not None and memo[:2] == (state.epoch, fetched):
@@ -130,6 +131,17 @@ def place_one(state: State, req: Request, plan: Plan, ledger: Ledger | None = No
     reason = why_unplaced(state, req, tries)
     state.failed[memo_key] = (state.epoch, fetched, state.commits, reason)
     plan.unplaced.append(Unplaced(req.key, req.model, reason, never(state, req) or ""))
+
+
+def _known(
+    state: State, p: PlacementProfile
+) -> tuple[PlacementProfile, Need, frozenset[int], tuple[object, ...]]:
+    """Return a profile with its need, eligible nodes and key, worked out once per
+    profile object (a model's requests share theirs)."""
+    found = state.profiles.get(id(p))
+    if found is None or found[0] is not p:
+        found = state.profiles[id(p)] = (p, state.need(p), state.eligible(p), profile_key(p))
+    return found
 
 
 def _need(p: PlacementProfile) -> tuple[str, int]:

@@ -127,99 +127,221 @@ def diagnose(state: State, p: PlacementProfile, need: Need) -> str:
     if need.g == 0 and p.gpus_per_node > 0:
         return _staged(state, p, need)
     nn = need.n
-    misses = all_misses(state, p, need)
-    fit = [i for i, m in enumerate(misses) if not m]
-    if len(fit) >= nn:
+    tally = _tally(state, p, need)
+    fit = tally.fit + tally.fit_delta
+    if fit >= nn:
         # Enough nodes each fit: what binds is how they group (keep_within, power).
         return _staged(state, p, need)
     # The cards first: a reason never says no node has them where some node has,
-    # so the nodes that have them are the ones whose miss is told.
-    pool = list(range(len(state.nodes)))
-    if need.g:
-        has = [i for i in pool if state.total[i].get(need.cls, 0) > 0]
-        if len(has) >= nn:
-            pool = has
-        enough = [i for i in pool if state.total[i].get(need.cls, 0) >= need.g]
-        if len(enough) >= nn:
-            pool = enough
-    alone: dict[str, list[int]] = {}
-    for i in pool:
-        m = misses[i]
-        if len(m) == 1:
-            alone.setdefault(m[0], []).append(i)
+    # so the nodes that have them are the ones whose miss is told (``Tally.pool``).
     for cond in CONDITIONS:
-        only = alone.get(cond)
-        if only and len(fit) + len(only) >= nn:
-            return _bound(state, cond, p, need, only, len(fit))
+        only = tally.only(cond)
+        if only and fit + len(only) >= nn:
+            return _bound(state, cond, p, need, sorted(only), fit)
     return _staged(state, p, need)
 
 
-def all_misses(state: State, p: PlacementProfile, need: Need) -> list[tuple[str, ...]]:
-    """Return what each node misses for p (``_misses``), by node index.
+class Tally:
+    """What the nodes miss for one shape of a profile (``_misses``), counted.
 
-    Kept per profile's shape, its weights aside, and counted again only on the nodes
-    whose room changed since (``State.dirty_since``): what a node is and runs does not
-    change in a plan. The weights matter only where they are held or being fetched;
-    those nodes are counted for them.
+    ``misses`` by node index; ``fit``, how many miss nothing; ``alone``, by condition,
+    the nodes of ``pool`` (the nodes whose miss may be told) that miss only it. Kept per
+    shape, its weights aside, and counted again only on the nodes whose room changed
+    since ``pos`` (``State.dirty_since``): what a node is and runs does not change in a
+    plan. The nodes holding or fetching one replica's weights are counted for it on the
+    side (``fit_delta``, ``added``, ``removed``).
     """
-    shape = replace_node(need, src="") if need.src else need
+
+    def __init__(
+        self, misses: list[tuple[str, ...]], static: list[Static], pool: list[bool], pos: int
+    ) -> None:
+        """Count what each node misses (``static``: what it misses whatever is free)."""
+        self.misses = misses
+        self.static = static
+        self.drawn: dict[int, float] = {}
+        self.pool = pool
+        self.pos = pos
+        self.fit = 0
+        self.alone: dict[str, set[int]] = {}
+        for i, m in enumerate(misses):
+            self._count(i, m, 1)
+        self.fit_delta = 0
+        self.added: dict[str, set[int]] = {}
+        self.removed: dict[str, set[int]] = {}
+
+    def _count(self, i: int, m: tuple[str, ...], sign: int) -> None:
+        """Count (sign 1) or stop counting (-1) node i missing m."""
+        if not m:
+            self.fit += sign
+        elif len(m) == 1 and self.pool[i]:
+            if sign > 0:
+                self.alone.setdefault(m[0], set()).add(i)
+            else:
+                self.alone[m[0]].discard(i)
+
+    def watts(self, state: State, i: int, need: Need) -> float:
+        """Return what this shape's share on node i draws, known while node i's room
+        stays as it is (its lowest free cards)."""
+        w = self.drawn.get(i)
+        if w is None:
+            w = self.drawn[i] = state.watts(i, need)
+        return w
+
+    def set(self, i: int, m: tuple[str, ...]) -> None:
+        """Record what node i misses now."""
+        self.drawn.pop(i, None)
+        old = self.misses[i]
+        if old != m:
+            self._count(i, old, -1)
+            self._count(i, m, 1)
+            self.misses[i] = m
+
+    def side(self, i: int, m: tuple[str, ...]) -> None:
+        """Count node i as missing m for one replica only, in place of ``misses[i]``."""
+        old = self.misses[i]
+        if old == m:
+            return
+        self.fit_delta += (not m) - (not old)
+        if len(old) == 1 and self.pool[i]:
+            self.removed.setdefault(old[0], set()).add(i)
+        if len(m) == 1 and self.pool[i]:
+            self.added.setdefault(m[0], set()).add(i)
+
+    def only(self, cond: str) -> set[int]:
+        """Return the nodes of the pool that miss only cond."""
+        base = self.alone.get(cond, set())
+        removed, added = self.removed.get(cond), self.added.get(cond)
+        if removed or added:
+            return (base - (removed or set())) | (added or set())
+        return base
+
+
+def _tally(state: State, p: PlacementProfile, need: Need) -> Tally:
+    """Return what each node misses for p, counted (``Tally``), for this replica's weights."""
+    shape = state.shape(need, always=True)
     key = (p.engine, p.engine_version, tuple(sorted(p.node_selector.items())), shape)
-    entry = state.miss_cache.get(key)
-    if entry is None:
-        misses = [_misses(state, i, p, shape) for i in range(len(state.nodes))]
-    else:
-        misses, pos = entry
-        if pos < len(state.changed):
-            for i in state.dirty_since(pos):
-                misses[i] = _misses(state, i, p, shape)
-    state.miss_cache[key] = (misses, len(state.changed))
-    if not (need.src and need.disk):
-        return misses
-    own = list(misses)
-    for i in state.holders.get(need.src, set()) | state.fetching_at.get(need.src, set()):
-        own[i] = _misses(state, i, p, need)
-    return own
+    tally = state.miss_cache.get(key)
+    if tally is None:
+        static = [_static(state, i, p, shape) for i in range(len(state.nodes))]
+        misses = [_misses(state, i, shape, static[i]) for i in range(len(state.nodes))]
+        tally = Tally(misses, static, _pool(state, need), len(state.changed))
+        state.miss_cache[key] = tally
+    elif tally.pos < len(state.changed):
+        # A node whose own room did not change, in a domain whose power did, may
+        # have come within its caps or gone over them: only that is counted again.
+        nodes, domains = state.changed_since(tally.pos)
+        for i in nodes:
+            tally.set(i, _misses(state, i, shape, tally.static[i]))
+        members, node_domains, used, cap = (
+            state.domain_members,
+            state.node_domains,
+            state.used,
+            state.cap,
+        )
+        for d in domains:
+            for i in members[d]:
+                if i in nodes:
+                    continue
+                old = tally.misses[i]
+                w = tally.watts(state, i, shape)
+                over = any(used[e] + w - cap[e] > EPSILON for e in node_domains[i])
+                if over != ("power" in old):
+                    tally.set(i, _with_power(old, over))
+        tally.pos = len(state.changed)
+    tally.fit_delta = 0
+    tally.added, tally.removed = {}, {}
+    if need.src and need.disk:
+        for i in state.holders.get(need.src, set()) | state.fetching_at.get(need.src, set()):
+            tally.side(i, _misses(state, i, need, tally.static[i]))
+    return tally
 
 
-def _misses(state: State, i: int, p: PlacementProfile, need: Need) -> tuple[str, ...]:
-    """Return the conditions node i misses for p, one per kind, in ``CONDITIONS`` order.
+def _pool(state: State, need: Need) -> list[bool]:
+    """Return, by node index, whether a node's miss may be told: where enough nodes have
+    cards of the class (and enough of them), only those."""
+    n = len(state.nodes)
+    pool = list(range(n))
+    if need.g:
+        has = [i for i in pool if state.total[i].get(need.cls, 0) > 0]
+        if len(has) >= need.n:
+            pool = has
+        enough = [i for i in pool if state.total[i].get(need.cls, 0) >= need.g]
+        if len(enough) >= need.n:
+            pool = enough
+    out = [False] * n
+    for i in pool:
+        out[i] = True
+    return out
 
-    Conditions of one kind are a chain: a node without the engine is not also said
-    to lack its version, one without cards of the class not also to lack free ones.
-    """
+
+Static = tuple[tuple[str, ...], bool, bool]
+
+
+def _with_power(misses: tuple[str, ...], over: bool) -> tuple[str, ...]:
+    """Return what a node misses with "power" put in its place (over its caps) or
+    taken out."""
+    out = [c for c in misses if c != "power"]
+    if over:
+        out.insert(len(out) - 1 if out and out[-1] == "real" else len(out), "power")
+    return tuple(out)
+
+
+def _static(state: State, i: int, p: PlacementProfile, need: Need) -> Static:
+    """Return what node i misses for p whatever is free on it: those conditions in
+    ``CONDITIONS`` order but "real", whether its free cards are to be counted, and
+    whether it misses "real" (told last)."""
     n = state.nodes[i]
     out = set()
     if not n.schedulable:
         out.add("ready")
-    if p.engine != "sim" and n.simulated:
-        out.add("real")
-    elif p.engine != "sim" and p.engine not in n.engines:
-        out.add("engine")
-    elif not version_matches(n.engines.get(p.engine, ""), p.engine_version):
-        out.add("version")
+    real = p.engine != "sim" and n.simulated
+    if not real:
+        if p.engine != "sim" and p.engine not in n.engines:
+            out.add("engine")
+        elif not version_matches(n.engines.get(p.engine, ""), p.engine_version):
+            out.add("version")
     if not all(n.labels.get(k) == v for k, v in p.node_selector.items()):
         out.add("selector")
     if need.level and not n.labels.get(LABEL_PREFIX + need.level):
         out.add("label")
+    free = False
     if need.g:
         total = state.total[i].get(need.cls, 0)
         if total == 0:
             out.add("class")
         elif total < need.g:
             out.add("count")
-        elif len(state.free[i].get(need.cls, ())) < need.g:
-            out.add("free")
+        else:
+            free = True
+    return tuple(c for c in CONDITIONS if c in out), free, real
+
+
+def _misses(state: State, i: int, need: Need, static: Static) -> tuple[str, ...]:
+    """Return the conditions node i misses, one per kind, in ``CONDITIONS`` order: what
+    it is and runs (``_static``), then what is free on it now.
+
+    Conditions of one kind are a chain: a node without the engine is not also said
+    to lack its version, one without cards of the class not also to lack free ones.
+    """
+    head, free, real = static
+    out = list(head)
+    if free and len(state.free[i].get(need.cls, ())) < need.g:
+        out.append("free")
     if state.mem[i] < need.mem:
-        out.add("memory")
+        out.append("memory")
     if state.cores[i] < need.cores:
-        out.add("cores")
+        out.append("cores")
     if need.disk and state.disk[i] < state.disk_needed(i, need):
-        out.add("disk")
-    if state.node_domains[i]:
+        out.append("disk")
+    domains = state.node_domains[i]
+    if domains:
         w = state.watts(i, need)
-        if any(state.used[d] + w - state.cap[d] > EPSILON for d in state.node_domains[i]):
-            out.add("power")
-    return tuple(c for c in CONDITIONS if c in out)
+        used, cap = state.used, state.cap
+        if any(used[d] + w - cap[d] > EPSILON for d in domains):
+            out.append("power")
+    if real:
+        out.append("real")
+    return tuple(out)
 
 
 def _bound(

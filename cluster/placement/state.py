@@ -9,8 +9,12 @@ telling why are functions over it (``finding``, ``evicting``, ``reasons``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from catalog.rules import FACILITY_LEVELS
 from cluster.placement.data import (
@@ -27,6 +31,8 @@ MB_PER_GB = 1024
 # A capacity a node did not report: large enough never to run out, and still an int.
 UNKNOWN = 1 << 62
 EPSILON = 1e-6
+# Where nodes with cards start in the best-fit order of CPU profiles (``State._cpu_key``).
+CARDS_KEY = 1 << 41
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class Need:
     level: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Hold:
     """A replica's resources on one node, in the state's terms."""
 
@@ -92,9 +98,12 @@ class Buckets:
             self.remove(old, i)
             self.add(new, i)
 
-    def from_key(self, key: int) -> Iterator[int]:
-        """Yield the nodes of every key from this one up, in (key, name) order."""
-        for k in self.keys[bisect.bisect_left(self.keys, key) :]:
+    def from_key(self, key: int, below: int | None = None) -> Iterator[int]:
+        """Yield the nodes of every key from this one up (to ``below``, if given), in
+        (key, name) order."""
+        keys = self.keys
+        end = len(keys) if below is None else bisect.bisect_left(keys, below)
+        for k in keys[bisect.bisect_left(keys, key) : end]:
             yield from self.groups[k]
 
 
@@ -149,12 +158,9 @@ class State:
                 self.holders.setdefault(src, set()).add(i)
             self._index_cards(i, n)
         self.has_cards = [bool(t) for t in self.total]
-        for i, n in enumerate(nodes):
-            if not n.schedulable:
-                continue
-            self.cpu_buckets.add(self._cpu_key(i), i)
-            for cls, count in self.total[i].items():
-                self.class_buckets.setdefault(cls, Buckets()).add(count, i)
+        # The best-fit order is built when first walked, once the running replicas are
+        # held (``hold``), not moved replica by replica.
+        self.bucketed = False
         self._index_domains(domains)
         self.domains = domains
         self.empty: State | None = None
@@ -166,9 +172,18 @@ class State:
         self.ranks_on: list[dict[int, int]] = [{} for _ in nodes]
         # The nodes running a live replica of each class rank: where eviction may look.
         self.rank_nodes: dict[int, set[int]] = {}
+        # Each time a node began to run a live replica of a class rank, in order; and
+        # per shape's nodes and rank, the nodes where eviction may look, in name order,
+        # with the length of ``became`` then (``evicting._evictable_order``).
+        self.became: list[tuple[int, int]] = []
+        self.evictable_order: dict[tuple[object, ...], tuple[list[int], int]] = {}
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        # By profile object: it, its need, eligible nodes and key (``placing._known``).
+        self.profiles: dict[int, tuple[Any, ...]] = {}
+        # By need object: it, and its shape without the weights (``shape``).
+        self.shapes: dict[int, tuple[Need, Need]] = {}
         self.label_index: dict[str, dict[str, list[int]]] = {}
         # Placements only take capacity, so a request that failed keeps failing until
         # an eviction gives some back (``epoch`` counts them), or a placement starts
@@ -187,7 +202,11 @@ class State:
         # The nodes where a replica may fit that did not before (room given back, or a
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
+        self.gained_wide: list[bool] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
+        # Per shape, the nodes walked that it did not fit, and the length of ``gained``
+        # then: passed over until they gain room (``finding.find_again``).
+        self.find_bad: dict[tuple[object, ...], tuple[set[int], int]] = {}
         self.victims_memo: dict[tuple[object, ...], dict] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         # Per shape of a replica whose every node was counted: each node's
@@ -195,7 +214,7 @@ class State:
         self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
         # The same for a multi-node replica's groups of nodes (``evicting._trials``).
         self.group_trials: dict[tuple[object, ...], tuple[dict, int]] = {}
-        self.miss_cache: dict[tuple[object, ...], tuple[list[tuple[str, ...]], int]] = {}
+        self.miss_cache: dict[tuple[object, ...], Any] = {}  # ``reasons.Tally`` per shape
 
     def _index_cards(self, i: int, n: Node) -> None:
         """Record node i's cards: classes, power limits, MIG parents and what is free."""
@@ -239,15 +258,29 @@ class State:
                     self.domain_members[ids[(level, name)]].append(i)
             self.node_domains.append(tuple(mine))
 
+    def _bucket(self) -> None:
+        """Build the best-fit order of every schedulable node from what is free now."""
+        self.class_buckets = {}
+        self.cpu_buckets = Buckets()
+        for i, n in enumerate(self.nodes):
+            if not n.schedulable:
+                continue
+            self.cpu_buckets.add(self._cpu_key(i), i)
+            free = self.free[i]
+            for cls in self.total[i]:
+                self.class_buckets.setdefault(cls, Buckets()).add(len(free.get(cls, ())), i)
+        self.bucketed = True
+
     def _cpu_key(self, i: int) -> int:
         """Return node i's place in the best-fit order of CPU profiles."""
         # Nodes without cards first, keeping GPU nodes' hosts for GPU replicas; then
         # the fewest free cores, keeping large holes for large CPU replicas.
         cores = min(max(self.cores[i], 0), 1 << 40)
-        return (1 << 41 if self.has_cards[i] else 0) + cores
+        return (CARDS_KEY if self.has_cards[i] else 0) + cores
 
     def hold(self, running: list[Running]) -> None:
         """Count running replicas against their nodes."""
+        self.bucketed = False
         for r in sorted(running, key=lambda r: str(r.id)):
             if r.id in self.alive:
                 raise ValueError(f"two running replicas share the id {r.id}")
@@ -268,33 +301,37 @@ class State:
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
+        node_domains, used, domain_ver = self.node_domains, self.used, self.domain_ver
         for h in holds:
             i = h.i
             self.changed.append(i)
             self.node_ver[i] += 1
+            domains = node_domains[i]
             # Room given back; or a fetch begun, after which the node needs no more disk
             # for its source; or cards taken where power counts: a replica's derived
             # watts read the lowest free cards, which may now draw less.
-            if (
-                sign < 0
-                or (h.src and h.src not in self.holds[i])
-                or (h.cards and self.node_domains[i])
-            ):
+            if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
                 self.gained.append(i)
-            for c in h.cards:
-                self._claim(i, c, sign)
-                for child in self.children[i].get(c, ()):
-                    self._claim(i, child, sign)
+                # Only room given back frees power its domains' other nodes may use.
+                self.gained_wide.append(sign < 0)
+            if h.cards:
+                children = self.children[i]
+                for c in h.cards:
+                    self._claim(i, c, sign)
+                    if children:
+                        for child in children.get(c, ()):
+                            self._claim(i, child, sign)
             if h.cores:
                 old = self._cpu_key(i)
                 self.cores[i] -= sign * h.cores
-                if self.nodes[i].schedulable:
+                if self.bucketed and self.nodes[i].schedulable:
                     self.cpu_buckets.move(old, self._cpu_key(i), i)
             self.mem[i] -= sign * h.mem
-            self._fetch(i, h, sign)
-            for d in self.node_domains[i]:
-                self.used[d] += sign * h.watts
-                self.domain_ver[d] += 1
+            if h.src or h.disk:
+                self._fetch(i, h, sign)
+            for d in domains:
+                used[d] += sign * h.watts
+                domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""
@@ -324,18 +361,16 @@ class State:
         claims = self.claims[i]
         before = claims[c]
         claims[c] = before + sign
-        if c in self.children[i]:
-            return  # never offered whole
+        if sign > 0 and before != 0 or sign < 0 and before != 1 or c in self.children[i]:
+            return  # already claimed, still claimed, or never offered whole
         cls = self.card_class[i][c]
         free = self.free[i].setdefault(cls, [])
         count = len(free)
-        if sign > 0 and before == 0:
+        if sign > 0:
             del free[bisect.bisect_left(free, c)]
-        elif sign < 0 and before == 1:
-            bisect.insort(free, c)
         else:
-            return
-        if self.nodes[i].schedulable:
+            bisect.insort(free, c)
+        if self.bucketed and self.nodes[i].schedulable:
             self.class_buckets[cls].move(count, len(free), i)
 
     def need(self, p: PlacementProfile) -> Need:
@@ -353,6 +388,16 @@ class State:
             src=p.source,
             level=p.keep_within.strip().lower() if n > 1 else "",
         )
+
+    def shape(self, need: Need, always: bool = False) -> Need:
+        """Return a need with its source left out where it asks no disk (or, with
+        ``always``, in any case): what the weights do not change."""
+        if not need.src or (need.disk and not always):
+            return need
+        found = self.shapes.get(id(need))
+        if found is None or found[0] is not need:
+            found = self.shapes[id(need)] = (need, dataclasses.replace(need, src=""))
+        return found[1]
 
     def eligible(self, p: PlacementProfile) -> frozenset[int]:
         """Return the schedulable nodes whose engine, labels and kind suit p."""
@@ -422,17 +467,39 @@ class State:
 
     def walk(self, need: Need) -> Iterator[int]:
         """Yield schedulable nodes that may have room, best fit first."""
+        if not self.bucketed:
+            self._bucket()
         if not need.g:
-            return self.cpu_buckets.from_key(0)
+            # A node with fewer free cores than the replica needs cannot fit it: those
+            # without cards, then those with, each from the cores needed up.
+            cores = min(need.cores, 1 << 40)
+            return itertools.chain(
+                self.cpu_buckets.from_key(cores, CARDS_KEY),
+                self.cpu_buckets.from_key(CARDS_KEY + cores),
+            )
         buckets = self.class_buckets.get(need.cls)
         return buckets.from_key(need.g) if buckets else iter(())
 
-    def walk_among(self, need: Need, among: set[int]) -> list[int]:
-        """Return the nodes of ``among`` that ``walk`` would yield, in its order."""
+    def walk_among(
+        self, need: Need, among: set[int], short: set[int] | None = None
+    ) -> Iterator[int]:
+        """Yield the nodes of ``among`` that ``walk`` would yield, in its order; those
+        it passes over (too few free cards or cores) are added to ``short``.
+
+        In order as they are asked for (a heap): a walk that stops at the first node
+        that fits does not sort the rest.
+        """
         if not need.g:
-            return sorted(among, key=lambda i: (self._cpu_key(i), i))
-        keyed = [(len(self.free[i].get(need.cls, ())), i) for i in among]
-        return [i for k, i in sorted(keyed) if k >= need.g]
+            cores, key = self.cores, self._cpu_key
+            keyed = [(key(i), i) for i in among if cores[i] >= need.cores]
+        else:
+            free, cls, g = self.free, need.cls, need.g
+            keyed = [(k, i) for i in among if (k := len(free[i].get(cls, ()))) >= g]
+        if short is not None and len(keyed) < len(among):
+            short.update(among.difference(i for _, i in keyed))
+        heapq.heapify(keyed)
+        while keyed:
+            yield heapq.heappop(keyed)[1]
 
     def spread(self, model: str, i: int) -> tuple[int, int]:
         """Return how many replicas of a model node i would share with: on the node, then
@@ -505,11 +572,27 @@ class State:
         """Return the nodes whose room may have changed since a log (``changed``, or
         ``gained``) stood at pos: those in it, and every node sharing a power domain
         with one (its power did)."""
-        dirty = set((self.changed if log is None else log)[pos:])
-        for i in list(dirty):
-            for d in self.node_domains[i]:
-                dirty.update(self.domain_members[d])
+        dirty, domains = self.changed_since(pos, log)
+        for d in domains:
+            dirty.update(self.domain_members[d])
         return dirty
+
+    def gained_since(self, pos: int) -> tuple[set[int], set[int]]:
+        """Return the nodes that gained room since ``gained`` stood at pos, and the power
+        domains where room was given back (each of their nodes may fit now)."""
+        nodes = set(self.gained[pos:])
+        wide = self.gained_wide
+        node_domains = self.node_domains
+        domains = {
+            d for k in range(pos, len(wide)) if wide[k] for d in node_domains[self.gained[k]]
+        }
+        return nodes, domains
+
+    def changed_since(self, pos: int, log: list[int] | None = None) -> tuple[set[int], set[int]]:
+        """Return the nodes in a log since pos, and the power domains they are in."""
+        nodes = set((self.changed if log is None else log)[pos:])
+        node_domains = self.node_domains
+        return nodes, {d for i in nodes for d in node_domains[i]}
 
     def count_rank(self, i: int, rank: int, sign: int) -> None:
         """Count a live replica of a class rank on node i (sign 1), or stop counting it."""
@@ -517,6 +600,8 @@ class State:
         ranks[rank] = ranks.get(rank, 0) + sign
         if ranks[rank] > 0:
             self.rank_nodes.setdefault(rank, set()).add(i)
+            if ranks[rank] == sign:
+                self.became.append((i, rank))
         else:
             self.rank_nodes.get(rank, set()).discard(i)
 

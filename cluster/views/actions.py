@@ -113,7 +113,7 @@ def model_bench(request: HtmxHttpRequest, name: str) -> HttpResponse:
     profile = (request.POST.get("profile") or "").strip() or None
     row = live.model_row(name)
     try:
-        benchrun._replica(name, profile)
+        benchrun.ready_replica(name, profile)
     except benchrun.BenchError as exc:
         if row is not None:
             row.bench = f"bench not started: {exc}"

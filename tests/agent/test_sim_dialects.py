@@ -1,6 +1,7 @@
 """The sim engine for the gateway's dialects, as a real process: its prefix cache reported
 as cached tokens, the tool calls a test asks for, the stop string it stopped at, the
-prompt holding tools, and rerank."""
+prompt holding tools, rerank, and its own Responses and Messages routes read by the
+official clients."""
 
 from __future__ import annotations
 
@@ -190,3 +191,56 @@ def test_a_cache_hit_is_whole_blocks_of_a_served_prefix(first, rest, capacity) -
     if capacity >= len(first) // BLOCK and rest:
         assert hit == len(first) // BLOCK * BLOCK
     assert len(cache) <= capacity
+
+
+# -- its own Responses and Messages routes, as vLLM serves them ------------------------------
+
+
+def test_its_own_responses_route_is_read_by_the_openai_client(sim: Sim) -> None:
+    import openai
+
+    api = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    tools = [{"type": "function", "name": "get_weather",
+              "parameters": TOOLS[0]["function"]["parameters"]}]  # fmt: skip
+    whole = api.responses.create(model="m", instructions=SYSTEM, input="/echo hello there")
+    assert whole.output_text == "hello there" and whole.status == "completed"
+    again = api.responses.create(model="m", instructions=SYSTEM, input="/echo hello there")
+    assert again.usage.input_tokens_details.cached_tokens > 0
+    # The client's stream helper checks every event's sequence_number and index.
+    with api.responses.stream(model="m", input="/echo streamed words") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "streamed words"
+    assert final.usage.output_tokens > 0
+    called = api.responses.create(model="m", tools=tools,
+                                  input='/call get_weather {"city": "Oslo"}')  # fmt: skip
+    (call,) = [i for i in called.output if i.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo"})
+    cut = api.responses.create(model="m", input="Say a lot.", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    # Stateless, as llama-server is: a gateway sends the whole conversation.
+    with pytest.raises(openai.BadRequestError):
+        api.responses.create(model="m", input="more", previous_response_id=whole.id)
+
+
+def test_its_own_messages_route_is_read_by_the_anthropic_client(sim: Sim) -> None:
+    import anthropic
+
+    api = anthropic.Anthropic(base_url=sim.url, api_key="x", max_retries=0, timeout=30)
+    asked = [{"role": "user", "content": "/echo hello there END more"}]
+    message = api.messages.create(model="m", max_tokens=32, system=SYSTEM, messages=asked,
+                                  stop_sequences=["END"])  # fmt: skip
+    assert message.content[0].text == "hello there "
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
+    with api.messages.stream(model="m", max_tokens=32, system=SYSTEM, messages=asked) as stream:
+        assert "".join(stream.text_stream) == "hello there END more"
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn" and final.usage.cache_read_input_tokens > 0
+    tools = [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    with api.messages.stream(model="m", max_tokens=64, tools=tools, messages=[
+        {"role": "user", "content": '/call get_weather {"city": "Oslo"}'}]) as stream:  # fmt: skip
+        called = stream.get_final_message()
+    assert called.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in called.content] == [("get_weather", {"city": "Oslo"})]
+    stats = sim.client.get(sim.url + "/sim/stats").json()
+    assert stats["messages"] >= 3

@@ -204,3 +204,13 @@ def test_a_shape_that_drew_too_much_fits_once_a_hungrier_card_is_taken() -> None
     assert [(p.key, p.assignments[0].cards) for p in plan.placed] == [("b/0", (0,)), ("c/0", (1,))]
     assert [u.key for u in plan.unplaced] == ["a/0"]
     same(plan, reference_place(nodes, domains, [], requests))
+
+
+def test_a_node_that_gains_room_completes_a_multi_node_group_as_the_reference_does() -> None:
+    """A two-node replica (keep_within site) that fit nowhere is placed once a node gains
+    room, beside a node whose room did not change: every node is walked again, not only
+    the one that gained (found on a cluster of 116 nodes)."""
+    nodes, domains, running, requests = cluster(10812, 116, 116, False)
+    plan = place(nodes, domains, running, requests)
+    assert "m98" in {p.key for p in plan.placed}
+    same(plan, reference_place(nodes, domains, running, requests))

@@ -1,7 +1,8 @@
 """The Messages and Responses APIs as their clients meet them: the official ``anthropic``
 and ``openai`` packages against the real processes (``manage.py serve``, ``manage.py
-gateway serve``), real agents, and sim engines or a real llama-server (translated to chat
-completions on every engine: docs/dialects.md)."""
+gateway serve``), real agents, and sim engines or a real llama-server. The sim serves
+both APIs itself, so they are sent to it natively, checked and normalized by the gateway
+(docs/dialects.md, "Native or translated, per engine")."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import anthropic
 import openai
 import pytest
 
-from cluster.models import Node
+from cluster.models import Node, Replica
 from tests.catalog.samples import store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
-from tests.e2e.test_gateway import H100, client, new_key, ready, sim_model
+from tests.e2e.test_gateway import H100, client, new_key, ready, sim_model, sim_stats
 from tests.e2e.test_gateway_serve import serving, started
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +41,8 @@ def test_both_clients_through_two_gateway_processes_on_the_sim(
                     capabilities={"tools": True}))  # fmt: skip
     wait_for(ready("chat"), 90, "the chat replica ready")
     key = new_key(control_plane, "app", "--owner", "team:agents")
+    replica = Replica.objects.get(model_name="chat", state="ready")
+    before = sim_stats(replica)
 
     # Anthropic's client at the console's port (console and gateway in one process).
     api = claude(control_plane.url, key)
@@ -89,3 +92,8 @@ def test_both_clients_through_two_gateway_processes_on_the_sim(
         second_api.responses.delete(second.id)
         with pytest.raises(openai.NotFoundError):
             first_api.responses.retrieve(second.id)
+    # Every generating request went to the engine's own route (the sim's is fit), the
+    # conversation continued from the gateway's store through another process.
+    after = sim_stats(replica)
+    assert after["messages"] - before["messages"] == 3
+    assert after["responses"] - before["responses"] == 4

@@ -120,6 +120,13 @@ def test_a_bad_bind_is_refused_saying_what_to_write(
     assert not (tmp_path / "data" / "metrics").exists()
 
 
+def test_a_negative_worker_count_is_refused(transactional_db: Any, tmp_path: Path) -> None:
+    done = serve(tmp_path, "--port", "0", "--workers", "-1")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "--workers -1: 1 or more, or 0 for one a core" in done.stderr
+    assert "gateway serving" not in done.stdout
+
+
 def test_a_port_in_use_is_refused_naming_it(transactional_db: Any, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -276,6 +276,7 @@ class Harness:
                                options=Options(wake_wait=1.0, first_byte_timeout=5,
                                                read_timeout=5))  # fmt: skip
         self.app: Any = self.gateway  # what uvicorn serves (a test may wrap the gateway)
+        self.http: Any = "auto"  # uvicorn's HTTP protocol (a test may give gateway serve's)
         self.port = 0
         self._server: uvicorn.Server | None = None
 
@@ -296,7 +297,8 @@ class Harness:
         self.rows = [ReplicaRow(rid, m, "sim", e.url) for rid, m, e in replicas]
         if self._server is None:
             config = uvicorn.Config(self.app, host="127.0.0.1", port=0, lifespan="off",
-                                    log_level="warning", access_log=False)  # fmt: skip
+                                    log_level="warning", access_log=False,
+                                    http=self.http)  # fmt: skip
             self._server = uvicorn.Server(config)
             self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._server.serve()))
             deadline = time.monotonic() + 10

@@ -11,12 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway import listener, server
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
-@pytest.fixture
-def h() -> Iterator[Harness]:
+@pytest.fixture(params=["uvicorn's", "gateway serve's"])
+def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """Served by uvicorn's own HTTP protocol, and by ``gateway serve``'s (the read
+    timeouts', writing a loop pass's writes in one call: ``gateway.server.Writes``)."""
     harness = Harness()
+    if request.param == "gateway serve's":
+        harness.http = server.coalescing(listener.protocol(10, 60))
     yield harness
     harness.close()
 

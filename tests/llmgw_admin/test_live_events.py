@@ -67,7 +67,7 @@ def test_marking_a_topic_no_app_registered_is_refused_naming_the_events() -> Non
         events.changed(nodez=[1])
     assert str(caught.value) == (
         "changed(): no live event 'nodez'; the events: "
-        "['evals', 'judges', 'models', 'nodes', 'replicas', 'traffic']"
+        "['evals', 'judges', 'models', 'nodes', 'peers', 'replicas', 'traffic']"
     )
     with pytest.raises(TypeError):
         events.changed(refresh=["nodez"])

@@ -65,7 +65,7 @@ def test_a_canary_percent_given_at_start_is_used_and_zero_means_none() -> None:
 
 
 def test_a_second_update_of_a_model_is_refused_naming_the_first() -> None:
-    with pytest.raises(flow.Refused) as caught:
+    with pytest.raises(flow.FlowRefused) as caught:
         flow.plan(model(), [running("other"), running("chat")])
     said = str(caught.value)
     assert "#7" in said and "alice" in said and "eval" in said
@@ -83,7 +83,7 @@ def test_a_second_update_of_a_model_is_refused_naming_the_first() -> None:
     ],
 )
 def test_an_update_that_cannot_be_is_refused_saying_why(extra, kwargs, said) -> None:
-    with pytest.raises(flow.Refused, match=said):
+    with pytest.raises(flow.FlowRefused, match=said):
         flow.plan(model(**extra), **kwargs)
 
 
@@ -203,7 +203,7 @@ def test_rollback_returns_to_previous_and_keeps_the_current_as_previous() -> Non
     assert back.origin.revision == OLD
     assert back.origin.previous.revision == NEW
     assert flow.rollback_spec(back).origin.revision == NEW  # and forth again
-    with pytest.raises(flow.Refused, match="no previous revision"):
+    with pytest.raises(flow.FlowRefused, match="no previous revision"):
         flow.rollback_spec(model())
 
 
@@ -218,7 +218,7 @@ def test_promote_then_rollback_is_where_it_started(commit: str) -> None:
 def test_a_rollback_to_the_revision_it_is_at_is_refused() -> None:
     m = model()
     m.origin.previous = spec.PreviousOrigin("acme/chat", m.origin.revision, m.origin.files)
-    with pytest.raises(flow.Refused, match="its previous revision is the one it is at"):
+    with pytest.raises(flow.FlowRefused, match="its previous revision is the one it is at"):
         flow.rollback_spec(m)
     # A promote to the revision it is at keeps what it came from.
     again = flow.promoted_spec(model(), "x", flow.Revision(model().origin.revision, ()))

@@ -125,14 +125,14 @@ def test_rollback_says_so_when_the_mirror_no_longer_holds_the_previous_revision(
     held = mirror.local_path("chat", r.from_commit)
     assert held is not None
     shutil.rmtree(held)
-    with pytest.raises(flow.Refused, match=f"no longer holds chat at {r.from_commit[:8]}"):
+    with pytest.raises(flow.FlowRefused, match=f"no longer holds chat at {r.from_commit[:8]}"):
         run.rollback("chat")
     assert spec().origin.revision == chat  # nothing changed
 
 
 def test_a_second_update_is_refused_naming_the_first(chat: str) -> None:
     first = run.start("chat", via="alice@host")
-    with pytest.raises(flow.Refused, match=f"#{first.pk}, started by system \\(alice@host\\)"):
+    with pytest.raises(flow.FlowRefused, match=f"#{first.pk}, started by system \\(alice@host\\)"):
         run.start("chat")
     assert UpdateRun.objects.count() == 1
 
@@ -140,10 +140,10 @@ def test_a_second_update_is_refused_naming_the_first(chat: str) -> None:
 def test_an_update_to_the_revision_it_is_at_is_refused_saying_so(chat: str) -> None:
     at = spec().origin.revision
     with pytest.raises(
-        flow.Refused, match=f"chat is at {at[:8]} already, {at}: nothing to update to"
+        flow.FlowRefused, match=f"chat is at {at[:8]} already, {at}: nothing to update to"
     ):
         run.start("chat", revision=at)
-    with pytest.raises(flow.Refused, match="has no revision ffff"):
+    with pytest.raises(flow.FlowRefused, match="has no revision ffff"):
         run.start("chat", revision="f" * 40)
     assert UpdateRun.objects.count() == 0
 
@@ -225,7 +225,7 @@ def test_an_update_that_cannot_start_changes_nothing(
 ) -> None:
     store(gpu_model("local", source="/models/local.gguf"))
     before = Fetch.objects.count()
-    with pytest.raises(flow.Refused, match=said):
+    with pytest.raises(flow.FlowRefused, match=said):
         run.start(model, **kwargs)
     assert UpdateRun.objects.count() == 0 and Fetch.objects.count() == before
 
@@ -270,7 +270,7 @@ def test_manage_py_catalog_update_start_status_and_a_refusal(chat: str) -> None:
 
 
 def test_cancel_ends_a_running_update_and_removes_its_candidate(chat: str) -> None:  # noqa: F811
-    with pytest.raises(flow.Refused, match='no update of "chat" is running'):
+    with pytest.raises(flow.FlowRefused, match='no update of "chat" is running'):
         run.cancel("chat")
     r = fetched(run.start("chat", canary_percent=30))
     assert spec(r.candidate) is not None
@@ -315,7 +315,7 @@ def test_an_eval_below_its_threshold_cannot_be_promoted_by_hand(chat: str) -> No
     save_model(m, Actor(user=None, surface="cli", name="test"), replacing="chat")
     r = ready(fetched(run.start("chat")))
     UpdateRun.objects.filter(pk=r.pk).update(score=0.5, threshold=0.9)
-    with pytest.raises(flow.Refused, match="scored 0.50, below 0.90"):
+    with pytest.raises(flow.FlowRefused, match="scored 0.50, below 0.90"):
         run.promote("chat")
 
 
@@ -412,7 +412,7 @@ def test_an_update_of_a_model_never_fetched_writes_its_origin_at_promote_only(
     assert m.origin.revision == commit and m.origin.previous is None
     # Nothing to go back to: refused naming why, and no replica rolled.
     before = set(Replica.objects.values_list("pk", flat=True))
-    with pytest.raises(flow.Refused, match="no previous revision to go back to: it is at"):
+    with pytest.raises(flow.FlowRefused, match="no previous revision to go back to: it is at"):
         run.rollback("sim")
     assert set(Replica.objects.values_list("pk", flat=True)) == before
     assert spec("sim").origin.revision == commit
@@ -421,7 +421,7 @@ def test_an_update_of_a_model_never_fetched_writes_its_origin_at_promote_only(
 def test_a_rollback_with_no_origin_is_refused_naming_why(hub: HubStandIn) -> None:
     hub.commit("org/sim", {"sim-weights.json": V1})
     store(gpu_model("sim"))
-    with pytest.raises(flow.Refused, match="it has no origin"):
+    with pytest.raises(flow.FlowRefused, match="it has no origin"):
         run.rollback("sim")
 
 

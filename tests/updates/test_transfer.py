@@ -89,7 +89,7 @@ def test_more_held_than_the_file_is_thrown_away(
 def test_another_answer_than_the_file_is_refused_with_its_status(
     hub: HubStandIn, tmp_path: Path
 ) -> None:
-    with pytest.raises(transfer.Refused) as refused:
+    with pytest.raises(transfer.TransferRefused) as refused:
         transfer.receive(f"{hub.url}/plain/none.bin", tmp_path / "x.part", size=10)
     assert refused.value.status == 404 and "HTTP 404" in str(refused.value)
 

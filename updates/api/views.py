@@ -395,7 +395,7 @@ class _Problem:
     model: str = ""
 
 
-def _refused(exc: flow.Refused, field: str = "") -> Response:
+def _refused(exc: flow.FlowRefused, field: str = "") -> Response:
     return problems_response([_Problem(field, str(exc), "refused")], str(exc))
 
 
@@ -486,7 +486,7 @@ def model_update(request: Request, name: str) -> Response:
             surface=Surface.API,
             via=_via(request),
         )
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _refused(exc)
     return Response(cli.as_json(r), status=status.HTTP_202_ACCEPTED)
 
@@ -500,7 +500,7 @@ def model_promote(request: Request, name: str) -> Response:
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     try:
         r = run.promote(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _refused(exc)
     return Response(cli.as_json(r))
 
@@ -514,7 +514,7 @@ def model_cancel(request: Request, name: str) -> Response:
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     try:
         r = run.cancel(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _refused(exc)
     return Response(cli.as_json(r))
 
@@ -532,7 +532,7 @@ def model_rollback(request: Request, name: str) -> Response:
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     try:
         said = run.rollback(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.Refused as exc:
+    except flow.FlowRefused as exc:
         return _refused(exc)
     return Response({"detail": said})
 

@@ -27,6 +27,7 @@ import httpx
 from django.conf import settings
 
 from catalog.problems import Problem
+from llmgw_core.refused import Refused
 from updates.evals import suite as s
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ TIMEOUT_S = 60.0
 READY_S = 60.0
 
 
-class SuiteRefused(Exception):
+class SuiteRefused(Refused):
     """A suite that cannot be found or read; ``problems`` say where and what."""
 
     def __init__(self, name: str, problems: list[Problem]) -> None:

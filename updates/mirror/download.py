@@ -337,7 +337,7 @@ def _get(f: registry.RepoFile, part: Path, headers: dict[str, str], progress: Pr
             attempts=ATTEMPTS,
             moved=lambda have: progress.at(progress.base + have),
         )
-    except transfer.Refused as exc:
+    except transfer.TransferRefused as exc:
         have = part.stat().st_size if part.exists() else 0
         raise MirrorError(
             f"downloading {f.path} failed (HTTP {exc.status}); {have} bytes are kept to resume "

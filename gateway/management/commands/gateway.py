@@ -1,6 +1,6 @@
 """The gateway from the command line: serve it alone, and manage client keys.
 
-manage.py gateway serve [--bind H] [--port P]
+manage.py gateway serve [--bind H] [--port P] [--workers N]
 manage.py gateway key create NAME [--owner O] [--model M ...] [--expires DURATION]
                                   [--rpm N] [--tpm N] [--priority high|normal|low]
 manage.py gateway key list
@@ -57,11 +57,20 @@ class Command(BaseCommand):
         serve.add_argument("--port", type=int, default=8001,
                            help="0 to 65535; 0: any free port (the start line prints it); "
                            "default 8001")  # fmt: skip
+        serve.add_argument("--workers", type=int, default=None,
+                           help="processes serving the port (SO_REUSEPORT), restarted when "
+                           "one dies; 0: one a core; default LLMGW_GATEWAY_WORKERS "
+                           "(0)")  # fmt: skip
         key = sub.add_parser("key", help="client keys")
         ksub = key.add_subparsers(dest="key_action", required=True)
         create = ksub.add_parser("create", help="make a key; prints it alone on the last line")
         create.add_argument("name")
-        create.add_argument("--owner", default="", help="org:NAME, team:NAME or project:NAME")
+        create.add_argument(
+            "--owner",
+            default="",
+            help="org:NAME, team:NAME or project:NAME; peer:NAME for a "
+            "federated cluster's key (docs/federation.md)",
+        )
         create.add_argument("--model", action="append", default=[], dest="models",
                             help="a model, alias or adapter it may name (repeat); default every "
                             "model in the cluster")  # fmt: skip
@@ -85,7 +94,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["action"] == "serve":
-            self._serve(opts["bind"], opts["port"])
+            self._serve(opts["bind"], opts["port"], opts["workers"])
             return
         if opts["action"] == "batch":
             self._batch(opts["batch_action"], opts.get("id"))
@@ -153,21 +162,36 @@ class Command(BaseCommand):
         self.stdout.write(f"{batch_id} {batch['status']}: the runner stops it, what finished "
                           "is kept")  # fmt: skip
 
-    def _serve(self, bind: str, port: int) -> None:
+    def _serve(self, bind: str, port: int, workers: int | None) -> None:
         from django.conf import settings
+        from django.db import connections
 
         from gateway import server
+        from llmgw_core.workers import cores
 
+        count = settings.LLMGW_GATEWAY_WORKERS if workers is None else workers
+        if count < 0:
+            raise CommandError(f"--workers {count}: 1 or more, or 0 for one a core "
+                               f"({cores()} here)")  # fmt: skip
+        count = count or cores()
         # Before anything starts: an address it cannot serve on is refused here.
         try:
-            sock = server.listen(bind, port)
+            sock = server.listen(bind, port, shared=count > 1)
         except server.AddressRefused as error:
             raise CommandError(str(error)) from None
         if not settings.REDIS_URL:
             self.stderr.write(server.PER_PROCESS, style_func=self.style.WARNING)
             self.stderr.flush()
-        server.run(sock, self._say)
+        if count == 1:
+            server.run(sock, self._say)
+            return
+        connections.close_all()  # each worker opens its own
+        raise SystemExit(server.run_workers(sock, count, self._say, self._warn))
 
     def _say(self, line: str) -> None:
         self.stdout.write(line)
         self.stdout.flush()  # a pipe or a log file holds it back otherwise
+
+    def _warn(self, line: str) -> None:
+        self.stderr.write(line, style_func=self.style.WARNING)
+        self.stderr.flush()

@@ -108,7 +108,7 @@ def _score(result: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _tokens(answer: Mapping[str, Any]) -> int | None:
+def answer_tokens(answer: Mapping[str, Any]) -> int | None:
     usage = answer.get("usage")
     if isinstance(usage, Mapping):
         for key in ("total_tokens", "prompt_tokens"):
@@ -149,7 +149,7 @@ def answer(
     ranked = sorted(scored.items(), key=lambda pair: (-pair[1], pair[0]))
     if request.top_n is not None:
         ranked = ranked[: request.top_n]
-    tokens = _tokens(engine) if isinstance(engine, Mapping) else None
+    tokens = answer_tokens(engine) if isinstance(engine, Mapping) else None
     out_results = []
     for index, score in ranked:
         result: dict[str, Any] = {"index": index, "relevance_score": score}

@@ -29,6 +29,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--bind", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--workers", type=int, default=None,
+                            help="processes serving the port (SO_REUSEPORT), restarted when "
+                            "one dies; more than 1 only with LLMGW_REDIS_URL; 0: one a core; "
+                            "default LLMGW_WEB_WORKERS (1)")  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
@@ -39,13 +43,38 @@ class Command(BaseCommand):
 
         from gateway.server import AddressRefused, listen
         from llmgw_admin import jobs, server
+        from llmgw_core.workers import cores
+
+        count = settings.LLMGW_WEB_WORKERS if options["workers"] is None else options["workers"]
+        if count < 0:
+            raise CommandError(f"--workers {count}: 1 or more, or 0 for one a core "
+                               f"({cores()} here)")  # fmt: skip
+        count = count or cores()
+        if count > 1 and not settings.REDIS_URL:
+            raise CommandError(
+                f"--workers {count}: the embedded web process (no LLMGW_REDIS_URL) is one "
+                "process: its reconciler, its consoles' live changes and its local agent are "
+                "its own. Set LLMGW_REDIS_URL (with a Celery worker and beat) to serve with "
+                "several, or write --workers 1"
+            )
+        if count > 1 and settings.LLMGW_SIMULATE:
+            raise CommandError(
+                f"--workers {count}: LLMGW_SIMULATE runs its simulated nodes' agents inside "
+                "the web process, one set per process: write --workers 1, or LLMGW_SIMULATE=off"
+            )
 
         # The address is checked before anything starts, as the gateway process checks
         # its own: a port out of range, an address not this machine's, one in use.
         try:
-            listen(options["bind"], options["port"]).close()
+            sock = listen(options["bind"], options["port"], shared=count > 1)
         except AddressRefused as error:
             raise CommandError(str(error)) from None
+        if count > 1:
+            from django.db import connections
+
+            connections.close_all()  # each worker opens its own
+            raise SystemExit(server.run_workers(sock, count, self._say, self._warn))
+        sock.close()
 
         if not settings.REDIS_URL:
             from cluster import relay
@@ -79,6 +108,14 @@ class Command(BaseCommand):
             self._start_simulated(options["bind"], options["port"], Path(settings.DATA_DIR))
 
         server.run(options["bind"], options["port"])
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
+
+    def _warn(self, line: str) -> None:
+        self.stderr.write(line, style_func=self.style.WARNING)
+        self.stderr.flush()
 
     def _start_local_agent(self, bind: str, port: int, data_dir: Path) -> None:
         """Start this machine's agent, joined with a one-use token made for it."""

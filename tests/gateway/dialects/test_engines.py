@@ -13,12 +13,28 @@ from gateway.path.dialects.engines import COUNT_TOKENS, MESSAGES, RERANK, RESPON
 def test_generating_dialects_are_translated_to_chat_unless_native_is_asked(engine, dialect):
     assert route(dialect, engine) == Route("/v1/chat/completions", False)
     own = engines.NATIVE[engine].get(dialect)
+    fit = engines.FIT[engine].get(dialect, False)
     asked = route(dialect, engine, native=True)
-    assert asked == (Route(own, True) if own else Route("/v1/chat/completions", False))
+    assert asked == (Route(own, True) if own and fit else Route("/v1/chat/completions", False))
 
 
-def test_the_sim_is_a_chat_engine_and_a_reranker() -> None:
-    assert route(RESPONSES, "sim", native=True) == Route("/v1/chat/completions", False)
+def test_native_only_where_fit_and_the_operator_does_not_force_translation() -> None:
+    # llama-server's own Responses route is measured unfit, its Messages route fit;
+    # vLLM's and the sim's are fit.
+    assert route(RESPONSES, "llamacpp", native=True) == Route("/v1/chat/completions", False)
+    assert route(MESSAGES, "llamacpp", native=True) == Route("/v1/messages", True)
+    assert route(RESPONSES, "vllm", native=True) == Route("/v1/responses", True)
+    assert route(MESSAGES, "sim", native=True) == Route("/v1/messages", True)
+    # The operator names engines, models, or all of them.
+    for translate in ({"sim"}, {"chat"}, {"all"}):
+        assert route(MESSAGES, "sim", native=True, model="chat",
+                     translate=frozenset(translate)) == Route("/v1/chat/completions", False)  # fmt: skip
+    assert route(MESSAGES, "sim", native=True, model="chat",
+                 translate=frozenset({"vllm", "other"})) == Route("/v1/messages", True)  # fmt: skip
+
+
+def test_the_sim_serves_the_dialects_and_reranks() -> None:
+    assert route(RESPONSES, "sim", native=True) == Route("/v1/responses", True)
     assert route(RERANK, "sim") == Route("/v1/rerank", True)
     assert route(COUNT_TOKENS, "sim") == Route("/tokenize", False)
 

@@ -1,7 +1,8 @@
 """Anthropic's Messages API through the real gateway: the official ``anthropic`` client
 against the gateway (real uvicorn, its real table read from the database, the real guard
 with a sim judge) in front of a real sim engine process, and of an engine told to say an
-unsafe marker. Translated to chat completions on the way, and back."""
+unsafe marker. The sim serves the Messages API natively (its answer normalized by the
+gateway); the marked engine is translated to chat completions on the way, and back."""
 
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ def serving(sims: tuple[str, str], say: str, directions: tuple[str, ...]) -> Ser
     _, secret = keys.create_key("k")
     records.start()
     h.serve([], [])
+    # The sim process serves the dialects natively; the engine told what to say speaks
+    # chat completions alone, so the operator's setting has its dialects translated.
+    h.gateway.options.translate = frozenset({"marked"})
     return Served(h, secret, engine)
 
 
@@ -229,3 +233,42 @@ def test_a_refused_request_is_anthropics_error_streamed_or_not(
         body = caught.value.body
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         assert body["error"]["details"]["error_code"] == "content_filter"
+
+
+@pytest.mark.parametrize("way", ["native", "translated"])
+def test_messages_on_the_engines_own_route_or_translated(
+    served: Served,
+    sims: tuple[str, str],  # noqa: F811
+    way: str,
+) -> None:
+    """The sim serves /v1/messages itself: the gateway sends it natively unless the
+    operator has the model translated; the client reads the same either way."""
+    if way == "translated":
+        served.gw.gateway.options.translate = frozenset({"chat"})
+    engine = sims[1]
+    before = httpx.get(engine + "/sim/stats", timeout=5).json()["messages"]
+    api = served.client()
+    asked = [{"role": "user", "content": "/echo hello there END and more"}]
+    system = "You answer in few words. " * 12  # a prefix of whole cache blocks
+    message = api.messages.create(model="chat", max_tokens=32, messages=asked, system=system,
+                                  stop_sequences=["END"])  # fmt: skip
+    assert message.content[0].text == "hello there "
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
+    assert message.id.startswith("msg_") and message.usage.output_tokens > 0
+    with api.messages.stream(model="chat", max_tokens=32, messages=asked,
+                             system=system) as stream:  # fmt: skip
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "hello there END and more" and final.stop_reason == "end_turn"
+    # The same prompt again: the engine's prefix cache read it.
+    assert final.usage.cache_read_input_tokens > 0
+    assert final.usage.output_tokens > 0
+    called = api.messages.create(
+        model="chat", max_tokens=64, tools=[WEATHER],
+        messages=[{"role": "user", "content": '/call get_weather {"city": "Oslo"}'}],
+    )  # fmt: skip
+    assert called.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in called.content if b.type == "tool_use"] == \
+        [("get_weather", {"city": "Oslo"})]  # fmt: skip
+    asked_native = httpx.get(engine + "/sim/stats", timeout=5).json()["messages"] - before
+    assert asked_native == (3 if way == "native" else 0)

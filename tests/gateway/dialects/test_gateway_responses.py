@@ -1,8 +1,10 @@
 """OpenAI's Responses API through the real gateway: the official ``openai`` client against
 the gateway (real uvicorn, its table read from the database, the real guard with a sim
 judge) in front of a real sim engine process, and of an engine told to say an unsafe
-marker. Translated to chat completions on the way, and back; stored responses in the
-database, continued by ``previous_response_id`` from another gateway."""
+marker. The sim serves the Responses API natively (its answer normalized by the
+gateway); the marked engine is translated to chat completions on the way, and back;
+stored responses in the database, continued by ``previous_response_id`` from another
+gateway."""
 
 from __future__ import annotations
 
@@ -283,3 +285,36 @@ def test_a_response_not_there_on_a_slow_store_is_not_found_not_a_503(
         loaded.set()
     assert caught.value.code == "previous_response_not_found"
     assert len(reads) == 2  # it looked again for one another process might be writing
+
+
+@pytest.mark.parametrize("way", ["native", "translated"])
+def test_a_conversation_on_the_engines_own_route_or_translated(
+    served: Served,
+    sims: tuple[str, str],  # noqa: F811
+    way: str,
+) -> None:
+    """The sim serves /v1/responses itself: the gateway sends it each turn natively (the
+    whole conversation from its own store, the engine's store off) unless the operator
+    has the model translated; the client reads the same either way."""
+    if way == "translated":
+        served.gw.gateway.options.translate = frozenset({"chat"})
+    engine = sims[1]
+    before = httpx.get(engine + "/sim/stats", timeout=5).json()["responses"]
+    api = client(served)
+    first = api.responses.create(model="chat", input="/echo Remember 42.", max_output_tokens=16)
+    assert first.output_text == "Remember 42." and first.id.startswith("resp_")
+    assert first.status == "completed" and first.usage.input_tokens > 0
+    stored_row(first.id)
+    events = list(api.responses.create(model="chat", input="/echo Which number? 42.",
+                                       previous_response_id=first.id, stream=True))  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    second = events[-1].response
+    assert second.output_text == "Which number? 42." and second.previous_response_id == first.id
+    # The second turn's prompt holds the first turn: the engine's prefix cache read it.
+    assert second.usage.input_tokens_details.cached_tokens > 0
+    with api.responses.stream(model="chat", input="/echo Again.",
+                              previous_response_id=second.id) as stream:  # fmt: skip
+        assert stream.get_final_response().output_text == "Again."
+    asked = httpx.get(engine + "/sim/stats", timeout=5).json()["responses"] - before
+    assert asked == (3 if way == "native" else 0)

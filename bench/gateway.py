@@ -23,7 +23,12 @@ both targets and cancels out. Phases, each printing its figures:
 6. with ``--litellm PATH`` (the ``litellm`` command of a LiteLLM proxy installed apart,
    e.g. ``python3 -m venv /tmp/ll && /tmp/ll/bin/pip install 'litellm[proxy]'``): the same
    latency and closed-loop phases through LiteLLM's proxy (two workers, no database, a
-   master key, the local cost map) in front of the same mock engine.
+   master key, the local cost map) in front of the same mock engine;
+7. with ``--redis URL``: the gateway reaches Redis there, as in production (budgets and
+   the state the gateway processes share: gateway/shared.py, its pass every quarter
+   second), for every phase above; and a lower band's room taken in Redis
+   (``Shared.take``, what such a request pays while its model is under pressure), timed
+   here: its p50 and p99. Without it, the gateway runs alone (no Redis).
 
 Asserts nothing. Goals: overhead p50 <= 1 ms and p99 <= 5 ms at 100 req/s,
 <= 50 us a streamed event, RSS flat, >= 2,500 req/s through one process.
@@ -245,6 +250,8 @@ async def measure(args: argparse.Namespace) -> None:
                    DJANGO_SETTINGS_MODULE="llmgw_admin.settings",
                    LLMGW_GATEWAY_TRANSLATE_DIALECTS="bench-chat")  # fmt: skip
         env.pop("LLMGW_REDIS_URL", None)
+        if args.redis:
+            env["LLMGW_REDIS_URL"] = args.redis
         port = webproc.free_port()
         gw = start_gateway(env, port)
         procs.append(gw)
@@ -345,6 +352,8 @@ async def measure(args: argparse.Namespace) -> None:
         finally:
             stop(judge)
 
+        take = await take_phase(args.redis) if args.redis else ""
+
         litellm_max = None
         if args.litellm:
             litellm_max = await litellm_phase(args, engine_port, direct, n, procs)
@@ -354,6 +363,8 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"gateway max req/s: {max_gateway:.0f} (direct {max_direct:.0f})")
         print(f"stream overhead per event: {per_event:.1f} us")
         print(f"guard on requests adds p50: {guard_adds:.3f} ms")
+        if take:
+            print(take)
         for line in dialect_figures:
             print(line)
         if litellm_max:
@@ -371,6 +382,36 @@ async def measure(args: argparse.Namespace) -> None:
 
 
 LITELLM_KEY = "sk-bench-0123456789abcdef0123456789"
+
+
+async def take_phase(url: str) -> str:
+    """A lower band's room taken in Redis, as a request does while its model is under
+    pressure: 2,000 takes one after another, timed here."""
+    try:
+        from gateway.shared import Shared
+    except ImportError:
+        return "a lower band's take in Redis: none in this tree (no gateway/shared.py)"
+    from gateway.admission import Admission, Counts
+    from gateway.outliers import Outliers
+    from guard.breaker import Breakers
+
+    admission = Admission(counts=Counts())
+    shared = Shared(url, admission, Outliers(), breakers=Breakers(), timeout=0.25)
+    shared.start()
+    try:
+        for _ in range(200):  # warm-up: the connection, the script loaded
+            await shared.take("bench-take", 10**9, 0)
+        took = []
+        for _ in range(2000):
+            start = time.perf_counter()
+            await shared.take("bench-take", 10**9, 0)
+            took.append((time.perf_counter() - start) * 1000)
+    finally:
+        await shared.stop()
+    line = (f"a lower band's take in Redis (under pressure only): p50 {pct(took, 50):.3f} ms "
+            f"p99 {pct(took, 99):.3f} ms")  # fmt: skip
+    print(line)
+    return line
 
 
 async def litellm_phase(
@@ -418,6 +459,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--litellm", help="a LiteLLM proxy's `litellm` command, to compare")
+    parser.add_argument("--redis", help="a Redis URL the gateway shares its state through")
     args = parser.parse_args()
     try:
         import uvloop

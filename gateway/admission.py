@@ -27,10 +27,19 @@ The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
 ``low`` request goes in only if the waiting ``normal`` ones leave room.
 
 A held request waits up to ``queue`` seconds for room (at most ``queue_max`` waiting a
-model in this process; past it, refused at once), then is refused: 429 with
+model across the gateway processes; past it, refused at once), then is refused: 429 with
 ``Retry-After`` (the window), ``x-should-retry: true`` and a message naming the band, the
 p99 and the slo. Admitted and held requests are counted per model, band and second
 (``Counts``) and ride the traffic event to the console's Traffic page.
+
+With Redis (``gateway.shared``), the gateway processes act as one: a gate that changes in
+one is taken up by the others (within a quarter second), each process's lower bands in
+flight and waiting are written there every quarter second and the others' read back (so
+``lower`` is every process's), and a lower band's request a closed gate lets in takes its
+room in Redis with one bounded script (``Shared.take``: read the processes' counts,
+compare with the allowance, add one), so N processes admit what one would. An open gate
+(the usual case) and the top band ask Redis nothing on the request's path. While Redis
+does not answer, each process decides alone, as above, and says so.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cluster.scaling import quantile_ms
 from gateway.observe import Done
@@ -104,7 +113,7 @@ class Reading(NamedTuple):
     p99_ms: float | None  # the window's TTFT p99, None with no sample
     recent: tuple[float, ...]  # the last RECENT first-token times (ms) within the window
     slo_ms: float
-    lower: int = 0  # requests of the lower bands in flight here
+    lower: int = 0  # requests of the lower bands in flight (every process's, shared)
     idle: float = 0.0  # seconds with nothing of the model in flight here (0: some)
 
     @property
@@ -189,7 +198,7 @@ def reason(band: str, model: str, decision: Decision, window: float) -> str:
     return (
         f"The model '{model}' is under pressure ({seen} over the last {window:g} s, slo "
         f"{decision.slo_ms:.0f} ms), so requests of the {band!r} band get "
-        f"at most {decision.limit} in flight here and those are taken: try again in "
+        f"at most {decision.limit} in flight and those are taken: try again in "
         f"{max(1, round(window))} s, or use a key of a higher band."
     )
 
@@ -201,11 +210,17 @@ class _Model:
     seconds: dict[int, list[int]] = field(default_factory=dict)
     # the last RECENT first tokens: (when, ms)
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    # Of them, the ones measured here (what gateway.shared tells the other processes).
+    mine: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     lower: int = 0  # lower bands in flight
     busy: int = 0  # every band in flight
     idle_since: float = 0.0  # when busy last fell to 0
     waiting: dict[str, int] = field(default_factory=dict)
     opened: asyncio.Event | None = None
+    # Across the gateway processes (gateway.shared): the other processes' lower bands in
+    # flight and waiting, as last heard.
+    others: int = 0
+    others_waiting: dict[str, int] = field(default_factory=dict)
 
 
 class Counts:
@@ -253,6 +268,9 @@ class Admission:
         self._wall = wall
         self.counts = counts
         self._models: dict[str, _Model] = {}
+        # The gateway processes' shared state (gateway.shared.Shared), None: this
+        # process alone.
+        self.shared: Any = None
 
     @classmethod
     def from_settings(cls) -> Admission:
@@ -284,6 +302,7 @@ class Admission:
             self._trim(m, second)
         hist[bucket(ttft * 1000)] += 1
         m.recent.append((now, ttft * 1000))
+        m.mine.append((now, ttft * 1000))
         self._wake(m)
 
     def _wake(self, m: _Model) -> None:
@@ -317,8 +336,9 @@ class Admission:
         if m is None:
             return Reading(None, (), slo_ms, idle=float("inf"))
         recent = tuple(ms for at, ms in m.recent if now - at < self.window)
-        idle = 0.0 if m.busy else now - m.idle_since
-        return Reading(self.p99(model, now), recent, slo_ms, m.lower, idle)
+        # Idle: nothing in flight here, nor a lower band's in another process.
+        idle = 0.0 if m.busy or m.others else now - m.idle_since
+        return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle)
 
     def limit(self, model: str) -> int | None:
         m = self._models.get(model)
@@ -340,7 +360,8 @@ class Admission:
         self.record(done.model, max(0.0, done.ttft - waited))
 
     def release(self, model: str, low: bool) -> None:
-        """An admitted request of ``model`` ended (``low``: of a lower band)."""
+        """An admitted request of ``model`` ended (``low``: of a lower band; the count in
+        Redis follows with the next pass of ``gateway.shared``)."""
         m = self._models.get(model)
         if m is None:
             return
@@ -353,8 +374,14 @@ class Admission:
 
     # The decision.
     def _ahead(self, m: _Model, band: str) -> int:
+        """Requests of higher lower bands waiting, in every process."""
         rank = RANK.get(band, RANK[DEFAULT_BAND])
-        return sum(n for b, n in m.waiting.items() if 0 < RANK.get(b, RANK[DEFAULT_BAND]) < rank)
+        return sum(
+            n
+            for waiting in (m.waiting, m.others_waiting)
+            for b, n in waiting.items()
+            if 0 < RANK.get(b, RANK[DEFAULT_BAND]) < rank
+        )
 
     def check(self, model: str, band: str, slo_ms: float) -> Decision:
         """Whether a request of ``band`` goes in now (steps the model's gate; one that
@@ -366,9 +393,84 @@ class Admission:
         if m is None:
             return Decision(True, None, None, slo_ms)
         r = self.reading(model, slo_ms, now)
-        ahead = self._ahead(m, band) if m.waiting and lower(band) else 0
+        waits = m.waiting or m.others_waiting
+        ahead = self._ahead(m, band) if waits and lower(band) else 0
+        before = m.gate
         m.gate, decision = decide(m.gate, band, r, now, self.window, ahead)
+        if self.shared is not None and m.gate is not before:
+            self.shared.gate_changed(model, before, m.gate)
         return decision
+
+    async def _room(self, model: str, band: str, slo_ms: float) -> Decision:
+        """``check``, and for a lower band let in by a closed gate, its room taken in Redis
+        across the processes (``Shared.take``: one bounded script); Redis away: this
+        process's decision."""
+        decision = self.check(model, band, slo_ms)
+        shared = self.shared
+        if not decision.admit or decision.limit is None or shared is None or not lower(band):
+            return decision
+        m = self._models.get(model)
+        if m is None:
+            return decision
+        ahead = self._ahead(m, band) if m.waiting or m.others_waiting else 0
+        total = await shared.take(model, decision.limit, ahead)
+        if total is None:
+            return decision  # Redis away: this process alone
+        # Every process's in flight as Redis has it (this one's as of its last pass, and
+        # its takes since): the others' part of it, roughly, until the next pass.
+        if total < 0:
+            m.others = max(m.others, -total - 1 - m.lower)
+            return decision._replace(admit=False)
+        return decision
+
+    def adopt(self, model: str, limit: int | None, pressed: float, stepped: float) -> None:
+        """Another gateway process changed ``model``'s gate (``gateway.shared``; times on
+        this process's clock): this process's is the same from now on."""
+        m = self._model(model)
+        if m is None:
+            return
+        m.gate = Gate() if limit is None else Gate(limit, pressed, stepped)
+        self._wake(m)
+
+    def others(self, model: str, lower_: int, waiting: dict[str, int]) -> None:
+        """What the other gateway processes have of ``model``: their lower bands in flight
+        and waiting, by band (``gateway.shared``, each quarter second)."""
+        m = self._models.get(model)
+        if m is None:
+            return
+        if (m.others, m.others_waiting) != (lower_, waiting):
+            m.others, m.others_waiting = lower_, waiting
+            self._wake(m)
+
+    def recent(self, model: str) -> list[tuple[float, float]]:
+        """The model's last first-token times measured here: (when, on this clock; ms)."""
+        m = self._models.get(model)
+        return list(m.mine) if m is not None else []
+
+    def heard_elsewhere(self, model: str, samples: list[tuple[float, float]]) -> None:
+        """First-token times another gateway process measured of ``model`` (when, on this
+        clock; ms): the last ``RECENT`` of all are what the allowance steps on, so a slow
+        one seen by a process that admits little does not keep cutting the allowance the
+        others' fast ones would grow (``gateway.shared``, each quarter second)."""
+        m = self._models.get(model)
+        if m is None or not samples:
+            return
+        m.recent = deque(sorted([*m.recent, *samples])[-RECENT:], maxlen=RECENT)
+        self._wake(m)
+
+    def shared_counts(self) -> dict[str, tuple[int, dict[str, int]]]:
+        """Per model with a closed gate or lower requests in flight (here or in another
+        process): this process's lower bands in flight and its waiting by band
+        (``gateway.shared``)."""
+        return {
+            name: (m.lower, {b: n for b, n in m.waiting.items() if n})
+            for name, m in self._models.items()
+            if m.gate.limit is not None or m.lower or m.others
+        }
+
+    def gates(self) -> dict[str, Gate]:
+        """Each model's gate in this process (``gateway.shared``)."""
+        return {name: m.gate for name, m in self._models.items()}
 
     def _take(self, model: str, band: str) -> None:
         m = self._models.get(model)
@@ -383,7 +485,7 @@ class Admission:
         """Decide; a held request waits up to ``queue`` for room. Returns the last
         decision (``admit`` False: refuse it). Counted either way; an admitted one is
         in flight until ``heard`` of its end."""
-        decision = self.check(model, band, slo_ms)
+        decision = await self._room(model, band, slo_ms)
         if not decision.admit and self.queue > 0:
             decision = await self._wait(model, band, slo_ms)
         if self.counts is not None:
@@ -396,8 +498,8 @@ class Admission:
 
     async def _wait(self, model: str, band: str, slo_ms: float) -> Decision:
         m = self._models[model]
-        if sum(m.waiting.values()) >= self.queue_max:
-            return self.check(model, band, slo_ms)
+        if sum(m.waiting.values()) + sum(m.others_waiting.values()) >= self.queue_max:
+            return await self._room(model, band, slo_ms)
         if m.opened is None:
             m.opened = asyncio.Event()
         # The wait is timed by the loop (the gate's clock may be a test's).
@@ -415,7 +517,7 @@ class Admission:
                     await asyncio.wait_for(m.opened.wait(), min(left, RECHECK))
                 m.waiting[band] -= 1  # not ahead of itself
                 try:
-                    decision = self.check(model, band, slo_ms)
+                    decision = await self._room(model, band, slo_ms)
                 finally:
                     m.waiting[band] += 1
                 if decision.admit:
@@ -423,7 +525,7 @@ class Admission:
                     return decision
         finally:
             m.waiting[band] -= 1
-        decision = self.check(model, band, slo_ms)
+        decision = await self._room(model, band, slo_ms)
         if decision.admit:
             held_for.set(loop.time() - start)
         return decision
@@ -433,7 +535,7 @@ class Admission:
         now = self._clock()
         return {
             name: {"limit": m.gate.limit, "p99_ms": self.p99(name, now), "lower": m.lower,
-                   "busy": m.busy, "waiting": sum(m.waiting.values())}
+                   "busy": m.busy, "waiting": sum(m.waiting.values()), "others": m.others}
             for name, m in self._models.items()
         }  # fmt: skip
 

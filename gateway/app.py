@@ -150,6 +150,9 @@ class Gateway:
         self.sessions = Sessions.from_settings()
         # Replicas left out of routing after failures in a row (gateway.outliers).
         self.outliers = outliers or Outliers(Rules.from_settings(settings))
+        # Admission, ejections and breakers shared with the other gateway processes through
+        # Redis (gateway.shared), made with the budgets when ``REDIS_URL`` is set.
+        self.shared: Any = None
         self.routing = Routing(self)
         self.judging = Judging(self)
         self._background: set[asyncio.Task[Any]] = set()
@@ -175,6 +178,12 @@ class Gateway:
                 self._limits = RedisLimits(url)
             else:
                 self._limits = LocalLimits()
+        if self.shared is None and settings.REDIS_URL:
+            from gateway.shared import Shared
+
+            self.shared = Shared(settings.REDIS_URL, self.admission, self.outliers,
+                                 self.observer)  # fmt: skip
+            self.shared.start()
 
     @property
     def upstream(self) -> Upstream:

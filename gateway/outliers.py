@@ -23,8 +23,10 @@ replicas to leave out. Envoy's model (its ``consecutive_5xx``, ``base_ejection_t
   recovered, where trying it costs a refused connection (under a millisecond) or the
   connect timeout; its failures still move requests to the fallbacks.
 
-Each gateway process keeps its own view (as each Envoy does): a replica ejected by one
-process is ejected by the others after their own ``after`` failures.
+Each gateway process keeps its own view (as each Envoy does), and with Redis the processes
+share their ejections (``gateway.shared``): a replica one process ejects is ``adopt``ed by
+the others within a quarter second, for the same while, without failures of their own on
+it. While Redis does not answer, each process ejects after its own ``after`` failures.
 """
 
 from __future__ import annotations
@@ -146,6 +148,29 @@ class Outliers:
         health.until = now + seconds
         self.ejected[replica] = health
         return Ejection(model, replica, seconds, health.until, health.failures, health.level)
+
+    def adopt(self, model: str, replica: int, until: float, level: int,
+              now: float | None = None) -> bool:  # fmt: skip
+        """Another gateway process ejected ``replica`` of ``model`` until ``until`` (this
+        clock's time), its ``level``-th ejection in a row: out of routing here too, as long,
+        unless it is out here already. Returns whether that is news here."""
+        now = self.clock() if now is None else now
+        if until <= now:
+            return False
+        health = self.replicas.get(replica)
+        if health is None:
+            if len(self.replicas) >= MAX_TRACKED:
+                self._forget_some()
+            health = self.replicas[replica] = Health(model)
+        health.model = model
+        health.heard = now
+        if health.until > now:
+            return False  # out already (its own ejection, or one heard before)
+        health.until = until
+        health.level = max(health.level, level)
+        health.failures = 0
+        self.ejected[replica] = health
+        return True
 
     # What routing leaves out.
     def excluded(self, pool: Collection[int], now: float | None = None) -> frozenset[int]:

@@ -460,6 +460,8 @@ class Routing:
                     "row (the last: %s)", replica, model, ejection.seconds, ejection.failures,
                     why)  # fmt: skip
         gw.observer.ejected(model, replica, ejection.seconds, time.time() + ejection.seconds)
+        if gw.shared is not None:
+            gw.shared.ejected(model, replica, ejection)  # the other gateway processes too
 
     def _unload(self, endpoint: str, adapter: str) -> None:
         """Ask a vLLM replica to unload an adapter it holds least recently, off the path."""

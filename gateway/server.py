@@ -49,7 +49,8 @@ _WRITE = (
 PER_PROCESS = (
     "warning: LLMGW_REDIS_URL is unset, so keys' budgets (--rpm, --tpm) are counted by "
     "each gateway process on its own: behind a load balancer N processes allow N times a "
-    "key's budget. Set LLMGW_REDIS_URL to share them."
+    "key's budget (and each keeps its own admission allowance, ejected replicas and judge "
+    "breakers). Set LLMGW_REDIS_URL to share them."
 )
 
 

@@ -13,8 +13,11 @@ back-off, at most ``Config.max_backoff``.
 The core is pure: ``admit``, ``succeeded`` and ``failed`` take a ``State`` and the time
 (Unix seconds) and return the next one. ``Breakers`` keeps one state per judge for a
 process, under a lock, and tells listeners of each change (the guard's recorder, which
-writes it for the console; the gateway's metrics). Each process keeps its own: two
-gateway processes each count their own failures and probe on their own.
+writes it for the console; the gateway's metrics). Each process keeps its own, and the
+gateway processes share each opening and closing through Redis (``gateway.shared``): a
+breaker one opens is ``adopt``ed by the others within a quarter second (open until the
+same time; each then probes on its own), and one closed by an answer closes in the others.
+While Redis does not answer, each process counts its own failures.
 """
 
 from __future__ import annotations
@@ -172,11 +175,19 @@ class Breakers:
         self._lock = threading.Lock()
         self._states: dict[str, State] = {}
         self._listeners: list[Listener] = []
+        # The last state taken from another process per judge (``adopt``), so a listener
+        # that shares the changes can tell them from this process's own.
+        self._adopted: dict[str, State] = {}
 
     def listen(self, listener: Listener) -> None:
         """Tell ``listener`` of every change of state from now on (once per listener)."""
         if listener not in self._listeners:
             self._listeners.append(listener)
+
+    def unlisten(self, listener: Listener) -> None:
+        """Tell ``listener`` nothing more."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def admit(self, judge: str, lease: float) -> str:
         """Return ``ASK``, ``PROBE`` or ``SKIP`` for a check about to ask ``judge``."""
@@ -223,6 +234,27 @@ class Breakers:
             after = failed(before, self.clock(), kind, self.config())
             self._states[judge] = after
         self._told(judge, before, after)
+
+    def adopt(self, judge: str, state: State) -> None:
+        """Another process's change of the judge's breaker (opened, or closed by an
+        answer): this process's is the same from now on."""
+        with self._lock:
+            before = self._states.get(judge)
+            if state.state == CLOSED:
+                if before is None:
+                    return
+                self._states.pop(judge, None)
+            else:
+                self._states[judge] = state
+            self._adopted[judge] = state
+            if len(self._adopted) > 1000:
+                self._adopted = {judge: state}
+        self._told(judge, before, state)
+
+    def adopted(self, judge: str, state: State) -> bool:
+        """Whether ``state`` (a listener's) was taken from another process (``adopt``)."""
+        with self._lock:
+            return self._adopted.get(judge) is state
 
     def state(self, judge: str) -> State:
         """Return the judge's breaker (closed when nothing is known of it)."""

@@ -3,7 +3,8 @@ arrangement (tests/e2e/faultplane.py): two ``gateway serve`` processes under a s
 openai-client load, a sim model with two replicas on two simulated nodes, one of them
 reached through a TCP proxy the test stops (its port refuses connections) and starts again.
 
-Each gateway ejects it after its own ``LLMGW_GATEWAY_EJECT_AFTER`` (5) failures, every
+Each gateway ejects it, after its own ``LLMGW_GATEWAY_EJECT_AFTER`` (5) failures or on
+hearing of the other's ejection through Redis (gateway.shared), whichever comes first; every
 client request started after the cut is answered by the other replica, retries stop
 growing while it is out, the console's Traffic page in Chromium shows it ejected with
 when it comes back, and it comes back on its own once its while (30 s) is over."""

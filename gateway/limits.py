@@ -144,7 +144,7 @@ return now
 """
 
 
-def _timeout_setting() -> float:
+def timeout_setting() -> float:
     from django.conf import settings
 
     return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
@@ -190,7 +190,7 @@ class RedisLimits:
 
         # How long one call may take before Redis counts as away: a slow answer is waited
         # for (``SLOW_FACTOR`` Redis timeouts), an absent Redis refuses at once.
-        self.timeout = (_timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
+        self.timeout = (timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
         # No retries inside redis-py: one attempt, bounded; the fallback is the retry. The
         # blocking pool connects its new connections side by side (the plain pool connects
         # them one after another under its lock: on a loaded machine a burst of requests
@@ -352,7 +352,7 @@ class RedisLimits:
         log.warning(
             "budgets are counted by this gateway process alone while Redis does not answer "
             "(%s within %.0f ms); asking it again every %g s",
-            _said(exc), self.timeout * 1000, self.probe_every,
+            said(exc), self.timeout * 1000, self.probe_every,
         )  # fmt: skip
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._until_back())
@@ -403,7 +403,7 @@ class RedisLimits:
         self._said_count = self.counted_here
 
 
-def _said(exc: BaseException) -> str:
+def said(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no answer"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

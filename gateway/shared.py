@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -55,8 +56,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
+
 from gateway.admission import Gate
-from gateway.limits import LOG_EVERY_S, SLOW_FACTOR, _said, _timeout_setting
+from gateway.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
 from guard import breaker
 
 if TYPE_CHECKING:
@@ -73,26 +76,48 @@ ALIVE_S = 3  # a process's key lives this long past its last pass
 KEEP_S = 24 * 3600  # the shared hashes live this long past their last write
 WAITING_S = 2.0  # another process's waiting counts older than this are past
 
-PREFIX = "llmgw:gateway:shared:"
-EJECTED = PREFIX + "ejected"
-BREAKERS = PREFIX + "breakers"
-GATES = PREFIX + "gates"
+_prefix: str | None = None
+
+
+def prefix() -> str:
+    """Where this cluster's shared state lives in Redis: ``llmgw:<cluster>:gateway:shared:``,
+    ``<cluster>`` a tag of the cluster's database (host, port, name). Two clusters (or two
+    test runs' databases) that share one Redis never read each other's gates, ejections
+    or breakers; every process of one cluster reads the same database, so the same keys."""
+    global _prefix
+    if _prefix is None:
+        db = connections["default"].settings_dict
+        where = f"{db.get('HOST') or ''}:{db.get('PORT') or ''}/{db.get('NAME') or ''}"
+        _prefix = f"llmgw:{hashlib.sha256(where.encode()).hexdigest()[:10]}:gateway:shared:"
+    return _prefix
+
+
+def _ejected() -> str:
+    return prefix() + "ejected"
+
+
+def _breakers() -> str:
+    return prefix() + "breakers"
+
+
+def _gates() -> str:
+    return prefix() + "gates"
 
 
 def _process(name: str) -> str:
-    return f"{PREFIX}process:{name}"
+    return f"{prefix()}process:{name}"
 
 
 def _admitted(model: str) -> str:
-    return f"{PREFIX}admitted:{model}"
+    return f"{prefix()}admitted:{model}"
 
 
 def _waiting(model: str) -> str:
-    return f"{PREFIX}waiting:{model}"
+    return f"{prefix()}waiting:{model}"
 
 
 def _recent(model: str) -> str:
-    return f"{PREFIX}recent:{model}"
+    return f"{prefix()}recent:{model}"
 
 
 # A lower band's room across the processes: the live processes' counts summed (a process
@@ -144,7 +169,7 @@ def _local_counter() -> Any:
 
             from gateway import metrics
 
-            metrics._setup()  # the multiprocess folder first, as every series of the gateway
+            metrics.setup()  # the multiprocess folder first, as every series of the gateway
             _counter = Counter(
                 "shared_local", "decisions and changes of this process not shared while "
                 "Redis was away", ("kind",), namespace=metrics.NS, registry=None,
@@ -176,7 +201,7 @@ class Shared:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        self.timeout = (_timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
+        self.timeout = (timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=64, timeout=self.timeout, socket_timeout=self.timeout,
             socket_connect_timeout=self.timeout, retry=Retry(NoBackoff(), 0),
@@ -345,24 +370,24 @@ class Shared:
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(_process(self.name), 1, ex=ALIVE_S)
         if self._ended:
-            pipe.hdel(EJECTED, *self._ended)
+            pipe.hdel(_ejected(), *self._ended)
             self._ended = []
         for replica, entry in ejections.items():
-            pipe.hset(EJECTED, str(replica), json.dumps(entry))
+            pipe.hset(_ejected(), str(replica), json.dumps(entry))
         if ejections:
-            pipe.expire(EJECTED, KEEP_S)
+            pipe.expire(_ejected(), KEEP_S)
         for judge, entry in breakers.items():
-            pipe.hset(BREAKERS, judge, json.dumps(entry))
+            pipe.hset(_breakers(), judge, json.dumps(entry))
         if breakers:
-            pipe.expire(BREAKERS, KEEP_S)
+            pipe.expire(_breakers(), KEEP_S)
         for model, gate in gates.items():
             entry = {"limit": gate.limit, "by": self.name, "at": now_wall,
                      "pressed": now_wall - (now_mono - gate.pressed),
                      "stepped": now_wall - (now_mono - gate.stepped)}  # fmt: skip
-            pipe.hset(GATES, model, json.dumps(entry))
+            pipe.hset(_gates(), model, json.dumps(entry))
             self._gate_seen[model] = now_wall
         if gates:
-            pipe.expire(GATES, KEEP_S)
+            pipe.expire(_gates(), KEEP_S)
         waited, counted = set(), set()
         for model, (lower, waiting) in counts.items():
             if lower or model in self._counted:
@@ -382,9 +407,9 @@ class Shared:
                 pipe.expire(_waiting(model), KEEP_S)
                 if waiting:
                     waited.add(model)
-        pipe.hgetall(EJECTED)
-        pipe.hgetall(BREAKERS)
-        pipe.hgetall(GATES)
+        pipe.hgetall(_ejected())
+        pipe.hgetall(_breakers())
+        pipe.hgetall(_gates())
         models = list(counts)
         for model in models:
             await self._live(keys=[_admitted(model)], args=[_process("")], client=pipe)
@@ -558,7 +583,7 @@ class Shared:
         log.warning(
             "admission, ejections and judge breakers are this gateway process's alone while "
             "Redis does not answer (%s within %.0f ms); asking it again every %g s",
-            _said(exc), self.timeout * 1000, self.probe_every,
+            said(exc), self.timeout * 1000, self.probe_every,
         )  # fmt: skip
         # The others' counts are not heard while away: this process's own decide.
         for model in self.admission.shared_counts():
@@ -577,11 +602,11 @@ class Shared:
                 health = self.outliers.ejected.get(replica)
                 entry = {"model": model, "until": now_wall + (until - now_mono),
                          "level": health.level if health else 1, "by": self.name}  # fmt: skip
-                pipe.hset(EJECTED, str(replica), json.dumps(entry))
+                pipe.hset(_ejected(), str(replica), json.dumps(entry))
         for judge, state in self.breakers.states().items():
             if state.state == breaker.OPEN:
                 entry = dict(asdict(state), at=now_wall, by=self.name)
-                pipe.hset(BREAKERS, judge, json.dumps(entry))
+                pipe.hset(_breakers(), judge, json.dumps(entry))
         try:
             await asyncio.wait_for(pipe.execute(), self.timeout)
         except Exception:

@@ -79,6 +79,9 @@ class Slots:
         self.busy = 0
 
     async def __aenter__(self) -> None:
+        # Unbounded here as in a real engine: a request waits for a slot while its client
+        # waits; the gateway's first-byte bound (or the client's own) ends the wait, and
+        # a request whose client went is cancelled, giving up its place.
         await self.free.acquire()
         self.busy += 1
 
@@ -599,7 +602,7 @@ async def serve(cfg: Config) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await stop.wait()  # serving until told to stop: the process's whole life, by design
     server.close()
     # Python 3.11's Server.close leaves accepted connections open: end them here.
     for task in list(sim.connections):

@@ -24,7 +24,9 @@ from tests.cluster.helpers import join_node
 from tests.cluster.test_reconciler import H100, tick
 from tests.gateway.harness import Engine, Harness
 from tests.updates.hubstandin import HubStandIn
+from tests.waiting import wait_until
 from updates import flow, mirror, run
+from updates.models import Fetch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +86,11 @@ def test_the_candidate_answers_while_a_full_node_replaces_the_lone_replica(
     # The update: v2 fetched, its candidate placed on the node's two free cards, ready.
     commit = hub.commit("org/chat", {"sim-weights.json": V2})
     r = run.start("chat")
-    assert mirror.run_fetch(r.fetch_id).state == "done"
+    # Started, the fetch runs on its own thread (the embedded mode's dispatch): waited
+    # for, never run a second time beside it.
+    done = wait_until(lambda: Fetch.objects.filter(pk=r.fetch_id, state__in=("done", "failed")).first(),
+                      60, "the update's fetch to end")  # fmt: skip
+    assert done.state == "done", done.reason
     r = run.advance(r.pk)
     tick(timezone.now())
     [cand] = Replica.objects.filter(model_name=r.candidate, desired=True)

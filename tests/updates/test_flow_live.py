@@ -12,7 +12,9 @@ from channels.testing import WebsocketCommunicator
 
 from tests.updates.test_flow_run import chat  # noqa: F401 - the fixture
 from tests.updates.test_live_badge import redis_layer  # noqa: F401 - autouse
-from updates import mirror, run
+from tests.waiting import wait_until
+from updates import run
+from updates.models import Fetch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -41,7 +43,10 @@ async def test_the_updates_page_is_told_to_ask_for_its_table_as_an_update_moves(
 
     def start_and_fetch() -> None:
         r = run.start("chat")
-        mirror.run_fetch(r.fetch_id)
+        # The fetch runs on its own thread (the embedded mode's dispatch): waited for,
+        # never run a second time beside it.
+        wait_until(lambda: Fetch.objects.filter(pk=r.fetch_id, state="done").exists(), 60,
+                   "the update's fetch to end")  # fmt: skip
         run.advance(r.pk)
 
     await sync_to_async(start_and_fetch)()

@@ -4,7 +4,7 @@
 
 Starts `manage.py serve` (uvicorn, one process) as production runs it, with the Redis
 channel layer, on a throwaway PostgreSQL database. For each console count it opens that
-many consoles on the dashboard's socket (/ws/live/nodes,models,judges/), signed in as a
+many consoles on the dashboard's socket (/ws/live/nodes,models,judges,peers/), signed in as a
 viewer: one is a real headless Chromium page showing /cluster/, the others are websocket
 clients in this process. Then it cordons and uncordons a node through the REST API, one
 change at a time, and times, for every console, from just before the API call to:
@@ -94,7 +94,7 @@ async def ws_console(url: str, cookie: str, origin: str, node_dom: str, arrivals
 async def run_round(
     base: str, cookie: str, token: str, node: Any, consoles: int, changes: int, browser: Any
 ) -> tuple[list[float], list[float]]:
-    ws_url = base.replace("http", "ws") + "/ws/live/nodes,models,judges/"
+    ws_url = base.replace("http", "ws") + "/ws/live/nodes,models,judges,peers/"
     node_dom = f"cluster-node-{node.pk}"
     # The browser is one console; the rest are websocket clients.
     page = await browser.new_page()

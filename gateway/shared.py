@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.conf import settings
 
 from gateway.admission import Gate
 from gateway.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
@@ -86,7 +86,7 @@ def prefix() -> str:
     or breakers; every process of one cluster reads the same database, so the same keys."""
     global _prefix
     if _prefix is None:
-        db = connections["default"].settings_dict
+        db = settings.DATABASES["default"]
         where = f"{db.get('HOST') or ''}:{db.get('PORT') or ''}/{db.get('NAME') or ''}"
         _prefix = f"llmgw:{hashlib.sha256(where.encode()).hexdigest()[:10]}:gateway:shared:"
     return _prefix

@@ -19,7 +19,7 @@ def test_home_is_the_live_dashboard(client_for: Any, viewer: Any) -> None:
     assert response.status_code == 302 and response["Location"] == "/cluster/"
     page = c.get("/cluster/").content.decode()
     # The page opens the socket the consumer serves, with the htmx extension from static/.
-    assert 'ws-connect="/ws/live/nodes,models,judges/"' in page
+    assert 'ws-connect="/ws/live/nodes,models,judges,peers/"' in page
     assert "/static/llmgw/htmx-ext-ws-2.0.4.js" in page
 
 

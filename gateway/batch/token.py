@@ -24,10 +24,10 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.admission import BANDS
+from gateway.admission import BATCH
 
 PREFIX = "llmgw-bt-"
-BAND = BANDS[-1]
+BAND = BATCH
 SCALE = ".s"  # after ``until``: the batch's lines count as load (``scale_up``)
 
 

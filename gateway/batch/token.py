@@ -24,7 +24,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.admission import BATCH
+from gateway.path.admission import BATCH
 
 PREFIX = "llmgw-bt-"
 BAND = BATCH

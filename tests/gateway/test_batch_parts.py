@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from catalog import spec
 from gateway.batch import lines, multipart, status, token, window
-from gateway.table import Key
+from gateway.path.table import Key
 
 
 def row(n: int, **over: object) -> dict[str, object]:

@@ -1,19 +1,21 @@
-"""Live traffic beside a batch: the live band's TTFT p99 on a sim model with and without a
-10,000-line batch running on the same replica in the lowest band.
+"""Live traffic beside a batch: each live band's TTFT p99 on a sim model with and without
+a 10,000-line batch running on the same replica in the batch band.
 
     .venv/bin/python bench/batch.py [--lines 10000] [--rate 4] [--seconds 60]
+                                    [--slo-ms 0] [--alone-runs 3] [--bands high,normal,low]
 
 One sim engine (``python -m agent.sim``, its own process: ``--parallel`` slots, more wait
 their turn, each request beside another slowing a new one by ``--slowdown``) is the ready
 replica of model ``chat``, whose ``slo`` is a TTFT p99 of ``--slo-ms`` (by default 110 %
 of the live p99 measured alone: the bound admission then holds the batch to). The real gateway
 (``gateway.path.app.Gateway`` under uvicorn, its table built in memory as its state builds it
-from the database, admission as configured) routes to it. Two client keys: ``live``
-(band ``--live-band``, ``normal`` by default) and ``nightly``, whose batch is uploaded and created with the official
+from the database, admission as configured) routes to it. Client keys: one live key
+a band of ``--bands`` (each sends in its own phases), and ``nightly``, whose batch is
+uploaded and created with the official
 ``openai`` client through the gateway's Files and Batch APIs, then run by the batch
 runner in a process of its own (``gateway.batch.runner.run_next``, as a worker runs it),
 ``LLMGW_BATCH_CONCURRENCY`` lines at once, each sent back through the gateway in the
-lowest band.
+``batch`` band.
 
 Phases, each printing its figures:
 

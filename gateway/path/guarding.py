@@ -34,6 +34,7 @@ from guard.policy import ANSWERS, REQUESTS
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle
     from gateway.path.holdback import Holdback
+    from gateway.path.parts import Parts
 
 log = logging.getLogger("gateway")
 
@@ -112,11 +113,12 @@ class GuardRefused(Exception):
 class Judging:
     """What the gateway does with the guard's verdicts on one request's text.
 
-    ``owner`` is the gateway: its ``guard`` (which ``gateway.records.metrics.exported`` may wrap
-    after it is built) and ``observer`` are read at each call."""
+    Its ``parts`` are the gateway's: their ``guard`` (which
+    ``gateway.records.metrics.exported`` may wrap after it is built) and ``observer`` are
+    read at each call."""
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
 
     def start(self, cycle: Cycle) -> None:
         """Start the guard on the request, beside the engine's start, when the policy
@@ -126,12 +128,12 @@ class Judging:
         # One bound for the request's every check: a judge that fails on it is not asked
         # again for it (guard.perrequest), in this request's context.
         perrequest.begin()
-        judging_requests, cycle.answers = self.owner.guard.directions()
+        judging_requests, cycle.answers = self.parts.guard.directions()
         if judging_requests and req.token_ids:
             raise errors.token_ids_unjudgeable("prompt" if req.kind == bodies.COMPLETION
                                                else "input")  # fmt: skip
         if judging_requests and req.text:
-            cycle.verdict = asyncio.create_task(self.owner.guard.judge(req.text))
+            cycle.verdict = asyncio.create_task(self.parts.guard.judge(req.text))
 
     async def request(self, cycle: Cycle) -> None:
         """The request's verdict (started by ``start``), before any byte of the answer:
@@ -140,7 +142,7 @@ class Judging:
         result = self.allowed(REQUEST, await cycle.verdict)
         if result.get("request_cut"):
             # Too long for the judge: it read the start and the end; the middle too.
-            await self.parts(cycle.req, cycle.req.text, REQUEST)
+            await self.in_parts(cycle.req, cycle.req.text, REQUEST)
 
     async def whole(self, req: bodies.Request, raw: bytes) -> None:
         """A whole answer, judged as the client would read it."""
@@ -152,7 +154,7 @@ class Judging:
         if text:
             result = await self.answer(req, text)
             if result.get("answer_cut"):
-                await self.parts(req, text, ANSWER)
+                await self.in_parts(req, text, ANSWER)
 
     async def window(
         self, req: bodies.Request, hold: Holdback, read: int, final: bool = False
@@ -163,22 +165,22 @@ class Judging:
         if result.get("answer_cut"):
             # Too long for the judge: it read the start and the end. What came since the
             # last window read whole is judged on its own (in parts if need be).
-            await self.parts(req, ticket.text[max(0, read - PART_OVERLAP) :], ANSWER)
+            await self.in_parts(req, ticket.text[max(0, read - PART_OVERLAP) :], ANSWER)
         hold.allow(ticket, final)
         return ticket.upto
 
     async def answer(self, req: bodies.Request, text: str) -> dict[str, Any]:
         """The guard's verdict on an answer's text: a refusal raises ``GuardRefused``."""
-        return self.allowed(ANSWER, await self.owner.guard.judge(req.text, text))
+        return self.allowed(ANSWER, await self.parts.guard.judge(req.text, text))
 
     def allowed(self, direction: str, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("decision") != "allow":
             raise GuardRefused(refusal(direction, result), refused(direction, result))
         if result.get("failed_open"):
-            self.owner.observer.failed_open()
+            self.parts.observer.failed_open()
         return result
 
-    async def parts(self, req: bodies.Request, text: str, direction: str) -> None:
+    async def in_parts(self, req: bodies.Request, text: str, direction: str) -> None:
         """Judge ``text`` (the request's, or the answer's) in halves, overlapping so no
         phrase is only ever split, each halved again while the judge still reads only its
         start and end: nothing passes that a judge did not read. ``GuardRefused`` at the
@@ -190,7 +192,7 @@ class Judging:
         async def judged(part: str) -> dict[str, Any]:
             async with room:
                 if direction == REQUEST:
-                    return self.allowed(REQUEST, await self.owner.guard.judge(part))
+                    return self.allowed(REQUEST, await self.parts.guard.judge(part))
                 return await self.answer(req, part)
 
         parts = halves(text)
@@ -210,7 +212,7 @@ class Judging:
         verdict = refused_.verdict
         key = cycle.key
         assert key is not None
-        observer = self.owner.observer
+        observer = self.parts.observer
         categories = tuple(verdict.get("categories") or ())
         observer.refused(verdict["direction"], verdict.get("judge") or "", categories)
         observer.refusal(RefusalHeard(

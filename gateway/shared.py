@@ -214,9 +214,9 @@ class Shared:
         self.outliers = outliers
         self.observer = observer
         if breakers is None:
-            from guard import services
+            from guard import checks
 
-            breakers = services.BREAKERS
+            breakers = checks.BREAKERS
         self.breakers = breakers
         self.every = every
         self.probe_every = probe_every

@@ -59,9 +59,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _judges_breakers_closed() -> Iterator[None]:
     """Every test starts with each judge's circuit breaker closed: the breakers are the
     process's (guard.breaker), and a judge another test made fail must not be skipped here."""
-    from guard import services
+    from guard import checks
 
-    services.BREAKERS.clear()
+    checks.BREAKERS.clear()
     yield
 
 

@@ -2,7 +2,7 @@
 
 ``Gateway(app)`` answers every ``/v1/`` request itself and hands anything else to
 ``app`` (Django and the lean routes). A request reads the process's table (``state``),
-the policy in memory (``guard.services.policy_in_memory``), and goes to an engine over
+the policy in memory (``guard.snapshots.policy_in_memory``), and goes to an engine over
 kept-alive connections (``llmgw_core.upstream``); nothing on its path queries the
 database. The order of a request's life:
 

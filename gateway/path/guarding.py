@@ -1,12 +1,12 @@
 """The guard's part of a request: asking it (``Guard``: on the event loop when the guard
-holds what it needs, else on a few threads of the gateway's own, ``guard.services.check``;
+holds what it needs, else on a few threads of the gateway's own, ``guard.checks.check``;
 never per request when nothing is judged), and what the gateway does with its verdicts
 (``Judging``): the request's verdict awaited before the answer's first byte, a whole
 answer judged whole, a streamed one in windows (``gateway.path.holdback``), a text too long
 for a judge judged again in overlapping halves, and a refusal made the client's error
 (``GuardRefused``) and recorded.
 
-Each judge's circuit breaker in this process (``guard.services.BREAKERS``) is exported to
+Each judge's circuit breaker in this process (``guard.checks.BREAKERS``) is exported to
 ``/metrics`` as it changes: ``llmgw_guard_judge_breaker{judge,state,pid}``, 1 for the
 state it is in (``closed``, ``open``, ``half_open``) and 0 for the others, per live
 process.
@@ -28,7 +28,7 @@ from gateway.path import body as bodies
 from gateway.path import errors, series, sse
 from gateway.path.errors import ApiError
 from gateway.records.observe import RefusalHeard
-from guard import breaker, perrequest, services
+from guard import breaker, checks, perrequest, snapshots
 from guard.policy import ANSWERS, REQUESTS
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ THREADS = 16
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gateway-guard")
 
 
-_check_on_pool = sync_to_async(services.check_on_thread, thread_sensitive=False, executor=_executor)
+_check_on_pool = sync_to_async(checks.check_on_thread, thread_sensitive=False, executor=_executor)
 
 _gauge: Any = None
 _gauge_lock = threading.Lock()
@@ -64,7 +64,7 @@ def breaker_metric(judge: str, state: breaker.State) -> None:
         _gauge.labels(judge, name).set(1 if name == state.state else 0)
 
 
-services.BREAKERS.listen(breaker_metric)
+checks.BREAKERS.listen(breaker_metric)
 
 
 class Guard:
@@ -72,24 +72,24 @@ class Guard:
         """Whether requests and answers are judged, by the policy in memory. Unknown (not
         in memory yet): both, so the check reads the policy and decides (it answers
         ``allow`` with ``judged: false`` for a direction it does not judge)."""
-        policy = services.policy_in_memory()
+        policy = snapshots.policy_in_memory()
         if policy is None:
             return True, True
         return policy.judges(REQUESTS), policy.judges(ANSWERS)
 
     async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
-        done = await services.check_on_loop(request, answer)  # the judge's timeout bounds it
+        done = await checks.check_on_loop(request, answer)  # the judge's timeout bounds it
         if isinstance(done, dict):
             return done
         # On a thread: bounded as a whole (its judges' timeouts, its reads, the pool's
         # queue); past the bound the policy's fail decides, as if every judge timed out.
-        bound = services.check_bound()
+        bound = checks.check_bound()
         try:
             return await asyncio.wait_for(_check_on_pool(request, answer, done), bound)
         except TimeoutError:
             log.warning("a guard check got no answer within %g s: the policy's fail decides",
                         bound)  # fmt: skip
-            return services.unanswered(request, answer, bound)
+            return checks.unanswered(request, answer, bound)
 
 
 REQUEST, ANSWER = "request", "answer"

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from catalog import rules
 from catalog.converters import lookup_regex
 from catalog.services import stored_specs
-from cluster import agentbeat, agentinput, agentjoin, agentreport, nodepage, services, tenancy
+from cluster import agentbeat, agentinput, agentjoin, agentreport, details, services, tenancy
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -106,7 +106,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         """A node with its cards (and the replica holding each) and the replicas it runs."""
         node = self.get_object()
         data = dict(NodeSerializer(node, context=self.get_serializer_context()).data)
-        detail = nodepage.node_detail(node, has_role(request.user, OPERATOR))
+        detail = details.node_detail(node, has_role(request.user, OPERATOR))
         data["cards"] = detail["cards"]
         data["replicas"] = NodeReplicaSerializer(detail["replicas"], many=True).data
         return Response(data)
@@ -224,7 +224,7 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         if not has_role(request.user, OPERATOR):
             return Response({"detail": "an engine's log needs the operator role"}, status=403)
         replica = self.get_object()
-        nodes = nodepage.replica_log(replica)
+        nodes = details.replica_log(replica)
         return Response(
             ReplicaLogSerializer(
                 {"replica": replica.pk, "model": replica.model_name, "nodes": nodes}

@@ -27,7 +27,9 @@ The update flow:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -396,56 +398,53 @@ def _via(request: HtmxHttpRequest) -> str:
     return "console"
 
 
+def _act(
+    request: HtmxHttpRequest,
+    name: str,
+    action: Callable[..., Any],
+    said: Callable[[Any], tuple[str, bool]],
+) -> HttpResponse:
+    """Do an update flow's action (``run.promote``, ``cancel``, ``rollback``) on a model as
+    this console's user and answer (``_answer``) what ``said`` makes of it (the words, and
+    whether it failed) or why it was refused; 404 for a model the catalog does not hold."""
+    _known(name)
+    try:
+        done = action(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.FlowRefused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    words, failed = said(done)
+    return _answer(request, name, words, refused=failed)
+
+
 @role_required(OPERATOR)
 @require_POST
 def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Start an update of a model (the newest revision; auto with its own canary)."""
-    _known(name)
     auto = request.POST.get("auto", "") in ("1", "on", "true")
-    try:
-        r = run.start(
-            name, auto=auto, user=request.user, surface=Surface.CONSOLE, via=_via(request)
-        )
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, f"update #{r.pk} of {name} started")
+    return _act(request, name, partial(run.start, auto=auto),
+                lambda r: (f"update #{r.pk} of {name} started", False))  # fmt: skip
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_promote(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Promote a model's running update now."""
-    _known(name)
-    try:
-        r = run.promote(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, r.reason if r.state == "failed" else r.lines[-1]["text"],
-                   refused=r.state == "failed")  # fmt: skip
+    return _act(request, name, run.promote,
+                lambda r: (r.reason, True) if r.state == "failed" else (r.lines[-1]["text"], False))  # fmt: skip
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Move a model back to its previous revision while the mirror holds it."""
-    _known(name)
-    try:
-        said = run.rollback(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, said)
+    return _act(request, name, run.rollback, lambda said: (said, False))
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_cancel(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """End a model's running update; the model stays as it is."""
-    _known(name)
-    try:
-        r = run.cancel(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, f"update #{r.pk}: {r.reason}")
+    return _act(request, name, run.cancel, lambda r: (f"update #{r.pk}: {r.reason}", False))
 
 
 def region_poke(query: dict[str, str]) -> str:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -448,6 +448,21 @@ def _model_known(name: str) -> bool:
     return bool(stored_specs(names=[name]))
 
 
+def _act(
+    request: Request, name: str, action: Callable[..., Any], answer: Callable[[Any], Response]
+) -> Response:
+    """Do an update flow's action (``run.promote``, ``cancel``, ``rollback``) on a model as
+    this request's user and answer what it did: 404 for a model the catalog does not hold,
+    400 with what was refused."""
+    if not _model_known(name):
+        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    try:
+        done = action(name, user=request.user, surface=Surface.API, via=_via(request))
+    except flow.FlowRefused as exc:
+        return _refused(exc)
+    return answer(done)
+
+
 @extend_schema(
     summary="A model's last update (GET), or start one (POST, operators)",
     request=StartSerializer,
@@ -496,13 +511,7 @@ def model_update(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_promote(request: Request, name: str) -> Response:
     """Promote a model's running update: its origin to the new revision, a roll."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        r = run.promote(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response(cli.as_json(r))
+    return _act(request, name, run.promote, lambda r: Response(cli.as_json(r)))
 
 
 @extend_schema(summary="End a model's running update (the model stays as it is)", request=None,
@@ -510,13 +519,7 @@ def model_promote(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_cancel(request: Request, name: str) -> Response:
     """Cancel a model's running update: its candidate and canary removed."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        r = run.cancel(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response(cli.as_json(r))
+    return _act(request, name, run.cancel, lambda r: Response(cli.as_json(r)))
 
 
 @extend_schema(
@@ -528,13 +531,7 @@ def model_cancel(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_rollback(request: Request, name: str) -> Response:
     """Move a model back to ``origin.previous`` (a roll), or say why it cannot."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        said = run.rollback(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response({"detail": said})
+    return _act(request, name, run.rollback, lambda said: Response({"detail": said}))
 
 
 @extend_schema(

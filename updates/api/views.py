@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_http_methods
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -53,9 +54,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from catalog.choices import Surface
+from catalog.services import stored_specs
+from cluster.agentjoin import node_for_token
+from cluster.models import Assignment
 from llmgw_core.api import problems_response
 from updates import checking, cli, flow, mirror, run
-from updates.models import Fetch, FetchState, UpdateRun
+from updates.models import ACTIVE, Fetch, FetchState, UpdateRun
 
 _CHUNK = 4 << 20
 # ASCII digits only (``\d`` takes every script's digits), in a header of bounded length:
@@ -70,8 +74,6 @@ RANGE_HELP = (
 
 def _node(request: HttpRequest) -> Any:
     """Return the node a request's node token speaks for, or None."""
-    from cluster.agentjoin import node_for_token
-
     parts = request.headers.get("Authorization", "").split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
         return None
@@ -87,8 +89,6 @@ def _unauthorized() -> JsonResponse:
 
 
 def _placed_on(node: Any, model: str) -> bool:
-    from cluster.models import Assignment
-
     return Assignment.objects.filter(node=node, replica__model__name=model).exists()
 
 
@@ -282,8 +282,6 @@ def update_check(request: Request, name: str) -> Response:
     A registry that fails is ``"state": "error"`` with the reason (200: the check was
     made), and changes nothing; a model not in the catalog is 404.
     """
-    from catalog.services import stored_specs
-
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     if request.method == "GET":
@@ -334,13 +332,9 @@ def model_fetches(request: Request, name: str) -> Response:
     newest (one never fetched: its origin is written when it is done), and answers the
     fetch (202); a model the mirror does not fetch is 400 saying why.
     """
-    from catalog.services import stored_specs
-
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     if request.method == "POST":
-        from catalog.choices import Surface
-
         who = getattr(request.user, "username", "") or "api"
         try:
             f = mirror.request_fetch(name, by=f"{who} (api)", surface=Surface.API)
@@ -359,10 +353,6 @@ def model_fetches(request: Request, name: str) -> Response:
 def mirror_holdings(request: Request) -> Response:
     """Answer the mirror's folders (source, commit, bytes, the models each is for and what
     it is to each), the total, the cap, and the fetches queued or running."""
-    from django.conf import settings
-
-    from updates.models import ACTIVE
-
     held = mirror.holdings()
     cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
     return Response(
@@ -443,8 +433,6 @@ _RUN = inline_serializer(
 
 
 def _model_known(name: str) -> bool:
-    from catalog.services import stored_specs
-
     return bool(stored_specs(names=[name]))
 
 

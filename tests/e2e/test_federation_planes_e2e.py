@@ -156,13 +156,16 @@ def planes(
     secrets.mkdir()
     with django_db_blocker.unblock():
         _create_database(west_db)
-        west_plane = ControlPlane(tmp / "west")
+        # Two planes, their agents and engines on a loaded 2-core machine: a start (and the
+        # peer's restart) may take longer than one plane's minute.
+        west_plane = ControlPlane(tmp / "west", up_within=180)
         west_plane.extra = {"LLMGW_DATABASE_URL": database_url(name=west_db)}
         (tmp / "west").mkdir()
         west = Cluster("west", west_plane, west_db)
         west_host = west_plane.url.split("//", 1)[1]
         (tmp / "east").mkdir()
-        east = Cluster("east", ControlPlane(tmp / "east"), str(connection.settings_dict["NAME"]))
+        east = Cluster("east", ControlPlane(tmp / "east", up_within=180),
+                       str(connection.settings_dict["NAME"]))  # fmt: skip
         east.plane.extra = {
             "LLMGW_SECRETS_DIR": str(secrets), "LLMGW_EXTERNAL_HTTP_HOSTS": west_host,
             "LLMGW_FEDERATION_REFRESH": "1", "LLMGW_FEDERATION_RECOVER_PROBES": "2",
@@ -178,7 +181,7 @@ def planes(
                 east_up = side.submit(east.plane.start)
                 west.plane.start()
                 got = json.loads(west.manage("shell", "-c", WEST_SETUP).strip().splitlines()[-1])
-                east_up.result(timeout=120)
+                east_up.result(timeout=200)
             (secrets / "west").write_text(got["key"] + "\n")
             west.start_agent(got["token"], cards=4)
             # East: its judge, then the peer, then its own slow model whose overflow is

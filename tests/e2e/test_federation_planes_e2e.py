@@ -205,16 +205,17 @@ def planes(
             _, low = keys.create_key("batch", models=["west/chat", "slow"], priority="low")
             yield Planes(east, west, app, low)
         finally:
-            for c in (east, west):
-                if c.agent and c.agent.poll() is None:
-                    c.agent.terminate()
-            for c in (east, west):
-                if c.agent:
-                    try:
-                        c.agent.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        c.agent.kill()
-                c.plane.stop()
+            # Every process told at once, then each waited for: they stop side by side.
+            procs = [p for c in (east, west) for p in (c.agent, c.plane.proc) if p is not None]
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
             _kill_engines(tmp / "east")
             _kill_engines(tmp / "west")
             _drop_database(west_db)

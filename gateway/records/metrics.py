@@ -62,12 +62,6 @@ _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
 
 
-def setup() -> None:
-    """Make this process's metrics (once): before any other metric of the process is
-    made, so each is in multiprocess mode."""
-    _setup()
-
-
 def _setup() -> dict[str, Any]:
     """The metrics of this process, in multiprocess mode over ``series.folder()`` (once)."""
     global _metrics

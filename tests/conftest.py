@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests import threads
+from tests import dbflush, threads
 
 threads.watch()
+dbflush.by_delete()
 
 
 @pytest.hookimpl(trylast=True)

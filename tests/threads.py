@@ -23,6 +23,13 @@ from types import FrameType
 
 ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 HERE = str(Path(__file__).resolve())
+# Where the check applies: the folders whose tests it has been run over and whose leaks are
+# fixed (the rest of the suite is to follow, folder by folder).
+CHECKED = ("tests/updates/", "tests/cluster/", "tests/gateway/")
+# Threads a gateway process runs for its whole life, with no way yet to stop one: the
+# in-process gateways of tests/gateway/ start them (test_metrics, test_ejection,
+# test_federation_reach). Left be until they can be stopped.
+FOR_LIFE = ("gateway-metrics", "gateway-traffic")
 # How long a thread told to stop in its test's teardown has to end before it counts as
 # left running: it may be mid-way through its last step.
 GRACE = 5.0
@@ -83,6 +90,11 @@ def describe(thread: threading.Thread) -> str:
     )
 
 
+def checked(path: str) -> bool:
+    """Whether the check applies to the test file at ``path``."""
+    return path.startswith(tuple(ROOT + c for c in CHECKED))
+
+
 def left_running(before: set[threading.Thread]) -> list[threading.Thread]:
     """The project's threads not in ``before`` still running after ``GRACE`` s."""
     new = [
@@ -90,6 +102,7 @@ def left_running(before: set[threading.Thread]) -> list[threading.Thread]:
         for t in threading.enumerate()
         if t not in before
         and not isinstance(t, threading._DummyThread)  # not joinable: started outside Python
+        and t.name not in FOR_LIFE
         and runs_project_code(t)
     ]
     deadline = time.monotonic() + GRACE

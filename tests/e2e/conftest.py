@@ -59,6 +59,7 @@ class ControlPlane:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     extra: dict[str, str] = field(default_factory=dict)  # more of the process's variables
+    up_within: float = 60  # seconds its start may take (two planes on a loaded machine: more)
 
     @property
     def url(self) -> str:
@@ -89,7 +90,7 @@ class ControlPlane:
         self.proc = subprocess.Popen(
             self.command(), cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
         )
-        wait_for(self._up, 60, "the web process to answer")
+        wait_for(self._up, self.up_within, "the web process to answer")
 
     def _up(self) -> bool:
         try:

@@ -12,24 +12,13 @@ import httpx
 import pytest
 
 from cluster.models import Assignment, Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
 from tests.llama import llama_server_binary
 
 pytestmark = pytest.mark.e2e
 
 H100 = "nvidia-h100-80gb"
-
-
-def sim_model(name: str, **extra: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1}],
-        "scaling": {"min": 1, "max": 1},
-    }
-    data.update(extra)
-    return data
 
 
 def ready(model: str, count: int = 1) -> Callable[[], list[Replica]]:

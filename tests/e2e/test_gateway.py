@@ -18,6 +18,7 @@ import pytest
 
 from cluster.models import Node, Replica
 from guard.models import GuardPolicy
+from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agents, ControlPlane, engine_auth, free_port, wait_for
 from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
@@ -30,16 +31,9 @@ FAST = {"LLMGW_SIM_TTFT": "0.05", "LLMGW_SIM_TPS": "200"}
 
 
 def sim_model(name: str, **extra: Any) -> dict[str, Any]:
-    profile = {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}
-    profile.update(extra.pop("profile", {}))
-    data: dict[str, Any] = {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [profile],
-        "scaling": {"min": 1, "max": 1},
-    }
-    data.update(extra)
-    return data
+    """``samples.sim_model`` answering quickly (``FAST``), one replica."""
+    profile = {"env": dict(FAST), **extra.pop("profile", {})}
+    return samples.sim_model(name, profile=profile, **extra)
 
 
 def manage(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:

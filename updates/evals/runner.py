@@ -27,6 +27,8 @@ import httpx
 from django.conf import settings
 
 from catalog.problems import Problem
+from guard import client, services
+from guard.formats import SAFE
 from llmgw_core.refused import Refused
 from updates.evals import suite as s
 
@@ -197,8 +199,6 @@ Grader = Callable[[s.Case, str], s.Result]
 
 def judge_grader(judge_name: str, timeout: float = 30.0) -> Grader:
     """Return what grades rubric cases: the judge ``judge_name`` on a ready replica."""
-    from guard import client, services
-    from guard.formats import SAFE
 
     def grade(case: s.Case, answer: str) -> s.Result:
         if not judge_name:

@@ -27,6 +27,15 @@ def hist(**at: int) -> list[int]:
     return counts
 
 
+@pytest.fixture(autouse=True)
+def no_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's first tick starts its sampler, a thread a gateway process runs for ever
+    (every SAMPLE_EVERY): here it would outlive each test, sampling a stand-in gateway
+    beside the next ones. These tests read what one tick writes, and sample by hand where
+    they mean to (test_in_flight_is_the_mean_of_the_last_seconds_samples)."""
+    monkeypatch.setattr(LoadReport, "start_sampling", lambda self: None)
+
+
 def report(process: str, **models: dict) -> dict:
     return {"process": process, "at": time.time(), "edges": list(EDGES_MS), "models": models}
 

@@ -432,6 +432,13 @@ LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
 LLMGW_ADMISSION_WINDOW = envint("ADMISSION_WINDOW", 10)
 LLMGW_ADMISSION_QUEUE_MS = envint("ADMISSION_QUEUE_MS", 2000)
 LLMGW_ADMISSION_QUEUE_MAX = envint("ADMISSION_QUEUE_MAX", 100)
+# The batch band's margin (percent): its lines grow in flight only while the live first tokens'
+# median stays within the base (their time without a batch) plus this share.
+LLMGW_ADMISSION_BATCH_MARGIN = envint("ADMISSION_BATCH_MARGIN", 5)
+if LLMGW_ADMISSION_BATCH_MARGIN < 0:
+    raise ImproperlyConfigured(
+        f"LLMGW_ADMISSION_BATCH_MARGIN is {LLMGW_ADMISSION_BATCH_MARGIN}: write 0 or more (percent)"
+    )
 if LLMGW_ADMISSION_WINDOW < 1 or LLMGW_ADMISSION_QUEUE_MS < 0 or LLMGW_ADMISSION_QUEUE_MAX < 0:
     raise ImproperlyConfigured(
         "LLMGW_ADMISSION_WINDOW is 1 s or more, LLMGW_ADMISSION_QUEUE_MS and "

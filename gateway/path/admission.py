@@ -30,9 +30,14 @@ The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
 Below ``low`` is ``batch``, the band of a batch's lines (``gateway.batch``; no key has
 it), which only fills what live traffic leaves and yields entirely before any live band is
 capped. Its own allowance (``Gate.batch``, None: no cap) is stepped while the live bands
-are open: no live first token in the window, no cap; one of the last ``RECENT`` past the
-slo, 0 at once; then at most once a ``STEP``, one past ``QUIET`` of the slo halves it, all
-under it (or nothing in flight for a step) while a line waits adds one. It is 0 while the
+are open, as LEDBAT (RFC 6817) steps a background flow on the delay it adds: each process
+keeps a base of the model's live first-token times, the lowest of the per-minute medians of
+those measured with no batch line in flight here, over the last ``BASE_MINUTES`` minutes;
+no live first token in the window, no cap; one of the last ``RECENT`` past the slo, 0 at
+once; then at most once a ``STEP``, the median of the last ``FILTER`` live first tokens past
+base × (1 + margin) (``LLMGW_ADMISSION_BATCH_MARGIN``), or one of the last past ``QUIET`` of
+the slo, halves it; that median within it while a line waits adds one (no base yet: all of
+the last under ``QUIET`` of the slo; or nothing in flight for a step). It is 0 while the
 live bands have an allowance, and a line goes in only while no live request waits. The
 model past its slo with a batch line here within the window does not cap the live bands:
 the batch is cut to 0 first, and the live bands get their allowance only if the first
@@ -63,7 +68,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +104,15 @@ HEADROOM = 0.5
 # to grow (past it the batch's allowance halves; past the slo it is 0): a batch keeps live
 # traffic well inside its slo, not at it.
 QUIET = 0.8
+# The batch band's LEDBAT control: the live first tokens its median is read over, the
+# minutes the base is the lowest per-minute median of (a minute counts with BASE_SAMPLES
+# first tokens measured with no batch line in flight, at most BASE_KEEP of them kept), and
+# the share over the base the median may reach for the batch to grow.
+FILTER = 9
+BASE_MINUTES = 10
+BASE_SAMPLES = 5
+BASE_KEEP = 1000
+MARGIN = 0.05
 
 # Whether the running request was held and refused (the traffic history counts it).
 was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_held",
@@ -145,6 +159,19 @@ class Reading(NamedTuple):
     idle: float = 0.0  # seconds with nothing of the model in flight here (0: some)
     batch: int = 0  # batch lines in flight here
     batch_idle: float = float("inf")  # seconds since a batch line was last in flight here
+    base_ms: float | None = None  # live first tokens' base without a batch (None: not yet)
+    live_ms: float | None = None  # the median of the last FILTER live first tokens
+    margin: float = MARGIN  # the share over the base the batch may add
+
+    @property
+    def based(self) -> bool:
+        """A base and a median of live first tokens to step the batch on."""
+        return self.base_ms is not None and self.live_ms is not None
+
+    @property
+    def over_base(self) -> bool:
+        """Live first tokens past base × (1 + margin): the batch adds delay, it gives way."""
+        return self.based and self.live_ms > self.base_ms * (1 + self.margin)  # type: ignore[operator]
 
     @property
     def batch_near(self) -> bool:
@@ -252,20 +279,24 @@ def _batch(batch: int | None, r: Reading, now: float, stepped: float,
            wanting: bool) -> tuple[int | None, float]:  # fmt: skip
     """The batch band's allowance while the live bands are open: no live first token in
     the window, no cap (nothing to keep fast); one of the last past the slo, 0 at once
-    (the batch yields entirely); then at most once a ``STEP``: one past ``QUIET`` of the
-    slo halves it, all of the last ``RECENT`` under it (or nothing of the model in flight
-    for a step) while a batch line waits, one more."""
+    (the batch yields entirely); then at most once a ``STEP``: the live median past base ×
+    (1 + margin), or one of the last past ``QUIET`` of the slo, halves it (at once if it
+    had no cap); the median
+    within it (no base yet: all of the last ``RECENT`` under ``QUIET`` of the slo), or
+    nothing of the model in flight for a step, while a batch line waits: one more. It never
+    grows while the median is past base × (1 + margin)."""
     if not r.recent:
         return None, stepped
     if r.slow:
         return (0, now) if batch != 0 else (batch, stepped)
-    if now - stepped < STEP:
-        return batch, stepped
+    gives = r.loud or r.over_base
+    if now - stepped < STEP and (batch is not None or not gives):
+        return batch, stepped  # at most one change a step (an uncapped batch capped at once)
     if batch is None:
         batch = r.batch
-    if r.loud:
+    if gives:
         return (int(batch * BETA), now) if batch else (0, stepped)
-    if wanting and (r.quiet or r.idle >= STEP):
+    if wanting and (r.based or r.quiet or r.idle >= STEP):
         return batch + 1, now
     return batch, stepped
 
@@ -347,6 +378,32 @@ class _Model:
     # flight and waiting, as last heard.
     others: int = 0
     others_waiting: dict[str, int] = field(default_factory=dict)
+    # The batch band's LEDBAT figures: the last FILTER live first tokens here (when, ms),
+    # the median of each past minute's measured with no batch line in flight (minute ->
+    # ms), and the running minute's such first tokens, sorted.
+    live: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=FILTER))
+    medians: dict[int, float] = field(default_factory=dict)
+    minute: int = 0
+    clean: list[float] = field(default_factory=list)
+
+    def base(self, minute: int) -> float | None:
+        """The lowest per-minute median of the last BASE_MINUTES (this one's if it has
+        BASE_SAMPLES first tokens): the live first tokens' time without a batch."""
+        values = [ms for m, ms in self.medians.items() if minute - m < BASE_MINUTES]
+        if self.minute == minute and len(self.clean) >= BASE_SAMPLES:
+            values.append(self.clean[len(self.clean) // 2])
+        return min(values) if values else None
+
+    def clean_sample(self, minute: int, ms: float) -> None:
+        """A live first token measured with no batch line in flight here."""
+        if minute != self.minute:
+            if len(self.clean) >= BASE_SAMPLES:
+                self.medians[self.minute] = self.clean[len(self.clean) // 2]
+            for m in [m for m in self.medians if minute - m >= BASE_MINUTES]:
+                del self.medians[m]
+            self.minute, self.clean = minute, []
+        if len(self.clean) < BASE_KEEP:
+            insort(self.clean, ms)
 
 
 class Counts:
@@ -386,8 +443,10 @@ class Admission:
         clock: Callable[[], float] = time.monotonic,
         counts: Counts | None = COUNTS,
         wall: Callable[[], float] = time.time,
+        margin: float = MARGIN,
     ) -> None:
         self.window = window
+        self.margin = margin
         self.queue = queue
         self.queue_max = queue_max
         self._clock = clock
@@ -406,6 +465,7 @@ class Admission:
             window=float(getattr(settings, "LLMGW_ADMISSION_WINDOW", WINDOW)),
             queue=float(getattr(settings, "LLMGW_ADMISSION_QUEUE_MS", QUEUE * 1000)) / 1000,
             queue_max=int(getattr(settings, "LLMGW_ADMISSION_QUEUE_MAX", QUEUE_MAX)),
+            margin=float(getattr(settings, "LLMGW_ADMISSION_BATCH_MARGIN", MARGIN * 100)) / 100,
         )
 
     def _model(self, model: str) -> _Model | None:
@@ -429,6 +489,10 @@ class Admission:
         hist[bucket(ttft * 1000)] += 1
         m.recent.append((now, ttft * 1000))
         m.mine.append((now, ttft * 1000))
+        m.live.append((now, ttft * 1000))
+        if not m.batch and m.batch_since < now - ttft:
+            # No batch line in flight here while it waited for its first token.
+            m.clean_sample(int(now // 60), ttft * 1000)
         self._wake(m)
 
     def _wake(self, m: _Model) -> None:
@@ -464,8 +528,11 @@ class Admission:
         recent = tuple(ms for at, ms in m.recent if now - at < self.window)
         # Idle: nothing in flight here, nor a lower band's in another process.
         idle = 0.0 if m.busy or m.others else now - m.idle_since
+        live = sorted(ms for at, ms in m.live if now - at < self.window)
         return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle,
-                       m.batch, now - m.batch_since)  # fmt: skip
+                       m.batch, now - m.batch_since, m.base(int(now // 60)),
+                       live[len(live) // 2] if len(live) >= RECENT else None,
+                       self.margin)  # fmt: skip
 
     def limit(self, model: str) -> int | None:
         m = self._models.get(model)
@@ -676,7 +743,8 @@ class Admission:
         return {
             name: {"limit": m.gate.limit, "p99_ms": self.p99(name, now), "lower": m.lower,
                    "busy": m.busy, "waiting": sum(m.waiting.values()), "others": m.others,
-                   "batch": m.batch, "batch_limit": m.gate.allowance(BATCH)}
+                   "batch": m.batch, "batch_limit": m.gate.allowance(BATCH),
+                   "batch_base_ms": m.base(int(now // 60))}
             for name, m in self._models.items()
         }  # fmt: skip
 

@@ -13,6 +13,7 @@ from gateway.path.admission import (
     BATCH,
     BETA,
     HEADROOM,
+    MARGIN,
     QUIET,
     RECENT,
     STEP,
@@ -152,6 +153,9 @@ def test_the_batch_allowance_yields_at_the_slo_halves_past_quiet_and_grows_when_
     elif max(recent) > SLO:
         assert soon.batch == 0 and later.batch == 0  # at once, whatever the step
     else:
+        if batch is None and max(recent) >= QUIET * SLO:
+            assert soon.batch == later.batch == int(start * BETA)  # an uncapped one at once
+            return
         assert soon.batch == batch  # at most one change a step
         if max(recent) >= QUIET * SLO:
             assert later.batch == int(start * BETA)
@@ -159,6 +163,52 @@ def test_the_batch_allowance_yields_at_the_slo_halves_past_quiet_and_grows_when_
             assert later.batch == start + 1
         else:
             assert later.batch == start
+
+
+@given(st.one_of(st.none(), st.integers(0, 30)), st.lists(marks, min_size=1, max_size=RECENT),
+       st.integers(0, 8), idles, st.booleans(), marks, marks, st.sampled_from([0.0, MARGIN, 0.5]),
+       st.floats(0, 3 * STEP))  # fmt: skip
+def test_the_batch_allowance_never_grows_while_live_first_tokens_are_past_their_base(
+    batch: int | None, recent: list[float], in_flight: int, idle: float, wanting: bool,
+    base: float, live: float, margin: float, later: float,
+) -> None:  # fmt: skip
+    gate = Gate(None, pressed=0.0, stepped=100.0, batch=batch)
+    r = Reading(None, tuple(recent), SLO, 0, idle, in_flight, 0.0, base, live, margin)
+    after, _ = decide(gate, BATCH if wanting else "high", r, 100.0 + later, WINDOW)
+    assert after.limit is None  # live traffic is never capped here
+    start = in_flight if batch is None else batch
+    if live > base * (1 + margin):
+        assert after.batch is not None and after.batch <= start
+    elif max(recent) <= SLO and max(recent) < QUIET * SLO and later >= STEP and wanting \
+            and not gate.room(BATCH, r):  # fmt: skip
+        assert after.batch == start + 1  # within the base while a line waits: one more
+
+
+def test_a_batch_that_slows_live_traffic_past_its_base_gives_way_well_inside_the_slo() -> None:
+    """Live first tokens at 100 ms alone; beside a batch line at 200 ms, a fifth of the
+    slo: the batch's allowance halves (as it would not by the slo alone), and grows again
+    once live traffic is back at its base."""
+    a, clock = admission()
+    for _ in range(6):
+        a.record("m", 0.1)
+        clock.now += 0.1
+    a._take("m", BATCH)  # a batch line in flight
+    assert a.check("m", BATCH, SLO).limit == 1  # capped at what is in flight
+    for _ in range(5):
+        clock.now += 0.1
+        a.record("m", 0.2)  # live first tokens beside it: twice as slow, still 20 % of the slo
+    assert a.state()["m"]["batch_base_ms"] == 100.0  # measured without the batch alone
+    clock.now += STEP
+    held = a.check("m", BATCH, SLO)
+    assert not held.admit and held.limit == 0  # past base × (1 + margin): it gives way
+    a.release("m", False, True)
+    clock.now += 0.5
+    for _ in range(9):
+        clock.now += 0.1
+        a.record("m", 0.1)  # live traffic back at its base
+    clock.now += STEP
+    d = a.check("m", BATCH, SLO)
+    assert d.admit and d.limit == 1  # one more a step while live stays within its base
 
 
 def test_past_the_slo_beside_a_batch_the_batch_yields_before_the_live_bands_are_capped() -> None:

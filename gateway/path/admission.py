@@ -388,18 +388,23 @@ class _Model:
 
     def base(self, minute: int) -> float | None:
         """The lowest per-minute median of the last BASE_MINUTES (this one's if it has
-        BASE_SAMPLES first tokens): the live first tokens' time without a batch."""
-        values = [ms for m, ms in self.medians.items() if minute - m < BASE_MINUTES]
-        if self.minute == minute and len(self.clean) >= BASE_SAMPLES:
-            values.append(self.clean[len(self.clean) // 2])
-        return min(values) if values else None
+        BASE_SAMPLES first tokens): the live first tokens' time without a batch; none
+        within them (a batch that never let up), the newest there was."""
+        medians = dict(self.medians)
+        if len(self.clean) >= BASE_SAMPLES:
+            medians[self.minute] = self.clean[len(self.clean) // 2]  # the last minute heard
+        if not medians:
+            return None
+        values = [ms for m, ms in medians.items() if minute - m < BASE_MINUTES]
+        return min(values) if values else medians[max(medians)]
 
     def clean_sample(self, minute: int, ms: float) -> None:
         """A live first token measured with no batch line in flight here."""
         if minute != self.minute:
             if len(self.clean) >= BASE_SAMPLES:
                 self.medians[self.minute] = self.clean[len(self.clean) // 2]
-            for m in [m for m in self.medians if minute - m >= BASE_MINUTES]:
+            newest = max(self.medians, default=None)
+            for m in [m for m in self.medians if minute - m >= BASE_MINUTES and m != newest]:
                 del self.medians[m]
             self.minute, self.clean = minute, []
         if len(self.clean) < BASE_KEEP:

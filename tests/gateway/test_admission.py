@@ -211,6 +211,26 @@ def test_a_batch_that_slows_live_traffic_past_its_base_gives_way_well_inside_the
     assert d.admit and d.limit == 1  # one more a step while live stays within its base
 
 
+def test_the_base_is_the_lowest_minute_of_the_last_ten_and_outlives_a_batch_that_never_stops() -> (
+    None
+):
+    a, clock = admission()
+    clock.now = 60_000.0  # a minute's start
+    for ms in (0.1, 0.2):  # a minute at 100 ms, then one at 200 ms
+        for _ in range(5):
+            a.record("m", ms)
+            clock.now += 1
+        clock.now += 55
+    assert a.state()["m"]["batch_base_ms"] == 100.0
+    a._take("m", BATCH)  # then a batch line in flight for good: nothing more to measure
+    clock.now += 8 * 60
+    a.record("m", 0.5)
+    assert a.state()["m"]["batch_base_ms"] == 200.0  # the 100 ms minute is ten ago
+    clock.now += 60 * 60
+    a.record("m", 0.5)
+    assert a.state()["m"]["batch_base_ms"] == 200.0  # the newest there was, not none
+
+
 def test_past_the_slo_beside_a_batch_the_batch_yields_before_the_live_bands_are_capped() -> None:
     r = Reading(2000.0, (2000.0,), SLO, lower=4, batch=2, batch_idle=0.0)
     gate, d = decide(Gate(), "normal", r, 0.0, WINDOW)

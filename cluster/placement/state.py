@@ -180,6 +180,7 @@ class State:
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        self.engine_index: dict[str, dict[str, list[int]]] | None = None
         # By profile object: it, its need, eligible nodes and key (``placing._known``).
         self.profiles: dict[int, tuple[Any, ...]] = {}
         # By need object: it, and its shape without the weights (``shape``).
@@ -279,25 +280,64 @@ class State:
         return (CARDS_KEY if self.has_cards[i] else 0) + cores
 
     def hold(self, running: list[Running]) -> None:
-        """Count running replicas against their nodes."""
+        """Count running replicas against their nodes.
+
+        Called once, before anything is asked of the state: what the replicas take is
+        counted in bulk (each card's claims, then the free lists of the nodes they are
+        on, built once), and not logged as room changed (``changed``, ``gained``), which
+        only what happens after it need be.
+        """
         self.bucketed = False
+        index, card_class, children_of, claims_of = (
+            self.index,
+            self.card_class,
+            self.children,
+            self.claims,
+        )
+        on_node, node_domains, used = self.on_node, self.node_domains, self.used
+        mem, cores = self.mem, self.cores
+        touched: set[int] = set()
         for r in sorted(running, key=lambda r: str(r.id)):
             if r.id in self.alive:
                 raise ValueError(f"two running replicas share the id {r.id}")
             self.alive[r.id] = r
             holds = []
+            src = r.source
             for a in r.assignments:
-                i = self.index.get(a.node)
+                i = index.get(a.node)
                 if i is None:
                     continue  # a node that is gone holds nothing
-                cards = tuple(c for c in a.cards if c in self.card_class[i])
-                holds.append(Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, r.source))
-                if not self.on_node[i] or self.on_node[i][-1] is not r:
-                    self.on_node[i].append(r)
+                classes = card_class[i]
+                cards = tuple(c for c in a.cards if c in classes)
+                h = Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, src)
+                holds.append(h)
+                here = on_node[i]
+                if not here or here[-1] is not r:
+                    here.append(r)
                     self.count_rank(i, r.class_rank, 1)
+                if cards:
+                    claims, children = claims_of[i], children_of[i]
+                    for c in cards:
+                        claims[c] += 1
+                        if children:
+                            for child in children.get(c, ()):
+                                claims[child] += 1
+                    touched.add(i)
+                cores[i] -= h.cores
+                mem[i] -= h.mem
+                if src or h.disk:
+                    self._fetch(i, h, 1)
+                for d in node_domains[i]:
+                    used[d] += h.watts
             self.holds_of[r.id] = holds
-            self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
+        for i in touched:
+            claims, children, classes = claims_of[i], children_of[i], card_class[i]
+            free: dict[str, list[int]] = {cls: [] for cls in self.free[i]}
+            for c in sorted(classes):
+                if c not in children and claims[c] == 0:
+                    free.setdefault(classes[c], []).append(c)
+            self.free[i] = free
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
@@ -405,9 +445,37 @@ class State:
         key = (p.engine, p.engine_version, sel)
         found = self.eligible_cache.get(key)
         if found is None:
-            found = frozenset(i for i in range(len(self.nodes)) if self.static_ok(i, p))
+            # By the index of engines and versions (``static_ok``'s rule): the nodes of
+            # each matching version, then the node selector on those alone.
+            versions = self._engine_index().get(p.engine, {})
+            labels = self.labels
+            found = frozenset(
+                i
+                for version, where in versions.items()
+                if version_matches(version, p.engine_version)
+                for i in where
+                if all(labels[i].get(k) == v for k, v in sel)
+            )
             self.eligible_cache[key] = found
         return found
+
+    def _engine_index(self) -> dict[str, dict[str, list[int]]]:
+        """Return the schedulable nodes by engine and its version, as ``static_ok``
+        reads them: every such node under sim (its version, or none), only real nodes
+        under any other engine."""
+        if self.engine_index is None:
+            index: dict[str, dict[str, list[int]]] = {}
+            for i, n in enumerate(self.nodes):
+                if not n.schedulable:
+                    continue
+                index.setdefault("sim", {}).setdefault(n.engines.get("sim", ""), []).append(i)
+                if n.simulated:
+                    continue
+                for engine, version in n.engines.items():
+                    if engine != "sim":
+                        index.setdefault(engine, {}).setdefault(version, []).append(i)
+            self.engine_index = index
+        return self.engine_index
 
     def static_ok(self, i: int, p: PlacementProfile) -> bool:
         """Return whether node i suits p whatever is free on it."""

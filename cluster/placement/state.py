@@ -197,8 +197,8 @@ class State:
         # Every node whose free room changed, in order (``_apply``): what a reason counted
         # over the cluster before need only be counted again on these (``misses``).
         self.changed: list[int] = []
-        # How often each node's room, and each domain's power, changed: a node's trial
-        # of victims holds while neither changed (``evicting``).
+        # How often each node's room changed: a node's trial of victims holds while it
+        # did not, and its power checks come out as they did (``evicting._victims``).
         self.node_ver = [0] * len(nodes)
         # The nodes where a replica may fit that did not before (room given back, or a
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
@@ -247,7 +247,6 @@ class State:
         ids = {key: j for j, key in enumerate(self.domain_names)}
         self.cap = [caps[key] for key in self.domain_names]
         self.used = [0.0] * len(self.cap)
-        self.domain_ver = [0] * len(self.cap)
         self.node_domains: list[tuple[int, ...]] = []
         self.domain_members: list[list[int]] = [[] for _ in self.cap]
         for i, n in enumerate(self.nodes):
@@ -341,7 +340,7 @@ class State:
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
-        node_domains, used, domain_ver = self.node_domains, self.used, self.domain_ver
+        node_domains, used = self.node_domains, self.used
         for h in holds:
             i = h.i
             self.changed.append(i)
@@ -371,7 +370,6 @@ class State:
                 self._fetch(i, h, sign)
             for d in domains:
                 used[d] += sign * h.watts
-                domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""

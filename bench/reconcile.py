@@ -36,12 +36,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+# Storing 10,000 nodes, or dropping the database after, on a loaded machine may take
+# longer than a statement's usual bound.
+os.environ.setdefault("LLMGW_DB_STATEMENT_TIMEOUT", "600")
 
 import django  # noqa: E402
 
 django.setup()
 
 from django.db import connection  # noqa: E402
+from django.test.utils import teardown_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import placement as synthetic  # noqa: E402
@@ -217,6 +221,7 @@ def run(size: int, models: int, ticks: int, clock: Clock) -> float:
         return whole
     finally:
         webproc.drop_database(old_name)
+        teardown_test_environment()  # the next size sets up its own
 
 
 def main() -> None:

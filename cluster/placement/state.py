@@ -203,7 +203,8 @@ class State:
         # The nodes where a replica may fit that did not before (room given back, or a
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
-        self.gained_wide: list[bool] = []
+        # Where in ``gained`` room was given back (its domains' other nodes may fit).
+        self.gained_wide: list[int] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
         # Per shape, the nodes walked that it did not fit, and the length of ``gained``
         # then: passed over until they gain room (``finding.find_again``).
@@ -350,9 +351,10 @@ class State:
             # for its source; or cards taken where power counts: a replica's derived
             # watts read the lowest free cards, which may now draw less.
             if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
-                self.gained.append(i)
                 # Only room given back frees power its domains' other nodes may use.
-                self.gained_wide.append(sign < 0)
+                if sign < 0:
+                    self.gained_wide.append(len(self.gained))
+                self.gained.append(i)
             if h.cards:
                 children = self.children[i]
                 for c in h.cards:
@@ -646,11 +648,12 @@ class State:
     def gained_since(self, pos: int) -> tuple[set[int], set[int]]:
         """Return the nodes that gained room since ``gained`` stood at pos, and the power
         domains where room was given back (each of their nodes may fit now)."""
-        nodes = set(self.gained[pos:])
+        gained = self.gained
+        nodes = set(gained[pos:])
         wide = self.gained_wide
         node_domains = self.node_domains
         domains = {
-            d for k in range(pos, len(wide)) if wide[k] for d in node_domains[self.gained[k]]
+            d for k in wide[bisect.bisect_left(wide, pos) :] for d in node_domains[gained[k]]
         }
         return nodes, domains
 

@@ -21,16 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from catalog.rules.names import shown
-from gateway import body as bodies
-from gateway import errors
-from gateway.cycle import Cycle, read_body, send_error
-from gateway.errors import ApiError
-from gateway.table import Key
+from gateway.path import body as bodies
+from gateway.path import errors
+from gateway.path.cycle import Cycle, read_body, send_error
+from gateway.path.errors import ApiError
+from gateway.path.table import Key
+
+if TYPE_CHECKING:
+    from gateway.path.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ OWNER = "console"
 class SessionChat:
     """Chat for the console's session on ``PATH``; anything else to ``app``."""
 
-    def __init__(self, app: Any, gateway: Any) -> None:
+    def __init__(self, app: Any, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
 

@@ -21,6 +21,10 @@ nothing is imported or run) that fails naming the file, the line and the importe
   given ``sender=``, ``dispatch_uid=`` or ``weak=`` (as every one here is; a socket's
   connect takes none).
 
+- the gateway's request path (``gateway/path/``) importing the ORM or the recorders: no
+  ``django.db``, no ``*.models``, and of ``gateway/records/`` only the record types it
+  hands over (``gateway.records.observe``'s), so no query can reach the path by an import.
+
 docs/development.md ("The import direction") explains the rule.
 """
 
@@ -144,6 +148,47 @@ def problem(module: Module, line: int, name: str) -> str | None:
     return None
 
 
+# The gateway's request path, and what it may take of the recorders: the record types it
+# hands over and the listener it hands them to.
+PATH = "gateway.path"
+RECORDS = "gateway.records"
+HANDED_OVER = {"gateway.records.observe": {"Done", "RefusalHeard", "Listener", "Observer"}}
+
+
+def path_problems(module: Module, tree: ast.AST) -> list[tuple[int, str, str]]:
+    """Return each import of a module of the request path that it may not make:
+    (line, imported name, why)."""
+    if module.name != PATH and not module.name.startswith(PATH + "."):
+        return []
+    found = []
+    for line, name in imported(module, tree):
+        if name == "django.db" or name.startswith("django.db."):
+            found.append((line, name, "the request path makes no query: no django.db"))
+        elif name.endswith(".models") or ".models." in name:
+            found.append((line, name, "the request path makes no query: no *.models"))
+        elif (name == RECORDS or name.startswith(RECORDS + ".")) and name not in HANDED_OVER:
+            found.append(
+                (
+                    line,
+                    name,
+                    "the request path takes of gateway.records only the "
+                    f"record types it hands over ({', '.join(sorted(HANDED_OVER))})",
+                )
+            )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in HANDED_OVER:
+            extra = {a.name for a in node.names} - HANDED_OVER[node.module]
+            if extra:
+                found.append(
+                    (
+                        node.lineno,
+                        f"{node.module}.{sorted(extra)[0]}",
+                        "not a record type the path hands over",
+                    )
+                )
+    return found
+
+
 def connects(tree: ast.Module) -> list[tuple[int, str, bool]]:
     """Return each signal connect: (line, what, at import time)."""
     out: list[tuple[int, str, bool]] = []
@@ -202,6 +247,82 @@ def test_every_import_points_down_the_layers() -> None:
             if why:
                 found.append(f"{module.path}:{line}: imports {name}: {why}")
     assert not found, "imports against the direction:\n" + "\n".join(found)
+
+
+def test_the_request_path_imports_no_orm_and_no_recorder() -> None:
+    """``gateway/path/`` imports no ``django.db``, no ``*.models`` and of
+    ``gateway/records/`` only the record types it hands over."""
+    found = [m for m in modules() if m.name.startswith(PATH + ".")]
+    assert len(found) > 20, f"{PATH} has {len(found)} modules"
+    problems = [
+        f"{module.path}:{line}: imports {name}: {why}"
+        for module in found
+        for line, name, why in path_problems(module, parsed(module.path))
+    ]
+    assert not problems, "the request path imports against its rule:\n" + "\n".join(problems)
+
+
+def test_the_walk_finds_an_import_against_the_paths_rule() -> None:
+    """The path's rule can fail: the ORM, a model, a recorder or a name of the record
+    types' module that is not a record type is named; a record type is not."""
+    path = Module(Path("gateway", "path", "x.py"), "gateway.path.x", "gateway.path")
+    outside = Module(Path("gateway", "x.py"), "gateway.x", "gateway")
+    bad = ast.parse(
+        "from django.db import connection\n"
+        "from gateway.models import ClientKey\n"
+        "from gateway.records import usage\n"
+        "from gateway.records.observe import Done, Fanout\n"
+        "from catalog import models\n"
+    )
+    got = [(line, name) for line, name, _ in path_problems(path, bad)]
+    assert got == [
+        (1, "django.db"),
+        (2, "gateway.models"),
+        (3, "gateway.records.usage"),
+        (5, "catalog.models"),
+        (4, "gateway.records.observe.Fanout"),
+    ]
+    good = ast.parse("from gateway.records.observe import Done, RefusalHeard\n")
+    assert path_problems(path, good) == []
+    assert path_problems(outside, bad) == []
+
+
+def gateway_holders(module: Module, tree: ast.AST) -> list[tuple[int, str]]:
+    """Return each parameter of a function of ``module`` that holds a gateway untyped or
+    whole: named ``gateway``, ``gw`` or ``owner`` and typed ``Any`` (or not typed), or
+    typed ``Gateway`` in the path outside ``app.py``, where it is made."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = node.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            kind = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+            if arg.arg in ("gateway", "gw", "owner") and kind in ("", "Any"):
+                found.append((arg.lineno, f"{node.name}({arg.arg}: {kind or 'untyped'})"))
+            elif (
+                kind == "Gateway"
+                and module.name.startswith(PATH + ".")
+                and (module.name != PATH + ".app")
+            ):
+                found.append((arg.lineno, f"{node.name}({arg.arg}: Gateway)"))
+    return found
+
+
+def test_no_part_of_the_gateway_holds_the_whole_gateway_untyped() -> None:
+    """The request path's parts take the gateway's typed ``Parts`` (or the few
+    collaborators each needs), never the ``Gateway``; nothing in ``gateway/`` holds a
+    gateway typed ``Any``."""
+    found = [
+        f"{module.path}:{line}: {what}: take gateway.path.parts.Parts or what it needs"
+        for module in modules()
+        if module.layer == "gateway"
+        for line, what in gateway_holders(module, parsed(module.path))
+    ]
+    assert not found, "a gateway held whole:\n" + "\n".join(found)
+    bad = ast.parse("def f(gateway: Any) -> None: ...\ndef g(x: Gateway) -> None: ...\n")
+    path = Module(Path("gateway", "path", "x.py"), "gateway.path.x", "gateway.path")
+    assert [line for line, _ in gateway_holders(path, bad)] == [1, 2]
 
 
 def test_every_receiver_is_connected_in_its_apps_signals_when_the_app_is_ready() -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from gateway.app import Gateway
 from gateway.assembly import LAYERS
-from gateway.health import HealthRoute
-from gateway.hosts import HostCheck
-from gateway.metrics import MetricsRoute, TimedGuard
+from gateway.path.app import Gateway
+from gateway.path.health import HealthRoute
+from gateway.path.hosts import HostCheck
+from gateway.records.metrics import MetricsRoute, TimedGuard
 from gateway.session import SessionChat
 
 
@@ -40,5 +40,5 @@ def test_each_application_is_built_by_build_with_the_layers_in_order(
     gateway = module.gateway
     assert http.state is gateway.state  # /healthz reads the gateway's own table
     assert isinstance(gateway.guard, TimedGuard)  # the guard's time told to /metrics
-    assert gateway in list(module.metrics._gateways if hasattr(module, "metrics")
+    assert gateway.parts in list(module.metrics._gateways if hasattr(module, "metrics")
                            else module.gateway_metrics._gateways)  # fmt: skip

@@ -14,10 +14,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
-from gateway.observe import Fanout
-from gateway.outliers import Outliers, Rules
-from gateway.table import ReplicaRow
+from gateway.path.outliers import Outliers, Rules
+from gateway.path.table import ReplicaRow
+from gateway.records import metrics
+from gateway.records.observe import Fanout
 from tests.gateway.harness import KEY, Harness, model
 
 AFTER = 3
@@ -40,7 +40,7 @@ def h() -> Iterator[Harness]:
     harness = Harness()
     harness.metrics = metrics.Metrics()  # type: ignore[attr-defined]
     harness.gateway.observer = Fanout(harness.metrics)  # type: ignore[attr-defined]
-    harness.metrics.watch(harness.gateway)  # type: ignore[attr-defined]
+    harness.metrics.watch(harness.gateway.parts)  # type: ignore[attr-defined]
     harness.clock = Clock()  # type: ignore[attr-defined]
     harness.gateway.outliers = Outliers(Rules(after=AFTER, base=BASE), harness.clock)  # type: ignore[attr-defined]
     yield harness

@@ -19,7 +19,8 @@ import openai
 import pytest
 import redis
 
-from gateway.limits import WINDOW, RedisLimits
+from gateway.path.limits import WINDOW, RedisLimits
+from llmgw_core import rediskeys
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness, model, wait
 from tests.redisserver import url as redis_url
@@ -62,7 +63,7 @@ async def _timed(call: Awaitable[float | None]) -> tuple[float | None, float]:
 
 def _in_redis(key: int, kind: str, now: float) -> int:
     value = redis.Redis.from_url(URL, socket_timeout=5).get(
-        f"llmgw:gateway:limit:{key}:{kind}:{int(now // WINDOW)}"
+        f"{rediskeys.prefix()}gateway:limit:{key}:{kind}:{int(now // WINDOW)}"
     )
     return int(value or 0)
 
@@ -78,7 +79,7 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
     assert await limits.take(key, "requests", 1, 5) is None  # through Redis
     assert _in_redis(key, "requests", now[0]) == 1 and not limits.away
 
-    caplog.set_level(logging.WARNING, logger="gateway.limits")
+    caplog.set_level(logging.WARNING, logger="gateway.path.limits")
     getattr(proxy, fault)()
     # The first call meets the fault and is answered within the timeout, from here.
     wait, took = await _timed(limits.take(key, "requests", 1, 5))
@@ -165,6 +166,36 @@ async def test_a_process_that_falls_back_counts_on_from_the_shared_count_it_saw(
     assert all(a == pytest.approx(WINDOW - 1.0) for a in answers[20:])
 
 
+def _another_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process from here on as one of another cluster's: another database, the same
+    Redis (a key's id is a row number: both clusters have a key 1, 2, ...)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    monkeypatch.setitem(settings.DATABASES, "default", {**db, "NAME": f"{db['NAME']}_other"})
+
+
+@pytest.mark.asyncio
+async def test_two_clusters_on_one_redis_keep_separate_budgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = time.time() // WINDOW * WINDOW + 1.0
+    here = RedisLimits(URL, clock=lambda: now, timeout=1)
+    key, owner = 10**9 + secrets.randbelow(10**9), f"team:{secrets.token_hex(4)}"
+    _another_cluster(monkeypatch)
+    there = RedisLimits(URL, clock=lambda: now, timeout=1)
+    # Here, the key's 2 a minute and the owner's 100 tokens spent.
+    assert [await here.take(key, "requests", 1, 2) for _ in range(3)] == [
+        None, None, pytest.approx(WINDOW - 1.0)
+    ]  # fmt: skip
+    assert (await here.reserve(owner, 100, 100))[0] is None
+    assert (await here.reserve(owner, 1, 100))[0] is not None
+    # There, the same key id and owner have all of their own.
+    assert [await there.take(key, "requests", 1, 2) for _ in range(2)] == [None, None]
+    assert (await there.reserve(owner, 100, 100))[0] is None
+    assert not here.away and not there.away
+
+
 # Through the gateway, as a client sees it: a key with both budgets, Redis cut.
 
 
@@ -179,8 +210,7 @@ def gateway_h() -> Iterator[Harness]:
 def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     gateway_h: Harness, proxy: FaultProxy, fault: str, settings: Any
 ) -> None:
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     settings.LLMGW_REDIS_TIMEOUT_MS = int(TIMEOUT * 1000)
     h = gateway_h
@@ -207,7 +237,7 @@ def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     took = [ask(stream) for stream in (False, True) * 4]
     assert max(took) < BOUND + 1, f"{fault}: the slowest request took {max(took):.2f} s"
     assert h.gateway.limits.away
-    from gateway import metrics
+    from gateway.records import metrics
 
     counted = [line for line in metrics.scrape().decode().splitlines()
                if line.startswith('llmgw_gateway_budget_local_total{kind="requests"}')]  # fmt: skip
@@ -226,8 +256,7 @@ def test_a_30_a_minute_key_lets_30_through_with_redis_slow_or_gone_midway(
     answered, the rest get 429."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     settings.LLMGW_REDIS_TIMEOUT_MS = int(SLOW_TIMEOUT * 1000)
     h = gateway_h

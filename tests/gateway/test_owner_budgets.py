@@ -19,9 +19,10 @@ import openai
 import pytest
 import redis
 
-from gateway.limits import WINDOW, LocalLimits
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.limits import WINDOW, LocalLimits
+from gateway.path.table import Key, digest
+from llmgw_core import rediskeys
+from tests.dburl import database_url
 from tests.gateway.harness import Harness, model
 from tests.redisserver import url as redis_url
 
@@ -32,7 +33,7 @@ MOST = 60  # the largest reservation a worker makes
 
 WORKER = """
 import asyncio, json, random, sys
-from gateway.limits import RedisLimits
+from gateway.path.limits import RedisLimits
 
 url, owner, budget, most, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 rng = random.Random(seed)
@@ -64,7 +65,8 @@ asyncio.run(main())
 
 def test_two_processes_never_pass_the_owners_budget_by_more_than_one_reservation() -> None:
     owner = f"team:t{secrets.token_hex(4)}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Two processes of this cluster: its database, so its part of Redis (llmgw_core.rediskeys).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_DATABASE_URL": database_url()}
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, URL, owner, str(BUDGET), str(MOST), str(seed)],
@@ -86,7 +88,9 @@ def test_two_processes_never_pass_the_owners_budget_by_more_than_one_reservation
     assert spent > BUDGET - 2 * MOST  # the budget was used, not refused early
     # Exact: Redis holds what the two processes spent, settled.
     window = int(1_000_000.0 // WINDOW)
-    stored = redis.Redis.from_url(URL).get(f"llmgw:gateway:owner:{owner}:tokens:{window}")
+    stored = redis.Redis.from_url(URL).get(
+        f"{rediskeys.prefix()}gateway:owner:{owner}:tokens:{window}"
+    )
     assert int(stored) == spent
 
 
@@ -151,7 +155,7 @@ def test_the_owners_budget_set_on_its_quota_reaches_each_of_its_keys() -> None:
 
     from django.core.management import call_command
 
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     call_command("cluster", "quota", "set", "team:shared", "--tpm", "5000", stdout=io.StringIO())
     for name, owner in (("a", "team:shared"), ("b", "team:shared"), ("c", "team:other")):

@@ -51,11 +51,14 @@ class Skipped(Exception):
 @dataclass(frozen=True)
 class Config:
     """How a breaker behaves: ``failures`` consecutive failures open it; it stays open
-    ``backoff`` seconds, doubled after each failed probe up to ``max_backoff``."""
+    ``backoff`` seconds, doubled after each failed probe up to ``max_backoff``.
 
-    failures: int = 5
-    backoff: float = 5.0
-    max_backoff: float = 300.0
+    No defaults here: the settings' (``LLMGW_GUARD_BREAKER_*``) are the only ones.
+    """
+
+    failures: int
+    backoff: float
+    max_backoff: float
     factor: float = 2.0
 
     @classmethod

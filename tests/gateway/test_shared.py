@@ -43,7 +43,7 @@ def _side(url: str, now: float) -> Side:
     # A clock that stands still: the gate a test sets stays as it is (no step).
     a = Admission(window=10, queue=0, clock=lambda: now, counts=Counts())
     o = Outliers(Rules(after=2, base=30))
-    b = breaker.Breakers(lambda: breaker.Config(failures=2, backoff=30))
+    b = breaker.Breakers(lambda: breaker.Config(failures=2, backoff=30, max_backoff=300))
     return Side(a, o, b, Shared(url, a, o, breakers=b, timeout=0.25))
 
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from django import template
 
+from catalog import rules
+from catalog.services import stored_specs
+from cluster import hints
+from cluster.choices import ReplicaState
+from cluster.models import Replica
+from guard import policy as policy_rules
+from guard.services import current_policy
+
 register = template.Library()
 
 
 def meanwhile_text(name: str) -> str:
     """Say which of the policy's other judges answers while this one cannot, if any."""
-    from catalog import rules
-    from catalog.services import stored_specs
-    from cluster.choices import ReplicaState
-    from cluster.models import Replica
-    from guard import policy as policy_rules
-    from guard.services import current_policy
-
     pol = current_policy()
     if name not in pol.judge_models:
         return "It is not in the guard policy, so nothing waits for it."
@@ -42,8 +43,6 @@ def meanwhile_text(name: str) -> str:
 @register.inclusion_tag("cluster/partials/engine_hint.html")
 def judge_hint(name: str) -> dict:
     """The engine hint of a judge (``cluster.hints``), with who answers meanwhile."""
-    from cluster import hints
-
     hint = hints.hint_for(name)
     if hint is None:
         return {"hint": None}

@@ -14,7 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
+from gateway.path import series
+from gateway.records import metrics
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -116,7 +117,7 @@ def test_a_scrape_while_a_process_makes_its_file_leaves_that_file_out(h: Harness
     # collector failed the whole scrape on one (struct.error: a 500 to Prometheus).
     h.serve([model("mx-new")], [(41, "mx-new", h.engine("e", words=2))])
     api(h).chat.completions.create(model="mx-new", messages=[{"role": "user", "content": "hi"}])
-    being_made = metrics.folder() / f"counter_{os.getpid() + 100000}.db"
+    being_made = series.folder() / f"counter_{os.getpid() + 100000}.db"
     being_made.touch()
     try:
         wait(lambda: value("llmgw_gateway_requests_total", model="mx-new", status="200"), 10,

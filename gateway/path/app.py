@@ -455,7 +455,7 @@ class Gateway:
             a = self.admission
             raise errors.held_back(
                 admission.reason(key.priority, model.name, decision, a.window),
-                admission.retry_after(a.window),
+                admission.retry_after(a.window, key.priority),
             )
 
     def _overflow(self, cycle: Cycle) -> Entry | None:

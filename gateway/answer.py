@@ -77,7 +77,10 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
         raw = (cycle.dialect.whole(raw) if status == 200
                else cycle.dialect.engine_error(status, raw))  # fmt: skip
         content_type = b"application/json"
-    await cycle.start(status, [(b"content-type", content_type)])
+    # Its length said: sent as it is, not in chunked framing.
+    await cycle.start(
+        status, [(b"content-type", content_type), (b"content-length", b"%d" % len(raw))]
+    )
     await cycle.body(raw, more=False)
 
 

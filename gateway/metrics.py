@@ -70,6 +70,16 @@ def folder() -> Path:
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
+# This process's id, known without a system call: prometheus_client asks for it on every
+# sample written (a fork changes it, and a child must write files of its own), which was
+# a few per cent of a request's time. Set again in a forked child, before it runs on.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
+
+def pid() -> int:
+    """This process's id (``os.getpid()``, kept)."""
+    return _pid[0]
 
 
 def setup() -> None:
@@ -90,7 +100,7 @@ def _setup() -> dict[str, Any]:
 
         # The mode is chosen when prometheus_client is imported; say it again in case it
         # was imported before the folder was known.
-        values.ValueClass = values.MultiProcessValue()
+        values.ValueClass = values.MultiProcessValue(pid)
         _forget_dead(path, multiprocess)
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:

@@ -201,13 +201,14 @@ class Stream:
             self.seen = carries_token(payload)
             if self.seen:
                 cycle.engine_token()
-        if b'"usage":{' in payload or b'"usage": {' in payload:
-            usage_from(payload, cycle)
-        if self.strip_usage and b'"usage"' in payload:
-            stripped = without_usage(payload)
-            if stripped is None:
-                return
-            payload = stripped
+        if b'"usage"' in payload:  # one look for the chunks that carry none (nearly all)
+            if b'"usage":{' in payload or b'"usage": {' in payload:
+                usage_from(payload, cycle)
+            if self.strip_usage:
+                stripped = without_usage(payload)
+                if stripped is None:
+                    return
+                payload = stripped
         chunk_bytes = b"data: " + payload + b"\n\n"
         if self.hold is None:
             out.append(chunk_bytes)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/affinity.py [--sessions 64] [--turns 8] [--replicas 4]
 
 Four sim engines (``python -m agent.sim``, each its own process with its own prefix cache)
-are the ready replicas of model ``chat``; the real gateway (``gateway.app.Gateway`` under
+are the ready replicas of model ``chat``; the real gateway (``gateway.path.app.Gateway`` under
 uvicorn, its table built in memory as its state builds it from the database) routes to
 them. ``--sessions`` sessions run at once, each ``--turns`` turns one after another,
 every turn resending the whole conversation: one 6 KB system prompt shared by all the
@@ -49,11 +49,15 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 from catalog import spec  # noqa: E402
-from gateway.app import Gateway, Options  # noqa: E402
-from gateway.models import digest  # noqa: E402
-from gateway.observe import Done, Observer  # noqa: E402
-from gateway.state import State  # noqa: E402
-from gateway.table import Key, ReplicaRow, build  # noqa: E402
+from gateway.path.app import Gateway, Options  # noqa: E402
+from gateway.path.table import (  # noqa: E402
+    Key,
+    ReplicaRow,
+    build,
+    digest,  # noqa: E402
+)
+from gateway.records.observe import Done, Observer  # noqa: E402
+from gateway.records.state import State  # noqa: E402
 
 SYSTEM = ("You are a careful coding agent working in a large repository. " * 100)[:6144]
 WAYS = ("x-session-id", "prompt_cache_key", "metadata.user_id")

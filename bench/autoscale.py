@@ -17,7 +17,7 @@ Sections (each a function taking the running ``Setup``; ``main`` runs them in or
   with when the new replicas were ready. The load stops: ``scale-down reaction`` is the
   time from its end to the first replica given up (``LLMGW_SCALE_DOWN_AFTER`` plus the
   same delays), with when it was back at its min.
-- ``admission``: ``admission decision p50`` (``gateway.admission``'s check, in this
+- ``admission``: ``admission decision p50`` (``gateway.path.admission``'s check, in this
   process); then a model of capacity 2 on a sim whose TTFT grows fivefold per request
   beside it (0.5 s alone, 3 s at two in flight, 8 s at four), with a 5 s TTFT slo,
   offered twice that by a high and a low key (``--overload`` seconds): the high band's
@@ -142,7 +142,7 @@ def scaling(s: Setup) -> None:
 def admission_decision(s: Setup) -> None:
     """The decision's own time, in this process: a model past its slo, a window of
     samples, ``Admission.check`` for a low and a high key."""
-    from gateway.admission import Admission
+    from gateway.path.admission import Admission
 
     a = Admission(window=10.0)
     for i in range(2000):

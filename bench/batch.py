@@ -7,7 +7,7 @@ One sim engine (``python -m agent.sim``, its own process: ``--parallel`` slots, 
 their turn, each request beside another slowing a new one by ``--slowdown``) is the ready
 replica of model ``chat``, whose ``slo`` is a TTFT p99 of ``--slo-ms`` (by default 110 %
 of the live p99 measured alone: the bound admission then holds the batch to). The real gateway
-(``gateway.app.Gateway`` under uvicorn, its table built in memory as its state builds it
+(``gateway.path.app.Gateway`` under uvicorn, its table built in memory as its state builds it
 from the database, admission as configured) routes to it. Two client keys: ``live``
 (band ``--live-band``, ``normal`` by default) and ``nightly``, whose batch is uploaded and created with the official
 ``openai`` client through the gateway's Files and Batch APIs, then run by the batch
@@ -57,11 +57,15 @@ import openai  # noqa: E402
 import uvicorn  # noqa: E402
 
 from catalog import spec  # noqa: E402
-from gateway.app import Gateway, Options  # noqa: E402
-from gateway.models import digest  # noqa: E402
-from gateway.observe import Done, Observer  # noqa: E402
-from gateway.state import State  # noqa: E402
-from gateway.table import Key, ReplicaRow, build  # noqa: E402
+from gateway.path.app import Gateway, Options  # noqa: E402
+from gateway.path.table import (  # noqa: E402
+    Key,
+    ReplicaRow,
+    build,
+    digest,  # noqa: E402
+)
+from gateway.records.observe import Done, Observer  # noqa: E402
+from gateway.records.state import State  # noqa: E402
 
 LIVE = "llmgw-ck-bench-batch-live"
 NIGHTLY = "llmgw-ck-bench-batch-nightly"

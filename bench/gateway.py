@@ -391,8 +391,8 @@ async def take_phase(url: str) -> str:
         from gateway.shared import Shared
     except ImportError:
         return "a lower band's take in Redis: none in this tree (no gateway/shared.py)"
-    from gateway.admission import Admission, Counts
-    from gateway.outliers import Outliers
+    from gateway.path.admission import Admission, Counts
+    from gateway.path.outliers import Outliers
     from guard.breaker import Breakers
 
     admission = Admission(counts=Counts())

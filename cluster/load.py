@@ -1,7 +1,7 @@
 """What each gateway process reports of its load, and the sum the reconciler scales on.
 
 The report's format and where it is kept are the cluster's; the gateway writes it
-(``gateway.loadreport``, once a second per process). A report is one process's now:
+(``gateway.records.loadreport``, once a second per process). A report is one process's now:
 
     {"process": "host:pid", "at": 1767000000.0, "edges": [5, 10, ...],
      "models": {"chat": {"in_flight": 3, "waiting": 0, "ttft": [0, 4, ...]}}}

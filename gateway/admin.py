@@ -6,7 +6,7 @@ a revoke action for operators. Keys are made in the console,
 the API or ``manage.py gateway key create``, which show the secret once.
 
 Usage and the guard's refusal records: read-only, as every gateway process writes them
-(``gateway.usage``, ``gateway.refusals``); refusal records go by age alone
+(``gateway.records.usage``, ``gateway.records.refusals``); refusal records go by age alone
 (``LLMGW_GATEWAY_REFUSAL_DAYS``).
 
 Federated peers: operators add (checked as ``federation add`` checks) and delete (its

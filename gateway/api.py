@@ -17,7 +17,8 @@ from rest_framework.response import Response
 
 from gateway import keys, peers, services
 from gateway.filtersets import RefusalFilterSet
-from gateway.models import KEY_PREFIX, ClientKey, Peer, Refusal, Usage
+from gateway.models import ClientKey, Peer, Refusal, Usage
+from gateway.path.table import KEY_PREFIX
 from llmgw_core.api import shown_once
 from llmgw_core.roles import OPERATOR, VIEWER
 
@@ -98,7 +99,7 @@ class ClientKeyViewSet(
 
 
 class UsageSerializer(serializers.ModelSerializer[Usage]):
-    """One minute's usage of a key on a model (``gateway.usage``)."""
+    """One minute's usage of a key on a model (``gateway.records.usage``)."""
 
     class Meta:
         model = Usage
@@ -206,7 +207,7 @@ class _OneObject(AutoSchema):
 
 
 class HistoryViewSet(viewsets.ViewSet):
-    """Traffic over time (``gateway.history``): a model's requests, errors, refusals,
+    """Traffic over time (``gateway.records.history``): a model's requests, errors, refusals,
     admission holds, tokens, mean in flight and TTFT p50/p99 per point, with its scale
     events and bench runs (``marks``); a key's or an owner's requests and tokens. A point
     a minute over the last hour, ten minutes over a day, an hour over a week."""
@@ -217,7 +218,7 @@ class HistoryViewSet(viewsets.ViewSet):
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistorySerializer)
     def list(self, request: Request) -> Response:
-        from gateway import history
+        from gateway.records import history
 
         q = HistoryQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)

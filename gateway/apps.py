@@ -13,7 +13,9 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         from catalog import timeouts
         from cluster import benchrun
-        from gateway import routing, services, signals, traffic
+        from gateway import services, signals
+        from gateway.path import routing
+        from gateway.records import traffic
         from llmgw_core.events import Event, register
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
@@ -28,7 +30,7 @@ class GatewayConfig(AppConfig):
         # The gateway's live events (llmgw_core.events; their renderers: gateway.live). The
         # peers' is marked by gateway.peers when a peer's state, last error or models change
         # (and when one is added or removed). The traffic's is not keys but figures: each gateway process's last second per model, sent by
-        # ``gateway.traffic`` with ``events.send`` once a second, never by ``changed()``.
+        # ``gateway.records.traffic`` with ``events.send`` once a second, never by ``changed()``.
         register(
             Event("traffic", "gateway.traffic_changed", traffic.GROUP, "models", dict,
                   "the gateway's traffic: one process's second, per model (figures, not keys)"),

@@ -1,6 +1,6 @@
 """The gateway alone (``manage.py gateway serve``): ``/v1/``, ``GET /metrics`` for a viewer's
-token (``gateway.metrics``) and ``GET /healthz`` for anyone (``gateway.health``); a host
-not in ``LLMGW_ALLOWED_HOSTS`` is refused on the first two (``gateway.hosts``). Built by
+token (``gateway.records.metrics``) and ``GET /healthz`` for anyone (``gateway.path.health``); a host
+not in ``LLMGW_ALLOWED_HOSTS`` is refused on the first two (``gateway.path.hosts``). Built by
 ``gateway.assembly.build``, as the web process's gateway is."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ listeners, and the same layers in front of ``/v1/``. The web process adds the
 console's chat and puts Django (and the lean routes) behind the gateway.
 
 The layers are one ordered list, ``LAYERS``, outermost first; a request meets them in
-that order before the gateway's own ``/v1/`` (``gateway.app``), and what none of them
+that order before the gateway's own ``/v1/`` (``gateway.path.app``), and what none of them
 answers goes to the app behind the gateway. A new layer in front of ``/v1/`` (admission,
 say) is a line in that list; a new step inside a completion's walk goes in
 ``Gateway.complete``.
@@ -25,16 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import history, refusals, usage
-from gateway.app import App, Gateway
-from gateway.health import HealthRoute
-from gateway.hosts import HostCheck
-from gateway.metrics import Metrics, MetricsRoute, exported
-from gateway.observe import Fanout
+from gateway.path.app import App, Gateway
+from gateway.path.health import HealthRoute
+from gateway.path.hosts import HostCheck
+from gateway.records import history, refusals, usage
+from gateway.records.metrics import Metrics, MetricsRoute, exported
+from gateway.records.observe import Fanout
+from gateway.records.state import State
+from gateway.records.traffic import Traffic
+from gateway.records.watch import CanaryWatch
 from gateway.session import SessionChat
-from gateway.state import State
-from gateway.traffic import Traffic
-from gateway.watch import CanaryWatch
 
 
 @dataclass
@@ -81,7 +81,7 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
         refusals.RECORDER,
         metrics,
         traffic,
-        history.RECORDER,  # traffic over time per model (gateway.history)
+        history.RECORDER,  # traffic over time per model (gateway.records.history)
     )
     gateway = Gateway(inner, state=state, observer=observer)
     # Its load too, each second with its traffic, for the reconciler's scaling.

@@ -1,7 +1,7 @@
 """The gateway's live fragments, built without a request (the pages and the pushes).
 
 The federated peers' panel: ``templates/gateway/partials/peers.html``, root element id
-``gateway-peers`` (``PEERS_DOM_ID``), each peer's state (``gateway.federation``'s up or
+``gateway-peers`` (``PEERS_DOM_ID``), each peer's state (``gateway.path.federation``'s up or
 tripped, and while tripped how many of its recovery probes it has passed), last error,
 models and when it was last read; on the dashboard and the Federated peers page, pushed
 whole when a peer changes (the ``peers`` event, marked by ``gateway.peers``; its renderer
@@ -11,7 +11,7 @@ token is in ``hx-headers`` on ``<body>``, never in the fragment).
 The live traffic panel:
 
 ``templates/gateway/partials/traffic.html``, root element id ``gateway-traffic``: each
-model's figures over the last seconds (``gateway.traffic.Window.summary``) with its SLO
+model's figures over the last seconds (``gateway.records.traffic.Window.summary``) with its SLO
 met or missed, and the replicas a gateway process has ejected from routing
 (``Window.ejected``), each with when it comes back. The web process's ``WINDOW`` holds
 what its consoles heard from every gateway process; ``render_traffic`` is the renderer the live consumer calls once a
@@ -28,9 +28,9 @@ from django.conf import settings
 from django.template.loader import render_to_string
 
 from catalog.models import ServedModel
-from gateway import federation
 from gateway.models import Peer
-from gateway.traffic import SPAN, Window, slo_verdict
+from gateway.path import federation
+from gateway.records.traffic import SPAN, Window, slo_verdict
 
 PEERS_DOM_ID = "gateway-peers"
 

@@ -11,12 +11,10 @@ from django.db import models as db
 from django.utils.translation import gettext_lazy as _
 
 # Stored as SHA-256, as API tokens are: 32 random bytes need no salt, and checking one
-# stays cheap on every request.
+# stays cheap on every request (the gateway's table holds keys by the same digest).
+from gateway.path.table import KEY_PREFIX
 from llmgw_core import models as tokens
 
-digest = tokens.digest
-
-KEY_PREFIX = "llmgw-ck-"
 # peer:NAME: the key of another llmgw cluster that federates this one (docs/federation.md):
 # it never sees a residency: local model nor one this cluster learned from a peer.
 PEER_OWNER = "peer:"
@@ -68,7 +66,7 @@ class ClientKey(tokens.ShownOnce):
     # Made by the control plane alone (``gateway.services.pinned_key``: the capacity
     # bench), never by a form, the API, the admin or ``gateway key create`` (not editable):
     # the gateway sends such a key's requests to this replica only, never to another, to a
-    # canary or a fallback (``gateway.routing``). A plain id, not a foreign key: a replica
+    # canary or a fallback (``gateway.path.routing``). A plain id, not a foreign key: a replica
     # that is gone leaves its key pinned to nothing (503), never free to go anywhere.
     replica = db.PositiveBigIntegerField(
         _("pinned replica"), null=True, blank=True, editable=False,
@@ -107,7 +105,7 @@ def new_secret() -> str:
 
 
 class Usage(db.Model):
-    """What the gateway served, per minute, key, owner and model (``gateway.usage``).
+    """What the gateway served, per minute, key, owner and model (``gateway.records.usage``).
 
     Written off the request path in batches by every gateway process, the counts added in
     the database (``count = count + n``): exact with any number of processes.
@@ -154,7 +152,7 @@ class Usage(db.Model):
 
 class Refusal(db.Model):
     """A request or answer the guard refused, by the id its client was given
-    (``x-request-id``): what was decided and by whom, never the text (``gateway.refusals``).
+    (``x-request-id``): what was decided and by whom, never the text (``gateway.records.refusals``).
 
     Written off the request path in batches by every gateway process; rows older than
     ``LLMGW_GATEWAY_REFUSAL_DAYS`` are deleted by the periodic job
@@ -205,7 +203,7 @@ class Refusal(db.Model):
 
 
 class TrafficPoint(db.Model):
-    """A model's traffic over a minute or an hour (``gateway.history``): written off the
+    """A model's traffic over a minute or an hour (``gateway.records.history``): written off the
     request path by every gateway process (added to), minutes summed into hours after
     ``LLMGW_HISTORY_MINUTE_HOURS``, hours deleted after ``LLMGW_HISTORY_HOUR_DAYS``."""
 
@@ -281,7 +279,7 @@ class StoredResponse(db.Model):
 
 
 def validate_peer_name(value: str) -> None:
-    from gateway.federation import name_problem
+    from gateway.path.federation import name_problem
 
     why = name_problem(value)
     if why:
@@ -293,7 +291,7 @@ class Peer(db.Model):
 
     Its key is a client key of the peer's, kept in a file in ``LLMGW_SECRETS_DIR`` (as an
     external provider's): the file's name is stored, never the key. ``state`` and the
-    figures after it are what the last refreshes found (``gateway.federation.probed``).
+    figures after it are what the last refreshes found (``gateway.path.federation.probed``).
     """
 
     name = db.CharField(_("name"), max_length=63, unique=True, validators=[validate_peer_name])

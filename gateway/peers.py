@@ -4,7 +4,7 @@ them) and the refresh the reconciler's tick runs (``gateway.signals``).
 A refresh reads the peer's ``/v1/models`` with its key and ``x-llmgw-via`` (at most
 ``LLMGW_FEDERATION_TIMEOUT`` seconds), writes the catalog's ``PEER/MODEL`` entries
 through ``catalog.services`` (so the change log, the export and every surface see them)
-and keeps the peer's breaker (``gateway.federation.probed``): a failed read is a failed
+and keeps the peer's breaker (``gateway.path.federation.probed``): a failed read is a failed
 probe. Every operator's change is recorded with who made it (the cluster's action log).
 A peer added or removed, and a refresh that changes a peer's state, last error or models,
 marks the live ``peers`` event (``llmgw_core.events``): the consoles' peers panels update.
@@ -29,8 +29,8 @@ from catalog.choices import Surface
 from catalog.models import ServedModel
 from catalog.rules import environment
 from cluster.services import log_action
-from gateway import federation, providers
 from gateway.models import Peer
+from gateway.path import federation, providers
 from llmgw_core import events
 from llmgw_core.refused import Refused
 
@@ -150,7 +150,7 @@ def read_models(peer: Peer, timeout: float | None = None) -> Read:
         return Read([], refused.why)
     limit = settings.LLMGW_FEDERATION_TIMEOUT if timeout is None else timeout
     headers = {"authorization": f"Bearer {secret}"} if secret else {}
-    # As a request sent to the peer says it (gateway.routing): the peer lists only what it
+    # As a request sent to the peer says it (gateway.path.routing): the peer lists only what it
     # offers another cluster, whatever the key (no local model, none it learned).
     headers[federation.VIA] = federation.VIA_VALUE
     try:

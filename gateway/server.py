@@ -117,7 +117,7 @@ def where(sock: socket.socket) -> str:
 def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     """Serve on ``sock`` (from ``listen``) until SIGINT or SIGTERM; ``say`` the line that
     tells where, once it listens."""
-    from gateway import history, refusals, usage
+    from gateway.records import history, refusals, usage
     from guard import records
 
     signal.signal(signal.SIGTERM, _exit)
@@ -249,7 +249,7 @@ class Server(uvicorn.Server):
 
 def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
     # The table's reader starts now, not with the first request: a load balancer's
-    # /healthz sees this process ready once it has read the table (gateway.health).
+    # /healthz sees this process ready once it has read the table (gateway.path.health).
     from gateway.asgi import assembly, state
 
     _frozen()

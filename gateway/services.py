@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from catalog.models import Adapter, Alias, ServedModel
 from cluster.services import log_action
-from gateway.models import ClientKey, digest, new_secret
+from gateway.models import ClientKey, new_secret
+from gateway.path.table import digest
 from llmgw_core.refused import Refused
 
 MAX_LIMIT = 1_000_000_000

@@ -26,11 +26,11 @@ from typing import Any
 from django.conf import settings
 
 from catalog.rules.names import shown
-from gateway import body as bodies
-from gateway import errors
-from gateway.cycle import Cycle, read_body, send_error
-from gateway.errors import ApiError
-from gateway.table import Key
+from gateway.path import body as bodies
+from gateway.path import errors
+from gateway.path.cycle import Cycle, read_body, send_error
+from gateway.path.errors import ApiError
+from gateway.path.table import Key
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the gateway processes share through Redis, so that N of them behave as one:
 admission's gates and the lower bands' requests in flight and waiting
-(``gateway.admission``), ejected replicas (``gateway.outliers``) and the judges' circuit
+(``gateway.path.admission``), ejected replicas (``gateway.path.outliers``) and the judges' circuit
 breakers (``guard.breaker``).
 
 Nothing here is on a request's path but one call: a request of a lower band that a closed
@@ -31,7 +31,7 @@ So a replica ejected by one process is skipped by the others within ``EVERY`` (p
 pipeline's round trip), and a breaker opened in one is open in all.
 
 While Redis does not answer (a call refused, cut, or with no answer within the bound),
-each process goes on alone at once, as budgets do (``gateway.limits``): admission decides
+each process goes on alone at once, as budgets do (``gateway.path.limits``): admission decides
 from what it has, ejections and breakers are this process's own; it logs when that starts,
 once a minute while it lasts and when it ends, and counts in
 ``llmgw_gateway_shared_local_total{kind}`` (``admission``: decisions made alone;
@@ -58,14 +58,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from gateway.admission import Gate
-from gateway.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
+from gateway.path import series
+from gateway.path.admission import Gate
+from gateway.path.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
 from guard import breaker
 
 if TYPE_CHECKING:
-    from gateway.admission import Admission
-    from gateway.observe import Observer
-    from gateway.outliers import Ejection, Outliers
+    from gateway.path.admission import Admission
+    from gateway.path.outliers import Ejection, Outliers
+    from gateway.records.observe import Observer
 
 log = logging.getLogger("gateway")
 
@@ -167,12 +168,10 @@ def _local_counter() -> Any:
         try:
             from prometheus_client import Counter
 
-            from gateway import metrics
-
-            metrics.setup()  # the multiprocess folder first, as every series of the gateway
+            series.multiprocess()  # the multiprocess folder first, as every series of the gateway
             _counter = Counter(
                 "shared_local", "decisions and changes of this process not shared while "
-                "Redis was away", ("kind",), namespace=metrics.NS, registry=None,
+                "Redis was away", ("kind",), namespace=series.NS, registry=None,
             )  # fmt: skip
         except Exception:  # no metrics here (a data folder that cannot be written)
             log.warning("the shared state's fallback is not counted in /metrics", exc_info=True)

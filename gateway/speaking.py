@@ -2,7 +2,7 @@
 OpenAI's ``/v1/responses``.
 
 A generating request (``POST /v1/messages``, ``POST /v1/responses``) takes chat's path
-whole (``Gateway.complete``): its dialect (``gateway.dialect``, on the cycle) turns its
+whole (``Gateway.complete``): its dialect (``gateway.path.dialect``, on the cycle) turns its
 body into the chat body it means and the answer back. ``count_tokens`` generates nothing:
 the key's scope names the model, one of its ready replicas counts (the engine's own
 route, else its ``/tokenize``: ``gateway.path.dialects.engines``), bounded in time.
@@ -14,16 +14,16 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway import body as bodies
-from gateway import errors
-from gateway.answer import told_of
-from gateway.cycle import read_body
+from gateway.path import body as bodies
+from gateway.path import errors
+from gateway.path.answer import told_of
+from gateway.path.cycle import read_body
 from gateway.path.dialects import engines, messages
 from gateway.path.dialects.common import DialectError
 from llmgw_core.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle, Receive, Scope
+    from gateway.path.cycle import Cycle, Receive, Scope
 
 # How long a replica may take to count a prompt's tokens.
 COUNT_TIMEOUT = 10.0
@@ -64,7 +64,7 @@ async def route(
 def _began(gateway: Any, cycle: Cycle) -> None:
     """A stored response that named no session begins one, keyed by its id: the turn that
     continues it (``previous_response_id``) goes to the replica that answered it."""
-    from gateway.app import affinity_key
+    from gateway.path.app import affinity_key
 
     dialect = cycle.dialect
     response = getattr(dialect, "response", None)

@@ -34,15 +34,15 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from gateway import body as bodies
-from gateway import errors
-from gateway.errors import ApiError
+from gateway.path import body as bodies
+from gateway.path import errors
 from gateway.path.dialects import responses, sessions
 from gateway.path.dialects.common import DialectError, new_id
+from gateway.path.errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle
-    from gateway.dialect import Responses
+    from gateway.path.cycle import Cycle
+    from gateway.path.dialect import Responses
 
 log = logging.getLogger("gateway")
 

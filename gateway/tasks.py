@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gateway import history, refusals, stored
+from gateway import stored
+from gateway.records import history, refusals
 
 
 @shared_task(ignore_result=True)
@@ -17,7 +18,7 @@ def prune_refusals() -> int:
 @shared_task(ignore_result=True)
 def roll_history() -> int:
     """Sum the traffic history's old minutes into hours, delete old hours; return how
-    many minute rows were rolled (``gateway.history.roll``)."""
+    many minute rows were rolled (``gateway.records.history.roll``)."""
     return history.roll()[0]
 
 

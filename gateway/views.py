@@ -69,7 +69,7 @@ def today_start() -> datetime:
 
 
 def with_usage(keys_: QuerySet[ClientKey]) -> QuerySet[ClientKey]:
-    """Annotate each key with its usage (gateway.usage's minutes, by the key's name):
+    """Annotate each key with its usage (gateway.records.usage's minutes, by the key's name):
     ``last_used`` (the last minute it was used in), ``requests_today`` and
     ``tokens_today`` (in and out), ``tokens_in_today`` and ``cached_today`` (of those in,
     read from the engine's prefix cache) since the start of today. One query, each key's figures
@@ -258,10 +258,10 @@ def traffic(request: HttpRequest) -> HttpResponse:
 
 
 def history_context(request: HttpRequest, **which: str) -> dict[str, Any]:
-    """The history partial's context for a model, a key or an owner (``gateway.history``)."""
+    """The history partial's context for a model, a key or an owner (``gateway.records.history``)."""
     from django.utils.http import urlencode
 
-    from gateway import history
+    from gateway.records import history
 
     span = request.GET.get("span", "day")
     if span not in history.SPANS:

@@ -83,7 +83,7 @@ class ChainResult:
     judged: bool = True
     # The deciding judge read the request's, the answer's start and end only (too long
     # for its context): the middle was not judged, and a caller acting on the verdict
-    # has it judged in parts first (gateway.app).
+    # has it judged in parts first (gateway.path.app).
     request_cut: bool = False
     answer_cut: bool = False
 

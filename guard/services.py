@@ -496,6 +496,15 @@ def check(
     return as_json(result)
 
 
+def check_on_thread(request: str, answer: str | None, asked: Asked | None) -> dict[str, Any]:
+    """Run ``check`` on a thread of the caller's own pool, then close the thread's
+    database connection (the gateway's judging threads hold none between checks)."""
+    try:
+        return check(request, answer, asked=asked)
+    finally:
+        connection.close()
+
+
 async def check_on_loop(
     request: str, answer: str | None = None, *, timeout: float | None = None
 ) -> dict[str, Any] | Asked | None:

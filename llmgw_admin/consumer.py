@@ -43,7 +43,7 @@ from django.conf import settings
 from catalog.views import listed_names
 from cluster import live as cluster_live
 from gateway import live as gateway_live
-from gateway import traffic as gateway_traffic
+from gateway.records import traffic as gateway_traffic
 from guard import live as guard_live
 from llmgw_admin.hub import hub
 from llmgw_admin.hub import keep as hub_keep

@@ -131,12 +131,12 @@ def _start_recorder() -> None:
 
     if not apps.ready:
         django.setup()
-    from gateway import history, refusals, usage
+    from gateway.records import history, refusals, usage
     from guard import records
 
     records.start()
-    # What the gateway served on this port (gateway.usage) and what its guard refused
-    # (gateway.refusals), written in batches too.
+    # What the gateway served on this port (gateway.records.usage) and what its guard refused
+    # (gateway.records.refusals), written in batches too.
     usage.start()
     history.start()
     refusals.start()

@@ -133,7 +133,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # How long a call to Redis that something waits on may take (milliseconds): a request's
-# budget check (gateway/limits.py), a write's live push (cluster/events.py), the Celery
+# budget check (gateway/path/limits.py), a write's live push (cluster/events.py), the Celery
 # task a write sends. Past it, budgets are counted per process and pushes are dropped.
 LLMGW_REDIS_TIMEOUT_MS = envint("REDIS_TIMEOUT_MS", 250)
 if LLMGW_REDIS_TIMEOUT_MS < 1:
@@ -208,7 +208,7 @@ for _name in ("REFRESH", "TIMEOUT", "TRIP_ERRORS", "TRIP_WINDOW", "RECOVER_PROBE
         raise ImproperlyConfigured(f"LLMGW_FEDERATION_{_name} must be 1 or more")
 if LLMGW_FEDERATION_DWELL < 0:
     raise ImproperlyConfigured("LLMGW_FEDERATION_DWELL must be 0 or more (seconds)")
-# The gateway's refusal records (gateway/refusals.py) are kept this many days; the job that
+# The gateway's refusal records (gateway/records/refusals.py) are kept this many days; the job that
 # deletes older ones runs every LLMGW_GATEWAY_REFUSAL_PRUNE_INTERVAL seconds.
 LLMGW_GATEWAY_REFUSAL_DAYS = envint("GATEWAY_REFUSAL_DAYS", 30)
 if LLMGW_GATEWAY_REFUSAL_DAYS < 1:
@@ -250,7 +250,7 @@ if LLMGW_BATCH_INTERVAL < 1 or LLMGW_BATCH_CONCURRENCY < 1 or LLMGW_BATCH_LINE_T
         "LLMGW_BATCH_INTERVAL, LLMGW_BATCH_CONCURRENCY and LLMGW_BATCH_LINE_TIMEOUT are "
         "each 1 or more"
     )
-# Traffic over time (gateway.history): minutes kept this many hours, then summed into
+# Traffic over time (gateway.records.history): minutes kept this many hours, then summed into
 # hours, kept this many days; the job that rolls them runs every this many seconds.
 LLMGW_HISTORY_MINUTE_HOURS = envint("HISTORY_MINUTE_HOURS", 24)
 LLMGW_HISTORY_HOUR_DAYS = envint("HISTORY_HOUR_DAYS", 30)
@@ -321,8 +321,8 @@ for _name in ("JUDGE_TIMEOUT", "BREAKER_FAILURES", "BREAKER_BACKOFF", "BREAKER_M
         raise ImproperlyConfigured(
             f"LLMGW_GUARD_{_name} is {globals()[f'LLMGW_GUARD_{_name}']}: write 1 or more"
         )
-# The gateway (gateway/app.py): timeouts in seconds, the largest body in bytes, and the
-# guard's windows on a streamed answer (gateway/holdback.py). The first-token, read and
+# The gateway (gateway/path/app.py): timeouts in seconds, the largest body in bytes, and the
+# guard's windows on a streamed answer (gateway/path/holdback.py). The first-token, read and
 # whole-answer timeouts are for models whose catalog entry gives no slo: one that does
 # has its own (catalog/timeouts.py).
 LLMGW_GATEWAY_CONNECT_TIMEOUT = envint("GATEWAY_CONNECT_TIMEOUT", 5)
@@ -336,7 +336,7 @@ LLMGW_GATEWAY_MAX_BODY = envint("GATEWAY_MAX_BODY", 16 << 20)
 # own route; "all" for every one (gateway/path/dialects/engines.py, docs/dialects.md).
 LLMGW_GATEWAY_TRANSLATE_DIALECTS = envlist("GATEWAY_TRANSLATE_DIALECTS", [])
 # A gateway process that cannot read the database serves from what it read last; its
-# /healthz says "stale" with the age, 200 up to this many seconds, then 503 (gateway/health.py).
+# /healthz says "stale" with the age, 200 up to this many seconds, then 503 (gateway/path/health.py).
 LLMGW_GATEWAY_STALE_LIMIT = envint("GATEWAY_STALE_LIMIT", 300)
 # Every listener (the web process, gateway serve): a request's headers must arrive within
 # HEADER_TIMEOUT seconds of its first byte (or of the connection), its body within
@@ -354,7 +354,7 @@ for _name in ("GATEWAY_STALE_LIMIT", "HTTP_HEADER_TIMEOUT", "HTTP_BODY_TIMEOUT")
         raise ImproperlyConfigured(
             f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more seconds"
         )
-# Session affinity (gateway/affinity.py): a session's turn goes to its last replica while
+# Session affinity (gateway/path/affinity.py): a session's turn goes to its last replica while
 # that replica's requests in flight stay within SESSION_SKEW times its weighted share of
 # the model's; each gateway process remembers at most SESSION_MAX sessions, each for
 # SESSION_AGE seconds after its last turn.
@@ -375,7 +375,7 @@ for _name in ("SESSION_MAX", "SESSION_AGE"):
         raise ImproperlyConfigured(
             f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more"
         )
-# Passive outlier detection (gateway/outliers.py, as Envoy's): a replica that fails this
+# Passive outlier detection (gateway/path/outliers.py, as Envoy's): a replica that fails this
 # many attempts in a row (no connection, a broken one, no answer in time, a 5xx) is left
 # out of routing for EJECT_SECONDS, longer each time in a row up to EJECT_MAX_SECONDS;
 # at most EJECT_MAX_PERCENT of a model's replicas at once (at least one, never all).
@@ -400,7 +400,7 @@ if not 0 <= LLMGW_GATEWAY_EJECT_MAX_PERCENT <= 100:
     )
 # Requests a minute each console user may send from the Chat page (gateway/session.py).
 LLMGW_CHAT_RPM = envint("CHAT_RPM", 30)
-# Admission by priority band (gateway.admission): the window a model's TTFT p99 is read
+# Admission by priority band (gateway.path.admission): the window a model's TTFT p99 is read
 # over (seconds), how long a held request waits at the door before its 429, and how many
 # wait a model in one process at most.
 LLMGW_ADMISSION_WINDOW = envint("ADMISSION_WINDOW", 10)
@@ -423,7 +423,7 @@ if LLMGW_SECRETS_DIR and (
         "which holds every file): give the folder's whole path, like /run/secrets/llmgw"
     )
 LLMGW_EXTERNAL_HTTP_HOSTS = envlist("EXTERNAL_HTTP_HOSTS", [])
-# How often a gateway process writes its usage (gateway/usage.py).
+# How often a gateway process writes its usage (gateway/records/usage.py).
 LLMGW_GATEWAY_USAGE_FLUSH_MS = envint("GATEWAY_USAGE_FLUSH_MS", 1000)
 LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)
 LLMGW_GUARD_WINDOW_MS = envint("GUARD_WINDOW_MS", 150)

@@ -1,7 +1,7 @@
 """Writing what gathered in memory off the request path, in batches, by a thread.
 
 ``Batcher`` is what the guard's recorder (``guard.records``) and the gateway's usage
-(``gateway.usage``) share: a thread that writes every ``interval`` seconds in one
+(``gateway.records.usage``) share: a thread that writes every ``interval`` seconds in one
 transaction, one flush at a time, a failed batch put back under what gathered meanwhile
 (nothing is lost), and what is left written at stop and at the process's exit. A subclass
 says how to take a batch (``_take``, None when there is nothing), write it (``_write``)

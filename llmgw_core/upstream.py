@@ -308,7 +308,7 @@ class Upstream:
         max_buffer: int = MAX_BUFFER,
         credentials: Callable[[Key], str | None] | None = None,
     ) -> None:
-        # The engine key an upstream asks for, by its key (``gateway.state.State.engine_key``):
+        # The engine key an upstream asks for, by its key (``gateway.records.state.State.engine_key``):
         # sent as ``Authorization: Bearer`` on every request to it that names no
         # Authorization of its own (an external provider's).
         self.credentials = credentials

@@ -21,6 +21,10 @@ nothing is imported or run) that fails naming the file, the line and the importe
   given ``sender=``, ``dispatch_uid=`` or ``weak=`` (as every one here is; a socket's
   connect takes none).
 
+- the gateway's request path (``gateway/path/``) importing the ORM or the recorders: no
+  ``django.db``, no ``*.models``, and of ``gateway/records/`` only the record types it
+  hands over (``gateway.records.observe``'s), so no query can reach the path by an import.
+
 docs/development.md ("The import direction") explains the rule.
 """
 
@@ -144,6 +148,47 @@ def problem(module: Module, line: int, name: str) -> str | None:
     return None
 
 
+# The gateway's request path, and what it may take of the recorders: the record types it
+# hands over and the listener it hands them to.
+PATH = "gateway.path"
+RECORDS = "gateway.records"
+HANDED_OVER = {"gateway.records.observe": {"Done", "RefusalHeard", "Listener", "Observer"}}
+
+
+def path_problems(module: Module, tree: ast.AST) -> list[tuple[int, str, str]]:
+    """Return each import of a module of the request path that it may not make:
+    (line, imported name, why)."""
+    if module.name != PATH and not module.name.startswith(PATH + "."):
+        return []
+    found = []
+    for line, name in imported(module, tree):
+        if name == "django.db" or name.startswith("django.db."):
+            found.append((line, name, "the request path makes no query: no django.db"))
+        elif name.endswith(".models") or ".models." in name:
+            found.append((line, name, "the request path makes no query: no *.models"))
+        elif (name == RECORDS or name.startswith(RECORDS + ".")) and name not in HANDED_OVER:
+            found.append(
+                (
+                    line,
+                    name,
+                    "the request path takes of gateway.records only the "
+                    f"record types it hands over ({', '.join(sorted(HANDED_OVER))})",
+                )
+            )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in HANDED_OVER:
+            extra = {a.name for a in node.names} - HANDED_OVER[node.module]
+            if extra:
+                found.append(
+                    (
+                        node.lineno,
+                        f"{node.module}.{sorted(extra)[0]}",
+                        "not a record type the path hands over",
+                    )
+                )
+    return found
+
+
 def connects(tree: ast.Module) -> list[tuple[int, str, bool]]:
     """Return each signal connect: (line, what, at import time)."""
     out: list[tuple[int, str, bool]] = []
@@ -202,6 +247,44 @@ def test_every_import_points_down_the_layers() -> None:
             if why:
                 found.append(f"{module.path}:{line}: imports {name}: {why}")
     assert not found, "imports against the direction:\n" + "\n".join(found)
+
+
+def test_the_request_path_imports_no_orm_and_no_recorder() -> None:
+    """``gateway/path/`` imports no ``django.db``, no ``*.models`` and of
+    ``gateway/records/`` only the record types it hands over."""
+    found = [m for m in modules() if m.name.startswith(PATH + ".")]
+    assert len(found) > 20, f"{PATH} has {len(found)} modules"
+    problems = [
+        f"{module.path}:{line}: imports {name}: {why}"
+        for module in found
+        for line, name, why in path_problems(module, parsed(module.path))
+    ]
+    assert not problems, "the request path imports against its rule:\n" + "\n".join(problems)
+
+
+def test_the_walk_finds_an_import_against_the_paths_rule() -> None:
+    """The path's rule can fail: the ORM, a model, a recorder or a name of the record
+    types' module that is not a record type is named; a record type is not."""
+    path = Module(Path("gateway", "path", "x.py"), "gateway.path.x", "gateway.path")
+    outside = Module(Path("gateway", "x.py"), "gateway.x", "gateway")
+    bad = ast.parse(
+        "from django.db import connection\n"
+        "from gateway.models import ClientKey\n"
+        "from gateway.records import usage\n"
+        "from gateway.records.observe import Done, Fanout\n"
+        "from catalog import models\n"
+    )
+    got = [(line, name) for line, name, _ in path_problems(path, bad)]
+    assert got == [
+        (1, "django.db"),
+        (2, "gateway.models"),
+        (3, "gateway.records.usage"),
+        (5, "catalog.models"),
+        (4, "gateway.records.observe.Fanout"),
+    ]
+    good = ast.parse("from gateway.records.observe import Done, RefusalHeard\n")
+    assert path_problems(path, good) == []
+    assert path_problems(outside, bad) == []
 
 
 def test_every_receiver_is_connected_in_its_apps_signals_when_the_app_is_ready() -> None:

@@ -81,7 +81,7 @@ def test_the_walk_finds_both_kinds(tmp_path: Path) -> None:
     """The check can fail: a file that imports one private name and reads another."""
     bad = ROOT / "gateway" / "_private_names_probe.py"
     bad.write_text(
-        "from cluster.benchrun import _x\nfrom gateway import metrics\nmetrics._setup()\n"
+        "from cluster.benchrun import _x\nfrom gateway.records import metrics\nmetrics._setup()\n"
     )
     try:
         got = problems(bad)
@@ -89,5 +89,5 @@ def test_the_walk_finds_both_kinds(tmp_path: Path) -> None:
         bad.unlink()
     assert got == [
         "gateway/_private_names_probe.py:1 imports cluster.benchrun._x",
-        "gateway/_private_names_probe.py:3 reads gateway.metrics._setup",
+        "gateway/_private_names_probe.py:3 reads gateway.records.metrics._setup",
     ]

@@ -2,7 +2,7 @@
 ``llmgw_core.refused.Refused``, so the API answers each with 400 and what is wrong.
 
 The agent imports no framework: its refusals are its own, named for what was refused
-(``TransferRefused``, ``RequestRefused``). ``gateway.guarding.GuardRefused`` is the
+(``TransferRefused``, ``RequestRefused``). ``gateway.path.guarding.GuardRefused`` is the
 guard's verdict on a client's text, answered in the client's own dialect, not a change.
 """
 
@@ -19,7 +19,7 @@ from llmgw_core.refused import Refused, problems_of
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ("catalog", "cluster", "guard", "gateway", "updates", "llmgw_admin", "llmgw_core")
-NOT_A_CHANGE = {"gateway.guarding.GuardRefused"}
+NOT_A_CHANGE = {"gateway.path.guarding.GuardRefused"}
 
 
 def _refusal_classes() -> list[tuple[str, type]]:

@@ -49,7 +49,7 @@ def key_file(path: str, secrets_dir: str) -> tuple[str, str]:
 
     ``path`` is a file's name in the secrets folder (``openai``, ``team/openai``) or an
     absolute path inside it; never one with a ``..`` part. Where a symbolic link leads is
-    the reader's to check (``gateway.app``): the rules touch no file.
+    the reader's to check (``gateway.path.app``): the rules touch no file.
     """
     if not secrets_dir:
         return "", (

@@ -15,7 +15,7 @@ CLASS_NAMES = {3: "critical", 2: "standard", 1: "opportunistic"}
 # How a reason starts when no node of the cluster could run the replica even were every
 # node empty and taking replicas: no card of the class, no engine, too little memory...
 # (an operator must change the cluster or the model; waiting will not help). The gateway
-# answers such a model 503 ``model_unplaceable`` (gateway.errors).
+# answers such a model 503 ``model_unplaceable`` (gateway.path.errors).
 UNPLACEABLE = "no node in this cluster can run it"
 
 

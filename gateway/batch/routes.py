@@ -17,13 +17,13 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 
-from gateway import errors
 from gateway.batch import lines, multipart, status, store
-from gateway.cycle import bearer, header, read_body
-from gateway.models import digest
+from gateway.path import errors
+from gateway.path.cycle import bearer, header, read_body
+from gateway.path.table import digest
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle, Receive, Scope
+    from gateway.path.cycle import Cycle, Receive, Scope
 
 WAIT = 10.0
 # Room for a form's headers and boundaries beside the file's bytes.

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.admission import BANDS
+from gateway.path.admission import BANDS
 
 PREFIX = "llmgw-bt-"
 BAND = BANDS[-1]

@@ -90,7 +90,7 @@ async def _answer(secret: str, body: bytes) -> dict[str, Any] | None:
     done = await services.check_on_loop(*read)
     if isinstance(done, dict):
         return done
-    # Bounded as the gateway's check is (gateway.guarding.Guard.judge): past it the
+    # Bounded as the gateway's check is (gateway.path.guarding.Guard.judge): past it the
     # policy's fail decides, as if every judge timed out.
     bound = services.check_bound()
     try:

@@ -1,4 +1,4 @@
-"""The gateway processes' load reports (cluster.load) and their writer (gateway.loadreport):
+"""The gateway processes' load reports (cluster.load) and their writer (gateway.records.loadreport):
 summed per model, expired after their TTL, kept in a real Redis in production."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from redis import Redis
 
 from cluster import load
 from cluster.scaling import Load
-from gateway.admission import EDGES_MS
-from gateway.loadreport import LoadReport
+from gateway.path.admission import EDGES_MS
+from gateway.records.loadreport import LoadReport
 from tests.redisserver import url as redis_url
 
 N = len(EDGES_MS) + 1
@@ -129,7 +129,7 @@ def test_a_failed_write_is_dropped_and_counted(settings: object) -> None:
 
 
 def test_in_flight_is_the_mean_of_the_last_seconds_samples(settings: object) -> None:
-    from gateway.loadreport import SMOOTH
+    from gateway.records.loadreport import SMOOTH
 
     pool = SimpleNamespace(endpoints={11: "http://a"})
     gateway = SimpleNamespace(state=SimpleNamespace(table=SimpleNamespace(pools={"chat": pool}),

@@ -12,7 +12,7 @@ import pytest
 
 from cluster import agentbeat, agentreport, live, load, reconciler, services
 from cluster.models import ClusterAction, ModelScale, Node, Replica
-from gateway.admission import EDGES_MS
+from gateway.path.admission import EDGES_MS
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 
@@ -203,7 +203,7 @@ def agent_says_ready() -> None:
 def test_a_serving_replica_scaled_down_drains_before_its_engine_stops(settings: Any) -> None:
     """It leaves the gateways' table at once; its engine runs on (its node's desired list
     keeps it) for LLMGW_STOP_DRAIN seconds, so the requests in flight finish; then it stops."""
-    from gateway.state import Loader
+    from gateway.records.state import Loader
 
     settings.LLMGW_STOP_DRAIN = 20
     node, _ = join_node("n1", [H100] * 4)

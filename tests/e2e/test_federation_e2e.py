@@ -16,8 +16,8 @@ import pytest
 from catalog.models import ServedModel
 from gateway import peers
 from gateway import services as key_services
-from gateway.models import Peer, digest
-from gateway.table import Key
+from gateway.models import Peer
+from gateway.path.table import Key, digest
 from tests.e2e.conftest import ControlPlane, wait_for
 from tests.gateway.harness import Harness, model
 

@@ -17,10 +17,11 @@ import pytest
 from catalog import services as catalog
 from catalog import spec
 from catalog.choices import Surface
-from gateway import federation, peers
+from gateway import peers
 from gateway import services as key_services
-from gateway.models import Peer, digest
-from gateway.table import Key
+from gateway.models import Peer
+from gateway.path import federation
+from gateway.path.table import Key, digest
 from tests.e2e.conftest import ControlPlane, wait_for
 from tests.gateway.harness import KEY, Engine, Harness
 

@@ -73,7 +73,7 @@ def test_failing_and_slow_candidates_are_rolled_back_by_the_gateway(
     canary = ServedModel.objects.get(name="chat").to_spec().canary
     assert canary is not None and (canary.model, canary.percent) == ("chat-next", 0)
     assert served < 100
-    # The web process wrote what it served (gateway.usage, every second): all answered by
+    # The web process wrote what it served (gateway.records.usage, every second): all answered by
     # the model, the candidate's failures having moved on to it.
     wait_for(lambda: usage("canary-app") == {"chat": served}, 15, "the usage written")
 

@@ -45,7 +45,7 @@ def test_a_viewer_chats_through_the_gateway_and_sees_a_refusal(
     assert offered == ["talk"]  # never the judge
     assert "llmgw-ck-" not in page.content()
 
-    # Budgets are counted in the minutes of the clock (gateway/limits.py): the one the
+    # Budgets are counted in the minutes of the clock (gateway/path/limits.py): the one the
     # page's first chat is counted in.
     minute = int(time.time() // 60)
     page.fill("#chat-message", "/echo hello through the gateway")

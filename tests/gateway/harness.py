@@ -2,8 +2,8 @@
 
 ``Harness`` runs, on one event loop in a thread of its own: ``Engine`` servers (real HTTP
 servers speaking the engines' OpenAI API, each told what to do: answer, stream, answer
-503 or 429, close mid-stream, be slow) and the real ``gateway.app.Gateway`` under real
-uvicorn, routing by a table built from plain data (``gateway.table.build``) as the state
+503 or 429, close mid-stream, be slow) and the real ``gateway.path.app.Gateway`` under real
+uvicorn, routing by a table built from plain data (``gateway.path.table.build``) as the state
 would build it from the database. Clients are the official ``openai`` package and httpx.
 """
 
@@ -20,10 +20,9 @@ from typing import Any
 import uvicorn
 
 from catalog import spec
-from gateway.app import Gateway, Options
-from gateway.models import digest
-from gateway.state import State
-from gateway.table import Key, ReplicaRow, Table, build
+from gateway.path.app import Gateway, Options
+from gateway.path.table import Key, ReplicaRow, Table, build, digest
+from gateway.records.state import State
 from tests.waiting import wait_until
 
 KEY = "llmgw-ck-harness-key"

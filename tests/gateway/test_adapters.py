@@ -7,8 +7,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.adapters import Placer
-from gateway.balance import Target
+from gateway.path.adapters import Placer
+from gateway.path.balance import Target
 
 
 def test_a_replica_holding_the_adapter_takes_it_while_it_has_room() -> None:

@@ -1,4 +1,4 @@
-"""gateway.admission: the gate by priority band, over plain data and a clock the test
+"""gateway.path.admission: the gate by priority band, over plain data and a clock the test
 moves (hypothesis for the rules that hold whatever the figures)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.admission import (
+from gateway.path.admission import (
     BANDS,
     BETA,
     HEADROOM,
@@ -24,7 +24,7 @@ from gateway.admission import (
     held_for,
     reason,
 )
-from gateway.observe import Done
+from gateway.records.observe import Done
 
 WINDOW = 10.0
 SLO = 1000.0

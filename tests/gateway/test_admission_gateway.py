@@ -1,4 +1,4 @@
-"""Admission through the real gateway (``gateway.app``, uvicorn, the ``openai`` client):
+"""Admission through the real gateway (``gateway.path.app``, uvicorn, the ``openai`` client):
 while the model is past its slo and the lower bands use their allowance, a low key waits and
 is refused 429 with ``Retry-After``, ``x-should-retry`` and a reason naming its band and
 the slo; a high key is answered; once the answers are fast again, the low key is back."""
@@ -11,9 +11,8 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.admission import Admission, Counts
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.admission import Admission, Counts
+from gateway.path.table import Key, digest
 from tests.gateway.harness import KEY, Harness, model, wait
 
 LOW = "llmgw-ck-admission-low-key"

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from cluster.models import ClusterAction
 from gateway.models import ClientKey
-from gateway.state import load_table
+from gateway.records.state import load_table
 
 pytestmark = pytest.mark.django_db
 

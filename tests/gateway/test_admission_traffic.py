@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from gateway import admission, live
-from gateway.traffic import Traffic, Window
+from gateway import live
+from gateway.path import admission
+from gateway.records.traffic import Traffic, Window
 
 
 def test_a_process_sends_its_bands_and_the_window_sums_every_process() -> None:

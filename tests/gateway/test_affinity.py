@@ -1,4 +1,4 @@
-"""Session affinity's choice (``gateway.affinity.choose``) and its table, exhaustively."""
+"""Session affinity's choice (``gateway.path.affinity.choose``) and its table, exhaustively."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import balance
-from gateway.affinity import DEFAULT_SKEW, FLOOR, KEPT, MOVED, NEW, SPREAD, Sessions, choose
-from gateway.balance import Ring, Target
+from gateway.path import balance
+from gateway.path.affinity import DEFAULT_SKEW, FLOOR, KEPT, MOVED, NEW, SPREAD, Sessions, choose
+from gateway.path.balance import Ring, Target
 
 targets = st.lists(
     st.builds(Target, st.integers(1, 40), st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.0])),

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from gateway import live
-from gateway.observe import Fanout
-from gateway.traffic import Traffic, Window
+from gateway.records.observe import Fanout
+from gateway.records.traffic import Traffic, Window
 from tests.gateway.harness import KEY, Harness, wait
 from tests.gateway.harness import model as make_model
 
@@ -86,7 +86,7 @@ def test_a_malformed_sessions_figure_is_dropped() -> None:
     window = Window()
     base = {"process": "p", "second": 100, "model": "m", "requests": 1, "errors": 0,
             "refusals": 0, "tokens_out": 0, "ttft": [0] * 20, "tpot": [0] * 20}  # fmt: skip
-    from gateway.admission import EDGES_MS
+    from gateway.path.admission import EDGES_MS
 
     base["ttft"] = base["tpot"] = [0] * (len(EDGES_MS) + 1)
     for bad in ([1, 2, 3], [1, 2, 3, -1], "4", [1, 2, 3, True]):

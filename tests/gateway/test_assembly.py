@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from gateway.app import Gateway
 from gateway.assembly import LAYERS
-from gateway.health import HealthRoute
-from gateway.hosts import HostCheck
-from gateway.metrics import MetricsRoute, TimedGuard
+from gateway.path.app import Gateway
+from gateway.path.health import HealthRoute
+from gateway.path.hosts import HostCheck
+from gateway.records.metrics import MetricsRoute, TimedGuard
 from gateway.session import SessionChat
 
 

@@ -9,8 +9,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import balance
-from gateway.balance import LEAST, PREFIX, Ring, Target, in_canary, least_busy, pick
+from gateway.path import balance
+from gateway.path.balance import LEAST, PREFIX, Ring, Target, in_canary, least_busy, pick
 
 
 def test_least_busy_counts_requests_per_unit_of_weight() -> None:

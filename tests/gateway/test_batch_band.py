@@ -1,4 +1,4 @@
-"""A batch's lines through the real gateway (``gateway.app``, uvicorn, the ``openai``
+"""A batch's lines through the real gateway (``gateway.path.app``, uvicorn, the ``openai``
 client): sent with the batch credential of a high-band key, they are that key (its scope,
 its name) in the lowest band, held while the model is past its slo when the key itself
 is answered (its own slow answers do not put the model past it); a forged or revoked credential or one past its batch's window is refused 401."""
@@ -12,10 +12,9 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.admission import Admission, Counts
 from gateway.batch import token
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.admission import Admission, Counts
+from gateway.path.table import Key, digest
 from tests.gateway.harness import Harness, model
 
 HIGH = "llmgw-ck-batch-high-key"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway.batch import lines, multipart, status, token
-from gateway.table import Key
+from gateway.path.table import Key
 
 
 def row(n: int, **over: object) -> dict[str, object]:

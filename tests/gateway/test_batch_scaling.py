@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.batch import runner
-from gateway.loadreport import LoadReport
+from gateway.records.loadreport import LoadReport
 from tests.gateway.harness import KEY, Harness, model
 from tests.waiting import wait_until
 

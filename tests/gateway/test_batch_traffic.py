@@ -12,13 +12,15 @@ import openai
 import pytest
 from django.template.loader import render_to_string
 
-from gateway import history, live
+from gateway import live
 from gateway.batch import token
-from gateway.history import HistoryRecorder
-from gateway.models import TrafficPoint, Usage, digest
-from gateway.observe import Fanout
-from gateway.traffic import SPAN, Traffic, Window
-from gateway.usage import UsageRecorder
+from gateway.models import TrafficPoint, Usage
+from gateway.path.table import digest
+from gateway.records import history
+from gateway.records.history import HistoryRecorder
+from gateway.records.observe import Fanout
+from gateway.records.traffic import SPAN, Traffic, Window
+from gateway.records.usage import UsageRecorder
 from tests.gateway.harness import KEY, Harness, model
 from tests.waiting import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.body import CHAT, COMPLETION, EMBEDDING, BodyError, parse, read, rewrite
+from gateway.path.body import CHAT, COMPLETION, EMBEDDING, BodyError, parse, read, rewrite
 
 
 def chat(**kw):

@@ -13,14 +13,14 @@ import pytest
 from django.db.models import Sum
 
 from cluster.models import Quota, Replica
-from gateway import history
 from gateway import services as keys
 from gateway.cacheshare import share, spared
-from gateway.limits import WINDOW, LocalLimits
 from gateway.models import Usage
-from gateway.observe import Fanout
-from gateway.state import State
-from gateway.usage import UsageRecorder
+from gateway.path.limits import WINDOW, LocalLimits
+from gateway.records import history
+from gateway.records.observe import Fanout
+from gateway.records.state import State
+from gateway.records.usage import UsageRecorder
 from tests.catalog.samples import store
 from tests.gateway.harness import Harness
 from tests.guard.test_client import launch, stop

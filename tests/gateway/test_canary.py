@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import spec
-from gateway.canary import Limits, Window, decide
+from gateway.path.canary import Limits, Window, decide
 
 
 def window(requests: int, errors: int = 0, ttft: float | None = 0.1) -> Window:

@@ -1,7 +1,7 @@
 """The canary watch: its share routed through the real Gateway, its outcomes judged, the
 rollback written once through the catalog's services, as done by the gateway.
 
-Every rollback here is the real one (``gateway.watch.roll_back``, through
+Every rollback here is the real one (``gateway.records.watch.roll_back``, through
 ``catalog.services``): the tests look at the catalog's state and its change log, and a
 harness whose table is read from the stored catalog (``CatalogHarness``) routes by what
 the write left there, as a gateway process's state does."""
@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.observe import Done, Fanout
-from gateway.table import Table, build
-from gateway.watch import CanaryWatch, roll_back
+from gateway.path.table import Table, build
+from gateway.records.observe import Done, Fanout
+from gateway.records.watch import CanaryWatch, roll_back
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -36,7 +36,7 @@ def h() -> Iterator[Harness]:
 
 class CatalogHarness(Harness):
     """The harness with its models read from the stored catalog each time its state
-    reads the table (every 0.05 s, in the state's reader thread), as gateway.state's
+    reads the table (every 0.05 s, in the state's reader thread), as gateway.records.state's
     loader reads them: a rollback the watch writes is what the gateway routes by next."""
 
     def _table(self) -> Table:
@@ -159,7 +159,7 @@ def done(name: str, status: int = 200, ttft: float = 0.1) -> Done:
 
 
 def test_a_rollback_is_not_written_again_until_the_table_shows_it(transactional_db: Any) -> None:
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     store_canaried(10, min_requests=10)
     current = [load_table()]  # the table as this process last read it
@@ -196,7 +196,7 @@ def test_a_refused_write_is_tried_again_later(transactional_db: Any) -> None:
     SQL, under the catalog's services: its canary then names nothing); tried again after
     the back-off, it is written once the candidate is back."""
     from catalog.models import ServedModel
-    from gateway.state import load_table
+    from gateway.records.state import load_table
     from tests.catalog.samples import cpu_model, store
 
     store_canaried(30, min_requests=5)
@@ -234,7 +234,7 @@ def test_the_watch_judges_off_the_request_path(transactional_db: Any) -> None:
     """The write runs in the watch's own thread, not the one telling it of requests: the
     catalog's change is committed there (its catalog_changed is sent from that thread)."""
     from catalog.signals import catalog_changed
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     store_canaried(30, min_requests=5)
     threads: list[threading.Thread] = []
@@ -328,7 +328,7 @@ def test_a_canary_changed_meanwhile_is_left_alone(stored: None) -> None:
 
 def test_the_watch_over_the_stored_catalog_rolls_back(stored: None) -> None:
     from catalog.models import ServedModel
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     watch = CanaryWatch(load_table, start_on_request=False)
     watch.check()

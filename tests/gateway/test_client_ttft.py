@@ -20,12 +20,12 @@ import pytest
 from django.template.loader import render_to_string
 
 from cluster.models import Replica
-from gateway import metrics
 from gateway import services as keys
-from gateway.guarding import Guard
-from gateway.observe import Done, Fanout, Listener
-from gateway.state import State
-from gateway.traffic import Traffic, Window
+from gateway.path.guarding import Guard
+from gateway.records import metrics
+from gateway.records.observe import Done, Fanout, Listener
+from gateway.records.state import State
+from gateway.records.traffic import Traffic, Window
 from guard import records
 from guard import services as guard_services
 from tests.catalog.samples import store

@@ -14,10 +14,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
-from gateway.observe import Fanout
-from gateway.outliers import Outliers, Rules
-from gateway.table import ReplicaRow
+from gateway.path.outliers import Outliers, Rules
+from gateway.path.table import ReplicaRow
+from gateway.records import metrics
+from gateway.records.observe import Fanout
 from tests.gateway.harness import KEY, Harness, model
 
 AFTER = 3

@@ -1,6 +1,6 @@
-"""The docs' error table (docs/gateway.md) and gateway/errors.py say the same: each status
+"""The docs' error table (docs/gateway.md) and gateway/path/errors.py say the same: each status
 and code an error of the module can carry is a row, and each row is one it makes. And no
-module of the gateway makes an error of its own: each is one of ``gateway.errors``'."""
+module of the gateway makes an error of its own: each is one of ``gateway.path.errors``'."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gateway import errors
-from gateway.errors import ApiError
+from gateway.path import errors
+from gateway.path.errors import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 # A value for each parameter type the constructors take.
@@ -38,8 +38,8 @@ def made() -> set[tuple[int, str | None]]:
 
 
 def given_codes(constructor: str) -> set[str | None]:
-    """The codes gateway/errors.py passes to ``constructor`` (by keyword or in place)."""
-    tree = ast.parse((ROOT / "gateway" / "errors.py").read_text())
+    """The codes gateway/path/errors.py passes to ``constructor`` (by keyword or in place)."""
+    tree = ast.parse((ROOT / "gateway" / "path" / "errors.py").read_text())
     codes: set[str | None] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == constructor:
@@ -61,21 +61,23 @@ def documented() -> set[tuple[int, str | None]]:
 
 def test_the_docs_table_lists_every_status_and_code_the_module_makes_and_no_other() -> None:
     ours, docs = made(), documented()
-    assert ours - docs == set(), f"made by gateway/errors.py, not in docs/gateway.md: {ours - docs}"
+    assert ours - docs == set(), (
+        f"made by gateway/path/errors.py, not in docs/gateway.md: {ours - docs}"
+    )
     assert docs - ours == set(), f"in docs/gateway.md, made by no constructor: {docs - ours}"
     # The table knows the statuses once found missing from it.
     assert {413, 405, 404, 500} <= {status for status, _ in docs}
 
 
 def test_no_module_of_the_gateway_makes_an_error_of_its_own() -> None:
-    """Every ``ApiError(...)`` is made in gateway/errors.py."""
+    """Every ``ApiError(...)`` is made in gateway/path/errors.py."""
     found = []
     for path in sorted((ROOT / "gateway").rglob("*.py")):
-        if path.name == "errors.py" and path.parent.name == "gateway":
+        if path.name == "errors.py" and path.parent.name == "path":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
                 if name == ApiError.__name__:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [], f"ApiError made outside gateway/errors.py: {found}"
+    assert found == [], f"ApiError made outside gateway/path/errors.py: {found}"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import ENGINE_MESSAGE_CHARS, from_engine
+from gateway.path.errors import ENGINE_MESSAGE_CHARS, from_engine
 
 JSON = b"application/json"
 

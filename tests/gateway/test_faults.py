@@ -14,8 +14,7 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.models import digest
-from gateway.table import Key, ReplicaRow
+from gateway.path.table import Key, ReplicaRow, digest
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -281,8 +280,7 @@ def test_adapters_held_few_at_a_time_go_where_they_are_and_the_oldest_is_unloade
 
 def test_a_key_made_a_moment_ago_works_at_once(h: Harness) -> None:
     """A key this process has not read yet is looked for again after the next pass."""
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     h.state.interval = 30  # no pass would come of itself within the test
     h.serve([model("m")], [(1, "m", h.engine("e"))])
@@ -327,8 +325,7 @@ def test_a_failure_tells_the_client_its_kind_never_an_engines_address(
 
 
 def tight_key(h: Harness, tpm: int) -> openai.OpenAI:
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     secret = "llmgw-ck-tight-budget"
     h.keys[digest(secret)] = Key(2, "tight", "team:t", (), None, tpm=tpm)

@@ -19,9 +19,9 @@ from catalog.services import export_specs
 from cluster.models import ClusterAction
 from cluster.signals import reconcile_tick
 from gateway import peers, signals
-from gateway.models import Peer, digest
-from gateway.state import load_table
-from gateway.table import Key
+from gateway.models import Peer
+from gateway.path.table import Key, digest
+from gateway.records.state import load_table
 from tests.gateway.harness import KEY, Harness, model
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ to recover, 60 s dwell)."""
 from __future__ import annotations
 
 from catalog import spec
-from gateway import federation as f
+from gateway.path import federation as f
 
 
 def test_peer_names_are_plain_and_hold_no_slash() -> None:

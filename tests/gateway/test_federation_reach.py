@@ -18,12 +18,14 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway import federation, history, live
-from gateway.admission import Admission, Counts
-from gateway.models import TrafficPoint, digest
-from gateway.observe import Fanout
-from gateway.table import Key
-from gateway.traffic import SPAN, Traffic
+from gateway import live
+from gateway.models import TrafficPoint
+from gateway.path import federation
+from gateway.path.admission import Admission, Counts
+from gateway.path.table import Key, digest
+from gateway.records import history
+from gateway.records.observe import Fanout
+from gateway.records.traffic import SPAN, Traffic
 from tests.gateway.harness import KEY, Harness, model
 
 PEER_KEY = "llmgw-ck-the-peers-own-key-for-us"
@@ -201,7 +203,7 @@ def test_a_key_owned_peer_name_is_a_peers_and_a_wrong_owner_is_refused() -> None
     from django.core.management import CommandError, call_command
 
     from gateway import services as key_services
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     _, secret = key_services.create_key("west", owner="peer:west")
     _, ours = key_services.create_key("app", owner="team:t")

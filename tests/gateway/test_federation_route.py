@@ -11,9 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from gateway import federation
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path import federation
+from gateway.path.table import Key, digest
 from tests.gateway.harness import KEY, Harness, model
 
 PEER_KEY = "llmgw-ck-the-peers-own-key-for-us"

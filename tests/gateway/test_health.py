@@ -1,4 +1,4 @@
-"""``GET /healthz`` (``gateway.health``) turning ready in one process: 503 while the
+"""``GET /healthz`` (``gateway.path.health``) turning ready in one process: 503 while the
 gateway's state has not read its table, 200 from its first read on."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.health import HealthRoute, verdict
-from gateway.state import State
-from gateway.table import Table
+from gateway.path.health import HealthRoute, verdict
+from gateway.path.table import Table
+from gateway.records.state import State
 
 
 async def _not_for_me(scope: dict[str, Any], receive: Any, send: Any) -> None:

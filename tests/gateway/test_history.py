@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import admission, history
 from gateway.models import TrafficPoint, Usage
-from gateway.observe import Done
+from gateway.path import admission
+from gateway.records import history
+from gateway.records.observe import Done
 
 NOW = dt.datetime(2026, 12, 2, 12, 30, 20, tzinfo=dt.UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.holdback import Holdback
+from gateway.path.holdback import Holdback
 
 
 def test_nothing_with_text_leaves_before_a_window_allows_it() -> None:

@@ -14,9 +14,8 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.models import digest
+from gateway.path.table import Key, digest
 from gateway.session import PATH, SessionChat
-from gateway.table import Key
 from tests.gateway.harness import KEY, Harness, model
 
 

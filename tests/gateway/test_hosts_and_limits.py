@@ -1,5 +1,5 @@
 """In front of the gateway: a foreign ``Host`` is refused on ``/v1/`` and ``/metrics`` as the
-console refuses it (``gateway.hosts``), in both processes' assemblies; a body whose
+console refuses it (``gateway.path.hosts``), in both processes' assemblies; a body whose
 ``Content-Length`` is over the limit is refused with 413 before any of it is sent."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.health import HealthRoute
-from gateway.hosts import HostCheck
+from gateway.path.health import HealthRoute
+from gateway.path.hosts import HostCheck
 from tests.gateway.harness import KEY, Harness, model
 
 
@@ -81,7 +81,7 @@ def test_a_foreign_host_is_refused_on_v1_with_a_clear_error(h: Harness) -> None:
 def test_both_assemblies_refuse_a_foreign_host_on_v1_and_metrics(where: str) -> None:
     import importlib
 
-    from gateway.observe import Observer
+    from gateway.records.observe import Observer
 
     module = importlib.import_module(where)
     application: Any = module.application

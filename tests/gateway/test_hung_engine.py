@@ -19,12 +19,12 @@ import openai
 import pytest
 
 from catalog import spec, timeouts
-from gateway import balance
-from gateway import body as bodies
-from gateway.app import Options
-from gateway.outliers import Outliers, Rules
-from gateway.routing import waits_defaults
-from gateway.table import ReplicaRow
+from gateway.path import balance
+from gateway.path import body as bodies
+from gateway.path.app import Options
+from gateway.path.outliers import Outliers, Rules
+from gateway.path.routing import waits_defaults
+from gateway.path.table import ReplicaRow
 from tests.gateway.harness import KEY, Harness, model
 
 ROOT = Path(__file__).resolve().parents[2]

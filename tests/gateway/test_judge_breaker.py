@@ -1,5 +1,5 @@
 """A judge that hangs, through the real gateway: a real sim judge process behind a TCP
-proxy the test hangs (tests/faultproxy.py), the real guard (gateway.guarding.Guard), the
+proxy the test hangs (tests/faultproxy.py), the real guard (gateway.path.guarding.Guard), the
 official openai client.
 
 Under ``fail: open`` a request is answered once the judge's timeout runs out, and the
@@ -21,11 +21,11 @@ import pytest
 
 from cluster.models import Replica
 from gateway import services as keys
-from gateway.guarding import Guard
 from gateway.models import Refusal
-from gateway.observe import Fanout
-from gateway.refusals import RefusalRecorder
-from gateway.state import State
+from gateway.path.guarding import Guard
+from gateway.records.observe import Fanout
+from gateway.records.refusals import RefusalRecorder
+from gateway.records.state import State
 from guard import breaker, records
 from guard import services as guard_services
 from guard.models import JudgeHealth

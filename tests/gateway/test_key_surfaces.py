@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from cluster.models import ClusterAction
-from gateway.models import ClientKey, digest
+from gateway.models import ClientKey
+from gateway.path.table import digest
 from tests.catalog.samples import store
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ import openai
 import pytest
 import redis
 
-from gateway.limits import WINDOW, RedisLimits
+from gateway.path.limits import WINDOW, RedisLimits
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness, model, wait
 from tests.redisserver import url as redis_url
@@ -78,7 +78,7 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
     assert await limits.take(key, "requests", 1, 5) is None  # through Redis
     assert _in_redis(key, "requests", now[0]) == 1 and not limits.away
 
-    caplog.set_level(logging.WARNING, logger="gateway.limits")
+    caplog.set_level(logging.WARNING, logger="gateway.path.limits")
     getattr(proxy, fault)()
     # The first call meets the fault and is answered within the timeout, from here.
     wait, took = await _timed(limits.take(key, "requests", 1, 5))
@@ -179,8 +179,7 @@ def gateway_h() -> Iterator[Harness]:
 def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     gateway_h: Harness, proxy: FaultProxy, fault: str, settings: Any
 ) -> None:
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     settings.LLMGW_REDIS_TIMEOUT_MS = int(TIMEOUT * 1000)
     h = gateway_h
@@ -207,7 +206,7 @@ def test_a_key_with_a_budget_is_served_while_redis_is_away_or_hung(
     took = [ask(stream) for stream in (False, True) * 4]
     assert max(took) < BOUND + 1, f"{fault}: the slowest request took {max(took):.2f} s"
     assert h.gateway.limits.away
-    from gateway import metrics
+    from gateway.records import metrics
 
     counted = [line for line in metrics.scrape().decode().splitlines()
                if line.startswith('llmgw_gateway_budget_local_total{kind="requests"}')]  # fmt: skip
@@ -226,8 +225,7 @@ def test_a_30_a_minute_key_lets_30_through_with_redis_slow_or_gone_midway(
     answered, the rest get 429."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.models import digest
-    from gateway.table import Key
+    from gateway.path.table import Key, digest
 
     settings.LLMGW_REDIS_TIMEOUT_MS = int(SLOW_TIMEOUT * 1000)
     h = gateway_h

@@ -14,7 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
+from gateway.path import series
+from gateway.records import metrics
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -116,7 +117,7 @@ def test_a_scrape_while_a_process_makes_its_file_leaves_that_file_out(h: Harness
     # collector failed the whole scrape on one (struct.error: a 500 to Prometheus).
     h.serve([model("mx-new")], [(41, "mx-new", h.engine("e", words=2))])
     api(h).chat.completions.create(model="mx-new", messages=[{"role": "user", "content": "hi"}])
-    being_made = metrics.folder() / f"counter_{os.getpid() + 100000}.db"
+    being_made = series.folder() / f"counter_{os.getpid() + 100000}.db"
     being_made.touch()
     try:
         wait(lambda: value("llmgw_gateway_requests_total", model="mx-new", status="200"), 10,
@@ -130,7 +131,7 @@ def _fail_a_read() -> None:
 
 
 def test_a_forked_process_counts_in_a_file_of_its_own() -> None:
-    # The process id is kept, not asked for on every sample (gateway.metrics.pid): a
+    # The process id is kept, not asked for on every sample (gateway.path.series.pid): a
     # process forked after its parent made its metrics (a worker) still writes its own
     # file, and the scrape sums it with the parent's.
     import multiprocessing
@@ -141,5 +142,5 @@ def test_a_forked_process_counts_in_a_file_of_its_own() -> None:
     child.start()
     child.join(30)
     assert child.exitcode == 0
-    assert (metrics.folder() / f"counter_{child.pid}.db").exists()
+    assert (series.folder() / f"counter_{child.pid}.db").exists()
     assert value("llmgw_gateway_state_read_failures_total", part="forked") == before + 1

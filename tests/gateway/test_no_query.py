@@ -15,11 +15,11 @@ from django.db.backends import utils
 
 from cluster.models import Replica
 from gateway import services as keys
-from gateway.guarding import Guard
 from gateway.models import Refusal
-from gateway.observe import Fanout
-from gateway.refusals import RefusalRecorder
-from gateway.state import State
+from gateway.path.guarding import Guard
+from gateway.records.observe import Fanout
+from gateway.records.refusals import RefusalRecorder
+from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
 from tests.catalog.samples import store

@@ -1,4 +1,4 @@
-"""gateway.outliers: which replicas a gateway process leaves out of routing, over plain
+"""gateway.path.outliers: which replicas a gateway process leaves out of routing, over plain
 data and a clock the test moves (hypothesis for the rules that must hold whatever
 happens)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.outliers import MAX_TRACKED, Outliers, Rules, allowed, ejection_seconds
+from gateway.path.outliers import MAX_TRACKED, Outliers, Rules, allowed, ejection_seconds
 
 RULES = Rules(after=3, base=10.0, most=35.0, max_percent=50)
 

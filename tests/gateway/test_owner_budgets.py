@@ -19,9 +19,8 @@ import openai
 import pytest
 import redis
 
-from gateway.limits import WINDOW, LocalLimits
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.limits import WINDOW, LocalLimits
+from gateway.path.table import Key, digest
 from tests.gateway.harness import Harness, model
 from tests.redisserver import url as redis_url
 
@@ -32,7 +31,7 @@ MOST = 60  # the largest reservation a worker makes
 
 WORKER = """
 import asyncio, json, random, sys
-from gateway.limits import RedisLimits
+from gateway.path.limits import RedisLimits
 
 url, owner, budget, most, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 rng = random.Random(seed)
@@ -151,7 +150,7 @@ def test_the_owners_budget_set_on_its_quota_reaches_each_of_its_keys() -> None:
 
     from django.core.management import call_command
 
-    from gateway.state import load_table
+    from gateway.records.state import load_table
 
     call_command("cluster", "quota", "set", "team:shared", "--tpm", "5000", stdout=io.StringIO())
     for name, owner in (("a", "team:shared"), ("b", "team:shared"), ("c", "team:other")):

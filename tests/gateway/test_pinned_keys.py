@@ -20,10 +20,10 @@ from django.core.management import CommandError, call_command
 from catalog import spec
 from cluster.models import ClusterAction, Replica
 from gateway import services
-from gateway.admission import Admission, Counts
-from gateway.models import ClientKey, digest
-from gateway.state import State
-from gateway.table import Key
+from gateway.models import ClientKey
+from gateway.path.admission import Admission, Counts
+from gateway.path.table import Key, digest
+from gateway.records.state import State
 from tests.catalog.samples import store
 from tests.gateway.harness import KEY, Harness, model, wait
 
@@ -148,7 +148,7 @@ def test_the_guard_neither_judges_nor_holds_a_pinned_keys_requests() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_real_state_carries_the_pin_and_a_replica_gone_is_a_503_naming_it() -> None:
-    """The pin from the database to the gateway's table (``gateway.state``'s loader), and
+    """The pin from the database to the gateway's table (``gateway.records.state``'s loader), and
     the replica's row gone: 503 naming it, while the model's other replica serves others."""
     store({"name": "m", "source": "sim/m", "scaling": {"min": 2, "max": 2},
            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
@@ -211,9 +211,9 @@ def test_load_scaling_leaves_out_a_pinned_keys_requests_in_flight_and_their_time
     another key's request on the same replica counts."""
     import threading
 
-    from gateway.loadreport import LoadReport
-    from gateway.observe import Fanout
-    from gateway.traffic import Traffic
+    from gateway.records.loadreport import LoadReport
+    from gateway.records.observe import Fanout
+    from gateway.records.traffic import Traffic
 
     traffic = Traffic("test:1")
     traffic._started = True  # taken by hand below, not by its thread

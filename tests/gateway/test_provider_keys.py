@@ -20,8 +20,7 @@ import openai
 import pytest
 
 from catalog import spec
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.table import Key, digest
 from tests.gateway.harness import KEY, Harness, model
 
 SHADOW = "root:$6$salt$hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\nbin:*:19000::::::\n"
@@ -186,7 +185,7 @@ def test_a_fifo_named_as_the_key_file_is_refused_without_blocking(
 def test_a_key_file_replaced_by_a_fifo_after_its_check_is_refused_by_the_read(
     secrets: Path,
 ) -> None:
-    from gateway.providers import _read
+    from gateway.path.providers import _read
 
     fifo = secrets / "late"
     os.mkfifo(fifo)

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from gateway import tasks
 from gateway.models import Refusal
-from gateway.observe import Fanout, RefusalHeard
-from gateway.refusals import RefusalRecorder, prune, write
+from gateway.records.observe import Fanout, RefusalHeard
+from gateway.records.refusals import RefusalRecorder, prune, write
 from tests.gateway.harness import KEY, Harness, model
 from tests.waiting import wait_until
 
@@ -128,7 +128,7 @@ def test_past_the_bound_new_refusals_are_dropped_counted_and_logged(
         r.refusal(heard(f"req_{i}"))
     assert [rec.request_id for _, rec in r.pending()] == ["req_0", "req_1", "req_2"]
     assert r.dropped == 2
-    with caplog.at_level(logging.WARNING, logger="gateway.refusals"):
+    with caplog.at_level(logging.WARNING, logger="gateway.records.refusals"):
         arriving[:] = ["req_5", "req_6"]
         with pytest.raises(DataError):
             r.flush()
@@ -138,7 +138,7 @@ def test_past_the_bound_new_refusals_are_dropped_counted_and_logged(
     assert r.dropped == 2
     caplog.clear()
     fail[0] = False
-    with caplog.at_level(logging.WARNING, logger="gateway.refusals"):
+    with caplog.at_level(logging.WARNING, logger="gateway.records.refusals"):
         r.flush()
     assert stored() == [("req_0", "request"), ("req_1", "request"), ("req_2", "request")]
     assert "dropped 2 refusal records" in caplog.text and r.dropped == 0
@@ -259,7 +259,7 @@ def test_the_job_deletes_records_older_than_the_days_kept(db: Any, settings: Any
 
 
 def test_the_job_deletes_a_large_backlog_in_chunks(db: Any, monkeypatch: Any) -> None:
-    from gateway import refusals
+    from gateway.records import refusals
 
     monkeypatch.setattr(refusals, "PRUNE_CHUNK", 7)
     old = timezone.now() - dt.timedelta(days=90)

@@ -14,8 +14,8 @@ import pytest
 
 from cluster.models import Replica
 from gateway import services as keys
-from gateway.guarding import Guard
-from gateway.state import State
+from gateway.path.guarding import Guard
+from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
 from tests.catalog.samples import store

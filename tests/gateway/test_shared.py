@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 
-from gateway.admission import Admission, Counts
-from gateway.outliers import Outliers, Rules
+from gateway.path.admission import Admission, Counts
+from gateway.path.outliers import Outliers, Rules
 from gateway.shared import Shared
 from guard import breaker
 from tests.faultproxy import FaultProxy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sizing import ASK, EXCEEDS, FITS, MAX_TOKEN_BYTES, effective_context, judge
+from gateway.path.sizing import ASK, EXCEEDS, FITS, MAX_TOKEN_BYTES, effective_context, judge
 
 
 @given(

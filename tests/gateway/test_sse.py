@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import sse
-from gateway.sse import DONE, FrameError, Framer, chunk_text, data_of, encode, encode_json
+from gateway.path import sse
+from gateway.path.sse import DONE, FrameError, Framer, chunk_text, data_of, encode, encode_json
 
 payloads = st.lists(
     st.text(

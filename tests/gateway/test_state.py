@@ -14,9 +14,9 @@ from django.utils import timezone
 from cluster.choices import NodeHealth
 from cluster.models import Assignment, Node, Replica
 from gateway import services
-from gateway.limits import LocalLimits, RedisLimits
-from gateway.models import digest
-from gateway.state import load_table
+from gateway.path.limits import LocalLimits, RedisLimits
+from gateway.path.table import digest
+from gateway.records.state import load_table
 from tests.catalog.samples import store
 from tests.guard.helpers import guard_model
 from tests.redisserver import url as redis_url
@@ -115,7 +115,7 @@ def test_a_budget_in_redis_is_shared_by_every_process() -> None:
 
 @pytest.mark.django_db
 def test_the_loader_rebuilds_only_when_something_changed() -> None:
-    from gateway.state import Loader
+    from gateway.records.state import Loader
 
     store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
     load = Loader()
@@ -145,7 +145,7 @@ def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute(
     # The listener makes the harness's loop this process's home loop: put it back after,
     # so later tests' events are not handed to a stopped loop.
     monkeypatch.setattr(events, "_home_loop", events._home_loop)
-    from gateway.state import State
+    from gateway.records.state import State
     from tests.gateway.harness import Harness
 
     store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
@@ -188,7 +188,7 @@ def test_a_gateway_process_of_its_own_leaves_its_events_to_the_relay() -> None:
     """Embedded, ``gateway serve`` is not the web process: it must not keep events (its
     traffic) in a layer of its own, where no console hears them."""
     from cluster import relay
-    from gateway.state import State
+    from gateway.records.state import State
     from llmgw_core import events
 
     assert not relay.listening()
@@ -201,8 +201,8 @@ def test_unknown_keys_do_not_have_the_database_read_for_each_of_them() -> None:
     """Each request with a key the table does not hold waits for the next pass; twenty
     waves of them within one interval ask for one early pass, not twenty (an
     unauthenticated client could otherwise drive the database)."""
-    from gateway.state import State
-    from gateway.table import Table
+    from gateway.path.table import Table
+    from gateway.records.state import State
 
     passes = []
 
@@ -227,14 +227,14 @@ def test_unknown_keys_do_not_have_the_database_read_for_each_of_them() -> None:
 def test_a_database_away_is_logged_once_then_a_line_a_minute(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gateway.state import State
-    from gateway.table import Table
+    from gateway.path.table import Table
+    from gateway.records.state import State
 
     def loader() -> Table:
         raise ConnectionError("the database is away")
 
     state = State(loader=loader, interval=0.01)
-    with caplog.at_level("ERROR", logger="gateway.state"):
+    with caplog.at_level("ERROR", logger="gateway.records.state"):
         for _ in range(50):
             state._pass()
     said = [r for r in caplog.records if "could not read the catalog" in r.getMessage()]
@@ -259,7 +259,7 @@ def test_a_model_has_no_room_only_while_none_of_its_replicas_is_on_a_node() -> N
 @pytest.mark.django_db
 def test_a_models_created_is_when_it_was_added_not_when_the_table_was_read() -> None:
     from catalog.models import ServedModel
-    from gateway.listing import describe as _describe
+    from gateway.path.listing import describe as _describe
 
     store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
            "scaling": {"min": 1, "max": 1}})  # fmt: skip
@@ -274,12 +274,12 @@ def test_a_pass_begun_as_the_process_stops_says_nothing(caplog: pytest.LogCaptur
     # SIGTERM stops the state: its reader is shut down, and a pass the thread had begun
     # just then asked it for a read ("cannot schedule new futures after shutdown", logged
     # with its traceback as the first failed read: the Redis fault test's gateway log).
-    from gateway.state import State
-    from gateway.table import Table
+    from gateway.path.table import Table
+    from gateway.records.state import State
 
     state = State(loader=Table, interval=60)
     state.stop()
-    with caplog.at_level("ERROR", logger="gateway.state"):
+    with caplog.at_level("ERROR", logger="gateway.records.state"):
         state._pass()
     assert state.failures == 0 and not state.stale
     assert "could not read" not in caplog.text
@@ -293,8 +293,8 @@ def test_the_change_listener_joins_again_when_nothing_arrives(
     not waited on for ever while its groups expire; a join that hangs is given up on."""
     from channels import layers
 
-    from gateway import state as states
-    from gateway.state import State
+    from gateway.records import state as states
+    from gateway.records.state import State
 
     class Silent:
         joined: list[str] = []
@@ -346,8 +346,8 @@ import asyncio, logging, os, signal, sys, threading, time
 import django
 django.setup()
 logging.basicConfig(level=logging.INFO)
-from gateway.state import State
-from gateway.table import Table
+from gateway.records.state import State
+from gateway.path.table import Table
 passes = threading.Event()
 def loader():
     passes.set()

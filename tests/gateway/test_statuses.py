@@ -17,11 +17,11 @@ import pytest
 from django.db.models import Sum
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
-from gateway.models import Usage, digest
-from gateway.observe import Fanout
-from gateway.table import Key
-from gateway.usage import UsageRecorder
+from gateway.models import Usage
+from gateway.path.table import Key, digest
+from gateway.records import metrics
+from gateway.records.observe import Fanout
+from gateway.records.usage import UsageRecorder
 from llmgw_core.upstream import Upstream
 from tests.gateway.harness import KEY, Harness, model, wait
 

@@ -1,4 +1,4 @@
-"""A model switched off (min 0, max 0, the admin's "Switch off"): ``gateway.table``'s pure
+"""A model switched off (min 0, max 0, the admin's "Switch off"): ``gateway.path.table``'s pure
 ``switched_off`` and the listing. The process's answer (503 at once, no retry by the
 ``openai`` client) is held in ``tests/e2e/test_gateway_switched_off.py``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from catalog import spec
-from gateway.table import Key, ReplicaRow, build, switched_off
+from gateway.path.table import Key, ReplicaRow, build, switched_off
 
 # A Wednesday.
 NOON = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway import admission
-from gateway.observe import Done
-from gateway.traffic import EDGES_MS, SPAN, Traffic, Window, quantile, slo_verdict
+from gateway.path import admission
+from gateway.records.observe import Done
+from gateway.records.traffic import EDGES_MS, SPAN, Traffic, Window, quantile, slo_verdict
 
 
 def done(model: str = "m", status: int = 200, ttft: float | None = 0.04, seconds: float = 0.5,

@@ -18,8 +18,8 @@ import pytest
 from django.db.models import Sum
 
 from gateway.models import Usage
-from gateway.observe import Done, Fanout
-from gateway.usage import Counts, UsageRecorder, write
+from gateway.records.observe import Done, Fanout
+from gateway.records.usage import Counts, UsageRecorder, write
 from tests.dburl import database_url
 from tests.gateway.harness import KEY, Harness, model
 
@@ -111,8 +111,9 @@ def test_a_stopped_gateway_process_writes_what_it_gathered(transactional_db: Any
     """SIGTERM, as a restart sends it: the server's exit writes what is left (atexit)."""
     script = (
         "import django, signal, sys, time; django.setup()\n"
-        "from gateway import server, usage\n"
-        "from gateway.observe import Done\n"
+        "from gateway import server\n"
+        "from gateway.records import usage\n"
+        "from gateway.records.observe import Done\n"
         "signal.signal(signal.SIGTERM, server._exit)\n"
         "usage.RECORDER.interval = 3600  # only the exit writes\n"
         "usage.RECORDER.start()\n"

@@ -1,5 +1,5 @@
 """A guard check the gateway waits for on a thread is bounded as a whole
-(``gateway.guarding.Guard.judge``, ``guard.services.check_bound``): a check stuck past
+(``gateway.path.guarding.Guard.judge``, ``guard.services.check_bound``): a check stuck past
 its judges' timeouts (a read that hangs, the thread pool's queue) is given up on, and
 the policy's ``fail`` decides as if every judge timed out (``guard.services.unanswered``):
 ``fail: closed`` refuses, ``fail: open`` allows and says it failed open."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.guarding import Guard
+from gateway.path.guarding import Guard
 from guard import services
 from guard.policy import FAIL_CLOSED, FAIL_OPEN, Policy
 

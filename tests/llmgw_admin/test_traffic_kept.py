@@ -15,7 +15,7 @@ from django.db import connection
 
 import llmgw_admin.consumer  # noqa: F401  (has the hub keep the gateways' seconds)
 from gateway import live as gateway_live
-from gateway.traffic import EDGES_MS, GROUP, TYPE, Window
+from gateway.records.traffic import EDGES_MS, GROUP, TYPE, Window
 from llmgw_admin.hub import Hub
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -60,6 +60,6 @@ def test_a_node_name_with_a_control_character_or_markup_is_refused_at_join(name:
 )  # fmt: skip
 def test_owned_by_never_carries_a_line_break_or_markup(owner: str, said: str) -> None:
     # A row written before the rule: /v1/models still hands clients nothing of it.
-    from gateway.listing import owned_by
+    from gateway.path.listing import owned_by
 
     assert owned_by(owner) == said

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from catalog.services import stored_specs
 from cluster.models import Replica
-from gateway.state import State, load_table
+from gateway.records.state import State, load_table
 from tests.catalog.samples import gpu_model, store
 from tests.cluster.helpers import join_node
 from tests.cluster.test_reconciler import H100, tick
@@ -36,7 +36,7 @@ V2 = b'{"llmgw-sim-weights": 1, "name": "v2"}'
 
 @pytest.fixture
 def gateway() -> Iterator[Harness]:
-    """The real gateway, its table read from the database (gateway.state.load_table)."""
+    """The real gateway, its table read from the database (gateway.records.state.load_table)."""
     h = Harness(state=State(loader=load_table, interval=0.05, record_demand=lambda m: None))
     try:
         yield h

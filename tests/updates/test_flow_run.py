@@ -18,7 +18,7 @@ from catalog.services import Actor, save_model, stored_specs
 from catalog.spec import EvalGate
 from cluster.models import Replica
 from gateway.models import Usage
-from gateway.watch import roll_back
+from gateway.records.watch import roll_back
 from tests.catalog.samples import gpu_model, store
 from tests.updates.hubstandin import HubStandIn
 from updates import cli, flow, mirror, run

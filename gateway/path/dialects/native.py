@@ -56,7 +56,7 @@ def _usage_chunk(usage: Usage) -> Chunk:
 
 
 def _text_of(chunks: Sequence[Chunk]) -> str:
-    """The text chunks carry (what the guard's windows read of them: gateway.sse)."""
+    """The text chunks carry (what the guard's windows read of them: gateway.path.sse)."""
     out = []
     for chunk in chunks:
         for choice in chunk.get("choices") or ():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gateway import live
-from gateway.observe import Done
-from gateway.traffic import Traffic, Window
+from gateway.records.observe import Done
+from gateway.records.traffic import Traffic, Window
 
 
 def done(dialect: str, model: str = "chat") -> Done:

@@ -11,8 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from gateway.models import digest
-from gateway.table import Key
+from gateway.path.table import Key, digest
 from tests.gateway.harness import KEY, Harness, model
 
 ASKED = [{"role": "user", "content": "x"}]

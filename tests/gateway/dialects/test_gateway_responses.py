@@ -21,7 +21,7 @@ from django.utils import timezone
 from gateway import services as keys
 from gateway import stored, tasks
 from gateway.models import StoredResponse
-from gateway.state import State
+from gateway.records.state import State
 from guard import records
 from tests.gateway.dialects.test_gateway_messages import MARKER, Served, serving, sims  # noqa: F401
 from tests.gateway.harness import Harness, wait

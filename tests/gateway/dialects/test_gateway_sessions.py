@@ -15,8 +15,8 @@ import pytest
 
 from cluster.models import Replica
 from gateway import services as keys
-from gateway.observe import Done, Observer
-from gateway.state import State
+from gateway.records.observe import Done, Observer
+from gateway.records.state import State
 from tests.catalog.samples import store
 from tests.gateway.harness import Harness, wait
 from tests.guard.test_client import launch, stop

@@ -1,5 +1,5 @@
 """The guard judges all an engine reads of a dialect's request: the chat reader
-(``gateway.body``) over the translated chat body finds a marker put in any field that
+(``gateway.path.body``) over the translated chat body finds a marker put in any field that
 reaches the engine, and the whole-answer readers find one in any output."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import body as bodies
+from gateway.path import body as bodies
 from gateway.path.dialects import messages, rerank, responses
 
 

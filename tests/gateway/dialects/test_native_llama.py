@@ -18,7 +18,7 @@ import pytest
 
 from cluster.models import Replica
 from gateway import services as keys
-from gateway.state import State
+from gateway.records.state import State
 from tests.catalog.samples import store
 from tests.gateway.harness import Harness
 from tests.guard.test_client import free_port, stop

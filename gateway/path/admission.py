@@ -5,7 +5,7 @@ get 429.
 
 A client key has a band (``high``, ``normal``, ``low``; ``ClientKey.priority``). Each
 gateway process keeps, per model, the first-token times of the requests it admitted over
-the last ``window`` seconds (a histogram per second on ``gateway.traffic``'s edges, and
+the last ``window`` seconds (a histogram per second on ``gateway.records.traffic``'s edges, and
 the last ``RECENT`` of them as they were; the time a request waited here is taken off, so
 a hold does not feed itself) and how many of its requests are in flight, and decides from
 them alone: no database, no Redis, a few dictionary look-ups (``bench/autoscale.py``
@@ -56,14 +56,14 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cluster.scaling import quantile_ms
-from gateway.observe import Done
-from gateway.observe import Listener as _Listener
+from gateway.records.observe import Done
+from gateway.records.observe import Listener as _Listener
 
 BANDS = ("high", "normal", "low")  # top first
 DEFAULT_BAND = "normal"
 RANK = {b: i for i, b in enumerate(BANDS)}
 # Histogram edges in ms, the last bucket everything above: the gateway's one set
-# (gateway.traffic, cluster.load and the traffic history read these).
+# (gateway.records.traffic, cluster.load and the traffic history read these).
 EDGES_MS = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000,
             5000, 10000, 30000, 60000)  # fmt: skip
 WINDOW = 10.0
@@ -225,7 +225,7 @@ class _Model:
 
 class Counts:
     """Admitted and held requests per (second, model, band), taken once a second by the
-    traffic publisher (``gateway.traffic``)."""
+    traffic publisher (``gateway.records.traffic``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

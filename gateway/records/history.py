@@ -1,10 +1,10 @@
 """Traffic over time: what the gateway counts per model, kept in the
 database and downsampled; per key and per owner from the usage records.
 
-``HistoryRecorder`` is an observer (``gateway.observe``) like ``gateway.usage``'s: each
+``HistoryRecorder`` is an observer (``gateway.records.observe``) like ``gateway.records.usage``'s: each
 request ended is added, under a lock, to its minute's bucket per model (requests,
 errors, guard refusals, admission holds and overflows, tokens in and out, the seconds requests were in
-flight, and a TTFT histogram on ``gateway.traffic``'s edges); a background thread writes
+flight, and a TTFT histogram on ``gateway.records.traffic``'s edges); a background thread writes
 what gathered every second in one transaction (``write``: each (minute, model) row read
 for update and added to, so any number of processes stay exact). Nothing on the request
 path touches the database.
@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import admission
-from gateway.admission import EDGES_MS, quantile
-from gateway.observe import Done, Listener
+from gateway.path import admission
+from gateway.path.admission import EDGES_MS, quantile
+from gateway.records.observe import Done, Listener
 from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from catalog.rules.names import bad_character
-from gateway import errors
-from gateway.cycle import Cycle
-from gateway.table import Entry, Key, Table
+from gateway.path import errors
+from gateway.path.cycle import Cycle
+from gateway.path.table import Entry, Key, Table
 
 PATH = "/v1/models"
 
@@ -18,7 +18,7 @@ async def answer(
     cycle: Cycle, method: str, path: str, table: Table, key: Key, now: datetime
 ) -> None:
     """Answer a request to ``/v1/models`` or below it (GET only). A model switched off
-    (``gateway.table.switched_off`` at ``now``) with no replica left is not listed."""
+    (``gateway.path.table.switched_off`` at ``now``) with no replica left is not listed."""
     if method != "GET":
         raise errors.method_not_allowed(path, "GET")
     if path == PATH:

@@ -48,6 +48,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.path import series
+
 WINDOW = 60
 # While Redis is away: how often it is asked again (off the path), how often it is said.
 PROBE_S = 1.0
@@ -154,18 +156,16 @@ _counter: Any = None
 
 
 def _local_counter() -> Any:
-    """``llmgw_gateway_budget_local_total{kind}``, in the gateway's metrics (gateway.metrics)."""
+    """``llmgw_gateway_budget_local_total{kind}``, in the gateway's metrics (gateway.records.metrics)."""
     global _counter
     if _counter is None:
         try:
             from prometheus_client import Counter
 
-            from gateway import metrics
-
-            metrics.setup()  # the multiprocess folder first, as every series of the gateway
+            series.multiprocess()  # the multiprocess folder first, as every series of the gateway
             _counter = Counter(
                 "budget_local", "budget takes counted in this process while Redis was away",
-                ("kind",), namespace=metrics.NS, registry=None,
+                ("kind",), namespace=series.NS, registry=None,
             )  # fmt: skip
         except Exception:  # no metrics here (a data folder that cannot be written): counted nowhere
             log.warning("the budgets' fallback is not counted in /metrics", exc_info=True)

@@ -1,6 +1,6 @@
 """What the gateway served, written off the request path in batches (``gateway.models.Usage``).
 
-``UsageRecorder`` is an observer (``gateway.observe``): the Gateway tells it each request
+``UsageRecorder`` is an observer (``gateway.records.observe``): the Gateway tells it each request
 as it ended, and it adds the request to its minute's bucket (the minute, the key's name,
 its owner, the model that answered) in memory, under a lock: a dictionary look-up and a
 few additions. A background thread writes what has gathered every ``interval`` seconds
@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from gateway.observe import Done, Listener
+from gateway.records.observe import Done, Listener
 from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDING = "embedding"
-# A query and documents to rank (POST /v1/rerank, /v2/rerank: gateway.reranking), read
+# A query and documents to rank (POST /v1/rerank, /v2/rerank: gateway.path.reranking), read
 # from the engine's body the dialect made of the client's.
 RERANK = "rerank"
 # Kinds whose answer holds no text of the engine's (numbers: vectors, scores).

@@ -2,7 +2,7 @@
 holds what it needs, else on a few threads of the gateway's own, ``guard.services.check``;
 never per request when nothing is judged), and what the gateway does with its verdicts
 (``Judging``): the request's verdict awaited before the answer's first byte, a whole
-answer judged whole, a streamed one in windows (``gateway.holdback``), a text too long
+answer judged whole, a streamed one in windows (``gateway.path.holdback``), a text too long
 for a judge judged again in overlapping halves, and a refusal made the client's error
 (``GuardRefused``) and recorded.
 
@@ -23,18 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 
-from gateway import body as bodies
-from gateway import errors, sse
-from gateway.errors import ApiError
-from gateway.observe import RefusalHeard
+from gateway.path import body as bodies
+from gateway.path import errors, series, sse
+from gateway.path.errors import ApiError
+from gateway.records.observe import RefusalHeard
 from guard import breaker, perrequest, services
 from guard.policy import ANSWERS, REQUESTS
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle
-    from gateway.holdback import Holdback
+    from gateway.path.cycle import Cycle
+    from gateway.path.holdback import Holdback
 
 log = logging.getLogger("gateway")
 
@@ -42,14 +41,7 @@ THREADS = 16
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gateway-guard")
 
 
-def _check(request: str, answer: str | None, asked: Any) -> dict[str, Any]:
-    try:
-        return services.check(request, answer, asked=asked)
-    finally:
-        connection.close()
-
-
-_check_on_pool = sync_to_async(_check, thread_sensitive=False, executor=_executor)
+_check_on_pool = sync_to_async(services.check_on_thread, thread_sensitive=False, executor=_executor)
 
 _gauge: Any = None
 _gauge_lock = threading.Lock()
@@ -62,9 +54,7 @@ def breaker_metric(judge: str, state: breaker.State) -> None:
         if _gauge is None:
             from prometheus_client import Gauge
 
-            from gateway import metrics
-
-            metrics.setup()  # the multiprocess mode, before any metric is made
+            series.multiprocess()  # the multiprocess mode, before any metric is made
             _gauge = Gauge("llmgw_guard_judge_breaker",
                            "a judge's circuit breaker in this process: 1 for its state",
                            ("judge", "state"), multiprocess_mode="liveall",
@@ -122,7 +112,7 @@ class GuardRefused(Exception):
 class Judging:
     """What the gateway does with the guard's verdicts on one request's text.
 
-    ``owner`` is the gateway: its ``guard`` (which ``gateway.metrics.exported`` may wrap
+    ``owner`` is the gateway: its ``guard`` (which ``gateway.records.metrics.exported`` may wrap
     after it is built) and ``observer`` are read at each call."""
 
     def __init__(self, owner: Any) -> None:

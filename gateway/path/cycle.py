@@ -2,8 +2,8 @@
 its protocol: what the client sent (its key, its body read, the catalog entry it named),
 what is running for it (the guard's verdict on the request, the watch on the client),
 and what the response has come to (its status, its first byte, its tokens, the replica
-that answered). Each step of the walk (``gateway.app``, ``gateway.routing``,
-``gateway.answer``, ``gateway.guarding``) takes the cycle instead of a handful of
+that answered). Each step of the walk (``gateway.path.app``, ``gateway.path.routing``,
+``gateway.path.answer``, ``gateway.path.guarding``) takes the cycle instead of a handful of
 parameters; the observers hear of it once, as it ends (``Gateway.done``).
 
 Here too the small ASGI helpers the gateway's routes share: reading a bounded body,
@@ -19,14 +19,14 @@ from collections.abc import Awaitable, Callable
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
-from gateway import errors
-from gateway.errors import ApiError
+from gateway.path import errors
+from gateway.path.errors import ApiError
 from llmgw_core import lean
 
 if TYPE_CHECKING:
-    from gateway import body as bodies
-    from gateway.dialect import Dialect
-    from gateway.table import Entry, Key
+    from gateway.path import body as bodies
+    from gateway.path.dialect import Dialect
+    from gateway.path.table import Entry, Key
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -43,15 +43,15 @@ class Cycle:
     __slots__ = (
         # The response as sent so far.
         "send", "send_wait", "stalled", "started", "status", "outcome", "request_id",
-        # What the observers are told (gateway.observe.Done).
+        # What the observers are told (gateway.records.observe.Done).
         "start_at", "first_at", "engine_first_at", "model", "replica", "tokens_in",
         "tokens_out", "tokens_cached", "stream", "unreserved", "owner_reserved",
         # What the client sent, and what runs for it.
         "key", "entry", "req", "data", "raw", "verdict", "answers", "watcher",
-        # The dialect the client speaks (gateway.dialect; None: chat's own routes).
+        # The dialect the client speaks (gateway.path.dialect; None: chat's own routes).
         "dialect",
         # The client's x-session-id header, and the session the request names, scoped to
-        # its key's owner (gateway.affinity; None: it names none).
+        # its key's owner (gateway.path.affinity; None: it names none).
         "session_header", "session",
         # The federated cluster that answers (x-llmgw-peer).
         "peer",

@@ -1,7 +1,7 @@
 """``GET /healthz`` of a gateway process, for the load balancer in front of several.
 
 200 ``{"status":"ok"}`` once the process has read its table (catalog, ready replicas,
-keys: ``gateway.state.State.loaded``) the first time, 503 ``{"status":"starting"}``
+keys: ``gateway.records.state.State.loaded``) the first time, 503 ``{"status":"starting"}``
 before: until then every ``/v1/`` request would wait for it or be refused.
 
 A process that cannot read the database again serves from what it read last (the

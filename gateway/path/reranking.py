@@ -2,7 +2,7 @@
 
 A rerank request takes chat's path whole (``Gateway.complete``, kind ``rerank``): the
 key and its scope, admission, the key's and the owner's budgets, the guard on the query
-and every document (``gateway.body``), routing, retries before the first byte, outlier
+and every document (``gateway.path.body``), routing, retries before the first byte, outlier
 ejection, usage and the metrics. Its dialect (``Rerank``, on the cycle) reads the
 client's body (``gateway.path.dialects.rerank``), gives the engine its own
 ``/v1/rerank`` body, and writes the engine's answer in the client's shape. The model
@@ -19,15 +19,15 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from gateway import body as bodies
-from gateway import errors
-from gateway.cycle import read_body
-from gateway.dialect import Dialect, read_request
+from gateway.path import body as bodies
+from gateway.path import errors
+from gateway.path.cycle import read_body
+from gateway.path.dialect import Dialect, read_request
 from gateway.path.dialects import rerank
 from gateway.path.dialects.common import DialectError
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle, Receive, Scope
+    from gateway.path.cycle import Cycle, Receive, Scope
 
 RERANK = "rerank"
 V1_PATH, V2_PATH = rerank.V1_PATH, rerank.V2_PATH

@@ -1,6 +1,6 @@
 """What a gateway process routes by: plain data built from the catalog, the ready
 replicas and the client keys, with no Django and no I/O. ``build`` makes a ``Table``;
-the state (``gateway.state``) builds a new one when something changed and swaps it in
+the state (``gateway.records.state``) builds a new one when something changed and swaps it in
 whole, so a request reads one consistent table without a lock.
 
 Names share one namespace, as the catalog's rules hold: a model, an alias or an adapter
@@ -9,20 +9,31 @@ resolves to one entry. Guard models are never listed and never resolved for a cl
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Protocol
 
 from catalog import rules, spec
-from gateway import balance, sizing
+from gateway.path import balance, sizing
 
 ROLE_GUARD = "guard"
+# A client key's secret starts with it (``gateway.models.new_secret`` makes them).
+KEY_PREFIX = "llmgw-ck-"
+
+
+def digest(secret: str) -> str:
+    """Return a client key as the table holds it and ``gateway.models.ClientKey`` stores
+    it: its SHA-256, hex (a plain hash suffices for 32 random bytes, and checking one
+    stays cheap on every request)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class ReplicaRow:
-    """A ready replica as the cluster has it (what ``gateway.state`` reads)."""
+    """A ready replica as the cluster has it (what ``gateway.records.state`` reads)."""
 
     id: int
     model: str
@@ -44,10 +55,10 @@ class Key:
     expires: float | None  # a Unix time
     rpm: int = 0
     tpm: int = 0
-    priority: str = "normal"  # its admission band (gateway.admission)
+    priority: str = "normal"  # its admission band (gateway.path.admission)
     owner_tpm: int = 0  # its owner's token budget a minute, shared by its keys (0: none)
     # The one replica its requests go to (the control plane's key for the capacity
-    # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.routing).
+    # bench, ``ClientKey.replica``): no other, no canary, no fallback (gateway.path.routing).
     replica: int | None = None
     # Another llmgw cluster's (its owner peer:NAME), or a request that came through one
     # (``x-llmgw-via``): never a residency: local model nor one learned from a peer, on
@@ -247,3 +258,21 @@ def build(
         if name in table.models and name not in table.pools
     }  # fmt: skip
     return table
+
+
+class Source(Protocol):
+    """Where the path reads its table: ``gateway.records.state.State``, which reads the
+    database on its own thread and swaps a new ``Table`` in whole."""
+
+    table: Table
+    loaded: bool
+
+    def start(self, loop: Any = None) -> None: ...
+    async def listen(self) -> None: ...
+    async def first_load(self, timeout: float = 30.0) -> bool: ...
+    async def next_pass(self, timeout: float) -> None: ...
+    async def wait_for_pool(self, model: str, timeout: float) -> bool: ...
+    def demand(self, model: str, now: float | None = None) -> None: ...
+    @property
+    def stale(self) -> bool: ...
+    def age(self) -> float | None: ...

@@ -15,7 +15,7 @@ from typing import Any
 from catalog import spec
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-# The header a request sent to a peer carries (``gateway.routing``): the peer holds it to
+# The header a request sent to a peer carries (``gateway.path.routing``): the peer holds it to
 # what a peer's key may reach, so nothing it got from a peer is passed on to another.
 VIA = "x-llmgw-via"
 VIA_VALUE = "llmgw-federation"

@@ -7,7 +7,7 @@ which need none). The dialect is made per request and kept on the cycle
 
 - ``chat_body``: the client's body read by the dialect's translator
   (``gateway.path.dialects``) and turned into a chat body; the gateway then reads that as
-  it reads any chat body (``gateway.body``), so the key's scope, admission, budgets, the
+  it reads any chat body (``gateway.path.body``), so the key's scope, admission, budgets, the
   guard on the request's text, routing, retries before the first byte, outlier ejection
   and the usage count are chat's;
 - ``error_body``: every error the request meets in the dialect's shape (Anthropic's for
@@ -36,12 +36,12 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
-from gateway import errors
-from gateway.errors import ApiError
+from gateway.path import errors
 from gateway.path.dialects import engines, messages, native, responses
 from gateway.path.dialects.common import DialectError, Usage, dump, typed_sse
 from gateway.path.dialects.messages_stream import MessagesStream
 from gateway.path.dialects.responses_stream import ResponsesStream
+from gateway.path.errors import ApiError
 
 CHAT = "chat"
 MESSAGES = "messages"

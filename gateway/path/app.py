@@ -9,20 +9,20 @@ database. The order of a request's life:
 1. The client key (``Authorization: Bearer llmgw-ck-…``): 401 when unknown, revoked or
    expired. A peer's key (owner ``peer:NAME``), or any key on a request that came through
    another llmgw cluster (``x-llmgw-via``), never names nor reaches a ``residency: local``
-   model or one learned from a peer (``gateway.table.crosses``).
+   model or one learned from a peer (``gateway.path.table.crosses``).
 2. The body: 400 naming the field OpenAI's way when unreadable.
 3. The name: a model, alias or adapter the key may name, else 404 ``model_not_found``
    (guard models for every key; external models unless the key lists them).
 4. What the model allows: ``max_tokens`` within ``max_output``; the prompt within its
-   context length (``gateway.sizing``: the bytes first, the engine's ``/tokenize`` when
+   context length (``gateway.path.sizing``: the bytes first, the engine's ``/tokenize`` when
    they cannot say); embeddings only from a model that has them. Then admission by the
-   key's band (``gateway.admission``): while the model's TTFT p99 is past its ``slo``, a
+   key's band (``gateway.path.admission``): while the model's TTFT p99 is past its ``slo``, a
    lower band past its allowance in flight waits briefly, then 429 with ``Retry-After``
    and ``x-should-retry``; a model that names an ``overflow`` the key may reach sends
    such a request there at once instead (admitted by that model's own slo).
 5. The key's budgets: 429 with ``Retry-After``.
 6. A replica: the canary's share to the candidate, else the model's ready replicas by
-   its routing profile (``gateway.balance``); with none ready the demand is recorded
+   its routing profile (``gateway.path.balance``); with none ready the demand is recorded
    (the reconciler starts an on-demand model) and the request waits, bounded, then 503
    with ``Retry-After``.
 7. The guard on the request runs beside the engine's start: no byte of the answer leaves
@@ -32,22 +32,22 @@ database. The order of a request's life:
    only when the cluster has no replica for any of them). A canary or fallback the key
    could not name itself is skipped (``Key.may_reach``): no hop widens a key's scope.
 9. The answer: whole, judged whole when the policy judges answers; or streamed, judged in
-   windows (``gateway.holdback``) with only judged text released. After the first byte a
+   windows (``gateway.path.holdback``) with only judged text released. After the first byte a
    failure ends the stream with an error event and ``[DONE]``.
 
 A key pinned to one replica (made by the control plane alone, for the capacity bench:
 ``gateway.services.pinned_key``) skips admission (4) and the guard (7, 9), which would
 time themselves rather than the replica, and goes to that replica alone (6, 8:
-``gateway.routing``).
+``gateway.path.routing``).
 
 A client that goes away cancels the request at whatever step it is in, and the engine's
 connection is closed, which stops its generation.
 
 Where each part lives: this module answers a request (its key, its ``/v1/models``, the
-ordered steps of a completion: ``Gateway.complete``); ``gateway.cycle`` holds one
-request's life (``Cycle``); ``gateway.routing`` picks replicas and makes each attempt
-(6, 8); ``gateway.guarding`` holds the guard's part (7, and the windows of 9);
-``gateway.answer`` passes a whole or streamed answer on (9); ``gateway.dialect`` is the API
+ordered steps of a completion: ``Gateway.complete``); ``gateway.path.cycle`` holds one
+request's life (``Cycle``); ``gateway.path.routing`` picks replicas and makes each attempt
+(6, 8); ``gateway.path.guarding`` holds the guard's part (7, and the windows of 9);
+``gateway.path.answer`` passes a whole or streamed answer on (9); ``gateway.path.dialect`` is the API
 a request speaks when it is not chat's (Anthropic's Messages, OpenAI's Responses: its body
 made the chat body it means, its answer, stream and errors made the API's own),
 ``gateway.speaking`` their routes, ``gateway.stored`` the stored responses. The layers in front of the
@@ -67,25 +67,16 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import (
-    admission,
-    cacheshare,
-    errors,
-    federation,
-    listing,
-    reranking,
-    sizing,
-    speaking,
-    sse,
-)
-from gateway import body as bodies
-from gateway import dialect as dialects
-from gateway.adapters import Placer
-from gateway.admission import Admission
-from gateway.affinity import Sessions
+from gateway import cacheshare, speaking
 from gateway.batch import routes as batch_routes
 from gateway.batch import token as batch_token
-from gateway.cycle import (
+from gateway.path import admission, errors, federation, listing, reranking, sizing, sse
+from gateway.path import body as bodies
+from gateway.path import dialect as dialects
+from gateway.path.adapters import Placer
+from gateway.path.admission import Admission
+from gateway.path.affinity import Sessions
+from gateway.path.cycle import (
     CLIENT_GONE,
     ClientStalled,
     Cycle,
@@ -97,18 +88,16 @@ from gateway.cycle import (
     read_body,
     send_error,
 )
-from gateway.errors import ApiError
-from gateway.guarding import Guard, Judging
-from gateway.limits import LocalLimits
-from gateway.models import KEY_PREFIX, digest
-from gateway.observe import Done, Observer
-from gateway.options import Options
-from gateway.outliers import Outliers, Rules
 from gateway.path.dialects import sessions
 from gateway.path.dialects.common import DialectError
-from gateway.routing import Routing
-from gateway.state import State
-from gateway.table import Entry, Key, Table
+from gateway.path.errors import ApiError
+from gateway.path.guarding import Guard, Judging
+from gateway.path.limits import LocalLimits
+from gateway.path.options import Options
+from gateway.path.outliers import Outliers, Rules
+from gateway.path.routing import Routing
+from gateway.path.table import KEY_PREFIX, Entry, Key, Source, Table, digest
+from gateway.records.observe import Done, Observer
 from llmgw_core.upstream import Upstream
 
 log = logging.getLogger("gateway")
@@ -121,7 +110,7 @@ class Gateway:
         self,
         app: App | None = None,
         *,
-        state: State | None = None,
+        state: Source,
         upstream: Upstream | None = None,
         limits: Any = None,
         guard: Guard | None = None,
@@ -131,9 +120,9 @@ class Gateway:
         admission: Admission | None = None,
     ) -> None:
         self.app = app
-        # Lower bands held while a model is past its latency SLO (gateway.admission).
+        # Lower bands held while a model is past its latency SLO (gateway.path.admission).
         self.admission = admission or Admission.from_settings()
-        self.state = state or State()
+        self.state = state
         self._upstream = upstream
         self._limits = limits
         self.guard = guard or Guard()
@@ -146,9 +135,9 @@ class Gateway:
         self.pinned_in_flight: dict[int, int] = {}
         # The adapters each replica holds, for models that hold only a few at once.
         self.placer = Placer()
-        # Each session's last replica, per model (gateway.affinity): this process's own.
+        # Each session's last replica, per model (gateway.path.affinity): this process's own.
         self.sessions = Sessions.from_settings()
-        # Replicas left out of routing after failures in a row (gateway.outliers).
+        # Replicas left out of routing after failures in a row (gateway.path.outliers).
         self.outliers = outliers or Outliers(Rules.from_settings(settings))
         # Admission, ejections and breakers shared with the other gateway processes through
         # Redis (gateway.shared), made with the budgets when ``REDIS_URL`` is set.
@@ -173,7 +162,7 @@ class Gateway:
         if self._limits is None:
             url = settings.REDIS_URL
             if url:
-                from gateway.limits import RedisLimits
+                from gateway.path.limits import RedisLimits
 
                 self._limits = RedisLimits(url)
             else:
@@ -370,10 +359,10 @@ class Gateway:
         """Answer a completion (or embeddings) request whose body is ``raw``."""
         self._read(cycle, kind, raw)  # 2. the body, 3. the name
         self._allows(cycle)  # 4. what the model allows
-        await self._admit(cycle)  # 4b. admission by the key's band (gateway.admission)
+        await self._admit(cycle)  # 4b. admission by the key's band (gateway.path.admission)
         await self._budget(cycle)  # 5. the key's budgets
         # A new step before routing goes here, as admission above: it takes the cycle
-        # and raises an ApiError (gateway.errors) to refuse.
+        # and raises an ApiError (gateway.path.errors) to refuse.
         assert cycle.key is not None
         if cycle.key.replica is None:
             # 7. the guard on the request, beside the engine's start. Not for a key pinned
@@ -410,7 +399,7 @@ class Gateway:
 
     def _allows(self, cycle: Cycle) -> None:
         """What the model takes: embeddings, tools, ``max_tokens`` within ``max_output``
-        (its context is checked per pool, ``gateway.routing``)."""
+        (its context is checked per pool, ``gateway.path.routing``)."""
         req, entry = cycle.req, cycle.entry
         assert req is not None and entry is not None
         model = entry.model
@@ -513,7 +502,7 @@ class Gateway:
 
 
 def _session(cycle: Cycle, data: dict[str, Any]) -> None:
-    """The session the request names (``gateway.affinity``), scoped to its key's owner; a
+    """The session the request names (``gateway.path.affinity``), scoped to its key's owner; a
     session key that is not a string, or too long, is a 400 naming its field."""
     try:
         named = sessions.session_of(data, cycle.session_header)

@@ -1,6 +1,6 @@
 """This gateway process's load, reported once a second for the reconciler's scaling.
 
-``gateway.traffic``'s thread calls :meth:`LoadReport.tick` each second with the seconds it
+``gateway.records.traffic``'s thread calls :meth:`LoadReport.tick` each second with the seconds it
 just took: the report is the process's requests in flight per model (on the model's
 ready replicas; the mean of samples taken every ``SAMPLE_EVERY`` seconds over the last
 ``SMOOTH`` seconds by a thread of its own, so one instant between two requests does not
@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from cluster import load
-from gateway.admission import EDGES_MS
+from gateway.path.admission import EDGES_MS
 
 log = logging.getLogger(__name__)
 

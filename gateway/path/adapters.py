@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 
-from gateway import balance
-from gateway.balance import Target
+from gateway.path import balance
+from gateway.path.balance import Target
 
 ROOM_FACTOR = 1.5
 ROOM_FLOOR = 2.0

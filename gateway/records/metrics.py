@@ -28,7 +28,7 @@ The series (all ``llmgw_gateway_`` but the judge's):
   ``failed_open_windows_total`` (answers released unjudged under ``fail: open``);
 - ``retries_total{model}``, ``fallbacks_total{model,to}``, ``overflows_total{model,to}``
   (requests of a lower band sent to the model's ``overflow`` while admission held it);
-- ``ejections_total{model}`` (replicas ejected from routing, ``gateway.outliers``) and
+- ``ejections_total{model}`` (replicas ejected from routing, ``gateway.path.outliers``) and
   ``ejected_replicas{model}`` (out now: the most any live process has out);
 - ``in_flight{replica}`` (summed over live processes; synced every half second);
 - ``state_read_timestamp_seconds{part}``: when the table (``part="table"``) and the
@@ -41,45 +41,24 @@ The series (all ``llmgw_gateway_`` but the judge's):
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import weakref
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
+from gateway.path import series
+from gateway.records.observe import Done, Listener
 
-from gateway.observe import Done, Listener
-from llmgw_core.processes import alive
-
-NS = "llmgw_gateway"
+NS = series.NS
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 JUDGE_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PATH = "/metrics"
 SYNC_EVERY = 0.5
 
 
-def folder() -> Path:
-    """The folder the processes of this host share (made, private, on first use)."""
-    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    path = Path(given) if given else Path(settings.DATA_DIR) / "metrics"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
-
-
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
-# This process's id, known without a system call: prometheus_client asks for it on every
-# sample written (a fork changes it, and a child must write files of its own), which was
-# a few per cent of a request's time. Set again in a forked child, before it runs on.
-_pid = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
-
-
-def pid() -> int:
-    """This process's id (``os.getpid()``, kept)."""
-    return _pid[0]
 
 
 def setup() -> None:
@@ -89,19 +68,13 @@ def setup() -> None:
 
 
 def _setup() -> dict[str, Any]:
-    """The metrics of this process, in multiprocess mode over ``folder()`` (once)."""
+    """The metrics of this process, in multiprocess mode over ``series.folder()`` (once)."""
     global _metrics
     with _lock:
         if _metrics is not None:
             return _metrics
-        path = folder()
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
-        from prometheus_client import Counter, Gauge, Histogram, multiprocess, values
-
-        # The mode is chosen when prometheus_client is imported; say it again in case it
-        # was imported before the folder was known.
-        values.ValueClass = values.MultiProcessValue(pid)
-        _forget_dead(path, multiprocess)
+        series.multiprocess()
+        from prometheus_client import Counter, Gauge, Histogram
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return Counter(name, doc, labels, namespace=NS, registry=None)
@@ -152,17 +125,6 @@ def _setup() -> dict[str, Any]:
         return _metrics
 
 
-def _forget_dead(path: Path, multiprocess: Any) -> None:
-    """Drop the live gauges of processes no longer running (their counters stay)."""
-    for file in path.glob("gauge_live*_*.db"):
-        try:
-            pid = int(file.stem.rsplit("_", 1)[1])
-        except ValueError:
-            continue
-        if not alive(pid):
-            multiprocess.mark_process_dead(pid, str(path))
-
-
 def state_read(part: str) -> None:
     """Note that this process read ``part`` of its state whole, now."""
     _setup()["state_read"].labels(part).set(time.time())
@@ -179,7 +141,7 @@ def scrape() -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
-    registry.register(_Made(multiprocess.MultiProcessCollector, folder()))
+    registry.register(_Made(multiprocess.MultiProcessCollector, series.folder()))
     return visible(generate_latest(registry).decode()).encode()
 
 
@@ -292,7 +254,7 @@ class Metrics(Listener):
     # In flight: the Gateway's own counts, copied every half second by a thread.
     def watch(self, gateway: Any) -> None:
         """Export ``gateway.in_flight`` (its requests in flight per replica) and its
-        replicas out of routing (``gateway.outliers``); the thread that copies them starts
+        replicas out of routing (``gateway.path.outliers``); the thread that copies them starts
         with the first request (importing starts no thread)."""
         self._gateways.add(gateway)
 
@@ -311,7 +273,7 @@ class Metrics(Listener):
         for replica, n in counts.items():
             gauge.labels(str(replica)).set(n)
         self._shown = set(counts)
-        # Each model's replicas out of routing (gateway.outliers), read as they are.
+        # Each model's replicas out of routing (gateway.path.outliers), read as they are.
         out: dict[str, int] = {}
         for gateway in list(self._gateways):
             for model, replicas in gateway.outliers.out().items():

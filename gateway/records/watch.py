@@ -1,10 +1,10 @@
 """The canary watch: each gateway process judges its own canaries and rolls them back.
 
-``CanaryWatch`` is an observer (``gateway.observe``): the Gateway tells it each request as
+``CanaryWatch`` is an observer (``gateway.records.observe``): the Gateway tells it each request as
 it ended and each failed attempt (``retried``). For the models in a canary (the model and
 its candidate, read from the process's table) it keeps the last outcomes in memory, a
 bounded window per model (appending one under a lock is all the request path does). A
-thread of its own looks every ``interval`` seconds, asks ``gateway.canary.decide`` and,
+thread of its own looks every ``interval`` seconds, asks ``gateway.path.canary.decide`` and,
 when the candidate is to be rolled back, sets the canary's share to 0 through the
 catalog's services (``roll_back``): logged as done by the gateway, with the figures, and
 pushed to the consoles as every catalog change is (``catalog.signals``). A rollback is
@@ -29,9 +29,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from gateway import canary
-from gateway.observe import Done, Listener
-from gateway.table import Table
+from gateway.path import canary
+from gateway.path.table import Table
+from gateway.records.observe import Done, Listener
 
 log = logging.getLogger(__name__)
 

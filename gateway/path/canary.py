@@ -1,7 +1,7 @@
 """Whether a canary is rolled back: a plain function over two windows of outcomes.
 
 A model with a ``canary`` sends ``canary.percent`` of its requests to the candidate
-(``gateway.app``); ``gateway.watch.CanaryWatch`` keeps, per model, a window of what its
+(``gateway.path.app``); ``gateway.records.watch.CanaryWatch`` keeps, per model, a window of what its
 attempts came to and asks :func:`decide` about each canary. The candidate is rolled back
 when, over at least ``min_requests`` of its own, its error rate is more than
 ``max_error_increase`` above the model's (0.05 is five points), or its mean time to the

@@ -1,7 +1,7 @@
 """What a gateway process holds in memory, and how it stays current.
 
 A thread of the process's own reads the catalog, the ready replicas and the live client
-keys (a few queries, never on a request's path), builds a ``gateway.table.Table`` and
+keys (a few queries, never on a request's path), builds a ``gateway.path.table.Table`` and
 swaps it in whole. It reads again every ``interval`` seconds (the bound on staleness when
 a change event is missed: under a second) and at once when ``poke``d (a change event, a
 request for a model with no ready replica). Requests read ``state.table``: one attribute,
@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
-from gateway.table import Key, ReplicaRow, Table, build
+from gateway.path.table import Key, ReplicaRow, Table, build
 from llmgw_core.upstream import Key as UpstreamKey
 from llmgw_core.upstream import UpstreamError, split
 
@@ -161,7 +161,7 @@ FAILURE_LOG_EVERY = 60.0
 # that hangs is a failed read, said and counted, not a reader stuck without a word.
 READ_TIMEOUT = 10.0
 # The table is stale when its last read failed, or when it is older than this (a read
-# hung): ``/healthz`` says so (gateway.health).
+# hung): ``/healthz`` says so (gateway.path.health).
 STALE_AFTER = 5.0
 
 
@@ -480,16 +480,16 @@ def _guard_snapshot() -> Any:
 
 
 def _note_read(part: str) -> None:
-    """Export when ``part`` was last read whole (gateway.metrics: the state's series)."""
+    """Export when ``part`` was last read whole (gateway.records.metrics: the state's series)."""
     with contextlib.suppress(Exception):  # a metric never stops a read
-        from gateway import metrics
+        from gateway.records import metrics
 
         metrics.state_read(part)
 
 
 def _note_failure(part: str) -> None:
     with contextlib.suppress(Exception):
-        from gateway import metrics
+        from gateway.records import metrics
 
         metrics.state_failed(part)
 

@@ -3,9 +3,9 @@
 A whole answer is read to its end (bounded), made OpenAI's shape when it is an engine's
 error, judged whole when the policy judges answers, and sent. A stream is framed as
 server-sent events and relayed as they come; under a guard that judges answers it is
-held in windows (``gateway.holdback``) and only judged text leaves. An engine's own
+held in windows (``gateway.path.holdback``) and only judged text leaves. An engine's own
 Responses or Messages answer is first read into the chat answer or chunks it means
-(``gateway.dialect``, ``gateway.path.dialects.native``), so both are judged alike. Before the first
+(``gateway.path.dialect``, ``gateway.path.dialects.native``), so both are judged alike. Before the first
 byte reaches the client a failure raises ``Retry`` (another replica may answer); after
 it the stream ends with an error event and ``[DONE]``.
 
@@ -20,17 +20,17 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway import body as bodies
-from gateway import errors, sse
-from gateway.dialect import usage_counted
-from gateway.guarding import GuardRefused, filtered_end, held_text
-from gateway.holdback import Holdback
+from gateway.path import body as bodies
+from gateway.path import errors, sse
+from gateway.path.dialect import usage_counted
 from gateway.path.dialects.native import NativeError
+from gateway.path.guarding import GuardRefused, filtered_end, held_text
+from gateway.path.holdback import Holdback
 from llmgw_core.upstream import BROKEN, TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
     from catalog.timeouts import Waits
-    from gateway.cycle import Cycle
+    from gateway.path.cycle import Cycle
 
 log = logging.getLogger("gateway")
 

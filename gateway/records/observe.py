@@ -36,7 +36,7 @@ class Done:
     # deliberate overload, not the model's service (no TTFT for the SLO or load scaling).
     pinned: bool = False
     # The API the client spoke: chat (chat, completions, embeddings), messages,
-    # count_tokens or responses (gateway.dialect).
+    # count_tokens or responses (gateway.path.dialect).
     dialect: str = "chat"
     # Of tokens_in, those the engine read from its prefix cache.
     tokens_cached: int = 0
@@ -84,7 +84,7 @@ class Listener:
 
     def ejected(self, model: str, replica: int, seconds: float, until: float) -> None:
         """``replica`` of ``model`` was ejected from routing for ``seconds``, until the
-        Unix time ``until`` (``gateway.outliers``)."""
+        Unix time ``until`` (``gateway.path.outliers``)."""
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         """The guard refused a request or an answer."""

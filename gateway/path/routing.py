@@ -3,12 +3,12 @@
 ``Routing.route`` walks a request's chain: the canary's share to its candidate, else the
 model, then its fallbacks in order (a hop the key could not name itself is skipped:
 ``Key.may_reach``). Each cluster model's ready replicas are picked by its routing
-profile (``gateway.balance``; adapters by ``gateway.adapters.Placer``), never the same
-twice, never one ejected (``gateway.outliers``); with none anywhere the model is woken
+profile (``gateway.path.balance``; adapters by ``gateway.path.adapters.Placer``), never the same
+twice, never one ejected (``gateway.path.outliers``); with none anywhere the model is woken
 and waited for (bounded). External providers come last, only when no cluster replica
 answered. ``attempt`` sends the request to one of them: before the first byte a connect
 error, a timeout, a 429, a 401 of a replica or a 5xx moves the request on; the answer
-itself is passed on by ``gateway.answer``.
+itself is passed on by ``gateway.path.answer``.
 
 A key pinned to a replica (``Key.replica``: made by the control plane alone, for the
 capacity bench) takes none of that walk: its requests go to that replica once, or get a
@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
-from gateway import answer, balance, errors, federation, providers, sizing
-from gateway import body as bodies
-from gateway.answer import Retry, told_of
-from gateway.guarding import GuardRefused
-from gateway.table import switched_off
+from gateway.path import answer, balance, errors, federation, providers, sizing
+from gateway.path import body as bodies
+from gateway.path.answer import Retry, told_of
+from gateway.path.guarding import GuardRefused
+from gateway.path.table import switched_off
 from llmgw_core.upstream import TIMEOUT, Response, UpstreamError
 
 if TYPE_CHECKING:
-    from gateway.cycle import Cycle
-    from gateway.table import Pool, Table
+    from gateway.path.cycle import Cycle
+    from gateway.path.table import Pool, Table
 
 log = logging.getLogger("gateway")
 
@@ -197,7 +197,7 @@ class Routing:
         adapter = entry.adapter if name == entry.model.name else None
         last = ""
         while True:
-            # Never the same replica twice, nor one ejected (gateway.outliers).
+            # Never the same replica twice, nor one ejected (gateway.path.outliers).
             out = gw.outliers.excluded(pool.endpoints)
             skip = tried | out if out else tried
             if adapter and target_model.max_loaded_adapters > 0:
@@ -207,7 +207,7 @@ class Routing:
                 if target is not None and evicted:
                     self._unload(pool.endpoints[target.id], evicted)
             elif cycle.session is not None:
-                # A session's turn: its last replica while it may (gateway.affinity).
+                # A session's turn: its last replica while it may (gateway.path.affinity).
                 target = gw.sessions.pick(
                     name, cycle.session, pool.ring, gw.in_flight, time.monotonic(),
                     profile=target_model.routing_profile or balance.DEFAULT_PROFILE,

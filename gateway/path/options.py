@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from gateway.routing import waits_defaults
+from gateway.path.routing import waits_defaults
 
 
 @dataclass

@@ -207,7 +207,7 @@ def body_too_large(limit: int, declared: int | None = None) -> ApiError:
 
 
 def invalid_host(host: bytes | None) -> ApiError:
-    """A ``Host`` not in ``LLMGW_ALLOWED_HOSTS`` (``gateway.hosts``)."""
+    """A ``Host`` not in ``LLMGW_ALLOWED_HOSTS`` (``gateway.path.hosts``)."""
     said = repr(host.decode("latin-1")[:200]) if host else "nothing"
     return ApiError(
         400,
@@ -315,7 +315,7 @@ def max_tokens_exceeded(name: str, asked: int, limit: int) -> ApiError:
 
 def held_back(message: str, retry_after: int) -> ApiError:
     """A lower band held at the door while its model is past its latency SLO
-    (``gateway.admission``): worth retrying after the window."""
+    (``gateway.path.admission``): worth retrying after the window."""
     return ApiError(
         429,
         message,
@@ -485,7 +485,7 @@ def from_engine(status: int, raw: bytes, content_type: bytes | None = None) -> b
     return json.dumps(error, ensure_ascii=False).encode()
 
 
-# The dialects' own (gateway.dialect, gateway.speaking, gateway.stored): each API's shape
+# The dialects' own (gateway.path.dialect, gateway.speaking, gateway.stored): each API's shape
 # is given them by the request's dialect as they are answered.
 
 

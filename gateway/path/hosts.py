@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import errors
-from gateway.observe import Done
+from gateway.path import errors
+from gateway.records.observe import Done
 from llmgw_core.lean import allowed_host, headers
 
 CHECKED = ("/v1/", "/metrics", "/console/chat/")

@@ -30,7 +30,7 @@ last replica and when it was used, at most ``size`` sessions (the least recently
 leave first) for at most ``age`` seconds since their last turn, and how many each
 replica holds. Plain Python: the clock is passed in. Its lock is held a few steps per
 turn, and once a second by the thread that publishes the process's traffic
-(``figures``: the Traffic page's sessions and share kept, ``gateway.traffic``).
+(``figures``: the Traffic page's sessions and share kept, ``gateway.records.traffic``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from gateway import balance
-from gateway.balance import Ring, Target
+from gateway.path import balance
+from gateway.path.balance import Ring, Target
 
 KEPT = "kept"
 MOVED = "moved"

@@ -2,7 +2,7 @@
 
 A client told "refused" holds the answer's ``x-request-id``; an operator looks that id up
 in the console (``/gateway/refusals/``), the API (``/api/v1/gateway/refusals/``) or the
-admin. ``RefusalRecorder`` is an observer (``gateway.observe``): the Gateway tells it each
+admin. ``RefusalRecorder`` is an observer (``gateway.records.observe``): the Gateway tells it each
 refusal (``Observer.refusal``, the record the client's answer was built from: the judge,
 its verdict, categories and score, never the text), and it appends the record to a list
 in memory under a lock. A background thread writes what gathered every ``interval``
@@ -29,9 +29,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gateway import observe
 from gateway.models import Refusal
-from gateway.observe import Listener
+from gateway.records import observe
+from gateway.records.observe import Listener
 from llmgw_core.batches import Batcher
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ published off the request path, summed by the web processes that show them.
 A process's ``Traffic`` observer counts each request into the current second's bucket
 (requests, errors, refusals, tokens out, and histograms on fixed edges of the client's
 TTFT, the engine's and the time per output token): a few additions, no I/O. A thread of its own, once a second, takes
-the finished seconds and publishes them as one ``gateway.traffic`` event
+the finished seconds and publishes them as one ``gateway.records.traffic`` event
 (``llmgw_core.events``: Redis in production, ``live.sock`` embedded), skipping seconds
 with no traffic. Nothing of the request path waits on it; a publish that fails is
 dropped (the next second brings fresh figures).
@@ -14,17 +14,17 @@ consoles are pushed, at most once a second, each model's figures over the last
 ``SPAN`` seconds: requests/s, TTFT p50 and p99, tokens/s, error and refusal rates, and
 the model's ``slo`` (``ttft_p99``, ``tpot_p99``) met or missed. The TTFT is the client's:
 to the first byte of text released to it, after the guard's hold of a streamed window
-(``gateway.observe.Done.ttft``), which is what an SLO is held to; the engine's (its first
+(``gateway.records.observe.Done.ttft``), which is what an SLO is held to; the engine's (its first
 token reaching the gateway) is shown beside it, p50 and p99. Percentiles are read
 from the summed histograms (the upper edge of the bucket the quantile falls in, so a
 "met" is never optimistic).
 
 Each item carries ``dialects``, ``{dialect: requests}``: the APIs its clients spoke
-(``gateway.dialect``: chat, messages, count_tokens, responses), summed per model over the
+(``gateway.path.dialect``: chat, messages, count_tokens, responses), summed per model over the
 span (the Traffic page's "APIs" column). And ``batch``, when any: of its requests, those
 a batch's runner sent (``gateway.batch``; the Traffic page's requests/s says live · batch).
 
-Admission (``gateway.admission``) rides along too: an item carries ``bands``,
+Admission (``gateway.path.admission``) rides along too: an item carries ``bands``,
 ``{band: [admitted, held]}`` for its second, when any request of the model met its gate;
 the window sums them per model and band over the span (the Traffic page's "admitted ·
 held" column).
@@ -34,19 +34,19 @@ a lower band that admission held back for the model and that went to its ``overf
 instead in that second; the window sums them per model over the span (the Traffic page's
 "admitted · held" column says "N to MODEL").
 
-A process's replicas out of routing (``gateway.outliers``) ride along: each second it
+A process's replicas out of routing (``gateway.path.outliers``) ride along: each second it
 publishes (one with no traffic too, while any is out), a model's item carries
 ``ejected``, ``[[replica, until], ...]`` (``until`` a Unix time); the window shows each
 one until the latest ``until`` any process said, with how many processes said it.
 
-Session affinity (``gateway.affinity``) rides along too: while a process remembers
+Session affinity (``gateway.path.affinity``) rides along too: while a process remembers
 sessions of a model, each second's item of that model carries ``sessions``, ``[held,
 kept, moved, new]``: the sessions it holds now, and its session turns of that second that
 kept their replica, moved, or began one. The window sums each process's last ``held``
 and the turns over the span (the Traffic page's "sessions · kept" column).
 
 The same thread writes the process's load report for the reconciler's scaling each
-second (``gateway.loadreport``, given by ``report_load``): in flight and waiting per
+second (``gateway.records.loadreport``, given by ``report_load``): in flight and waiting per
 model now, and the TTFT counts of the seconds it just took.
 """
 
@@ -61,9 +61,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import admission
-from gateway.admission import EDGES_MS, bucket, quantile  # the histograms' one reading
-from gateway.observe import Done, Listener
+from gateway.path import admission
+from gateway.path.admission import EDGES_MS, bucket, quantile  # the histograms' one reading
+from gateway.records.observe import Done, Listener
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Bucket:
     ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     engine_ttft: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
     tpot: list[int] = field(default_factory=lambda: [0] * (len(EDGES_MS) + 1))
-    # Requests by the API their clients spoke (gateway.dialect): chat, messages, ...
+    # Requests by the API their clients spoke (gateway.path.dialect): chat, messages, ...
     dialects: dict[str, int] = field(default_factory=dict)
     # Requests held back by admission and sent to the model's overflow, by that model.
     overflowed: dict[str, int] = field(default_factory=dict)
@@ -105,17 +105,17 @@ class Traffic(Listener):
         self._lock = threading.Lock()
         # Replicas this process ejected: (model, replica) -> until (a Unix time).
         self.ejections: dict[tuple[str, int], float] = {}
-        self.load: Any = None  # gateway.loadreport.LoadReport, once report_load is called
-        self.sessions: Any = None  # gateway.affinity.Sessions, once watch_sessions is called
+        self.load: Any = None  # gateway.records.loadreport.LoadReport, once report_load is called
+        self.sessions: Any = None  # gateway.path.affinity.Sessions, once watch_sessions is called
         self._turns: dict[str, tuple[int, int, int]] = {}  # kept, moved, new last published
 
     def watch_sessions(self, sessions: Any) -> None:
-        """Publish ``sessions``' figures (``gateway.affinity.Sessions``) each second too."""
+        """Publish ``sessions``' figures (``gateway.path.affinity.Sessions``) each second too."""
         self.sessions = sessions
 
     def report_load(self, gateway: Any) -> None:
-        """Report ``gateway``'s load each second too (``gateway.loadreport``)."""
-        from gateway.loadreport import LoadReport
+        """Report ``gateway``'s load each second too (``gateway.records.loadreport``)."""
+        from gateway.records.loadreport import LoadReport
 
         self.load = LoadReport(gateway, self.process)
 
@@ -189,7 +189,7 @@ class Traffic(Listener):
             out: dict[str, list[list[float]]] = {}
             for (model, replica), until in sorted(self.ejections.items()):
                 out.setdefault(model, []).append([replica, until])
-        # Admitted and held per band (gateway.admission), with the same seconds.
+        # Admitted and held per band (gateway.path.admission), with the same seconds.
         bands = admission.COUNTS.take(before)
         for s, models in bands.items():
             into = taken.setdefault(s, {})

@@ -1,25 +1,31 @@
-"""Live traffic beside a batch: the live band's TTFT p99 on a sim model with and without a
-10,000-line batch running on the same replica in the lowest band.
+"""Live traffic beside a batch: each live band's TTFT p99 on a sim model with and without
+a 10,000-line batch running on the same replica in the batch band.
 
     .venv/bin/python bench/batch.py [--lines 10000] [--rate 4] [--seconds 60]
+                                    [--slo-ms 0] [--alone-runs 3] [--bands high,normal,low]
 
 One sim engine (``python -m agent.sim``, its own process: ``--parallel`` slots, more wait
 their turn, each request beside another slowing a new one by ``--slowdown``) is the ready
 replica of model ``chat``, whose ``slo`` is a TTFT p99 of ``--slo-ms`` (by default 110 %
 of the live p99 measured alone: the bound admission then holds the batch to). The real gateway
 (``gateway.path.app.Gateway`` under uvicorn, its table built in memory as its state builds it
-from the database, admission as configured) routes to it. Two client keys: ``live``
-(band ``--live-band``, ``normal`` by default) and ``nightly``, whose batch is uploaded and created with the official
+from the database, admission as configured) routes to it. Client keys: one live key
+a band of ``--bands`` (each sends in its own phases), and ``nightly``, whose batch is
+uploaded and created with the official
 ``openai`` client through the gateway's Files and Batch APIs, then run by the batch
 runner in a process of its own (``gateway.batch.runner.run_next``, as a worker runs it),
 ``LLMGW_BATCH_CONCURRENCY`` lines at once, each sent back through the gateway in the
-lowest band.
+``batch`` band.
 
 Phases, each printing its figures:
 
 1. live alone: ``--rate`` streamed requests a second (open loop) for ``--seconds``; the
-   client's TTFT (to the first byte of text) p50 and p99;
-2. the same live load beside the batch (started first, running the whole phase);
+   client's TTFT (to the first byte of text) p50 and p99; the slo set from it; then
+   ``--alone-runs`` more such phases with the slo in force (admission acting as it will
+   beside the batch): their median p99 is the figure without the batch, their spread
+   its noise;
+2. the same live load beside the batch (started first, running the whole phase), its p99
+   over the median without it;
 3. the batch to its end: its lines, its time, lines a second, and how often its lines
    were held back (429) by admission.
 
@@ -67,7 +73,8 @@ from gateway.path.table import (  # noqa: E402
 from gateway.records.observe import Done, Observer  # noqa: E402
 from gateway.records.state import State  # noqa: E402
 
-LIVE = "llmgw-ck-bench-batch-live"
+# One live key a band, each sending in its own phases.
+LIVE = {band: f"llmgw-ck-bench-batch-live-{band}" for band in ("high", "normal", "low")}
 NIGHTLY = "llmgw-ck-bench-batch-nightly"
 # The batch runner as a worker runs it: one batch, to its end.
 RUNNER = """
@@ -119,12 +126,12 @@ def launch_sim(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     return proc, found.group(1)
 
 
-def serve(engine: str, slo_ms: list[int], heard: Heard,
-          live_band: str) -> tuple[uvicorn.Server, State, str]:  # fmt: skip
+def serve(engine: str, slo_ms: list[int], heard: Heard) -> tuple[uvicorn.Server, State, str]:
     """The gateway on a loop of its own, in a thread (the load generator has its own);
     the model's slo is ``slo_ms[0]`` as the state last read it."""
-    keys = {digest(LIVE): Key(1, "live", "team:app", (), None, priority=live_band),
-            digest(NIGHTLY): Key(2, "nightly", "team:offline", (), None, priority="normal")}  # fmt: skip
+    keys = {digest(secret): Key(n, f"live-{band}", "team:app", (), None, priority=band)
+            for n, (band, secret) in enumerate(LIVE.items(), start=10)}  # fmt: skip
+    keys[digest(NIGHTLY)] = Key(2, "nightly", "team:offline", (), None, priority="normal")
     rows = [ReplicaRow(1, "chat", "sim", engine)]
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -148,12 +155,12 @@ def serve(engine: str, slo_ms: list[int], heard: Heard,
     return server, state, f"http://127.0.0.1:{port}"
 
 
-async def live_load(url: str, rate: float, seconds: float) -> list[float]:
+async def live_load(url: str, rate: float, seconds: float, band: str) -> list[float]:
     """Streamed requests at ``rate`` a second (open loop); each one's TTFT in ms."""
     ttfts: list[float] = []
     body = {"model": "chat", "max_tokens": 8, "stream": True,
             "messages": [{"role": "user", "content": "a live question"}]}  # fmt: skip
-    headers = {"Authorization": f"Bearer {LIVE}"}
+    headers = {"Authorization": f"Bearer {LIVE[band]}"}
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
 
@@ -210,31 +217,49 @@ def main() -> None:
         default=0,
         help="the model's TTFT p99 slo (0: 110 %% of the live p99 alone)",
     )
-    parser.add_argument("--live-band", default="normal", choices=("high", "normal"),
-                        help="the live key's admission band")  # fmt: skip
+    parser.add_argument("--alone-runs", type=int, default=3,
+                        help="live phases without the batch, the slo in force")  # fmt: skip
+    parser.add_argument("--bands", default="high,normal,low",
+                        help="the live keys' admission bands, each measured in turn")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=4,
                         help="LLMGW_BATCH_CONCURRENCY: batch lines sent at once")  # fmt: skip
     args = parser.parse_args()
     proc, engine = launch_sim(args)
     heard = Heard()
     slo = [args.slo_ms or 60_000]
-    server, state, url = serve(engine, slo, heard, args.live_band)
+    server, state, url = serve(engine, slo, heard)
+    bands = args.bands.split(",")
     runner: subprocess.Popen[bytes] | None = None
     try:
         print(f"sim: ttft {args.ttft * 1000:.0f} ms, {args.tps:.0f} tokens/s, "
               f"{args.parallel} slots, slowdown {args.slowdown}; batch lines "
-              f"{args.concurrency} at once; live ({args.live_band} band) {args.rate:g} req/s for {args.seconds:g} s "
-              "a phase")  # fmt: skip
-        asyncio.run(live_load(url, args.rate, 5))  # warm: connections, the gate's window
-        alone = asyncio.run(live_load(url, args.rate, args.seconds))
-        print(f"live alone:        TTFT p50 {pct(alone, 50):6.0f} ms  p99 "
-              f"{pct(alone, 99):6.0f} ms  ({len(alone)} requests)")  # fmt: skip
-        slo[0] = args.slo_ms or round(1.1 * pct(alone, 99))
+              f"{args.concurrency} at once; live {args.rate:g} req/s for {args.seconds:g} s "
+              f"a phase, a key of each band in turn ({', '.join(bands)})")  # fmt: skip
+        asyncio.run(live_load(url, args.rate, 5, bands[0]))  # warm: connections, the window
+        first = asyncio.run(live_load(url, args.rate, args.seconds, bands[0]))
+        print(f"live alone, no slo:  TTFT p50 {pct(first, 50):6.0f} ms  p99 "
+              f"{pct(first, 99):6.0f} ms  ({len(first)} requests)")  # fmt: skip
+        slo[0] = args.slo_ms or round(1.1 * pct(first, 99))
         before = state.table
         state.poke()
         while state.table is before:
             time.sleep(0.01)
         print(f"the model's slo: TTFT p99 {slo[0]} ms")
+        # Without the batch, the slo in force (admission as it will be beside the batch),
+        # run again and again: the spread of these is the figure's own noise.
+        reference = {}
+        for band in bands:
+            alones = []
+            for n in range(args.alone_runs):
+                alone = asyncio.run(live_load(url, args.rate, args.seconds, band))
+                alones.append(pct(alone, 99))
+                print(f"{band:>6} alone, run {n + 1}: TTFT p50 {pct(alone, 50):5.0f} ms  p99 "
+                      f"{pct(alone, 99):5.0f} ms  ({len(alone)} requests)")  # fmt: skip
+            reference[band] = sorted(alones)[(len(alones) - 1) // 2]
+            print(f"{band:>6} alone p99: median {reference[band]:.0f} ms, spread "
+                  f"{min(alones):.0f}-{max(alones):.0f} ms ({min(alones) / reference[band]:.2f}"
+                  f"-{max(alones) / reference[band]:.2f} of the median) over {len(alones)} "
+                  "runs")  # fmt: skip
 
         api = openai.OpenAI(base_url=url + "/v1", api_key=NIGHTLY, max_retries=0, timeout=120)
         rows = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
@@ -251,12 +276,15 @@ def main() -> None:
         runner = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=env)
         while api.batches.retrieve(batch.id).request_counts.completed < args.concurrency:
             time.sleep(0.2)  # the batch under way before the live phase starts
-        beside = asyncio.run(live_load(url, args.rate, args.seconds))
-        during = api.batches.retrieve(batch.id).request_counts
-        print(f"live beside batch: TTFT p50 {pct(beside, 50):6.0f} ms  p99 "
-              f"{pct(beside, 99):6.0f} ms  ({len(beside)} requests; {during.completed} "
-              f"batch lines done meanwhile)")  # fmt: skip
-        print(f"p99 beside / alone: {pct(beside, 99) / pct(alone, 99):.2f}")
+        for band in bands:
+            beside = asyncio.run(live_load(url, args.rate, args.seconds, band))
+            during = api.batches.retrieve(batch.id).request_counts
+            print(f"{band:>6} beside the batch: TTFT p50 {pct(beside, 50):5.0f} ms  p99 "
+                  f"{pct(beside, 99):5.0f} ms  ({len(beside)} requests; {during.completed} "
+                  "batch lines done by then)")  # fmt: skip
+            print(f"{band:>6} band TTFT p99: alone {reference[band]:.0f} ms (median), beside "
+                  f"the batch {pct(beside, 99):.0f} ms: beside / alone "
+                  f"{pct(beside, 99) / reference[band]:.2f}")  # fmt: skip
         if runner.wait(timeout=24 * 3600) != 0:
             raise SystemExit("the batch runner failed")
         took = time.perf_counter() - started
@@ -264,7 +292,9 @@ def main() -> None:
         counts = done.request_counts
         print(f"batch: {done.status}, {counts.completed} of {counts.total} lines answered "
               f"({counts.failed} failed) in {took:.0f} s ({counts.total / took:.0f} lines/s); "
-              f"its lines held back by admission {heard.held} times")  # fmt: skip
+              f"its lines held back by admission {heard.held} times; its window 24 h: "
+              f"{'within' if done.status == 'completed' else 'NOT within'} it, "
+              f"{took / (24 * 3600):.1%} of it used")  # fmt: skip
     finally:
         if runner is not None and runner.poll() is None:
             runner.terminate()

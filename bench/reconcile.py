@@ -1,6 +1,6 @@
-"""Measure the reconciler's whole tick on PostgreSQL: 1,000 nodes x 2,000 models.
+"""Measure the reconciler's whole tick on PostgreSQL: 1,000 and 10,000 nodes x 2,000 models.
 
-    .venv/bin/python bench/reconcile.py [--nodes 1000] [--models 2000] [--ticks 3]
+    .venv/bin/python bench/reconcile.py [--sizes 1000,10000] [--models 2000] [--ticks 3]
 
 Runs on a throwaway database created on the configured server (tests/settings.py: the
 local PostgreSQL unless LLMGW_TEST_DATABASE_URL says otherwise) and drops it after. The
@@ -8,14 +8,16 @@ cluster and the catalog are ``bench/placement.py``'s (H100, A100, L4, MIG and CP
 racks of 20 under power caps; mixed profiles, classes and replica counts), stored as rows:
 nodes and cards, rack budgets, and the catalog imported as a file would be. Then
 ``reconciler.tick`` runs ``--ticks`` times: the first creates every replica and places
-what fits (the cluster is short of room: some wait, unplaced); each later one is a steady
-tick, where the catalog is unchanged and placement is asked again for what waits.
+what fits (at 1,000 nodes the cluster is short of room: some wait, unplaced; at 10,000
+everything fits); each later one is a steady tick, where the catalog is unchanged and
+placement is asked again for what waits. Each size has a database of its own.
 
 Each tick prints its parts: the catalog read (rows to specs, normalized), the plan (each
 model's wanted count, the replicas created or stopped), the cluster read (nodes, budgets,
 replicas as placement sees them), placement (``place_sparing``), the writes (evictions,
-placements, the waiting replicas' reasons) and the rest. Prints the machine's cores and
-load first. Asserts nothing about time.
+placements, the waiting replicas' reasons) and the rest, then how the steady tick grows
+from one size to the next. Prints the machine's cores and load first. Asserts nothing
+about time.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+# Storing 10,000 nodes, or dropping the database after, on a loaded machine may take
+# longer than a statement's usual bound.
+os.environ.setdefault("LLMGW_DB_STATEMENT_TIMEOUT", "600")
 
 import django  # noqa: E402
 
 django.setup()
 
 from django.db import connection  # noqa: E402
+from django.test.utils import teardown_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import placement as synthetic  # noqa: E402
@@ -170,34 +176,27 @@ def instrument(clock: Clock) -> None:
     clock.wrap(reconciler, "_no_room", "writes")
 
 
-def main() -> None:
-    """Store the cluster and the catalog, then run and print the ticks."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--models", type=int, default=2000)
-    parser.add_argument("--ticks", type=int, default=3)
-    args = parser.parse_args()
-    load = os.getloadavg()
-    print(
-        f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
-        f"{load[2]:.2f} (1, 5, 15 min); Python {sys.version.split()[0]}"
-    )
-    old_name, db = webproc.throwaway_database("llmgw_bench_reconcile")
-    print(f"database: {connection.vendor} {db}")
-    try:
-        from cluster import reconciler
-        from cluster.models import Replica
+def run(size: int, models: int, ticks: int, clock: Clock) -> float:
+    """Store a cluster of ``size`` nodes and the catalog in a throwaway database, run
+    and print ``ticks`` ticks; return the last (steady) tick's time."""
+    from cluster import reconciler
+    from cluster.models import Node, Replica
 
+    old_name, db = webproc.throwaway_database("llmgw_bench_reconcile")
+    try:
         rng = random.Random(1)
         t = time.perf_counter()
-        store_cluster(args.nodes, rng)
-        store_catalog(args.models, rng)
+        store_cluster(size, rng)
+        store_catalog(models, rng)
         print(
-            f"stored {args.nodes} nodes and {args.models} models in {time.perf_counter() - t:.1f} s"
+            f"{size} nodes x {models} models: stored in {time.perf_counter() - t:.1f} s "
+            f"(database {connection.vendor} {db})"
         )
-        clock = Clock()
-        instrument(clock)
-        for n in range(1, args.ticks + 1):
+        whole = 0.0
+        for n in range(1, ticks + 1):
+            # Every agent just heard from: a tick slowed by a loaded machine must not
+            # find the nodes silent and hold them (cluster.silence).
+            Node.objects.update(last_heartbeat=timezone.now())
             queries = [0]
             with clock.tick(), connection.execute_wrapper(counting(queries)):
                 t = time.perf_counter()
@@ -206,7 +205,7 @@ def main() -> None:
             waiting = Replica.objects.filter(desired=True, assignments__isnull=True).count()
             kind = "first" if n == 1 else "steady"
             print(
-                f"tick {n} ({kind}): {whole:.3f} s, {queries[0]} queries; "
+                f"  tick {n} ({kind}): {whole:.3f} s, {queries[0]} queries; "
                 f"{sum(result.created.values())} created, {len(result.placed)} placed, "
                 f"{len(result.evicted)} evicted, {waiting} waiting"
             )
@@ -214,13 +213,38 @@ def main() -> None:
             for part, what in PARTS:
                 spent = clock.spent.get(part, 0.0)
                 counted += spent
-                print(f"  {part:<13} {spent:7.3f} s  ({what})")
+                print(f"    {part:<13} {spent:7.3f} s  ({what})")
             print(
-                f"  {'the rest':<13} {whole - counted:7.3f} s  (leader lock, lost nodes, signals)"
+                f"    {'the rest':<13} {whole - counted:7.3f} s  (leader lock, lost nodes, signals)"
             )
-        print(f"reconcile {args.nodes} nodes x {args.models} models, steady tick: {whole:.3f} s")
+        print(f"reconcile {size} nodes x {models} models, steady tick: {whole:.3f} s")
+        return whole
     finally:
         webproc.drop_database(old_name)
+        teardown_test_environment()  # the next size sets up its own
+
+
+def main() -> None:
+    """Run the ticks at each size (1,000 nodes, short of room; 10,000, roomy) and print
+    them, then how the steady tick grows from one size to the next."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--models", type=int, default=2000)
+    parser.add_argument("--ticks", type=int, default=3)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(
+        f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f} (1, 5, 15 min); Python {sys.version.split()[0]}"
+    )
+    clock = Clock()
+    instrument(clock)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    steady = {size: run(size, args.models, args.ticks, clock) for size in sizes}
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        print(
+            f"growth {a} -> {b} nodes ({b / a:.0f}x): {steady[b] / steady[a]:.1f}x the steady tick"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The week's picture of a model's scaling: the replicas it wants, hour by hour.
 
 Plain Python on ``catalog.spec`` (no Django), used by the model's page and the schedule
-editor (``catalog.views``), which draw it with ``templates/catalog/partials/week.html``.
+editor (``catalog.views.pages``, ``catalog.views.schedule``), which draw it with
+``templates/catalog/partials/week.html``.
 
 Which window is in force is only ever asked of ``catalog.rules.window_at``, the one
 reading of schedule windows the reconciler uses too; nothing here decides it. What this

@@ -14,7 +14,8 @@ buckets ``edges`` (milliseconds; the last bucket is everything above).
 
 Kept in Redis in production (``LLMGW_REDIS_URL``): each process's report under its own
 key that expires after ``TTL`` seconds (a process that stops stops counting), listed in
-one set. Embedded, in this process's memory, with the same expiry. Every call to Redis
+one set, both under this cluster's prefix (``llmgw_core.rediskeys``: two clusters on one
+Redis never scale on each other's load). Embedded, in this process's memory, with the same expiry. Every call to Redis
 has ``LLMGW_REDIS_TIMEOUT_MS``; :func:`read` raises :class:`Unavailable` when Redis does
 not answer, and the reconciler then holds every target where it is.
 """
@@ -30,9 +31,8 @@ from typing import Any
 from django.conf import settings
 
 from cluster.scaling import Load, quantile_ms
+from llmgw_core import rediskeys
 
-PREFIX = "llmgw:load:"
-INDEX = "llmgw:load:processes"
 TTL = 5  # seconds a report counts after it was written
 WINDOW = 10  # seconds a report's TTFT counts cover
 MAX_BYTES = 256 * 1024  # a report larger than this is not read
@@ -40,6 +40,12 @@ MAX_BYTES = 256 * 1024  # a report larger than this is not read
 _lock = threading.Lock()
 _local: dict[str, tuple[float, dict[str, Any]]] = {}  # process -> (expires, report)
 _client: Any = None
+
+
+def prefix() -> str:
+    """Where this cluster's load reports live in Redis: a process's report under
+    ``prefix() + process``, their index at ``prefix() + "processes"``."""
+    return rediskeys.prefix() + "load:"
 
 
 class Unavailable(Exception):
@@ -67,9 +73,10 @@ def write(report: dict[str, Any]) -> None:
     if settings.REDIS_URL:
         data = json.dumps(report, separators=(",", ":"))
         pipe = _redis().pipeline(transaction=False)
-        pipe.set(PREFIX + process, data, ex=TTL)
-        pipe.sadd(INDEX, process)
-        pipe.expire(INDEX, TTL * 12)
+        where = prefix()
+        pipe.set(where + process, data, ex=TTL)
+        pipe.sadd(where + "processes", process)
+        pipe.expire(where + "processes", TTL * 12)
         pipe.execute()
         return
     with _lock:
@@ -80,14 +87,14 @@ def reports() -> list[dict[str, Any]]:
     """Every process's report still in force."""
     if settings.REDIS_URL:
         try:
-            client = _redis()
-            processes = sorted(p.decode() for p in client.smembers(INDEX))
+            client, where = _redis(), prefix()
+            processes = sorted(p.decode() for p in client.smembers(where + "processes"))
             if not processes:
                 return []
-            values = client.mget([PREFIX + p for p in processes])
+            values = client.mget([where + p for p in processes])
             gone = [p for p, v in zip(processes, values, strict=True) if v is None]
             if gone:
-                client.srem(INDEX, *gone)
+                client.srem(where + "processes", *gone)
         except Exception as error:  # redis-py's errors, and an address that is none
             raise Unavailable(f"Redis did not answer: {error}") from error
         out = []

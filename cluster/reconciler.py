@@ -200,19 +200,80 @@ def release_assignments(assignments: list[Assignment], reason: str) -> None:
     and say nothing, leaving the replica pending for good. At a new generation the agent
     stops that engine and starts it again, reporting each step.
     """
-    replica_ids = {a.replica_id for a in assignments}
-    Assignment.objects.filter(pk__in=[a.pk for a in assignments]).delete()
-    for r in Replica.objects.filter(pk__in=replica_ids):
-        if not r.desired:
-            r.delete()
-            continue
-        Assignment.objects.filter(replica=r).delete()
-        r.set_state(ReplicaState.PENDING, reason)
+    release({a.replica_id: reason for a in assignments})
+
+
+def release(reasons: dict[int, str], evicted_by: dict[int, str] | None = None) -> None:
+    """Take these replicas off their nodes, each with its reason (``release_assignments``),
+    in a fixed number of queries however many: every assignment of theirs deleted, those
+    no longer desired deleted, the rest written back pending in one update. With
+    ``evicted_by``, each evicted replica records the request it made way for."""
+    if not reasons:
+        return
+    ids = sorted(reasons)
+    Assignment.objects.filter(replica_id__in=ids).delete()
+    replicas = list(Replica.objects.filter(pk__in=ids).order_by("pk"))
+    gone = [r.pk for r in replicas if not r.desired]
+    if gone:
+        Replica.objects.filter(pk__in=gone).delete()
+    kept = [r for r in replicas if r.desired]
+    for r in kept:
+        r.set_state(ReplicaState.PENDING, reasons[r.pk])
         r.unplaced = False  # to be placed again
         r.port = None
         r.endpoint = ""
         r.generation += 1
-        r.save()
+        if evicted_by is not None and r.pk in evicted_by:
+            r.evicted_by = evicted_by[r.pk]
+    fields = ["state", "reason", "state_changed", "ready_since", "unplaced", "port"]
+    fields += ["endpoint", "generation"] + (["evicted_by"] if evicted_by else [])
+    if kept:
+        update_rows(kept, fields)
+        # What saving each would have told the consoles (``cluster.signals``).
+        events.changed(models=sorted({r.model_name for r in kept}))
+
+
+# PostgreSQL takes at most 65,535 parameters in one statement.
+MAX_PARAMS = 65_535
+
+
+def update_rows(rows: list[Any], fields: list[str]) -> None:
+    """Write these fields of these rows (instances of one model) in one statement.
+
+    On PostgreSQL, ``UPDATE ... FROM (VALUES ...)`` joined on the primary key, whose
+    cost grows with the rows: Django's ``bulk_update`` writes each field as a CASE with
+    a branch per row, which the server walks for every row (thousands of replicas
+    placed in a tick took most of a minute). Elsewhere (the embedded SQLite),
+    ``bulk_update``. No ``post_save`` is sent: the caller tells the consoles.
+    """
+    if not rows:
+        return
+    model = type(rows[0])
+    if connection.vendor != "postgresql":
+        model.objects.bulk_update(rows, fields)
+        return
+    meta = model._meta
+    pk = meta.pk
+    columns = [meta.get_field(f) for f in fields]
+    qn = connection.ops.quote_name
+    names = ", ".join(qn(c.column) for c in [pk, *columns])
+    row = "(" + ", ".join(f"%s::{c.db_type(connection)}" for c in [pk, *columns]) + ")"
+    head = f"UPDATE {qn(meta.db_table)} AS t SET " + ", ".join(
+        f"{qn(c.column)} = v.{qn(c.column)}" for c in columns
+    )
+    per = MAX_PARAMS // (len(columns) + 1)
+    for start in range(0, len(rows), per):
+        part = rows[start : start + per]
+        params: list[Any] = []
+        for r in part:
+            params.append(r.pk)
+            params.extend(c.get_db_prep_save(getattr(r, c.attname), connection) for c in columns)
+        sql = (
+            f"{head} FROM (VALUES {', '.join([row] * len(part))}) AS v({names}) "
+            f"WHERE t.{qn(pk.column)} = v.{qn(pk.column)}"
+        )
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
 
 
 # When this process started reconciling for real (run_forever, or a worker's first task);
@@ -266,13 +327,15 @@ def _scale(now: datetime, specs: dict[str, Any], result: TickResult) -> dict[str
     views = _views(specs, replicas)
     changes = plan.scale(wants, views)
     served = dict(ServedModel.objects.values_list("name", "pk"))
-    for name, count in changes.create.items():
-        Replica.objects.bulk_create(
-            Replica(model_id=served[name], model_name=name, reason="waiting to be placed")
-            for _ in range(count)
-        )
-        events.changed(models=[name])
-        result.created[name] = count
+    # Every model's new replicas in one insert (a first tick of 2,000 models made 2,000).
+    Replica.objects.bulk_create(
+        Replica(model_id=served[name], model_name=name, reason="waiting to be placed")
+        for name, count in changes.create.items()
+        for _ in range(count)
+    )
+    if changes.create:
+        events.changed(models=list(changes.create))
+    result.created.update(changes.create)
     if changes.stop:
         by_reason: dict[str, list[int]] = defaultdict(list)
         for rid, reason in changes.stop:
@@ -290,7 +353,7 @@ def _wants(
     specs: dict[str, Any],
     demands: dict[str, datetime],
     idle_default: int,
-    replicas: list[Replica],
+    replicas: list[replace.ReplicaRow],
 ) -> dict[str, plan.Want]:
     """Each model's count: fixed by its bounds, or load scaling's pick between them."""
     bounds = {name: plan.bounds(m, now, demands.get(name), idle_default)
@@ -350,7 +413,9 @@ def _forget_unscaled(kept: dict[str, ModelScale], scaled: list[str], specs: dict
         events.changed(models=[n for n in gone if n in specs])
 
 
-def _ready_profiles(replicas: list[Replica]) -> tuple[dict[str, list[str]], dict[str, int]]:
+def _ready_profiles(
+    replicas: list[replace.ReplicaRow],
+) -> tuple[dict[str, list[str]], dict[str, int]]:
     """Return each model's ready replicas' profiles, and how many are ready."""
     running: dict[str, list[str]] = defaultdict(list)
     ready: dict[str, int] = defaultdict(int)
@@ -417,7 +482,7 @@ def _no_room(result: TickResult) -> None:
             events.changed(models=[row.model_name])
 
 
-def _views(specs: dict[str, Any], replicas: list[Replica]) -> list[plan.ReplicaView]:
+def _views(specs: dict[str, Any], replicas: list[replace.ReplicaRow]) -> list[plan.ReplicaView]:
     """Return the replicas as the plan sees them (``has_assignment`` set on each)."""
     prints = {name: {p.name: rules.fingerprint(p) for p in m.profiles} for name, m in specs.items()}
     return [
@@ -426,7 +491,7 @@ def _views(specs: dict[str, Any], replicas: list[Replica]) -> list[plan.ReplicaV
             model=r.model_name,
             desired=r.desired,
             state=r.state,
-            placed=r.has_assignment,  # type: ignore[attr-defined]
+            placed=r.has_assignment,
             replaces=r.replaces_id,
             created=r.created.timestamp(),
             outdated=services.outdated(r, prints.get(r.model_name, {})),
@@ -435,12 +500,9 @@ def _views(specs: dict[str, Any], replicas: list[Replica]) -> list[plan.ReplicaV
     ]
 
 
-def _replicas_with_placement() -> list[Replica]:
-    placed = set(Assignment.objects.values_list("replica_id", flat=True))
-    out = list(Replica.objects.all())
-    for r in out:
-        r.has_assignment = r.pk in placed  # type: ignore[attr-defined]
-    return out
+def _replicas_with_placement() -> list[replace.ReplicaRow]:
+    """Every replica, whether it is on a node (``has_assignment``): two queries."""
+    return replace.replica_rows()
 
 
 def _finish_rolls(result: TickResult, now: datetime | None = None) -> None:
@@ -507,6 +569,9 @@ def _origin_revision(spec_json: Any) -> str:
 
 
 def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResult) -> None:
+    # Nothing waits to be placed (a settled cluster's tick): the cluster is not read.
+    if not Replica.objects.filter(desired=True, assignments__isnull=True).exists():
+        return
     snap = replace.snapshot(specs)
     profiles: dict[str, tuple[placement.PlacementProfile, ...]] = {}
     requests = _requests(specs, snap.replicas, profiles)
@@ -523,21 +588,33 @@ def _place(wants: dict[str, plan.Want], specs: dict[str, Any], result: TickResul
         - set(waiting)
         - {rid for rid, reason in reasons.items() if reason.startswith(plan.ONE_AT_A_TIME)}
     )
-    for rid, reason in reasons.items():
-        # Written (and pushed) only when the reason changed: most ticks repeat it.
-        if (
-            Replica.objects.filter(pk=rid)
-            .exclude(reason=reason, state=ReplicaState.PENDING)
-            .update(reason=reason, state=ReplicaState.PENDING, unplaced=rid in no_room)
-        ):
-            events.changed(replicas=[rid])
-        result.unplaced[rid] = reason
+    _write_reasons(reasons, no_room)
+    result.unplaced.update(reasons)
     services.bump_desired(bumped)
+
+
+def _write_reasons(reasons: dict[int, str], no_room: set[int]) -> None:
+    """Write each waiting replica's reason, pending, in two queries however many wait:
+    the rows read (locked), and one update of those whose reason or state changed (most
+    ticks repeat them), which are pushed to the consoles."""
+    if not reasons:
+        return
+    rows = Replica.objects.filter(pk__in=list(reasons)).select_for_update().order_by("pk")
+    changed = []
+    for r in rows.only("pk", "reason", "state", "unplaced"):
+        reason = reasons[r.pk]
+        if r.reason == reason and r.state == ReplicaState.PENDING:
+            continue
+        r.reason, r.state, r.unplaced = reason, ReplicaState.PENDING, r.pk in no_room
+        changed.append(r)
+    if changed:
+        update_rows(changed, ["reason", "state", "unplaced"])
+        events.changed(replicas=[r.pk for r in changed])
 
 
 def _requests(
     specs: dict[str, Any],
-    replicas: list[Replica],
+    replicas: list[replace.ReplicaRow],
     profiles: dict[str, tuple[placement.PlacementProfile, ...]],
 ) -> list[placement.Request]:
     """Return a placement request for each wanted replica without a node (filling in
@@ -545,11 +622,11 @@ def _requests(
     requests = []
     placed_count: dict[str, int] = defaultdict(int)
     for r in replicas:
-        if r.desired and r.assignments.all():
+        if r.desired and r.held:
             placed_count[r.model_name] += 1
     for r in replicas:
         m = specs.get(r.model_name)
-        if not r.assignments.all() and r.desired and m is not None:
+        if not r.held and r.desired and m is not None:
             if m.name not in profiles:
                 profiles[m.name] = profiles_of(m)
             # A model's first replica ranks above another model's second, within a class.
@@ -578,9 +655,9 @@ def _plan_placement(
     ready: dict[str, set[int]] = defaultdict(set)
     draining: set[int] = set()
     for r in replicas:
-        if r.desired and r.state == ReplicaState.READY and r.assignments.all():
+        if r.desired and r.state == ReplicaState.READY and r.held:
             ready[r.model_name].add(r.pk)
-            if any(a.node.cordoned for a in r.assignments.all()):
+            if any(a.cordoned for a in r.held):
                 draining.add(r.pk)
     patient = [q.key for q in requests if by_pk[int(q.key)].replaces_id in draining]
     for name in ready if patient else ():
@@ -597,14 +674,23 @@ def _plan_placement(
 
 
 def _evict(result_plan: placement.Plan, result: TickResult) -> set[int]:
-    """Apply the plan's evictions; return the nodes whose replicas changed."""
-    bumped: set[int] = set()
-    for e in result_plan.evictions:
-        victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
-        bumped |= {a.node_id for a in victims}
-        release_assignments(victims, e.reason)
-        Replica.objects.filter(pk=int(e.running_id)).update(evicted_by=e.for_key)
-        events.changed(replicas=[int(e.running_id)])
+    """Apply the plan's evictions (in a fixed number of queries); return the nodes whose
+    replicas changed."""
+    if not result_plan.evictions:
+        return set()
+    ids = {int(e.running_id): e for e in result_plan.evictions}
+    held = list(
+        Assignment.objects.filter(replica_id__in=list(ids)).values_list("replica_id", "node_id")
+    )
+    bumped = {node_id for _, node_id in held}
+    on_nodes = {rid for rid, _ in held}
+    release(
+        {rid: ids[rid].reason for rid in on_nodes},
+        evicted_by={rid: ids[rid].for_key for rid in on_nodes},
+    )
+    for rid in set(ids) - on_nodes:  # off its nodes already: only what it made way for
+        Replica.objects.filter(pk=rid).update(evicted_by=ids[rid].for_key)
+    events.changed(replicas=list(ids))
     result.evicted.extend(int(e.running_id) for e in result_plan.evictions)
     return bumped
 
@@ -612,11 +698,19 @@ def _evict(result_plan: placement.Plan, result: TickResult) -> set[int]:
 def _assign(
     specs: dict[str, Any], snap: replace.Snapshot, result_plan: placement.Plan, result: TickResult
 ) -> set[int]:
-    """Put the plan's placed replicas on their nodes; return the nodes they went to."""
-    by_name = {n.name: n for n in snap.nodes}
+    """Put the plan's placed replicas on their nodes (in a fixed number of queries: the
+    replicas read, written back in one update, their assignments created in one insert);
+    return the nodes they went to."""
+    if not result_plan.placed:
+        return set()
+    rows = Replica.objects.in_bulk([int(pl.key) for pl in result_plan.placed])
     bumped: set[int] = set()
+    placed: list[Replica] = []
+    shares: list[Assignment] = []
     for pl in result_plan.placed:
-        r = Replica.objects.get(pk=int(pl.key))
+        r = rows.get(int(pl.key))
+        if r is None:
+            continue  # stopped and deleted since the snapshot: nothing to place
         m = specs[r.model_name]
         profile = rules.profile_by_name(m, pl.profile)
         r.profile = pl.profile
@@ -624,15 +718,32 @@ def _assign(
         where = f"placed on {', '.join(a.node for a in pl.assignments)}"
         r.set_state(ReplicaState.PENDING, f"{where} ({pl.note})" if pl.note else where)
         r.unplaced = False
-        r.save()
+        placed.append(r)
         for rank, a in enumerate(pl.assignments):
-            node = by_name[a.node]
-            Assignment.objects.create(
-                replica=r, node=node, rank=rank, cards=list(a.cards), cpu_cores=a.cpu_cores,
-                memory_mb=a.memory_mb, disk_mb=a.disk_mb, watts=a.watts,
-            )  # fmt: skip
-            bumped.add(node.pk)
+            node_id = snap.node_pks[a.node]
+            shares.append(
+                Assignment(
+                    replica=r,
+                    node_id=node_id,
+                    rank=rank,
+                    cards=list(a.cards),
+                    cpu_cores=a.cpu_cores,
+                    memory_mb=a.memory_mb,
+                    disk_mb=a.disk_mb,
+                    watts=a.watts,
+                )  # fmt: skip
+            )
+            bumped.add(node_id)
         result.placed.append(r.pk)
+    fields = ["profile", "fingerprint", "state", "reason", "state_changed", "ready_since"]
+    update_rows(placed, [*fields, "unplaced"])
+    Assignment.objects.bulk_create(shares)
+    # What saving each would have told the consoles (``cluster.signals``).
+    events.changed(
+        models=sorted({r.model_name for r in placed}),
+        nodes=sorted(bumped),
+        replicas=[r.pk for r in placed],
+    )
     return bumped
 
 
@@ -665,7 +776,7 @@ def _make_room(
         if (r := by_pk.get(int(u.key))) is not None
         and r.replaces_id in by_pk
         and by_pk[r.replaces_id].desired
-        and by_pk[r.replaces_id].assignments.all()
+        and by_pk[r.replaces_id].held
     ]
     if not unplaced:
         return reasons
@@ -683,8 +794,6 @@ def _make_room(
             blocked.append(rid)
     if not blocked:
         return reasons
-    for r in snap.replicas:
-        r.has_assignment = bool(r.assignments.all())  # type: ignore[attr-defined]
     stops, waits = plan.make_room(wants, _views(specs, snap.replicas), blocked)
     for old_id, why in stops:
         services.stop_replicas([old_id], why)

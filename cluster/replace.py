@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_node
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -21,19 +22,59 @@ from catalog import rules
 from catalog.services import stored_specs
 from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
-from cluster.models import Assignment, FacilityBudget, Node, Replica
+from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
 from llmgw_core import events
 from llmgw_core.refused import Refused
 
 
+@dataclass(slots=True)
+class Held:
+    """A replica's share of one node, as the snapshot read it (``Assignment``'s columns,
+    with its node's name and whether the node is cordoned)."""
+
+    node_id: int
+    node: str
+    cordoned: bool
+    cards: tuple[int, ...]
+    cpu_cores: int
+    memory_mb: int
+    disk_mb: int
+    watts: float
+
+
+@dataclass(slots=True)
+class ReplicaRow:
+    """A replica as the snapshot read it: the columns a tick reads, and ``held``, its
+    shares of nodes in rank order (none: it waits to be placed)."""
+
+    pk: int
+    model_id: int | None
+    model_name: str
+    profile: str
+    fingerprint: str
+    desired: bool
+    state: str
+    reason: str
+    unplaced: bool
+    replaces_id: int | None
+    created: datetime
+    held: list[Held] = field(default_factory=list)
+
+    @property
+    def has_assignment(self) -> bool:
+        """Whether it is on a node (``cluster.plan.ReplicaView.placed``)."""
+        return bool(self.held)
+
+
 @dataclass
 class Snapshot:
-    """The cluster in placement's terms, read once; ``replicas`` with their assignments."""
+    """The cluster in placement's terms, read once: ``node_pks`` by name, and
+    ``replicas`` with their shares of nodes."""
 
-    nodes: list[Node]
+    node_pks: dict[str, int]
     p_nodes: list[placement.Node]
     domains: list[placement.Domain]
-    replicas: list[Replica]
+    replicas: list[ReplicaRow]
     running: list[placement.Running] = field(default_factory=list)
 
 
@@ -41,39 +82,89 @@ def _class_rank(m: Any) -> int:
     return rules.class_rank(rules.effective_class(m)) if m else 1
 
 
+REPLICA_COLUMNS = (
+    "pk",
+    "model_id",
+    "model_name",
+    "profile",
+    "fingerprint",
+    "desired",
+    "state",
+    "reason",
+    "unplaced",
+    "replaces_id",
+    "created",
+)
+
+
+def replica_rows() -> list[ReplicaRow]:
+    """Read every replica with its shares of nodes: two queries (replicas; assignments
+    with their nodes' names), the columns a tick reads and no model instances."""
+    rows = [ReplicaRow(*values) for values in Replica.objects.values_list(*REPLICA_COLUMNS)]
+    by_pk = {r.pk: r for r in rows}
+    for replica_id, *values in Assignment.objects.values_list(
+        "replica_id",
+        "node_id",
+        "node__name",
+        "node__cordoned",
+        "cards",
+        "cpu_cores",
+        "memory_mb",
+        "disk_mb",
+        "watts",
+    ):
+        r = by_pk.get(replica_id)
+        if r is not None:  # created after the replicas were read: the next tick sees it
+            values[3] = tuple(values[3])
+            r.held.append(Held(*values))
+    return rows
+
+
 def snapshot(specs: dict[str, Any], unschedulable: frozenset[int] = frozenset()) -> Snapshot:
-    """Read nodes, budgets and replicas as placement sees them (a fixed number of queries).
+    """Read nodes, budgets and replicas as placement sees them: one query per table
+    (nodes, cards, budgets, replicas, assignments), only the columns placement reads.
 
     ``specs`` are the catalog's normalized models by name; nodes whose pk is in
     ``unschedulable`` are taken as cordoned (a drain asking what would happen).
     """
-    nodes = list(Node.objects.prefetch_related("cards"))
-    p_nodes = [
-        placement.Node(
-            name=n.name,
-            labels=n.labels,
-            cpu_cores=n.cpu_cores,
-            memory_mb=n.memory_mb,
-            disk_free_mb=n.disk_free_mb,
-            engines=n.engines,
-            cards=tuple(
-                placement.Card(c.index, c.gpu_class, c.memory_mb, c.power_limit_w, c.mig_of)
-                for c in n.cards.all()
-            ),
-            holds=frozenset(n.weights),
-            schedulable=(
-                n.health == NodeHealth.READY and not n.cordoned and n.pk not in unschedulable
-            ),
-            simulated=n.simulated,
-        )  # fmt: skip
-        for n in nodes
+    cards: dict[int, list[placement.Card]] = defaultdict(list)
+    for node_id, *values in Card.objects.values_list(
+        "node_id", "index", "gpu_class", "memory_mb", "power_limit_w", "mig_of"
+    ):
+        cards[node_id].append(placement.Card(*values))
+    node_pks: dict[str, int] = {}
+    p_nodes = []
+    for pk, name, labels, cores, memory, disk, engines, weights, health, cordoned, simulated in (
+        Node.objects.values_list(
+            "pk", "name", "labels", "cpu_cores", "memory_mb", "disk_free_mb", "engines",
+            "weights", "health", "cordoned", "simulated",
+        )
+    ):  # fmt: skip
+        node_pks[name] = pk
+        p_nodes.append(
+            placement.Node(
+                name=name,
+                labels=labels,
+                cpu_cores=cores,
+                memory_mb=memory,
+                disk_free_mb=disk,
+                engines=engines,
+                cards=tuple(cards.get(pk, ())),
+                holds=frozenset(weights),
+                schedulable=(
+                    health == NodeHealth.READY and not cordoned and pk not in unschedulable
+                ),
+                simulated=simulated,
+            )  # fmt: skip
+        )
+    domains = [
+        placement.Domain(*values)
+        for values in FacilityBudget.objects.values_list("level", "name", "cap_watts")
     ]
-    domains = [placement.Domain(b.level, b.name, b.cap_watts) for b in FacilityBudget.objects.all()]
-    replicas = list(Replica.objects.prefetch_related("assignments__node"))
+    replicas = replica_rows()
     running = []
     for r in replicas:
-        held = list(r.assignments.all())
-        if not held:
+        if not r.held:
             continue
         m = specs.get(r.model_name)
         running.append(
@@ -84,19 +175,19 @@ def snapshot(specs: dict[str, Any], unschedulable: frozenset[int] = frozenset())
                 class_rank=_class_rank(m),
                 assignments=tuple(
                     placement.Assignment(
-                        node=a.node.name,
-                        cards=tuple(a.cards),
+                        node=a.node,
+                        cards=a.cards,
                         cpu_cores=a.cpu_cores,
                         memory_mb=a.memory_mb,
                         disk_mb=a.disk_mb,
                         watts=a.watts,
                     )
-                    for a in held
+                    for a in r.held
                 ),
                 source=m.source if m else "",
             )  # fmt: skip
         )
-    return Snapshot(nodes, p_nodes, domains, replicas, running)
+    return Snapshot(node_pks, p_nodes, domains, replicas, running)
 
 
 def running_of(pl: placement.Placement, rank: int) -> placement.Running:
@@ -301,7 +392,7 @@ def _replace_elsewhere(
     new_pk = Replica.objects.create(
         model_id=v.model_id,
         model_name=v.model_name,
-        replaces=v,
+        replaces_id=v.pk,
         reason=f"replacing #{v.pk} elsewhere: its room is wanted by {for_key}",
     ).pk
     events.changed(models=[v.model_name])

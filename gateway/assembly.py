@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, Layer]] = [
     ("health", lambda app, a: HealthRoute(app, a.state)),
     # A Host not in LLMGW_ALLOWED_HOSTS refused on /v1/, /metrics and the chat, counted
     # as every answer of the gateway is.
-    ("hosts", lambda app, a: HostCheck(app, a.gateway)),
+    ("hosts", lambda app, a: HostCheck(app, a.gateway.parts)),
     # The console's chat with the signed-in user's session (the web process only).
     ("chat", lambda app, a: SessionChat(app, a.gateway) if a.chat else app),
     # GET /metrics for a viewer's token (the gateway's counts, its guard's time).
@@ -85,9 +85,9 @@ def build(inner: App | None = None, *, chat: bool = False) -> Assembly:
     )
     gateway = Gateway(inner, state=state, observer=observer)
     # Its load too, each second with its traffic, for the reconciler's scaling.
-    traffic.report_load(gateway)
+    traffic.report_load(gateway.parts)
     traffic.watch_sessions(gateway.sessions)  # its sessions kept on their replicas
-    exported(gateway, metrics)  # its in-flight counts and its guard's time told to metrics
+    exported(gateway.parts, metrics)  # its in-flight counts and its guard's time told to metrics
     assembly = Assembly(state, metrics, gateway, gateway, chat, traffic)
     application: Any = gateway
     for _, layer in reversed(LAYERS):

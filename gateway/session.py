@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -32,6 +32,9 @@ from gateway.path.cycle import Cycle, read_body, send_error
 from gateway.path.errors import ApiError
 from gateway.path.table import Key
 
+if TYPE_CHECKING:
+    from gateway.path.app import Gateway
+
 log = logging.getLogger(__name__)
 
 PATH = "/console/chat/v1/chat/completions"
@@ -41,7 +44,7 @@ OWNER = "console"
 class SessionChat:
     """Chat for the console's session on ``PATH``; anything else to ``app``."""
 
-    def __init__(self, app: Any, gateway: Any) -> None:
+    def __init__(self, app: Any, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -56,12 +55,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-
 from gateway.path import series
 from gateway.path.admission import Gate
 from gateway.path.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
 from guard import breaker
+from llmgw_core import rediskeys
 
 if TYPE_CHECKING:
     from gateway.path.admission import Admission
@@ -77,20 +75,12 @@ ALIVE_S = 3  # a process's key lives this long past its last pass
 KEEP_S = 24 * 3600  # the shared hashes live this long past their last write
 WAITING_S = 2.0  # another process's waiting counts older than this are past
 
-_prefix: str | None = None
-
 
 def prefix() -> str:
-    """Where this cluster's shared state lives in Redis: ``llmgw:<cluster>:gateway:shared:``,
-    ``<cluster>`` a tag of the cluster's database (host, port, name). Two clusters (or two
-    test runs' databases) that share one Redis never read each other's gates, ejections
-    or breakers; every process of one cluster reads the same database, so the same keys."""
-    global _prefix
-    if _prefix is None:
-        db = settings.DATABASES["default"]
-        where = f"{db.get('HOST') or ''}:{db.get('PORT') or ''}/{db.get('NAME') or ''}"
-        _prefix = f"llmgw:{hashlib.sha256(where.encode()).hexdigest()[:10]}:gateway:shared:"
-    return _prefix
+    """Where this cluster's shared state lives in Redis: ``llmgw:<cluster>:gateway:shared:``
+    (``llmgw_core.rediskeys``: two clusters, or two test runs' databases, that share one
+    Redis never read each other's gates, ejections or breakers)."""
+    return rediskeys.prefix() + "gateway:shared:"
 
 
 def _ejected() -> str:
@@ -214,9 +204,9 @@ class Shared:
         self.outliers = outliers
         self.observer = observer
         if breakers is None:
-            from guard import services
+            from guard import checks
 
-            breakers = services.BREAKERS
+            breakers = checks.BREAKERS
         self.breakers = breakers
         self.every = every
         self.probe_every = probe_every

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.path import body as bodies
 from gateway.path import errors
@@ -24,13 +24,20 @@ from llmgw_core.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle, Receive, Scope
+    from gateway.path.parts import Complete, Parts
 
 # How long a replica may take to count a prompt's tokens.
 COUNT_TIMEOUT = 10.0
 
 
 async def route(
-    gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str, method: str
+    parts: Parts,
+    complete: Complete,
+    cycle: Cycle,
+    scope: Scope,
+    receive: Receive,
+    path: str,
+    method: str,
 ) -> None:
     """A request to one of the dialects' paths (``cycle.dialect`` is set)."""
     dialect = cycle.dialect
@@ -39,29 +46,29 @@ async def route(
         # GET and DELETE /v1/responses/{id}: a stored response (gateway.stored).
         from gateway import stored
 
-        await stored.answer(gateway, cycle, method, path, scope.get("query_string", b""))
+        await stored.answer(cycle, method, path, scope.get("query_string", b""))
         return
     if method != "POST":
         raise errors.method_not_allowed(path, "POST")
-    raw = await read_body(receive, gateway.options.max_body, scope)
+    raw = await read_body(receive, parts.options.max_body, scope)
     if raw is None:
         return  # the client went away
     cycle.watch(receive)  # from here a client that goes away cancels this task
     if path == messages.COUNT_PATH:
-        await count_tokens(gateway, cycle, raw)
+        await count_tokens(parts, cycle, raw)
         return
     if path == "/v1/responses":
         from gateway import stored
 
-        await stored.before(gateway, cycle, raw)
-        await gateway.complete(cycle, bodies.CHAT, raw)
-        stored.after(gateway, cycle)
-        _began(gateway, cycle)
+        await stored.before(cycle, raw)
+        await complete(cycle, bodies.CHAT, raw)
+        stored.after(parts, cycle)
+        _began(parts, cycle)
         return
-    await gateway.complete(cycle, bodies.CHAT, raw)
+    await complete(cycle, bodies.CHAT, raw)
 
 
-def _began(gateway: Any, cycle: Cycle) -> None:
+def _began(parts: Parts, cycle: Cycle) -> None:
     """A stored response that named no session begins one, keyed by its id: the turn that
     continues it (``previous_response_id``) goes to the replica that answered it."""
     from gateway.path.app import affinity_key
@@ -75,10 +82,10 @@ def _began(gateway: Any, cycle: Cycle) -> None:
     ):  # fmt: skip
         return
     session = affinity_key(cycle.key, str(response["id"]))
-    gateway.sessions.began(cycle.model, session, cycle.replica, time.monotonic())
+    parts.sessions.began(cycle.model, session, cycle.replica, time.monotonic())
 
 
-async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
+async def count_tokens(parts: Parts, cycle: Cycle, raw: bytes) -> None:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": n}`` counted by a ready
     replica of the model named (the prompt the engine would read, tools included)."""
     try:
@@ -88,7 +95,7 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
         raise errors.bad_request(error.message, error.param) from None
     except DialectError as error:
         raise errors.bad_request(error.message, error.param) from None
-    key, table = cycle.key, gateway.state.table
+    key, table = cycle.key, parts.state.table
     assert key is not None
     entry = table.resolve(asked["model"])
     if entry is None or not key.may_name(entry):
@@ -101,10 +108,10 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
             "cluster's own models.")  # fmt: skip
     pool = table.pool(model.name)
     if pool is None or not pool.endpoints:
-        raise errors.not_ready(asked["model"], gateway.options.retry_after)
-    out = gateway.outliers.excluded(pool.endpoints)
+        raise errors.not_ready(asked["model"], parts.options.retry_after)
+    out = parts.outliers.excluded(pool.endpoints)
     ready = [r for r in pool.endpoints if not out or r not in out] or list(pool.endpoints)
-    replica = min(ready, key=lambda r: gateway.in_flight.get(r, 0))
+    replica = min(ready, key=lambda r: parts.in_flight.get(r, 0))
     engine = pool.engines.get(replica, "")
     where = engines.route(engines.COUNT_TOKENS, engine)
     if where is None:
@@ -116,13 +123,13 @@ async def count_tokens(gateway: Any, cycle: Cycle, raw: bytes) -> None:
     body["model"] = served
     cycle.replica = replica
     try:
-        resp = await gateway.upstream.request(
+        resp = await parts.upstream.request(
             "POST", pool.endpoints[replica] + where.path,
             json.dumps(body, ensure_ascii=False).encode(), [("Content-Type", "application/json")],
-            connect_timeout=gateway.options.connect_timeout, first_byte_timeout=COUNT_TIMEOUT,
+            connect_timeout=parts.options.connect_timeout, first_byte_timeout=COUNT_TIMEOUT,
             read_timeout=COUNT_TIMEOUT,
         )  # fmt: skip
-        answer = await resp.read(gateway.options.max_answer)
+        answer = await resp.read(parts.options.max_answer)
     except UpstreamError as error:
         raise errors.count_failed(asked["model"], told_of(error)) from None
     if resp.status != 200:

@@ -43,6 +43,7 @@ from gateway.path.errors import ApiError
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle
     from gateway.path.dialect import Responses
+    from gateway.path.parts import Parts
 
 log = logging.getLogger("gateway")
 
@@ -171,7 +172,7 @@ def unreadable(why: str) -> ApiError:
     return errors.store_unavailable(why)
 
 
-async def before(gateway: Any, cycle: Cycle, raw: bytes) -> None:
+async def before(cycle: Cycle, raw: bytes) -> None:
     """Read a ``POST /v1/responses`` body and, when it continues a stored response, that
     response's conversation (its history for the chat request)."""
     dialect: Responses = cycle.dialect  # type: ignore[assignment]
@@ -211,7 +212,7 @@ def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def after(gateway: Any, cycle: Cycle) -> None:
+def after(parts: Parts, cycle: Cycle) -> None:
     """Keep the response the client had, when it asked to (off the request's path)."""
     dialect: Responses = cycle.dialect  # type: ignore[assignment]
     request, response = dialect.request, dialect.response
@@ -237,13 +238,13 @@ def after(gateway: Any, cycle: Cycle) -> None:
         finally:
             _writing.pop(response_id, None)
 
-    gateway.later(written())
+    parts.later(written())
 
 
 # -- GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items ----------------
 
 
-async def answer(gateway: Any, cycle: Cycle, method: str, path: str, query: bytes = b"") -> None:
+async def answer(cycle: Cycle, method: str, path: str, query: bytes = b"") -> None:
     rest = path[len(PREFIX) :]
     response_id, _, tail = rest.partition("/")
     if not response_id or tail not in ("", "input_items"):

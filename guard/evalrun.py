@@ -28,7 +28,7 @@ from catalog.models import ServedModel
 from catalog.problems import Problem
 from cluster.choices import ReplicaState
 from cluster.models import Replica
-from guard import client, known, services
+from guard import client, known, services, snapshots
 from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
@@ -217,7 +217,7 @@ def execute(
     texts = loaded.labelled.texts
     http = httpx.Client(limits=httpx.Limits(max_connections=4))
     try:
-        for judge in services.judges(list(record.judges)):
+        for judge in snapshots.judges(list(record.judges)):
             rows = []
             for i, text in _progress(texts, judge.name, progress):
                 rows.append(_ask(http, judge, i, text, record.controversial, timeout, record))
@@ -321,7 +321,7 @@ def _progress(texts: Sequence[ev.LabelledText], judge: str, progress: Progress |
 
 def _ask(
     http: httpx.Client,
-    judge: services.Judge,
+    judge: snapshots.Judge,
     position: int,
     text: ev.LabelledText,
     controversial: str,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from guard import formats, known, services
+from guard import formats, known, snapshots
 
 # Between ShieldGemma's prompts (one per policy sentence): a line holding a form feed.
 SEPARATOR = "\n\f\n"
@@ -19,7 +19,7 @@ def judge_prompt(name: str, request: str, answer: str | None = None) -> str:
     Raises:
         ValueError: the name is neither a guard model in the catalog nor a known judge.
     """
-    (judge,) = services.judges([name])
+    (judge,) = snapshots.judges([name])
     fmt = judge.format or (known.KNOWN[name].format if name in known.KNOWN else None)
     if fmt is None:
         raise ValueError(f'"{name}" is neither a guard model in the catalog nor a known judge')

@@ -12,7 +12,7 @@ A judge skipped for the request counts as failed, as one its breaker skips does
 (``guard.breaker.Skipped``): the next judge of the chain is asked, and with none left
 the policy's ``fail`` decides (``fail: closed`` still refuses, so nothing unjudged gets
 through). Only failures of an earlier check skip a judge: a check that reads its
-snapshot again after a failure (``guard.services.check``) may still ask the judge anew.
+snapshot again after a failure (``guard.checks.check``) may still ask the judge anew.
 """
 
 from __future__ import annotations

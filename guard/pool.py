@@ -18,7 +18,7 @@ safe). Failures raise ``Timeout`` (no connection or no answer in time) or
 ``Unreachable`` (refused, reset, or not HTTP).
 
 ``AsyncPool`` does the same on an event loop, for the checks the web process answers
-without leaving its loop (``guard.services.check_on_loop``): no thread to hand the check
+without leaving its loop (``guard.checks.check_on_loop``): no thread to hand the check
 to and back, which cost about 0.6 ms a check on these machines. It asks through the
 project's one async HTTP client, ``llmgw_core.upstream.Upstream`` (the gateway's to its
 engines), one per loop: its connections belong to the loop that made them.

@@ -13,7 +13,7 @@ when it changes state, one row per judge and process (``JudgeBreaker``), for the
 
 The web process's server starts the recorder (``llmgw_admin/server.py``; importing the
 application starts nothing). Elsewhere (the ``guard``
-command, Celery's probe, tests) nothing is started and ``guard.services.record`` writes
+command, Celery's probe, tests) nothing is started and ``guard.checks.record`` writes
 each result at once, through the same ``write``.
 """
 

@@ -11,13 +11,13 @@
   snapshot), a token, a user or a user's groups (``guard.api.auth``'s tokens); a migrate
   or a flush drops both.
 - **Each reconcile tick** (the cluster's ``reconcile_tick``) first serves the judges the
-  policy names and the catalog lacks (``guard.services.serve_policy_judges``).
+  policy names and the catalog lacks (``guard.hooks.serve_policy_judges``).
 - **A catalog change that switches off the only judge that answers** is warned of
-  (the catalog's ``change_warnings``; ``guard.services.switch_off_warnings``): the
+  (the catalog's ``change_warnings``; ``guard.hooks.switch_off_warnings``): the
   guard will then fail open or closed, as the policy's ``fail`` says.
 - **A catalog change that takes a judge the policy names out of it** (deleted, renamed,
   its role changed) is refused (the catalog's ``change_refusals``;
-  ``guard.services.policy_refusals``): take it out of the policy first.
+  ``guard.hooks.policy_refusals``): take it out of the policy first.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from catalog.models import ServedModel
 from catalog.signals import change_refusals, change_warnings
 from cluster.models import Replica
 from cluster.signals import reconcile_tick
-from guard import services
+from guard import hooks, snapshots
 from guard.api import auth
 from guard.models import GuardPolicy, JudgeDecision, JudgeHealth, JudgeProbe, JudgeSample
 from llmgw_core import events
@@ -103,22 +103,22 @@ _REPLICA_FIELDS = frozenset({"model_name", "state", "desired", "endpoint", "read
 
 
 def _policy_saved(**kwargs: Any) -> None:
-    services.forget()
+    snapshots.forget()
 
 
 def _model_saved(instance: ServedModel, **kwargs: Any) -> None:
-    services.forget_if_held(instance.name)
+    snapshots.forget_if_held(instance.name)
 
 
 def _replica_saved(instance: Replica, update_fields: Any = None, **kwargs: Any) -> None:
     if update_fields is not None and not (set(update_fields) & _REPLICA_FIELDS):
         return
-    services.forget_if_held(instance.model_name)
+    snapshots.forget_if_held(instance.model_name)
 
 
 def _migrated(**kwargs: Any) -> None:
     # A migrate or a flush (tests) rewrote the tables under what is kept.
-    services.forget()
+    snapshots.forget()
     auth.forget()
 
 
@@ -130,11 +130,11 @@ def _token_changed(**kwargs: Any) -> None:
 
 
 def _change_warnings(sender: Any, before: Any, after: Any, **kwargs: Any) -> list[str]:
-    return services.switch_off_warnings(before, after)
+    return hooks.switch_off_warnings(before, after)
 
 
 def _change_refusals(sender: Any, before: Any, after: Any, **kwargs: Any) -> list[Any]:
-    return services.policy_refusals(before, after)
+    return hooks.policy_refusals(before, after)
 
 
 # The reconciler.
@@ -143,7 +143,7 @@ def _change_refusals(sender: Any, before: Any, after: Any, **kwargs: Any) -> lis
 def _tick(sender: Any, **kwargs: Any) -> None:
     # The policy may name a known judge the catalog lacks: added before the tick reads
     # the catalog, so this tick serves it.
-    services.serve_policy_judges()
+    hooks.serve_policy_judges()
 
 
 def connect() -> None:

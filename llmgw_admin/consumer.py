@@ -5,7 +5,7 @@
 pushed once a second, ``gateway.live``)
 (comma separated; ``?model=NAME`` narrows ``models`` to one model, for its page;
 ``?view=catalog`` makes ``models`` the catalog list's ready column, for the models its
-other parameters, the list's filters, show (``catalog.views.listed_names``);
+other parameters, the list's filters, show (``catalog.views.pages.listed_names``);
 ``evals`` needs ``?eval=ID``, the evaluation whose page is open). On connect the
 consumer sends a snapshot of every region it serves (a reconnect resynchronises); then,
 for each event of llmgw_core.events, the changed elements by id. htmx's ws extension swaps
@@ -40,7 +40,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from catalog.views import listed_names
+from catalog.views.pages import listed_names
 from cluster import live as cluster_live
 from gateway import live as gateway_live
 from gateway.records import traffic as gateway_traffic

@@ -3,7 +3,8 @@
 ``LLMGW_SIMULATE`` (docs/configuration.md) names the simulated nodes' cards, one list per
 node in the agent's ``--simulate`` form, ``;`` between nodes; ``off`` runs none. On the
 embedded default it is two nodes of two L4s and one H100, so a new install shows
-placement, health and the guard at work with no card and no weights:
+placement, health and the guard at work with no card and no weights (settings.py's
+``SIMULATE_EMBEDDED``):
 
 - ``parse_simulate`` reads the setting (plain data, no Django: settings.py calls it).
 - ``demo_models`` is the demo catalog for the simulated GPU classes (plain data).
@@ -29,9 +30,6 @@ from typing import Any
 
 from agent import discovery
 
-# Two nodes: the chat model's replicas spread over four L4s, the on-demand model and the
-# sim judge take an H100 each.
-DEFAULT_SIMULATE = "2x nvidia-l4-24gb,1x nvidia-h100-80gb; 2x nvidia-l4-24gb,1x nvidia-h100-80gb"
 OFF = ("off", "false")
 # Each in-process agent is a few threads in the web process: more is a real cluster's job.
 MAX_NODES = 8

@@ -155,9 +155,11 @@ def main() -> None:
     import os
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_admin.settings")
+    from django.conf import settings
+
     parser = argparse.ArgumentParser(description="Serve llmgw's web process alone.")
-    parser.add_argument("--bind", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--bind", default=settings.LLMGW_BIND, help="default LLMGW_BIND")
+    parser.add_argument("--port", type=int, default=settings.LLMGW_PORT, help="default LLMGW_PORT")
     args = parser.parse_args()
     run(args.bind, args.port)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_admin.demo import DEFAULT_SIMULATE, parse_simulate
+from llmgw_admin.demo import parse_simulate
 from llmgw_admin.jobs import beat_schedule
 from llmgw_core.env import (
     database_from_url,
@@ -108,8 +108,29 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = envstr("DATABASE_URL")
+# PostgreSQL's bounds (llmgw_core/env.py database_from_url): a connection in seconds (the
+# pool's wait for one too), a statement in seconds, and the connections a process holds.
+LLMGW_DB_CONNECT_TIMEOUT = envint("DB_CONNECT_TIMEOUT", 5)
+LLMGW_DB_STATEMENT_TIMEOUT = envint("DB_STATEMENT_TIMEOUT", 30)
+LLMGW_DB_POOL_SIZE = envint("DB_POOL_SIZE", 10)
+for _name in ("DB_CONNECT_TIMEOUT", "DB_STATEMENT_TIMEOUT"):
+    if globals()[f"LLMGW_{_name}"] < 1:
+        raise ImproperlyConfigured(
+            f"LLMGW_{_name} is {globals()[f'LLMGW_{_name}']}: write 1 or more seconds"
+        )
+if LLMGW_DB_POOL_SIZE < 2:
+    raise ImproperlyConfigured(
+        f"LLMGW_DB_POOL_SIZE is {LLMGW_DB_POOL_SIZE}: write 2 or more (the pool keeps 2 open)"
+    )
 if DATABASE_URL:
-    DATABASES = {"default": database_from_url(DATABASE_URL)}
+    DATABASES = {
+        "default": database_from_url(
+            DATABASE_URL,
+            connect=LLMGW_DB_CONNECT_TIMEOUT,
+            statement=LLMGW_DB_STATEMENT_TIMEOUT,
+            pool_size=LLMGW_DB_POOL_SIZE,
+        )
+    }
 else:
     DATABASES = {
         "default": {
@@ -291,9 +312,14 @@ if LLMGW_UPDATE_CHECK_EVERY < 60:
 # ones the project carries, and the gateway its cases are sent through, as a client's
 # requests are (default: this machine's web process, on LLMGW_PORT).
 LLMGW_EVAL_DIR = envstr("EVAL_DIR")
+# Where the web process serves (``python3 run.py``, and ``manage.py serve`` without --bind or
+# --port). run.py starts before Django can be imported and writes the same defaults
+# (tests/test_settings_env.py holds them equal).
+LLMGW_BIND = envstr("BIND", "127.0.0.1")
+LLMGW_PORT = envint("PORT", 8000)
 # Whether it was given: else ``manage.py serve`` makes it its own address.
 GATEWAY_URL_GIVEN = bool(envstr("GATEWAY_URL"))
-_GATEWAY_URL = envstr("GATEWAY_URL") or f"http://127.0.0.1:{envint('PORT', 8000)}"
+_GATEWAY_URL = envstr("GATEWAY_URL") or f"http://127.0.0.1:{LLMGW_PORT}"
 LLMGW_GATEWAY_URL = _GATEWAY_URL.rstrip("/")
 # Beat's schedule (style.md 2.6) from the one table of periodic jobs, which the embedded
 # web process runs from too (llmgw_admin/jobs.py); each run expires before the next starts.
@@ -428,10 +454,13 @@ LLMGW_GATEWAY_USAGE_FLUSH_MS = envint("GATEWAY_USAGE_FLUSH_MS", 1000)
 LLMGW_GUARD_WINDOW_TOKENS = envint("GUARD_WINDOW_TOKENS", 16)
 LLMGW_GUARD_WINDOW_MS = envint("GUARD_WINDOW_MS", 150)
 # Simulated nodes run beside the web process (llmgw_admin.demo): on by default only on the
-# embedded default, so production never simulates unless asked.
+# embedded default, so production never simulates unless asked. Embedded, two nodes: the
+# demo chat model's replicas spread over four L4s, the on-demand model and the sim judge
+# take an H100 each.
+SIMULATE_EMBEDDED = "2x nvidia-l4-24gb,1x nvidia-h100-80gb; 2x nvidia-l4-24gb,1x nvidia-h100-80gb"
 try:
     LLMGW_SIMULATE = parse_simulate(
-        envstr("SIMULATE") or ("off" if DATABASE_URL or REDIS_URL else DEFAULT_SIMULATE)
+        envstr("SIMULATE") or ("off" if DATABASE_URL or REDIS_URL else SIMULATE_EMBEDDED)
     )
 except ValueError as exc:
     raise ImproperlyConfigured(f"LLMGW_SIMULATE: {exc}") from None

@@ -61,7 +61,7 @@ urlpatterns = [
     path("api/v1/cluster/", include(("cluster.api.urls", "cluster-api"))),
     path("api/v1/agent/", include((agent_urlpatterns, "agent"))),
     path("api/v1/guard/", include(("guard.api.urls", "guard-api"))),
-    path("api/v1/gateway/", include(("gateway.api_urls", "gateway-api"))),
+    path("api/v1/gateway/", include(("gateway.api.urls", "gateway-api"))),
     path("api/v1/", include(access_router.urls)),
     # The schema is read by viewers (SPECTACULAR_SETTINGS' SERVE_PERMISSIONS), as the docs.
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -76,8 +76,14 @@ def envsecret(name: str, default: str = "") -> str:
     return default if value is None else value
 
 
-def database_from_url(url: str) -> dict[str, object]:
-    """Return a Django DATABASES entry for a ``postgres://user:pw@host:port/name`` URL."""
+def database_from_url(
+    url: str, *, connect: int, statement: int, pool_size: int
+) -> dict[str, object]:
+    """Return a Django DATABASES entry for a ``postgres://user:pw@host:port/name`` URL.
+
+    ``connect`` and ``statement`` are the bounds in seconds on a connection and on a
+    statement, ``pool_size`` the connections one process holds at most (the settings'
+    ``LLMGW_DB_*``, read and checked in settings.py)."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql", "postgresql+psycopg"):
         raise ImproperlyConfigured(
@@ -88,11 +94,6 @@ def database_from_url(url: str) -> dict[str, object]:
     if not name:
         raise ImproperlyConfigured(f"{PREFIX}DATABASE_URL names no database after the host")
 
-    connect = envint("DB_CONNECT_TIMEOUT", 5)
-    statement = envint("DB_STATEMENT_TIMEOUT", 30)
-    for var, value in (("DB_CONNECT_TIMEOUT", connect), ("DB_STATEMENT_TIMEOUT", statement)):
-        if value < 1:
-            raise ImproperlyConfigured(f"{PREFIX}{var} is {value}: write 1 or more seconds")
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
@@ -113,7 +114,7 @@ def database_from_url(url: str) -> dict[str, object]:
             # llmgw_admin.dbdown) in seconds, never a thread held.
             "pool": {
                 "min_size": 2,
-                "max_size": envint("DB_POOL_SIZE", 10),
+                "max_size": pool_size,
                 "timeout": connect,
                 # Every wait on the server bounded (llmgw_core.dbbounds).
                 "connection_class": bounded(connect, statement + connect),

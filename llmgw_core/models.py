@@ -6,6 +6,7 @@ import hashlib
 import logging
 import secrets
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -45,6 +46,16 @@ def digest(secret: str) -> str:
     no dictionary to try, and checking one must stay cheap on every API call.
     """
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def revoke(token: Any) -> bool:
+    """Mark a secret shown once (an API token, a join token, a client key) revoked now: it
+    stops working at once and its row stays. False when it already was (nothing written)."""
+    if token.revoked is not None:
+        return False
+    token.revoked = timezone.now()
+    token.save(update_fields=["revoked"])
+    return True
 
 
 class ShownOnce(models.Model):

@@ -5,10 +5,16 @@ The settings (PostgreSQL, Redis, a temporary data folder) are in tests/settings.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests import dbflush, threads
+
+threads.watch()
+dbflush.by_delete()
 
 
 @pytest.hookimpl(trylast=True)
@@ -59,10 +65,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _judges_breakers_closed() -> Iterator[None]:
     """Every test starts with each judge's circuit breaker closed: the breakers are the
     process's (guard.breaker), and a judge another test made fail must not be skipped here."""
-    from guard import services
+    from guard import checks
 
-    services.BREAKERS.clear()
+    checks.BREAKERS.clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test fails when a thread of the project's it started is still running after its
+    teardown (tests/threads.py: which thread, where it was started, where it is now; in
+    the folders it has been run over, ``threads.CHECKED``)."""
+    if not threads.checked(str(request.path)):
+        yield
+        return
+    before = set(threading.enumerate())
+    yield
+    left = threads.left_running(before)
+    if left:
+        pytest.fail(
+            f"{len(left)} thread(s) of the project's outlived this test (stop and join "
+            "each before the test ends):\n  " + "\n  ".join(map(threads.describe, left)),
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -287,6 +287,44 @@ def test_the_walk_finds_an_import_against_the_paths_rule() -> None:
     assert path_problems(outside, bad) == []
 
 
+def gateway_holders(module: Module, tree: ast.AST) -> list[tuple[int, str]]:
+    """Return each parameter of a function of ``module`` that holds a gateway untyped or
+    whole: named ``gateway``, ``gw`` or ``owner`` and typed ``Any`` (or not typed), or
+    typed ``Gateway`` in the path outside ``app.py``, where it is made."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = node.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            kind = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+            if arg.arg in ("gateway", "gw", "owner") and kind in ("", "Any"):
+                found.append((arg.lineno, f"{node.name}({arg.arg}: {kind or 'untyped'})"))
+            elif (
+                kind == "Gateway"
+                and module.name.startswith(PATH + ".")
+                and (module.name != PATH + ".app")
+            ):
+                found.append((arg.lineno, f"{node.name}({arg.arg}: Gateway)"))
+    return found
+
+
+def test_no_part_of_the_gateway_holds_the_whole_gateway_untyped() -> None:
+    """The request path's parts take the gateway's typed ``Parts`` (or the few
+    collaborators each needs), never the ``Gateway``; nothing in ``gateway/`` holds a
+    gateway typed ``Any``."""
+    found = [
+        f"{module.path}:{line}: {what}: take gateway.path.parts.Parts or what it needs"
+        for module in modules()
+        if module.layer == "gateway"
+        for line, what in gateway_holders(module, parsed(module.path))
+    ]
+    assert not found, "a gateway held whole:\n" + "\n".join(found)
+    bad = ast.parse("def f(gateway: Any) -> None: ...\ndef g(x: Gateway) -> None: ...\n")
+    path = Module(Path("gateway", "path", "x.py"), "gateway.path.x", "gateway.path")
+    assert [line for line, _ in gateway_holders(path, bad)] == [1, 2]
+
+
 def test_every_receiver_is_connected_in_its_apps_signals_when_the_app_is_ready() -> None:
     found = []
     for module in modules():

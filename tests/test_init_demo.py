@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 
 from catalog import codec
@@ -44,14 +45,14 @@ def names() -> list[str]:
 @pytest.fixture
 def simulate(settings: Any) -> None:
     """The embedded default's simulated nodes (the tests' settings are production's: off)."""
-    settings.LLMGW_SIMULATE = demo.parse_simulate(demo.DEFAULT_SIMULATE)
+    settings.LLMGW_SIMULATE = demo.parse_simulate(settings.SIMULATE_EMBEDDED)
 
 
 # -- LLMGW_SIMULATE ---------------------------------------------------------------------
 
 
 def test_parse_simulate_reads_nodes_and_off() -> None:
-    assert demo.parse_simulate(demo.DEFAULT_SIMULATE) == [
+    assert demo.parse_simulate(django_settings.SIMULATE_EMBEDDED) == [
         demo.SimNode("sim-1", "2x nvidia-l4-24gb,1x nvidia-h100-80gb"),
         demo.SimNode("sim-2", "2x nvidia-l4-24gb,1x nvidia-h100-80gb"),
     ]

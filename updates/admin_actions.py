@@ -7,14 +7,14 @@ from typing import Any
 
 from django.contrib import admin, messages
 
+from catalog.choices import Surface
 from llmgw_core.roles import OPERATOR
+from updates import checking, flow, run
 
 
 @admin.action(permissions=[OPERATOR], description="Check selected models for updates")
 def check_for_updates(modeladmin: Any, request: Any, queryset: Any) -> None:
     """Check each selected model for updates now; say what each check found."""
-    from updates import checking
-
     names = list(queryset.values_list("name", flat=True))
     results = checking.check_models(names, by=f"{request.user.get_username()} (admin)")
     for state, level in (("available", messages.WARNING), ("error", messages.ERROR)):
@@ -31,9 +31,6 @@ def check_for_updates(modeladmin: Any, request: Any, queryset: Any) -> None:
 def update_models(modeladmin: Any, request: Any, queryset: Any) -> None:
     """Start an update of each selected model (the newest revision, promoted by hand);
     say which started and why the others did not."""
-    from catalog.choices import Surface
-    from updates import flow, run
-
     started = []
     for name in queryset.values_list("name", flat=True):
         try:

@@ -13,8 +13,9 @@ class UpdatesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from updates import command, run, signals, tasks
-        from updates.mirror import fetches
+        # Imported here: they import models, which load with the apps, after this module.
+        from updates import command, run, signals, tasks  # noqa: PLC0415
+        from updates.mirror import fetches  # noqa: PLC0415
 
         signals.connect()
         # The workers' tasks call the mirror and the flow; these reach the workers through them.

@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.core.cache import cache
 from django.utils import timezone
 
-from updates import check, registry
+from catalog.services import stored_specs
+from llmgw_core import events
+from updates import check, mirror, registry
 from updates.models import UpdateCheck
 
 log = logging.getLogger(__name__)
@@ -79,8 +82,6 @@ def check_model(m: object) -> check.Result:
 def _have(name: str, origin: object) -> list[check.Weights]:
     """Return the origin's weights files; one the registry keeps in git (no sha256 in the
     origin) with the git blob id of the mirror's copy when the mirror holds it."""
-    from updates import mirror
-
     files = list(getattr(origin, "files", ()))
     folder = None
     if any(not f.sha256 for f in files):
@@ -104,8 +105,6 @@ def check_models(names: Iterable[str] | None = None, *, by: str = "") -> list[ch
 
     A model named that is not in the catalog is an ``error`` result saying so.
     """
-    from catalog.services import stored_specs
-
     wanted = None if names is None else list(dict.fromkeys(names))
     specs = stored_specs(names=wanted)
     found = {m.name: m for m in specs}
@@ -126,8 +125,6 @@ def check_models(names: Iterable[str] | None = None, *, by: str = "") -> list[ch
 
 
 def _mark_checking(name: str, by: str) -> None:
-    from django.core.cache import cache
-
     try:
         cache.set(_MARK + name, by or "-", timeout=CHECKING_MARK_S)
     except Exception:  # no cache to say it in: the check runs all the same
@@ -137,8 +134,6 @@ def _mark_checking(name: str, by: str) -> None:
 
 
 def _unmark_checking(name: str) -> None:
-    from django.core.cache import cache
-
     try:
         cache.delete(_MARK + name)
     except Exception:
@@ -148,8 +143,6 @@ def _unmark_checking(name: str) -> None:
 def checking_now(names: Iterable[str]) -> set[str]:
     """Return which of the models named are being checked now (empty when the cache
     cannot say: a page shows their last check instead)."""
-    from django.core.cache import cache
-
     keys = {_MARK + n: n for n in names}
     if not keys:
         return set()
@@ -163,8 +156,6 @@ def checking_now(names: Iterable[str]) -> set[str]:
 
 def _changed(name: str) -> None:
     try:
-        from llmgw_core import events
-
         events.changed(models=[name])
     except Exception:
         log.debug("marking %s changed failed", name, exc_info=True)

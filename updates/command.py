@@ -21,6 +21,8 @@ import socket
 from typing import Any
 
 from catalog import extensions
+from updates import checking, cli
+from updates.admin_actions import check_for_updates, update_models
 
 
 def who() -> str:
@@ -30,8 +32,6 @@ def who() -> str:
 
 def add_arguments(parser: Any) -> None:
     """Add the ``update`` group's actions to its parser."""
-    from updates import cli
-
     sub = parser.add_subparsers(dest="update_action", required=True)
     check = sub.add_parser(
         "check", help="check models for updates (all with a registry if none named)"
@@ -47,7 +47,6 @@ def handle(command: Any, options: dict[str, Any]) -> None:
     if action == "check":
         _check(command, options)
         return
-    from updates import cli
 
     code = cli.handle(action, options, command.stdout, command.stderr)
     if code:
@@ -55,8 +54,6 @@ def handle(command: Any, options: dict[str, Any]) -> None:
 
 
 def _check(command: Any, options: dict[str, Any]) -> None:
-    from updates import checking
-
     results = checking.check_models(options["models"] or None, by=who())
     for r in results:
         if options["json"]:
@@ -69,8 +66,6 @@ def _check(command: Any, options: dict[str, Any]) -> None:
 
 def register() -> None:
     """Add the ``update`` group to the catalog command, and the admin's bulk action."""
-    from updates.admin_actions import check_for_updates, update_models
-
     extensions.add_subcommand(
         extensions.Subcommand(
             "update",

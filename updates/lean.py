@@ -27,6 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connection
 
+from cluster.agentjoin import node_for_token
 from llmgw_core import lean
 from llmgw_core.lean import ASGIApp, Receive, Scope, Send
 from updates.api import views as api
@@ -53,8 +54,6 @@ _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="mirror-f
 
 def _find(secret: str, pk: int, path: str) -> api.Held | None:
     """Return the file a node's request asks for, or None (Django answers why not)."""
-    from cluster.agentjoin import node_for_token
-
     try:
         node = node_for_token(secret)
         if node is None:

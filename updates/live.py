@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 
 from updates.models import UpdateCheck
 
@@ -39,8 +40,6 @@ def panel_pokes(names: list[str], can_act: bool) -> dict[Any, str | None]:
     fetch moved, a check ended): an element swapped into the panel's holder that asks for
     the panel when htmx loads it. The page asks with its own session, so the panel is the
     user's (an operator's buttons, the update flow's lines), as its own refresh shows it."""
-    from django.urls import reverse
-
     return {
         name: render_to_string(
             "updates/partials/panel_poke.html",

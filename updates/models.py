@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from catalog.choices import Surface
+
 
 class FetchState(models.TextChoices):
     """Where a fetch into the mirror is."""
@@ -209,8 +211,6 @@ class UpdateRun(models.Model):
         """Return who started it and through what, once: ``alice (console)``, ``alice (api,
         token ci)``, ``system (ops@host) (command line)`` (the label names the surface
         already but from the command line, where it names the account)."""
-        from catalog.choices import Surface
-
         who = self.started_by or "the system"
         if not self.surface or self.surface in who:
             return who

@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
+import httpx
 from django.conf import settings
+
+from agent.simweights import FILE_NAME as SIM_WEIGHTS
+from agent.weights import allowed_origins, origin_of
 
 # Files an engine loads weights from: a commit that changes none of them (a README, a
 # config the engine does not read) is not an update. By how their names end.
@@ -132,8 +136,6 @@ def is_weights(path: str) -> bool:
     """Return whether a file of a repository holds weights: by how its name ends, or the
     sim engine's weights file (``sim-weights.json``: its content sets how the sim answers,
     so a commit that changes it is an update)."""
-    from agent.simweights import FILE_NAME as SIM_WEIGHTS
-
     return path.lower().endswith(WEIGHTS_SUFFIXES) or PurePosixPath(path).name == SIM_WEIGHTS
 
 
@@ -156,8 +158,6 @@ def mirrored(source: str) -> str | None:
     if what == "hf":
         return None
     if what == "url":
-        from agent.weights import allowed_origins, origin_of
-
         allowed = allowed_origins(list(settings.LLMGW_MIRROR_HOSTS))
         if origin_of(source) in allowed:
             return None
@@ -236,8 +236,10 @@ def latest(source: str, revision: str | None = None) -> RepoState:
 
 
 def _hub_state(repo: str, revision: str | None) -> RepoState:
-    from huggingface_hub import HfApi, hf_hub_url
-    from huggingface_hub.errors import (
+    # Imported here: huggingface_hub's client takes 140 ms to import, which no process
+    # that never asks the Hub (the gateway, a web process serving pages) should pay.
+    from huggingface_hub import HfApi, hf_hub_url  # noqa: PLC0415
+    from huggingface_hub.errors import (  # noqa: PLC0415
         GatedRepoError,
         HfHubHTTPError,
         RepositoryNotFoundError,
@@ -307,10 +309,6 @@ def unfit_path(path: str) -> str:
 
 
 def _url_state(url: str) -> RepoState:
-    import httpx
-
-    from agent.weights import allowed_origins, origin_of
-
     allowed = allowed_origins(list(settings.LLMGW_MIRROR_HOSTS))
     if origin_of(url) not in allowed:
         raise RegistryError(

@@ -29,17 +29,22 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from catalog import spec
 from catalog.choices import Surface
+from catalog.models import ChangeRecord, ServedModel
 from catalog.services import Actor, Refused, delete_model, save_model, stored_queryset
 from cluster import services, wake
 from cluster.models import Replica
+from gateway import services as gateway_services
+from gateway.models import Usage
 from llmgw_core import events
-from updates import flow, mirror, registry
+from updates import checking, flow, mirror, registry
+from updates.evals import runner
+from updates.evals import suite as suites
 from updates.models import Fetch, UpdateRun, UpdateState
 
 log = logging.getLogger(__name__)
@@ -243,8 +248,6 @@ def sweep(now: datetime | None = None) -> list[str]:
     revision (after a rollback, say) has a candidate of the same name: the newest update
     of that name decides, and an older one's ending never removes it.
     """
-    from catalog.models import ServedModel
-
     now = now or _now()
     ended = UpdateRun.objects.filter(
         state__in=(UpdateState.PROMOTED, UpdateState.FAILED),
@@ -354,8 +357,6 @@ def _canary_facts(run: UpdateRun, p: flow.Plan) -> flow.Facts:
     )
     why = ""
     if not on:
-        from catalog.models import ChangeRecord
-
         record = (
             ChangeRecord.objects.filter(model_name=run.model, surface=Surface.GATEWAY,
                                         at__gte=run.canary_started or run.created)
@@ -380,8 +381,6 @@ def _canary_facts(run: UpdateRun, p: flow.Plan) -> flow.Facts:
 def _served(run: UpdateRun) -> int:
     """Return the client requests the candidate answered (the gateway's usage records; the
     eval's own key apart)."""
-    from gateway.models import Usage
-
     q = Usage.objects.filter(model=run.candidate)
     if run.eval_key:
         q = q.exclude(key=run.eval_key)
@@ -525,7 +524,6 @@ def _remove_candidate(run: UpdateRun) -> None:
 def _revoke_eval_key(run: UpdateRun) -> None:
     if not run.eval_key:
         return
-    from gateway import services as gateway_services
 
     with contextlib.suppress(gateway_services.KeyRefused):  # revoked already
         gateway_services.revoke_key(run.eval_key, via=f"update #{run.pk}")
@@ -557,8 +555,6 @@ def dispatch_eval(pk: int) -> None:
 
 
 def _eval_in_thread(pk: int) -> None:
-    from django.db import close_old_connections
-
     try:
         run_eval(pk)
     except Exception:
@@ -573,10 +569,6 @@ def run_eval(pk: int) -> None:
     A client key of its own (``update-eval-<pk>``, naming the candidate alone) is made
     for it and revoked at the end; its secret is never stored.
     """
-    from gateway import services as gateway_services
-    from updates.evals import runner
-    from updates.evals import suite as suites
-
     run = UpdateRun.objects.filter(pk=pk, state=UpdateState.RUNNING, step=flow.EVAL).first()
     if run is None or run.score is not None:
         return
@@ -780,8 +772,6 @@ def _end_handover(run: UpdateRun, line: str, now: datetime | None = None) -> Non
 def _check_moved(name: str, before: Any, after: Any) -> None:
     """Make the model's last update check true again (``checking.moved``); a failure
     leaves it to the next check."""
-    from updates import checking
-
     try:
         with transaction.atomic():
             checking.moved(name, before, after)

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
 
 from cluster.signals import reconcile_tick
+from updates import run
+from updates.models import ACTIVE, Fetch, UpdateRun, UpdateState
+from updates.tasks import advance_updates
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,6 @@ def _tick(sender: Any, **kwargs: Any) -> None:
         if not worth_a_look():
             return
         if settings.REDIS_URL:
-            from updates.tasks import advance_updates
-
             advance_updates.apply_async(expires=30)
         elif _looking.acquire(blocking=False):
             threading.Thread(target=_look, name="updates-advance", daemon=True).start()
@@ -43,8 +47,6 @@ def worth_a_look() -> bool:
     """Whether a tick has anything for ``run.advance_all`` to do: an update running, one
     ended lately (its candidate to remove), a promoted candidate still taking its model's
     traffic, or a fetch into the mirror under way (one a dead worker left is said so)."""
-    from updates.models import ACTIVE, Fetch, UpdateRun, UpdateState
-
     return (
         UpdateRun.objects.filter(state=UpdateState.RUNNING).exists()
         or _ended_recently()
@@ -57,22 +59,11 @@ def worth_a_look() -> bool:
 
 def _ended_recently() -> bool:
     """Whether an update ended lately (its candidate may wait to be removed: run.sweep)."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from updates import run
-    from updates.models import UpdateRun
-
     since = timezone.now() - timedelta(seconds=run.DRAIN_S * 6)
     return UpdateRun.objects.filter(finished__gte=since).exclude(candidate="").exists()
 
 
 def _look() -> None:
-    from django.db import close_old_connections
-
-    from updates import run
-
     try:
         run.advance_all()
     except Exception:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from updates import checking, mirror, run
+
 # A fetch of a large model takes hours: it is not held to the tasks' default time limit.
 FETCH_TIME_LIMIT_S = 24 * 3600
 
@@ -14,8 +16,6 @@ FETCH_TIME_LIMIT_S = 24 * 3600
 def check_for_updates() -> int:
     """Check every model with an origin for updates, and take up fetches a dead worker left;
     return how many models were checked (``LLMGW_UPDATE_CHECK_EVERY``)."""
-    from updates import checking, mirror
-
     mirror.resume_stale()
     return len(checking.check_models(by="schedule"))
 
@@ -23,8 +23,6 @@ def check_for_updates() -> int:
 @shared_task(ignore_result=True, time_limit=FETCH_TIME_LIMIT_S, acks_late=True)
 def fetch_into_mirror(pk: int) -> None:
     """Fetch a queued fetch's files into the mirror (``updates.mirror.run_fetch``)."""
-    from updates import mirror
-
     mirror.run_fetch(pk)
 
 
@@ -34,14 +32,10 @@ def fetch_into_mirror(pk: int) -> None:
 def advance_updates() -> int:
     """Look once at every running update (``updates.run.advance_all``), sent at each
     reconcile tick; return how many."""
-    from updates import run
-
     return len(run.advance_all())
 
 
 @shared_task(ignore_result=True)
 def run_update_eval(*, pk: int) -> None:
     """Run an update's eval suite against its candidate (``updates.run.run_eval``)."""
-    from updates import run
-
     run.run_eval(pk)

@@ -27,7 +27,11 @@ The update flow:
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -35,9 +39,13 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from catalog import rules
 from catalog.choices import Surface
+from catalog.services import stored_specs
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 from updates import checking, flow, mirror, registry, run
@@ -50,8 +58,6 @@ SLOW_S = 15
 
 def panel_context(request: Any, name: str) -> dict[str, Any]:
     """Return what a model's updates panel shows."""
-    from catalog.services import stored_specs
-
     found = stored_specs(names=[name])
     if not found:
         raise Http404(f"model {name!r} is not in the catalog")
@@ -113,8 +119,6 @@ def model_check(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def model_fetch(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Fetch a model's files into the mirror now (one never fetched: its origin is written
     when the fetch is done); answer its panel (htmx) or go back to its page."""
-    from catalog.choices import Surface
-
     who = f"{request.user.get_username()} (console)"
     said = ""
     try:
@@ -143,9 +147,6 @@ DISK_WARN = 0.95
 def _disk() -> dict[str, Any]:
     """The mirror's disk: free and total bytes, and whether it is (nearly) full; a fetch
     that filled it up said so, and what it deleted (``updates.mirror.download``)."""
-    import shutil
-    from pathlib import Path
-
     where = mirror.root()
     while not where.exists() and where != where.parent:
         where = where.parent  # not made yet: the disk it will be on
@@ -259,9 +260,6 @@ def line_of(r: UpdateRun | None) -> str:
 
 def rows(name: str = "", state: str = "") -> list[Row]:
     """Return every model's row (an update's candidate apart), filtered."""
-    from catalog.services import stored_specs
-    from updates import checking
-
     specs = [m for m in stored_specs() if not flow.is_candidate(m.name) and m.external is None]
     if name:
         specs = [m for m in specs if name.lower() in m.name.lower()]
@@ -306,9 +304,6 @@ def rows(name: str = "", state: str = "") -> list[Row]:
 def _unchecked(row: Row, m: Any, fetch: Fetch | None) -> None:
     """Say what a model never checked nor updated is waiting for: its first fetch into the
     mirror (under way, or failed with why), or nothing to mirror at all."""
-    from catalog import rules
-    from updates import registry
-
     if fetch is not None and fetch.state in ACTIVE:
         row.state = "fetching"
         row.line = f"the mirror fetches its weights ({fetch.source})"
@@ -386,8 +381,6 @@ def _answer(request: HtmxHttpRequest, name: str, said: str, refused: bool = Fals
 
 
 def _known(name: str) -> None:
-    from catalog.services import stored_specs
-
     if not stored_specs(names=[name]):
         raise Http404(f"model {name!r} is not in the catalog")
 
@@ -396,64 +389,58 @@ def _via(request: HtmxHttpRequest) -> str:
     return "console"
 
 
+def _act(
+    request: HtmxHttpRequest,
+    name: str,
+    action: Callable[..., Any],
+    said: Callable[[Any], tuple[str, bool]],
+) -> HttpResponse:
+    """Do an update flow's action (``run.promote``, ``cancel``, ``rollback``) on a model as
+    this console's user and answer (``_answer``) what ``said`` makes of it (the words, and
+    whether it failed) or why it was refused; 404 for a model the catalog does not hold."""
+    _known(name)
+    try:
+        done = action(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
+    except flow.FlowRefused as exc:
+        return _answer(request, name, str(exc), refused=True)
+    words, failed = said(done)
+    return _answer(request, name, words, refused=failed)
+
+
 @role_required(OPERATOR)
 @require_POST
 def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Start an update of a model (the newest revision; auto with its own canary)."""
-    _known(name)
     auto = request.POST.get("auto", "") in ("1", "on", "true")
-    try:
-        r = run.start(
-            name, auto=auto, user=request.user, surface=Surface.CONSOLE, via=_via(request)
-        )
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, f"update #{r.pk} of {name} started")
+    return _act(request, name, partial(run.start, auto=auto),
+                lambda r: (f"update #{r.pk} of {name} started", False))  # fmt: skip
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_promote(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Promote a model's running update now."""
-    _known(name)
-    try:
-        r = run.promote(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, r.reason if r.state == "failed" else r.lines[-1]["text"],
-                   refused=r.state == "failed")  # fmt: skip
+    return _act(request, name, run.promote,
+                lambda r: (r.reason, True) if r.state == "failed" else (r.lines[-1]["text"], False))  # fmt: skip
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Move a model back to its previous revision while the mirror holds it."""
-    _known(name)
-    try:
-        said = run.rollback(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, said)
+    return _act(request, name, run.rollback, lambda said: (said, False))
 
 
 @role_required(OPERATOR)
 @require_POST
 def model_cancel(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """End a model's running update; the model stays as it is."""
-    _known(name)
-    try:
-        r = run.cancel(name, user=request.user, surface=Surface.CONSOLE, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _answer(request, name, str(exc), refused=True)
-    return _answer(request, name, f"update #{r.pk}: {r.reason}")
+    return _act(request, name, run.cancel, lambda r: (f"update #{r.pk}: {r.reason}", False))
 
 
 def region_poke(query: dict[str, str]) -> str:
     """Return what tells an open Updates page to ask for its table at once (the live view
     sends it when a model changes: an update's step, a fetch, a check): an element htmx
     loads into the page's holder, which asks with the page's own session and filters."""
-    from django.template.loader import render_to_string
-    from django.urls import reverse
-
     url = reverse("updates:list") + "?" + urlencode({"region": "1", **query})
     return render_to_string("updates/partials/region_poke.html", {"url": url})

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from catalog import rules
 from catalog.converters import lookup_regex
 from catalog.services import stored_specs
-from cluster import agentbeat, agentinput, agentjoin, agentreport, nodepage, services, tenancy
+from cluster import agentbeat, agentinput, agentjoin, agentreport, details, services, tenancy
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -50,6 +50,7 @@ from cluster.models import (
 )
 from cluster.replace import DrainRefused
 from llmgw_core.roles import ADMIN, OPERATOR, has_role
+from llmgw_core.shownonce import ShownOnceActions
 
 
 class DrainSerializer(serializers.Serializer[None]):
@@ -106,7 +107,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         """A node with its cards (and the replica holding each) and the replicas it runs."""
         node = self.get_object()
         data = dict(NodeSerializer(node, context=self.get_serializer_context()).data)
-        detail = nodepage.node_detail(node, has_role(request.user, OPERATOR))
+        detail = details.node_detail(node, has_role(request.user, OPERATOR))
         data["cards"] = detail["cards"]
         data["replicas"] = NodeReplicaSerializer(detail["replicas"], many=True).data
         return Response(data)
@@ -224,7 +225,7 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
         if not has_role(request.user, OPERATOR):
             return Response({"detail": "an engine's log needs the operator role"}, status=403)
         replica = self.get_object()
-        nodes = nodepage.replica_log(replica)
+        nodes = details.replica_log(replica)
         return Response(
             ReplicaLogSerializer(
                 {"replica": replica.pk, "model": replica.model_name, "nodes": nodes}
@@ -308,7 +309,9 @@ class QuotaViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
         tenancy.delete_quota(instance.owner, user=self.request.user, via="api")
 
 
+@extend_schema_view(revoke=extend_schema(request=None, responses=JoinTokenSerializer))
 class JoinTokenViewSet(
+    ShownOnceActions,
     mixins.ListModelMixin,
     mixins.CreateModelMixin,
     viewsets.GenericViewSet,  # type: ignore[type-arg]
@@ -320,31 +323,18 @@ class JoinTokenViewSet(
     read_role = ADMIN
     required_role = ADMIN
 
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+    def issue(self, request: Request, data: dict[str, Any]) -> tuple[JoinToken, str]:
         token, secret = JoinToken.issue(
-            serializer.validated_data["name"],
-            expires=serializer.validated_data.get("expires"),
-            max_uses=serializer.validated_data.get("max_uses"),
+            data["name"],
+            expires=data.get("expires"),
+            max_uses=data.get("max_uses"),
             created_by=request.user,
         )
         _log(request, "join token issued", f"join token {token.pk} ({token.name})")
-        return Response(
-            {**JoinTokenSerializer(token).data, "token": secret}, status=status.HTTP_201_CREATED
-        )
+        return token, secret
 
-    @extend_schema(request=None, responses=JoinTokenSerializer)
-    @action(detail=True, methods=["post"])
-    def revoke(self, request: Request, pk: str) -> Response:
-        from django.utils import timezone
-
-        token = self.get_object()
-        if token.revoked is None:
-            token.revoked = timezone.now()
-            token.save(update_fields=["revoked"])
-            _log(request, "join token revoked", f"join token {token.pk} ({token.name})")
-        return Response(JoinTokenSerializer(token).data)
+    def revoked(self, request: Request, row: JoinToken) -> None:
+        _log(request, "join token revoked", f"join token {row.pk} ({row.name})")
 
 
 @extend_schema(

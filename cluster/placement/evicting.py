@@ -306,7 +306,7 @@ def _option(
     rank: int,
     need: Need,
     protect: frozenset[int | str],
-    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
+    memo: dict[int, Victims],
 ) -> tuple[int, int, list[Running]] | None:
     """Return what making room on node i costs (the highest class evicted, how many) and
     whom it evicts, or None where it cannot be made."""
@@ -324,28 +324,42 @@ def _victims(
     rank: int,
     need: Need,
     protect: frozenset[int | str],
-    memo: dict[int, tuple[tuple[int, ...], list[Running] | None]],
+    memo: dict[int, Victims],
 ) -> list[Running] | None:
     """Return the fewest, lowest-class replicas on node i whose going makes room.
 
     Known from an earlier trial of the same shape (``memo``, one per need with its
     source left out where it asks no disk, rank and protected replicas) while node
-    i's room and its domains' power have not changed since (what runs there changes
-    only with its room).
+    i's room has not changed since (what runs there changes only with its room), and
+    each power check the trial made comes out as it did: its domains' power may have
+    changed (room taken or given back on their other nodes) without changing a step.
     """
-    stamp = (state.node_ver[i], *[state.domain_ver[d] for d in state.node_domains[i]])
     known = memo.get(i)
-    if known is not None and known[0] == stamp:
-        return known[1]
-    found = _victims_now(state, i, rank, need, protect)
-    memo[i] = (stamp, found)
+    if known is not None and known[0] == state.node_ver[i]:
+        used, cap = state.used, state.cap
+        if all((used[d] - gone + w > cap[d] + EPSILON) == over for d, gone, w, over in known[1]):
+            return known[2]
+    checks: list[tuple[int, float, float, bool]] = []
+    found = _victims_now(state, i, rank, need, protect, checks)
+    memo[i] = (state.node_ver[i], tuple(checks), found)
     return found
 
 
+# A node's trial of victims for a shape: its room's version then, each power check made
+# (domain, watts freed there, watts drawn, whether it was over), and the victims.
+Victims = tuple[int, tuple[tuple[int, float, float, bool], ...], list[Running] | None]
+
+
 def _victims_now(
-    state: State, i: int, rank: int, need: Need, protect: frozenset[int | str]
+    state: State,
+    i: int,
+    rank: int,
+    need: Need,
+    protect: frozenset[int | str],
+    checks: list[tuple[int, float, float, bool]] | None = None,
 ) -> list[Running] | None:
-    """Return the fewest, lowest-class replicas on node i whose going makes room, counted."""
+    """Return the fewest, lowest-class replicas on node i whose going makes room, counted
+    (each power check made added to ``checks``)."""
     lower = [
         r
         for r in state.on_node[i]
@@ -366,23 +380,31 @@ def _victims_now(
     chosen: list[Running] = []
     for r in order:
         chosen.append(r)
-        if _fits_without(state, i, need, chosen):
+        if _fits_without(state, i, need, chosen, checks):
             break
     else:
         return None
     # Keep only those needed: try sparing the higher classes first.
     for r in reversed(list(chosen)):
         rest = [v for v in chosen if v is not r]
-        if rest and _fits_without(state, i, need, rest):
+        if rest and _fits_without(state, i, need, rest, checks):
             chosen = rest
     return chosen
 
 
-def _fits_without(state: State, i: int, need: Need, victims: list[Running]) -> bool:
+def _fits_without(
+    state: State,
+    i: int,
+    need: Need,
+    victims: list[Running],
+    checks: list[tuple[int, float, float, bool]] | None = None,
+) -> bool:
     """Return whether node i would fit a replica were these replicas gone.
 
     Counted on the side, without releasing them: trying victims on every node of a
-    full cluster by releasing and taking back would be most of a tick.
+    full cluster by releasing and taking back would be most of a tick. Each power check
+    made is added to ``checks`` (its domain, the watts freed there and drawn, whether
+    it was over the cap).
     """
     holds = [h for r in victims for h in state.holds_of[r.id]]
     here = [h for h in holds if h.i == i]
@@ -417,7 +439,10 @@ def _fits_without(state: State, i: int, need: Need, victims: list[Running]) -> b
             w = sum(cw[c] for c in take) + need.cores * state.core_watts
         for d in state.node_domains[i]:
             gone = sum(h.watts for h in holds if d in state.node_domains[h.i])
-            if state.used[d] - gone + w > state.cap[d] + EPSILON:
+            over = state.used[d] - gone + w > state.cap[d] + EPSILON
+            if checks is not None:
+                checks.append((d, gone, w, over))
+            if over:
                 return False
     return True
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from catalog.rules import FACILITY_LEVELS
 from cluster.placement.data import (
@@ -44,6 +46,37 @@ def place(
     Raises ValueError for two nodes of one name, two running replicas of one id or two
     requests of one key.
     """
+    with _no_cycle_collection():
+        return _place(nodes, domains, running, requests, cpu_core_watts, quotas)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause the cycle collector while a plan is made.
+
+    A plan allocates many small objects and frees them by reference counting, beside a
+    large live heap (the nodes, the running replicas and their holds): the collector,
+    triggered by the allocations, would walk that heap again and again (a sixth of the
+    time of a tick at 10,000 nodes) and find nothing to free.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _place(
+    nodes: Iterable[Node],
+    domains: Iterable[Domain],
+    running: Iterable[Running],
+    requests: Iterable[Request],
+    cpu_core_watts: float,
+    quotas: Book | None,
+) -> Plan:
+    """``place``, with the cycle collector paused."""
     nodes = list(nodes)
     running = list(running)
     state = State(nodes, list(domains), cpu_core_watts)

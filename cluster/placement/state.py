@@ -180,6 +180,7 @@ class State:
         self.holds_of: dict[int | str, list[Hold]] = {}
         self.alive: dict[int | str, Running] = {}
         self.eligible_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        self.engine_index: dict[str, dict[str, list[int]]] | None = None
         # By profile object: it, its need, eligible nodes and key (``placing._known``).
         self.profiles: dict[int, tuple[Any, ...]] = {}
         # By need object: it, and its shape without the weights (``shape``).
@@ -196,13 +197,14 @@ class State:
         # Every node whose free room changed, in order (``_apply``): what a reason counted
         # over the cluster before need only be counted again on these (``misses``).
         self.changed: list[int] = []
-        # How often each node's room, and each domain's power, changed: a node's trial
-        # of victims holds while neither changed (``evicting``).
+        # How often each node's room changed: a node's trial of victims holds while it
+        # did not, and its power checks come out as they did (``evicting._victims``).
         self.node_ver = [0] * len(nodes)
         # The nodes where a replica may fit that did not before (room given back, or a
         # fetch begun: ``_apply``); a shape that fit nowhere is tried again only there.
         self.gained: list[int] = []
-        self.gained_wide: list[bool] = []
+        # Where in ``gained`` room was given back (its domains' other nodes may fit).
+        self.gained_wide: list[int] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
         # Per shape, the nodes walked that it did not fit, and the length of ``gained``
         # then: passed over until they gain room (``finding.find_again``).
@@ -246,7 +248,6 @@ class State:
         ids = {key: j for j, key in enumerate(self.domain_names)}
         self.cap = [caps[key] for key in self.domain_names]
         self.used = [0.0] * len(self.cap)
-        self.domain_ver = [0] * len(self.cap)
         self.node_domains: list[tuple[int, ...]] = []
         self.domain_members: list[list[int]] = [[] for _ in self.cap]
         for i, n in enumerate(self.nodes):
@@ -279,29 +280,68 @@ class State:
         return (CARDS_KEY if self.has_cards[i] else 0) + cores
 
     def hold(self, running: list[Running]) -> None:
-        """Count running replicas against their nodes."""
+        """Count running replicas against their nodes.
+
+        Called once, before anything is asked of the state: what the replicas take is
+        counted in bulk (each card's claims, then the free lists of the nodes they are
+        on, built once), and not logged as room changed (``changed``, ``gained``), which
+        only what happens after it need be.
+        """
         self.bucketed = False
+        index, card_class, children_of, claims_of = (
+            self.index,
+            self.card_class,
+            self.children,
+            self.claims,
+        )
+        on_node, node_domains, used = self.on_node, self.node_domains, self.used
+        mem, cores = self.mem, self.cores
+        touched: set[int] = set()
         for r in sorted(running, key=lambda r: str(r.id)):
             if r.id in self.alive:
                 raise ValueError(f"two running replicas share the id {r.id}")
             self.alive[r.id] = r
             holds = []
+            src = r.source
             for a in r.assignments:
-                i = self.index.get(a.node)
+                i = index.get(a.node)
                 if i is None:
                     continue  # a node that is gone holds nothing
-                cards = tuple(c for c in a.cards if c in self.card_class[i])
-                holds.append(Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, r.source))
-                if not self.on_node[i] or self.on_node[i][-1] is not r:
-                    self.on_node[i].append(r)
+                classes = card_class[i]
+                cards = tuple(c for c in a.cards if c in classes)
+                h = Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, src)
+                holds.append(h)
+                here = on_node[i]
+                if not here or here[-1] is not r:
+                    here.append(r)
                     self.count_rank(i, r.class_rank, 1)
+                if cards:
+                    claims, children = claims_of[i], children_of[i]
+                    for c in cards:
+                        claims[c] += 1
+                        if children:
+                            for child in children.get(c, ()):
+                                claims[child] += 1
+                    touched.add(i)
+                cores[i] -= h.cores
+                mem[i] -= h.mem
+                if src or h.disk:
+                    self._fetch(i, h, 1)
+                for d in node_domains[i]:
+                    used[d] += h.watts
             self.holds_of[r.id] = holds
-            self._apply(holds, 1)
             self.count_model(r.model, {h.i for h in holds}, 1)
+        for i in touched:
+            claims, children, classes = claims_of[i], children_of[i], card_class[i]
+            free: dict[str, list[int]] = {cls: [] for cls in self.free[i]}
+            for c in sorted(classes):
+                if c not in children and claims[c] == 0:
+                    free.setdefault(classes[c], []).append(c)
+            self.free[i] = free
 
     def _apply(self, holds: list[Hold], sign: int) -> None:
         """Take (sign 1) or give back (sign -1) what these holds use."""
-        node_domains, used, domain_ver = self.node_domains, self.used, self.domain_ver
+        node_domains, used = self.node_domains, self.used
         for h in holds:
             i = h.i
             self.changed.append(i)
@@ -311,9 +351,10 @@ class State:
             # for its source; or cards taken where power counts: a replica's derived
             # watts read the lowest free cards, which may now draw less.
             if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
-                self.gained.append(i)
                 # Only room given back frees power its domains' other nodes may use.
-                self.gained_wide.append(sign < 0)
+                if sign < 0:
+                    self.gained_wide.append(len(self.gained))
+                self.gained.append(i)
             if h.cards:
                 children = self.children[i]
                 for c in h.cards:
@@ -331,7 +372,6 @@ class State:
                 self._fetch(i, h, sign)
             for d in domains:
                 used[d] += sign * h.watts
-                domain_ver[d] += 1
 
     def _fetch(self, i: int, h: Hold, sign: int) -> None:
         """Reserve or release a hold's disk for fetching its weights to node i."""
@@ -405,9 +445,37 @@ class State:
         key = (p.engine, p.engine_version, sel)
         found = self.eligible_cache.get(key)
         if found is None:
-            found = frozenset(i for i in range(len(self.nodes)) if self.static_ok(i, p))
+            # By the index of engines and versions (``static_ok``'s rule): the nodes of
+            # each matching version, then the node selector on those alone.
+            versions = self._engine_index().get(p.engine, {})
+            labels = self.labels
+            found = frozenset(
+                i
+                for version, where in versions.items()
+                if version_matches(version, p.engine_version)
+                for i in where
+                if all(labels[i].get(k) == v for k, v in sel)
+            )
             self.eligible_cache[key] = found
         return found
+
+    def _engine_index(self) -> dict[str, dict[str, list[int]]]:
+        """Return the schedulable nodes by engine and its version, as ``static_ok``
+        reads them: every such node under sim (its version, or none), only real nodes
+        under any other engine."""
+        if self.engine_index is None:
+            index: dict[str, dict[str, list[int]]] = {}
+            for i, n in enumerate(self.nodes):
+                if not n.schedulable:
+                    continue
+                index.setdefault("sim", {}).setdefault(n.engines.get("sim", ""), []).append(i)
+                if n.simulated:
+                    continue
+                for engine, version in n.engines.items():
+                    if engine != "sim":
+                        index.setdefault(engine, {}).setdefault(version, []).append(i)
+            self.engine_index = index
+        return self.engine_index
 
     def static_ok(self, i: int, p: PlacementProfile) -> bool:
         """Return whether node i suits p whatever is free on it."""
@@ -580,11 +648,12 @@ class State:
     def gained_since(self, pos: int) -> tuple[set[int], set[int]]:
         """Return the nodes that gained room since ``gained`` stood at pos, and the power
         domains where room was given back (each of their nodes may fit now)."""
-        nodes = set(self.gained[pos:])
+        gained = self.gained
+        nodes = set(gained[pos:])
         wide = self.gained_wide
         node_domains = self.node_domains
         domains = {
-            d for k in range(pos, len(wide)) if wide[k] for d in node_domains[self.gained[k]]
+            d for k in wide[bisect.bisect_left(wide, pos) :] for d in node_domains[gained[k]]
         }
         return nodes, domains
 

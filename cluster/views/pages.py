@@ -3,7 +3,7 @@ model page's Scale and Wake buttons (operators), which act on the cluster.
 
 The dashboard (``llmgw_admin.views.dashboard``) shows every node and model at once; these show
 one node whole (its cards and the replica holding each, the replicas it runs, its agent)
-and one replica's engine log as its agents last reported it (``cluster.nodepage``, which
+and one replica's engine log as its agents last reported it (``cluster.details``, which
 the API reads too). Each page asks again for its region every few seconds while it is
 open (htmx's ``every``): the log is not on the live view's events, which every open
 dashboard hears, and a page of one node or replica is opened by a few operators at a time.
@@ -22,7 +22,7 @@ from catalog import rules
 from catalog import services as catalog_services
 from catalog.choices import Surface
 from catalog.models import ServedModel
-from cluster import agentinput, nodepage, placement, replace, services
+from cluster import agentinput, details, placement, replace, services
 from cluster.models import Node, Replica
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
@@ -39,7 +39,7 @@ def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     operator = has_role(request.user, OPERATOR)
     context = {
         "node": node,
-        "detail": nodepage.node_detail(node, operator),
+        "detail": details.node_detail(node, operator),
         "can_act": operator,
         "refresh_s": NODE_REFRESH_S,
     }
@@ -54,7 +54,7 @@ def replica_log(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     replica = get_object_or_404(Replica, pk=pk)
     context = {
         "replica": replica,
-        "nodes": nodepage.replica_log(replica),
+        "nodes": details.replica_log(replica),
         "refresh_s": LOG_REFRESH_S,
     }
     if request.htmx and request.GET.get("region") == "1":

@@ -24,6 +24,7 @@ from gateway.path.table import digest
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle, Receive, Scope
+    from gateway.path.parts import Parts
 
 WAIT = 10.0
 # Room for a form's headers and boundaries beside the file's bytes.
@@ -64,12 +65,12 @@ def _allow(path: str, method: str, allowed: str) -> None:
         raise errors.method_not_allowed(path, allowed)
 
 
-async def route(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str,
+async def route(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
                 method: str) -> None:  # fmt: skip
     if path.startswith(FILES):
-        await _files(gateway, cycle, scope, receive, path, method)
+        await _files(parts, cycle, scope, receive, path, method)
     else:
-        await _batches(gateway, cycle, scope, receive, path, method)
+        await _batches(parts, cycle, scope, receive, path, method)
 
 
 def _page(items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def _page(items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
 # -- files --------------------------------------------------------------------------------
 
 
-async def _files(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str,
+async def _files(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
                  method: str) -> None:  # fmt: skip
     owner = _owner(cycle)
     if path == FILES:
@@ -159,7 +160,7 @@ async def _upload(cycle: Cycle, scope: Scope, receive: Receive, owner: str) -> N
 # -- batches ------------------------------------------------------------------------------
 
 
-async def _batches(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str,
+async def _batches(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
                    method: str) -> None:  # fmt: skip
     owner = _owner(cycle)
     if path == BATCHES:
@@ -168,7 +169,7 @@ async def _batches(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, p
             found = await _run(store.list_batches, owner)
             await cycle.json(200, _page([status.shown(b) for b in found], _query(scope)))
             return
-        raw = await read_body(receive, gateway.options.max_body, scope)
+        raw = await read_body(receive, parts.options.max_body, scope)
         if raw is None:
             return
         await _create(cycle, scope, owner, raw)

@@ -16,10 +16,12 @@ and sends only the lines not in it. At the end the output and error files are wr
 the journal in line order.
 
 A batch made with ``"schedule_window": true`` sends a line only while the model it names
-is inside one of its schedule windows (``gateway.batch.window``; the catalog read every
-``REREAD`` seconds): outside them it waits, saying why on the batch (``held``, the
-Batches page shows it), until a window opens, it is cancelled, or its own window ends
-(``expired``, what finished kept).
+(by its name, an alias or an adapter) is inside one of its schedule windows
+(``gateway.batch.window``; the catalog read every ``REREAD`` seconds): outside them it
+waits, saying why on the batch (``held``, the Batches page shows it), until a window
+opens, it is cancelled, or its own window ends (``expired``, what finished kept). A line
+whose model has no schedule window at all is an error line at once (nothing would open);
+one naming no catalog model is sent, and the gateway's answer (404) is its result.
 """
 
 from __future__ import annotations
@@ -140,9 +142,16 @@ def run(batch_id: str) -> None:
                 while queue and not stop.is_set() and unreachable is None \
                         and len(running) < settings.LLMGW_BATCH_CONCURRENCY:  # fmt: skip
                     if models is not None:
-                        held = models.closed(str(queue[-1].body["model"]))
-                        if held:
+                        verdict, why = models.verdict(str(queue[-1].body["model"]))
+                        if verdict == window.WAIT:
+                            held = why
                             break  # the next line waits for its model's window
+                        if verdict == window.FAIL:
+                            record = refused(queue.pop(), why)
+                            journal.write(record)
+                            counts["failed"] += 1
+                            store.update(batch_id, lambda b, r=record: counted(b, counts, r))
+                            continue
                     line = queue.pop()
                     running.add(pool.submit(send, secret, line, stop, batch["expires_at"]))
                 if batch.get("held", "") != held:
@@ -184,14 +193,16 @@ class Models:
         self.found: dict[str, Any] = {}
         self.failed = ""
 
-    def closed(self, name: str) -> str:
-        """Why a line for model ``name`` may not be sent now ('' when it may)."""
+    def verdict(self, name: str) -> tuple[str, str]:
+        """Whether a line naming ``name`` (a model, an alias, an adapter) goes now, waits
+        for a window, or ends as an error line, and why (``gateway.batch.window``); the
+        catalog unreadable: it waits."""
         if time.monotonic() - self.read_at >= REREAD:
             self._read()
         if self.failed:
-            return self.failed
+            return window.WAIT, self.failed
         now = timezone.now().astimezone(ZoneInfo(settings.TIME_ZONE))
-        return window.closed(self.found.get(name), now)
+        return window.verdict(self.found, name, now)
 
     def close(self) -> None:
         """Let this thread's database connection go (the run is over)."""
@@ -208,6 +219,15 @@ class Models:
         except DatabaseError as error:  # bounded by the database's timeouts
             log.warning("a held batch could not read the catalog: %s", error)
             self.failed = "the catalog cannot be read now; trying again"
+
+
+def refused(line: lines.Line, why: str) -> dict[str, Any]:
+    """The error line of a held batch's line that is not sent: its model has no schedule
+    window to wait for (``gateway.batch.window``)."""
+    error = {"code": "no_schedule_window", "message": why}
+    out = status.output_line("batch_req_" + secrets.token_hex(12), line.custom_id, None, None,
+                             error)  # fmt: skip
+    return {"line": line.number, "ok": False, "out": out}
 
 
 def counted(batch: dict[str, Any], counts: dict[str, int],

@@ -24,10 +24,10 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.path.admission import BANDS
+from gateway.path.admission import BATCH
 
 PREFIX = "llmgw-bt-"
-BAND = BANDS[-1]
+BAND = BATCH
 SCALE = ".s"  # after ``until``: the batch's lines count as load (``scale_up``)
 
 

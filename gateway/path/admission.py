@@ -21,10 +21,24 @@ The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
   nothing of the model in flight here for a ``STEP`` (whatever was heard before), while a
   lower band waits for room, add one (additive increase); in between it stays (a dead band, as TCP Vegas', so a band does
   not keep probing past what the slo allows and the top band pay for each probe);
-- a whole window with the p99 within the slo and no lower band kept waiting: open again.
+- a whole window with the p99 within the slo and no lower band kept waiting: open again
+  (the batch band's allowance from 0).
 
 ``high`` (the top band) is always admitted. Within the allowance ``normal`` goes first: a
 ``low`` request goes in only if the waiting ``normal`` ones leave room.
+
+Below ``low`` is ``batch``, the band of a batch's lines (``gateway.batch``; no key has
+it), which only fills what live traffic leaves and yields entirely before any live band is
+capped. Its own allowance (``Gate.batch``, None: no cap) is stepped while the live bands
+are open: no live first token in the window, no cap; one of the last ``RECENT`` past the
+slo, 0 at once; then at most once a ``STEP``, one past ``QUIET`` of the slo halves it, all
+under it (or nothing in flight for a step) while a line waits adds one. It is 0 while the
+live bands have an allowance, and a line goes in only while no live request waits. The
+model past its slo with a batch line here within the window does not cap the live bands:
+the batch is cut to 0 first, and the live bands get their allowance only if the first
+tokens are still past the slo a step after the last batch line here ended. Batch lines in
+flight are not in ``lower`` (they never take a live band's room), and their own first-token
+times are not heard (their wait is no client's).
 
 A held request waits up to ``queue`` seconds for room (at most ``queue_max`` waiting a
 model across the gateway processes; past it, refused at once), then is refused: 429 with
@@ -59,7 +73,10 @@ from cluster.scaling import quantile_ms
 from gateway.records.observe import Done
 from gateway.records.observe import Listener as _Listener
 
-BANDS = ("high", "normal", "low")  # top first
+BANDS = ("high", "normal", "low", "batch")  # top first
+# The band a batch's lines run in (``gateway.batch.token``), below every key's: no key
+# has it, and it only fills what the live bands leave.
+BATCH = BANDS[-1]
 DEFAULT_BAND = "normal"
 RANK = {b: i for i, b in enumerate(BANDS)}
 # Histogram edges in ms, the last bucket everything above: the gateway's one set
@@ -78,6 +95,10 @@ RECENT = 3
 STEP = 1.0
 BETA = 0.5
 HEADROOM = 0.5
+# The share of the slo the live bands' last first tokens must stay under for the batch band
+# to grow (past it the batch's allowance halves; past the slo it is 0): a batch keeps live
+# traffic well inside its slo, not at it.
+QUIET = 0.8
 
 # Whether the running request was held and refused (the traffic history counts it).
 was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_held",
@@ -85,8 +106,9 @@ was_held: contextvars.ContextVar[bool] = contextvars.ContextVar("admission_was_h
 # Seconds the running request waited at the door (taken off its TTFT when it ends).
 held_for: contextvars.ContextVar[float] = contextvars.ContextVar("admission_held_for",
                                                                  default=0.0)  # fmt: skip
-# The model and band the running request was admitted as (counted in flight until it ends).
-taken: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar(
+# The model the running request was admitted to, whether of a live lower band and whether a
+# batch's line (counted in flight until it ends).
+taken: contextvars.ContextVar[tuple[str, bool, bool] | None] = contextvars.ContextVar(
     "admission_taken", default=None
 )
 
@@ -107,14 +129,33 @@ def lower(band: str) -> bool:
     return RANK.get(band, RANK[DEFAULT_BAND]) > 0
 
 
+def live_lower(band: str) -> bool:
+    """Whether ``band`` is a live band below the top one (``normal``, ``low``): the bands
+    the allowance ``Gate.limit`` holds."""
+    return lower(band) and band != BATCH
+
+
 class Reading(NamedTuple):
     """What a process knows of a model when it decides (plain data)."""
 
     p99_ms: float | None  # the window's TTFT p99, None with no sample
     recent: tuple[float, ...]  # the last RECENT first-token times (ms) within the window
     slo_ms: float
-    lower: int = 0  # requests of the lower bands in flight (every process's, shared)
+    lower: int = 0  # requests of the live lower bands in flight (every process's, shared)
     idle: float = 0.0  # seconds with nothing of the model in flight here (0: some)
+    batch: int = 0  # batch lines in flight here
+    batch_idle: float = float("inf")  # seconds since a batch line was last in flight here
+
+    @property
+    def batch_near(self) -> bool:
+        """A batch line runs here, or ran within a step: the batch may be what is slow."""
+        return bool(self.batch) or self.batch_idle < STEP
+
+    @property
+    def batch_in_window(self) -> bool:
+        """A batch line ran here within the window (``WINDOW``): its own time may be in
+        the p99."""
+        return bool(self.batch) or self.batch_idle < WINDOW
 
     @property
     def over(self) -> bool:
@@ -130,51 +171,122 @@ class Reading(NamedTuple):
         """Room to grow: the last RECENT first tokens all under HEADROOM of the slo."""
         return len(self.recent) >= RECENT and max(self.recent) < HEADROOM * self.slo_ms
 
+    @property
+    def quiet(self) -> bool:
+        """Room for the batch: the last RECENT first tokens all under QUIET of the slo."""
+        return len(self.recent) >= RECENT and max(self.recent) < QUIET * self.slo_ms
+
+    @property
+    def loud(self) -> bool:
+        """One of the last first tokens past QUIET of the slo: the batch gives way."""
+        return bool(self.recent) and max(self.recent) >= QUIET * self.slo_ms
+
 
 class Gate(NamedTuple):
-    """A model's gate: ``limit`` the lower bands' allowance in flight (None: open, no
-    cap), ``pressed`` the last time it was under pressure (p99 past the slo, or a lower
-    band kept waiting), ``stepped`` the last time the allowance changed (monotonic)."""
+    """A model's gate: ``limit`` the live lower bands' allowance in flight (None: open,
+    no cap), ``pressed`` the last time it was under pressure (p99 past the slo, or a live
+    lower band kept waiting), ``stepped`` the last time an allowance changed (monotonic),
+    ``batch`` the batch band's allowance in flight (None: no cap; held at 0 whenever
+    ``limit`` is set)."""
 
     limit: int | None = None
     pressed: float = 0.0
     stepped: float = 0.0
+    batch: int | None = None
 
-    def step(self, r: Reading, now: float, window: float, wanting: bool = False) -> Gate:
-        """The gate at ``now`` after ``r``; ``wanting``: a lower band waits for room."""
+    @property
+    def open(self) -> bool:
+        return self.limit is None and self.batch is None
+
+    def step(self, r: Reading, now: float, window: float, wanting: bool = False,
+             batch_wanting: bool = False) -> Gate:  # fmt: skip
+        """The gate at ``now`` after ``r``; ``wanting``: a live lower band waits for room,
+        ``batch_wanting``: a batch line does (which never keeps the model under pressure)."""
         if not r.slo_ms:
-            return Gate() if self.limit is not None else self
+            return self if self.open else Gate()
         if self.limit is None:
-            if not r.over:
+            if r.over and (not r.batch_in_window or (r.slow and not r.batch_near)):
+                # Past the slo with no batch line in the window, or still slow a step
+                # after the last one ended: the live lower bands get an allowance.
+                return Gate(int(r.lower * BETA), now, now, 0)
+            batch, stepped = _batch(self.batch, r, now, self.stepped, batch_wanting)
+            if (stepped, batch) == self[2:]:
                 return self
-            return Gate(int(r.lower * BETA), now, now)
+            return Gate(None, self.pressed, stepped, batch)
         pressed = now if (r.over or wanting) else self.pressed
         if not r.over and now - pressed >= window:
-            return Gate()
+            # Open again; a batch starts again from nothing and grows as live traffic
+            # leaves room.
+            return Gate(None, pressed, now, 0)
         limit, stepped = self.limit, self.stepped
         if now - stepped >= STEP:
-            if wanting and r.idle >= STEP:
-                limit, stepped = limit + 1, now  # nothing here to keep within the slo
-            elif r.slow:
-                if limit:
-                    limit, stepped = int(limit * BETA), now
-            elif wanting and r.room:
-                limit, stepped = limit + 1, now
-        if (limit, pressed, stepped) == (self.limit, self.pressed, self.stepped):
+            limit, stepped = _stepped(limit, r, now, stepped, wanting)
+        if (limit, pressed, stepped) == self[:3]:
             return self
-        return Gate(limit, pressed, stepped)
+        return Gate(limit, pressed, stepped, 0)
 
     def room(self, band: str, r: Reading, ahead: int = 0) -> bool:
         """Whether ``band`` fits now, ``ahead`` requests of higher lower bands waiting
-        before it (the top band always does)."""
-        if self.limit is None or not lower(band):
+        before it (the top band always does; a batch line only while the live bands are
+        not capped and none waits)."""
+        if not lower(band):
+            return True
+        if band == BATCH:
+            if self.limit is not None or ahead:
+                return False
+            return self.batch is None or r.batch < self.batch
+        if self.limit is None:
             return True
         return r.lower + ahead < self.limit
+
+    def allowance(self, band: str) -> int | None:
+        """The allowance ``band`` is held to (None: no cap)."""
+        if not lower(band):
+            return None
+        if band == BATCH:
+            return 0 if self.limit is not None else self.batch
+        return self.limit
+
+
+def _batch(batch: int | None, r: Reading, now: float, stepped: float,
+           wanting: bool) -> tuple[int | None, float]:  # fmt: skip
+    """The batch band's allowance while the live bands are open: no live first token in
+    the window, no cap (nothing to keep fast); one of the last past the slo, 0 at once
+    (the batch yields entirely); then at most once a ``STEP``: one past ``QUIET`` of the
+    slo halves it, all of the last ``RECENT`` under it (or nothing of the model in flight
+    for a step) while a batch line waits, one more."""
+    if not r.recent:
+        return None, stepped
+    if r.slow:
+        return (0, now) if batch != 0 else (batch, stepped)
+    if now - stepped < STEP:
+        return batch, stepped
+    if batch is None:
+        batch = r.batch
+    if r.loud:
+        return (int(batch * BETA), now) if batch else (0, stepped)
+    if wanting and (r.quiet or r.idle >= STEP):
+        return batch + 1, now
+    return batch, stepped
+
+
+def _stepped(limit: int, r: Reading, now: float, stepped: float,
+             wanting: bool) -> tuple[int, float]:  # fmt: skip
+    """An allowance a step on: the last first tokens past the slo halve it; nothing of the
+    model in flight for a step, or room under ``HEADROOM``, while its band waits: one
+    more; else as it was."""
+    if wanting and r.idle >= STEP:
+        return limit + 1, now  # nothing here to keep within the slo
+    if r.slow:
+        return (int(limit * BETA), now) if limit else (limit, stepped)
+    if wanting and r.room:
+        return limit + 1, now
+    return limit, stepped
 
 
 class Decision(NamedTuple):
     admit: bool
-    limit: int | None  # the lower bands' allowance then (None: no cap)
+    limit: int | None  # the band's allowance then (None: no cap)
     p99_ms: float | None
     slo_ms: float
 
@@ -183,18 +295,30 @@ def decide(gate: Gate, band: str, r: Reading, now: float, window: float,
            ahead: int = 0) -> tuple[Gate, Decision]:  # fmt: skip
     """Step ``gate`` with what is known and say whether ``band`` goes in (pure)."""
     wanting = lower(band) and not gate.room(band, r, ahead)
-    gate = gate.step(r, now, window, wanting)
+    if band == BATCH:
+        gate = gate.step(r, now, window, batch_wanting=wanting)
+    else:
+        gate = gate.step(r, now, window, wanting)
     admit = gate.room(band, r, ahead)
-    if not admit and gate.pressed != now:
-        gate = Gate(gate.limit, now, gate.stepped)  # kept waiting: still under pressure
-    return gate, Decision(admit, gate.limit, r.p99_ms, r.slo_ms)
+    if not admit and band != BATCH and gate.pressed != now:
+        gate = gate._replace(pressed=now)  # kept waiting: still under pressure
+    return gate, Decision(admit, gate.allowance(band), r.p99_ms, r.slo_ms)
 
 
 def reason(band: str, model: str, decision: Decision, window: float) -> str:
     """What a refused client is told: the band, the p99 and the slo."""
     p = decision.p99_ms
-    p99 = "over 60000" if p == float("inf") else f"{p:.0f}"
-    seen = "no first token" if p is None else f"TTFT p99 {p99} ms"
+    if p is None:
+        seen = "no first token"
+    else:
+        seen = f"TTFT p99 {'over 60000' if p == float('inf') else f'{p:.0f}'} ms"
+    if band == BATCH:
+        return (
+            f"The model '{model}' is under pressure ({seen} over the last {window:g} s, "
+            f"slo {decision.slo_ms:.0f} ms) or live requests wait for it, so batch lines "
+            f"get at most {decision.limit or 0} in flight and those are taken: the line "
+            "goes again in 1 s."
+        )
     return (
         f"The model '{model}' is under pressure ({seen} over the last {window:g} s, slo "
         f"{decision.slo_ms:.0f} ms), so requests of the {band!r} band get "
@@ -212,9 +336,11 @@ class _Model:
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     # Of them, the ones measured here (what gateway.shared tells the other processes).
     mine: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
-    lower: int = 0  # lower bands in flight
+    lower: int = 0  # live lower bands in flight
     busy: int = 0  # every band in flight
     idle_since: float = 0.0  # when busy last fell to 0
+    batch: int = 0  # batch lines in flight
+    batch_since: float = -float("inf")  # when the last batch line ended
     waiting: dict[str, int] = field(default_factory=dict)
     opened: asyncio.Event | None = None
     # Across the gateway processes (gateway.shared): the other processes' lower bands in
@@ -306,7 +432,7 @@ class Admission:
         self._wake(m)
 
     def _wake(self, m: _Model) -> None:
-        if m.opened is not None and m.gate.limit is not None and m.waiting:
+        if m.opened is not None and not m.gate.open and m.waiting:
             m.opened.set()  # a sample or a request ended may make room: waiters look again
 
     def _trim(self, m: _Model, second: int) -> None:
@@ -338,7 +464,8 @@ class Admission:
         recent = tuple(ms for at, ms in m.recent if now - at < self.window)
         # Idle: nothing in flight here, nor a lower band's in another process.
         idle = 0.0 if m.busy or m.others else now - m.idle_since
-        return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle)
+        return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle,
+                       m.batch, now - m.batch_since)  # fmt: skip
 
     def limit(self, model: str) -> int | None:
         m = self._models.get(model)
@@ -359,15 +486,20 @@ class Admission:
             return  # a batch's lines (gateway.batch) are not what the slo holds
         self.record(done.model, max(0.0, done.ttft - waited))
 
-    def release(self, model: str, low: bool) -> None:
-        """An admitted request of ``model`` ended (``low``: of a lower band; the count in
-        Redis follows with the next pass of ``gateway.shared``)."""
+    def release(self, model: str, low: bool, batch: bool = False) -> None:
+        """An admitted request of ``model`` ended (``low``: of a live lower band, the count
+        in Redis following with the next pass of ``gateway.shared``; ``batch``: a batch's
+        line)."""
         m = self._models.get(model)
         if m is None:
             return
         m.busy = max(0, m.busy - 1)
         if not m.busy:
             m.idle_since = self._clock()
+        if batch:
+            m.batch = max(0, m.batch - 1)
+            m.batch_since = self._clock()
+            self._wake(m)
         if low:
             m.lower = max(0, m.lower - 1)
             self._wake(m)
@@ -397,7 +529,7 @@ class Admission:
         ahead = self._ahead(m, band) if waits and lower(band) else 0
         before = m.gate
         m.gate, decision = decide(m.gate, band, r, now, self.window, ahead)
-        if self.shared is not None and m.gate is not before:
+        if self.shared is not None and m.gate[:3] != before[:3]:
             self.shared.gate_changed(model, before, m.gate)
         return decision
 
@@ -407,7 +539,8 @@ class Admission:
         process's decision."""
         decision = self.check(model, band, slo_ms)
         shared = self.shared
-        if not decision.admit or decision.limit is None or shared is None or not lower(band):
+        if not decision.admit or decision.limit is None or shared is None \
+                or not live_lower(band):  # fmt: skip
             return decision
         m = self._models.get(model)
         if m is None:
@@ -429,7 +562,13 @@ class Admission:
         m = self._model(model)
         if m is None:
             return
-        m.gate = Gate() if limit is None else Gate(limit, pressed, stepped)
+        if limit is None:
+            # Open elsewhere: the live bands here too; the batch's allowance stays this
+            # process's own, stepped on what it hears.
+            if m.gate.limit is not None:
+                m.gate = Gate(None, pressed, stepped, 0)
+        else:
+            m.gate = Gate(limit, pressed, stepped, 0)
         self._wake(m)
 
     def others(self, model: str, lower_: int, waiting: dict[str, int]) -> None:
@@ -476,10 +615,11 @@ class Admission:
         m = self._models.get(model)
         if m is None:
             return
-        low = lower(band)
+        low, batch = live_lower(band), band == BATCH
         m.busy += 1
         m.lower += low
-        taken.set((model, low))
+        m.batch += batch
+        taken.set((model, low, batch))
 
     async def admit(self, model: str, band: str, slo_ms: float) -> Decision:
         """Decide; a held request waits up to ``queue`` for room. Returns the last
@@ -535,13 +675,16 @@ class Admission:
         now = self._clock()
         return {
             name: {"limit": m.gate.limit, "p99_ms": self.p99(name, now), "lower": m.lower,
-                   "busy": m.busy, "waiting": sum(m.waiting.values()), "others": m.others}
+                   "busy": m.busy, "waiting": sum(m.waiting.values()), "others": m.others,
+                   "batch": m.batch, "batch_limit": m.gate.allowance(BATCH)}
             for name, m in self._models.items()
         }  # fmt: skip
 
 
-def retry_after(window: float) -> int:
-    return max(1, round(window))
+def retry_after(window: float, band: str = DEFAULT_BAND) -> int:
+    """Seconds a refused request is told to wait: the window; a batch's line a second
+    (the runner's own, it asks again at once when the live bands leave room)."""
+    return 1 if band == BATCH else max(1, round(window))
 
 
 class Listener(_Listener):

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway.path import body as bodies
@@ -31,6 +32,8 @@ from llmgw_core.upstream import BROKEN, TIMEOUT, Response, UpstreamError
 if TYPE_CHECKING:
     from catalog.timeouts import Waits
     from gateway.path.cycle import Cycle
+    from gateway.path.guarding import Judging
+    from gateway.path.options import Options
 
 log = logging.getLogger("gateway")
 
@@ -52,11 +55,11 @@ class Retry(Exception):
         self.detail = detail
 
 
-async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
+async def whole(judging: Judging, options: Options, cycle: Cycle, resp: Response) -> None:
     """Read, judge (when the policy judges answers) and send a whole answer."""
     req = cycle.req
     assert req is not None
-    raw = await resp.read(gateway.options.max_answer)
+    raw = await resp.read(options.max_answer)
     cycle.engine_token()  # the engine's answer is here; the client's when it is sent
     status = resp.status
     if status == 200 and cycle.dialect is not None and cycle.dialect.native is not None:
@@ -70,7 +73,7 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
         raw = errors.from_engine(status, raw, content_type)
         content_type = b"application/json"
     if status == 200 and cycle.answers and req.kind not in bodies.NO_TEXT:
-        await gateway.judging.whole(req, raw)
+        await judging.whole(req, raw)
     usage_from(raw, cycle)
     if cycle.dialect is not None:
         # The chat answer (judged as chat's is) as the dialect's object or error.
@@ -87,19 +90,28 @@ async def whole(gateway: Any, cycle: Cycle, resp: Response) -> None:
 class Stream:
     """One streamed answer relayed: its first event is due ``waits.first_token`` after
     it was sent (``sent_at``, the loop's clock), each next within ``waits.between`` of
-    the last."""
+    the last. ``judging`` judges its windows (sized by ``options``); ``failed_late`` hears
+    of an engine that failed after the first byte reached the client (model, replica,
+    what it was told), as uvicorn's ``RequestResponseCycle`` is handed ``on_response``."""
 
     def __init__(
-        self, gateway: Any, cycle: Cycle, resp: Response, waits: Waits, sent_at: float
+        self,
+        judging: Judging,
+        options: Options,
+        cycle: Cycle,
+        resp: Response,
+        waits: Waits,
+        sent_at: float,
+        failed_late: Callable[[str, int | None, str], None],
     ) -> None:
-        self.gateway = gateway
+        self.judging = judging
+        self.failed_late = failed_late
         self.cycle = cycle
         self.resp = resp
         self.waits = waits
         self.sent_at = sent_at
         self.loop = asyncio.get_running_loop()
         self.framer = sse.Framer()
-        options = gateway.options
         self.hold = (
             Holdback(options.window_tokens, options.window_ms / 1000) if cycle.answers else None
         )
@@ -126,9 +138,7 @@ class Stream:
                 out = self._events(data)
                 if self.hold is not None:
                     if self.hold.due(self.loop.time()):
-                        self.read = await self.gateway.judging.window(
-                            self.req, self.hold, self.read
-                        )
+                        self.read = await self.judging.window(self.req, self.hold, self.read)
                     out = self.hold.releasable()
                 await self._forward(out)
             if self.native is not None and not self.native.ended:
@@ -243,7 +253,7 @@ class Stream:
         rest = self.early
         if self.hold is not None:
             if self.hold.unjudged:
-                await self.gateway.judging.window(self.req, self.hold, self.read, final=True)
+                await self.judging.window(self.req, self.hold, self.read, final=True)
             rest += self.hold.releasable()
         if not self.cycle.started:
             await self.cycle.start(200, SSE_HEADERS)
@@ -267,7 +277,7 @@ class Stream:
         told = error.args[0] if error.kind == TIMEOUT else told_of(error)
         if not cycle.started:
             raise Retry(told) from None
-        self.gateway.routing.replica_failed(cycle.model, cycle.replica, told)
+        self.failed_late(cycle.model, cycle.replica, told)
         failure = errors.stream_failed(told)
         if cycle.dialect is not None:
             await cycle.body(cycle.dialect.fail(failure.message), more=False)

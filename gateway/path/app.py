@@ -2,7 +2,7 @@
 
 ``Gateway(app)`` answers every ``/v1/`` request itself and hands anything else to
 ``app`` (Django and the lean routes). A request reads the process's table (``state``),
-the policy in memory (``guard.services.policy_in_memory``), and goes to an engine over
+the policy in memory (``guard.snapshots.policy_in_memory``), and goes to an engine over
 kept-alive connections (``llmgw_core.upstream``); nothing on its path queries the
 database. The order of a request's life:
 
@@ -95,6 +95,7 @@ from gateway.path.guarding import Guard, Judging
 from gateway.path.limits import LocalLimits
 from gateway.path.options import Options
 from gateway.path.outliers import Outliers, Rules
+from gateway.path.parts import Parts
 from gateway.path.routing import Routing
 from gateway.path.table import KEY_PREFIX, Entry, Key, Source, Table, digest
 from gateway.records.observe import Done, Observer
@@ -105,7 +106,22 @@ log = logging.getLogger("gateway")
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def _part(name: str, doc: str) -> Any:
+    """A ``Gateway`` attribute that is its ``Parts``' own (read and replaced there)."""
+
+    def read(gateway: Gateway) -> Any:
+        return getattr(gateway.parts, name)
+
+    def replace(gateway: Gateway, value: Any) -> None:
+        setattr(gateway.parts, name, value)
+
+    return property(read, replace, doc=doc)
+
+
 class Gateway:
+    """The ``/v1/`` route: a request's steps in order (``complete``), each handed the
+    gateway's ``Parts`` or the few of them it needs."""
+
     def __init__(
         self,
         app: App | None = None,
@@ -120,32 +136,47 @@ class Gateway:
         admission: Admission | None = None,
     ) -> None:
         self.app = app
-        # Lower bands held while a model is past its latency SLO (gateway.path.admission).
-        self.admission = admission or Admission.from_settings()
-        self.state = state
-        self._upstream = upstream
-        self._limits = limits
-        self.guard = guard or Guard()
-        self.options = options or Options.from_settings()
-        self.observer = observer or Observer()
-        # Requests in flight per replica in this process (the balancer reads them).
-        self.in_flight: dict[int, int] = {}
-        # Of those, the requests load scaling leaves out: of keys pinned to a replica (the
-        # bench's) and a batch's lines that may not add replicas (gateway.batch).
-        self.pinned_in_flight: dict[int, int] = {}
-        # The adapters each replica holds, for models that hold only a few at once.
-        self.placer = Placer()
-        # Each session's last replica, per model (gateway.path.affinity): this process's own.
-        self.sessions = Sessions.from_settings()
-        # Replicas left out of routing after failures in a row (gateway.path.outliers).
-        self.outliers = outliers or Outliers(Rules.from_settings(settings))
-        # Admission, ejections and breakers shared with the other gateway processes through
-        # Redis (gateway.shared), made with the budgets when ``REDIS_URL`` is set.
-        self.shared: Any = None
-        self.routing = Routing(self)
-        self.judging = Judging(self)
-        self._background: set[asyncio.Task[Any]] = set()
+        self.parts = Parts(
+            state=state,
+            options=options or Options.from_settings(),
+            observer=observer or Observer(),
+            guard=guard or Guard(),
+            # Lower bands held while a model is past its latency SLO (gateway.path.admission).
+            admission=admission or Admission.from_settings(),
+            # Replicas left out of routing after failures in a row (gateway.path.outliers).
+            outliers=outliers or Outliers(Rules.from_settings(settings)),
+            placer=Placer(),
+            # Each session's last replica, per model (gateway.path.affinity): this process's.
+            sessions=Sessions.from_settings(),
+            client=upstream,
+            limits=limits,
+        )
+        self.judging = Judging(self.parts)
+        self.routing = Routing(self.parts, self.judging)
         self._started = False
+
+    state = _part("state", "The table's source (``Parts.state``).")
+    options = _part("options", "``Parts.options``.")
+    observer = _part("observer", "``Parts.observer``.")
+    guard = _part("guard", "``Parts.guard`` (``gateway.records.metrics.exported`` wraps it).")
+    admission = _part("admission", "``Parts.admission``.")
+    outliers = _part("outliers", "``Parts.outliers``.")
+    placer = _part("placer", "``Parts.placer``.")
+    sessions = _part("sessions", "``Parts.sessions``.")
+    in_flight = _part("in_flight", "``Parts.in_flight``.")
+    pinned_in_flight = _part("pinned_in_flight", "``Parts.pinned_in_flight``.")
+    shared = _part("shared", "``Parts.shared``.")
+    limits = _part("limits", "The keys' budgets: in Redis when ``REDIS_URL`` is set, else "
+                   "this process's.")  # fmt: skip
+
+    @property
+    def upstream(self) -> Upstream:
+        """The engines' client, made at the first request (``Parts.upstream``)."""
+        return self.parts.upstream
+
+    @upstream.setter
+    def upstream(self, upstream: Upstream) -> None:
+        self.parts.client = upstream
 
     # Wiring.
     def start(self) -> None:
@@ -154,43 +185,26 @@ class Gateway:
         if self._started:
             return
         self._started = True
-        self.state.start(asyncio.get_running_loop())
-        self._listening = asyncio.get_running_loop().create_task(self.state.listen())
-        if self._upstream is None:
+        parts = self.parts
+        parts.state.start(asyncio.get_running_loop())
+        self._listening = asyncio.get_running_loop().create_task(parts.state.listen())
+        if parts.client is None:
             # Every call to a replica carries its engine key (cluster.enginekeys).
-            self._upstream = Upstream(credentials=getattr(self.state, "engine_key", None))
-        if self._limits is None:
+            parts.client = Upstream(credentials=getattr(parts.state, "engine_key", None))
+        if parts.limits is None:
             url = settings.REDIS_URL
             if url:
                 from gateway.path.limits import RedisLimits
 
-                self._limits = RedisLimits(url)
+                parts.limits = RedisLimits(url)
             else:
-                self._limits = LocalLimits()
-        if self.shared is None and settings.REDIS_URL:
+                parts.limits = LocalLimits()
+        if parts.shared is None and settings.REDIS_URL:
             from gateway.shared import Shared
 
-            self.shared = Shared(settings.REDIS_URL, self.admission, self.outliers,
-                                 self.observer)  # fmt: skip
-            self.shared.start()
-
-    @property
-    def upstream(self) -> Upstream:
-        assert self._upstream is not None
-        return self._upstream
-
-    @upstream.setter
-    def upstream(self, upstream: Upstream) -> None:
-        self._upstream = upstream
-
-    @property
-    def limits(self) -> Any:
-        """The keys' budgets: in Redis when ``REDIS_URL`` is set, else this process's."""
-        return self._limits
-
-    @limits.setter
-    def limits(self, limits: Any) -> None:
-        self._limits = limits
+            parts.shared = Shared(settings.REDIS_URL, parts.admission, parts.outliers,
+                                  parts.observer)  # fmt: skip
+            parts.shared.start()
 
     async def ready(self) -> bool:
         """Whether the process has read its table (it is read at once when not yet)."""
@@ -261,13 +275,13 @@ class Gateway:
             await listing.answer(cycle, method, path, table, key, self.options.now())
             return
         if batch_routes.serves(path):  # the Files and Batch APIs (gateway.batch)
-            await batch_routes.route(self, cycle, scope, receive, path, method)
+            await batch_routes.route(self.parts, cycle, scope, receive, path, method)
             return
         if cycle.dialect is not None and cycle.dialect.name == reranking.RERANK:
-            await reranking.route(self, cycle, scope, receive, path, method)
+            await reranking.route(self.parts, self.complete, cycle, scope, receive, path, method)
             return
         if cycle.dialect is not None:
-            await speaking.route(self, cycle, scope, receive, path, method)
+            await speaking.route(self.parts, self.complete, cycle, scope, receive, path, method)
             return
         kind = bodies.KINDS.get(path)
         if kind is None:
@@ -326,20 +340,18 @@ class Gateway:
             weight = entry.model.cached_token_weight if entry is not None else 1.0
             spare = cacheshare.spared(cycle.tokens_cached, weight)
             if cycle.unreserved and cycle.tokens_out:
-                self.later(self._limits.charge(key.id, "tokens", cycle.tokens_out))
+                self.later(self.limits.charge(key.id, "tokens", cycle.tokens_out))
             if key.tpm and spare:
                 # Reserved as fresh up front (the cache is known once the engine answers).
-                self.later(self._limits.charge(key.id, "tokens", -spare))
+                self.later(self.limits.charge(key.id, "tokens", -spare))
             if cycle.owner_reserved is not None:
                 window, reserved = cycle.owner_reserved
                 spent = cycle.tokens_in + cycle.tokens_out - spare
-                self.later(self._limits.settle(key.owner, window, reserved, spent))
+                self.later(self.limits.settle(key.owner, window, reserved, spent))
 
     def later(self, work: Awaitable[None]) -> None:
-        """Run ``work`` off the request's path, kept until it ends."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Run ``work`` off the request's path, kept until it ends (``Parts.later``)."""
+        self.parts.later(work)
 
     async def _key_now(self, scope: Scope, table: Table) -> Key:
         """The request's key; one this process has not read yet (made a moment ago) is
@@ -443,7 +455,7 @@ class Gateway:
             a = self.admission
             raise errors.held_back(
                 admission.reason(key.priority, model.name, decision, a.window),
-                admission.retry_after(a.window),
+                admission.retry_after(a.window, key.priority),
             )
 
     def _overflow(self, cycle: Cycle) -> Entry | None:
@@ -465,7 +477,7 @@ class Gateway:
         key, req, entry = cycle.key, cycle.req, cycle.entry
         assert key is not None and req is not None and entry is not None
         if key.rpm:
-            wait = await self._limits.take(key.id, "requests", 1, key.rpm)
+            wait = await self.limits.take(key.id, "requests", 1, key.rpm)
             if wait is not None:
                 raise errors.rate_limited(f"{key.name} ({key.rpm} requests a minute)", wait)
         if key.tpm:
@@ -474,7 +486,7 @@ class Gateway:
             if high + out > key.tpm:
                 # Never within the budget, however long the client waits.
                 raise errors.over_budget(key.name, high + out, key.tpm, out)
-            wait = await self._limits.take(key.id, "tokens", high + out, key.tpm)
+            wait = await self.limits.take(key.id, "tokens", high + out, key.tpm)
             if wait is not None:
                 raise errors.rate_limited(f"{key.name} ({key.tpm} tokens a minute)", wait,
                                           "tokens")  # fmt: skip
@@ -494,7 +506,7 @@ class Gateway:
         what = f"{key.owner}, shared by its keys"
         if high + out > key.owner_tpm:
             raise errors.over_budget(what, high + out, key.owner_tpm, out)
-        wait, window = await self._limits.reserve(key.owner, high + out, key.owner_tpm)
+        wait, window = await self.limits.reserve(key.owner, high + out, key.owner_tpm)
         if wait is not None:
             raise errors.rate_limited(f"{what} ({key.owner_tpm} tokens a minute)", wait,
                                       "tokens")  # fmt: skip

@@ -1,12 +1,12 @@
 """The guard's part of a request: asking it (``Guard``: on the event loop when the guard
-holds what it needs, else on a few threads of the gateway's own, ``guard.services.check``;
+holds what it needs, else on a few threads of the gateway's own, ``guard.checks.check``;
 never per request when nothing is judged), and what the gateway does with its verdicts
 (``Judging``): the request's verdict awaited before the answer's first byte, a whole
 answer judged whole, a streamed one in windows (``gateway.path.holdback``), a text too long
 for a judge judged again in overlapping halves, and a refusal made the client's error
 (``GuardRefused``) and recorded.
 
-Each judge's circuit breaker in this process (``guard.services.BREAKERS``) is exported to
+Each judge's circuit breaker in this process (``guard.checks.BREAKERS``) is exported to
 ``/metrics`` as it changes: ``llmgw_guard_judge_breaker{judge,state,pid}``, 1 for the
 state it is in (``closed``, ``open``, ``half_open``) and 0 for the others, per live
 process.
@@ -28,12 +28,13 @@ from gateway.path import body as bodies
 from gateway.path import errors, series, sse
 from gateway.path.errors import ApiError
 from gateway.records.observe import RefusalHeard
-from guard import breaker, perrequest, services
+from guard import breaker, checks, perrequest, snapshots
 from guard.policy import ANSWERS, REQUESTS
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle
     from gateway.path.holdback import Holdback
+    from gateway.path.parts import Parts
 
 log = logging.getLogger("gateway")
 
@@ -41,7 +42,7 @@ THREADS = 16
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gateway-guard")
 
 
-_check_on_pool = sync_to_async(services.check_on_thread, thread_sensitive=False, executor=_executor)
+_check_on_pool = sync_to_async(checks.check_on_thread, thread_sensitive=False, executor=_executor)
 
 _gauge: Any = None
 _gauge_lock = threading.Lock()
@@ -63,7 +64,7 @@ def breaker_metric(judge: str, state: breaker.State) -> None:
         _gauge.labels(judge, name).set(1 if name == state.state else 0)
 
 
-services.BREAKERS.listen(breaker_metric)
+checks.BREAKERS.listen(breaker_metric)
 
 
 class Guard:
@@ -71,24 +72,24 @@ class Guard:
         """Whether requests and answers are judged, by the policy in memory. Unknown (not
         in memory yet): both, so the check reads the policy and decides (it answers
         ``allow`` with ``judged: false`` for a direction it does not judge)."""
-        policy = services.policy_in_memory()
+        policy = snapshots.policy_in_memory()
         if policy is None:
             return True, True
         return policy.judges(REQUESTS), policy.judges(ANSWERS)
 
     async def judge(self, request: str, answer: str | None = None) -> dict[str, Any]:
-        done = await services.check_on_loop(request, answer)  # the judge's timeout bounds it
+        done = await checks.check_on_loop(request, answer)  # the judge's timeout bounds it
         if isinstance(done, dict):
             return done
         # On a thread: bounded as a whole (its judges' timeouts, its reads, the pool's
         # queue); past the bound the policy's fail decides, as if every judge timed out.
-        bound = services.check_bound()
+        bound = checks.check_bound()
         try:
             return await asyncio.wait_for(_check_on_pool(request, answer, done), bound)
         except TimeoutError:
             log.warning("a guard check got no answer within %g s: the policy's fail decides",
                         bound)  # fmt: skip
-            return services.unanswered(request, answer, bound)
+            return checks.unanswered(request, answer, bound)
 
 
 REQUEST, ANSWER = "request", "answer"
@@ -112,11 +113,12 @@ class GuardRefused(Exception):
 class Judging:
     """What the gateway does with the guard's verdicts on one request's text.
 
-    ``owner`` is the gateway: its ``guard`` (which ``gateway.records.metrics.exported`` may wrap
-    after it is built) and ``observer`` are read at each call."""
+    Its ``parts`` are the gateway's: their ``guard`` (which
+    ``gateway.records.metrics.exported`` may wrap after it is built) and ``observer`` are
+    read at each call."""
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
 
     def start(self, cycle: Cycle) -> None:
         """Start the guard on the request, beside the engine's start, when the policy
@@ -126,12 +128,12 @@ class Judging:
         # One bound for the request's every check: a judge that fails on it is not asked
         # again for it (guard.perrequest), in this request's context.
         perrequest.begin()
-        judging_requests, cycle.answers = self.owner.guard.directions()
+        judging_requests, cycle.answers = self.parts.guard.directions()
         if judging_requests and req.token_ids:
             raise errors.token_ids_unjudgeable("prompt" if req.kind == bodies.COMPLETION
                                                else "input")  # fmt: skip
         if judging_requests and req.text:
-            cycle.verdict = asyncio.create_task(self.owner.guard.judge(req.text))
+            cycle.verdict = asyncio.create_task(self.parts.guard.judge(req.text))
 
     async def request(self, cycle: Cycle) -> None:
         """The request's verdict (started by ``start``), before any byte of the answer:
@@ -140,7 +142,7 @@ class Judging:
         result = self.allowed(REQUEST, await cycle.verdict)
         if result.get("request_cut"):
             # Too long for the judge: it read the start and the end; the middle too.
-            await self.parts(cycle.req, cycle.req.text, REQUEST)
+            await self.in_parts(cycle.req, cycle.req.text, REQUEST)
 
     async def whole(self, req: bodies.Request, raw: bytes) -> None:
         """A whole answer, judged as the client would read it."""
@@ -152,7 +154,7 @@ class Judging:
         if text:
             result = await self.answer(req, text)
             if result.get("answer_cut"):
-                await self.parts(req, text, ANSWER)
+                await self.in_parts(req, text, ANSWER)
 
     async def window(
         self, req: bodies.Request, hold: Holdback, read: int, final: bool = False
@@ -163,22 +165,22 @@ class Judging:
         if result.get("answer_cut"):
             # Too long for the judge: it read the start and the end. What came since the
             # last window read whole is judged on its own (in parts if need be).
-            await self.parts(req, ticket.text[max(0, read - PART_OVERLAP) :], ANSWER)
+            await self.in_parts(req, ticket.text[max(0, read - PART_OVERLAP) :], ANSWER)
         hold.allow(ticket, final)
         return ticket.upto
 
     async def answer(self, req: bodies.Request, text: str) -> dict[str, Any]:
         """The guard's verdict on an answer's text: a refusal raises ``GuardRefused``."""
-        return self.allowed(ANSWER, await self.owner.guard.judge(req.text, text))
+        return self.allowed(ANSWER, await self.parts.guard.judge(req.text, text))
 
     def allowed(self, direction: str, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("decision") != "allow":
             raise GuardRefused(refusal(direction, result), refused(direction, result))
         if result.get("failed_open"):
-            self.owner.observer.failed_open()
+            self.parts.observer.failed_open()
         return result
 
-    async def parts(self, req: bodies.Request, text: str, direction: str) -> None:
+    async def in_parts(self, req: bodies.Request, text: str, direction: str) -> None:
         """Judge ``text`` (the request's, or the answer's) in halves, overlapping so no
         phrase is only ever split, each halved again while the judge still reads only its
         start and end: nothing passes that a judge did not read. ``GuardRefused`` at the
@@ -190,7 +192,7 @@ class Judging:
         async def judged(part: str) -> dict[str, Any]:
             async with room:
                 if direction == REQUEST:
-                    return self.allowed(REQUEST, await self.owner.guard.judge(part))
+                    return self.allowed(REQUEST, await self.parts.guard.judge(part))
                 return await self.answer(req, part)
 
         parts = halves(text)
@@ -210,7 +212,7 @@ class Judging:
         verdict = refused_.verdict
         key = cycle.key
         assert key is not None
-        observer = self.owner.observer
+        observer = self.parts.observer
         categories = tuple(verdict.get("categories") or ())
         observer.refused(verdict["direction"], verdict.get("judge") or "", categories)
         observer.refusal(RefusalHeard(

@@ -24,6 +24,8 @@ from typing import Any
 
 from django.conf import settings
 
+from gateway.path.table import Source
+
 PATH = "/healthz"
 OK = b'{"status":"ok"}'
 STARTING = b'{"status":"starting"}'
@@ -43,7 +45,7 @@ def verdict(loaded: bool, stale: bool, age: float | None, limit: float) -> tuple
 class HealthRoute:
     """``/healthz`` for anyone; anything else to ``app``."""
 
-    def __init__(self, app: Any, state: Any) -> None:
+    def __init__(self, app: Any, state: Source) -> None:
         self.app = app
         self.state = state
 

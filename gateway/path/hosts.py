@@ -10,11 +10,14 @@ tells nothing. Everything else goes on to ``app`` (Django checks its own).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.path import errors
 from gateway.records.observe import Done
 from llmgw_core.lean import allowed_host, headers
+
+if TYPE_CHECKING:
+    from gateway.path.parts import Parts
 
 CHECKED = ("/v1/", "/metrics", "/console/chat/")
 
@@ -26,11 +29,12 @@ def checked(path: str) -> bool:
 
 class HostCheck:
     """Refuse (400) a ``/v1/`` or ``/metrics`` request for a host not allowed, counted as
-    every status the gateway answers is (``gateway.observer``: /metrics and usage)."""
+    every status the gateway answers is (its ``parts``' observer, read at each refusal:
+    /metrics and usage)."""
 
-    def __init__(self, app: Any, gateway: Any = None) -> None:
+    def __init__(self, app: Any, parts: Parts | None = None) -> None:
         self.app = app
-        self.gateway = gateway
+        self.parts = parts
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and checked(scope.get("path", "")):
@@ -43,8 +47,8 @@ class HostCheck:
                     (b"content-length", str(len(data)).encode()),
                 ]})  # fmt: skip
                 await send({"type": "http.response.body", "body": data})
-                if self.gateway is not None:
-                    self.gateway.observer.request(Done(
+                if self.parts is not None:
+                    self.parts.observer.request(Done(
                         model="", status=400, owner="", key="", seconds=0.0, ttft=None,
                         tokens_in=0, tokens_out=0, replica=None, stream=False,
                     ))  # fmt: skip

@@ -10,7 +10,8 @@ end; a request that could never fit (``Gateway._budget``) is refused before.
 
 ``LocalLimits`` counts in this process (the embedded mode: one process). ``RedisLimits``
 counts in Redis, so every gateway process shares one budget: one round trip per request
-of a key that has a limit, none for keys without.
+of a key that has a limit, none for keys without. The counts are this cluster's own
+(under ``llmgw_core.rediskeys``' prefix): two clusters on one Redis keep separate budgets.
 
 An owner's token budget (``Quota.tpm``: ``manage.py cluster quota set OWNER --tpm N``) is
 shared by all its keys and every gateway process: ``reserve`` takes the request's bound
@@ -49,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.path import series
+from llmgw_core import rediskeys
 
 WINDOW = 60
 # While Redis is away: how often it is asked again (off the path), how often it is said.
@@ -203,6 +205,7 @@ class RedisLimits:
             lib_name=None, lib_version=None,
         )  # fmt: skip
         self._redis = aioredis.Redis(connection_pool=pool)
+        self.prefix = rediskeys.prefix() + "gateway:"  # this cluster's budgets alone
         self._take = self._redis.register_script(_TAKE)
         self._settle = self._redis.register_script(_SETTLE)
         self._clock = clock
@@ -226,7 +229,7 @@ class RedisLimits:
         return self.away_since is not None
 
     def _name(self, key_id: int, kind: str, window: int) -> str:
-        return f"llmgw:gateway:limit:{key_id}:{kind}:{window}"
+        return f"{self.prefix}limit:{key_id}:{kind}:{window}"
 
     async def take(self, key_id: int, kind: str, amount: int, limit: int) -> float | None:
         if limit <= 0:
@@ -265,7 +268,7 @@ class RedisLimits:
         await self.local.charge(key_id, kind, amount)
 
     def _owner_name(self, owner: str, window: int) -> str:
-        return f"llmgw:gateway:owner:{owner}:tokens:{window}"
+        return f"{self.prefix}owner:{owner}:tokens:{window}"
 
     async def reserve(self, owner: str, amount: int, limit: int) -> tuple[float | None, int]:
         """Reserve ``owner``'s tokens in Redis (one script: read, compare, add), shared by

@@ -28,6 +28,7 @@ from gateway.path.dialects.common import DialectError
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle, Receive, Scope
+    from gateway.path.parts import Complete, Parts
 
 RERANK = "rerank"
 V1_PATH, V2_PATH = rerank.V1_PATH, rerank.V2_PATH
@@ -72,16 +73,16 @@ def for_path(path: str, request_id: str = "") -> Rerank | None:
     return Rerank(request_id, shape) if shape is not None else None
 
 
-async def route(gateway: Any, cycle: Cycle, scope: Scope, receive: Receive, path: str,
-                method: str) -> None:  # fmt: skip
+async def route(parts: Parts, complete: Complete, cycle: Cycle, scope: Scope,
+                receive: Receive, path: str, method: str) -> None:  # fmt: skip
     """``POST /v1/rerank`` or ``/v2/rerank`` (``cycle.dialect`` is a ``Rerank``)."""
     if method != "POST":
         raise errors.method_not_allowed(path, "POST")
-    raw = await read_body(receive, gateway.options.max_body, scope)
+    raw = await read_body(receive, parts.options.max_body, scope)
     if raw is None:
         return  # the client went away
     cycle.watch(receive)  # from here a client that goes away cancels this task
-    await gateway.complete(cycle, bodies.RERANK, raw)
+    await complete(cycle, bodies.RERANK, raw)
     dialect = cycle.dialect
     if isinstance(dialect, Rerank) and dialect.tokens and not cycle.tokens_in:
         cycle.tokens_in = dialect.tokens  # an engine that says only total_tokens

@@ -28,7 +28,8 @@ from cluster.placement import UNPLACEABLE
 from gateway.path import answer, balance, errors, federation, providers, sizing
 from gateway.path import body as bodies
 from gateway.path.answer import Retry, told_of
-from gateway.path.guarding import GuardRefused
+from gateway.path.guarding import GuardRefused, Judging
+from gateway.path.parts import Parts
 from gateway.path.table import switched_off
 from llmgw_core.upstream import TIMEOUT, Response, UpstreamError
 
@@ -78,21 +79,23 @@ def model_waits(model: Any, options: Any) -> timeouts.Waits:
 
 
 class Routing:
-    """The gateway's routing: ``gateway`` gives its state, options, upstream, outliers,
-    placer, observer, in-flight counts and background tasks (read at each call)."""
+    """The gateway's routing: its ``parts`` give the state, options, upstream, outliers,
+    placer, observer, in-flight counts and background tasks (read at each call), and
+    ``judging`` the guard's verdicts on what it sends and relays."""
 
-    def __init__(self, gateway: Any) -> None:
-        self.gateway = gateway
+    def __init__(self, parts: Parts, judging: Judging) -> None:
+        self.parts = parts
+        self.judging = judging
 
     async def route(self, cycle: Cycle) -> None:
         """Answer ``cycle`` from the first of its chain that can; else raise the error
         that says why none could."""
-        gw, entry = self.gateway, cycle.entry
+        parts, entry = self.parts, cycle.entry
         assert entry is not None and cycle.req is not None
         model = entry.model
-        off = switched_off(model, gw.options.now()) if model.scaling.min == 0 else ""
+        off = switched_off(model, parts.options.now()) if model.scaling.min == 0 else ""
         if not off and (model.scaling.idle_timeout or model.scaling.min == 0):
-            gw.state.demand(model.name)  # it is in use: keep it (written off the path)
+            parts.state.demand(model.name)  # it is in use: keep it (written off the path)
         pinned = cycle.key.replica if cycle.key is not None else None
         if pinned is not None:
             await self._pinned(cycle, pinned)
@@ -102,13 +105,13 @@ class Routing:
         last = ""
         woken = False
         while True:
-            table = gw.state.table
+            table = parts.state.table
             for index, name in enumerate(n for n in chain if _in_cluster(table, n)):
                 pool = table.pool(name)
                 if pool is None:
                     continue
                 if index and name != model.name:
-                    gw.observer.fell_back(model.name, name)
+                    parts.observer.fell_back(model.name, name)
                 outcome = await self._replicas(cycle, table, name, pool, tried)
                 if outcome is None:
                     return
@@ -120,7 +123,9 @@ class Routing:
                 # No replica anywhere: wake the model and wait for it (bounded). One
                 # switched off is not woken: nothing would start it.
                 woken = True
-                if await gw.state.wait_for_pool(model.name, model_waits(model, gw.options).wake):
+                if await parts.state.wait_for_pool(
+                    model.name, model_waits(model, parts.options).wake
+                ):
                     continue
             break
         down = None
@@ -131,7 +136,7 @@ class Routing:
                 down = down or (peer, table.down[peer])
                 continue
             if name != model.name:
-                gw.observer.fell_back(model.name, name)
+                parts.observer.fell_back(model.name, name)
             outcome = await self.attempt(cycle, ext.external.url.rstrip("/"), -1, ext,
                                          served=ext.external.model or name, external=True)  # fmt: skip
             if outcome is None:
@@ -148,14 +153,14 @@ class Routing:
         measures that replica alone): sent there once; never to another replica, a canary,
         a fallback or a provider. 503 naming the replica when it is not in routing; 502
         naming it when it gave no answer."""
-        gw, entry = self.gateway, cycle.entry
+        parts, entry = self.parts, cycle.entry
         assert entry is not None
-        model, table = entry.model, gw.state.table
+        model, table = entry.model, parts.state.table
         pool = table.pool(model.name)
         if pool is None or replica not in pool.endpoints:
-            raise errors.pinned_away(model.name, replica, gw.options.retry_after)
+            raise errors.pinned_away(model.name, replica, parts.options.retry_after)
         await self._check_context(table, pool, model, cycle)
-        pinned = gw.pinned_in_flight  # counted apart: load scaling leaves the bench out
+        pinned = parts.pinned_in_flight  # counted apart: load scaling leaves the bench out
         pinned[replica] = pinned.get(replica, 0) + 1
         try:
             outcome = await self.attempt(cycle, pool.endpoints[replica], replica, model,
@@ -170,7 +175,7 @@ class Routing:
     def _chain(self, cycle: Cycle) -> list[str]:
         """The models to try in order: the canary's candidate (its share of requests),
         the model, its fallbacks; each within the key's scope."""
-        table, key, req = self.gateway.state.table, cycle.key, cycle.req
+        table, key, req = self.parts.state.table, cycle.key, cycle.req
         assert cycle.entry is not None and key is not None and req is not None
         model = cycle.entry.model
         primary = model.name
@@ -190,7 +195,7 @@ class Routing:
     ) -> str | None:
         """Try ``name``'s replicas one after another: None when one answered, else why
         the last did not ('' when there was none to try)."""
-        gw, entry, req = self.gateway, cycle.entry, cycle.req
+        parts, entry, req = self.parts, cycle.entry, cycle.req
         assert entry is not None and req is not None
         target_model = table.models[name]
         await self._check_context(table, pool, target_model, cycle)
@@ -198,24 +203,24 @@ class Routing:
         last = ""
         while True:
             # Never the same replica twice, nor one ejected (gateway.path.outliers).
-            out = gw.outliers.excluded(pool.endpoints)
+            out = parts.outliers.excluded(pool.endpoints)
             skip = tried | out if out else tried
             if adapter and target_model.max_loaded_adapters > 0:
-                target, evicted = gw.placer.choose(
-                    pool.targets, gw.in_flight, adapter, target_model.max_loaded_adapters, skip
+                target, evicted = parts.placer.choose(
+                    pool.targets, parts.in_flight, adapter, target_model.max_loaded_adapters, skip
                 )
                 if target is not None and evicted:
                     self._unload(pool.endpoints[target.id], evicted)
             elif cycle.session is not None:
                 # A session's turn: its last replica while it may (gateway.path.affinity).
-                target = gw.sessions.pick(
-                    name, cycle.session, pool.ring, gw.in_flight, time.monotonic(),
+                target = parts.sessions.pick(
+                    name, cycle.session, pool.ring, parts.in_flight, time.monotonic(),
                     profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
                     exclude=skip,
                 )  # fmt: skip
             else:
                 target = balance.pick(
-                    pool.ring, gw.in_flight, req.affinity,
+                    pool.ring, parts.in_flight, req.affinity,
                     profile=target_model.routing_profile or balance.DEFAULT_PROFILE,
                     exclude=skip,
                 )  # fmt: skip
@@ -228,7 +233,7 @@ class Routing:
             if outcome is None:
                 return None
             last = outcome
-            gw.observer.retried(name)
+            parts.observer.retried(name)
 
     def _none_answered(self, cycle: Cycle, last: str) -> errors.ApiError:
         """Why no replica or provider answered: each failed, or there was none ready."""
@@ -236,14 +241,14 @@ class Routing:
         name, model = cycle.req.model, cycle.entry.model
         if last:
             return errors.upstream_failed(name, last)
-        table = self.gateway.state.table
+        table = self.parts.state.table
         if model.name in table.unplaced:
             why = table.unplaced[model.name]
             log.info("%s: %s has no room: %s", cycle.request_id, model.name, why)
             if why.startswith(UNPLACEABLE):
                 return errors.unplaceable(name, why[len(UNPLACEABLE) :].lstrip(": "))
             return errors.no_room(name, NO_ROOM_RETRY)
-        return errors.not_ready(name, self.gateway.options.retry_after)
+        return errors.not_ready(name, self.parts.options.retry_after)
 
     async def _check_context(self, table: Table, pool: Pool, model: Any, cycle: Cycle) -> None:
         """400 ``context_length_exceeded`` when the prompt and ``max_tokens`` cannot fit
@@ -282,9 +287,9 @@ class Routing:
     async def _tokenize(self, endpoint: str, model: str, text: str) -> int | None:
         body = json.dumps({"content": text, "prompt": text, "model": model}).encode()
         try:
-            resp = await self.gateway.upstream.request(
+            resp = await self.parts.upstream.request(
                 "POST", endpoint + "/tokenize", body, [("Content-Type", "application/json")],
-                connect_timeout=self.gateway.options.connect_timeout, first_byte_timeout=10,
+                connect_timeout=self.parts.options.connect_timeout, first_byte_timeout=10,
                 read_timeout=10,
             )  # fmt: skip
             raw = await resp.read()
@@ -332,17 +337,17 @@ class Routing:
             adapter = entry.adapter if target_model.name == entry.model.name else None
             sent = cycle.dialect.engine_request(
                 "" if external or (adapter and engine == "llamacpp") else engine,
-                adapter or served, target_model.name, self.gateway.options.translate)  # fmt: skip
+                adapter or served, target_model.name, self.parts.options.translate)  # fmt: skip
             if sent is not None:
                 path, payload = sent
-        in_flight = self.gateway.in_flight
+        in_flight = self.parts.in_flight
         cycle.model, cycle.replica = target_model.name, replica
         cycle.peer = target_model.external.peer if external else ""
         in_flight[replica] = in_flight.get(replica, 0) + 1
         # A batch's line that may not add replicas: counted apart, as the bench's are.
         idle, apart = (
             cycle.key is not None and cycle.key.batch == "idle",
-            self.gateway.pinned_in_flight,
+            self.parts.pinned_in_flight,
         )
         if idle:
             apart[replica] = apart.get(replica, 0) + 1
@@ -350,7 +355,7 @@ class Routing:
             return await self._exchange(cycle, base + path, payload, headers, replica,
                                         target_model, external)  # fmt: skip
         except GuardRefused as refused:
-            self.gateway.judging.record(cycle, target_model.name, refused)
+            self.judging.record(cycle, target_model.name, refused)
             if cycle.started:
                 return None
             raise refused.error from None
@@ -368,9 +373,9 @@ class Routing:
         replica: int, target_model: Any, external: bool,
     ) -> str | None:  # fmt: skip
         """The request sent and its answer passed on; None when the client had it."""
-        gw, req, name = self.gateway, cycle.req, target_model.name
+        parts, req, name = self.parts, cycle.req, target_model.name
         assert req is not None
-        waits = model_waits(target_model, gw.options)
+        waits = model_waits(target_model, parts.options)
         # A stream's head comes before its first token; a whole answer's after its last.
         head_wait = (waits.first_token if req.stream or req.kind in bodies.NO_TEXT
                      else waits.whole(req.max_tokens))  # fmt: skip
@@ -378,8 +383,8 @@ class Routing:
         resp: Response | None = None
         try:
             try:
-                resp = await gw.upstream.request(
-                    "POST", url, payload, headers, connect_timeout=gw.options.connect_timeout,
+                resp = await parts.upstream.request(
+                    "POST", url, payload, headers, connect_timeout=parts.options.connect_timeout,
                     first_byte_timeout=head_wait, read_timeout=waits.between,
                 )  # fmt: skip
             except UpstreamError as error:
@@ -394,18 +399,20 @@ class Routing:
                 return moved
             if cycle.verdict is not None:
                 try:
-                    await gw.judging.request(cycle)
+                    await self.judging.request(cycle)
                 except GuardRefused:
                     resp.release()  # closes the engine's connection: it stops
                     raise
             whole = True
             if req.stream and resp.status == 200:
-                whole = await answer.Stream(gw, cycle, resp, waits, sent_at).relay()
+                whole = await answer.Stream(
+                    self.judging, parts.options, cycle, resp, waits, sent_at, self.replica_failed
+                ).relay()
             else:
-                await answer.whole(gw, cycle, resp)
+                await answer.whole(self.judging, parts.options, cycle, resp)
             if whole and resp.status < 500:
                 # Answered to its end: its failures in a row are over (a 429 never gets here).
-                gw.outliers.succeeded(replica)
+                parts.outliers.succeeded(replica)
             return None
         except Retry as retry:
             self.replica_failed(name, replica, retry.detail)
@@ -443,12 +450,12 @@ class Routing:
         time, a 5xx): told to the outlier detection, which may eject it."""
         if replica is None or replica < 0:
             return  # an external provider: not a replica of ours
-        gw = self.gateway
-        pool = gw.state.table.pool(model)
+        parts = self.parts
+        pool = parts.state.table.pool(model)
         replicas = pool.endpoints if pool else (replica,)
-        ejection = gw.outliers.failed(model, replica, replicas)
+        ejection = parts.outliers.failed(model, replica, replicas)
         if ejection is None:
-            health, after = gw.outliers.replicas.get(replica), gw.outliers.rules.after
+            health, after = parts.outliers.replicas.get(replica), parts.outliers.rules.after
             if health is not None and not health.until and health.failures == after:
                 # Due, and kept in routing: said once (when it comes due).
                 log.warning("replica %d of %s failed %d times in a row and stays in routing: "
@@ -459,9 +466,9 @@ class Routing:
         log.warning("replica %d of %s ejected from routing for %g s after %d failures in a "
                     "row (the last: %s)", replica, model, ejection.seconds, ejection.failures,
                     why)  # fmt: skip
-        gw.observer.ejected(model, replica, ejection.seconds, time.time() + ejection.seconds)
-        if gw.shared is not None:
-            gw.shared.ejected(model, replica, ejection)  # the other gateway processes too
+        parts.observer.ejected(model, replica, ejection.seconds, time.time() + ejection.seconds)
+        if parts.shared is not None:
+            parts.shared.ejected(model, replica, ejection)  # the other gateway processes too
 
     def _unload(self, endpoint: str, adapter: str) -> None:
         """Ask a vLLM replica to unload an adapter it holds least recently, off the path."""
@@ -469,7 +476,7 @@ class Routing:
         async def unload() -> None:
             body = json.dumps({"lora_name": adapter}).encode()
             try:
-                resp = await self.gateway.upstream.request(
+                resp = await self.parts.upstream.request(
                     "POST", endpoint + "/v1/unload_lora_adapter", body,
                     [("Content-Type", "application/json")], first_byte_timeout=30,
                 )  # fmt: skip
@@ -477,7 +484,7 @@ class Routing:
             except UpstreamError as error:
                 log.warning("unloading adapter %s from %s failed: %s", adapter, endpoint, error)
 
-        self.gateway.later(unload())
+        self.parts.later(unload())
 
 
 def _in_cluster(table: Table, name: str) -> bool:

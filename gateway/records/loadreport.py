@@ -22,6 +22,7 @@ from typing import Any
 
 from cluster import load
 from gateway.path.admission import EDGES_MS
+from gateway.path.parts import Parts
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,11 @@ SMOOTH = 2.0  # seconds the reported in-flight figure is the mean over
 
 
 class LoadReport:
-    """Samples one gateway's counts and writes them (``tick``, from traffic's thread)."""
+    """Samples one gateway's counts (its ``parts``' in-flight counts and table) and writes
+    them (``tick``, from traffic's thread)."""
 
-    def __init__(self, gateway: Any, process: str) -> None:
-        self.gateway = gateway
+    def __init__(self, parts: Parts, process: str) -> None:
+        self.parts = parts
         self.process = process
         self.seconds: deque[tuple[int, dict[str, list[int]]]] = deque()
         self._logged = 0.0
@@ -46,12 +48,12 @@ class LoadReport:
 
     def in_flight_now(self) -> dict[str, int]:
         """The requests in flight per model at this instant (a copy: safe beside the loop)."""
-        in_flight = dict(self.gateway.in_flight)  # one C-level copy
+        in_flight = dict(self.parts.in_flight)  # one C-level copy
         # Less the capacity bench's (a key pinned to a replica): its overload is deliberate;
         # and a batch's lines that may not add replicas (gateway.batch: "scale_up").
-        pinned = dict(self.gateway.pinned_in_flight)
+        pinned = dict(self.parts.pinned_in_flight)
         out = {}
-        for name, pool in list(self.gateway.state.table.pools.items()):
+        for name, pool in list(self.parts.state.table.pools.items()):
             count = sum(max(0, in_flight.get(replica, 0) - pinned.get(replica, 0))
                         for replica in pool.endpoints)  # fmt: skip
             if count:
@@ -110,7 +112,7 @@ class LoadReport:
             return models.setdefault(name, {"in_flight": 0, "waiting": 0,
                                             "ttft": [0] * (len(EDGES_MS) + 1)})  # fmt: skip
 
-        state = self.gateway.state
+        state = self.parts.state
         for name, mean in self.smoothed().items():
             if mean:
                 of(name)["in_flight"] = mean

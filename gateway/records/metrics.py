@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.path import series
+from gateway.path.parts import Parts
 from gateway.records.observe import Done, Listener
 
 NS = series.NS
@@ -59,12 +60,6 @@ SYNC_EVERY = 0.5
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
-
-
-def setup() -> None:
-    """Make this process's metrics (once): before any other metric of the process is
-    made, so each is in multiprocess mode."""
-    _setup()
 
 
 def _setup() -> dict[str, Any]:
@@ -187,7 +182,7 @@ class Metrics(Listener):
     def __init__(self) -> None:
         super().__init__()
         self.m = _setup()
-        self._gateways: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._gateways: weakref.WeakSet[Parts] = weakref.WeakSet()
         self._shown: set[int] = set()
         self._syncing = False
         # The labelled children, looked up once (labels() costs more than the write).
@@ -252,11 +247,11 @@ class Metrics(Listener):
         self.m["judge"].labels(judge or "").observe(seconds)
 
     # In flight: the Gateway's own counts, copied every half second by a thread.
-    def watch(self, gateway: Any) -> None:
-        """Export ``gateway.in_flight`` (its requests in flight per replica) and its
-        replicas out of routing (``gateway.path.outliers``); the thread that copies them starts
-        with the first request (importing starts no thread)."""
-        self._gateways.add(gateway)
+    def watch(self, parts: Parts) -> None:
+        """Export a gateway's ``parts.in_flight`` (its requests in flight per replica) and
+        its replicas out of routing (``gateway.path.outliers``); the thread that copies them
+        starts with the first request (importing starts no thread)."""
+        self._gateways.add(parts)
 
     def _start_sync(self) -> None:
         self._syncing = True
@@ -291,12 +286,11 @@ class Metrics(Listener):
                 continue  # a dict changed while copied: next time
 
 
-def exported(gateway: Any, metrics: Metrics) -> MetricsRoute:
-    """``gateway`` with its in-flight counts and its guard's time told to ``metrics``
-    (which must be among its observers), and ``/metrics`` served in front of it."""
-    gateway.guard = TimedGuard(gateway.guard, metrics)
-    metrics.watch(gateway)
-    return MetricsRoute(gateway)
+def exported(parts: Parts, metrics: Metrics) -> None:
+    """Tell ``metrics`` (which must be among the gateway's observers) a gateway's
+    in-flight counts and its guard's time: its ``parts``' guard is wrapped."""
+    parts.guard = TimedGuard(parts.guard, metrics)
+    metrics.watch(parts)
 
 
 class TimedGuard:

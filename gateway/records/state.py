@@ -179,7 +179,7 @@ class State:
         self.loaded = False
         # What else the path reads from memory, kept fresh by this thread after each read
         # of the table (``guard.cache.Cached``: its ``keep``, ``stale`` and ``age``): with
-        # the real loader, the guard's policy and judges (``guard.services.kept``).
+        # the real loader, the guard's policy and judges (``guard.snapshots.kept``).
         if keep is None:
             keep = () if loader is not None else (_guard_snapshot(),)
         self._keep = tuple(keep)
@@ -474,9 +474,9 @@ class State:
 
 
 def _guard_snapshot() -> Any:
-    from guard import services
+    from guard import snapshots
 
-    return services.kept()
+    return snapshots.kept()
 
 
 def _note_read(part: str) -> None:

@@ -63,6 +63,7 @@ from typing import Any
 
 from gateway.path import admission
 from gateway.path.admission import EDGES_MS, bucket, quantile  # the histograms' one reading
+from gateway.path.parts import Parts
 from gateway.records.observe import Done, Listener
 
 log = logging.getLogger(__name__)
@@ -113,11 +114,12 @@ class Traffic(Listener):
         """Publish ``sessions``' figures (``gateway.path.affinity.Sessions``) each second too."""
         self.sessions = sessions
 
-    def report_load(self, gateway: Any) -> None:
-        """Report ``gateway``'s load each second too (``gateway.records.loadreport``)."""
+    def report_load(self, parts: Parts) -> None:
+        """Report the load of the gateway of ``parts`` each second too
+        (``gateway.records.loadreport``)."""
         from gateway.records.loadreport import LoadReport
 
-        self.load = LoadReport(gateway, self.process)
+        self.load = LoadReport(parts, self.process)
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
         _refused.set(True)  # the request's own task: its Done follows

@@ -33,7 +33,7 @@ from django.utils import timezone
 from rest_framework import authentication
 
 from guard.cache import CachedMap
-from guard.services import in_background
+from guard.snapshots import in_background
 from llmgw_core.models import TOKEN_PREFIX, ApiToken, digest
 from llmgw_core.roles import role_of
 from llmgw_core.tokens import TokenAuthentication

@@ -7,8 +7,8 @@ thread made for it), DRF's request, negotiation and rendering, and the ASGI hand
 own hops: about 11 ms where the judge took 4 (bench/guard.py). Here a check
 costs reading the body, one JSON parse, the cached token (``guard.api.auth``) and the
 check itself: on the event loop when the token, the policy and its judges are in memory
-and the first judge answers (``guard.services.check_on_loop``), else on a pool of
-threads of its own (``guard.services.check``: each judge's call blocks a thread for as
+and the first judge answers (``guard.checks.check_on_loop``), else on a pool of
+threads of its own (``guard.checks.check``: each judge's call blocks a thread for as
 long as the judge takes), where a judge the loop asked is not asked again.
 
 Only a check that succeeds is answered here, and with the same JSON as the DRF view.
@@ -31,7 +31,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from guard import services
+from guard import checks
 from guard.api.auth import token_user, token_user_in_memory
 from guard.api.views import read_check
 from llmgw_core import lean
@@ -58,7 +58,7 @@ _HEADERS = [
 _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="guard-check")
 
 
-def _check(secret: str, body: bytes, asked: services.Asked | None = None) -> dict[str, Any] | None:
+def _check(secret: str, body: bytes, asked: checks.Asked | None = None) -> dict[str, Any] | None:
     """Return the check's answer, or None for Django to answer (on a pool thread)."""
     try:
         found = token_user(secret)
@@ -67,7 +67,7 @@ def _check(secret: str, body: bytes, asked: services.Asked | None = None) -> dic
         read = _read(body)
         if read is None:
             return None
-        return services.check(*read, asked=asked)
+        return checks.check(*read, asked=asked)
     finally:
         # Back to the pool (shared with Django) if a snapshot or token was read.
         connection.close()
@@ -80,24 +80,24 @@ async def _answer(secret: str, body: bytes) -> dict[str, Any] | None:
     """Return the check's answer, or None for Django to answer.
 
     On the event loop when everything it needs is in memory and the first judge answers
-    (``guard.services.check_on_loop``); otherwise on a pool thread, where a judge
+    (``guard.checks.check_on_loop``); otherwise on a pool thread, where a judge
     already asked on the loop is not asked again.
     """
     found = token_user_in_memory(secret)
     read = _read(body) if found is not None and has_role(found[0], VIEWER) else None
     if read is None:
         return await _check_on_pool(secret, body)
-    done = await services.check_on_loop(*read)
+    done = await checks.check_on_loop(*read)
     if isinstance(done, dict):
         return done
     # Bounded as the gateway's check is (gateway.path.guarding.Guard.judge): past it the
     # policy's fail decides, as if every judge timed out.
-    bound = services.check_bound()
+    bound = checks.check_bound()
     try:
         return await asyncio.wait_for(_check_on_pool(secret, body, done), bound)
     except TimeoutError:
         log.warning("a guard check got no answer within %g s: the policy's fail decides", bound)
-        return services.unanswered(*read, bound)
+        return checks.unanswered(*read, bound)
 
 
 def _read(body: bytes) -> tuple[str, str | None] | None:

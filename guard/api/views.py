@@ -21,8 +21,8 @@ from rest_framework.utils.mediatypes import media_type_matches
 
 from catalog.api.serializers import RefusedSerializer
 from catalog.problems import Problem
+from guard import checks, services
 from guard import policy as policy_rules
-from guard import services
 from guard.api.auth import CachedTokenAuthentication
 from guard.models import JudgeDecision, JudgeHealth, JudgeProbe
 from llmgw_core.api import TextJSONParser, problems_response
@@ -92,7 +92,7 @@ def check(request: Request) -> Response:
     read = read_check(request.data)
     if isinstance(read, list):
         return problems_response(read, "the guard cannot read this check")
-    result = services.check(*read)
+    result = checks.check(*read)
     return Response(result)
 
 
@@ -324,7 +324,7 @@ class JudgeStatusSerializer(serializers.Serializer[Any]):
 def judges(request: Request) -> Response:
     """Answer each judge's answers, failures, last error, last good answer, decisions."""
     # This process's checks not yet written: a caller reads what it just caused.
-    services.flush_records()
+    checks.flush_records()
     decisions: dict[str, list[dict[str, Any]]] = {}
     for d in JudgeDecision.objects.all():
         decisions.setdefault(d.judge, []).append(

@@ -10,16 +10,14 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
-from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
-from rest_framework.response import Response
 
-from llmgw_core.api import shown_once
 from llmgw_core.models import ApiToken, issue_problem
 from llmgw_core.roles import ADMIN
+from llmgw_core.shownonce import ShownOnceActions
 
 
 class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
@@ -62,7 +60,12 @@ class IssuedTokenSerializer(ApiTokenSerializer):
         fields = (*ApiTokenSerializer.Meta.fields, "token")
 
 
+@extend_schema_view(
+    create=extend_schema(request=ApiTokenSerializer, responses={201: IssuedTokenSerializer}),
+    revoke=extend_schema(request=None, responses=ApiTokenSerializer),
+)
 class ApiTokenViewSet(
+    ShownOnceActions,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
@@ -75,11 +78,7 @@ class ApiTokenViewSet(
     read_role = ADMIN
     required_role = ADMIN
 
-    @extend_schema(request=ApiTokenSerializer, responses={201: IssuedTokenSerializer})
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        serializer = ApiTokenSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+    def issue(self, request: Request, data: dict[str, Any]) -> tuple[ApiToken, str]:
         why = issue_problem(request.user, data["user"], isinstance(request.auth, ApiToken))
         if why:
             raise PermissionDenied(why)
@@ -93,16 +92,4 @@ class ApiTokenViewSet(
                     ]
                 }
             )
-        token, secret = ApiToken.issue(
-            data["user"], data["name"], data.get("expires"), by=request.user
-        )
-        return shown_once(dict(ApiTokenSerializer(token).data), "token", secret)
-
-    @extend_schema(request=None, responses=ApiTokenSerializer)
-    @action(detail=True, methods=["post"])
-    def revoke(self, request: Request, pk: str) -> Response:
-        token = self.get_object()
-        if token.revoked is None:
-            token.revoked = timezone.now()
-            token.save(update_fields=["revoked"])
-        return Response(ApiTokenSerializer(token).data)
+        return ApiToken.issue(data["user"], data["name"], data.get("expires"), by=request.user)

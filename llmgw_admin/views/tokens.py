@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cluster.models import JoinToken
 from cluster.services import log_action
-from llmgw_core.models import ApiToken, issue_problem
+from llmgw_core.models import ApiToken, issue_problem, revoke
 from llmgw_core.roles import ADMIN, role_required
 
 VIA = "console"
@@ -156,9 +156,7 @@ def token_revoke(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
         return HttpResponse(f"no token kind {kind!r}: api or join", status=404)
     token = get_object_or_404(model, pk=pk)
     label = f"{'API' if kind == 'api' else 'join'} token {token}"
-    if token.revoked is None:
-        token.revoked = timezone.now()
-        token.save(update_fields=["revoked"])
+    if revoke(token):
         log_action(
             request.user, f"{kind} token revoked", f"{kind} token {token.pk} ({token})", "", VIA
         )

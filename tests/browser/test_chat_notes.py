@@ -9,19 +9,13 @@ from typing import Any
 import pytest
 
 from cluster import reconciler
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.cluster.helpers import join_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 H100 = "nvidia-h100-80gb"
 L4 = "nvidia-l4-24gb"
-SIM = [{"name": "sim", "engine": "sim", "gpu_class": H100}]
-
-
-def model(name: str, lo: int, hi: int, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "source": f"sim/{name}", "profiles": SIM,
-            "scaling": {"min": lo, "max": hi}, **extra}  # fmt: skip
 
 
 def notes(page: Any) -> dict[str, str]:
@@ -38,10 +32,13 @@ def test_an_asleep_model_with_no_room_is_not_offered_as_started_when_asked(
     open_page: Any, viewer: Any, width: int
 ) -> None:
     join_node("full-1", [H100, L4])
-    store(model("busy", 1, 1))  # standard: holds the one card
+    store(sim_model("busy", 1, tp=None))  # standard: holds the one card
     reconciler.tick()
     # Asleep (min 0, opportunistic): it evicts no one, and no card is free.
-    store(model("sleepy", 0, 1), model("spare", 0, 1, profiles=[dict(SIM[0], gpu_class=L4)]))
+    store(
+        sim_model("sleepy", 0, tp=None),
+        sim_model("spare", 0, tp=None, gpu_class=L4),
+    )
     page = open_page(viewer, "/gateway/chat/", {"width": width, "height": 900})
     shown = notes(page)
     assert shown["sleepy"] == "sleepy — no room in the cluster now", shown

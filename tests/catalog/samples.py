@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+H100 = "nvidia-h100-80gb"
+
 
 def gpu_model(name: str = "chat", **extra: Any) -> dict[str, Any]:
     """Return a valid vLLM model on two H100s."""
@@ -25,6 +27,37 @@ def cpu_model(name: str = "small", **extra: Any) -> dict[str, Any]:
         "source": f"/models/{name}.gguf",
         "profiles": [{"name": "cpu", "engine": "llamacpp", "cpu_cores": 2}],
         "scaling": {"min": 0, "max": 1},
+    }
+    data.update(copy.deepcopy(extra))
+    return data
+
+
+def sim_model(
+    name: str,
+    replicas: int = 1,
+    *,
+    most: int | None = None,
+    gpu_class: str = H100,
+    tp: int | None = 1,
+    profile: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Return a valid model the sim engine serves, the one the tests that run sims build.
+
+    One profile, ``sim``, of ``tp`` cards (None: not written) of ``gpu_class``, with
+    ``profile``'s keys over it (env, args, capacity); scaling from ``replicas`` to ``most``
+    (unset: as many, at least 1). ``extra`` is the model's other keys, each replacing what
+    is here (a ``scaling`` whole).
+    """
+    sim: dict[str, Any] = {"name": "sim", "engine": "sim", "gpu_class": gpu_class}
+    if tp is not None:
+        sim["tp"] = tp
+    sim.update(copy.deepcopy(profile or {}))
+    data: dict[str, Any] = {
+        "name": name,
+        "source": f"sim/{name}",
+        "profiles": [sim],
+        "scaling": {"min": replicas, "max": max(1, replicas) if most is None else most},
     }
     data.update(copy.deepcopy(extra))
     return data

@@ -14,11 +14,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from catalog import services, spec
-from catalog.forms import ServedModelForm
+from catalog.forms import ServedModelForm, file_key
 from catalog.models import ChangeRecord, ServedModel
 from catalog.problems import Problem
 from catalog.schedule import week_grid
-from catalog.views import SECTIONS, change_diff, file_key
+from catalog.views.form import SECTIONS
+from catalog.views.pages import change_diff
 from tests.catalog.samples import cpu_model, gpu_model, store
 
 pytestmark = pytest.mark.django_db

@@ -81,7 +81,7 @@ def test_sim_models_and_local_weights_need_no_such_words() -> None:
 def first_start(settings: Any, db: Any) -> None:
     """The README's first start: init with the simulated nodes, this machine's agent
     without llama-server, the sim judge's replica ready."""
-    settings.LLMGW_SIMULATE = demo.parse_simulate(demo.DEFAULT_SIMULATE)
+    settings.LLMGW_SIMULATE = demo.parse_simulate(settings.SIMULATE_EMBEDDED)
     call_command("init", stdout=io.StringIO(), stderr=io.StringIO())
     join_node("this-machine", [], engines={"sim": "1"})
     for sim in settings.LLMGW_SIMULATE:

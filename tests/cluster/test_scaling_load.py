@@ -27,6 +27,15 @@ def hist(**at: int) -> list[int]:
     return counts
 
 
+@pytest.fixture(autouse=True)
+def no_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's first tick starts its sampler, a thread a gateway process runs for ever
+    (every SAMPLE_EVERY): here it would outlive each test, sampling a stand-in gateway
+    beside the next ones. These tests read what one tick writes, and sample by hand where
+    they mean to (test_in_flight_is_the_mean_of_the_last_seconds_samples)."""
+    monkeypatch.setattr(LoadReport, "start_sampling", lambda self: None)
+
+
 def report(process: str, **models: dict) -> dict:
     return {"process": process, "at": time.time(), "edges": list(EDGES_MS), "models": models}
 
@@ -74,10 +83,25 @@ def test_reports_in_redis_with_a_ttl(redis_settings: str) -> None:
     load.write(report("b:2", chat={"in_flight": 5}))
     assert load.read()["chat"].in_flight == 7
     client = Redis.from_url(redis_settings)
-    assert 0 < client.ttl(load.PREFIX + "a:1") <= load.TTL
-    client.delete(load.PREFIX + "a:1")  # as its TTL would
+    assert 0 < client.ttl(load.prefix() + "a:1") <= load.TTL
+    client.delete(load.prefix() + "a:1")  # as its TTL would
     assert load.read()["chat"].in_flight == 5
-    assert client.smembers(load.INDEX) == {b"b:2"}
+    assert client.smembers(load.prefix() + "processes") == {b"b:2"}
+
+
+def test_two_clusters_on_one_redis_read_only_their_own_reports(
+    redis_settings: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.conf import settings
+
+    load.write(report("a:1", chat={"in_flight": 2}))
+    db = settings.DATABASES["default"]
+    monkeypatch.setitem(settings.DATABASES, "default", {**db, "NAME": f"{db['NAME']}_other"})
+    # Another cluster's gateway (another database, the same Redis), on a host of its own.
+    load.write(report("b:1", chat={"in_flight": 5}))
+    assert load.read()["chat"].in_flight == 5
+    monkeypatch.undo()
+    assert load.read()["chat"].in_flight == 2
 
 
 def test_redis_away_is_unavailable(settings: object) -> None:

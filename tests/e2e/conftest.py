@@ -59,6 +59,7 @@ class ControlPlane:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     extra: dict[str, str] = field(default_factory=dict)  # more of the process's variables
+    up_within: float = 60  # seconds its start may take (two planes on a loaded machine: more)
 
     @property
     def url(self) -> str:
@@ -89,7 +90,7 @@ class ControlPlane:
         self.proc = subprocess.Popen(
             self.command(), cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
         )
-        wait_for(self._up, 60, "the web process to answer")
+        wait_for(self._up, self.up_within, "the web process to answer")
 
     def _up(self) -> bool:
         try:
@@ -133,50 +134,109 @@ def control_plane(transactional_db: Any, tmp_path: Path) -> Iterator[ControlPlan
     cp.stop()
 
 
-@pytest.fixture
-def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Agent]]:
-    from cluster.models import JoinToken
+class Agents:
+    """Agent processes joined to a control plane, started on demand (``agents(name,
+    *flags)``), and stopped with their engines by ``stop``."""
 
-    _, secret = JoinToken.issue("e2e")
-    started: list[Agent] = []
+    def __init__(self, control_plane: ControlPlane, tmp: Path) -> None:
+        from cluster.models import JoinToken
 
-    def start(name: str, *extra: str) -> Agent:
-        state = tmp_path / f"agent-{name}"
-        log = (tmp_path / f"agent-{name}.log").open("ab")  # noqa: SIM115
+        _, self.secret = JoinToken.issue("e2e")
+        self.control_plane, self.tmp = control_plane, tmp
+        self.started: list[Agent] = []
+
+    def __call__(self, name: str, *extra: str) -> Agent:
+        state = self.tmp / f"agent-{name}"
+        log = (self.tmp / f"agent-{name}.log").open("ab")  # noqa: SIM115
         # Engines inherit the agent's environment: the marker finds them at the end, even
         # those of an agent killed on purpose, whose replicas the control plane forgot.
-        env = dict(os.environ, LLMGW_E2E_RUN=str(tmp_path))
+        env = dict(os.environ, LLMGW_E2E_RUN=str(self.tmp))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "--server", control_plane.url, "--join-token", secret,
-             "--name", name, "--state-dir", str(state), "--heartbeat", "1s", "--grace", "3s",
-             *extra],
+            [sys.executable, "-m", "agent", "--server", self.control_plane.url,
+             "--join-token", self.secret, "--name", name, "--state-dir", str(state),
+             "--heartbeat", "1s", "--grace", "3s", *extra],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         agent = Agent(name, proc, state)
-        started.append(agent)
+        self.started.append(agent)
         return agent
 
-    yield start
-    # Each told at once, then waited for: they stop side by side.
-    for a in started:
-        if a.proc.poll() is None:
-            a.proc.terminate()
-    for a in started:
-        try:
-            a.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            a.proc.kill()
-    # Engines outlive their agents on purpose; the tests' own must not outlive the tests.
-    from cluster.models import Assignment
+    def stop(self) -> None:
+        # Each told at once, then waited for: they stop side by side.
+        for a in self.started:
+            if a.proc.poll() is None:
+                a.proc.terminate()
+        for a in self.started:
+            try:
+                a.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                a.proc.kill()
+        # Engines outlive their agents on purpose; the tests' own must not outlive the tests.
+        from cluster.models import Assignment
 
-    for pid in Assignment.objects.exclude(pid=None).values_list("pid", flat=True):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-    marker = f"LLMGW_E2E_RUN={tmp_path}".encode()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        with contextlib.suppress(OSError, ValueError):
-            if marker in environ.read_bytes().split(b"\0"):
-                os.kill(int(environ.parent.name), signal.SIGKILL)
+        for pid in Assignment.objects.exclude(pid=None).values_list("pid", flat=True):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        marker = f"LLMGW_E2E_RUN={self.tmp}".encode()
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            with contextlib.suppress(OSError, ValueError):
+                if marker in environ.read_bytes().split(b"\0"):
+                    os.kill(int(environ.parent.name), signal.SIGKILL)
+
+
+@pytest.fixture
+def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    started = Agents(control_plane, tmp_path)
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def _test_database(
+    request: pytest.FixtureRequest, django_db_setup: Any, django_db_blocker: Any
+) -> Iterator[None]:
+    """The test database, made as pytest-django makes it: it makes one only when a test of
+    the run asks by its marker or fixtures, which a module sharing one (below) does not;
+    run alone, such a module makes it here."""
+    asked = any(
+        item.get_closest_marker("django_db")
+        or {"db", "transactional_db", "live_server"} & set(getattr(item, "fixturenames", ()))
+        for item in request.session.items
+    )
+    if asked:
+        yield
+        return
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        made = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(made, verbosity=0)
+
+
+@pytest.fixture(scope="module")
+def module_transactional_db(_test_database: None, django_db_blocker: Any) -> Iterator[None]:
+    """The database as ``transactional_db`` gives it (committed rows, which the processes
+    a test starts read), for a whole module: its tests share one plane of processes
+    started once, and the tables are emptied once, at the module's end. A test of such a
+    module must leave nothing the next one would notice (each module says how)."""
+    from django.test import TransactionTestCase
+
+    with django_db_blocker.unblock():
+
+        class ModuleCase(TransactionTestCase):
+            pass
+
+        ModuleCase.setUpClass()
+        case = ModuleCase(methodName="__init__")
+        case._pre_setup()
+        try:
+            yield
+        finally:
+            case._post_teardown()
+            ModuleCase.tearDownClass()
+            ModuleCase.doClassCleanups()
 
 
 @pytest.fixture(scope="module")

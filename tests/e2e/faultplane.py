@@ -42,6 +42,7 @@ import httpx
 import openai
 
 from cluster.models import Node, Replica
+from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.dburl import database_url
 from tests.e2e.conftest import ROOT, Agent, free_port, wait_for
@@ -204,16 +205,9 @@ class FaultPlane(Plane):
 
 
 def sim_model(name: str, replicas: int, **extra: Any) -> dict[str, Any]:
-    profile = {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}
-    profile.update(extra.pop("profile", {}))
-    data: dict[str, Any] = {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [profile],
-        "scaling": {"min": replicas, "max": replicas},
-    }
-    data.update(extra)
-    return data
+    """``samples.sim_model`` answering quickly (``FAST``), ``replicas`` of it exactly."""
+    profile = {"env": dict(FAST), **extra.pop("profile", {})}
+    return samples.sim_model(name, replicas, most=replicas, profile=profile, **extra)
 
 
 @dataclass

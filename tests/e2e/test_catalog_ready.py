@@ -5,11 +5,13 @@ nothing pushed (htmx would say it found no target), and the console says nothing
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
 from cluster.models import Node, Replica
+from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.e2e.conftest import wait_for
 
@@ -18,13 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 L4 = "nvidia-l4-24gb"
 
 
-def sim_model(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": L4, "tp": 1}],
-        "scaling": {"min": 1, "max": 1},
-    }
+sim_model = partial(samples.sim_model, gpu_class=L4)
 
 
 def test_a_replica_becoming_ready_changes_its_models_ready_cell(

@@ -12,24 +12,13 @@ import httpx
 import pytest
 
 from cluster.models import Assignment, Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import Agent, ControlPlane, engine_auth, wait_for
 from tests.llama import llama_server_binary
 
 pytestmark = pytest.mark.e2e
 
 H100 = "nvidia-h100-80gb"
-
-
-def sim_model(name: str, **extra: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1}],
-        "scaling": {"min": 1, "max": 1},
-    }
-    data.update(extra)
-    return data
 
 
 def ready(model: str, count: int = 1) -> Callable[[], list[Replica]]:
@@ -253,6 +242,7 @@ def test_guard_chain_with_sim_judges_on_real_agents(
     control_plane: ControlPlane, agents: Callable[..., Agent]
 ) -> None:
     """Judges enabled on the sim engine run on real agents; the chain uses their replicas."""
+    from guard import checks as guard_checks
     from guard import services as guard_services
 
     agents("a", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
@@ -267,9 +257,9 @@ def test_guard_chain_with_sim_judges_on_real_agents(
     wait_for(ready("qwen3guard-0.6b"), 90, "the qwen judge ready")
     wait_for(ready("llamaguard3-1b"), 90, "the llama judge ready")
 
-    body = guard_services.check("continue the code above")
+    body = guard_checks.check("continue the code above")
     assert (body["decision"], body["judge"], body["failures"]) == ("allow", "llamaguard3-1b", [])
-    body = guard_services.check("please UNSAFE-MARKER")
+    body = guard_checks.check("please UNSAFE-MARKER")
     assert body["decision"] == "refuse" and body["verdict"] == "unsafe", (
         body,
         guard_services.current_policy(),
@@ -280,7 +270,7 @@ def test_guard_chain_with_sim_judges_on_real_agents(
     for r in Replica.objects.filter(model_name="llamaguard3-1b"):
         r.set_state("failed", "e2e: the judge's engine is gone")
         r.save()
-    body = guard_services.check("continue")
+    body = guard_checks.check("continue")
     assert body["judge"] == "qwen3guard-0.6b"
     assert body["failures"][0]["judge"] == "llamaguard3-1b"
     assert body["failures"][0]["kind"] == "no_replica"

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from django.utils import timezone
 
 from cluster.models import Assignment, ControlMark, Node, Replica
 from llmgw_core.models import ApiToken
+from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 from tests.redisserver import RedisServer as Redis
@@ -115,13 +117,7 @@ def api(plane: Plane, user: Any) -> httpx.Client:
     )
 
 
-def sim_model(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": L4}],
-        "scaling": {"min": replicas, "max": replicas},
-    }
+sim_model = partial(samples.sim_model, gpu_class=L4, tp=None)
 
 
 def ready_with_pids(name: str, count: int) -> dict[int, int] | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 
 from catalog import rules
 from cluster import plan
@@ -129,7 +130,7 @@ def _answers(client: httpx.Client) -> bool:
 
 def chat_wanted() -> int:
     """Return how many demo-chat replicas its schedule wants now (the control zone is UTC)."""
-    classes = demo.gpu_classes(demo.parse_simulate(demo.DEFAULT_SIMULATE))
+    classes = demo.gpu_classes(demo.parse_simulate(settings.SIMULATE_EMBEDDED))
     chat = next(m for m in demo.demo_models(classes) if m.name == demo.CHAT)
     return plan.wanted(rules.normalize(chat), datetime.now(UTC)).count
 

@@ -4,10 +4,11 @@ real agents and sim engines."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ import openai
 import pytest
 
 from cluster.models import Node, Replica
+from guard.models import GuardPolicy
+from tests.catalog import samples
 from tests.catalog.samples import store
-from tests.e2e.conftest import ROOT, Agent, ControlPlane, engine_auth, free_port, wait_for
+from tests.e2e.conftest import ROOT, Agents, ControlPlane, engine_auth, free_port, wait_for
 from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
 from tests.redisserver import url as redis_url
 
@@ -28,16 +31,9 @@ FAST = {"LLMGW_SIM_TTFT": "0.05", "LLMGW_SIM_TPS": "200"}
 
 
 def sim_model(name: str, **extra: Any) -> dict[str, Any]:
-    profile = {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}
-    profile.update(extra.pop("profile", {}))
-    data: dict[str, Any] = {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [profile],
-        "scaling": {"min": 1, "max": 1},
-    }
-    data.update(extra)
-    return data
+    """``samples.sim_model`` answering quickly (``FAST``), one replica."""
+    profile = {"env": dict(FAST), **extra.pop("profile", {})}
+    return samples.sim_model(name, profile=profile, **extra)
 
 
 def manage(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
@@ -57,26 +53,64 @@ def client(cp: ControlPlane, key: str, **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=cp.url + "/v1", api_key=key, max_retries=0, **kw)
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(
+    module_transactional_db: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """One web process, two agents and the models, for the whole module (started once:
+    about a minute on a loaded machine). ``cluster`` puts back what a test changed."""
+    cp = ControlPlane(tmp_path_factory.mktemp("gateway-plane"))
+    cp.start()
+    agents = Agents(cp, cp.tmp)
+    try:
+        agents("gw-a", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+        agents("gw-b", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
+        wait_for(lambda: Node.objects.filter(health="ready").count() == 2, 60, "two nodes")
+        store(
+            sim_model(
+                "chat", description="a chat model for tests", context_length=4096,
+                max_output=512, aliases=["chat-latest"], owner="team:tests",
+                scaling={"min": 2, "max": 2},
+            ),
+            sim_model("embed", capabilities={"embeddings": True}, context_length=2048),
+            sim_model("judge", role="guard", guard={"format": "qwen3guard"}),
+            # A judge no node can run (no node has its class): it never answers.
+            sim_model("judge-down", role="guard", guard={"format": "qwen3guard"},
+                      profile={"gpu_class": "nvidia-a100-40gb"}),
+        )  # fmt: skip
+        yield cp
+    finally:
+        agents.stop()
+        cp.stop()
+
+
 @pytest.fixture
-def cluster(control_plane: ControlPlane, agents: Callable[..., Agent]) -> ControlPlane:
-    agents("gw-a", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
-    agents("gw-b", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
-    wait_for(lambda: Node.objects.filter(health="ready").count() == 2, 60, "two nodes")
-    store(
-        sim_model(
-            "chat", description="a chat model for tests", context_length=4096, max_output=512,
-            aliases=["chat-latest"], owner="team:tests", scaling={"min": 2, "max": 2},
-        ),
-        sim_model("embed", capabilities={"embeddings": True}, context_length=2048),
-        sim_model("judge", role="guard", guard={"format": "qwen3guard"}),
-        # A judge no node can run (no node has its class): it never answers.
-        sim_model("judge-down", role="guard", guard={"format": "qwen3guard"},
-                  profile={"gpu_class": "nvidia-a100-40gb"}),
-    )  # fmt: skip
+def cluster(shared_cluster: ControlPlane) -> Iterator[ControlPlane]:
+    """The module's cluster with every model ready; after the test, the guard's policy
+    back to none set (tests set their own) and the web process answering as it did
+    before (a text a judge would refuse is answered). Each test's keys have names of
+    their own; the test that kills the engines runs last."""
     wait_for(ready("chat", 2), 90, "two chat replicas ready")
     wait_for(ready("embed"), 90, "the embedding model ready")
     wait_for(ready("judge"), 90, "the judge ready")
-    return control_plane
+    yield shared_cluster
+    if GuardPolicy.objects.exists():
+        GuardPolicy.objects.all().delete()
+        api = client(shared_cluster, new_key(shared_cluster, f"policy-back-{next(_BACK)}"))
+        wait_for(lambda: _answered(api, "/echo UNSAFE-MARKER back"), 30, "no policy in force")
+
+
+_BACK = itertools.count()
+
+
+def _answered(api: openai.OpenAI, text: str) -> bool:
+    try:
+        answer = api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": text}]
+        )
+    except openai.BadRequestError:
+        return False
+    return answer.choices[0].message.content == text.removeprefix("/echo ")
 
 
 def test_the_openai_client_lists_chats_streams_and_embeds(cluster: ControlPlane) -> None:
@@ -220,7 +254,11 @@ class gateway_process:
             cwd=ROOT, env={**self.cp.env(), **self.extra}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         url = f"http://127.0.0.1:{self.port}"
-        wait_for(lambda: _answers(url), 60, "the gateway process to answer")
+        try:
+            wait_for(lambda: _answers(url), 60, "the gateway process to answer")
+        except BaseException:
+            self.__exit__()  # not left running (and on the database) past its test
+            raise
         return url
 
     def __exit__(self, *exc: Any) -> None:
@@ -229,6 +267,7 @@ class gateway_process:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
 
 
 def _answers(url: str) -> bool:

@@ -182,11 +182,11 @@ def test_its_load_is_reported_from_the_start_before_any_request(
     try:
         with serving(tmp_path, "--port", "0", LLMGW_REDIS_URL=url) as running:
             pid = started(running).group(3)
-            key = f"{load.PREFIX}{sockets.gethostname()}:{pid}"
+            key = f"{load.prefix()}{sockets.gethostname()}:{pid}"
             raw = wait_for(lambda: client.get(key), 30, "the process's first load report")
             report = json.loads(raw)
             assert report["process"].endswith(f":{pid}") and report["models"] == {}
-            assert client.sismember(load.INDEX, report["process"])
+            assert client.sismember(load.prefix() + "processes", report["process"])
     finally:
         client.flushdb()
         client.close()

@@ -126,7 +126,7 @@ def ask(workers: Workers, secret: str) -> str:
 def served_by(redis: Redis, pid: int) -> int:
     """The answers the worker ``pid`` reports for the model over its last seconds (its load
     report for scaling, ``cluster.load``)."""
-    raw = redis.get(f"{load.PREFIX}{os.uname().nodename}:{pid}")
+    raw = redis.get(f"{load.prefix()}{os.uname().nodename}:{pid}")
     if raw is None:
         return 0
     report = json.loads(raw)

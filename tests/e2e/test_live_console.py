@@ -10,12 +10,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster.models import Node
+from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 
@@ -41,13 +43,8 @@ SEEN_STATES = """
 """
 
 
-def sim_model(name: str, gpu_class: str = L4, tp: int = 1, replicas: int = 1) -> dict[str, Any]:
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": gpu_class, "tp": tp}],
-        "scaling": {"min": replicas, "max": max(1, replicas)},
-    }
+# The sims here are L4s.
+sim_model = partial(samples.sim_model, gpu_class=L4)
 
 
 def test_nodes_and_replicas_arrive_without_reloading(

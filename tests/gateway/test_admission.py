@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.path.admission import (
     BANDS,
+    BATCH,
     BETA,
     HEADROOM,
+    QUIET,
     RECENT,
     STEP,
     Admission,
@@ -32,9 +34,17 @@ ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e5, allow_nan=False)
 bands = st.sampled_from(BANDS)
 recents = st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=RECENT)
 idles = st.sampled_from([0.0, 0.5, STEP, 100.0])
-readings = st.builds(Reading, ms, recents.map(tuple), st.sampled_from([0.0, 100.0, SLO]),
-                     st.integers(0, 20), idles)  # fmt: skip
-steps = st.lists(st.tuples(readings, bands, st.integers(0, 5), st.floats(0, 30)), max_size=60)
+batch_idles = st.sampled_from([0.0, 0.5, STEP, 5.0, WINDOW, float("inf")])
+# First-token times about the thresholds (HEADROOM, QUIET, the slo), few bits each, so
+# a long history stays within what hypothesis draws at once.
+marks = st.sampled_from([0.0, 100.0, 499.0, 500.0, 799.0, 800.0, 1000.0, 1001.0, 5000.0])
+readings = st.builds(Reading, st.one_of(st.none(), marks),
+                     st.lists(marks, max_size=RECENT).map(tuple), st.sampled_from([0.0, 100.0, SLO]),
+                     st.integers(0, 20), idles, st.integers(0, 4), batch_idles)  # fmt: skip
+# A loaded machine can stall one draw of a long history past hypothesis's bound (each is
+# small: a few marks a step), as the catalog's schedule tests allow too.
+LOADED = settings(suppress_health_check=[HealthCheck.too_slow])
+steps = st.lists(st.tuples(readings, bands, st.integers(0, 5), st.floats(0, 30)), max_size=40)
 
 
 class Clock:
@@ -50,6 +60,7 @@ def admission(**kw: object) -> tuple[Admission, Clock]:
     return Admission(window=WINDOW, clock=clock, wall=clock, counts=Counts(), **kw), clock
 
 
+@LOADED
 @given(steps)
 def test_the_top_band_is_never_held_and_a_lower_band_never_past_its_allowance(
     history: list[tuple[Reading, str, int, float]],
@@ -57,16 +68,31 @@ def test_the_top_band_is_never_held_and_a_lower_band_never_past_its_allowance(
     gate, now = Gate(), 0.0
     for r, band, ahead, dt in history:
         now += dt
+        before = gate
         gate, decision = decide(gate, band, r, now, WINDOW, ahead)
         if band == "high":
             assert decision.admit
-        if r.over:
+        if r.over and not r.batch_in_window:
             assert gate.limit is not None  # past the slo: the lower bands are capped
-        if decision.admit and band != "high" and gate.limit is not None:
+        if before.limit is None and gate.limit is not None:
+            # The batch yielded entirely first: no line of it here for a step.
+            assert not r.batch and r.batch_idle >= STEP
+        if gate.limit is None and band in ("normal", "low"):
+            assert decision.admit  # a live band is held only once it has an allowance
+        if decision.admit and band in ("normal", "low") and gate.limit is not None:
             assert r.lower + ahead < gate.limit
-        assert decision.limit == gate.limit and (gate.limit is None or gate.limit >= 0)
+        if band == BATCH and decision.admit:
+            # Only in what live traffic leaves: no live cap, none of it waiting.
+            assert gate.limit is None and not ahead
+            assert gate.batch is None or r.batch < gate.batch
+        if gate.limit is not None:
+            assert gate.batch == 0  # the batch is held while a live band is capped
+        assert decision.limit == gate.allowance(band)
+        assert gate.limit is None or gate.limit >= 0
+        assert gate.batch is None or gate.batch >= 0
 
 
+@LOADED
 @given(steps, st.lists(st.tuples(ms, st.integers(0, 20), st.floats(0.01, 3)), min_size=1,
                        max_size=40))  # fmt: skip
 def test_a_window_within_the_slo_and_no_lower_band_kept_waiting_opens_the_gate(
@@ -86,6 +112,7 @@ def test_a_window_within_the_slo_and_no_lower_band_kept_waiting_opens_the_gate(
     gate, _ = decide(gate, "high", Reading(SLO, (), SLO), now, WINDOW)
     assert gate.limit is None
     assert decide(gate, "low", Reading(SLO, (), SLO, 50), now, WINDOW)[1].admit
+    assert decide(gate, "normal", Reading(SLO, (), SLO, 50), now, WINDOW)[1].admit
 
 
 @given(st.integers(0, 30), recents, st.integers(0, 30), idles)
@@ -106,6 +133,47 @@ def test_the_allowance_halves_past_the_slo_grows_by_one_with_headroom_and_waits_
         assert later.limit == limit + 1
     else:
         assert later.limit == limit  # the dead band, no one wanting, or too little heard
+
+
+@given(st.one_of(st.none(), st.integers(0, 30)), recents, st.integers(0, 8), idles,
+       st.booleans())  # fmt: skip
+def test_the_batch_allowance_yields_at_the_slo_halves_past_quiet_and_grows_when_quiet(
+    batch: int | None, recent: list[float], in_flight: int, idle: float, wanting: bool
+) -> None:
+    gate = Gate(None, pressed=0.0, stepped=100.0, batch=batch)
+    r = Reading(None, tuple(recent), SLO, 0, idle, in_flight, 0.0)
+    soon, _ = decide(gate, BATCH if wanting else "high", r, 100.0 + STEP / 2, WINDOW)
+    later, _ = decide(gate, BATCH if wanting else "high", r, 100.0 + STEP, WINDOW)
+    wants = wanting and not gate.room(BATCH, r)
+    assert soon.limit is None and later.limit is None  # live traffic is never capped here
+    start = in_flight if batch is None else batch
+    if not recent:
+        assert soon.batch is None and later.batch is None  # no live traffic to keep fast
+    elif max(recent) > SLO:
+        assert soon.batch == 0 and later.batch == 0  # at once, whatever the step
+    else:
+        assert soon.batch == batch  # at most one change a step
+        if max(recent) >= QUIET * SLO:
+            assert later.batch == int(start * BETA)
+        elif wants and (len(recent) == RECENT or idle >= STEP):
+            assert later.batch == start + 1
+        else:
+            assert later.batch == start
+
+
+def test_past_the_slo_beside_a_batch_the_batch_yields_before_the_live_bands_are_capped() -> None:
+    r = Reading(2000.0, (2000.0,), SLO, lower=4, batch=2, batch_idle=0.0)
+    gate, d = decide(Gate(), "normal", r, 0.0, WINDOW)
+    assert d.admit and gate.limit is None and gate.batch == 0
+    assert not decide(gate, BATCH, r, 0.1, WINDOW)[1].admit  # the batch is held
+    # The batch's lines end; a step on, first tokens are fast again: nothing capped.
+    fast = Reading(2000.0, (80.0,) * RECENT, SLO, lower=4, batch=0, batch_idle=STEP)
+    gate, d = decide(gate, "low", fast, STEP + 0.1, WINDOW)
+    assert d.admit and gate.limit is None
+    # Still slow a step after the batch's last line: now the live lower bands are capped.
+    slow = fast._replace(recent=(2000.0,))
+    gate, d = decide(gate, "low", slow, 2 * STEP + 0.2, WINDOW)
+    assert gate.limit == 2 and not d.admit
 
 
 def test_past_the_slo_the_allowance_starts_at_half_those_in_flight() -> None:

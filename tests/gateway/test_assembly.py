@@ -40,5 +40,5 @@ def test_each_application_is_built_by_build_with_the_layers_in_order(
     gateway = module.gateway
     assert http.state is gateway.state  # /healthz reads the gateway's own table
     assert isinstance(gateway.guard, TimedGuard)  # the guard's time told to /metrics
-    assert gateway in list(module.metrics._gateways if hasattr(module, "metrics")
+    assert gateway.parts in list(module.metrics._gateways if hasattr(module, "metrics")
                            else module.gateway_metrics._gateways)  # fmt: skip

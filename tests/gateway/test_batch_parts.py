@@ -1,13 +1,18 @@
 """The Files and Batch APIs' pure parts: a batch file's line checks, a batch's statuses,
-an upload's form, the credential a batch's lines are sent with."""
+an upload's form, the credential a batch's lines are sent with, whether a held batch's
+line goes, waits or fails (hypothesis over the hours and the names of a model)."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.batch import lines, multipart, status, token
+from catalog import spec
+from gateway.batch import lines, multipart, status, token, window
 from gateway.path.table import Key
 
 
@@ -96,7 +101,7 @@ def test_a_batch_credential_is_its_key_in_the_lowest_band_until_its_window_ends(
     keys = {"abc": key}
     made = token.make("abc", "batch_1", 2000)
     found = token.key_of(made, keys, now=1000)
-    assert found is not None and found.name == "k" and found.priority == token.BAND == "low"
+    assert found is not None and found.name == "k" and found.priority == token.BAND == "batch"
     assert token.key_of(made, keys, now=2001) is None  # the window is over
     assert token.key_of(made[:-1] + ("0" if made[-1] != "0" else "1"), keys, now=1000) is None
     other = token.make("abc", "batch_2", 2000).replace("batch_2", "batch_1")
@@ -104,3 +109,40 @@ def test_a_batch_credential_is_its_key_in_the_lowest_band_until_its_window_ends(
     longer = made.replace(".2000.", ".3000.")
     assert token.key_of(longer, keys, now=2500) is None  # its end cannot be moved
     assert token.key_of(made, {}, now=1000) is None  # the key gone (revoked): no credential
+
+
+def _night(**scaling: object) -> spec.Model:
+    every_night = [spec.ScaleWindow(from_="22:00", to="06:00", min=1, max=1)]
+    return spec.Model(name="night", aliases=["nightly"], adapters=[spec.Adapter(name="tuned")],
+                      scaling=spec.Scaling(**{"min": 0, "max": 1, "schedule": every_night,
+                                              **scaling}))  # fmt: skip
+
+
+@given(st.sampled_from(["night", "nightly", "tuned"]), st.integers(0, 23), st.integers(0, 59))
+def test_a_held_line_is_judged_by_its_models_windows_whatever_name_it_uses(
+    name: str, hour: int, minute: int
+) -> None:
+    models = {"night": _night(), "other": spec.Model(name="other")}
+    now = datetime(2026, 1, 5, hour, minute, tzinfo=UTC)
+    found = window.verdict(models, name, now)
+    assert found == window.verdict(models, "night", now)
+    if hour >= 22 or hour < 6:
+        assert found == (window.GO, "")
+    else:
+        assert found == (window.WAIT, "waiting for a schedule window of model night "
+                                      "(every day 22:00-06:00)")  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", [{"min": 0, "max": 1}, {"min": 0, "max": 0}])
+def test_a_held_line_whose_model_has_no_window_fails_at_once(scaling: dict[str, int]) -> None:
+    """No window will come (the model on demand, or switched off): an error line saying
+    why, not a wait to the batch's end."""
+    models = {"night": _night(schedule=[], **scaling)}
+    for name in ("night", "nightly", "tuned"):
+        verdict, why = window.verdict(models, name, datetime(2026, 1, 5, 23, tzinfo=UTC))
+        assert verdict == window.FAIL and "model night has no schedule window" in why
+
+
+def test_a_held_line_naming_no_catalog_model_is_sent_for_the_gateway_to_answer() -> None:
+    assert window.verdict({"night": _night()}, "nowhere", datetime(2026, 1, 5, 12, tzinfo=UTC)) \
+        == (window.GO, "")  # fmt: skip

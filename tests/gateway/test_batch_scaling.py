@@ -36,7 +36,7 @@ def test_a_batchs_lines_are_load_for_scaling_only_when_it_says_so(
     engine = h.engine("e", delay=1.5)  # a line in flight long enough to be seen
     h.serve([model("m")], [(1, "m", engine)])
     settings.LLMGW_GATEWAY_URL = h.url
-    report = LoadReport(h.gateway, "p")
+    report = LoadReport(h.gateway.parts, "p")
     api = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=15)
     file = api.files.create(file=("a.jsonl", LINE), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="scale_up must be true"):

@@ -5,6 +5,7 @@ why); once the model's schedule has a window in force, the lines go and the batc
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -77,3 +78,42 @@ def test_a_held_batch_waits_for_its_models_window_and_runs_in_it(
     worker.join(30)
     assert done.request_counts.completed == 3 and engine.requests == 3
     assert not store.get_batch(None, batch.id).get("held")
+
+
+def test_each_line_of_a_held_batch_ends_named_by_an_alias_without_a_window_or_unknown(
+    h: Harness, settings: Any, transactional_db: Any
+) -> None:
+    """A held batch's line naming an alias runs in its model's window; one whose model has
+    no schedule window at all is an error line saying so at once; one naming no catalog
+    model is sent, and the gateway's 404 is its result: the batch completes, nothing left
+    waiting for its own window's end."""
+    night_engine, plain_engine = h.engine("n"), h.engine("p")
+    h.serve([model("night", aliases=["nightly"]), model("plain")],
+            [(1, "night", night_engine), (2, "plain", plain_engine)])  # fmt: skip
+    settings.LLMGW_GATEWAY_URL = h.url
+    hour = datetime.now(UTC).hour
+    in_force = night(((hour + 23) % 24, (hour + 2) % 24))
+    store_models(dict(in_force, aliases=["nightly"]), cpu_model("plain"))
+    api = openai.OpenAI(base_url=h.url + "/v1", api_key=KEY, max_retries=0, timeout=15)
+    rows = "".join(
+        f'{{"custom_id": "{name}", "method": "POST", "url": "/v1/chat/completions", "body": '
+        f'{{"model": "{name}", "messages": [{{"role": "user", "content": "hi"}}]}}}}\n'
+        for name in ("nightly", "plain", "nowhere")
+    ).encode()
+    file = api.files.create(file=("n.jsonl", rows), purpose="batch")
+    batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                               completion_window="24h", extra_body={"schedule_window": True})  # fmt: skip
+    worker = threading.Thread(target=runner.run_next, daemon=True)
+    worker.start()
+    done = wait_until(lambda: (b := api.batches.retrieve(batch.id)).status == "completed" and b,
+                      30, "the batch completed")  # fmt: skip
+    worker.join(30)
+    assert done.request_counts.completed == 1 and done.request_counts.failed == 2
+    assert night_engine.requests == 1 and plain_engine.requests == 0
+    out = [json.loads(x) for x in api.files.content(done.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == ["nightly"]
+    errors = {e["custom_id"]: e for e in (json.loads(x) for x in
+              api.files.content(done.error_file_id).text.splitlines())}  # fmt: skip
+    assert errors["plain"]["error"]["code"] == "no_schedule_window"
+    assert "model plain has no schedule window" in errors["plain"]["error"]["message"]
+    assert errors["nowhere"]["response"]["status_code"] == 404

@@ -75,7 +75,7 @@ def ended(h: Harness, n: int) -> None:
 
     async def now() -> bool:
         told = sum(h.gateway.observer.requests.values())
-        return told >= n and not h.gateway._background
+        return told >= n and not h.gateway.parts.background
 
     wait_until(lambda: h.run(now()), timeout=10, what=f"{n} requests to end")
 

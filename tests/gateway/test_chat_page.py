@@ -8,25 +8,19 @@ from typing import Any
 import pytest
 
 from cluster.models import Assignment, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.cluster.helpers import join_node
-
-SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]
-
-
-def model(name: str, lo: int, hi: int, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "source": f"sim/{name}", "profiles": SIM,
-            "scaling": {"min": lo, "max": hi}, **extra}  # fmt: skip
 
 
 @pytest.mark.django_db
 def test_the_chat_offers_models_and_adapters_saying_what_a_message_meets(
     client_for: Any, viewer: Any
 ) -> None:
-    store(model("ready", 1, 1, adapters=[{"name": "ready-sql", "source": "/lora/sql"}]),
-          model("roomless", 1, 1), model("lazy", 0, 1), model("off", 0, 0), model("never", 1, 1),
-          model("judge", 1, 1, role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
-    store(model("asleep-roomless", 0, 1, profiles=[dict(SIM[0], gpu_class="nvidia-b200-180gb")]))
+    store(sim_model("ready", 1, tp=None, adapters=[{"name": "ready-sql", "source": "/lora/sql"}]),
+          sim_model("roomless", 1, tp=None), sim_model("lazy", 0, tp=None),
+          sim_model("off", 0, most=0, tp=None), sim_model("never", 1, tp=None),
+          sim_model("judge", 1, tp=None, role="guard", guard={"format": "qwen3guard"}))  # fmt: skip
+    store(sim_model("asleep-roomless", 0, tp=None, gpu_class="nvidia-b200-180gb"))
     node, _ = join_node("n1", ["nvidia-h100-80gb"])  # room for one replica of lazy
     r = Replica.objects.create(model_name="ready", state="ready", endpoint="http://n1:9000")
     Assignment.objects.create(replica=r, node=node)

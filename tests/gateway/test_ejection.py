@@ -40,7 +40,7 @@ def h() -> Iterator[Harness]:
     harness = Harness()
     harness.metrics = metrics.Metrics()  # type: ignore[attr-defined]
     harness.gateway.observer = Fanout(harness.metrics)  # type: ignore[attr-defined]
-    harness.metrics.watch(harness.gateway)  # type: ignore[attr-defined]
+    harness.metrics.watch(harness.gateway.parts)  # type: ignore[attr-defined]
     harness.clock = Clock()  # type: ignore[attr-defined]
     harness.gateway.outliers = Outliers(Rules(after=AFTER, base=BASE), harness.clock)  # type: ignore[attr-defined]
     yield harness

@@ -27,7 +27,9 @@ from gateway.records.observe import Fanout
 from gateway.records.refusals import RefusalRecorder
 from gateway.records.state import State
 from guard import breaker, records
+from guard import checks as guard_checks
 from guard import services as guard_services
+from guard import snapshots as guard_snapshots
 from guard.models import JudgeHealth
 from tests.catalog.samples import store
 from tests.faultproxy import FaultProxy
@@ -59,8 +61,8 @@ class Setup:
     def policy(self, fail: str) -> None:
         guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["requests"],
                                    "fail": fail}, surface="cli")  # fmt: skip
-        guard_services.forget()
-        wait_until(lambda: (p := guard_services.policy_in_memory()) is None or p.fail == fail,
+        guard_snapshots.forget()
+        wait_until(lambda: (p := guard_snapshots.policy_in_memory()) is None or p.fail == fail,
                    what="the policy in memory")  # fmt: skip
 
 
@@ -72,7 +74,7 @@ def setup(settings: Any) -> Iterator[Setup]:
     settings.LLMGW_GUARD_BREAKER_MAX_BACKOFF = 4
     # The checks' own probes alone (a test below turns the probe off the path on).
     settings.LLMGW_GUARD_BREAKER_PROBE_EVERY = 0
-    guard_services.BREAKERS.clear()
+    guard_checks.BREAKERS.clear()
     judge, judge_url = launch("--model", "judge", "--guard-format", "qwen3guard", "--ttft", "0",
                               "--tps", "100000")  # fmt: skip
     where = urllib.parse.urlsplit(judge_url)
@@ -86,7 +88,7 @@ def setup(settings: Any) -> Iterator[Setup]:
                "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
         Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
         _, secret = keys.create_key("k")
-        guard_services.forget()
+        guard_snapshots.forget()
         records.start()
         h.serve([], [])
         h.gateway.observer = Fanout(refusals)
@@ -98,7 +100,7 @@ def setup(settings: Any) -> Iterator[Setup]:
         records.RECORDER.stop()
         proxy.stop()
         stop(judge)
-        guard_services.BREAKERS.clear()
+        guard_checks.BREAKERS.clear()
 
 
 def health() -> JudgeHealth | None:
@@ -122,12 +124,12 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
         took = time.monotonic() - started
         # Delayed by the judge's timeout (1 s), not more: 1.5 s more for a loaded machine.
         assert took < settings.LLMGW_GUARD_JUDGE_TIMEOUT + 1.5, took
-        assert guard_services.BREAKERS.state("judge").failures == i + 1
+        assert guard_checks.BREAKERS.state("judge").failures == i + 1
     h = wait_until(lambda: (h := health()) and h.failures >= FAILURES and h, what="failures")
     assert h.last_error_kind == "timeout", h.last_error
 
     # Open: the judge is skipped, the gateway does not connect to it at all.
-    state = guard_services.BREAKERS.state("judge")
+    state = guard_checks.BREAKERS.state("judge")
     assert state.state == breaker.OPEN and state.last_kind == "timeout"
     wait_until(lambda: value("llmgw_guard_judge_breaker", judge="judge", state="open") == 1,
                what="the gauge to say open")  # fmt: skip
@@ -135,7 +137,7 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     held, skipped = s.proxy.held, 0
     for _ in range(5):
         assert s.ask().choices[0].message.content == "fine words"
-        if guard_services.BREAKERS.state("judge").since != state.since:
+        if guard_checks.BREAKERS.state("judge").since != state.since:
             break  # the back-off ended meanwhile: a request probed it
         assert s.proxy.held == held, "a judge whose breaker is open was asked"
         skipped += 1
@@ -143,12 +145,10 @@ def test_a_hung_judge_under_fail_open_delays_requests_by_its_timeout_then_is_ski
     # After the back-off one request probes it (a new connection reaches the proxy); still
     # hung, so it opens again for longer.
     wait_until(lambda: s.ask() and s.proxy.held > held, timeout=30, what="a probe of the judge")
-    wait_until(
-        lambda: guard_services.BREAKERS.state("judge").backoff == 4, what="a longer back-off"
-    )
+    wait_until(lambda: guard_checks.BREAKERS.state("judge").backoff == 4, what="a longer back-off")
     # Back: the next probe finds it answering, and it closes.
     s.proxy.heal()
-    wait_until(lambda: s.ask() and guard_services.BREAKERS.state("judge").state == breaker.CLOSED,
+    wait_until(lambda: s.ask() and guard_checks.BREAKERS.state("judge").state == breaker.CLOSED,
                timeout=30, what="the breaker closed")  # fmt: skip
     # The gauge is written off the request's path: it follows within moments.
     wait_until(lambda: value("llmgw_guard_judge_breaker", judge="judge", state="closed") == 1,
@@ -200,8 +200,8 @@ def test_a_request_judged_in_and_out_waits_one_judge_timeout_in_all_when_the_jud
     guard_services.set_policy({"judge": {"models": ["judge"]},
                                "directions": ["requests", "answers"], "fail": "open"},
                               surface="cli")  # fmt: skip
-    guard_services.forget()
-    wait_until(lambda: (p := guard_services.policy_in_memory()) is not None
+    guard_snapshots.forget()
+    wait_until(lambda: (p := guard_snapshots.policy_in_memory()) is not None
                and p.judges("answers"), what="the policy in memory")  # fmt: skip
     assert s.ask().choices[0].message.content == "fine words"
     s.proxy.hang()
@@ -213,7 +213,7 @@ def test_a_request_judged_in_and_out_waits_one_judge_timeout_in_all_when_the_jud
         assert took < 2 * timeout, took  # one timeout and the rest, never two
         if i:  # (the first also meets the kept-alive connection the hang stalled)
             assert s.proxy.held == held + 1, "the hung judge was asked again for the answer"
-    assert guard_services.BREAKERS.state("judge").state == breaker.CLOSED
+    assert guard_checks.BREAKERS.state("judge").state == breaker.CLOSED
 
 
 def test_a_judge_back_from_a_hang_closes_its_open_breaker_at_once_under_fail_closed(
@@ -234,7 +234,7 @@ def test_a_judge_back_from_a_hang_closes_its_open_breaker_at_once_under_fail_clo
     for _ in range(FAILURES):
         with pytest.raises(openai.BadRequestError):
             s.ask()
-    state = guard_services.BREAKERS.state("judge")
+    state = guard_checks.BREAKERS.state("judge")
     assert state.state == breaker.OPEN and state.next_probe is not None
     # Still hung: the probes off the path fail and change nothing, and requests are
     # refused at once (skipped), never waiting on the judge.
@@ -242,12 +242,12 @@ def test_a_judge_back_from_a_hang_closes_its_open_breaker_at_once_under_fail_clo
     wait_until(lambda: s.proxy.held > held, what="a probe off the path")
     with pytest.raises(openai.BadRequestError):
         s.ask()
-    assert guard_services.BREAKERS.state("judge").state == breaker.OPEN
+    assert guard_checks.BREAKERS.state("judge").state == breaker.OPEN
     # Back: closed by the next probe, with no request asking and long before the
     # back-off's end (a minute away).
     s.proxy.heal()
-    wait_until(lambda: guard_services.BREAKERS.state("judge").state == breaker.CLOSED,
+    wait_until(lambda: guard_checks.BREAKERS.state("judge").state == breaker.CLOSED,
                timeout=10, what="the breaker closed by a probe off the path")  # fmt: skip
     assert time.time() < state.next_probe
     assert s.ask().choices[0].message.content == "fine words"
-    wait_until(lambda: guard_services.REPROBER.running() == set(), what="the probing to end")
+    wait_until(lambda: guard_checks.REPROBER.running() == set(), what="the probing to end")

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from gateway.path.limits import WINDOW, RedisLimits
+from llmgw_core import rediskeys
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness, model, wait
 from tests.redisserver import url as redis_url
@@ -62,7 +63,7 @@ async def _timed(call: Awaitable[float | None]) -> tuple[float | None, float]:
 
 def _in_redis(key: int, kind: str, now: float) -> int:
     value = redis.Redis.from_url(URL, socket_timeout=5).get(
-        f"llmgw:gateway:limit:{key}:{kind}:{int(now // WINDOW)}"
+        f"{rediskeys.prefix()}gateway:limit:{key}:{kind}:{int(now // WINDOW)}"
     )
     return int(value or 0)
 
@@ -163,6 +164,36 @@ async def test_a_process_that_falls_back_counts_on_from_the_shared_count_it_saw(
     # 10 shared, then 20 here: the key's 30, not 30 more.
     assert sum(a is None for a in answers) == 20
     assert all(a == pytest.approx(WINDOW - 1.0) for a in answers[20:])
+
+
+def _another_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process from here on as one of another cluster's: another database, the same
+    Redis (a key's id is a row number: both clusters have a key 1, 2, ...)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    monkeypatch.setitem(settings.DATABASES, "default", {**db, "NAME": f"{db['NAME']}_other"})
+
+
+@pytest.mark.asyncio
+async def test_two_clusters_on_one_redis_keep_separate_budgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = time.time() // WINDOW * WINDOW + 1.0
+    here = RedisLimits(URL, clock=lambda: now, timeout=1)
+    key, owner = 10**9 + secrets.randbelow(10**9), f"team:{secrets.token_hex(4)}"
+    _another_cluster(monkeypatch)
+    there = RedisLimits(URL, clock=lambda: now, timeout=1)
+    # Here, the key's 2 a minute and the owner's 100 tokens spent.
+    assert [await here.take(key, "requests", 1, 2) for _ in range(3)] == [
+        None, None, pytest.approx(WINDOW - 1.0)
+    ]  # fmt: skip
+    assert (await here.reserve(owner, 100, 100))[0] is None
+    assert (await here.reserve(owner, 1, 100))[0] is not None
+    # There, the same key id and owner have all of their own.
+    assert [await there.take(key, "requests", 1, 2) for _ in range(2)] == [None, None]
+    assert (await there.reserve(owner, 100, 100))[0] is None
+    assert not here.away and not there.away
 
 
 # Through the gateway, as a client sees it: a key with both budgets, Redis cut.

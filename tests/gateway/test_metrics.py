@@ -40,7 +40,7 @@ def h() -> Iterator[Harness]:
     harness = Harness()
     observer = metrics.Metrics()
     harness.gateway.observer = observer
-    metrics.exported(harness.gateway, observer)
+    metrics.exported(harness.gateway.parts, observer)
     yield harness
     harness.close()
 

@@ -22,6 +22,7 @@ from gateway.records.refusals import RefusalRecorder
 from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
+from guard import snapshots as guard_snapshots
 from tests.catalog.samples import store
 from tests.gateway.harness import Harness
 from tests.guard.helpers import guard_model
@@ -83,7 +84,7 @@ def test_a_thousand_requests_make_no_query(
             for _ in range(50):  # warm-up: the policy and its judges read once
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
             queries.clear()
-            judged = guard_services.snapshot().policy.judge_requests
+            judged = guard_snapshots.snapshot().policy.judge_requests
             for _ in range(1000):
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
             refused = [client.post("/v1/chat/completions", json={

@@ -21,6 +21,8 @@ import redis
 
 from gateway.path.limits import WINDOW, LocalLimits
 from gateway.path.table import Key, digest
+from llmgw_core import rediskeys
+from tests.dburl import database_url
 from tests.gateway.harness import Harness, model
 from tests.redisserver import url as redis_url
 
@@ -63,7 +65,8 @@ asyncio.run(main())
 
 def test_two_processes_never_pass_the_owners_budget_by_more_than_one_reservation() -> None:
     owner = f"team:t{secrets.token_hex(4)}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Two processes of this cluster: its database, so its part of Redis (llmgw_core.rediskeys).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_DATABASE_URL": database_url()}
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, URL, owner, str(BUDGET), str(MOST), str(seed)],
@@ -85,7 +88,9 @@ def test_two_processes_never_pass_the_owners_budget_by_more_than_one_reservation
     assert spent > BUDGET - 2 * MOST  # the budget was used, not refused early
     # Exact: Redis holds what the two processes spent, settled.
     window = int(1_000_000.0 // WINDOW)
-    stored = redis.Redis.from_url(URL).get(f"llmgw:gateway:owner:{owner}:tokens:{window}")
+    stored = redis.Redis.from_url(URL).get(
+        f"{rediskeys.prefix()}gateway:owner:{owner}:tokens:{window}"
+    )
     assert int(stored) == spent
 
 

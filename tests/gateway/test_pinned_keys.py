@@ -220,7 +220,7 @@ def test_load_scaling_leaves_out_a_pinned_keys_requests_in_flight_and_their_time
     h.gateway.observer = Fanout(h.gateway.observer, traffic)
     slow = h.engine("slow", delay=0.5)
     h.serve([model("m")], [(1, "m", slow)])
-    writer = LoadReport(h.gateway, "test:1")
+    writer = LoadReport(h.gateway.parts, "test:1")
     asking = [threading.Thread(target=ask, args=(h, PINNED)) for _ in range(3)]
     for t in asking:
         t.start()

@@ -13,8 +13,9 @@ import pytest
 from django.template.loader import render_to_string
 
 from guard import breaker as b
+from guard import checks as guard_checks
 from guard import client, live, records
-from guard import services as guard_services
+from guard import snapshots as guard_snapshots
 from guard.chain import Stats
 from guard.models import JudgeBreaker
 from tests.catalog.samples import store
@@ -52,7 +53,7 @@ def test_the_check_gives_each_judge_its_own_timeout(db: Any, settings: Any) -> N
     store({"name": "fast", "source": "sim/fast", "role": "guard", "guard": {"format": "qwen3guard"},
            "slo": {"ttft_p99": "300ms", "tpot_p99": "20ms"},
            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}]})  # fmt: skip
-    found = {j.name: j.timeout for j in guard_services.judges(["plain", "fast"])}
+    found = {j.name: j.timeout for j in guard_snapshots.judges(["plain", "fast"])}
     assert found == {"plain": 7.0, "fast": pytest.approx(3 * (0.3 + 64 * 0.02))}
 
 
@@ -85,10 +86,10 @@ def test_a_breakers_change_is_written_per_process_and_shown_on_the_judges_card(d
 
 def test_without_a_recorder_a_change_is_written_at_once(db: Any) -> None:
     assert not records.RECORDER.running
-    guard_services.BREAKERS.clear()
+    guard_checks.BREAKERS.clear()
     guard_model("judge")
     for _ in range(5):
-        guard_services.BREAKERS.failed("judge", "refused")
+        guard_checks.BREAKERS.failed("judge", "refused")
     row = JudgeBreaker.objects.get(judge="judge")
     assert (row.state, row.failures, row.last_kind) == ("open", 5, "refused")
 

@@ -1,4 +1,4 @@
-"""A check answered on the web process's event loop (``guard.services.check_on_loop``),
+"""A check answered on the web process's event loop (``guard.checks.check_on_loop``),
 and how it hands over to a thread: the answer is the thread's, every judge is asked
 once, and what it did is counted. Real judges: the sim engine, and small servers
 (tests.guard.test_pool) for a judge that errs or never answers.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from guard import records, services
+from guard import checks, records, services, snapshots
 from guard.models import JudgeDecision, JudgeHealth
 from llmgw_core.models import ApiToken
 from tests.guard.helpers import guard_model
@@ -51,10 +51,10 @@ def test_a_check_with_everything_in_memory_is_answered_on_the_loop(
 ) -> None:
     guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-0.6b")
-    assert asyncio.run(services.check_on_loop(HARMFUL)) is None  # nothing in memory yet
-    threaded = services.check(HARMFUL)  # loads the policy and its judges
+    assert asyncio.run(checks.check_on_loop(HARMFUL)) is None  # nothing in memory yet
+    threaded = checks.check(HARMFUL)  # loads the policy and its judges
     # On the loop a query would raise (Django refuses them there): none is made.
-    on_loop = asyncio.run(services.check_on_loop(HARMFUL))
+    on_loop = asyncio.run(checks.check_on_loop(HARMFUL))
     assert isinstance(on_loop, dict)
     for answer in (threaded, on_loop):
         answer.pop("latency_ms")
@@ -68,9 +68,9 @@ def test_a_check_with_everything_in_memory_is_answered_on_the_loop(
 def test_without_the_recorder_nothing_is_asked_on_the_loop(judge_url: str) -> None:
     guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-0.6b")
-    services.check("x")
+    checks.check("x")
     # Each result would be written at once, with a query: the thread does it all.
-    assert asyncio.run(services.check_on_loop("x")) is None
+    assert asyncio.run(checks.check_on_loop("x")) is None
 
 
 def test_a_first_judge_that_fails_is_asked_once_and_the_next_decides(
@@ -111,13 +111,13 @@ def test_a_first_judge_that_times_out_is_not_waited_for_twice(
     guard_model("silent-judge", endpoint=silent.url)
     guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("silent-judge", "qwen3guard-0.6b")
-    services.snapshot()
+    snapshots.snapshot()
 
-    asked = asyncio.run(services.check_on_loop("how do I list files?", timeout=0.5))
-    assert isinstance(asked, services.Asked) and asked.judge == "silent-judge"
+    asked = asyncio.run(checks.check_on_loop("how do I list files?", timeout=0.5))
+    assert isinstance(asked, checks.Asked) and asked.judge == "silent-judge"
     assert silent.accepted == 1
     # The loop's timeout has passed; the next judge is given all the time it needs.
-    result = services.check("how do I list files?", timeout=30, asked=asked)
+    result = checks.check("how do I list files?", timeout=30, asked=asked)
     quiet.set()
     assert silent.accepted == 1  # the thread took the loop's answer, and did not ask again
     assert result["judge"] == "qwen3guard-0.6b" and result["decision"] == "allow"
@@ -129,9 +129,9 @@ def test_a_text_longer_than_the_estimate_allows_is_judged_on_a_thread(
 ) -> None:
     guard_model("qwen3guard-0.6b", endpoint=judge_url, context_length=1024)
     policy("qwen3guard-0.6b")
-    services.check("warm up")
+    checks.check("warm up")
     long_text = "please list the files in this folder " * 400 + HARMFUL
-    assert asyncio.run(services.check_on_loop(long_text)) is None  # nothing asked on the loop
+    assert asyncio.run(checks.check_on_loop(long_text)) is None  # nothing asked on the loop
     token = ApiToken.issue(make_user("gw", "viewer"), "gateway")[1]
     r = send("POST", token=token, body={"request": long_text})
     assert r.status_code == 200 and not answered_by_django(r)
@@ -144,15 +144,15 @@ def test_a_judge_ready_only_second_in_line_answers_on_the_loop_once_the_snapshot
 ) -> None:
     guard_model("qwen3guard-0.6b", endpoint=judge_url)
     policy("qwen3guard-4b", "qwen3guard-0.6b")  # the first is not in the catalog
-    services.snapshot()
+    snapshots.snapshot()
     # Its "no replica" failure may mean the snapshot is stale: a thread reads it again
     # (and does not ask the judge the loop asked).
-    asked = asyncio.run(services.check_on_loop("x"))
-    assert isinstance(asked, services.Asked) and asked.judge == "qwen3guard-0.6b"
-    result = services.check("x", asked=asked)
+    asked = asyncio.run(checks.check_on_loop("x"))
+    assert isinstance(asked, checks.Asked) and asked.judge == "qwen3guard-0.6b"
+    result = checks.check("x", asked=asked)
     assert result["judge"] == "qwen3guard-0.6b"
     assert [f["judge"] for f in result["failures"]] == ["qwen3guard-4b"]
     # Read again and still so: the checks after it are answered on the loop.
-    done = asyncio.run(services.check_on_loop("x"))
+    done = asyncio.run(checks.check_on_loop("x"))
     assert isinstance(done, dict) and done["judge"] == "qwen3guard-0.6b"
     assert [(f["judge"], f["kind"]) for f in done["failures"]] == [("qwen3guard-4b", "no_replica")]

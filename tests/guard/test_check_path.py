@@ -20,7 +20,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from cluster.models import Replica
-from guard import records, services
+from guard import checks, records, services, snapshots
 from guard.api import auth
 from guard.chain import ChainResult, Failure, Stats
 from guard.models import JudgeDecision, JudgeHealth
@@ -53,11 +53,11 @@ def judge_url() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def fresh_memory() -> Iterator[None]:
     """Each test starts with nothing kept in memory and no recorder running."""
-    services._snapshot.invalidate()
+    snapshots.kept().invalidate()
     auth.forget()
     yield
     records.RECORDER.stop()
-    services._snapshot.invalidate()
+    snapshots.kept().invalidate()
     auth.forget()
 
 
@@ -65,7 +65,7 @@ def fresh_memory() -> Iterator[None]:
 def long_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing kept expires within the test (a slow machine's pauses included): what it
     sees changed was told of, not timed out."""
-    monkeypatch.setattr(services._snapshot, "ttl", 600.0)
+    monkeypatch.setattr(snapshots.kept(), "ttl", 600.0)
     monkeypatch.setattr(auth._found, "ttl", 600.0)
 
 
@@ -84,7 +84,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """The snapshot's and the tokens' caches read this clock (the clock each accepts), so a
     test moves time past a TTL instead of waiting it out."""
     moved = Clock()
-    monkeypatch.setattr(services._snapshot, "_clock", moved)
+    monkeypatch.setattr(snapshots.kept(), "_clock", moved)
     monkeypatch.setattr(auth._found, "_clock", moved)
     return moved
 
@@ -185,9 +185,9 @@ def test_a_change_no_signal_tells_of_is_seen_within_the_ttl(
             "UPDATE guard_guardpolicy SET data = jsonb_set(data, "
             "'{judge,controversial}', '\"unsafe\"')"
         )
-    clock.now += services.SNAPSHOT_TTL / 4  # well within the TTL: what was read is kept
+    clock.now += snapshots.SNAPSHOT_TTL / 4  # well within the TTL: what was read is kept
     assert post(api, "CONTROVERSIAL-MARKER").json()["decision"] == "allow"
-    clock.now += services.SNAPSHOT_TTL
+    clock.now += snapshots.SNAPSHOT_TTL
     assert post(api, "CONTROVERSIAL-MARKER").json()["decision"] == "refuse"
 
 
@@ -238,7 +238,7 @@ def test_a_replica_that_moved_is_found_by_the_check_that_failed_on_it(
     finally:
         stop(first)
         stop(second)
-    services.flush_records()
+    checks.flush_records()
     # Only the run that answered is recorded: the stale endpoint's failure is not.
     assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").failures == 0
 
@@ -254,7 +254,7 @@ def test_counts_stay_exact_with_checks_in_many_threads(
     def work(n: int) -> None:
         try:
             for i in range(n):
-                services.check(UNSAFE_TEXT if i % 2 else SAFE_TEXT)
+                checks.check(UNSAFE_TEXT if i % 2 else SAFE_TEXT)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
         finally:

@@ -17,7 +17,7 @@ import pytest
 
 from cluster.enginekeys import engine_key
 from cluster.models import Replica
-from guard import client, pool, services
+from guard import client, pool, snapshots
 from tests.guard.test_client import launch, stop
 
 KEY = "llmgw_engine_guard-test-key"
@@ -81,7 +81,7 @@ def test_the_checks_judges_hold_their_replicas_keys_and_never_show_them() -> Non
 
     judge("qwen3guard-0.6b", "http://10.0.0.7:9")
     replica = Replica.objects.get(model_name="qwen3guard-0.6b")
-    (judge,) = services.judges(["qwen3guard-0.6b"])
+    (judge,) = snapshots.judges(["qwen3guard-0.6b"])
     assert judge.endpoint == "http://10.0.0.7:9"
     assert judge.key == engine_key(replica.pk)
     assert judge.key not in repr(judge)

@@ -188,9 +188,9 @@ def test_a_sim_judges_probe_reads_harmful_unsafe(judge_url: str) -> None:
     """The judges' card showed a sim judge's probe as "harmful → safe": the sim judged
     only its marker. The harmful probe is harmful by any reading, so it says unsafe."""
     from agent.simguard import HARMFUL_PROBES
-    from guard import services
+    from guard import checks, services
 
-    assert services.PROBE_HARMFUL in HARMFUL_PROBES  # the sim knows the probe's text
+    assert checks.PROBE_HARMFUL in HARMFUL_PROBES  # the sim knows the probe's text
     judge("qwen3guard-0.6b", judge_url)
     (probe,) = services.probe_judges(timeout=2)
     assert probe.ok, probe.error

@@ -14,7 +14,7 @@ from catalog.choices import Surface
 from catalog.models import ChangeRecord, ServedModel
 from cluster import reconciler
 from cluster.models import Replica
-from guard import known, services
+from guard import checks, known, services
 from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
 
@@ -143,7 +143,7 @@ def test_a_judge_the_operator_deleted_stays_deleted_until_the_policy_is_saved_ag
     assert not ServedModel.objects.filter(name="qwen3guard-0.6b").exists()
     # (Checks meanwhile judge nothing: the policy said so. A check naming a judge the
     # catalog lacks says so: tests/guard/test_check_on_loop.py.)
-    assert services.check("hello")["failures"] == []
+    assert checks.check("hello")["failures"] == []
     # The operator saves the policy again, still naming it: the later word wins.
     set_judges("qwen3guard-0.6b", fail="closed")
     reconciler.tick()

@@ -15,7 +15,7 @@ import pytest
 from django.core.asgi import get_asgi_application
 
 from cluster.models import Replica
-from guard import services
+from guard import services, snapshots
 from guard.api import auth
 from guard.api.lean import GuardCheckRoute
 from guard.models import JudgeDecision, JudgeHealth
@@ -40,10 +40,10 @@ def judge_url() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def fresh_memory() -> Iterator[None]:
-    services._snapshot.invalidate()
+    snapshots.kept().invalidate()
     auth.forget()
     yield
-    services._snapshot.invalidate()
+    snapshots.kept().invalidate()
     auth.forget()
 
 

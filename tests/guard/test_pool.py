@@ -39,7 +39,8 @@ class Server:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
 
     def _accept(self) -> None:
         while True:
@@ -49,7 +50,9 @@ class Server:
                 return
             self.accepted += 1
             self.conns.append(conn)
-            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+            thread = threading.Thread(target=self._run, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
 
     def _run(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -60,9 +63,14 @@ class Server:
         return all(conn.fileno() == -1 for conn in self.conns)
 
     def close(self) -> None:
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
+        """Stop accepting and end every connection, then wait for the server's threads (a
+        close alone wakes neither a thread in ``accept`` nor one in ``recv``: shut down)."""
+        for sock in (self.sock, *self.conns):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self.threads:
+            thread.join(timeout=5)
 
 
 def read_request(conn: socket.socket) -> bytes | None:

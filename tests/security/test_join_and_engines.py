@@ -316,11 +316,13 @@ def test_no_short_form_passes(engine: str, short: str, value: str) -> None:
 
 @pytest.mark.django_db
 def test_the_demo_catalog_and_the_test_fixtures_stay_valid() -> None:
+    from django.conf import settings as django_settings
+
     from catalog import codec, rules
     from llmgw_admin import demo
     from tests.catalog.samples import cpu_model, gpu_model
 
-    classes = demo.gpu_classes(demo.parse_simulate(demo.DEFAULT_SIMULATE))
+    classes = demo.gpu_classes(demo.parse_simulate(django_settings.SIMULATE_EMBEDDED))
     for m in demo.demo_models(classes):
         assert rules.check_model(m) == [], m.name
     for data in (gpu_model(), cpu_model()):

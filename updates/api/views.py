@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_http_methods
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -53,9 +54,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from catalog.choices import Surface
+from catalog.services import stored_specs
+from cluster.agentjoin import node_for_token
+from cluster.models import Assignment
 from llmgw_core.api import problems_response
 from updates import checking, cli, flow, mirror, run
-from updates.models import Fetch, FetchState, UpdateRun
+from updates.models import ACTIVE, Fetch, FetchState, UpdateRun
 
 _CHUNK = 4 << 20
 # ASCII digits only (``\d`` takes every script's digits), in a header of bounded length:
@@ -70,8 +74,6 @@ RANGE_HELP = (
 
 def _node(request: HttpRequest) -> Any:
     """Return the node a request's node token speaks for, or None."""
-    from cluster.agentjoin import node_for_token
-
     parts = request.headers.get("Authorization", "").split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
         return None
@@ -87,8 +89,6 @@ def _unauthorized() -> JsonResponse:
 
 
 def _placed_on(node: Any, model: str) -> bool:
-    from cluster.models import Assignment
-
     return Assignment.objects.filter(node=node, replica__model__name=model).exists()
 
 
@@ -282,8 +282,6 @@ def update_check(request: Request, name: str) -> Response:
     A registry that fails is ``"state": "error"`` with the reason (200: the check was
     made), and changes nothing; a model not in the catalog is 404.
     """
-    from catalog.services import stored_specs
-
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     if request.method == "GET":
@@ -334,13 +332,9 @@ def model_fetches(request: Request, name: str) -> Response:
     newest (one never fetched: its origin is written when it is done), and answers the
     fetch (202); a model the mirror does not fetch is 400 saying why.
     """
-    from catalog.services import stored_specs
-
     if not stored_specs(names=[name]):
         return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
     if request.method == "POST":
-        from catalog.choices import Surface
-
         who = getattr(request.user, "username", "") or "api"
         try:
             f = mirror.request_fetch(name, by=f"{who} (api)", surface=Surface.API)
@@ -359,10 +353,6 @@ def model_fetches(request: Request, name: str) -> Response:
 def mirror_holdings(request: Request) -> Response:
     """Answer the mirror's folders (source, commit, bytes, the models each is for and what
     it is to each), the total, the cap, and the fetches queued or running."""
-    from django.conf import settings
-
-    from updates.models import ACTIVE
-
     held = mirror.holdings()
     cap_gb = float(settings.LLMGW_MIRROR_MAX_GB or 0)
     return Response(
@@ -443,9 +433,22 @@ _RUN = inline_serializer(
 
 
 def _model_known(name: str) -> bool:
-    from catalog.services import stored_specs
-
     return bool(stored_specs(names=[name]))
+
+
+def _act(
+    request: Request, name: str, action: Callable[..., Any], answer: Callable[[Any], Response]
+) -> Response:
+    """Do an update flow's action (``run.promote``, ``cancel``, ``rollback``) on a model as
+    this request's user and answer what it did: 404 for a model the catalog does not hold,
+    400 with what was refused."""
+    if not _model_known(name):
+        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
+    try:
+        done = action(name, user=request.user, surface=Surface.API, via=_via(request))
+    except flow.FlowRefused as exc:
+        return _refused(exc)
+    return answer(done)
 
 
 @extend_schema(
@@ -496,13 +499,7 @@ def model_update(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_promote(request: Request, name: str) -> Response:
     """Promote a model's running update: its origin to the new revision, a roll."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        r = run.promote(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response(cli.as_json(r))
+    return _act(request, name, run.promote, lambda r: Response(cli.as_json(r)))
 
 
 @extend_schema(summary="End a model's running update (the model stays as it is)", request=None,
@@ -510,13 +507,7 @@ def model_promote(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_cancel(request: Request, name: str) -> Response:
     """Cancel a model's running update: its candidate and canary removed."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        r = run.cancel(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response(cli.as_json(r))
+    return _act(request, name, run.cancel, lambda r: Response(cli.as_json(r)))
 
 
 @extend_schema(
@@ -528,13 +519,7 @@ def model_cancel(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def model_rollback(request: Request, name: str) -> Response:
     """Move a model back to ``origin.previous`` (a roll), or say why it cannot."""
-    if not _model_known(name):
-        return Response({"detail": f'model "{name}" is not in the catalog'}, status=404)
-    try:
-        said = run.rollback(name, user=request.user, surface=Surface.API, via=_via(request))
-    except flow.FlowRefused as exc:
-        return _refused(exc)
-    return Response({"detail": said})
+    return _act(request, name, run.rollback, lambda said: Response({"detail": said}))
 
 
 @extend_schema(

@@ -27,6 +27,8 @@ import httpx
 from django.conf import settings
 
 from catalog.problems import Problem
+from guard import client, snapshots
+from guard.formats import SAFE
 from llmgw_core.refused import Refused
 from updates.evals import suite as s
 
@@ -197,13 +199,11 @@ Grader = Callable[[s.Case, str], s.Result]
 
 def judge_grader(judge_name: str, timeout: float = 30.0) -> Grader:
     """Return what grades rubric cases: the judge ``judge_name`` on a ready replica."""
-    from guard import client, services
-    from guard.formats import SAFE
 
     def grade(case: s.Case, answer: str) -> s.Result:
         if not judge_name:
             return s.failed(case, "a rubric case needs a judge: set the model's eval.judge", answer)
-        found = services.judges([judge_name])
+        found = snapshots.judges([judge_name])
         judge = found[0] if found else None
         if judge is None or not judge.endpoint or not judge.format:
             reason = (judge.missing if judge is not None else "") or "no ready replica"

@@ -19,6 +19,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agent import transfer
+from agent.weights import origin_of
 from updates import registry
 from updates.mirror.origin import write_origin
 from updates.mirror.store import (
@@ -308,8 +310,6 @@ def _merge(part_dir: Path, final: Path) -> None:
 
 
 def _origin(url: str) -> str:
-    from agent.weights import origin_of
-
     return origin_of(url)
 
 
@@ -325,8 +325,6 @@ def _get(f: registry.RepoFile, part: Path, headers: dict[str, str], progress: Pr
     resumed from what arrived, up to ``ATTEMPTS`` times; what is held stays for the next
     fetch.
     """
-    from agent import transfer
-
     try:
         return transfer.receive(
             f.url,

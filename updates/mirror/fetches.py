@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from updates import registry
@@ -171,8 +172,6 @@ def _done_at(model_name: str, source: str, revision: str) -> Fetch | None:
 
 
 def models_q_commit_or_revision(revision: str) -> Any:
-    from django.db.models import Q
-
     return Q(commit=revision) | Q(revision=revision)
 
 
@@ -192,8 +191,6 @@ def dispatch(pk: int) -> None:
 
 
 def _in_thread(pk: int) -> None:
-    from django.db import close_old_connections
-
     try:
         run_fetch(pk)
     except Exception:

@@ -7,8 +7,11 @@ from typing import Any
 
 from django.db import transaction
 
+from catalog import spec
+from catalog.choices import Surface
+from catalog.services import Actor, Refused, save_model, stored_queryset
 from updates import registry
-from updates.models import Fetch
+from updates.models import Fetch, UpdateRun, UpdateState
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +22,6 @@ log = logging.getLogger(__name__)
 def origin_files(state: registry.RepoState) -> list[Any]:
     """Return a state's weights files, and its code files (compared for a model that trusts
     remote code), as the catalog's origin records them."""
-    from catalog import spec
-
     return [
         spec.OriginFile(path=f.path, sha256=f.sha256, bytes=int(f.size or 0))
         for f in state.compared(code=True)
@@ -32,10 +33,6 @@ def write_origin(fetch: Fetch, state: registry.RepoState) -> bool:
     catalog's services (checked, logged with who asked for the fetch). Only a model with no
     origin yet, or at that commit, is written, and never from a running update's fetch
     (the update's promote writes it); True when written."""
-    from catalog import spec
-    from catalog.choices import Surface
-    from catalog.services import Actor, Refused, save_model, stored_queryset
-
     with transaction.atomic():
         row = stored_queryset().select_for_update().filter(name=fetch.model).first()
         if row is None:
@@ -76,8 +73,6 @@ def write_origin(fetch: Fetch, state: registry.RepoState) -> bool:
 
 def _for_update(fetch: Fetch) -> bool:
     """Return whether a fetch is a running update's (its new revision)."""
-    from updates.models import UpdateRun, UpdateState
-
     return UpdateRun.objects.filter(
         fetch_id=fetch.pk, model=fetch.model, state__in=(UpdateState.RUNNING, UpdateState.WAITING)
     ).exists()

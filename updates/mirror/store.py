@@ -42,8 +42,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
+from catalog.services import stored_specs
+from llmgw_core import events
 from updates import registry
 from updates.models import ACTIVE, Fetch, FetchState
 
@@ -106,8 +109,6 @@ def file_in(folder: Path, rel: str) -> Path:
 
 
 def model_spec(name: str) -> Any:
-    from catalog.services import stored_specs
-
     found = stored_specs(names=[name])
     if not found:
         raise MirrorError(f'model "{name}" is not in the catalog')
@@ -588,8 +589,6 @@ def git_blob_id(path: Path) -> str:
 def kept_revisions() -> dict[str, set[str]]:
     """Return, by model, the commits the mirror keeps: its origin's, its previous one's,
     and its newest done fetch's (an update's candidate, before it is promoted)."""
-    from catalog.services import stored_specs
-
     keep: dict[str, set[str]] = {}
     for m in stored_specs():
         revs = keep.setdefault(m.name, set())
@@ -611,8 +610,6 @@ def kept_revisions() -> dict[str, set[str]]:
 
 
 def _postgres() -> bool:
-    from django.db import connection
-
     return connection.vendor == "postgresql"
 
 
@@ -678,8 +675,6 @@ class Holding:
 
 def holdings() -> list[Holding]:
     """Return what the mirror holds, a folder a line, largest first."""
-    from catalog.services import stored_specs
-
     specs = {m.name: m for m in stored_specs()}
     by_folder: dict[str, Holding] = {}
     for f in Fetch.objects.filter(state=FetchState.DONE).order_by("-finished"):
@@ -704,8 +699,6 @@ def holdings() -> list[Holding]:
 def mark(model_name: str) -> None:
     """Tell the open consoles that a model's fetch moved (its page shows the progress)."""
     try:
-        from llmgw_core import events
-
         events.changed(models=[model_name])
     except Exception:
         log.debug("marking %s changed failed", model_name, exc_info=True)

@@ -33,7 +33,7 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog import yamlfile
 from catalog.choices import Surface
 from catalog.problems import Problem
-from guard import client, evalrun, formats, known, services
+from guard import checks, client, evalrun, formats, known, services, snapshots
 from guard import evaluation as ev
 from guard import policy as policy_rules
 from guard.chain import JudgeRef, run_chain
@@ -64,7 +64,7 @@ class Command(BaseCommand):
             if options.get("endpoint") or options.get("judge_format"):
                 self._check_endpoint(options)
                 return
-            result = services.check(options["request"], options.get("answer"))
+            result = checks.check(options["request"], options.get("answer"))
             self.stdout.write(json.dumps(result, indent=2))
         elif action == "prompt":
             self._prompt(options)
@@ -79,7 +79,7 @@ class Command(BaseCommand):
         sub = options["judge_action"]
         if sub == "list":
             policy = services.current_policy()
-            in_catalog = {j.name: j for j in services.judges(list(known.KNOWN))}
+            in_catalog = {j.name: j for j in snapshots.judges(list(known.KNOWN))}
             for name, kj in known.KNOWN.items():
                 where = "in catalog" if in_catalog[name].format else "not in catalog"
                 order = (
@@ -162,7 +162,7 @@ class Command(BaseCommand):
             ask,
             direction=policy_rules.ANSWERS if answer is not None else policy_rules.REQUESTS,
         )
-        self.stdout.write(json.dumps(services.as_json(result), indent=2))
+        self.stdout.write(json.dumps(checks.as_json(result), indent=2))
         if result.verdict is None:
             why = "; ".join(f"{f.kind}: {f.message}" for f in result.failures)
             raise CommandError(f"{url} gave no verdict in the {fmt} format: {why}")
@@ -441,8 +441,8 @@ def _check_arguments(sub: Any) -> None:
         "--categories", nargs="+", metavar="CATEGORY", help="the judge's own category names"
     )
     check.add_argument(
-        "--context-length", type=int, default=services.DEFAULT_CONTEXT, metavar="N",
-        help=f"the judge's context in tokens (default {services.DEFAULT_CONTEXT}; lowered to "
+        "--context-length", type=int, default=snapshots.DEFAULT_CONTEXT, metavar="N",
+        help=f"the judge's context in tokens (default {snapshots.DEFAULT_CONTEXT}; lowered to "
         "what the engine reports)",
     )  # fmt: skip
     check.add_argument(

@@ -27,8 +27,8 @@ class Command(BaseCommand):
     help = "Serve llmgw's web process (HTTP and websockets) on one address."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--bind", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--bind", default=None, help="default LLMGW_BIND (127.0.0.1)")
+        parser.add_argument("--port", type=int, default=None, help="default LLMGW_PORT (8000)")
         parser.add_argument("--workers", type=int, default=None,
                             help="processes serving the port (SO_REUSEPORT), restarted when "
                             "one dies; more than 1 only with LLMGW_REDIS_URL; 0: one a core; "
@@ -45,6 +45,10 @@ class Command(BaseCommand):
         from llmgw_admin import jobs, server
         from llmgw_core.workers import cores
 
+        if options["bind"] is None:
+            options["bind"] = settings.LLMGW_BIND
+        if options["port"] is None:
+            options["port"] = settings.LLMGW_PORT
         count = settings.LLMGW_WEB_WORKERS if options["workers"] is None else options["workers"]
         if count < 0:
             raise CommandError(f"--workers {count}: 1 or more, or 0 for one a core "

@@ -19,6 +19,7 @@ import pytest
 from django.db import connection
 
 from cluster.models import ModelScale, Node, Replica
+from tests.catalog.samples import sim_model
 from tests.e2e.conftest import ROOT, Agent, wait_for
 from tests.e2e.faultplane import H100, FaultPlane
 from tests.e2e.test_faults import Redis
@@ -73,13 +74,11 @@ def nodes(agents: Callable[..., Agent], cards: tuple[str, ...] = (f"4x {H100}",)
 
 
 def model(name: str, lo: int, hi: int, capacity: int = 2, **extra: Any) -> dict[str, Any]:
-    profile = {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(SLOW),
-               "capacity": capacity}  # fmt: skip
-    profile.update(extra.pop("profile", {}))
-    data = {"name": name, "source": f"sim/{name}", "profiles": [profile],
-            "scaling": {"min": lo, "max": hi, "idle_timeout": "20s"}}  # fmt: skip
-    data.update(extra)
-    return data
+    """``samples.sim_model`` answering slowly (``SLOW``), from ``lo`` to ``hi`` replicas,
+    idle after 20 s."""
+    profile = {"env": dict(SLOW), "capacity": capacity, **extra.pop("profile", {})}
+    extra.setdefault("scaling", {"min": lo, "max": hi, "idle_timeout": "20s"})
+    return sim_model(name, lo, most=hi, profile=profile, **extra)
 
 
 def ready(name: str) -> int:

@@ -58,6 +58,7 @@ def test_engine_ports_refuse_all_but_llmgw_while_the_gateways_serve(
 ) -> None:
     from catalog.choices import Surface
     from catalog.services import Actor
+    from guard import checks as guard_checks
     from guard import services as guard_services
 
     fault_plane.sim_cluster(agents, model="steady", replicas=2)
@@ -102,7 +103,7 @@ def test_engine_ports_refuse_all_but_llmgw_while_the_gateways_serve(
             answer = client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
             assert answer.choices[0].message.content == "hi"
         # And the test process's own check (the API's path) asks the judge with its key.
-        body = guard_services.check("please UNSAFE-MARKER")
+        body = guard_checks.check("please UNSAFE-MARKER")
         assert (body["decision"], body["judge"], body["failures"]) == ("refuse", JUDGE, [])
         load.wait_for_answers(20)
     assert load.failures == [], load.summary()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
-from gateway.api import (
+from gateway.api.views import (
     ClientKeyViewSet,
     HistoryViewSet,
     PeerViewSet,

@@ -1,6 +1,6 @@
 """The schedule editor: a model's windows, min, max and prewarm, with its week picture.
 
-Function views, thin like ``catalog.views``: the shape of the draft is
+Function views, thin like the form's (``catalog.views.form``): the shape of the draft is
 ``catalog.forms.ScheduleForm`` and the ``windows`` formset, every rule is
 ``check_bundle``'s (the whole catalog, as saving would check it), the picture is
 ``catalog.schedule`` drawn by ``templates/catalog/partials/week.html`` (the model page's
@@ -17,17 +17,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from catalog import convert, rules, services, spec
-from catalog.forms import FORMSETS, ScheduleForm, check_bundle
+from catalog.forms import FORMSETS, ScheduleForm, check_bundle, file_key
 from catalog.models import ServedModel
-from catalog.views import (
-    check_answer,
-    file_key,
-    partial_template,
-    save_bundle,
-    stored_model,
-    touched_fields,
-    week_context,
-)
+from catalog.views.form import check_answer, save_bundle, touched_fields
+from catalog.views.pages import partial_template, stored_model, week_context
 from llmgw_core.htmx import HtmxHttpRequest
 from llmgw_core.roles import OPERATOR, role_required
 

@@ -198,6 +198,7 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
     context = {
         "rows": rows,
         "page": page,
+        "page_error": page_error,
         "total": f"{page.paginator.count:,}" if page is not None else "0",
         "page_query": others.urlencode(),
         "names": [r["obj"].name for r in rows],

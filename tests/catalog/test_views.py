@@ -345,6 +345,7 @@ def test_list_page_that_is_no_number_is_refused_saying_so(client_for: Any, viewe
         r.content.decode()
     )
     assert listed_names(r.content.decode()) == []
+    assert "No rows: the page asked for is no page" in r.content.decode()
 
 
 def test_live_cells_are_pushed_for_the_pages_rows_only() -> None:

@@ -391,12 +391,15 @@ async def take_phase(url: str) -> str:
         from gateway.shared import Shared
     except ImportError:
         return "a lower band's take in Redis: none in this tree (no gateway/shared.py)"
+    from django.conf import settings
+
     from gateway.path.admission import Admission, Counts
     from gateway.path.outliers import Outliers
-    from guard.breaker import Breakers
+    from guard.breaker import Breakers, Config
 
     admission = Admission(counts=Counts())
-    shared = Shared(url, admission, Outliers(), breakers=Breakers(), timeout=0.25)
+    breakers = Breakers(lambda: Config.from_settings(settings))
+    shared = Shared(url, admission, Outliers(), breakers=breakers, timeout=0.25)
     shared.start()
     try:
         for _ in range(200):  # warm-up: the connection, the script loaded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -54,21 +55,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(env: dict[str, str], port: int, name: str) -> subprocess.Popen[bytes]:
-    """Start `manage.py serve` on ``port`` (its stderr to /tmp) and wait until it answers."""
+def start(env: dict[str, str], port: int, name: str, workers: int = 1) -> subprocess.Popen[bytes]:
+    """Start `manage.py serve --workers N` on ``port`` (its stderr to /tmp) and wait until
+    every worker answers (``workers`` above 1 needs ``LLMGW_REDIS_URL`` in ``env``)."""
     log = Path(f"/tmp/llmgw-bench-{name}-web-{port}.log").open("w")  # noqa: SIM115
     web = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     print(f"web process log: {log.name}")
-    for _ in range(150):
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/login/", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if web.poll() is not None:
+            raise RuntimeError(f"the web process exited ({web.returncode}): see {log.name}")
+        if len(children(web.pid)) >= (workers if workers > 1 else 0):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/login/", timeout=1)
+                break
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
     return web
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (its workers, with ``--workers`` above 1)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds ``pid`` and its workers have used (their own, not their children's)."""
+    total = 0.0
+    for p in (pid, *children(pid)):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def stop(web: subprocess.Popen[bytes]) -> None:

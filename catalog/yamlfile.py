@@ -27,12 +27,18 @@ A problem that leaves nothing to read (too large, not UTF-8, not YAML, too deep,
 bomb, a second document) stops the reading: ``read`` returns no document. The others
 (a duplicate key, a refused key or tag) are all reported with the document, so a caller
 can report its own problems beside them; a caller accepts a file only when there are none.
+
+``read_mapping`` reads a file whose top is a mapping of known keys (a labelled set of the
+guard's evaluations, an eval suite of the updates): the empty file, a top that is not a
+mapping and each unknown key are reported the same way for every such file.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -630,3 +636,103 @@ def _too_large(size: int, source_name: str) -> Problem:
         f"{MAX_BYTES // 1024 // 1024} MB ({MAX_BYTES:,} bytes): split it into smaller files",
         code="too_large",
     )
+
+
+def describe_kind(value: Any) -> str:
+    """Return what a value of a file is, in words for a problem's message."""
+    if value is None:
+        return "empty (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, int | float):
+        return f"{value} (a number)"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+@dataclass
+class MappingFile:
+    """A file whose top is a mapping of known keys, as ``read_mapping`` read it.
+
+    ``data`` is the mapping, or None when the file is not one (``problems`` says why);
+    ``add`` records a further problem at a path, with where it is written.
+    """
+
+    source_name: str
+    document: Document | None
+    problems: list[Problem]
+    prefix: str = ""
+
+    @property
+    def data(self) -> dict[str, Any] | None:
+        if self.document is None or not isinstance(self.document.data, dict):
+            return None
+        return self.document.data
+
+    def line(self, path: tuple[PathPart, ...]) -> int | None:
+        """Return the line a value starts on (None when the file was not read)."""
+        return self.document.line(path) if self.document is not None else None
+
+    def add(self, path: tuple[PathPart, ...], code: str, message: str) -> None:
+        """Record a problem at a path: ``<prefix>texts[3].label (line 14): <message>``."""
+        at = where(path, self.line(path))
+        self.problems.append(Problem(path, f"{self.prefix}{at}: {message}", code))
+
+    def check_keys(
+        self, mapping: dict[str, Any], path: tuple[PathPart, ...], keys: Sequence[str], what: str
+    ) -> bool:
+        """Record each key of ``mapping`` not in ``keys``, with the one it may be meant as;
+        ``what`` names the mapping (``a set``, ``a case``). Return whether all are known."""
+        known = True
+        for key in mapping:
+            if key in keys:
+                continue
+            known = False
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f'did you mean "{close[0]}"? ' if close else ""
+            self.add(
+                (*path, key),
+                "unknown_key",
+                f'unknown key "{key}": {what} has {", ".join(keys)}; {hint}rename it, or remove it',
+            )
+        return known
+
+
+def read_mapping(
+    source: str | bytes,
+    source_name: str,
+    *,
+    what: str,
+    keys: Sequence[str],
+    prefix: str = "",
+) -> MappingFile:
+    """Read a file whose top is a mapping with ``keys`` (``what`` names it: ``a set``).
+
+    Every problem says where (``prefix``, the path and the line) and what to do: one the
+    reader found, an empty file, a top that is not a mapping, each unknown key. The
+    caller checks the values and adds its own problems; it accepts the file only when
+    ``problems`` is empty.
+    """
+    doc, problems = read(source, source_name)
+    found = MappingFile(source_name, doc, list(problems), prefix)
+    if doc is None:
+        return found
+    if doc.data is None:
+        found.problems.append(
+            Problem((), f"{source_name} is empty: write its {', '.join(keys)}", "empty")
+        )
+        return found
+    if not isinstance(doc.data, dict):
+        found.add(
+            (),
+            "not_mapping",
+            f"{what} is a mapping with {', '.join(keys)}, not {describe_kind(doc.data)}",
+        )
+        return found
+    found.check_keys(doc.data, (), keys, what)
+    return found

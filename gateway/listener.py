@@ -17,6 +17,11 @@ two timers of its own:
 A request whose whole body arrived is not timed further: an answer may stream for as
 long as it streams (the gateway's own timeouts bound the engine's side). Websocket
 upgrades are handed on once their headers are complete, as uvicorn does.
+
+A timer is set only for what is still unread once the bytes received so far are parsed:
+a request whose headers and body come in one read (most do) sets none, where it set and
+cancelled two (a bound is its start time noted, and a timer made from it when the read
+ends short).
 """
 
 from __future__ import annotations
@@ -43,10 +48,17 @@ class TimedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._read_timer: asyncio.TimerHandle | None = None
         self._reading: str | None = None
+        self._deadline = 0.0  # when what is being read is due (the loop's clock)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(HEADERS)
+        self._time()  # nothing has come yet
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._reading is not None and self._read_timer is None:
+            self._time()  # the read ended short of what is being read
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -68,10 +80,16 @@ class TimedHttp(HttpToolsProtocol):
         super().on_message_complete()
 
     def _arm(self, what: str) -> None:
+        """``what`` is being read from now: due within its timeout (timed by ``_time``
+        when a read ends before it is complete)."""
         self._disarm()
         seconds = self.header_timeout if what == HEADERS else self.body_timeout
         self._reading = what
-        self._read_timer = self.loop.call_later(seconds, self._timed_out, what)
+        self._deadline = self.loop.time() + seconds
+
+    def _time(self) -> None:
+        if not self.transport.is_closing():
+            self._read_timer = self.loop.call_at(self._deadline, self._timed_out, self._reading)
 
     def _disarm(self) -> None:
         if self._read_timer is not None:

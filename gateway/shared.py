@@ -71,6 +71,7 @@ log = logging.getLogger("gateway")
 EVERY = 0.25  # seconds between passes while Redis answers
 GAP = 0.05  # the least between two passes (a change here brings the next one forward)
 PROBE_S = 1.0  # and while it does not
+STOP_S = 2.0  # the most a process's leaving waits for its pass and its connection
 ALIVE_S = 3  # a process's key lives this long past its last pass
 KEEP_S = 24 * 3600  # the shared hashes live this long past their last write
 WAITING_S = 2.0  # another process's waiting counts older than this are past
@@ -247,13 +248,17 @@ class Shared:
         """Leave (tests): the pass stops, the process's key goes."""
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # Bounded: a pass stuck past its cancel is left to the loop, said once.
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_S)
+            if not done:
+                log.warning("the shared-state pass did not end within %s s of its stop", STOP_S)
         if self.admission.shared is self:
             self.admission.shared = None
         self.breakers.unlisten(self._breaker_changed)
         with contextlib.suppress(Exception):  # its key expires on its own
             await asyncio.wait_for(self._redis.delete(_process(self.name)), self.timeout)
-        await self._redis.aclose()
+        with contextlib.suppress(Exception):  # a connection that will not close is dropped
+            await asyncio.wait_for(self._redis.aclose(), STOP_S)
 
     @property
     def away(self) -> bool:
@@ -414,7 +419,8 @@ class Shared:
             self._went_away(exc)
             return
         finally:
-            await pipe.reset()
+            with contextlib.suppress(Exception):  # bounded: the pipe's connection is dropped
+                await asyncio.wait_for(pipe.reset(), self.timeout)
         self._waited, self._counted = waited, counted
         self.passes += 1
         reads = answers[len(answers) - 3 - 3 * len(models) :]
@@ -601,7 +607,8 @@ class Shared:
         except Exception:
             return  # still away: the next probe tries again
         finally:
-            await pipe.reset()
+            with contextlib.suppress(Exception):  # bounded: the pipe's connection is dropped
+                await asyncio.wait_for(pipe.reset(), self.timeout)
         self.away_since = None
         log.warning(
             "admission, ejections and judge breakers are shared in Redis again after %.0f s "

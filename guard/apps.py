@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from catalog.rules import ROLE_GUARD
+from llmgw_core.events import Event, derive, register
+
 
 class GuardConfig(AppConfig):
     """Judge models judging requests and answers."""
@@ -13,8 +16,9 @@ class GuardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from guard import signals
-        from llmgw_core.events import Event, derive, register
+        # Imported here: guard.signals imports models, which load with the apps, after
+        # this module.
+        from guard import signals  # noqa: PLC0415
 
         # The guard's live events (llmgw_core.events; their renderers: guard.live).
         register(
@@ -31,8 +35,8 @@ class GuardConfig(AppConfig):
 
 def _judges_among(names: set[str]) -> list[str]:
     """Return which of these models are judges."""
-    from catalog.models import ServedModel
-    from catalog.rules import ROLE_GUARD
+    # Imported here: models load with the apps, after this module.
+    from catalog.models import ServedModel  # noqa: PLC0415
 
     judges = ServedModel.objects.filter(name__in=names, role=ROLE_GUARD)
     return list(judges.values_list("name", flat=True))

@@ -22,10 +22,14 @@ While Redis does not answer, each process counts its own failures.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 CLOSED = "closed"
 OPEN = "open"
@@ -51,11 +55,14 @@ class Skipped(Exception):
 @dataclass(frozen=True)
 class Config:
     """How a breaker behaves: ``failures`` consecutive failures open it; it stays open
-    ``backoff`` seconds, doubled after each failed probe up to ``max_backoff``."""
+    ``backoff`` seconds, doubled after each failed probe up to ``max_backoff``.
 
-    failures: int = 5
-    backoff: float = 5.0
-    max_backoff: float = 300.0
+    No defaults here: the settings' (``LLMGW_GUARD_BREAKER_*``) are the only ones.
+    """
+
+    failures: int
+    backoff: float
+    max_backoff: float
     factor: float = 2.0
 
     @classmethod
@@ -165,11 +172,9 @@ class Breakers:
 
     def __init__(
         self,
-        config: Callable[[], Config] = Config,
+        config: Callable[[], Config],
         clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self.config = config
         self.clock = clock or time.time
         self._lock = threading.Lock()
@@ -278,6 +283,4 @@ class Breakers:
             try:
                 listener(judge, after)
             except Exception:  # a listener's bug must not fail the check
-                import logging
-
-                logging.getLogger(__name__).exception("a breaker listener failed")
+                log.exception("a breaker listener failed")

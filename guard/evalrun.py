@@ -254,7 +254,8 @@ def start(set_name: str, names: Sequence[str], *, user: Any, surface: str) -> Ev
     loaded = load_set(set_name)
     record = begin(loaded, check_judges(names), user=user, surface=surface)
     if settings.REDIS_URL:
-        from guard.tasks import run_evaluation
+        # Imported here: guard.tasks imports this module (its task runs ``execute_kept``).
+        from guard.tasks import run_evaluation  # noqa: PLC0415
 
         transaction.on_commit(lambda: run_evaluation.delay(record.pk))
     else:

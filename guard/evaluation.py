@@ -33,6 +33,7 @@ from typing import Any
 
 from catalog import yamlfile
 from catalog.problems import PathPart, Problem
+from catalog.yamlfile import describe_kind
 from guard.formats import CONTROVERSIAL, SAFE, UNSAFE
 
 ORDINARY = "ordinary"
@@ -115,41 +116,21 @@ def read_set(
     Every problem says where (the key's path and line) and what to do; a set with any
     problem yields nothing.
     """
-    doc, problems = yamlfile.read(source, source_name)
-    if doc is None:
-        return None, problems
-    if doc.data is None:
-        return None, [
-            *problems,
-            Problem((), f"{source_name} is empty: write its name and texts", "empty"),
-        ]
-    # The reader's problems (a key written twice, say) beside the set's own.
-    out: list[Problem] = list(problems)
-
-    def add(path: tuple[PathPart, ...], code: str, message: str) -> None:
-        out.append(Problem(path, f"{yamlfile.where(path, doc.line(path))}: {message}", code))
-
-    data = doc.data
-    if not isinstance(data, dict):
-        add(
-            (),
-            "not_mapping",
-            f"a set is a mapping with {', '.join(SET_KEYS)}, not {describe_kind(data)}",
-        )
+    found = yamlfile.read_mapping(source, source_name, what="a set", keys=SET_KEYS)
+    data, out, add = found.data, found.problems, found.add
+    if data is None:
         return None, out
-    for key in data:
-        if key not in SET_KEYS:
-            add((key,), "unknown_key", f'unknown key "{key}": a set has {", ".join(SET_KEYS)}')
     name = _text(data, "name", (), add, required=True, limit=NAME_CHARS)
     description = _text(data, "description", (), add, required=False, limit=2000)
-    texts = _read_texts(data, add, doc)
+    texts = _read_texts(data, found)
     if out or name is None or description is None:
         return None, out
     return LabelledSet(name, description, tuple(texts)), []
 
 
-def _read_texts(data: dict[str, Any], add: Any, doc: Any) -> list[LabelledText]:
-    """Return the set's labelled texts that have no problem; ``add`` each problem."""
+def _read_texts(data: dict[str, Any], found: yamlfile.MappingFile) -> list[LabelledText]:
+    """Return the set's labelled texts that have no problem; ``found.add`` each problem."""
+    add = found.add
     items = data.get("texts")
     if "texts" not in data:
         add((), "missing", 'no "texts": list the labelled texts under "texts:"')
@@ -163,27 +144,22 @@ def _read_texts(data: dict[str, Any], add: Any, doc: Any) -> list[LabelledText]:
     texts: list[LabelledText] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
-        found = _read_one(item, ("texts", i), add, doc, seen)
-        if found is not None:
-            texts.append(found)
+        text = _read_one(item, ("texts", i), found, seen)
+        if text is not None:
+            texts.append(text)
     return texts
 
 
 def _read_one(
-    item: Any, path: tuple[PathPart, ...], add: Any, doc: Any, seen: dict[str, int]
+    item: Any, path: tuple[PathPart, ...], found: yamlfile.MappingFile, seen: dict[str, int]
 ) -> LabelledText | None:
-    """Return one labelled text, or None (its problems ``add``-ed); ``seen``: the texts
-    (and answers) read so far, by where, so a repeated one is told."""
+    """Return one labelled text, or None (its problems ``found.add``-ed); ``seen``: the
+    texts (and answers) read so far, by where, so a repeated one is told."""
+    add = found.add
     if not isinstance(item, dict):
         add(path, "bad_type", f"a text is a mapping with text and label, not {describe_kind(item)}")
         return None
-    for key in item:
-        if key not in TEXT_KEYS:
-            add(
-                (*path, key),
-                "unknown_key",
-                f'unknown key "{key}": a text has {", ".join(TEXT_KEYS)}',
-            )
+    found.check_keys(item, path, TEXT_KEYS, "a text")
     text = _text(item, "text", path, add, required=True, limit=MAX_TEXT_CHARS, strip=False)
     label = _text(item, "label", path, add, required=True, limit=NAME_CHARS)
     category = _text(item, "category", path, add, required=False, limit=NAME_CHARS)
@@ -206,7 +182,7 @@ def _read_one(
     if text is None or label is None or category is None or note is None or answer is None:
         return None
     return LabelledText(
-        text, label, category, note, doc.line(path) or 0, answer if "answer" in item else None
+        text, label, category, note, found.line(path) or 0, answer if "answer" in item else None
     )
 
 
@@ -241,24 +217,6 @@ def _text(
         add(here, "too_long", f"{key} is {len(value):,} characters; at most {limit:,}")
         return None
     return value.strip() if strip else value
-
-
-def describe_kind(value: Any) -> str:
-    """What a value of a file is, in words for a problem's message (the eval sets' and the
-    update suites' readers both say it this way)."""
-    if value is None:
-        return "empty (null)"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    if isinstance(value, int | float):
-        return f"{value} (a number)"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
 
 
 # Scores and figures

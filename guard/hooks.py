@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from catalog import rules
-from catalog.models import ServedModel
+from catalog.choices import ChangeAction, Surface
+from catalog.models import ChangeRecord, ServedModel
 from catalog.problems import Problem
+from catalog.services import Actor, Refused
 from guard import known
 from guard import policy as policy_rules
 from guard.models import GuardPolicy
@@ -42,12 +44,6 @@ def serve_policy_judges() -> list[str]:
     nothing. A judge the catalog refuses (or an operator adds at the same moment) is left
     out and said once in the log: the tick goes on. Two queries when nothing is missing.
     """
-    from django.db import IntegrityError
-
-    from catalog.choices import ChangeAction, Surface
-    from catalog.models import ChangeRecord
-    from catalog.services import Actor, Refused
-
     row = GuardPolicy.objects.order_by("pk").values("data", "updated").first()
     if row is None:
         return []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,8 @@ from django.urls import reverse
 
 from catalog import rules
 from catalog.models import ServedModel
+from catalog.services import stored_specs
+from cluster import hints
 from cluster.choices import ReplicaState
 from cluster.models import Replica
 from guard import charts, evalrun, known, services
@@ -113,6 +115,10 @@ class JudgeHealthRow:
     status: str = "idle"
     # Its breaker in each gateway process that has had one change (none: closed in all).
     breakers: list[BreakerRow] = field(default_factory=list)
+    # What it needs when it can run nowhere for want of an engine (cluster.hints), and
+    # which other judge answers meanwhile: read for every row at once.
+    hint: Any = None
+    meanwhile: str = ""
 
     @property
     def breaker(self) -> str:
@@ -248,7 +254,63 @@ def judge_health_rows(names: list[str] | None = None) -> list[JudgeHealthRow]:
                 breakers=breakers.get(name, []),
             )
         )
-    return rows
+    return _with_hints(rows)
+
+
+def meanwhile_texts(names: list[str]) -> dict[str, str]:
+    """Say, for each of these judges, which of the policy's other judges answers while
+    it cannot, if any (a fixed few queries for any number of judges)."""
+    if not names:
+        return {}
+    pol = services.current_policy()
+    ready = set(
+        Replica.objects.filter(
+            model_name__in=list(pol.judge_models), desired=True, state=ReplicaState.READY
+        ).values_list("model_name", flat=True)
+    )
+    first = {
+        name: next((j for j in pol.judge_models if j != name and j in ready), None)
+        for name in names
+        if name in pol.judge_models
+    }
+    answering = {j for j in first.values() if j is not None}
+    sim = (
+        {m.name for m in stored_specs(names=answering) if rules.simulated(m)}
+        if answering
+        else set()
+    )
+    what = " (a sim judge: its verdicts show the guard working; they judge nothing)"
+    if pol.fail == FAIL_CLOSED:
+        nobody = "No other judge of the policy answers meanwhile: texts are refused (fail: closed)."
+    else:
+        nobody = "No other judge of the policy answers meanwhile: texts pass unjudged (fail: open)."
+    out = {}
+    for name in names:
+        if name not in first:
+            out[name] = "It is not in the guard policy, so nothing waits for it."
+        elif (j := first[name]) is not None:
+            out[name] = (
+                f"Meanwhile {j} answers{what if j in sim else ''}: the policy asks its judges "
+                "in turn, and the first that answers decides."
+            )
+        else:
+            out[name] = nobody
+    return out
+
+
+def _with_hints(rows: list[JudgeHealthRow]) -> list[JudgeHealthRow]:
+    """Give each judge that is in the catalog and not answering its engine hint and who
+    answers meanwhile (templates/guard/partials/judge_health.html): one read for all of
+    them, so the dashboard's queries do not grow with its judges."""
+    needing = [r.name for r in rows if r.in_catalog and r.status != "ok"]
+    found = hints.hints_for(needing)
+    meanwhile = meanwhile_texts([n for n in needing if found.get(n) is not None])
+    return [
+        replace(r, hint=found[r.name], meanwhile=meanwhile.get(r.name, ""))
+        if found.get(r.name) is not None
+        else r
+        for r in rows
+    ]
 
 
 def judge_health_row(name: str) -> JudgeHealthRow | None:

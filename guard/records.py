@@ -40,9 +40,6 @@ from llmgw_core.processes import alive
 
 log = logging.getLogger(__name__)
 
-# How often the background thread writes what checks did (seconds): what another
-# process's reader (the judges' page, the API) may lag behind.
-FLUSH_INTERVAL = 0.5
 # The longest error message kept per judge.
 ERROR_CHARS = 2000
 
@@ -163,20 +160,28 @@ def _if(condition: Q, value: object, column: str) -> Case:
     )
 
 
+def flush_interval() -> float:
+    """How often the background thread writes what checks did (seconds), from
+    ``LLMGW_GUARD_FLUSH_MS``: what another process's reader (the judges' page, the API)
+    may lag behind."""
+    return max(1, settings.LLMGW_GUARD_FLUSH_MS) / 1000.0
+
+
 class Recorder(Batcher):
     """Gathers checks' results in memory; a background thread writes them in batches
     (``llmgw_core.batches``).
 
-    ``writer`` is what writes a batch (``write``; a test may pass one that fails).
+    ``interval``: seconds between writes (``flush_interval()``, the setting's, when not
+    given); ``writer`` is what writes a batch (``write``; a test may pass one that fails).
     """
 
     thread_name = "guard-recorder"
     what = "the guard's counts"
 
     def __init__(
-        self, interval: float = FLUSH_INTERVAL, writer: Callable[[Stats], None] = write
+        self, interval: float | None = None, writer: Callable[[Stats], None] = write
     ) -> None:
-        self._init_batches(interval)
+        self._init_batches(flush_interval() if interval is None else interval)
         self._writer = writer
         self._lock = threading.Lock()  # guards _pending
         self._pending = Stats()
@@ -217,7 +222,7 @@ RECORDER = Recorder()
 def start() -> None:
     """Write checks' results in the background from now on (the web process calls it),
     every ``LLMGW_GUARD_FLUSH_MS``."""
-    RECORDER.interval = max(1, settings.LLMGW_GUARD_FLUSH_MS) / 1000.0
+    RECORDER.interval = flush_interval()
     RECORDER.start()
     try:
         forget_dead_processes()

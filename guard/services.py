@@ -21,10 +21,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from catalog import rules
+from catalog import codec, rules
+from catalog import services as catalog_services
 from catalog.models import ServedModel
 from catalog.problems import Problem
 from cluster import wake
+from cluster.choices import NodeHealth
+from cluster.models import Card, Node
 from guard import client, formats, known
 from guard import policy as policy_rules
 from guard.chain import ChainResult, Failure
@@ -179,9 +182,6 @@ def _bump_health(judge: str, **changes: Any) -> None:
 
 def cluster_shape() -> tuple[list[int], dict[str, int]]:
     """Return the ready nodes' core counts and each GPU class's largest memory (MiB)."""
-    from cluster.choices import NodeHealth
-    from cluster.models import Card, Node
-
     cores = list(Node.objects.filter(health=NodeHealth.READY).values_list("cpu_cores", flat=True))
     classes: dict[str, int] = {}
     for gpu_class, memory in Card.objects.filter(node__health=NodeHealth.READY).values_list(
@@ -194,9 +194,6 @@ def cluster_shape() -> tuple[list[int], dict[str, int]]:
 def enable_judge(name: str | None, *, gpu: bool, sim: bool, actor: Any) -> tuple[str, bool]:
     """Add a known judge to the catalog (or update it), served as asked; return its name
     and whether anything changed. Safe to run again."""
-    from catalog import codec
-    from catalog import services as catalog_services
-
     cores, classes = cluster_shape()
     spec = known.enable_spec(name, gpu=gpu, node_cores=cores, gpu_classes=classes, sim=sim)
     existing = ServedModel.objects.filter(name=spec.name).first()

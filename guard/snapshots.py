@@ -80,11 +80,11 @@ class Judge:
     variant: str | None
     context_length: int
     endpoint: str | None
-    # Why the chain cannot ask it, when it is not a guard model in the catalog.
-    missing: str = ""
     # How long one ask may take in all (seconds): from the model's slo, else
     # LLMGW_GUARD_JUDGE_TIMEOUT (guard.client.judge_timeout).
-    timeout: float = 5.0
+    timeout: float
+    # Why the chain cannot ask it, when it is not a guard model in the catalog.
+    missing: str = ""
     # The engine key of the replica at ``endpoint`` (cluster.enginekeys): sent with every
     # call to it, never shown (not in the repr a log or a traceback would print).
     key: str = field(default="", repr=False)

@@ -29,6 +29,15 @@ def headers(scope: Scope) -> dict[bytes, bytes]:
     return headers
 
 
+# Each Host value already judged, and what it came to: the same value is judged the same
+# while the settings are the same objects (a test's override replaces them), so a
+# kept-alive client's requests judge their Host once. At most HOSTS_KEPT values (a client
+# may send any): past that the judgements start again.
+HOSTS_KEPT = 1024
+_judged: dict[bytes, bool] = {}
+_judged_by: list[Any] = [None, None]  # the ALLOWED_HOSTS and DEBUG they were judged by
+
+
 def allowed_host(headers: dict[bytes, bytes]) -> bool:
     """Return whether Django would serve this host (else it is Django's to refuse)."""
     raw = headers.get(b"host")
@@ -36,9 +45,19 @@ def allowed_host(headers: dict[bytes, bytes]) -> bool:
         raw = headers[b"x-forwarded-host"]
     if not raw:
         return False
+    allowed, debug = settings.ALLOWED_HOSTS, settings.DEBUG
+    if _judged_by[0] is not allowed or _judged_by[1] != debug or len(_judged) >= HOSTS_KEPT:
+        _judged.clear()
+        _judged_by[:] = allowed, debug
+    known = _judged.get(raw)
+    if known is None:
+        known = _judged[raw] = _allowed(raw, allowed, debug)
+    return known
+
+
+def _allowed(raw: bytes, allowed: list[str], debug: bool) -> bool:
     domain, _ = split_domain_port(raw.decode("latin-1"))
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
+    if debug and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     return bool(domain) and validate_host(domain, allowed)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from zoneinfo import ZoneInfo
 import yaml
 from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -37,6 +39,8 @@ from llmgw_core.roles import OPERATOR, VIEWER, role_required
 
 # An entry past this many is left to the API's change log: the page stays quick.
 CHANGE_LOG_LIMIT = 50
+# The catalog list's rows a page (as many as the API's pages, REST_FRAMEWORK's PAGE_SIZE).
+LIST_PER_PAGE = 100
 
 
 # Week schedule picture
@@ -147,14 +151,19 @@ def partial_template(request: HtmxHttpRequest, name: str, partial: str) -> str:
 @role_required(VIEWER)
 @require_GET
 def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
-    """Show the catalog as a table, filtered by the query string.
+    """Show the catalog as a table, filtered by the query string, a page at a time.
 
-    The filter form asks again with htmx and gets only the table back (``#table``); the
-    query count does not grow with the number of models (prefetched rows).
+    ``LIST_PER_PAGE`` rows a page (``?page=N``; past the last page, the last page); the
+    page links keep the filters. The filter form asks again with htmx and gets only the
+    table back (``#table``); the query count does not grow with the number of models
+    (the page's rows are prefetched), and only the page's rows are read and rendered.
+    A page number that is not one is answered 400, saying so, with no rows.
     """
     filterset = listed(request.GET)
+    number, page_error = page_number(request.GET)
+    page = None if page_error else Paginator(filterset.qs, LIST_PER_PAGE).get_page(number)
     rows = []
-    for obj in filterset.qs:
+    for obj in page.object_list if page is not None else []:
         m = obj.to_spec()  # from the prefetched rows: no query per model
         rows.append(
             {
@@ -180,21 +189,46 @@ def servedmodel_list(request: HtmxHttpRequest) -> HttpResponse:
     }
     if not values["class"]:
         values["class"] = request.GET.get("capacity_class", "")
+    errors = dict(filterset.errors)
+    if page_error:
+        errors["page"] = [page_error]
+    # The page links: the list's query string but its page, so each keeps the filters.
+    others = request.GET.copy()
+    others.pop("page", None)
     context = {
         "rows": rows,
+        "page": page,
+        "page_error": page_error,
+        "total": f"{page.paginator.count:,}" if page is not None else "0",
+        "page_query": others.urlencode(),
         "names": [r["obj"].name for r in rows],
-        # The live socket's filters: the consumer pushes the ready cells of these rows.
+        # The live socket's filters and page: the consumer pushes the ready cells of the
+        # rows this page shows, no other.
         "live_query": request.GET.urlencode(),
         "values": values,
-        "filter_errors": filterset.errors,
+        "filter_errors": errors,
         "engines": ENGINES,
         "classes": rules.CLASSES,
         "gpu_class_options": gpu_classes,
         "filtered": any(values.values()),
     }
     return render(
-        request, partial_template(request, "catalog/servedmodel_list.html", "table"), context
+        request,
+        partial_template(request, "catalog/servedmodel_list.html", "table"),
+        context,
+        status=400 if page_error else 200,
     )
+
+
+def page_number(params: Mapping[str, Any]) -> tuple[int, str]:
+    """Return the list's page number from ``?page=`` (1 without one), and an error or "".
+
+    The error says what was wrong and what to write instead; the number is then 0.
+    """
+    raw = str(params.get("page", "") or "").strip() or "1"
+    if re.fullmatch(r"[0-9]{1,9}", raw) and int(raw) >= 1:
+        return int(raw), ""
+    return 0, f"{raw[:20]!r} is no page number: write a whole number, 1 or more"
 
 
 def listed(params: Mapping[str, Any]) -> ServedModelFilterSet:
@@ -205,8 +239,16 @@ def listed(params: Mapping[str, Any]) -> ServedModelFilterSet:
 
 
 def listed_names(params: Mapping[str, Any]) -> set[str]:
-    """Return the names the catalog list shows for these filters."""
-    return set(listed(params).qs.values_list("name", flat=True))
+    """Return the names the catalog list shows for these filters and this page.
+
+    A model on another page, or new since the page was rendered, is not among them: its
+    row is not on the page, so nothing is pushed for it.
+    """
+    number, error = page_number(params)
+    if error:
+        return set()
+    names = listed(params).qs.values_list("name", flat=True)
+    return set(Paginator(names, LIST_PER_PAGE).get_page(number).object_list)
 
 
 def stored_model(name: str) -> ServedModel:

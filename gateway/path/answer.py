@@ -80,7 +80,10 @@ async def whole(judging: Judging, options: Options, cycle: Cycle, resp: Response
         raw = (cycle.dialect.whole(raw) if status == 200
                else cycle.dialect.engine_error(status, raw))  # fmt: skip
         content_type = b"application/json"
-    await cycle.start(status, [(b"content-type", content_type)])
+    # Its length said: sent as it is, not in chunked framing.
+    await cycle.start(
+        status, [(b"content-type", content_type), (b"content-length", b"%d" % len(raw))]
+    )
     await cycle.body(raw, more=False)
 
 
@@ -208,13 +211,14 @@ class Stream:
             self.seen = carries_token(payload)
             if self.seen:
                 cycle.engine_token()
-        if b'"usage":{' in payload or b'"usage": {' in payload:
-            usage_from(payload, cycle)
-        if self.strip_usage and b'"usage"' in payload:
-            stripped = without_usage(payload)
-            if stripped is None:
-                return
-            payload = stripped
+        if b'"usage"' in payload:  # one look for the chunks that carry none (nearly all)
+            if b'"usage":{' in payload or b'"usage": {' in payload:
+                usage_from(payload, cycle)
+            if self.strip_usage:
+                stripped = without_usage(payload)
+                if stripped is None:
+                    return
+                payload = stripped
         chunk_bytes = b"data: " + payload + b"\n\n"
         if self.hold is None:
             out.append(chunk_bytes)

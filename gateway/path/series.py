@@ -22,6 +22,16 @@ NS = "llmgw_gateway"
 
 _lock = threading.Lock()
 _folder: Path | None = None
+# This process's id, known without a system call: prometheus_client asks for it on every
+# sample written (a fork changes it, and a child must write files of its own), which was
+# a few per cent of a request's time. Set again in a forked child, before it runs on.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
+
+def pid() -> int:
+    """This process's id (``os.getpid()``, kept)."""
+    return _pid[0]
 
 
 def folder() -> Path:
@@ -46,7 +56,7 @@ def multiprocess() -> Path:
 
         # The mode is chosen when prometheus_client is imported; say it again in case it
         # was imported before the folder was known.
-        values.ValueClass = values.MultiProcessValue()
+        values.ValueClass = values.MultiProcessValue(pid)
         _forget_dead(path, shared)
         _folder = path
         return path

@@ -45,9 +45,9 @@ class Framer:
             end = buf.find(b"\n\n", start)
             if end < 0:
                 break
-            event = buf[start:end]
-            if event.strip(b"\n"):
-                events.append(event.strip(b"\n"))
+            event = buf[start:end].strip(b"\n")
+            if event:
+                events.append(event)
             start = end + 2
         self._buf = buf[start:] + hold
         if len(self._buf) > self.max_event:
@@ -61,6 +61,8 @@ class Framer:
 
 def data_of(event: bytes) -> bytes | None:
     """An event's data (its ``data:`` lines joined), or None when it has none."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:]  # one data line, as engines send nearly every event
     lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
     if not lines:
         return None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from django import template
 
 from guard import evaluation as ev
+from guard.evalrun import SET_DIR
 
 register = template.Library()
 
@@ -25,10 +28,6 @@ def score(value: float | None) -> str:
 def set_shown(source: str) -> str:
     """Where an evaluation's set came from, without the machine's paths: a packaged set
     by name, a file by its name alone."""
-    from pathlib import PurePath
-
-    from guard.evalrun import SET_DIR
-
     path = PurePath(source)
     if path.parent == PurePath(SET_DIR) and path.suffix == ".yaml":
         return f"the packaged set {path.stem}"

@@ -285,6 +285,79 @@ def test_list_queries_do_not_grow_with_models(
     assert html.count('<td class="name">') == 30
 
 
+def store_many(count: int, **extra: Any) -> None:
+    """Import ``count`` models m000, m001, … at once (one check, not one per save)."""
+    from catalog import codec
+    from catalog.choices import Surface
+
+    models = []
+    for i in range(count):
+        m, problems = codec.decode_model(cpu_model(f"m{i:03d}", **extra))
+        assert not problems, problems
+        models.append(m)
+    actor = services.Actor(user=None, surface=Surface.FILE, name="fixture")
+    services.import_catalog(models, actor, replace=True)
+
+
+def listed_names(html: str) -> list[str]:
+    return re.findall(r'<td class="name"><a href="[^"]+">([^<]+)</a>', html)
+
+
+def test_list_shows_a_page_of_100_with_the_total_and_links_that_keep_the_filters(
+    client_for: Any, viewer: Any
+) -> None:
+    store_many(250)
+    c = client_for(viewer)
+    first = c.get(LIST).content.decode()
+    assert listed_names(first) == [f"m{i:03d}" for i in range(100)]
+    assert '250 models, <span data-role="range">1–100</span>' in first
+    assert f'href="{LIST}?page=2"' in first and f'href="{LIST}?page=3"' in first
+    assert 'aria-current="page">1<' in first and 'rel="prev"' not in first
+    third = c.get(f"{LIST}?page=3", **HX).content.decode()
+    assert listed_names(third) == [f"m{i:03d}" for i in range(200, 250)]
+    assert "201–250" in third and 'rel="next"' not in third
+    assert f'href="{LIST}?page=2" hx-get' in third  # previous
+    # Past the last page: the last page.
+    assert listed_names(c.get(f"{LIST}?page=9").content.decode())[0] == "m200"
+    # A search that fits one page: its total, no page links.
+    searched = c.get(f"{LIST}?search=m1").content.decode()
+    assert listed_names(searched) == [f"m{i}" for i in range(100, 200)]
+    assert "100 models match <span" in searched and 'data-role="pager"' not in searched
+
+
+def test_list_page_links_keep_the_filter_and_search(client_for: Any, viewer: Any) -> None:
+    store_many(250, owner="team:a")
+    c = client_for(viewer)
+    html = c.get(f"{LIST}?owner=team:a&search=m&page=2").content.decode()
+    assert listed_names(html) == [f"m{i:03d}" for i in range(100, 200)]
+    assert '250 models match, <span data-role="range">101–200</span>' in html
+    assert f'href="{LIST}?owner=team%3Aa&amp;search=m&amp;page=3"' in html
+    assert f'href="{LIST}?owner=team%3Aa&amp;search=m&amp;page=1"' in html
+    # The live socket is for this page's rows: its URL carries the page with the filters.
+    assert "view=catalog&amp;owner=team%3Aa&amp;search=m&amp;page=2" in html
+
+
+def test_list_page_that_is_no_number_is_refused_saying_so(client_for: Any, viewer: Any) -> None:
+    store_many(3)
+    r = client_for(viewer).get(f"{LIST}?page=two")
+    assert r.status_code == 400
+    assert "&#x27;two&#x27; is no page number: write a whole number, 1 or more" in (
+        r.content.decode()
+    )
+    assert listed_names(r.content.decode()) == []
+    assert "No rows: the page asked for is no page" in r.content.decode()
+
+
+def test_live_cells_are_pushed_for_the_pages_rows_only() -> None:
+    from catalog.views.pages import listed_names as live_names
+
+    store_many(250)
+    assert live_names({"page": "2"}) == {f"m{i:03d}" for i in range(100, 200)}
+    assert live_names({}) == {f"m{i:03d}" for i in range(100)}
+    assert live_names({"page": "3", "search": "m24"}) == {f"m24{i}" for i in range(10)}
+    assert live_names({"page": "x"}) == set()
+
+
 # Detail
 
 

@@ -114,3 +114,16 @@ def test_the_web_process_answers_healthz() -> None:
 
     http = asgi.application.application_mapping["http"]
     assert isinstance(http, HealthRoute) and http.state is asgi.gateway_state
+
+
+def test_a_host_is_judged_again_when_the_allowed_hosts_change(h: Harness, settings) -> None:
+    # A Host value is judged once and its answer kept (llmgw_core.lean): a change of
+    # LLMGW_ALLOWED_HOSTS (here a test's override) must not be met with the old answer.
+    h.serve([model("m")], [(1, "m", h.engine("e"))])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=h.url, timeout=30) as c:
+        assert c.get("/v1/models", headers={**auth, "Host": "api.example"}).status_code == 400
+        settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "api.example"]
+        assert c.get("/v1/models", headers={**auth, "Host": "api.example"}).status_code == 200
+        settings.ALLOWED_HOSTS = [x for x in settings.ALLOWED_HOSTS if x != "api.example"]
+        assert c.get("/v1/models", headers={**auth, "Host": "api.example"}).status_code == 400

@@ -124,3 +124,23 @@ def test_a_scrape_while_a_process_makes_its_file_leaves_that_file_out(h: Harness
              "the request counted, the empty file beside it")  # fmt: skip
     finally:
         being_made.unlink()
+
+
+def _fail_a_read() -> None:
+    metrics.state_failed("forked")
+
+
+def test_a_forked_process_counts_in_a_file_of_its_own() -> None:
+    # The process id is kept, not asked for on every sample (gateway.path.series.pid): a
+    # process forked after its parent made its metrics (a worker) still writes its own
+    # file, and the scrape sums it with the parent's.
+    import multiprocessing
+
+    metrics.state_failed("forked")
+    before = value("llmgw_gateway_state_read_failures_total", part="forked")
+    child = multiprocessing.get_context("fork").Process(target=_fail_a_read)
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert (series.folder() / f"counter_{child.pid}.db").exists()
+    assert value("llmgw_gateway_state_read_failures_total", part="forked") == before + 1

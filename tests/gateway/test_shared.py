@@ -43,7 +43,7 @@ def _side(url: str, now: float) -> Side:
     # A clock that stands still: the gate a test sets stays as it is (no step).
     a = Admission(window=10, queue=0, clock=lambda: now, counts=Counts())
     o = Outliers(Rules(after=2, base=30))
-    b = breaker.Breakers(lambda: breaker.Config(failures=2, backoff=30))
+    b = breaker.Breakers(lambda: breaker.Config(failures=2, backoff=30, max_backoff=300))
     return Side(a, o, b, Shared(url, a, o, breakers=b, timeout=0.25))
 
 
@@ -231,3 +231,20 @@ async def test_a_normal_request_waiting_in_one_process_goes_before_a_low_one_in_
     two.admission.release(model, True)
     assert not (await two.admission.admit(model, "low", SLO_MS)).admit
     assert (await asyncio.wait_for(waiting, 5)).admit
+
+
+async def test_a_process_leaving_while_redis_hangs_is_gone_within_its_bound(
+    sides: tuple[Side, Side], proxy: FaultProxy
+) -> None:
+    """Redis accepts and never answers: a process told to leave mid-pass still leaves (its
+    pass, its last delete and its connection each end within their bound)."""
+    _, two = sides
+    await _eventually(lambda: two.shared.passes > 0, 2, "a pass of two")
+    proxy.hang()
+    passes = two.shared.passes
+    # A pass waiting on the hung Redis (its answer not come): the process is told to leave.
+    await _eventually(lambda: two.shared.away, 5, "two's pass meeting the hung Redis")
+    assert two.shared.passes == passes
+    start = time.monotonic()
+    await asyncio.wait_for(two.shared.stop(), 10)
+    assert time.monotonic() - start < 5

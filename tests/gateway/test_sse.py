@@ -95,3 +95,21 @@ def test_the_first_token_is_text_a_tool_call_a_finish_or_usage_not_the_role() ->
     assert sse.carries_token({"error": {"message": "out of memory"}})
     assert sse.carries_token([1, 2])
     assert sse.carries_token({"choices": ["odd"]})
+
+
+def _data_of_by_lines(event: bytes) -> bytes | None:
+    """``data_of`` as it read every event, line by line (its one-line case is quicker)."""
+    lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[5:].removeprefix(b" ") for line in lines)
+
+
+@given(event=st.one_of(
+    st.binary(max_size=60),
+    st.builds(lambda a, b: a + b, st.sampled_from([b"data: ", b"data:", b"data:  ", b": x\n",
+                                                   b"event: e\ndata: ", b"data: a\ndata: "]),
+              st.binary(max_size=40)),
+))  # fmt: skip
+def test_an_events_data_is_read_as_line_by_line(event: bytes) -> None:
+    assert data_of(event) == _data_of_by_lines(event)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,7 +105,7 @@ def test_every_sequence_keeps_the_breakers_rules(seq: list[tuple[str, float]]) -
 def test_a_judge_is_skipped_only_after_n_failures_in_a_row(n: int, outcomes: list[bool]) -> None:
     """With checks asking between outcomes and no time passing: the first skip comes
     right after the n-th failure in a row, never before."""
-    config = b.Config(failures=n, backoff=10.0)
+    config = b.Config(failures=n, backoff=10.0, max_backoff=300.0)
     s, now, streak = b.State(), 0.0, 0
     for ok in outcomes:
         decision, s = b.admit(s, now, LEASE)
@@ -143,7 +145,9 @@ def test_a_probe_whose_check_went_away_lets_another_probe_after_its_lease() -> N
 
 def test_breakers_tell_listeners_of_each_change_and_forget_a_judge_that_answers() -> None:
     now = [0.0]
-    breakers = b.Breakers(lambda: b.Config(failures=2, backoff=5.0), clock=lambda: now[0])
+    breakers = b.Breakers(
+        lambda: b.Config(failures=2, backoff=5.0, max_backoff=300.0), clock=lambda: now[0]
+    )
     heard: list[tuple[str, str]] = []
     breakers.listen(lambda judge, s: heard.append((judge, s.state)))
     breakers.failed("j", "timeout")
@@ -163,7 +167,7 @@ def test_breakers_tell_listeners_of_each_change_and_forget_a_judge_that_answers(
 
 
 def test_breakers_under_threads_open_once() -> None:
-    breakers = b.Breakers(lambda: b.Config(failures=50, backoff=60.0))
+    breakers = b.Breakers(lambda: b.Config(failures=50, backoff=60.0, max_backoff=300.0))
     opened: list[str] = []
     breakers.listen(lambda judge, s: opened.append(s.state))
 
@@ -227,3 +231,18 @@ def test_a_skipped_judge_counts_as_failed_and_fail_closed_still_refuses(
     stats = Stats()
     stats.record(result)
     assert set(stats.health) == {f.judge for f in result.failures if f.kind != b.SKIPPED}
+
+
+def test_the_breakers_numbers_come_from_the_settings_alone() -> None:
+    """LLMGW_GUARD_BREAKER_* are written once, in settings.py: the breaker has no defaults
+    of its own to drift from them, and takes at least one failure and a moment's back-off."""
+    with pytest.raises(TypeError):
+        b.Config()  # type: ignore[call-arg]
+    given_ = SimpleNamespace(
+        LLMGW_GUARD_BREAKER_FAILURES=7,
+        LLMGW_GUARD_BREAKER_BACKOFF=9,
+        LLMGW_GUARD_BREAKER_MAX_BACKOFF=90,
+    )
+    assert b.Config.from_settings(given_) == b.Config(failures=7, backoff=9.0, max_backoff=90.0)
+    given_.LLMGW_GUARD_BREAKER_FAILURES = 0
+    assert b.Config.from_settings(given_).failures == 1

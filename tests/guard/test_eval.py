@@ -273,3 +273,17 @@ def test_summary_of_the_seeds_llama_guard_figures() -> None:
 def test_summary_refuses_an_unknown_label() -> None:
     with pytest.raises(ValueError, match="label"):
         ev.summarise("j", [ev.failure("maybe", "timeout")])
+
+
+def test_a_misspelt_key_is_named_with_its_line_and_the_key_it_may_mean() -> None:
+    found, problems = ev.read_set(
+        "name: x\ntexts:\n  - text: a\n    lable: ordinary\ntext: b\n", "set.yaml"
+    )
+    assert found is None
+    said = [p.message for p in problems]
+    assert (
+        'texts[0].lable (line 4): unknown key "lable": a text has text, label, category, '
+        'note, answer; did you mean "label"? rename it, or remove it'
+    ) in said, said
+    assert any(m.startswith('text (line 5): unknown key "text"') for m in said), said
+    assert 'did you mean "texts"?' in " ".join(said)

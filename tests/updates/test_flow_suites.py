@@ -191,3 +191,23 @@ def test_sim_weights_answer_the_json_suite_by_their_figure() -> None:
     bad = simweights.Weights(json_format=0.0)
     assert not any(s.check(c, simweights.answer(bad, c.prompt) or "").passed for c in suite.cases)
     assert json.loads(simweights.answer(simweights.Weights(), suite.cases[0].prompt) or "")
+
+
+def test_a_misspelt_key_is_named_with_its_file_line_and_the_key_it_may_mean() -> None:
+    said = problems("name: x\ncases:\n  - prompt: a\n    exakt: b\nthreshhold: 0.5\n")
+    assert (
+        't.yaml, cases[0].exakt (line 4): unknown key "exakt": a case has id, prompt, '
+        'max_tokens, exact, number, json_keys, rubric; did you mean "exact"? '
+        "rename it, or remove it"
+    ) in said, said
+    assert any(
+        m.startswith('t.yaml, threshhold (line 5): unknown key "threshhold"')
+        and 'did you mean "threshold"?' in m
+        for m in said
+    ), said
+
+
+def test_an_empty_suite_file_is_refused_saying_what_to_write() -> None:
+    assert problems("# nothing yet\n") == [
+        "t.yaml is empty: write its name, description, threshold, cases"
+    ]

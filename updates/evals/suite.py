@@ -40,7 +40,7 @@ from typing import Any
 
 from catalog import yamlfile
 from catalog.problems import PathPart, Problem
-from guard.evaluation import describe_kind
+from catalog.yamlfile import describe_kind
 
 SUITE_KEYS = ("name", "description", "threshold", "cases")
 CHECKS = ("exact", "number", "json_keys", "rubric")
@@ -112,26 +112,12 @@ def read_suite(
     Every problem says where (the key's path and line) and what to do; a suite with any
     problem yields nothing.
     """
-    doc, problems = yamlfile.read(source, source_name)
-    if doc is None:
-        return None, problems
-    out: list[Problem] = list(problems)
-
-    def add(path: tuple[PathPart, ...], code: str, message: str) -> None:
-        where = yamlfile.where(path, doc.line(path))
-        out.append(Problem(path, f"{source_name}, {where}: {message}", code))
-
-    data = doc.data
-    if not isinstance(data, dict):
-        add(
-            (),
-            "not_mapping",
-            f"a suite is a mapping with {', '.join(SUITE_KEYS)}, not {describe_kind(data)}",
-        )
+    found = yamlfile.read_mapping(
+        source, source_name, what="a suite", keys=SUITE_KEYS, prefix=f"{source_name}, "
+    )
+    data, out, add = found.data, found.problems, found.add
+    if data is None:
         return None, out
-    for key in data:
-        if key not in SUITE_KEYS:
-            add((key,), "unknown_key", f'unknown key "{key}": a suite has {", ".join(SUITE_KEYS)}')
     name = data.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
         add(("name",) if "name" in data else (), "bad_name",
@@ -154,7 +140,7 @@ def read_suite(
         items = []
     ids: dict[str, int] = {}
     for i, item in enumerate(items):
-        case = _case(item, i, add, doc.line(("cases", i)) or 0)
+        case = _case(item, i, found)
         if case is None:
             continue
         if case.id in ids:
@@ -171,8 +157,9 @@ def read_suite(
     return Suite(str(name), str(description).strip(), float(threshold), tuple(cases)), []
 
 
-def _case(item: Any, i: int, add: Any, line: int) -> Case | None:
+def _case(item: Any, i: int, found: yamlfile.MappingFile) -> Case | None:
     path: tuple[PathPart, ...] = ("cases", i)
+    add, line = found.add, found.line(path) or 0
     if not isinstance(item, dict):
         add(
             path,
@@ -180,15 +167,7 @@ def _case(item: Any, i: int, add: Any, line: int) -> Case | None:
             f"a case is a mapping with prompt and a check, not {describe_kind(item)}",
         )
         return None
-    bad = False
-    for key in item:
-        if key not in CASE_KEYS:
-            add(
-                (*path, key),
-                "unknown_key",
-                f'unknown key "{key}": a case has {", ".join(CASE_KEYS)}',
-            )
-            bad = True
+    bad = not found.check_keys(item, path, CASE_KEYS, "a case")
     ident = item.get("id", f"case-{i + 1}")
     if not isinstance(ident, str) or not NAME.fullmatch(ident):
         add((*path, "id"), "bad_name", "id is letters, digits, '.', '_' and '-', at most 100")

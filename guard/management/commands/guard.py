@@ -33,6 +33,9 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog import yamlfile
 from catalog.choices import Surface
 from catalog.problems import Problem
+from catalog.services import Actor, Refused
+from cluster.enginekeys import engine_key
+from cluster.models import Replica
 from guard import checks, client, evalrun, formats, known, services, snapshots
 from guard import evaluation as ev
 from guard import policy as policy_rules
@@ -92,8 +95,6 @@ class Command(BaseCommand):
                     f" / {kj.gpu_gb:g} GB GPU\t{where}\t{order}"
                 )
         elif sub == "enable":
-            from catalog.services import Actor, Refused
-
             try:
                 name, changed = services.enable_judge(
                     options["name"], gpu=options["gpu"], sim=options["sim"],
@@ -395,9 +396,6 @@ def _num(value: float | None) -> str:
 def _engine_key_at(url: str) -> str:
     """Return the engine key of the replica reached at ``url`` (its endpoint, with or
     without ``/v1``), or "" for an engine the cluster does not run."""
-    from cluster.enginekeys import engine_key
-    from cluster.models import Replica
-
     base = url.rstrip("/").removesuffix("/v1")
     rid = Replica.objects.filter(endpoint__in=(base, base + "/")).values_list("id", flat=True)
     found = rid.first()

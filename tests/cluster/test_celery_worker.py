@@ -118,7 +118,10 @@ def test_with_redis_away_the_worker_still_reconciles_a_change(
             placed = Replica.objects.filter(model_name="chat", assignments__isnull=False)
             wait_until(placed.exists, 30, "the change placed with Redis away")
             assert worker.poll() is None
-            mark = ControlMark.objects.get(kind=ControlMark.TICK)
+            # The tick's mark is written after its placements commit: waited for too.
+            ticks = ControlMark.objects.filter(kind=ControlMark.TICK)
+            wait_until(ticks.exists, 30, "the tick's mark written")
+            mark = ticks.get()
             assert mark.by.startswith("worker on ")
             # Solo: the worker's own process; prefork: one of its children, never the
             # parent, which forks them.

@@ -149,25 +149,14 @@ end
 return live
 """
 
-_counter: Any = None
-
 
 def _local_counter() -> Any:
     """``llmgw_gateway_shared_local_total{kind}``, in the gateway's metrics."""
-    global _counter
-    if _counter is None:
-        try:
-            from prometheus_client import Counter
-
-            series.multiprocess()  # the multiprocess folder first, as every series of the gateway
-            _counter = Counter(
-                "shared_local", "decisions and changes of this process not shared while "
-                "Redis was away", ("kind",), namespace=series.NS, registry=None,
-            )  # fmt: skip
-        except Exception:  # no metrics here (a data folder that cannot be written)
-            log.warning("the shared state's fallback is not counted in /metrics", exc_info=True)
-            _counter = False
-    return _counter or None
+    return series.fallback_counter(
+        "shared_local",
+        "decisions and changes of this process not shared while Redis was away",
+        "the shared state's fallback",
+    )
 
 
 class Shared:

@@ -154,25 +154,13 @@ def timeout_setting() -> float:
     return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
 
 
-_counter: Any = None
-
-
 def _local_counter() -> Any:
-    """``llmgw_gateway_budget_local_total{kind}``, in the gateway's metrics (gateway.records.metrics)."""
-    global _counter
-    if _counter is None:
-        try:
-            from prometheus_client import Counter
-
-            series.multiprocess()  # the multiprocess folder first, as every series of the gateway
-            _counter = Counter(
-                "budget_local", "budget takes counted in this process while Redis was away",
-                ("kind",), namespace=series.NS, registry=None,
-            )  # fmt: skip
-        except Exception:  # no metrics here (a data folder that cannot be written): counted nowhere
-            log.warning("the budgets' fallback is not counted in /metrics", exc_info=True)
-            _counter = False
-    return _counter or None
+    """``llmgw_gateway_budget_local_total{kind}``, in the gateway's metrics."""
+    return series.fallback_counter(
+        "budget_local",
+        "budget takes counted in this process while Redis was away",
+        "the budgets' fallback",
+    )
 
 
 class RedisLimits:

@@ -9,6 +9,7 @@ fallbacks, ``gateway.path.limits`` and ``gateway.shared``; the judges' breakers,
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -19,6 +20,8 @@ from django.conf import settings
 from llmgw_core.processes import alive
 
 NS = "llmgw_gateway"
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _folder: Path | None = None
@@ -71,3 +74,25 @@ def _forget_dead(path: Path, shared: Any) -> None:
             continue
         if not alive(pid):
             shared.mark_process_dead(pid, str(path))
+
+
+_fallbacks: dict[str, Any] = {}
+
+
+def fallback_counter(name: str, doc: str, what: str) -> Any:
+    """``llmgw_gateway_<name>_total{kind}``: what this process did alone while Redis was
+    away (made once per name; None where no series can be written, said once, naming
+    ``what`` is not counted)."""
+    with _lock:
+        if name in _fallbacks:
+            return _fallbacks[name]
+    try:
+        multiprocess()  # the multiprocess folder first, as every series of the gateway
+        from prometheus_client import Counter
+
+        counter: Any = Counter(name, doc, ("kind",), namespace=NS, registry=None)
+    except Exception:  # no metrics here (a data folder that cannot be written)
+        log.warning("%s is not counted in /metrics", what, exc_info=True)
+        counter = None
+    with _lock:
+        return _fallbacks.setdefault(name, counter)

@@ -1,5 +1,5 @@
 """Secrets shown once through the API (API tokens, join tokens; one pair of actions,
-``llmgw_core.api.ShownOnceActions``): the secret is in the create's answer alone, which no
+``llmgw_core.shownonce.ShownOnceActions``): the secret is in the create's answer alone, which no
 cache keeps; it works until revoked, and a second revoke changes nothing."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Exists, OuterRef
 from django.template.loader import render_to_string
 from django.utils import timezone
 
@@ -185,21 +186,28 @@ class PowerRow:
 
 
 def power_rows() -> list[PowerRow]:
-    """Return each facility domain's cap against what its nodes' replicas reserve."""
+    """Return each facility domain's cap against what its nodes' replicas reserve (three
+    queries; each node's labels read once, whatever the number of domains)."""
     budgets = list(FacilityBudget.objects.all())
     if not budgets:
         return []
-    labels = dict(Node.objects.values_list("pk", "labels"))
     watts: dict[int, float] = defaultdict(float)
-    for node_id, w in Assignment.objects.values_list("node_id", "watts"):
+    for node_id, w in Assignment.objects.order_by().values_list("node_id", "watts"):
         watts[node_id] += w
+    keys = {DOMAIN_LABEL.format(level=b.level) for b in budgets}
+    # (label, domain) → its nodes' count and reserved watts.
+    nodes: dict[tuple[str, str], int] = defaultdict(int)
+    used: dict[tuple[str, str], float] = defaultdict(float)
+    for pk, labels in Node.objects.order_by().values_list("pk", "labels"):
+        for key in keys:
+            value = (labels or {}).get(key)
+            if value is not None:
+                nodes[key, value] += 1
+                used[key, value] += watts[pk]
     rows = []
     for b in budgets:
-        key = DOMAIN_LABEL.format(level=b.level)
-        members = [pk for pk, lab in labels.items() if (lab or {}).get(key) == b.name]
-        rows.append(
-            PowerRow(b.level, b.name, b.cap_watts, sum(watts[pk] for pk in members), len(members))
-        )
+        at = (DOMAIN_LABEL.format(level=b.level), b.name)
+        rows.append(PowerRow(b.level, b.name, b.cap_watts, used[at], nodes[at]))
     return rows
 
 
@@ -422,15 +430,234 @@ def model_row(name: str) -> ModelRow | None:
     return rows[0] if rows else None
 
 
-def unplaced_rows() -> list[tuple[str, ReplicaRow]]:
-    """Return every replica that cannot be placed, with its model's name and the reason."""
-    rows = model_rows(
-        Replica.objects.filter(state=ReplicaState.PENDING, assignments__isnull=True)
-        .exclude(reason="")
-        .values_list("model_name", flat=True)
-        .distinct()
+def _replica_row(r: Replica) -> ReplicaRow:
+    """Return a replica placed nowhere as its row (no nodes, no fingerprint to compare)."""
+    return ReplicaRow(
+        pk=r.pk, state=r.state, reason=r.reason, profile=r.profile, since=r.state_changed,
+        progress=r.progress, nodes=[], cards=0, restarts=r.restarts, outdated=False,
+        desired=r.desired, endpoint=r.endpoint, replaces=r.replaces_id,
+        evicted_by=r.evicted_by,
+    )  # fmt: skip
+
+
+def unplaced_rows(limit: int | None = None) -> tuple[list[tuple[str, ReplicaRow]], int]:
+    """Return the replicas that cannot be placed, with their model's name and the reason
+    (the first ``limit`` by model and id), and how many there are (two queries)."""
+    unplaced = Replica.objects.filter(state=ReplicaState.PENDING, assignments__isnull=True).exclude(
+        reason=""
     )
-    return [(m.name, r) for m in rows for r in m.unplaced]
+    total = unplaced.count()
+    shown = unplaced.order_by("model_name", "id")
+    if limit is not None:
+        shown = shown[:limit]
+    return [(r.model_name, _replica_row(r)) for r in shown], total
+
+
+# The dashboard at a large site's size: summary counts, what needs attention first, and a
+# page of each list (nodes, models) at a time, never every block (2,000 models' and 1,000
+# nodes' blocks took seconds to render).
+
+# Blocks on one page of the dashboard's nodes and of its models.
+DASHBOARD_PAGE = 50
+# Unplaced replicas listed by name; the rest are counted (their models come first in the
+# models' list).
+UNPLACED_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One page of a dashboard list: its number (from 1), of how many rows, and its query
+    parameter (``nodes_page``, ``models_page``)."""
+
+    param: str
+    number: int
+    total: int
+    size: int = DASHBOARD_PAGE
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.size))
+
+    @property
+    def start(self) -> int:
+        return min(self.total, (self.number - 1) * self.size + 1)
+
+    @property
+    def end(self) -> int:
+        return min(self.total, self.number * self.size)
+
+    @property
+    def paged(self) -> bool:
+        return self.pages > 1
+
+    @property
+    def has_room(self) -> bool:
+        """Whether the page shows fewer rows than it could (the last page): a row that
+        appears after it was read is added to it."""
+        return self.end - self.start + 1 < self.size if self.total else True
+
+    @property
+    def previous(self) -> int | None:
+        return self.number - 1 if self.number > 1 else None
+
+    @property
+    def next(self) -> int | None:
+        return self.number + 1 if self.number < self.pages else None
+
+
+def page_number(raw: Any) -> int:
+    """Return a page number from a query string's value: 1 unless a positive number."""
+    text = str(raw or "")
+    return int(text) if text.isdigit() and 0 < len(text) <= 6 and int(text) > 0 else 1
+
+
+def _listing(param: str, number: int, total: int) -> Listing:
+    first = Listing(param, 1, total, DASHBOARD_PAGE)
+    return Listing(param, min(max(1, number), first.pages), total, DASHBOARD_PAGE)
+
+
+# A node's place in the dashboard's list: lost, not ready, cordoned, then ready.
+_NODE_RANK = {NodeHealth.LOST: 0, NodeHealth.NOT_READY: 1, "cordoned": 2}
+
+
+def node_facts() -> list[tuple[int, str, str]]:
+    """Return every node's pk, name and state, those needing attention first (one query)."""
+    facts = [
+        (pk, name, "cordoned" if cordoned and health != NodeHealth.LOST else health)
+        for pk, name, health, cordoned in Node.objects.values_list(
+            "pk", "name", "health", "cordoned"
+        )
+    ]
+    facts.sort(key=lambda f: (_NODE_RANK.get(f[2], 3), f[1]))
+    return facts
+
+
+def any_simulated() -> bool:
+    """Whether a node of the cluster is simulated (one query)."""
+    return Node.objects.filter(simulated=True).exists()
+
+
+@dataclass
+class NodesPage:
+    rows: list[NodeRow]
+    listing: Listing
+    # Every node's pk when the page has room (a node that joins later is added to it).
+    known: set[int] | None
+
+
+def nodes_page(number: int = 1, facts: list[tuple[int, str, str]] | None = None) -> NodesPage:
+    """Return one page of the dashboard's nodes, those needing attention first (five
+    queries at most)."""
+    facts = node_facts() if facts is None else facts
+    listing = _listing("nodes_page", number, len(facts))
+    pks = [pk for pk, _, _ in facts[listing.start - 1 : listing.end]] if facts else []
+    by_pk = {r.pk: r for r in node_rows(pks)} if pks else {}
+    known = {pk for pk, _, _ in facts} if listing.has_room else None
+    return NodesPage([by_pk[pk] for pk in pks if pk in by_pk], listing, known)
+
+
+@dataclass
+class ModelFacts:
+    """What the dashboard counts of a model's replicas, read for every model at once."""
+
+    name: str
+    ready: int = 0
+    wanted: int = 0
+    unplaced: int = 0
+    failed: int = 0
+    never: bool = False
+
+    @property
+    def rank(self) -> int:
+        """Its place in the dashboard's list: those that cannot run, then those with a
+        replica unplaced or failed, then those short of ready replicas, then the rest."""
+        if self.never:
+            return 0
+        if self.unplaced or self.failed:
+            return 1
+        return 2 if self.ready < self.wanted else 3
+
+
+def model_facts() -> list[ModelFacts]:
+    """Return every model that has replicas, counted, those needing attention first (one
+    query)."""
+    facts: dict[str, ModelFacts] = {}
+    placed = Exists(Assignment.objects.filter(replica_id=OuterRef("pk")))
+    for name, state, desired, replaces, reason, on_nodes in (
+        Replica.objects.annotate(placed=placed)
+        .values_list("model_name", "state", "desired", "replaces_id", "reason", "placed")
+    ):  # fmt: skip
+        f = facts.get(name) or facts.setdefault(name, ModelFacts(name))
+        unplaced = state == ReplicaState.PENDING and not on_nodes and bool(reason)
+        f.unplaced += unplaced
+        if desired:
+            f.ready += state == ReplicaState.READY
+            f.wanted += replaces is None
+            f.failed += state == ReplicaState.FAILED
+            f.never = f.never or (unplaced and placement.unplaceable(reason))
+    out = sorted(facts.values(), key=lambda f: (f.rank, f.name))
+    return out
+
+
+@dataclass
+class ModelsPage:
+    rows: list[ModelRow]
+    listing: Listing
+    # Every listed model's name when the page has room (a model given replicas later is
+    # added to it).
+    known: set[str] | None
+
+
+def models_page(number: int = 1, facts: list[ModelFacts] | None = None) -> ModelsPage:
+    """Return one page of the dashboard's models, those needing attention first (a fixed
+    query count)."""
+    facts = model_facts() if facts is None else facts
+    listing = _listing("models_page", number, len(facts))
+    names = [f.name for f in facts[listing.start - 1 : listing.end]] if facts else []
+    by_name = {r.name: r for r in model_rows(names)} if names else {}
+    known = {f.name for f in facts} if listing.has_room else None
+    return ModelsPage([by_name[n] for n in names if n in by_name], listing, known)
+
+
+@dataclass
+class Summary:
+    """The dashboard's counts: nodes by state, models and replicas by what they need."""
+
+    nodes: int = 0
+    nodes_by_state: dict[str, int] = field(default_factory=dict)
+    models: int = 0
+    models_ready: int = 0
+    models_short: int = 0
+    models_never: int = 0
+    replicas_wanted: int = 0
+    replicas_ready: int = 0
+    replicas_unplaced: int = 0
+    replicas_failed: int = 0
+
+    @property
+    def nodes_down(self) -> int:
+        return self.nodes - self.nodes_by_state.get(NodeHealth.READY, 0)
+
+
+def summary(
+    nodes: list[tuple[int, str, str]] | None = None, models: list[ModelFacts] | None = None
+) -> Summary:
+    """Return the dashboard's counts from the nodes' and models' facts (two queries, none
+    when handed them)."""
+    nodes = node_facts() if nodes is None else nodes
+    models = model_facts() if models is None else models
+    s = Summary(nodes=len(nodes), models=len(models))
+    for _, _, state in nodes:
+        s.nodes_by_state[state] = s.nodes_by_state.get(state, 0) + 1
+    for f in models:
+        s.models_ready += f.wanted > 0 and f.ready >= f.wanted
+        s.models_short += f.ready < f.wanted
+        s.models_never += f.never
+        s.replicas_wanted += f.wanted
+        s.replicas_ready += min(f.ready, f.wanted)
+        s.replicas_unplaced += f.unplaced
+        s.replicas_failed += f.failed
+    return s
 
 
 # Fragments, rendered without a request: the same templates the pages include.
@@ -451,47 +678,102 @@ def render_power() -> str:
     return render_to_string("cluster/partials/power.html", {"power": power_rows()})
 
 
+def unplaced_context() -> dict[str, Any]:
+    rows, total = unplaced_rows(UNPLACED_SHOWN)
+    return {"unplaced": rows, "unplaced_total": total, "unplaced_more": total - len(rows)}
+
+
 def render_unplaced() -> str:
-    return render_to_string("cluster/partials/unplaced.html", {"unplaced": unplaced_rows()})
+    return render_to_string("cluster/partials/unplaced.html", unplaced_context())
 
 
-def render_nodes(can_act: bool) -> str:
-    """Return the nodes' list and the power, as the dashboard renders them."""
+def render_summary(s: Summary | None = None) -> str:
+    return render_to_string("cluster/partials/summary.html", {"summary": s or summary()})
+
+
+@dataclass
+class Pages:
+    """The dashboard's page numbers, as its address and its live socket carry them."""
+
+    nodes: int = 1
+    models: int = 1
+
+    @classmethod
+    def of(cls, query: Any) -> Pages:
+        """Read them from a query string (a QueryDict, or parse_qs's dict of lists)."""
+
+        def one(key: str) -> Any:
+            value = query.get(key)
+            return value[-1] if isinstance(value, list) and value else value
+
+        return cls(page_number(one("nodes_page")), page_number(one("models_page")))
+
+    @property
+    def query(self) -> str:
+        return f"nodes_page={self.nodes}&models_page={self.models}"
+
+    @property
+    def nodes_keep(self) -> str:
+        """What a link to another page of nodes keeps: the models' page."""
+        return f"models_page={self.models}"
+
+    @property
+    def models_keep(self) -> str:
+        return f"nodes_page={self.nodes}"
+
+
+def render_nodes(can_act: bool, pages: Pages | None = None) -> tuple[str, NodesPage]:
+    """Return the nodes' section (a page of them) and the power, as the dashboard renders
+    them, with the page shown."""
+    pages = pages or Pages()
+    page = nodes_page(pages.nodes)
     nodes = render_to_string(
-        "cluster/partials/nodes.html", {"nodes": node_rows(), "can_act": can_act}
+        "cluster/partials/nodes.html",
+        {"nodes": page.rows, "nodes_listing": page.listing, "pages": pages, "can_act": can_act},
     )
-    return nodes + "\n" + render_power()
+    return nodes + "\n" + render_power(), page
 
 
-def render_models(can_act: bool, model: str | None = None) -> str:
-    """Return the models' list and the unplaced replicas, as the dashboard renders them;
-    with ``model``, that model's block alone (its page)."""
-    if model is not None:
-        return render_model(model_row(model), can_act, model)
+def render_models(can_act: bool, pages: Pages | None = None) -> tuple[str, ModelsPage]:
+    """Return the models' section (a page of them), the unplaced replicas and the summary,
+    as the dashboard renders them, with the page shown."""
+    pages = pages or Pages()
+    facts = model_facts()
+    page = models_page(pages.models, facts)
     models = render_to_string(
-        "cluster/partials/models.html", {"models": model_rows(), "can_act": can_act}
-    )
-    return models + "\n" + render_unplaced()
+        "cluster/partials/models.html",
+        {"models": page.rows, "models_listing": page.listing, "pages": pages,
+         "can_act": can_act},
+    )  # fmt: skip
+    return "\n".join((models, render_unplaced(), render_summary(summary(None, facts)))), page
+
+
+def render_model_block(can_act: bool, model: str) -> str:
+    """Return one model's block, as its page renders it."""
+    return render_model(model_row(model), can_act, model)
 
 
 def nodes_changed(pks: list[int], can_act: bool) -> dict[Any, str | None]:
-    """Return each node's fragment by pk (None: gone) and the power's, under "power"."""
-    rows = {r.pk: r for r in node_rows(pks)}
+    """Return each node's fragment by pk (None: gone), the power's under "power" and the
+    summary's under "summary"."""
+    rows = {r.pk: r for r in node_rows(pks)} if pks else {}
     out: dict[Any, str | None] = {
         pk: render_node(rows[pk], can_act) if pk in rows else None for pk in pks
     }
     out["power"] = render_power()
+    out["summary"] = render_summary()
     return out
 
 
 def models_changed(names: list[str], can_act: bool) -> dict[Any, str | None]:
-    """Return each model's fragment by name (None: no replicas left) and the unplaced
-    replicas', under ``("unplaced",)``."""
-    rows = {r.name: r for r in model_rows(names)}
+    """Return each model's fragment by name (None: no replicas left), the unplaced
+    replicas' under ``("unplaced",)`` and the summary's under ``("summary",)``."""
+    rows = {r.name: r for r in model_rows(names)} if names else {}
     out: dict[Any, str | None] = {
         n: render_model(rows[n], can_act) if n in rows else None for n in names
     }
     out[("unplaced",)] = render_unplaced()
+    out[("summary",)] = render_summary()
     return out
 
 

@@ -472,9 +472,23 @@ def judges_context(rows: list[JudgeHealthRow] | None = None) -> dict[str, Any]:
     return {"judges": rows, "judges_warning": no_judge_warning(rows, services.current_policy())}
 
 
+# Judges the dashboard lists: every one the policy names, then others by name up to this
+# many in all; the rest are counted, with the Guard page that lists them all.
+DASHBOARD_JUDGES = 10
+
+
+def dashboard_judges_context() -> dict[str, Any]:
+    """The dashboard's judges: the policy's, then others up to ``DASHBOARD_JUDGES``, the
+    warning when none answers, and how many more the Guard page lists."""
+    policy_names = list(services.current_policy().judge_models)
+    names = judge_names(policy_names)
+    shown = names[: max(len(policy_names), DASHBOARD_JUDGES)]
+    return {**judges_context(judge_health_rows(shown)), "judges_more": len(names) - len(shown)}
+
+
 def render_judges() -> str:
     """Return the judges' list as the dashboard renders it."""
-    return render_to_string("cluster/partials/judges.html", judges_context())
+    return render_to_string("cluster/partials/judges.html", dashboard_judges_context())
 
 
 def render_eval(pk: int) -> str:

@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -80,15 +81,41 @@ NO_OWN_CHANNEL = "llmgw-live-hub-only"
 _open: dict[int, int] = {}
 
 
+@dataclass
+class Shown:
+    """What one console's snapshot showed of the dashboard's lists: the blocks by key, and
+    for a page with room, every key then listed (a key outside them is new, and appended
+    to the page while it has room)."""
+
+    nodes: set[int] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+    nodes_known: set[int] | None = None
+    models_known: set[str] | None = None
+
+
 def snapshot(
-    topics: list[str], can_act: bool, model: str | None, evaluation: int | None = None
-) -> str:
-    """Return every region of the topics, as the pages render them (each app's renderers)."""
+    topics: list[str],
+    can_act: bool,
+    model: str | None,
+    evaluation: int | None = None,
+    pages: cluster_live.Pages | None = None,
+) -> tuple[str, Shown]:
+    """Return every region of the topics, as the pages render them (each app's renderers),
+    and what it shows of the dashboard's lists (the pages ``pages`` names)."""
     parts = []
+    shown = Shown()
     if "nodes" in topics:
-        parts.append(cluster_live.render_nodes(can_act))
+        html, nodes = cluster_live.render_nodes(can_act, pages)
+        parts.append(html)
+        shown.nodes, shown.nodes_known = {r.pk for r in nodes.rows}, nodes.known
     if "models" in topics:
-        parts.append(cluster_live.render_models(can_act, model))
+        if model is not None:
+            parts.append(cluster_live.render_model_block(can_act, model))
+            shown.models = {model}
+        else:
+            html, models = cluster_live.render_models(can_act, pages)
+            parts.append(html)
+            shown.models, shown.models_known = {r.name for r in models.rows}, models.known
     if "judges" in topics:
         parts.append(guard_live.render_judges())
     if "evals" in topics and evaluation is not None:
@@ -97,7 +124,21 @@ def snapshot(
         parts.append(gateway_live.render_traffic())
     if "peers" in topics:
         parts.append(gateway_live.render_peers(can_act))
-    return "\n".join(parts)
+    return "\n".join(parts), shown
+
+
+def showing(keys: list[Any], shown: set[Any], known: set[Any] | None) -> list[Any]:
+    """Return the keys of an event one console's page shows, or adds: those it shows, and
+    new ones (not among ``known``) while its page has room (``known`` is None: none)."""
+    room = cluster_live.DASHBOARD_PAGE - len(shown)
+    out = []
+    for key in keys:
+        if key in shown:
+            out.append(key)
+        elif known is not None and key not in known and room > 0:
+            out.append(key)
+            room -= 1
+    return out
 
 
 def swaps(
@@ -159,8 +200,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
     listed: set[str] | None = None
     # The Updates page (?view=updates): its filters, to ask for its table again; or None.
     updates_view: dict[str, str] | None = None
-    shown_nodes: set[int]
-    shown_models: set[str]
+    # The dashboard's pages this console shows (?nodes_page=, ?models_page=) and what its
+    # snapshot showed of them.
+    pages: cluster_live.Pages
+    shown: Shown
     # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
     channel_layer_alias = NO_OWN_CHANNEL
     counted: int | None = None  # the user id this console is counted against
@@ -238,6 +281,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.model = query["model"][0] if query.get("model") else None
+        self.pages = cluster_live.Pages.of(query)
         if query.get("view") == ["updates"]:
             self.updates_view = {k: query[k][-1][:200] for k in ("q", "state") if query.get(k)}
         if query.get("view") == ["catalog"]:
@@ -275,8 +319,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # that stayed in it unready held back events (each member's are its own now, and
         # bounded, but a console the browser left must not linger).
         try:
-            html, nodes, models = await database_sync_to_async(self._snapshot)()
-            self.shown_nodes, self.shown_models = nodes, models
+            html, self.shown = await database_sync_to_async(self._snapshot)()
             await self.send(text_data=html)
         except BaseException as exc:
             # The browser left as the snapshot was read or sent (uvicorn's
@@ -297,21 +340,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
             gateway_live.WINDOW.listen()  # subscribed: the gateways' seconds come from now
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
-    def _snapshot(self) -> tuple[str, set[int], set[str]]:
+    def _snapshot(self) -> tuple[str, Shown]:
         if self.updates_view is not None:
-            return "", set(), set()  # the page's own render is its snapshot
+            return "", Shown()  # the page's own render is its snapshot
         if self.listed is not None:
             cells = cluster_live.ready_changed(sorted(self.listed), self.can_act)
-            return "\n".join(h for h in cells.values() if h), set(), set()
-        html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
-        nodes = {r.pk for r in cluster_live.node_rows()} if "nodes" in self.topics else set()
-        if "models" not in self.topics:
-            models: set[str] = set()
-        elif self.model is not None:
-            models = {self.model}
-        else:
-            models = {r.name for r in cluster_live.model_rows()}
-        return html, nodes, models
+            return "\n".join(h for h in cells.values() if h), Shown()
+        return snapshot(self.topics, self.can_act, self.model, self.evaluation, self.pages)
 
     async def disconnect(self, code: int) -> None:
         self._forget()
@@ -402,10 +437,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=BEAT_TEXT)
 
     async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:
-        pks = events.keys_of(event)
+        shown = self.shown
+        pks = showing(events.keys_of(event), shown.nodes, shown.nodes_known)
         rendered = await self._rendered(event, "nodes", cluster_live.nodes_changed, pks)
-        parts = [rendered["power"] or ""]
-        parts += swaps(pks, rendered, self.shown_nodes, "cluster-node-{}".format, "cluster-nodes")
+        parts = [rendered["power"] or "", rendered["summary"] or ""]
+        parts += swaps(pks, rendered, shown.nodes, "cluster-node-{}".format, "cluster-nodes")
         await self.send(text_data="\n".join(parts))
 
     async def cluster_models_changed(self, event: dict[str, Any]) -> None:
@@ -443,11 +479,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             )
             await self.send(text_data=html + (panel.get(self.model) or ""))
             return
+        shown = self.shown
+        names = showing(names, shown.models, shown.models_known)
         rendered = await self._rendered(event, "models", cluster_live.models_changed, names)
-        parts = [rendered[("unplaced",)] or ""]
-        parts += swaps(
-            names, rendered, self.shown_models, cluster_live.model_dom_id, "cluster-models"
-        )
+        parts = [rendered[("unplaced",)] or "", rendered[("summary",)] or ""]
+        parts += swaps(names, rendered, shown.models, cluster_live.model_dom_id, "cluster-models")
         await self.send(text_data="\n".join(parts))
 
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:

@@ -18,8 +18,9 @@ def test_home_is_the_live_dashboard(client_for: Any, viewer: Any) -> None:
     response = c.get("/")
     assert response.status_code == 302 and response["Location"] == "/cluster/"
     page = c.get("/cluster/").content.decode()
-    # The page opens the socket the consumer serves, with the htmx extension from static/.
-    assert 'ws-connect="/ws/live/nodes,models,judges,peers/"' in page
+    # The page opens the socket the consumer serves, with the htmx extension from static/;
+    # the socket names the pages of the nodes and models shown, whose blocks it pushes.
+    assert 'ws-connect="/ws/live/nodes,models,judges,peers/?nodes_page=1&amp;models_page=1"' in page
     assert "/static/llmgw/htmx-ext-ws-2.0.4.js" in page
 
 

@@ -359,3 +359,44 @@ def _probe(judge: str) -> None:
     from guard.models import JudgeProbe
 
     JudgeProbe.objects.create(judge=judge, at=timezone.now(), ok=False, error="refused")
+
+
+async def test_a_dashboard_page_hears_of_its_own_nodes_and_the_counts(
+    viewer: Any, monkeypatch: Any
+) -> None:
+    from cluster import live
+
+    monkeypatch.setattr(live, "DASHBOARD_PAGE", 2)  # pages of two nodes: a b | c d | e
+    nodes = {}
+    for name in "abcde":
+        nodes[name], _ = await sync_to_async(join_node)(f"gpu-{name}", ["nvidia-l4-24gb"])
+    second = await _open(viewer, "/ws/live/nodes,models/?nodes_page=2")
+    last = await _open(viewer, "/ws/live/nodes,models/?nodes_page=3")
+    snapshot = await second.receive_from(timeout=5)
+    assert f'id="cluster-node-{nodes["c"].pk}"' in snapshot
+    assert f'id="cluster-node-{nodes["a"].pk}"' not in snapshot
+    assert 'data-role="page-of">page 2 of 3<' in snapshot
+    assert 'data-count="nodes">5<' in snapshot  # the summary counts every node
+    await last.receive_from(timeout=5)
+
+    # A node on another page: its count changes, its block is not sent here.
+    await sync_to_async(services.set_cordon)(nodes["a"], True)
+    frame = await second.receive_from(timeout=5)
+    assert 'data-count="nodes-cordoned">1 cordoned<' in frame
+    assert f"cluster-node-{nodes['a'].pk}" not in frame
+    # One this page shows: replaced in place.
+    await sync_to_async(services.set_cordon)(nodes["c"], True)
+    frame = await second.receive_from(timeout=5)
+    assert f'id="cluster-node-{nodes["c"].pk}"' in frame and "beforeend" not in frame
+    assert 'data-role="node-state">cordoned<' in frame
+    # A node that joins is added to the page with room (the last), not to a full one.
+    while 'data-count="nodes-cordoned">2 cordoned<' not in await last.receive_from(timeout=5):
+        pass
+    new, _ = await sync_to_async(join_node)("gpu-f", ["nvidia-l4-24gb"])
+    frame = await last.receive_from(timeout=5)
+    assert 'hx-swap-oob="beforeend:#cluster-nodes"' in frame
+    assert f'id="cluster-node-{new.pk}"' in frame
+    frame = await second.receive_from(timeout=5)
+    assert f"cluster-node-{new.pk}" not in frame and 'data-count="nodes">6<' in frame
+    await second.disconnect()
+    await last.disconnect()

@@ -77,8 +77,13 @@ def count(client: Any, url: str) -> tuple[list[str], str]:
 
 @pytest.mark.parametrize(
     "url",
-    ["/catalog/", f"/catalog/models/{WATCHED}/", "/cluster/"],
-    ids=["catalog list", "model page", "dashboard"],
+    [
+        "/catalog/",
+        f"/catalog/models/{WATCHED}/",
+        "/cluster/",
+        "/cluster/?nodes_page=4&models_page=4",
+    ],
+    ids=["catalog list", "model page", "dashboard", "dashboard's last pages"],
 )
 def test_page_reads_as_many_queries_at_200_models_and_nodes_as_at_20(
     client_for: Any, viewer: Any, url: str
@@ -95,8 +100,16 @@ def test_page_reads_as_many_queries_at_200_models_and_nodes_as_at_20(
         assert page.count('<td class="name">') == 100  # a page of the 200
         assert '200 models, <span data-role="range">1–100</span>' in page
     elif url == "/cluster/":
-        assert page.count('id="cluster-node-') >= 200
-        assert f"n{199:03d}" in page
+        # A page of 50 nodes and 50 models, and the counts of all 200 of each.
+        assert page.count('class="node card') == 50
+        assert page.count('class="model card') == 50
+        assert 'data-count="nodes">200<' in page and 'data-count="models">200<' in page
+        assert page.count('data-role="page-of">page 1 of 4<') == 4  # above and below each
+        assert f">n{199:03d}<" not in page
+    elif url.startswith("/cluster/"):
+        assert page.count('class="node card') == 50
+        assert f">n{199:03d}<" in page and f">n{149:03d}<" not in page
+        assert page.count('data-role="page-of">page 4 of 4<') == 4
     else:
         assert placed.count() == 20
         for a in placed.select_related("node"):

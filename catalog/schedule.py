@@ -281,7 +281,8 @@ class _Drawn:
 def _scaling(scaling: spec.Scaling, leave_out: Collection[int]) -> _Drawn:
     kept = [i for i in range(len(scaling.schedule)) if i not in leave_out]
     s = rules.normalize(spec.Model(scaling=scaling)).scaling
-    s.schedule = [s.schedule[i] for i in kept]
+    # A scaling of its own: normalize may hand back the one given (it copies on write).
+    s = dataclasses.replace(s, schedule=[s.schedule[i] for i in kept])
     return _Drawn(s, kept)
 
 

@@ -22,6 +22,7 @@ from catalog.durations import HOUR, MINUTE, SECOND
 from catalog.problems import Problem
 from catalog.rules import (
     CLASSES,
+    DEFAULT_STARTUP_TIMEOUT,
     FACILITY_LEVELS,
     GUARD_FORMATS,
     ROLE_GUARD,
@@ -1633,6 +1634,53 @@ def test_normalize_is_idempotent_and_leaves_its_input(m):
     once = normalize(m)
     assert normalize(once) == once
     assert m == before
+
+
+def deep_normalize(m: Model) -> Model:
+    """normalize as it was before it copied on write: a deep copy, filled in place (the
+    reference the copy-on-write one is held to)."""
+    m = copy.deepcopy(m)
+    if m.scaling.min < 0:
+        m.scaling.min = 0
+    if m.scaling.max == 0 and m.scaling.min > 0:
+        m.scaling.max = m.scaling.min
+    for p in m.profiles:
+        if not p.engine:
+            p.engine = "vllm"
+        if p.tp <= 0:
+            p.tp = 1
+        if p.nodes <= 0:
+            p.nodes = 1
+        if p.engine == "llamacpp" and p.gpu_class and (p.tp > 1 or p.pp > 1) and p.nodes == 1:
+            n = p.tp * max(p.pp, 1)
+            if p.gpus_per_node <= 0 or p.gpus_per_node == n:
+                p.gpus_per_node, p.tp, p.pp = n, 1, 0
+        if cpu_only(p):
+            p.gpus_per_node = 0
+        elif p.gpus_per_node <= 0:
+            p.gpus_per_node = max(p.tp // p.nodes, 1)
+        if p.startup_timeout <= 0:
+            p.startup_timeout = DEFAULT_STARTUP_TIMEOUT
+        if p.weight <= 0:
+            p.weight = 1.0
+    repo = repository_page(m.source)
+    if repo and m.profiles and all(p.engine != "llamacpp" for p in m.profiles):
+        m.source = repo
+    return m
+
+
+@settings(max_examples=300, deadline=None)
+@given(models)
+def test_normalize_copies_on_write_what_the_deep_copy_gave(m):
+    before = copy.deepcopy(m)
+    out = normalize(m)
+    assert m == before  # the input is never changed
+    assert out == deep_normalize(before)  # the same model as the deep copy's
+    assert out is not m
+    # What it filled in is in copies of its own: a profile it shares needed nothing.
+    for given_, got in zip(m.profiles, out.profiles, strict=True):
+        assert got is given_ or got != given_
+    assert out.scaling is m.scaling or out.scaling != m.scaling
 
 
 @settings(max_examples=100, deadline=None)

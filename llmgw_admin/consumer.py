@@ -173,7 +173,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
         self.closing = True
-        await asyncio.wait_for(super().close(code=code, reason=reason), SEND_TIMEOUT_S)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await super().close(code=code, reason=reason)
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
                    close: bool = False) -> None:  # fmt: skip
@@ -182,10 +183,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closing:
             return
         try:
-            await asyncio.wait_for(
-                super().send(text_data=text_data, bytes_data=bytes_data, close=close),
-                SEND_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for (a task of each send on Python 3.11): this runs
+            # once per console for every event and heartbeat.
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
         except TimeoutError:
             log.warning("a live console took over %.0f s to take a message: closed",
                         SEND_TIMEOUT_S)  # fmt: skip
@@ -404,7 +405,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
         event of ``llmgw_core.events.EVENTS``."""
         try:
-            await asyncio.wait_for(self.ready.wait(), READY_TIMEOUT_S)
+            if not self.ready.is_set():
+                async with asyncio.timeout(READY_TIMEOUT_S):
+                    await self.ready.wait()
         except TimeoutError:
             log.warning("a live console was not ready within %.0f s: closed", READY_TIMEOUT_S)
             self._forget()

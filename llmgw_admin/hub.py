@@ -104,13 +104,17 @@ class Mailbox:
         return True
 
     async def _take(self) -> None:
+        # Bounded with asyncio.timeout, not wait_for: on Python 3.11 wait_for makes a task
+        # of each wait, and this runs once per console for every event and heartbeat.
         while self.hub.boxes.get(self.member) is self:
             try:
-                event = await asyncio.wait_for(self.queue.get(), IDLE_S)
+                async with asyncio.timeout(IDLE_S):
+                    event = await self.queue.get()
             except TimeoutError:
                 continue
             try:
-                await asyncio.wait_for(self.member.handle_event(event), TAKE_TIMEOUT_S)
+                async with asyncio.timeout(TAKE_TIMEOUT_S):
+                    await self.member.handle_event(event)
             except TimeoutError:
                 log.warning(
                     "a live console took over %.0f s over an event: dropped, it reconnects",

@@ -47,6 +47,12 @@ def config(bind: str, port: int) -> Any:
         # 127.0.0.1 is not believed.
         proxy_headers=False,
         ws="websockets-sansio",
+        # No permessage-deflate: compressed, each console's copy of a change is deflated
+        # on its own (its own compression context), about 0.1-0.2 ms of CPU a console and
+        # a change, which 1,000 consoles made 0.1-0.2 s of every change (bench/live.py).
+        # Sent as they are, every console of a role gets the same bytes; the pages
+        # themselves are not compressed either.
+        ws_per_message_deflate=False,
         # Headers within LLMGW_HTTP_HEADER_TIMEOUT, bodies within LLMGW_HTTP_BODY_TIMEOUT
         # (gateway.listener); idle kept-alive connections closed after KEEP_ALIVE.
         http=listener.from_settings(),

@@ -2,7 +2,8 @@
 a change is rendered once per role whatever the number of consoles, and every console
 still gets it, a viewer's without an operator's buttons; consoles opening together read
 and render their snapshot once per role, and one opening after a change gets a snapshot
-made afresh that shows it.
+made afresh that shows it. The web process compresses no console's frames (each would
+be deflated on its own).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from cluster import live as cluster_live
 from cluster import services
 from llmgw_admin import consumer as consumer_module
 from llmgw_admin import hub as hub_module
+from llmgw_admin import server
 from llmgw_admin.hub import hub
 from tests.cluster.helpers import join_node
 from tests.llmgw_admin.test_live_ws import _open, redis_layer  # noqa: F401 (autouse)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 VIEWERS = 12
 OPERATORS = 4
@@ -48,6 +50,7 @@ async def _open_all(viewer: Any, operator: Any) -> tuple[list[Any], list[Any]]:
     return list(opened[:VIEWERS]), list(opened[VIEWERS:])
 
 
+@pytest.mark.asyncio
 async def test_a_change_is_rendered_once_per_role_and_reaches_every_console(
     viewer: Any, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,6 +76,7 @@ async def test_a_change_is_rendered_once_per_role_and_reaches_every_console(
         await c.disconnect()
 
 
+@pytest.mark.asyncio
 async def test_consoles_opening_together_share_a_snapshot_until_a_change_arrives(
     viewer: Any, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,3 +101,9 @@ async def test_consoles_opening_together_share_a_snapshot_until_a_change_arrives
     assert len(snapshots) == 3
     for c in [*viewers, *operators, late]:
         await c.disconnect()
+
+
+def test_the_web_process_deflates_no_console_s_frames() -> None:
+    # Deflated, each console's copy of a change is compressed in its own context: CPU a
+    # console and a change. Sent as they are, every console of a role gets the same bytes.
+    assert server.config("127.0.0.1", 8000).ws_per_message_deflate is False

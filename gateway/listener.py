@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEADERS, BODY = "headers", "body"
@@ -118,6 +119,4 @@ def protocol(header: float, body: float) -> type[TimedHttp]:
 
 def from_settings() -> type[TimedHttp]:
     """``protocol`` with ``LLMGW_HTTP_HEADER_TIMEOUT`` and ``LLMGW_HTTP_BODY_TIMEOUT``."""
-    from django.conf import settings
-
     return protocol(settings.LLMGW_HTTP_HEADER_TIMEOUT, settings.LLMGW_HTTP_BODY_TIMEOUT)

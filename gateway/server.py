@@ -31,6 +31,10 @@ from typing import Any
 
 import uvicorn
 
+from gateway import listener
+from gateway.records import history, refusals, usage
+from guard import records
+from llmgw_core import workers
 from llmgw_core.refused import Refused
 
 APP = "gateway.asgi:application"
@@ -117,9 +121,6 @@ def where(sock: socket.socket) -> str:
 def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     """Serve on ``sock`` (from ``listen``) until SIGINT or SIGTERM; ``say`` the line that
     tells where, once it listens."""
-    from gateway.records import history, refusals, usage
-    from guard import records
-
     signal.signal(signal.SIGTERM, _exit)
     # The guard's decisions on this process's traffic, its usage and its refusal records,
     # written off the request path.
@@ -137,8 +138,6 @@ def run_workers(
     each on a socket of its own bound with ``SO_REUSEPORT``; the parent keeps ``sock``
     (bound, not listening) so no other program takes the port while a worker restarts.
     Returns the parent's exit status after a stop."""
-    from llmgw_core import workers
-
     host, port = sock.getsockname()[:2]
     url = where(sock)
 
@@ -159,8 +158,6 @@ def run_workers(
 
 def config() -> uvicorn.Config:
     """The server's settings (the socket is ``listen``'s)."""
-    from gateway import listener
-
     return uvicorn.Config(
         APP,
         lifespan="off",
@@ -250,7 +247,9 @@ class Server(uvicorn.Server):
 def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
     # The table's reader starts now, not with the first request: a load balancer's
     # /healthz sees this process ready once it has read the table (gateway.path.health).
-    from gateway.asgi import assembly, state
+    # Imported here: importing gateway.asgi builds the gateway; only a process serving it
+    # alone does, once it listens.
+    from gateway.asgi import assembly, state  # noqa: PLC0415
 
     _frozen()
     state.start(asyncio.get_running_loop())

@@ -21,6 +21,7 @@ from gateway.batch import lines, multipart, status, store
 from gateway.path import errors
 from gateway.path.cycle import bearer, header, read_body
 from gateway.path.table import digest
+from gateway.stored import scope
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle, Receive, Scope
@@ -49,8 +50,6 @@ async def _run(work: Any, *args: Any) -> Any:
 
 
 def _owner(cycle: Cycle) -> str:
-    from gateway.stored import scope
-
     assert cycle.key is not None
     return scope(cycle.key)
 

@@ -41,6 +41,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
+from catalog.models import ServedModel
 from gateway.batch import lines, status, store, token, window
 
 log = logging.getLogger("gateway.batch")
@@ -209,8 +210,6 @@ class Models:
         connection.close()
 
     def _read(self) -> None:
-        from catalog.models import ServedModel  # the apps are loaded once a run starts
-
         self.read_at = time.monotonic()
         try:
             close_old_connections()

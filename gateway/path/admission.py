@@ -74,6 +74,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from django.conf import settings
+
 from cluster.scaling import quantile_ms
 from gateway.records.observe import Done
 from gateway.records.observe import Listener as _Listener
@@ -464,8 +466,6 @@ class Admission:
 
     @classmethod
     def from_settings(cls) -> Admission:
-        from django.conf import settings
-
         return cls(
             window=float(getattr(settings, "LLMGW_ADMISSION_WINDOW", WINDOW)),
             queue=float(getattr(settings, "LLMGW_ADMISSION_QUEUE_MS", QUEUE * 1000)) / 1000,

@@ -41,6 +41,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from gateway.path import balance
 from gateway.path.balance import Ring, Target
 
@@ -133,8 +135,6 @@ class Sessions:
 
     @classmethod
     def from_settings(cls) -> Sessions:
-        from django.conf import settings
-
         return cls(
             size=int(settings.LLMGW_SESSION_MAX),
             age=float(settings.LLMGW_SESSION_AGE),

@@ -92,13 +92,14 @@ from gateway.path.dialects import sessions
 from gateway.path.dialects.common import DialectError
 from gateway.path.errors import ApiError
 from gateway.path.guarding import Guard, Judging
-from gateway.path.limits import LocalLimits
+from gateway.path.limits import LocalLimits, RedisLimits
 from gateway.path.options import Options
 from gateway.path.outliers import Outliers, Rules
 from gateway.path.parts import Parts
 from gateway.path.routing import Routing
 from gateway.path.table import KEY_PREFIX, Entry, Key, Source, Table, digest
 from gateway.records.observe import Done, Observer
+from gateway.shared import Shared
 from llmgw_core.upstream import Upstream
 
 log = logging.getLogger("gateway")
@@ -194,14 +195,10 @@ class Gateway:
         if parts.limits is None:
             url = settings.REDIS_URL
             if url:
-                from gateway.path.limits import RedisLimits
-
                 parts.limits = RedisLimits(url)
             else:
                 parts.limits = LocalLimits()
         if parts.shared is None and settings.REDIS_URL:
-            from gateway.shared import Shared
-
             parts.shared = Shared(settings.REDIS_URL, parts.admission, parts.outliers,
                                   parts.observer)  # fmt: skip
             parts.shared.start()

@@ -23,6 +23,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
 from gateway.path import answer, balance, errors, federation, providers, sizing
@@ -49,8 +51,6 @@ PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completion
 def waits_defaults() -> timeouts.Defaults:
     """The gateway's waits for a model whose catalog entry gives none: its settings
     (registered with ``catalog.timeouts`` by the gateway's ``ready()``)."""
-    from django.conf import settings
-
     return timeouts.Defaults(
         first_token=float(settings.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
         between=float(settings.LLMGW_GATEWAY_READ_TIMEOUT),

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEADERS, BODY = "headers", "body"
@@ -117,6 +116,7 @@ def protocol(header: float, body: float) -> type[TimedHttp]:
                                             "body_timeout": float(body)})  # fmt: skip
 
 
-def from_settings() -> type[TimedHttp]:
-    """``protocol`` with ``LLMGW_HTTP_HEADER_TIMEOUT`` and ``LLMGW_HTTP_BODY_TIMEOUT``."""
+def from_settings(settings: Any) -> type[TimedHttp]:
+    """``protocol`` with the settings' ``LLMGW_HTTP_HEADER_TIMEOUT`` and
+    ``LLMGW_HTTP_BODY_TIMEOUT`` (``django.conf.settings`` or anything with those names)."""
     return protocol(settings.LLMGW_HTTP_HEADER_TIMEOUT, settings.LLMGW_HTTP_BODY_TIMEOUT)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from django.conf import settings
 
 from gateway import listener
 from gateway.records import history, refusals, usage
@@ -166,7 +167,7 @@ def config() -> uvicorn.Config:
         proxy_headers=False,
         # Headers and bodies read within their timeouts (gateway.listener); idle
         # kept-alive connections closed after KEEP_ALIVE.
-        http=coalescing(listener.from_settings()),
+        http=coalescing(listener.from_settings(settings)),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )  # fmt: skip

@@ -55,7 +55,7 @@ def config(bind: str, port: int) -> Any:
         ws="websockets-sansio",
         # Headers within LLMGW_HTTP_HEADER_TIMEOUT, bodies within LLMGW_HTTP_BODY_TIMEOUT
         # (gateway.listener); idle kept-alive connections closed after KEEP_ALIVE.
-        http=listener.from_settings(),
+        http=listener.from_settings(settings),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )

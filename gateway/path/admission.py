@@ -74,8 +74,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from django.conf import settings
-
 from cluster.scaling import quantile_ms
 from gateway.records.observe import Done
 from gateway.records.observe import Listener as _Listener
@@ -465,12 +463,13 @@ class Admission:
         self.shared: Any = None
 
     @classmethod
-    def from_settings(cls) -> Admission:
+    def from_settings(cls, settings: Any) -> Admission:
+        """The settings' (``django.conf.settings`` or anything with those names)."""
         return cls(
-            window=float(getattr(settings, "LLMGW_ADMISSION_WINDOW", WINDOW)),
-            queue=float(getattr(settings, "LLMGW_ADMISSION_QUEUE_MS", QUEUE * 1000)) / 1000,
-            queue_max=int(getattr(settings, "LLMGW_ADMISSION_QUEUE_MAX", QUEUE_MAX)),
-            margin=float(getattr(settings, "LLMGW_ADMISSION_BATCH_MARGIN", MARGIN * 100)) / 100,
+            window=float(settings.LLMGW_ADMISSION_WINDOW),
+            queue=float(settings.LLMGW_ADMISSION_QUEUE_MS) / 1000,
+            queue_max=int(settings.LLMGW_ADMISSION_QUEUE_MAX),
+            margin=float(settings.LLMGW_ADMISSION_BATCH_MARGIN) / 100,
         )
 
     def _model(self, model: str) -> _Model | None:

@@ -40,8 +40,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-
-from django.conf import settings
+from typing import Any
 
 from gateway.path import balance
 from gateway.path.balance import Ring, Target
@@ -134,7 +133,8 @@ class Sessions:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls) -> Sessions:
+    def from_settings(cls, settings: Any) -> Sessions:
+        """The settings' (``django.conf.settings`` or anything with those names)."""
         return cls(
             size=int(settings.LLMGW_SESSION_MAX),
             age=float(settings.LLMGW_SESSION_AGE),

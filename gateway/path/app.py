@@ -139,16 +139,16 @@ class Gateway:
         self.app = app
         self.parts = Parts(
             state=state,
-            options=options or Options.from_settings(),
+            options=options or Options.from_settings(settings),
             observer=observer or Observer(),
             guard=guard or Guard(),
             # Lower bands held while a model is past its latency SLO (gateway.path.admission).
-            admission=admission or Admission.from_settings(),
+            admission=admission or Admission.from_settings(settings),
             # Replicas left out of routing after failures in a row (gateway.path.outliers).
             outliers=outliers or Outliers(Rules.from_settings(settings)),
             placer=Placer(),
             # Each session's last replica, per model (gateway.path.affinity): this process's.
-            sessions=Sessions.from_settings(),
+            sessions=Sessions.from_settings(settings),
             client=upstream,
             limits=limits,
         )

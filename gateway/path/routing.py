@@ -48,14 +48,14 @@ PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completion
          bodies.EMBEDDING: "/v1/embeddings", bodies.RERANK: "/v1/rerank"}  # fmt: skip
 
 
-def waits_defaults() -> timeouts.Defaults:
+def waits_defaults(source: Any = settings) -> timeouts.Defaults:
     """The gateway's waits for a model whose catalog entry gives none: its settings
-    (registered with ``catalog.timeouts`` by the gateway's ``ready()``)."""
+    (registered with ``catalog.timeouts`` by the gateway's ``ready()``), or ``source``'s."""
     return timeouts.Defaults(
-        first_token=float(settings.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
-        between=float(settings.LLMGW_GATEWAY_READ_TIMEOUT),
-        whole=float(settings.LLMGW_GATEWAY_WHOLE_TIMEOUT),
-        wake=float(settings.LLMGW_GATEWAY_WAKE_WAIT),
+        first_token=float(source.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
+        between=float(source.LLMGW_GATEWAY_READ_TIMEOUT),
+        whole=float(source.LLMGW_GATEWAY_WHOLE_TIMEOUT),
+        wake=float(source.LLMGW_GATEWAY_WAKE_WAIT),
         set_by=SET_BY,
     )
 

@@ -17,11 +17,11 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 
+from gateway import stored
 from gateway.batch import lines, multipart, status, store
 from gateway.path import errors
 from gateway.path.cycle import bearer, header, read_body
 from gateway.path.table import digest
-from gateway.stored import scope
 
 if TYPE_CHECKING:
     from gateway.path.cycle import Cycle, Receive, Scope
@@ -51,7 +51,7 @@ async def _run(work: Any, *args: Any) -> Any:
 
 def _owner(cycle: Cycle) -> str:
     assert cycle.key is not None
-    return scope(cycle.key)
+    return stored.scope(cycle.key)
 
 
 def _query(scope: Scope) -> dict[str, str]:

@@ -246,12 +246,12 @@ class Server(uvicorn.Server):
 
 
 def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
-    # The table's reader starts now, not with the first request: a load balancer's
-    # /healthz sees this process ready once it has read the table (gateway.path.health).
     # Imported here: importing gateway.asgi builds the gateway; only a process serving it
     # alone does, once it listens.
     from gateway.asgi import assembly, state  # noqa: PLC0415
 
+    # The table's reader starts now, not with the first request: a load balancer's
+    # /healthz sees this process ready once it has read the table (gateway.path.health).
     _frozen()
     state.start(asyncio.get_running_loop())
     if assembly.traffic is not None:

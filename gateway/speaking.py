@@ -45,7 +45,6 @@ async def serve_dialect(
     assert dialect is not None
     if path not in (messages.PATH, messages.COUNT_PATH, "/v1/responses"):
         # GET and DELETE /v1/responses/{id}: a stored response (gateway.stored).
-
         await stored.answer(cycle, method, path, scope.get("query_string", b""))
         return
     if method != "POST":

@@ -138,10 +138,10 @@ def _start_recorder() -> None:
     usage.start()
     history.start()
     refusals.start()
-    # The gateway's traffic and its load report for scaling, from the start.
     # Imported here: importing llmgw_admin.asgi builds the application, once it is served.
     from llmgw_admin.asgi import gateway_assembly  # noqa: PLC0415
 
+    # The gateway's traffic and its load report for scaling, from the start.
     if gateway_assembly.traffic is not None:
         gateway_assembly.traffic.start()
 

@@ -238,9 +238,9 @@ def summary(phases: list[Phase], band: str) -> str:
     runs = [pct(phase.ttfts[band], 99) for phase in phases]
     refused = sum(phase.refused[band] for phase in phases)
     rank = len(every) - min(len(every) - 1, int(0.99 * len(every)))  # the p99's place
-    thin = " (too few for a p99: fewer than 500)" if len(every) < 500 else ""
-    return (f"p50 {pct(every, 50):5.0f} ms  p99 {pct(every, 99):5.0f} ms (the slowest but "
-            f"{rank - 1} of {len(every)} first tokens{thin}), {refused} refused; each phase's p99 "
+    thin = "; too few for a p99, fewer than 500" if len(every) < 500 else ""
+    return (f"p50 {pct(every, 50):5.0f} ms  p99 {pct(every, 99):5.0f} ms (place {rank} from "
+            f"the slowest of {len(every)} first tokens{thin}), {refused} refused; each phase's p99 "
             f"{', '.join(f'{r:.0f}' for r in runs)} ms")  # fmt: skip
 
 

@@ -405,9 +405,9 @@ class Routing:
                     raise
             whole = True
             if req.stream and resp.status == 200:
-                whole = await answer.Stream(
+                whole = await answer.streamed(
                     self.judging, parts.options, cycle, resp, waits, sent_at, self.replica_failed
-                ).relay()
+                )
             else:
                 await answer.whole(self.judging, parts.options, cycle, resp)
             if whole and resp.status < 500:

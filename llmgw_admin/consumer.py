@@ -13,7 +13,9 @@ each top-level element by id (out of band). Nothing is written over the socket.
 
 Each process subscribes to the channel layer once per group (llmgw_admin.hub) and hands
 events to its consoles; rendering is shared: every console of a process gets the same
-HTML for the same event and role, rendered once (bench/live.py).
+HTML for the same event and role, rendered once (bench/live.py), and consoles opening
+together with the same regions and role get one snapshot, read and rendered once
+(``Hub.share``).
 
 A console is refused cleanly, never with an error: while Redis is away (accepted, then
 closed with 1013, so the page retries), when subscribing takes longer than

@@ -14,6 +14,10 @@ event (a browser that reads nothing, a console that never became ready), is drop
 told to reconnect (``Member.behind``: closed with 1013, so the page reconnects and its
 fresh snapshot shows what it missed).
 
+The first state of members that join together (a console's snapshot) is made once for
+all of them while no event of its groups arrives (``Hub.share``): the hub counts the
+events it hears per group, and a state made before one of them is not handed out again.
+
 Every ``BEAT_S`` the hub sends itself a heartbeat through the layer, and hands it to
 every member as an event (``BEAT``): it takes the path a change takes (layer, receive
 loop, the member's queue and task, its socket), so a page that has heard nothing for a

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 COUNT_TIMEOUT = 10.0
 
 
-async def route(
+async def serve_dialect(
     parts: Parts,
     complete: Complete,
     cycle: Cycle,

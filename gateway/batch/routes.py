@@ -65,7 +65,7 @@ def _allow(path: str, method: str, allowed: str) -> None:
         raise errors.method_not_allowed(path, allowed)
 
 
-async def route(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
+async def serve_files_and_batches(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
                 method: str) -> None:  # fmt: skip
     if path.startswith(FILES):
         await _files(parts, cycle, scope, receive, path, method)

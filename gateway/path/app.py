@@ -275,13 +275,19 @@ class Gateway:
             await listing.answer(cycle, method, path, table, key, self.options.now())
             return
         if batch_routes.serves(path):  # the Files and Batch APIs (gateway.batch)
-            await batch_routes.route(self.parts, cycle, scope, receive, path, method)
+            await batch_routes.serve_files_and_batches(
+                self.parts, cycle, scope, receive, path, method
+            )
             return
         if cycle.dialect is not None and cycle.dialect.name == reranking.RERANK:
-            await reranking.route(self.parts, self.complete, cycle, scope, receive, path, method)
+            await reranking.serve_rerank(
+                self.parts, self.complete, cycle, scope, receive, path, method
+            )
             return
         if cycle.dialect is not None:
-            await speaking.route(self.parts, self.complete, cycle, scope, receive, path, method)
+            await speaking.serve_dialect(
+                self.parts, self.complete, cycle, scope, receive, path, method
+            )
             return
         kind = bodies.KINDS.get(path)
         if kind is None:

@@ -32,7 +32,8 @@ from cluster.placement import unplaceable
 from cluster.services import no_room
 from cluster.views.pages import wake_room
 from gateway import cacheshare, keys, live, peers, services
-from gateway.batch import routes, status, store
+from gateway.batch import routes, store
+from gateway.batch import status as batch_status
 from gateway.filtersets import RefusalFilterSet
 from gateway.live import render_traffic
 from gateway.models import PRIORITIES, ClientKey, Refusal, TrafficPoint, Usage
@@ -382,7 +383,7 @@ def _batches_context(notice: str = "") -> dict[str, Any]:
     now = time.time()
     found = store.list_batches(None)
     rows = [{"batch": b, "created": datetime.fromtimestamp(b["created_at"], tz=UTC),
-             **status.progress(b, now)} for b in found[:BATCHES_SHOWN]]  # fmt: skip
+             **batch_status.progress(b, now)} for b in found[:BATCHES_SHOWN]]  # fmt: skip
     running = any(not r["ended"] for r in rows)
     return {"rows": rows, "running": running, "more": max(0, len(found) - BATCHES_SHOWN),
             "refresh_s": BATCHES_FAST_S if running else BATCHES_SLOW_S,

@@ -55,10 +55,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
 from gateway.path import series
 from gateway.path.admission import Gate
 from gateway.path.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
-from guard import breaker
+from guard import breaker, checks
 from llmgw_core import rediskeys
 
 if TYPE_CHECKING:
@@ -176,10 +180,6 @@ class Shared:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.timeout = (timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=64, timeout=self.timeout, socket_timeout=self.timeout,
@@ -194,8 +194,6 @@ class Shared:
         self.outliers = outliers
         self.observer = observer
         if breakers is None:
-            from guard import checks
-
             breakers = checks.BREAKERS
         self.breakers = breakers
         self.every = every
@@ -214,6 +212,9 @@ class Shared:
         self._waited: set[str] = set()  # models whose waiting counts were written last pass
         self._ended: list[str] = []  # ejections over for a minute: deleted by the next pass
         self._counted: set[str] = set()  # models whose count in flight was written not 0
+        # Models a take asked Redis of since the last pass: the script may have added one to
+        # this process's count there, which only a pass's write of the count takes back.
+        self._taken: set[str] = set()
         # The newest of another process's first-token times taken up, per model and process.
         self._recent_seen: dict[tuple[str, bytes], float] = {}
         self.away_since: float | None = None
@@ -260,8 +261,9 @@ class Shared:
         there is negated less one when there is no room; None while Redis is away (this
         process decides alone)."""
         if self.away_since is None:
+            added = True  # unless Redis says there was no room
             try:
-                return int(
+                total = int(
                     await asyncio.wait_for(
                         self._take(keys=[_admitted(model)],
                                    args=[self.name, limit, ahead, _process(""), KEEP_S,
@@ -269,8 +271,17 @@ class Shared:
                         self.timeout,
                     )
                 )  # fmt: skip
+                added = total > 0
+                return total
             except Exception as exc:
                 self._went_away(exc)
+            finally:
+                if added:
+                    # One added to this process's count in Redis (or maybe: cut, timed
+                    # out, cancelled): the next pass writes the count as it is, even if the
+                    # request has ended by then (its end, with no pass between, is written
+                    # nowhere else).
+                    self._taken.add(model)
         self._alone("admission")
         return None
 
@@ -348,7 +359,12 @@ class Shared:
             breakers, self._breakers = self._breakers, {}
         ejections, self._ejections = self._ejections, {}
         gates, self._gates = self._gates, {}
+        taken, self._taken = self._taken, set()
         counts = self.admission.shared_counts()
+        # A model taken in Redis and over here since (gate open, nothing in flight): its
+        # count, 0, is written all the same.
+        for model in taken - counts.keys():
+            counts[model] = (0, {})
         now_wall, now_mono = self._wall(), self._mono()
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(_process(self.name), 1, ex=ALIVE_S)
@@ -373,10 +389,11 @@ class Shared:
             pipe.expire(_gates(), KEEP_S)
         waited, counted = set(), set()
         for model, (lower, waiting) in counts.items():
-            if lower or model in self._counted:
+            if lower or model in self._counted or model in taken:
                 # This process's count, as it is (the takes' increments since the last
-                # pass are in it): what a request ended gives back, and what a take met
-                # by this write lost is set right within a pass.
+                # pass are in it): what a request ended gives back (one that ended before
+                # a pass saw it in flight too: its take marked the model), and what a take
+                # met by this write lost is set right within a pass.
                 pipe.hset(_admitted(model), self.name, lower)
                 pipe.expire(_admitted(model), KEEP_S)
                 if lower:
@@ -401,7 +418,9 @@ class Shared:
         try:
             answers = await asyncio.wait_for(pipe.execute(), self.timeout)
         except Exception as exc:
-            # Not written: what changed here stays this process's (said, and counted).
+            # Not written: what changed here stays this process's (said, and counted);
+            # the counts taken are written by the first pass that goes through.
+            self._taken |= taken
             for kind, n in (("ejection", len(ejections)), ("breaker", len(breakers))):
                 for _ in range(n):
                     self._alone(kind)

@@ -13,7 +13,9 @@ each top-level element by id (out of band). Nothing is written over the socket.
 
 Each process subscribes to the channel layer once per group (llmgw_admin.hub) and hands
 events to its consoles; rendering is shared: every console of a process gets the same
-HTML for the same event and role, rendered once (bench/live.py).
+HTML for the same event and role, rendered once (bench/live.py), and consoles opening
+together with the same regions and role get one snapshot, read and rendered once
+(``Hub.share``).
 
 A console is refused cleanly, never with an error: while Redis is away (accepted, then
 closed with 1013, so the page retries), when subscribing takes longer than
@@ -33,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -70,8 +72,10 @@ JOIN_TIMEOUT_S = 2.0
 # The longest one send to the browser may wait (a browser that reads nothing): past it
 # the console is closed with 1013 and the page reconnects.
 SEND_TIMEOUT_S = 5.0
-# The longest an event waits for the console's snapshot to be sent first.
+# The longest an event waits for the console's snapshot to be sent first, and the longest
+# a console waits for its snapshot to be read and rendered (past it: closed with 1013).
 READY_TIMEOUT_S = 8.0
+SNAPSHOT_TIMEOUT_S = READY_TIMEOUT_S
 # What the hub's heartbeat sends (llmgw_admin.hub.BEAT): a comment htmx swaps nothing
 # for; static/llmgw/console.js counts it as heard and says "stale" without it.
 BEAT_TEXT = "<!-- llmgw:beat -->"
@@ -81,16 +85,30 @@ NO_OWN_CHANNEL = "llmgw-live-hub-only"
 _open: dict[int, int] = {}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shown:
-    """What one console's snapshot showed of the dashboard's lists: the blocks by key, and
-    for a page with room, every key then listed (a key outside them is new, and appended
-    to the page while it has room)."""
+    """What a snapshot showed of the dashboard's lists: the blocks by key, and for a page
+    with room, every key then listed (a key outside them is new, and appended to the page
+    while it has room). Shared by the consoles that share the snapshot: each takes its
+    own copy of the blocks shown (``own``), which its pushes then change."""
 
-    nodes: set[int] = field(default_factory=set)
-    models: set[str] = field(default_factory=set)
-    nodes_known: set[int] | None = None
-    models_known: set[str] | None = None
+    nodes: frozenset[int] = frozenset()
+    models: frozenset[str] = frozenset()
+    nodes_known: frozenset[int] | None = None
+    models_known: frozenset[str] | None = None
+
+    def own(self) -> Showing:
+        return Showing(set(self.nodes), set(self.models), self.nodes_known, self.models_known)
+
+
+@dataclass
+class Showing:
+    """What one console shows of the dashboard's lists now (``Shown``, then its pushes)."""
+
+    nodes: set[int]
+    models: set[str]
+    nodes_known: frozenset[int] | None
+    models_known: frozenset[str] | None
 
 
 def snapshot(
@@ -103,19 +121,24 @@ def snapshot(
     """Return every region of the topics, as the pages render them (each app's renderers),
     and what it shows of the dashboard's lists (the pages ``pages`` names)."""
     parts = []
-    shown = Shown()
+    nodes: frozenset[int] = frozenset()
+    models: frozenset[str] = frozenset()
+    nodes_known = models_known = None
     if "nodes" in topics:
-        html, nodes = cluster_live.render_nodes(can_act, pages)
+        html, node_page = cluster_live.render_nodes(can_act, pages)
         parts.append(html)
-        shown.nodes, shown.nodes_known = {r.pk for r in nodes.rows}, nodes.known
+        nodes = frozenset(r.pk for r in node_page.rows)
+        nodes_known = frozenset(node_page.known) if node_page.known is not None else None
     if "models" in topics:
         if model is not None:
             parts.append(cluster_live.render_model_block(can_act, model))
-            shown.models = {model}
+            models = frozenset({model})
         else:
-            html, models = cluster_live.render_models(can_act, pages)
+            html, model_page = cluster_live.render_models(can_act, pages)
             parts.append(html)
-            shown.models, shown.models_known = {r.name for r in models.rows}, models.known
+            models = frozenset(r.name for r in model_page.rows)
+            if model_page.known is not None:
+                models_known = frozenset(model_page.known)
     if "judges" in topics:
         parts.append(guard_live.render_judges())
     if "evals" in topics and evaluation is not None:
@@ -124,10 +147,10 @@ def snapshot(
         parts.append(gateway_live.render_traffic())
     if "peers" in topics:
         parts.append(gateway_live.render_peers(can_act))
-    return "\n".join(parts), shown
+    return "\n".join(parts), Shown(nodes, models, nodes_known, models_known)
 
 
-def showing(keys: list[Any], shown: set[Any], known: set[Any] | None) -> list[Any]:
+def showing(keys: list[Any], shown: set[Any], known: frozenset[Any] | None) -> list[Any]:
     """Return the keys of an event one console's page shows, or adds: those it shows, and
     new ones (not among ``known``) while its page has room (``known`` is None: none)."""
     room = cluster_live.DASHBOARD_PAGE - len(shown)
@@ -203,7 +226,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     # The dashboard's pages this console shows (?nodes_page=, ?models_page=) and what its
     # snapshot showed of them.
     pages: cluster_live.Pages
-    shown: Shown
+    shown: Showing
     # Events come through the hub (llmgw_admin.hub), never to a channel of this console's.
     channel_layer_alias = NO_OWN_CHANNEL
     counted: int | None = None  # the user id this console is counted against
@@ -214,7 +237,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
         self.closing = True
-        await asyncio.wait_for(super().close(code=code, reason=reason), SEND_TIMEOUT_S)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await super().close(code=code, reason=reason)
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
                    close: bool = False) -> None:  # fmt: skip
@@ -223,10 +247,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closing:
             return
         try:
-            await asyncio.wait_for(
-                super().send(text_data=text_data, bytes_data=bytes_data, close=close),
-                SEND_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for (a task of each send on Python 3.11): this runs
+            # once per console for every event and heartbeat.
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
         except TimeoutError:
             log.warning("a live console took over %.0f s to take a message: closed",
                         SEND_TIMEOUT_S)  # fmt: skip
@@ -319,7 +343,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # that stayed in it unready held back events (each member's are its own now, and
         # bounded, but a console the browser left must not linger).
         try:
-            html, self.shown = await database_sync_to_async(self._snapshot)()
+            html, first = await self._first_state()
+        except BaseException as exc:
+            self._forget()
+            self.ready.set()
+            if isinstance(exc, TimeoutError):
+                log.warning("a live console's snapshot was not ready within %.0f s: closed",
+                            SNAPSHOT_TIMEOUT_S)  # fmt: skip
+            elif isinstance(exc, Exception):
+                log.exception("the live console's snapshot failed; the page retries")
+            else:
+                raise
+            await self._close_quietly(LAYER_AWAY)
+            return
+        try:
+            self.shown = first.own()
             await self.send(text_data=html)
         except BaseException as exc:
             # The browser left as the snapshot was read or sent (uvicorn's
@@ -340,7 +378,22 @@ class LiveConsumer(AsyncWebsocketConsumer):
             gateway_live.WINDOW.listen()  # subscribed: the gateways' seconds come from now
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
+    async def _first_state(self) -> tuple[str, Shown]:
+        """This console's snapshot, read and rendered once for every console of the
+        process that shows the same regions (the same pages of the dashboard's lists) to
+        the same role and joins before an event of its groups arrives (``Hub.share``)."""
+        listed = frozenset(self.listed) if self.listed is not None else None
+        view = tuple(sorted(self.updates_view.items())) if self.updates_view is not None else None
+        key = ("snapshot", tuple(self.topics), self.can_act, self.model, self.evaluation, listed,
+               view, self.pages.nodes, self.pages.models)  # fmt: skip
+        groups = [events.TOPICS[t] for t in self.topics]
+        return await hub().share(
+            key, groups, database_sync_to_async(self._snapshot), SNAPSHOT_TIMEOUT_S
+        )
+
     def _snapshot(self) -> tuple[str, Shown]:
+        """What a console shows first; made for every console that shares its key
+        (``_first_state``), so it reads only what that key holds."""
         if self.updates_view is not None:
             return "", Shown()  # the page's own render is its snapshot
         if self.listed is not None:
@@ -405,7 +458,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
         event of ``llmgw_core.events.EVENTS``."""
         try:
-            await asyncio.wait_for(self.ready.wait(), READY_TIMEOUT_S)
+            if not self.ready.is_set():
+                async with asyncio.timeout(READY_TIMEOUT_S):
+                    await self.ready.wait()
         except TimeoutError:
             log.warning("a live console was not ready within %.0f s: closed", READY_TIMEOUT_S)
             self._forget()
@@ -479,11 +534,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             )
             await self.send(text_data=html + (panel.get(self.model) or ""))
             return
-        shown = self.shown
-        names = showing(names, shown.models, shown.models_known)
+        view = self.shown
+        names = showing(names, view.models, view.models_known)
         rendered = await self._rendered(event, "models", cluster_live.models_changed, names)
         parts = [rendered[("unplaced",)] or "", rendered[("summary",)] or ""]
-        parts += swaps(names, rendered, shown.models, cluster_live.model_dom_id, "cluster-models")
+        parts += swaps(names, rendered, view.models, cluster_live.model_dom_id, "cluster-models")
         await self.send(text_data="\n".join(parts))
 
     async def guard_judges_changed(self, event: dict[str, Any]) -> None:

@@ -35,3 +35,16 @@ def wait_until(
                 f"waited {timeout:g} s for {what}; it did not happen (last: {value!r})"
             )
         time.sleep(every)
+
+
+def budget_minute_with(seconds: float = 25.0) -> None:
+    """Return once the keys' budget minute (a fixed 60 s window of the wall clock,
+    gateway.path.limits) has at least ``seconds`` left: a test that spends a key's ``rpm``
+    through real processes, one request after another, must not see the window start
+    again between them. At most one window's wait."""
+
+    def left() -> float:
+        return 60 - time.time() % 60
+
+    if left() < seconds:
+        wait_until(lambda: left() >= seconds, 61, "the next budget minute", every=0.05)

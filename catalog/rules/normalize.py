@@ -29,15 +29,32 @@ def normalize(m: Model) -> Model:
     if (low, high) != (scaling.min, scaling.max):
         scaling = dataclasses.replace(scaling, min=low, max=high)
     profiles = [_normalize_profile(p) for p in m.profiles]
-    # A repository page for a model vLLM or SGLang runs is the repository it names:
-    # the engine downloads a repository id itself, where the page was fetched as one
-    # file of HTML and failed at start. llama.cpp needs a file, so it is left to fail
-    # the check with a message that says so.
-    source = m.source
+    source = _source(m.source, profiles)
+    return dataclasses.replace(m, scaling=scaling, profiles=profiles, source=source)
+
+
+def normalized_profiles(m: Model) -> tuple[str, list[Profile]]:
+    """Return a model's source and profiles as ``normalize`` fills them in, copying
+    only the profiles, shallowly (filling one in sets only its own fields): what
+    placement reads of a model, without copying the rest of it. The input is left alone.
+    """
+    profiles = [_normalize_profile(p) for p in m.profiles]
+    profiles = [copy.copy(q) if q is p else q for p, q in zip(m.profiles, profiles, strict=True)]
+    return _source(m.source, profiles), profiles
+
+
+def _source(source: str, profiles: list[Profile]) -> str:
+    """Return a model's source with its profiles filled in.
+
+    A repository page for a model vLLM or SGLang runs is the repository it names:
+    the engine downloads a repository id itself, where the page was fetched as one
+    file of HTML and failed at start. llama.cpp needs a file, so it is left to fail
+    the check with a message that says so.
+    """
     repo = repository_page(source)
     if repo and profiles and all(p.engine != "llamacpp" for p in profiles):
-        source = repo
-    return dataclasses.replace(m, scaling=scaling, profiles=profiles, source=source)
+        return repo
+    return source
 
 
 def keep_origin(new: Model, before: Model | None) -> Model:

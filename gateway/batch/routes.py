@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 
+from gateway import stored
 from gateway.batch import lines, multipart, status, store
 from gateway.path import errors
 from gateway.path.cycle import bearer, header, read_body
@@ -49,10 +50,8 @@ async def _run(work: Any, *args: Any) -> Any:
 
 
 def _owner(cycle: Cycle) -> str:
-    from gateway.stored import scope
-
     assert cycle.key is not None
-    return scope(cycle.key)
+    return stored.scope(cycle.key)
 
 
 def _query(scope: Scope) -> dict[str, str]:
@@ -65,7 +64,7 @@ def _allow(path: str, method: str, allowed: str) -> None:
         raise errors.method_not_allowed(path, allowed)
 
 
-async def route(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
+async def serve_files_and_batches(parts: Parts, cycle: Cycle, scope: Scope, receive: Receive, path: str,
                 method: str) -> None:  # fmt: skip
     if path.startswith(FILES):
         await _files(parts, cycle, scope, receive, path, method)

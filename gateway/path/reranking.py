@@ -73,7 +73,7 @@ def for_path(path: str, request_id: str = "") -> Rerank | None:
     return Rerank(request_id, shape) if shape is not None else None
 
 
-async def route(parts: Parts, complete: Complete, cycle: Cycle, scope: Scope,
+async def serve_rerank(parts: Parts, complete: Complete, cycle: Cycle, scope: Scope,
                 receive: Receive, path: str, method: str) -> None:  # fmt: skip
     """``POST /v1/rerank`` or ``/v2/rerank`` (``cycle.dialect`` is a ``Rerank``)."""
     if method != "POST":

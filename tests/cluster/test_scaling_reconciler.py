@@ -110,6 +110,25 @@ def test_a_burst_shorter_than_the_window_adds_nothing() -> None:
     assert wanted("chat") == 1
 
 
+def test_a_replica_still_starting_counts_toward_the_target() -> None:
+    """One scale-up for one load: the replica it added counts while it starts (it serves
+    nothing yet), so the same load held for more up windows adds none."""
+    join_node("n1", [H100] * 4)
+    store(sim_model(scaling={"min": 1, "max": 4}))
+    tick(0)
+    Replica.objects.update(state="ready")
+    report("chat", in_flight=8)  # capacity 4 each (the sim's default): 2 needed
+    tick(1)
+    tick(1 + UP)
+    assert wanted("chat") == 2
+    assert Replica.objects.filter(model_name="chat", desired=True, state="ready").count() == 1
+    for n in (2, 3, 4):
+        report("chat", in_flight=8)
+        tick(1 + n * UP)
+        assert wanted("chat") == 2, ModelScale.objects.get().reason
+    assert ModelScale.objects.get().reason.startswith("steady at 2: 8 in flight over 1 replica")
+
+
 def test_ttft_past_the_slo_at_max_says_so() -> None:
     join_node("n1", [H100] * 4)
     store(sim_model("fixed", scaling={"min": 1, "max": 1}))

@@ -23,6 +23,7 @@ from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agents, ControlPlane, engine_auth, free_port, wait_for
 from tests.e2e.test_cluster_e2e import ready  # noqa: F401 (others import it from here)
 from tests.redisserver import url as redis_url
+from tests.waiting import budget_minute_with
 
 pytestmark = pytest.mark.e2e
 
@@ -204,6 +205,7 @@ def test_each_error_is_the_exception_the_client_raises(cluster: ControlPlane) ->
 
     # A key with a budget of 2 requests a minute: the third is refused with Retry-After.
     limited = client(cluster, new_key(cluster, "limited", "--rpm", "2"))
+    budget_minute_with()
     for _ in range(2):
         limited.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}],
                                         max_tokens=2)  # fmt: skip
@@ -248,16 +250,23 @@ class gateway_process:
         self.cp, self.tmp, self.port, self.extra = cp, tmp, free_port(), env
 
     def __enter__(self) -> str:
-        log = (self.tmp / f"gateway-{self.port}.log").open("wb")  # noqa: SIM115
+        path = self.tmp / f"gateway-{self.port}.log"
+        log = path.open("wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "gateway", "serve", "--port", str(self.port)],
             cwd=ROOT, env={**self.cp.env(), **self.extra}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         url = f"http://127.0.0.1:{self.port}"
         try:
-            wait_for(lambda: _answers(url), 60, "the gateway process to answer")
-        except BaseException:
+            # Its start is Django's and the application's imports: seconds when quiet, a
+            # minute or more on a loaded machine. A process that ended is said at once.
+            wait_for(lambda: self.proc.poll() is not None or _answers(url), 180,
+                     "the gateway process to answer")  # fmt: skip
+            assert self.proc.poll() is None, path.read_text()[-3000:]
+        except BaseException as error:
             self.__exit__()  # not left running (and on the database) past its test
+            if isinstance(error, AssertionError):
+                raise AssertionError(f"{error}\n{path.read_text()[-3000:]}") from None
             raise
         return url
 
@@ -434,6 +443,7 @@ def test_a_budget_is_shared_by_two_gateway_processes_through_redis(
             openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0) for url in (one, two)
         ]
         answered = 0
+        budget_minute_with()
         for i in range(3):  # 3 of the minute's 3, spread over both processes
             apis[i % 2].chat.completions.create(
                 model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=2)  # fmt: skip

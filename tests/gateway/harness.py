@@ -21,6 +21,7 @@ import uvicorn
 
 from catalog import spec
 from gateway.path.app import Gateway, Options
+from gateway.path.limits import LocalLimits
 from gateway.path.table import Key, ReplicaRow, Table, build, digest
 from gateway.records.state import State
 from tests.waiting import wait_until
@@ -290,6 +291,14 @@ class Harness:
         e = Engine(name, **kw)
         self.run(e.start())
         return e
+
+    def one_budget_minute(self) -> None:
+        """The keys' budgets counted in one minute that does not end while the test runs
+        (this process's own budgets, their clock held): a test of a key's ``rpm`` takes
+        its requests one after another, and on a loaded machine the fixed 60 s window
+        (gateway.path.limits) could start again between two of them."""
+        held = time.time()
+        self.gateway.limits = LocalLimits(clock=lambda: held)
 
     def serve(self, models: list[spec.Model], replicas: list[tuple[int, str, Engine]]) -> None:
         self.models = models

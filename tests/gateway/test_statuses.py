@@ -67,6 +67,7 @@ class Buggy(Upstream):
 def h(transactional_db: Any) -> Iterator[Harness]:
     harness = Harness()
     harness.keys[digest(TIGHT)] = Key(2, "tight", "team:t", (), None, rpm=1)
+    harness.one_budget_minute()
     harness.gateway.upstream = Buggy()
     harness.recorder = UsageRecorder(interval=0.05)  # type: ignore[attr-defined]
     harness.gateway.observer = Fanout(metrics.Metrics(), harness.recorder)  # type: ignore[attr-defined]

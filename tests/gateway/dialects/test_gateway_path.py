@@ -71,6 +71,7 @@ def test_a_stream_cut_after_its_first_byte_ends_in_the_dialects_error(h: Harness
 
 def test_budgets_and_limits_are_said_in_each_dialects_shape(h: Harness) -> None:
     h.keys[digest(KEY)] = Key(1, "harness", "team:t", (), None, rpm=2)
+    h.one_budget_minute()
     engine = h.engine("e", words=3)
     h.serve([model("m", max_output=64)], [(1, "m", engine)])
     with pytest.raises(anthropic.BadRequestError) as caught:

@@ -166,6 +166,37 @@ async def test_a_process_that_falls_back_counts_on_from_the_shared_count_it_saw(
     assert all(a == pytest.approx(WINDOW - 1.0) for a in answers[20:])
 
 
+@pytest.mark.asyncio
+async def test_answers_still_on_their_way_when_a_process_falls_back_are_not_granted_twice(
+    proxy: FaultProxy,
+) -> None:
+    # A loaded machine: three takes of a 30-a-minute key are on their way to Redis (applied
+    # there, their answers slow but within the bound) when a fourth call meets the bound and
+    # the process falls back to counting here. The three are granted by Redis when their
+    # answers land: what is left here is three less, not the 20 the last count seen left.
+    now = [time.time() // WINDOW * WINDOW + 1.0]
+    # Each call's bound 2 s (4 times a Redis timeout of 0.5 s); every answer held 1.5 s.
+    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=0.5, probe_every=60)
+    key = 10**9 + secrets.randbelow(10**9)
+    warm = 10**9 + secrets.randbelow(10**9)
+    await asyncio.gather(*(limits.take(warm, "requests", 1, 1000) for _ in range(4)))
+    for _ in range(10):
+        assert await limits.take(key, "requests", 1, 30) is None
+    proxy.slow(1.5)
+    on_their_way = [asyncio.ensure_future(limits.take(key, "requests", 1, 30)) for _ in range(3)]
+    await _eventually(lambda: _in_redis(key, "requests", now[0]) == 13, 5, "the three applied")
+    limits.timeout = 0.1  # the fourth call has no answer within its bound
+    assert await limits.take(key, "requests", 1, 30) is None
+    assert limits.away and not any(t.done() for t in on_their_way)
+    here = []
+    while len(here) < 40 and (not here or here[-1] is None):
+        here.append(await limits.take(key, "requests", 1, 30))
+    assert await asyncio.gather(*on_their_way) == [None] * 3
+    granted = 10 + 3 + 1 + sum(a is None for a in here)
+    assert granted == 30, f"{granted} granted on a key of 30 a minute"
+    assert await limits.take(key, "requests", 1, 30) == pytest.approx(WINDOW - 1.0)
+
+
 def _another_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process from here on as one of another cluster's: another database, the same
     Redis (a key's id is a row number: both clusters have a key 1, 2, ...)."""

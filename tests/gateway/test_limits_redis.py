@@ -175,14 +175,14 @@ async def test_answers_still_on_their_way_when_a_process_falls_back_are_not_gran
     # the process falls back to counting here. The three are granted by Redis when their
     # answers land: what is left here is three less, not the 20 the last count seen left.
     now = [time.time() // WINDOW * WINDOW + 1.0]
-    # Each call's bound 2 s (4 times a Redis timeout of 0.5 s); every answer held 1.5 s.
-    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=0.5, probe_every=60)
+    # Each call's bound 4 s (4 times a Redis timeout of 1 s); every answer held 3 s.
+    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=1.0, probe_every=60)
     key = 10**9 + secrets.randbelow(10**9)
     warm = 10**9 + secrets.randbelow(10**9)
     await asyncio.gather(*(limits.take(warm, "requests", 1, 1000) for _ in range(4)))
     for _ in range(10):
         assert await limits.take(key, "requests", 1, 30) is None
-    proxy.slow(1.5)
+    proxy.slow(3.0)
     on_their_way = [asyncio.ensure_future(limits.take(key, "requests", 1, 30)) for _ in range(3)]
     await _eventually(lambda: _in_redis(key, "requests", now[0]) == 13, 5, "the three applied")
     limits.timeout = 0.1  # the fourth call has no answer within its bound

@@ -2,7 +2,12 @@
 a 10,000-line batch running on the same replica in the batch band.
 
     .venv/bin/python bench/batch.py [--lines 10000] [--rate 4] [--seconds 60]
-                                    [--slo-ms 0] [--alone-runs 3] [--bands high,normal,low]
+                                    [--slo-ms 0] [--alone-runs 3] [--beside-runs 3]
+                                    [--bands high,normal,low]
+
+The proof is ``bench/batch.py --lines 10000 --seconds 60`` with ``--slo-ms 150``, with
+``--slo-ms 80`` and with the default slo (about 10 to 15 minutes each on an idle machine:
+five live phases and the batch's rest, run flat out once live traffic stops).
 
 One sim engine (``python -m agent.sim``, its own process: ``--parallel`` slots, more wait
 their turn, each request beside another slowing a new one by ``--slowdown``) is the ready
@@ -10,27 +15,30 @@ replica of model ``chat``, whose ``slo`` is a TTFT p99 of ``--slo-ms`` (by defau
 of the live p99 measured alone: the bound admission then holds the batch to). The real gateway
 (``gateway.path.app.Gateway`` under uvicorn, its table built in memory as its state builds it
 from the database, admission as configured) routes to it. Client keys: one live key
-a band of ``--bands`` (each sends in its own phases), and ``nightly``, whose batch is
-uploaded and created with the official
-``openai`` client through the gateway's Files and Batch APIs, then run by the batch
-runner in a process of its own (``gateway.batch.runner.run_next``, as a worker runs it),
-``LLMGW_BATCH_CONCURRENCY`` lines at once, each sent back through the gateway in the
+a band of ``--bands``, and ``nightly``, whose batch is uploaded and created with the
+official ``openai`` client through the gateway's Files and Batch APIs, then run by the
+batch runner in a process of its own (``gateway.batch.runner.run_next``, as a worker runs
+it), ``LLMGW_BATCH_CONCURRENCY`` lines at once, each sent back through the gateway in the
 ``batch`` band.
 
-Phases, each printing its figures:
+Every live phase sends each band's key ``--rate`` streamed requests a second (open loop,
+the bands interleaved: every band meets the same moments of the batch, none is measured
+last) for ``--seconds``; a refused one (429) is counted, not timed. Phases, each printing
+its figures:
 
-1. live alone: ``--rate`` streamed requests a second (open loop) for ``--seconds``; the
-   client's TTFT (to the first byte of text) p50 and p99; the slo set from it; then
-   ``--alone-runs`` more such phases with the slo in force (admission acting as it will
-   beside the batch): their median p99 is the figure without the batch, their spread
-   its noise;
-2. the same live load beside the batch (started first, running the whole phase), its p99
-   over the median without it;
-3. the batch to its end: its lines, its time, lines a second, and how often its lines
+1. live alone, no slo: the client's TTFT (to the first byte of text) p50 and p99; the slo
+   set from it;
+2. ``--alone-runs`` phases alone with the slo in force (admission acting as it will beside
+   the batch);
+3. ``--beside-runs`` phases beside the batch (started first, running throughout);
+4. the batch to its end: its lines, its time, lines a second, and how often its lines
    were held back (429) by admission.
 
-Asserts nothing. Goal: the live TTFT p99 beside the batch within 10 % of its value alone,
-and the batch finished within its window (24 h).
+For each band, alone and beside: the p99 over all of that condition's phases pooled, with
+the number of first tokens it is read from (a p99 of n rests on its n/100 slowest), and
+each phase's own p99 (their spread is the figure's noise); then beside / alone. Asserts
+nothing. Goal: the live TTFT p99 beside the batch within 10 % of its value alone, and the
+batch finished within its window (24 h).
 """
 
 from __future__ import annotations
@@ -155,21 +163,35 @@ def serve(engine: str, slo_ms: list[int], heard: Heard) -> tuple[uvicorn.Server,
     return server, state, f"http://127.0.0.1:{port}"
 
 
-async def live_load(url: str, rate: float, seconds: float, band: str) -> list[float]:
-    """Streamed requests at ``rate`` a second (open loop); each one's TTFT in ms."""
-    ttfts: list[float] = []
+class Phase:
+    """One live phase's figures per band: each answered request's TTFT (ms) and how many
+    were refused (429: held at admission past their wait)."""
+
+    def __init__(self, bands: list[str]) -> None:
+        self.ttfts: dict[str, list[float]] = {band: [] for band in bands}
+        self.refused: dict[str, int] = dict.fromkeys(bands, 0)
+
+
+async def live_load(url: str, rate: float, seconds: float, bands: list[str]) -> Phase:
+    """Each band's key sends ``rate`` streamed requests a second (open loop, the bands
+    interleaved) for ``seconds``."""
+    phase = Phase(bands)
     body = {"model": "chat", "max_tokens": 8, "stream": True,
             "messages": [{"role": "user", "content": "a live question"}]}  # fmt: skip
-    headers = {"Authorization": f"Bearer {LIVE[band]}"}
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
 
-        async def one() -> None:
+        async def one(band: str) -> None:
+            headers = {"Authorization": f"Bearer {LIVE[band]}"}
             start = time.perf_counter()
             async with client.stream("POST", "/v1/chat/completions", json=body,
                                      headers=headers) as r:  # fmt: skip
+                if r.status_code == 429:
+                    await r.aread()
+                    phase.refused[band] += 1
+                    return
                 if r.status_code != 200:
-                    raise SystemExit(f"a live request was answered {r.status_code}")
+                    raise SystemExit(f"a live {band} request was answered {r.status_code}")
                 first = None
                 async for line in r.aiter_lines():
                     if (
@@ -183,23 +205,43 @@ async def live_load(url: str, rate: float, seconds: float, band: str) -> list[fl
                         first = (time.perf_counter() - start) * 1000
                 if first is None:
                     raise SystemExit("a live answer had no text")
-                ttfts.append(first)
+                phase.ttfts[band].append(first)
 
         tasks = []
         began = time.perf_counter()
-        n = int(rate * seconds)
-        for i in range(n):
-            delay = began + i / rate - time.perf_counter()
+        every = 1 / (rate * len(bands))
+        for i in range(int(rate * seconds) * len(bands)):
+            delay = began + i * every - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one()))
+            tasks.append(asyncio.ensure_future(one(bands[i % len(bands)])))
         await asyncio.gather(*tasks)
-    return ttfts
+    return phase
 
 
 def pct(values: list[float], p: float) -> float:
+    """The ``p`` percentile of ``values`` (nearest rank; nan with none)."""
+    if not values:
+        return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def pooled(phases: list[Phase], band: str) -> list[float]:
+    return [ms for phase in phases for ms in phase.ttfts[band]]
+
+
+def summary(phases: list[Phase], band: str) -> str:
+    """A band's figures over ``phases``: the pooled p50 and p99 with their count, the
+    refused, and each phase's own p99 (their spread)."""
+    every = pooled(phases, band)
+    runs = [pct(phase.ttfts[band], 99) for phase in phases]
+    refused = sum(phase.refused[band] for phase in phases)
+    rank = len(every) - min(len(every) - 1, int(0.99 * len(every)))  # the p99's place
+    thin = "; too few for a p99, fewer than 500" if len(every) < 500 else ""
+    return (f"p50 {pct(every, 50):5.0f} ms  p99 {pct(every, 99):5.0f} ms (place {rank} from "
+            f"the slowest of {len(every)} first tokens{thin}), {refused} refused; each phase's p99 "
+            f"{', '.join(f'{r:.0f}' for r in runs)} ms")  # fmt: skip
 
 
 def main() -> None:
@@ -219,27 +261,33 @@ def main() -> None:
     )
     parser.add_argument("--alone-runs", type=int, default=3,
                         help="live phases without the batch, the slo in force")  # fmt: skip
+    parser.add_argument("--beside-runs", type=int, default=3,
+                        help="live phases beside the batch")  # fmt: skip
     parser.add_argument("--bands", default="high,normal,low",
-                        help="the live keys' admission bands, each measured in turn")  # fmt: skip
+                        help="the live keys' admission bands, sending at once")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=4,
                         help="LLMGW_BATCH_CONCURRENCY: batch lines sent at once")  # fmt: skip
     args = parser.parse_args()
+    t0 = time.perf_counter()
     proc, engine = launch_sim(args)
     heard = Heard()
-    slo = [args.slo_ms or 60_000]
+    slo = [60_000]  # the first phase's: none to speak of
     server, state, url = serve(engine, slo, heard)
     bands = args.bands.split(",")
     runner: subprocess.Popen[bytes] | None = None
     try:
         print(f"sim: ttft {args.ttft * 1000:.0f} ms, {args.tps:.0f} tokens/s, "
               f"{args.parallel} slots, slowdown {args.slowdown}; batch lines "
-              f"{args.concurrency} at once; live {args.rate:g} req/s for {args.seconds:g} s "
-              f"a phase, a key of each band in turn ({', '.join(bands)})")  # fmt: skip
-        asyncio.run(live_load(url, args.rate, 5, bands[0]))  # warm: connections, the window
-        first = asyncio.run(live_load(url, args.rate, args.seconds, bands[0]))
-        print(f"live alone, no slo:  TTFT p50 {pct(first, 50):6.0f} ms  p99 "
-              f"{pct(first, 99):6.0f} ms  ({len(first)} requests)")  # fmt: skip
-        slo[0] = args.slo_ms or round(1.1 * pct(first, 99))
+              f"{args.concurrency} at once; live {args.rate:g} req/s a band "
+              f"({', '.join(bands)}, interleaved) for {args.seconds:g} s a phase; "
+              f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+        asyncio.run(live_load(url, args.rate, 5, bands))  # warm: connections, the window
+        first = asyncio.run(live_load(url, args.rate, args.seconds, bands))
+        every = [ms for band in bands for ms in first.ttfts[band]]
+        print(f"live alone, no slo: TTFT p50 {pct(every, 50):5.0f} ms  p99 "
+              f"{pct(every, 99):5.0f} ms  ({len(every)} requests, "
+              f"{sum(first.refused.values())} refused)")  # fmt: skip
+        slo[0] = args.slo_ms or round(1.1 * pct(every, 99))
         before = state.table
         state.poke()
         while state.table is before:
@@ -247,19 +295,13 @@ def main() -> None:
         print(f"the model's slo: TTFT p99 {slo[0]} ms")
         # Without the batch, the slo in force (admission as it will be beside the batch),
         # run again and again: the spread of these is the figure's own noise.
-        reference = {}
+        alone: list[Phase] = []
+        for n in range(args.alone_runs):
+            alone.append(asyncio.run(live_load(url, args.rate, args.seconds, bands)))
+            print(f"alone, phase {n + 1} of {args.alone_runs} (load average "
+                  f"{os.getloadavg()[0]:.1f})")  # fmt: skip
         for band in bands:
-            alones = []
-            for n in range(args.alone_runs):
-                alone = asyncio.run(live_load(url, args.rate, args.seconds, band))
-                alones.append(pct(alone, 99))
-                print(f"{band:>6} alone, run {n + 1}: TTFT p50 {pct(alone, 50):5.0f} ms  p99 "
-                      f"{pct(alone, 99):5.0f} ms  ({len(alone)} requests)")  # fmt: skip
-            reference[band] = sorted(alones)[(len(alones) - 1) // 2]
-            print(f"{band:>6} alone p99: median {reference[band]:.0f} ms, spread "
-                  f"{min(alones):.0f}-{max(alones):.0f} ms ({min(alones) / reference[band]:.2f}"
-                  f"-{max(alones) / reference[band]:.2f} of the median) over {len(alones)} "
-                  "runs")  # fmt: skip
+            print(f"{band:>6} alone:  {summary(alone, band)}")
 
         api = openai.OpenAI(base_url=url + "/v1", api_key=NIGHTLY, max_retries=0, timeout=120)
         rows = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
@@ -276,15 +318,24 @@ def main() -> None:
         runner = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=env)
         while api.batches.retrieve(batch.id).request_counts.completed < args.concurrency:
             time.sleep(0.2)  # the batch under way before the live phase starts
+        beside: list[Phase] = []
+        for n in range(args.beside_runs):
+            beside.append(asyncio.run(live_load(url, args.rate, args.seconds, bands)))
+            b = api.batches.retrieve(batch.id)
+            print(f"beside the batch, phase {n + 1} of {args.beside_runs}: "
+                  f"{b.request_counts.completed} batch lines done by its end, batch "
+                  f"{b.status} (load average {os.getloadavg()[0]:.1f})")  # fmt: skip
+            if b.status != "in_progress":
+                print("  the batch ended within this phase: part of it was alone")
         for band in bands:
-            beside = asyncio.run(live_load(url, args.rate, args.seconds, band))
-            during = api.batches.retrieve(batch.id).request_counts
-            print(f"{band:>6} beside the batch: TTFT p50 {pct(beside, 50):5.0f} ms  p99 "
-                  f"{pct(beside, 99):5.0f} ms  ({len(beside)} requests; {during.completed} "
-                  "batch lines done by then)")  # fmt: skip
-            print(f"{band:>6} band TTFT p99: alone {reference[band]:.0f} ms (median), beside "
-                  f"the batch {pct(beside, 99):.0f} ms: beside / alone "
-                  f"{pct(beside, 99) / reference[band]:.2f}")  # fmt: skip
+            print(f"{band:>6} beside: {summary(beside, band)}")
+        for band in bands:
+            a, b_ = pct(pooled(alone, band), 99), pct(pooled(beside, band), 99)
+            runs = [pct(phase.ttfts[band], 99) for phase in alone]
+            print(f"{band:>6} band TTFT p99: alone {a:.0f} ms ({len(pooled(alone, band))}), "
+                  f"beside the batch {b_:.0f} ms ({len(pooled(beside, band))}): beside / alone "
+                  f"{b_ / a:.2f}; alone phases {min(runs) / a:.2f}-{max(runs) / a:.2f} "
+                  "of the pooled alone")  # fmt: skip
         if runner.wait(timeout=24 * 3600) != 0:
             raise SystemExit("the batch runner failed")
         took = time.perf_counter() - started
@@ -294,7 +345,8 @@ def main() -> None:
               f"({counts.failed} failed) in {took:.0f} s ({counts.total / took:.0f} lines/s); "
               f"its lines held back by admission {heard.held} times; its window 24 h: "
               f"{'within' if done.status == 'completed' else 'NOT within'} it, "
-              f"{took / (24 * 3600):.1%} of it used")  # fmt: skip
+              f"{took / (24 * 3600):.1%} of it used; whole run {time.perf_counter() - t0:.0f} s "
+              f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
     finally:
         if runner is not None and runner.poll() is None:
             runner.terminate()

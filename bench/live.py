@@ -18,7 +18,8 @@ time, and times, for every console, from just before the API call to:
   them read by this one process, on the same machine: its own work is in the figures).
 
 Prints p50/p95 per console count (all consoles' times together, and the browser's
-alone), and the machine's load average; asserts nothing. Goal: p95 under 250 ms with
+alone), the machine's load average, and the CPU the web processes used over the changes
+(a change's cost, which a loaded machine's other work does not add to); asserts nothing. Goal: p95 under 250 ms with
 1,000 consoles on two web processes (`--consoles 1000 --workers 2`). The last line reads
 `live p95 with N consoles: <ms> ms`.
 """
@@ -77,6 +78,8 @@ OPENING = 20
 # Consoles opened again after a 1013 before their snapshot, and closed while listening.
 RETRIES = [0]
 CLOSED = [0]
+# The web process's pid (its workers are its children), for the CPU its workers use.
+WEB: list[int] = []
 
 
 def pct(values: list[float], p: float) -> float:
@@ -152,8 +155,11 @@ async def run_round(
     print(f"{consoles} console(s) open in {time.monotonic() - t:.1f} s")
     all_ms: list[float] = []
     browser_ms: list[float] = []
+    cpu_at = None
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Token {token}"}) as api:
         for i in range(-WARMUP, changes):
+            if i == 0:
+                cpu_at = (webproc.cpu_seconds(WEB[0]), time.monotonic())
             want = "cordoned" if i % 2 == 0 else "ready"
             action = "cordon" if want == "cordoned" else "uncordon"
             seen_before = [len(a) for a in arrivals]
@@ -184,6 +190,13 @@ async def run_round(
                 browser_ms.append(at_ms - t0 * 1000)
                 all_ms.append(at_ms - t0 * 1000)
             await asyncio.sleep(0.3)
+    cpu_s, took = webproc.cpu_seconds(WEB[0]) - cpu_at[0], time.monotonic() - cpu_at[1]
+    print(
+        f"{consoles} console(s): the web processes used {cpu_s:.1f} CPU s over the {changes} "
+        f"changes ({took:.0f} s, heartbeats and the API's calls included): "
+        f"{cpu_s / changes * 1000:.0f} ms a change, {cpu_s / changes / consoles * 1e6:.0f} us "
+        "a console"
+    )
     for ws, task in clients:
         task.cancel()
         await ws.close()
@@ -284,6 +297,7 @@ def main() -> None:
         LLMGW_REDIS_URL=redis, LLMGW_ALLOWED_HOSTS="127.0.0.1,localhost",
     )  # fmt: skip
     web = webproc.start(env, port, "live", args.workers)
+    WEB.append(web.pid)
     base = f"http://127.0.0.1:{port}"
     try:
         results = asyncio.run(measure(base, cookies, token, node, args.consoles, args.changes))

@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from cluster import agentjoin, services
+from cluster import agentjoin, services, tenancy, wake
 from cluster.models import Node, Quota
 from llmgw_core.roles import OPERATOR, RoleAdminMixin
 
@@ -69,15 +69,11 @@ class QuotaAdmin(RoleAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     fields = ("owner", "parent", "cards", "cpu_cores", "tpm")
 
     def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
-        from cluster import tenancy, wake
-
         super().save_model(request, obj, form, change)
         services.log_action(request.user, "quota set", obj.owner, tenancy.describe(obj), "admin")
         wake.reconcile_soon()
 
     def delete_model(self, request: HttpRequest, obj: Quota) -> None:
-        from cluster import wake
-
         services.log_action(request.user, "quota removed", obj.owner, "", "admin")
         super().delete_model(request, obj)
         wake.reconcile_soon()

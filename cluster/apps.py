@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from cluster import relay
+from llmgw_core.events import Event, derive, register, relay_with
+
 
 class ClusterConfig(AppConfig):
     """Nodes, their cards, replicas, placement and the agents' API."""
@@ -13,8 +16,9 @@ class ClusterConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from cluster import relay, signals
-        from llmgw_core.events import Event, derive, register, relay_with
+        # Imported here: cluster.signals imports models, which load with the apps, after
+        # this module.
+        from cluster import signals  # noqa: PLC0415
 
         # The cluster's live events (llmgw_core.events; their renderers: cluster.live).
         register(
@@ -33,6 +37,7 @@ class ClusterConfig(AppConfig):
 
 def _models_of_replicas(pks: set[int]) -> list[str]:
     """Return the models of these replicas (those that still exist)."""
-    from cluster.models import Replica
+    # Imported here: models load with the apps, after this module.
+    from cluster.models import Replica  # noqa: PLC0415
 
     return list(Replica.objects.filter(pk__in=pks).values_list("model_name", flat=True))

@@ -39,7 +39,8 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.contrib.auth import get_user_model
+from django.db import close_old_connections, transaction
 
 from catalog import rules
 from catalog import services as catalog_services
@@ -369,7 +370,8 @@ def start(model: str, profile: str | None, user: Any, surface: str, via: str = "
     events.changed(models=[model])
     user_id = getattr(user, "pk", None)
     if settings.REDIS_URL:
-        from cluster.tasks import bench_profile
+        # Imported here: cluster.tasks imports this module (its task runs the bench).
+        from cluster.tasks import bench_profile  # noqa: PLC0415
 
         transaction.on_commit(lambda: bench_profile.delay(model, profile, user_id, surface, via))
     else:
@@ -382,9 +384,6 @@ def start(model: str, profile: str | None, user: Any, surface: str, via: str = "
 def in_background(model: str, profile: str | None, user_id: int | None, surface: str,
                   via: str) -> None:  # fmt: skip
     """The background part of ``start`` (the worker's task, or the thread)."""
-    from django.contrib.auth import get_user_model
-    from django.db import close_old_connections
-
     close_old_connections()
     try:
         user = get_user_model().objects.filter(pk=user_id).first() if user_id else None

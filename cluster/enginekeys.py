@@ -17,6 +17,8 @@ import functools
 import hashlib
 import hmac
 
+from django.conf import settings
+
 # Says what a leaked string is (a log scrubber, a secret scanner), and never a client key's
 # or a node token's prefix.
 PREFIX = "llmgw_engine_"
@@ -31,8 +33,6 @@ def _derive(secret: str, replica_id: int) -> str:
 def engine_key(replica_id: int, secret: str | None = None) -> str:
     """Return replica ``replica_id``'s engine key (``secret``: the settings' by default)."""
     if secret is None:
-        from django.conf import settings
-
         secret = str(settings.SECRET_KEY)
     return _derive(secret, int(replica_id))
 

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from django.conf import settings
+
+from catalog.services import stored_specs
 from catalog.spec import Model
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.models import Node, Replica
 
 # What each engine is, and how a node gets it. The agent reports the engines it finds
 # (agent/discovery.py); a node that has one runs it after its agent restarts.
@@ -137,9 +142,6 @@ def weights_hints(
 
 def node_engines() -> list[NodeEngines]:
     """Read every node's engines (one query)."""
-    from cluster.choices import NodeHealth
-    from cluster.models import Node
-
     return [
         NodeEngines(name, health == NodeHealth.READY and not cordoned, simulated, frozenset(eng))
         for name, health, cordoned, simulated, eng in Node.objects.values_list(
@@ -150,15 +152,9 @@ def node_engines() -> list[NodeEngines]:
 
 def hints_for(names: Iterable[str]) -> dict[str, Hint]:
     """Return the hints for these catalog models, read from the database."""
-    from django.conf import settings
-
-    from catalog.services import stored_specs
-
     wanted = set(names)
     if not wanted:
         return {}
-    from cluster.choices import ReplicaState
-    from cluster.models import Replica
 
     weights = str(Path(settings.DATA_DIR) / "agent" / "weights")
     models = stored_specs(names=wanted)

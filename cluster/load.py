@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from redis import Redis
 
 from cluster.scaling import Load, quantile_ms
 from llmgw_core import rediskeys
@@ -59,8 +60,6 @@ def _timeout() -> float:
 def _redis() -> Any:
     global _client
     if _client is None:
-        from redis import Redis
-
         _client = Redis.from_url(
             settings.REDIS_URL, socket_timeout=_timeout(), socket_connect_timeout=_timeout()
         )

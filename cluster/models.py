@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from cluster.address import node_host
 from cluster.choices import FacilityLevel, NodeHealth, ReplicaState
+from cluster.quotas import check
 
 JOIN_PREFIX = "llmgw_join_"
 NODE_PREFIX = "llmgw_node_"
@@ -416,8 +417,6 @@ class Quota(models.Model):
         return self.owner
 
     def clean(self) -> None:
-        from cluster.quotas import check
-
         errors = check(self.owner, self.parent, self.cards, self.cpu_cores)
         if errors:
             raise ValidationError(errors)

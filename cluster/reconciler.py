@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -807,8 +807,6 @@ def run_forever(interval: float, stop: threading.Event | None = None) -> None:
     The embedded mode's loop. Setting ``stop`` takes effect at the next wake-up or
     interval; ``wake.wake()`` makes that now.
     """
-    from django.db import close_old_connections
-
     stop = stop or threading.Event()
     start_listening()
     wake.loop_started()

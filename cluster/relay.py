@@ -31,6 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from llmgw_core import events, lean
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,6 @@ class BadEvent(ValueError):
 def path(data_dir: Path | str | None = None) -> Path:
     """The socket's path in ``data_dir`` (default: the settings' data folder)."""
     if data_dir is None:
-        from django.conf import settings
-
         data_dir = settings.DATA_DIR
     return Path(data_dir) / SOCKET_NAME
 
@@ -163,7 +163,8 @@ def listen(data_dir: Path | str | None = None) -> Path | None:
 
 
 def _receive(sock: socket.socket) -> None:
-    from cluster import wake
+    # Imported here: cluster.wake imports this module (it sends a wake through the relay).
+    from cluster import wake  # noqa: PLC0415
 
     while True:
         data = sock.recv(MAX_DATAGRAM)

@@ -240,7 +240,8 @@ def drain(node: Node, force: bool = False) -> Drained:
     node; if it would be the model's last, the drain is refused (``DrainRefused``, nothing
     changed) unless ``force``.
     """
-    from cluster.services import stop_replicas
+    # Imported here: cluster.services imports this module.
+    from cluster.services import stop_replicas  # noqa: PLC0415
 
     Node.objects.select_for_update().filter(pk=node.pk).first()
     here = list(
@@ -402,8 +403,9 @@ def _replace_elsewhere(
 
 def _evict(evictions: list[placement.Eviction], node: str) -> None:
     """Evict now what a forced drain's replacements need: their room frees for them."""
-    from cluster.reconciler import release_assignments
-    from cluster.services import bump_desired
+    # Imported here: cluster.reconciler and cluster.services import this module.
+    from cluster.reconciler import release_assignments  # noqa: PLC0415
+    from cluster.services import bump_desired  # noqa: PLC0415
 
     for e in evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))

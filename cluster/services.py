@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from catalog import rules
 from catalog.models import ServedModel
-from cluster import wake
+from cluster import replace, wake
 from cluster.address import host_port
 from cluster.agentinput import AgentError
 from cluster.choices import ReplicaState
@@ -86,8 +86,6 @@ def drain(node: Node, force: bool = False) -> Any:
     Refused (``cluster.replace.DrainRefused``, nothing changed) when a model would be left
     with no ready replica, unless ``force``; see ``cluster.replace.drain``.
     """
-    from cluster import replace
-
     return replace.drain(node, force)
 
 

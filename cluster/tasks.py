@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task, signals
 from django.conf import settings
 
-from cluster import reconciler, workertimer
+from cluster import benchrun, reconciler, workertimer
 
 
 @shared_task(ignore_result=True)
@@ -23,8 +23,6 @@ def bench_profile(
     model: str, profile: str | None, user_id: int | None, surface: str, via: str
 ) -> None:
     """Measure a profile's capacity and write it (cluster.benchrun.start's worker part)."""
-    from cluster import benchrun
-
     benchrun.in_background(model, profile, user_id, surface, via)
 
 

@@ -11,8 +11,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from cluster import quotas
+from cluster import quotas, wake
 from cluster.models import Assignment, Card, Quota, Replica
+from cluster.services import log_action
 from llmgw_core.refused import Refused
 
 
@@ -26,8 +27,6 @@ class QuotaRefused(Refused, ValueError):
 
 def _wake() -> None:
     """The reconciler ticks soon: a replica waiting on a quota may place now."""
-    from cluster import wake
-
     wake.reconcile_soon()
 
 
@@ -42,8 +41,6 @@ def set_quota(
     via: str = "",
 ) -> Quota:
     """Write ``owner``'s quota (made or replaced whole); refused as ``QuotaRefused``."""
-    from cluster.services import log_action
-
     q = Quota.objects.filter(owner=owner).first() or Quota(owner=owner)
     q.parent, q.cards, q.cpu_cores, q.tpm = parent, dict(cards or {}), cpu_cores, tpm
     try:
@@ -60,8 +57,6 @@ def set_quota(
 
 
 def delete_quota(owner: str, *, user: Any = None, via: str = "") -> None:
-    from cluster.services import log_action
-
     q = Quota.objects.filter(owner=owner).first()
     if q is None:
         raise QuotaRefused({"owner": [f"no quota for {owner!r} (cluster quota list shows them)"]})

@@ -31,6 +31,8 @@ import time
 from django.conf import settings
 from django.db import transaction
 
+from cluster import relay
+
 log = logging.getLogger(__name__)
 
 COALESCE = 0.2  # seconds
@@ -57,8 +59,6 @@ def _wake_up() -> None:
         _wake.set()
         return
     if not settings.REDIS_URL:
-        from cluster import relay
-
         if not relay.listening():
             relay.send_wake()
         return
@@ -67,7 +67,8 @@ def _wake_up() -> None:
         if now - _sent_at < COALESCE:
             return  # one on its way runs after this commit
         _sent_at = now
-    from cluster.tasks import reconcile_cluster
+    # Imported here: cluster.tasks imports the reconciler, which imports this module.
+    from cluster.tasks import reconcile_cluster  # noqa: PLC0415
 
     interval = float(settings.LLMGW_RECONCILE_INTERVAL)
     try:

@@ -19,7 +19,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from django.db import close_old_connections
 from django.utils import timezone
+
+from cluster import reconciler, wake
+from cluster.models import ControlMark
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,6 @@ def due(last: datetime | None, now: datetime, interval: float) -> bool:
 
 def last_tick() -> datetime | None:
     """Return when the last tick finished, in any process (``cluster.marks``)."""
-    from cluster.models import ControlMark
-
     mark = ControlMark.objects.filter(kind=ControlMark.TICK).only("at").first()
     return mark.at if mark else None
 
@@ -52,10 +54,6 @@ def run(
     now: Callable[[], datetime] = timezone.now,
 ) -> None:
     """Tick when due or woken, looking every ``LOOK_EVERY`` of ``interval``, until ``stop``."""
-    from django.db import close_old_connections
-
-    from cluster import reconciler, wake
-
     stop = stop or threading.Event()
     reconciler.start_listening(role="worker")
     wake.loop_started()

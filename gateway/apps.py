@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from catalog import timeouts
+from gateway.records import traffic
+from llmgw_core.events import Event, register
+
 
 class GatewayConfig(AppConfig):
     name = "gateway"
@@ -11,12 +15,10 @@ class GatewayConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from catalog import timeouts
-        from cluster import benchrun
-        from gateway import services, signals
-        from gateway.path import routing
-        from gateway.records import traffic
-        from llmgw_core.events import Event, register
+        # Imported here: they import models, which load with the apps, after this module.
+        from cluster import benchrun  # noqa: PLC0415
+        from gateway import services, signals  # noqa: PLC0415
+        from gateway.path import routing  # noqa: PLC0415
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
         # them (catalog.timeouts.explain): the gateway's settings.

@@ -11,6 +11,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from django.db.models import Sum
+
+from gateway.models import Usage
+
 WHICH = ("key", "owner", "model")
 
 
@@ -44,10 +48,6 @@ class Row:
 def per_model(since: dt.datetime, **which: str) -> list[Row]:
     """Per model, the usage since ``since`` of the one key, owner or model named (one
     query, grouped in the database), the most prompt tokens first."""
-    from django.db.models import Sum
-
-    from gateway.models import Usage
-
     ((field, name),) = which.items()
     if field not in WHICH:
         raise ValueError(f"name one of {', '.join(WHICH)}")

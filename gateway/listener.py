@@ -116,8 +116,7 @@ def protocol(header: float, body: float) -> type[TimedHttp]:
                                             "body_timeout": float(body)})  # fmt: skip
 
 
-def from_settings() -> type[TimedHttp]:
-    """``protocol`` with ``LLMGW_HTTP_HEADER_TIMEOUT`` and ``LLMGW_HTTP_BODY_TIMEOUT``."""
-    from django.conf import settings
-
+def from_settings(settings: Any) -> type[TimedHttp]:
+    """``protocol`` with the settings' ``LLMGW_HTTP_HEADER_TIMEOUT`` and
+    ``LLMGW_HTTP_BODY_TIMEOUT`` (``django.conf.settings`` or anything with those names)."""
     return protocol(settings.LLMGW_HTTP_HEADER_TIMEOUT, settings.LLMGW_HTTP_BODY_TIMEOUT)

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 
 from catalog.models import ServedModel
+from cluster.models import Assignment
 from gateway.models import Peer
 from gateway.path import federation
 from gateway.records.traffic import SPAN, Window, slo_verdict
@@ -63,8 +64,6 @@ def traffic_rows(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def ejected_rows(ejected: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     """The ejected replicas as the panel lists them: with their node's name (the leader's,
     when the replica is gone: none) and the seconds until they come back."""
-    from cluster.models import Assignment
-
     nodes = dict(
         Assignment.objects.filter(replica_id__in=[e["replica"] for e in ejected], rank=0)
         .values_list("replica_id", "node__name")

@@ -10,6 +10,8 @@ from django.core.exceptions import ValidationError
 from django.db import models as db
 from django.utils.translation import gettext_lazy as _
 
+from gateway.path.federation import name_problem
+
 # Stored as SHA-256, as API tokens are: 32 random bytes need no salt, and checking one
 # stays cheap on every request (the gateway's table holds keys by the same digest).
 from gateway.path.table import KEY_PREFIX
@@ -279,8 +281,6 @@ class StoredResponse(db.Model):
 
 
 def validate_peer_name(value: str) -> None:
-    from gateway.path.federation import name_problem
-
     why = name_problem(value)
     if why:
         raise ValidationError(why, code="name")

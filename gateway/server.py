@@ -30,7 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from django.conf import settings
 
+from gateway import listener
+from gateway.records import history, refusals, usage
+from guard import records
+from llmgw_core import workers
 from llmgw_core.refused import Refused
 
 APP = "gateway.asgi:application"
@@ -117,9 +122,6 @@ def where(sock: socket.socket) -> str:
 def run(sock: socket.socket, say: Callable[[str], None]) -> None:
     """Serve on ``sock`` (from ``listen``) until SIGINT or SIGTERM; ``say`` the line that
     tells where, once it listens."""
-    from gateway.records import history, refusals, usage
-    from guard import records
-
     signal.signal(signal.SIGTERM, _exit)
     # The guard's decisions on this process's traffic, its usage and its refusal records,
     # written off the request path.
@@ -137,8 +139,6 @@ def run_workers(
     each on a socket of its own bound with ``SO_REUSEPORT``; the parent keeps ``sock``
     (bound, not listening) so no other program takes the port while a worker restarts.
     Returns the parent's exit status after a stop."""
-    from llmgw_core import workers
-
     host, port = sock.getsockname()[:2]
     url = where(sock)
 
@@ -159,8 +159,6 @@ def run_workers(
 
 def config() -> uvicorn.Config:
     """The server's settings (the socket is ``listen``'s)."""
-    from gateway import listener
-
     return uvicorn.Config(
         APP,
         lifespan="off",
@@ -169,7 +167,7 @@ def config() -> uvicorn.Config:
         proxy_headers=False,
         # Headers and bodies read within their timeouts (gateway.listener); idle
         # kept-alive connections closed after KEEP_ALIVE.
-        http=coalescing(listener.from_settings()),
+        http=coalescing(listener.from_settings(settings)),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )  # fmt: skip
@@ -248,10 +246,12 @@ class Server(uvicorn.Server):
 
 
 def _listening(sock: socket.socket, say: Callable[[str], None]) -> None:
+    # Imported here: importing gateway.asgi builds the gateway; only a process serving it
+    # alone does, once it listens.
+    from gateway.asgi import assembly, state  # noqa: PLC0415
+
     # The table's reader starts now, not with the first request: a load balancer's
     # /healthz sees this process ready once it has read the table (gateway.path.health).
-    from gateway.asgi import assembly, state
-
     _frozen()
     state.start(asyncio.get_running_loop())
     if assembly.traffic is not None:

@@ -21,9 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from http.cookies import SimpleCookie
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user
+from django.db import DatabaseError, connection
+from django.middleware.csrf import InvalidTokenFormat, _check_token_format, _does_token_match
 
 from catalog.rules.names import shown
 from gateway.path import body as bodies
@@ -31,6 +36,8 @@ from gateway.path import errors
 from gateway.path.cycle import Cycle, read_body, send_error
 from gateway.path.errors import ApiError
 from gateway.path.table import Key
+from llmgw_core.lean import headers
+from llmgw_core.roles import VIEWER, has_role
 
 if TYPE_CHECKING:
     from gateway.path.app import Gateway
@@ -94,12 +101,6 @@ class SessionChat:
 
 def _session_key(scope: dict[str, Any]) -> Key:
     """The signed-in user as a pseudo-key; ApiError (401/403) otherwise."""
-    from django.contrib.auth import get_user
-    from django.db import DatabaseError, connection
-
-    from llmgw_core.lean import headers
-    from llmgw_core.roles import VIEWER, has_role
-
     try:
         head = headers(scope)
         cookies = _cookies(head.get(b"cookie", b"").decode("latin-1"))
@@ -107,7 +108,6 @@ def _session_key(scope: dict[str, Any]) -> Key:
         host = head.get(b"host", b"")
         if origin is not None and origin.split(b"://", 1)[-1] != host:
             raise errors.chat_origin()
-        from importlib import import_module
 
         store = import_module(settings.SESSION_ENGINE).SessionStore(
             cookies.get(settings.SESSION_COOKIE_NAME)
@@ -137,8 +137,6 @@ def _session_key(scope: dict[str, Any]) -> Key:
 
 
 def _csrf_ok(token: str, secret: str) -> bool:
-    from django.middleware.csrf import InvalidTokenFormat, _check_token_format, _does_token_match
-
     if not token or not secret:
         return False
     try:
@@ -150,8 +148,6 @@ def _csrf_ok(token: str, secret: str) -> bool:
 
 
 def _cookies(header: str) -> dict[str, str]:
-    from http.cookies import SimpleCookie
-
     jar = SimpleCookie()
     try:
         jar.load(header)

@@ -55,10 +55,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
 from gateway.path import series
 from gateway.path.admission import Gate
 from gateway.path.limits import LOG_EVERY_S, SLOW_FACTOR, said, timeout_setting
-from guard import breaker
+from guard import breaker, checks
 from llmgw_core import rediskeys
 
 if TYPE_CHECKING:
@@ -176,10 +180,6 @@ class Shared:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.timeout = (timeout_setting() if timeout is None else timeout) * SLOW_FACTOR
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=64, timeout=self.timeout, socket_timeout=self.timeout,
@@ -194,8 +194,6 @@ class Shared:
         self.outliers = outliers
         self.observer = observer
         if breakers is None:
-            from guard import checks
-
             breakers = checks.BREAKERS
         self.breakers = breakers
         self.every = every

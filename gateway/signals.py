@@ -13,7 +13,11 @@ import logging
 import threading
 from typing import Any
 
+from django.db import close_old_connections
+
 from cluster.signals import reconcile_tick
+from gateway import peers
+from gateway.models import Peer
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +29,6 @@ last: threading.Thread | None = None
 def _tick(sender: Any, **kwargs: Any) -> None:
     global last
     try:
-        from gateway.models import Peer
-
         if not Peer.objects.exists():
             return
         if _refreshing.acquire(blocking=False):
@@ -37,10 +39,6 @@ def _tick(sender: Any, **kwargs: Any) -> None:
 
 
 def _refresh() -> None:
-    from django.db import close_old_connections
-
-    from gateway import peers
-
     try:
         peers.refresh_due()
     except Exception:

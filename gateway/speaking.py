@@ -14,6 +14,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from gateway import stored
 from gateway.path import body as bodies
 from gateway.path import errors
 from gateway.path.answer import told_of
@@ -44,8 +45,6 @@ async def serve_dialect(
     assert dialect is not None
     if path not in (messages.PATH, messages.COUNT_PATH, "/v1/responses"):
         # GET and DELETE /v1/responses/{id}: a stored response (gateway.stored).
-        from gateway import stored
-
         await stored.answer(cycle, method, path, scope.get("query_string", b""))
         return
     if method != "POST":
@@ -58,8 +57,6 @@ async def serve_dialect(
         await count_tokens(parts, cycle, raw)
         return
     if path == "/v1/responses":
-        from gateway import stored
-
         await stored.before(cycle, raw)
         await complete(cycle, bodies.CHAT, raw)
         stored.after(parts, cycle)
@@ -71,7 +68,8 @@ async def serve_dialect(
 def _began(parts: Parts, cycle: Cycle) -> None:
     """A stored response that named no session begins one, keyed by its id: the turn that
     continues it (``previous_response_id``) goes to the replica that answered it."""
-    from gateway.path.app import affinity_key
+    # Imported here: gateway.path.app imports this module (it routes the dialects here).
+    from gateway.path.app import affinity_key  # noqa: PLC0415
 
     dialect = cycle.dialect
     response = getattr(dialect, "response", None)

@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from gateway.models import StoredResponse
 from gateway.path import body as bodies
 from gateway.path import errors
 from gateway.path.dialects import responses, sessions
@@ -85,8 +86,6 @@ async def _run(work: Any, *args: Any, timeout: float) -> Any:
 
 
 def _read(owner: str, response_id: str) -> dict[str, Any] | None:
-    from gateway.models import StoredResponse
-
     row = StoredResponse.objects.filter(id=response_id, owner=owner).first()
     if row is None:
         return None
@@ -95,22 +94,16 @@ def _read(owner: str, response_id: str) -> dict[str, Any] | None:
 
 
 def _write(row: dict[str, Any]) -> None:
-    from gateway.models import StoredResponse
-
     StoredResponse.objects.update_or_create(id=row.pop("id"), defaults=row)
 
 
 def _delete(owner: str, response_id: str) -> int:
-    from gateway.models import StoredResponse
-
     return StoredResponse.objects.filter(id=response_id, owner=owner).delete()[0]
 
 
 def prune(days: int | None = None, now: dt.datetime | None = None) -> int:
     """Delete stored responses older than ``days`` (``LLMGW_RESPONSES_KEEP``), in chunks;
     return how many went."""
-    from gateway.models import StoredResponse
-
     days = settings.LLMGW_RESPONSES_KEEP if days is None else days
     cutoff = (now or timezone.now()) - dt.timedelta(days=days)
     deleted = 0

@@ -4,8 +4,10 @@ called by a thread of the web process, ``llmgw_admin.jobs``)."""
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 
 from gateway import stored
+from gateway.batch import runner, store
 from gateway.records import history, refusals
 
 
@@ -37,16 +39,10 @@ BATCH_TIME_LIMIT_S = 26 * 3600
 def run_batches() -> int:
     """Run (or resume) the oldest batch not ended that no other runner holds
     (``gateway.batch.runner``)."""
-    from gateway.batch import runner
-
     return runner.run_next()
 
 
 @shared_task(ignore_result=True)
 def prune_files() -> int:
     """Delete files and ended batches older than ``LLMGW_FILES_KEEP`` days."""
-    from django.conf import settings
-
-    from gateway.batch import store
-
     return store.prune(settings.LLMGW_FILES_KEEP)

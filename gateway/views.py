@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+import time
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,15 +20,26 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import F, OuterRef, QuerySet, Subquery, Sum
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from gateway import cacheshare, keys, services
+from catalog.models import Adapter, ServedModel
+from cluster.models import Replica
+from cluster.placement import unplaceable
+from cluster.services import no_room
+from cluster.views.pages import wake_room
+from gateway import cacheshare, keys, live, peers, services
+from gateway.batch import routes, store
+from gateway.batch import status as batch_status
 from gateway.filtersets import RefusalFilterSet
-from gateway.models import PRIORITIES, ClientKey, Refusal, Usage
-from llmgw_core.roles import OPERATOR, VIEWER, role_required
+from gateway.live import render_traffic
+from gateway.models import PRIORITIES, ClientKey, Refusal, TrafficPoint, Usage
+from gateway.records import history
+from gateway.session import PATH
+from llmgw_core.roles import OPERATOR, VIEWER, has_role, role_required
 
 VIA = "console"
 
@@ -163,13 +175,6 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 def chat(request: HttpRequest) -> HttpResponse:
     """Chat with any cluster model (never a judge, never an external one) through the
     gateway and its guard, as the signed-in user (``gateway.session``)."""
-    from catalog.models import Adapter, ServedModel
-    from cluster.models import Replica
-    from cluster.placement import unplaceable
-    from cluster.services import no_room
-    from cluster.views.pages import wake_room
-    from gateway.session import PATH
-
     rows = list(
         ServedModel.objects.exclude(role="guard")
         .filter(external_url="")
@@ -244,11 +249,6 @@ def _chat_note(
 @require_GET
 def traffic(request: HttpRequest) -> HttpResponse:
     """Each model's live traffic, pushed once a second (``gateway.live``)."""
-    from django.utils.safestring import mark_safe
-
-    from gateway.live import render_traffic
-    from gateway.models import TrafficPoint
-
     recorded = sorted(set(TrafficPoint.objects.values_list("model", flat=True)[:1000]))
     context = {"panel": mark_safe(render_traffic()), "recorded": recorded}
     model = request.GET.get("model")
@@ -259,10 +259,6 @@ def traffic(request: HttpRequest) -> HttpResponse:
 
 def history_context(request: HttpRequest, **which: str) -> dict[str, Any]:
     """The history partial's context for a model, a key or an owner (``gateway.records.history``)."""
-    from django.utils.http import urlencode
-
-    from gateway.records import history
-
     span = request.GET.get("span", "day")
     if span not in history.SPANS:
         span = "day"
@@ -359,11 +355,6 @@ def chat_state(request: HttpRequest) -> HttpResponse:
     (a model woken from zero, a replica starting or loading) until the first token, and
     says it under the conversation. ``?model=`` is a model's or an adapter's name.
     """
-    from django.http import JsonResponse
-
-    from catalog.models import Adapter
-    from cluster.models import Replica
-
     name = request.GET.get("model", "")
     base = Adapter.objects.filter(name=name).values_list("model__name", flat=True).first() or name
     replicas = [
@@ -389,15 +380,10 @@ BATCHES_SHOWN = 200
 
 
 def _batches_context(notice: str = "") -> dict[str, Any]:
-    import time
-    from datetime import UTC
-
-    from gateway.batch import status, store
-
     now = time.time()
     found = store.list_batches(None)
     rows = [{"batch": b, "created": datetime.fromtimestamp(b["created_at"], tz=UTC),
-             **status.progress(b, now)} for b in found[:BATCHES_SHOWN]]  # fmt: skip
+             **batch_status.progress(b, now)} for b in found[:BATCHES_SHOWN]]  # fmt: skip
     running = any(not r["ended"] for r in rows)
     return {"rows": rows, "running": running, "more": max(0, len(found) - BATCHES_SHOWN),
             "refresh_s": BATCHES_FAST_S if running else BATCHES_SLOW_S,
@@ -422,8 +408,6 @@ def batch_list(request: HttpRequest) -> HttpResponse:
 def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     """Cancel a batch: the runner stops sending its lines; what finished is kept. Answers
     the page's table (htmx) or goes back to the page."""
-    from gateway.batch import routes
-
     batch = routes.cancel(None, batch_id)
     if batch is None:
         said, level = f"No batch {batch_id}.", messages.ERROR
@@ -452,11 +436,6 @@ class PeerForm(forms.Form):
 def _peers_page(
     request: HttpRequest, form: PeerForm | None = None, status: int = 200
 ) -> HttpResponse:
-    from django.utils.safestring import mark_safe
-
-    from gateway import live
-    from llmgw_core.roles import has_role
-
     # The peers' panel is the fragment the live view pushes (gateway.live).
     panel = mark_safe(live.render_peers(has_role(request.user, OPERATOR)))  # noqa: S308
     context = {"panel": panel, "form": form or PeerForm()}
@@ -473,8 +452,6 @@ def peer_list(request: HttpRequest) -> HttpResponse:
 @role_required(OPERATOR)
 @require_POST
 def peer_add(request: HttpRequest) -> HttpResponse:
-    from gateway import peers
-
     form = PeerForm(request.POST)
     if not form.is_valid():
         return _peers_page(request, form=form, status=400)
@@ -496,8 +473,6 @@ def peer_add(request: HttpRequest) -> HttpResponse:
 @require_POST
 def peer_remove(request: HttpRequest, peer: str) -> HttpResponse:
     """Remove a peer and its models (a peer's name, never a model's: lowercase, no /)."""
-    from gateway import peers
-
     name = peer
     try:
         removed = peers.remove_peer(name, user=request.user, via=VIA)

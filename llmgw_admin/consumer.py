@@ -13,7 +13,9 @@ each top-level element by id (out of band). Nothing is written over the socket.
 
 Each process subscribes to the channel layer once per group (llmgw_admin.hub) and hands
 events to its consoles; rendering is shared: every console of a process gets the same
-HTML for the same event and role, rendered once (bench/live.py).
+HTML for the same event and role, rendered once (bench/live.py), and consoles opening
+together with the same regions and role get one snapshot, read and rendered once
+(``Hub.share``).
 
 A console is refused cleanly, never with an error: while Redis is away (accepted, then
 closed with 1013, so the page retries), when subscribing takes longer than
@@ -69,8 +71,10 @@ JOIN_TIMEOUT_S = 2.0
 # The longest one send to the browser may wait (a browser that reads nothing): past it
 # the console is closed with 1013 and the page reconnects.
 SEND_TIMEOUT_S = 5.0
-# The longest an event waits for the console's snapshot to be sent first.
+# The longest an event waits for the console's snapshot to be sent first, and the longest
+# a console waits for its snapshot to be read and rendered (past it: closed with 1013).
 READY_TIMEOUT_S = 8.0
+SNAPSHOT_TIMEOUT_S = READY_TIMEOUT_S
 # What the hub's heartbeat sends (llmgw_admin.hub.BEAT): a comment htmx swaps nothing
 # for; static/llmgw/console.js counts it as heard and says "stale" without it.
 BEAT_TEXT = "<!-- llmgw:beat -->"
@@ -171,7 +175,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
         self.closing = True
-        await asyncio.wait_for(super().close(code=code, reason=reason), SEND_TIMEOUT_S)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await super().close(code=code, reason=reason)
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
                    close: bool = False) -> None:  # fmt: skip
@@ -180,10 +185,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closing:
             return
         try:
-            await asyncio.wait_for(
-                super().send(text_data=text_data, bytes_data=bytes_data, close=close),
-                SEND_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for (a task of each send on Python 3.11): this runs
+            # once per console for every event and heartbeat.
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
         except TimeoutError:
             log.warning("a live console took over %.0f s to take a message: closed",
                         SEND_TIMEOUT_S)  # fmt: skip
@@ -275,8 +280,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # that stayed in it unready held back events (each member's are its own now, and
         # bounded, but a console the browser left must not linger).
         try:
-            html, nodes, models = await database_sync_to_async(self._snapshot)()
-            self.shown_nodes, self.shown_models = nodes, models
+            html, nodes, models = await self._first_state()
+        except BaseException as exc:
+            self._forget()
+            self.ready.set()
+            if isinstance(exc, TimeoutError):
+                log.warning("a live console's snapshot was not ready within %.0f s: closed",
+                            SNAPSHOT_TIMEOUT_S)  # fmt: skip
+            elif isinstance(exc, Exception):
+                log.exception("the live console's snapshot failed; the page retries")
+            else:
+                raise
+            await self._close_quietly(LAYER_AWAY)
+            return
+        try:
+            self.shown_nodes, self.shown_models = set(nodes), set(models)
             await self.send(text_data=html)
         except BaseException as exc:
             # The browser left as the snapshot was read or sent (uvicorn's
@@ -297,20 +315,39 @@ class LiveConsumer(AsyncWebsocketConsumer):
             gateway_live.WINDOW.listen()  # subscribed: the gateways' seconds come from now
             self.traffic_task = asyncio.get_running_loop().create_task(self._push_traffic())
 
-    def _snapshot(self) -> tuple[str, set[int], set[str]]:
+    async def _first_state(self) -> tuple[str, frozenset[int], frozenset[str]]:
+        """This console's snapshot, read and rendered once for every console of the
+        process that shows the same regions to the same role and joins before an event
+        of its groups arrives (``Hub.share``)."""
+        listed = frozenset(self.listed) if self.listed is not None else None
+        view = tuple(sorted(self.updates_view.items())) if self.updates_view is not None else None
+        key = ("snapshot", tuple(self.topics), self.can_act, self.model, self.evaluation, listed,
+               view)  # fmt: skip
+        groups = [events.TOPICS[t] for t in self.topics]
+        return await hub().share(
+            key, groups, database_sync_to_async(self._snapshot), SNAPSHOT_TIMEOUT_S
+        )
+
+    def _snapshot(self) -> tuple[str, frozenset[int], frozenset[str]]:
+        """What a console shows first; made for every console that shares its key
+        (``_first_state``), so it reads only what that key holds."""
         if self.updates_view is not None:
-            return "", set(), set()  # the page's own render is its snapshot
+            return "", frozenset(), frozenset()  # the page's own render is its snapshot
         if self.listed is not None:
             cells = cluster_live.ready_changed(sorted(self.listed), self.can_act)
-            return "\n".join(h for h in cells.values() if h), set(), set()
+            return "\n".join(h for h in cells.values() if h), frozenset(), frozenset()
         html = snapshot(self.topics, self.can_act, self.model, self.evaluation)
-        nodes = {r.pk for r in cluster_live.node_rows()} if "nodes" in self.topics else set()
+        nodes = (
+            frozenset(r.pk for r in cluster_live.node_rows())
+            if "nodes" in self.topics
+            else frozenset()
+        )
         if "models" not in self.topics:
-            models: set[str] = set()
+            models: frozenset[str] = frozenset()
         elif self.model is not None:
-            models = {self.model}
+            models = frozenset({self.model})
         else:
-            models = {r.name for r in cluster_live.model_rows()}
+            models = frozenset(r.name for r in cluster_live.model_rows())
         return html, nodes, models
 
     async def disconnect(self, code: int) -> None:
@@ -370,7 +407,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         its type names (``cluster.nodes_changed``: ``cluster_nodes_changed``), one for each
         event of ``llmgw_core.events.EVENTS``."""
         try:
-            await asyncio.wait_for(self.ready.wait(), READY_TIMEOUT_S)
+            if not self.ready.is_set():
+                async with asyncio.timeout(READY_TIMEOUT_S):
+                    await self.ready.wait()
         except TimeoutError:
             log.warning("a live console was not ready within %.0f s: closed", READY_TIMEOUT_S)
             self._forget()

@@ -24,11 +24,18 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from django.db import transaction
+
 from agent import discovery
+from catalog.choices import Surface
+from catalog.durations import parse_duration
+from catalog.spec import Model, Profile, ScaleWindow, Scaling
+from guard import known
+from guard import policy as policy_rules
 
 OFF = ("off", "false")
 # Each in-process agent is a few threads in the web process: more is a real cluster's job.
@@ -113,10 +120,6 @@ def demo_models(classes: dict[str, int]) -> list[Any]:
     Raises:
         ValueError: no class is given.
     """
-    from catalog.durations import parse_duration
-    from catalog.spec import Model, Profile, ScaleWindow, Scaling
-    from guard import known
-
     if not classes:
         raise ValueError("the simulated nodes have no GPU class")
     roomiest = known.roomiest_class(classes)
@@ -164,8 +167,9 @@ def untouched() -> bool:
     Read from the change logs, which keep deletions too: a demo model an operator deleted
     leaves a record by the operator, so the demo is never added again.
     """
-    from catalog.models import ChangeRecord
-    from guard.models import PolicyChange
+    # Imported here: settings.py imports this module, before the apps load models.
+    from catalog.models import ChangeRecord  # noqa: PLC0415
+    from guard.models import PolicyChange  # noqa: PLC0415
 
     return not (
         ChangeRecord.objects.exclude(actor_name=INIT_ACTOR).exists()
@@ -185,14 +189,10 @@ def install(nodes: Sequence[SimNode]) -> list[str]:
         catalog.services.Refused: the catalog's rules refuse a demo model.
         guard.services.PolicyRefused: the policy's rules refuse the new judge order.
     """
-    from dataclasses import replace
-
-    from django.db import transaction
-
-    from catalog.choices import Surface
-    from catalog.services import Actor, save_model
-    from guard import policy as policy_rules
-    from guard import services as guard_services
+    # Imported here: they import models, and settings.py imports this module before the
+    # apps load them.
+    from catalog.services import Actor, save_model  # noqa: PLC0415
+    from guard import services as guard_services  # noqa: PLC0415
 
     actor = Actor(user=None, surface=Surface.CLI, name=ACTOR)
     models = demo_models(gpu_classes(nodes))
@@ -221,9 +221,12 @@ def start_agents(nodes: Sequence[SimNode], host: str, port: int, data_dir: Path)
     with a one-use join token made for it. Their log goes to ``<data>/simulated.log``.
     Their engines stop when this process exits (``atexit``), as the local agent's do.
     """
-    from agent.main import Agent, build_parser
-    from cluster import agentjoin
-    from cluster.models import JoinToken
+    # Imported here: settings.py imports this module, before the apps load models; and the
+    # agent's program (0.2 s to import, measured on a loaded machine) is for simulated
+    # nodes alone, not for every process that reads the settings.
+    from agent.main import Agent, build_parser  # noqa: PLC0415
+    from cluster import agentjoin  # noqa: PLC0415
+    from cluster.models import JoinToken  # noqa: PLC0415
 
     server = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     _log_to(data_dir / "simulated.log")

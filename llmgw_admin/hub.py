@@ -14,6 +14,10 @@ event (a browser that reads nothing, a console that never became ready), is drop
 told to reconnect (``Member.behind``: closed with 1013, so the page reconnects and its
 fresh snapshot shows what it missed).
 
+The first state of members that join together (a console's snapshot) is made once for
+all of them while no event of its groups arrives (``Hub.share``): the hub counts the
+events it hears per group, and a state made before one of them is not handed out again.
+
 Every ``BEAT_S`` the hub sends itself a heartbeat through the layer, and hands it to
 every member as an event (``BEAT``): it takes the path a change takes (layer, receive
 loop, the member's queue and task, its socket), so a page that has heard nothing for a
@@ -33,8 +37,9 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -60,6 +65,11 @@ TAKE_TIMEOUT_S = 10.0
 TELL_TIMEOUT_S = 2.0
 # A member's task with nothing to take looks again this often (whether it was dropped).
 IDLE_S = 30.0
+# How long a state made for members that join (``Hub.share``) is handed to others that
+# join after it, while no event of its groups has arrived since it began.
+SHARE_S = 2.0
+
+T = TypeVar("T")
 
 
 # What the process keeps of an event whatever its consoles (``keep``): the gateways'
@@ -98,13 +108,17 @@ class Mailbox:
         return True
 
     async def _take(self) -> None:
+        # Bounded with asyncio.timeout, not wait_for: on Python 3.11 wait_for makes a task
+        # of each wait, and this runs once per console for every event and heartbeat.
         while self.hub.boxes.get(self.member) is self:
             try:
-                event = await asyncio.wait_for(self.queue.get(), IDLE_S)
+                async with asyncio.timeout(IDLE_S):
+                    event = await self.queue.get()
             except TimeoutError:
                 continue
             try:
-                await asyncio.wait_for(self.member.handle_event(event), TAKE_TIMEOUT_S)
+                async with asyncio.timeout(TAKE_TIMEOUT_S):
+                    await self.member.handle_event(event)
             except TimeoutError:
                 log.warning(
                     "a live console took over %.0f s over an event: dropped, it reconnects",
@@ -114,6 +128,15 @@ class Mailbox:
                 return
             except Exception:
                 log.warning("a live console failed to take an event", exc_info=True)
+
+
+@dataclass
+class Shared:
+    """A state being made, or made, for the members that join (``Hub.share``)."""
+
+    heard: tuple[int, ...]
+    at: float
+    task: asyncio.Task[Any]
 
 
 class Hub:
@@ -132,6 +155,11 @@ class Hub:
         self.beat: asyncio.Task[None] | None = None
         # Members being told to go (kept so their tasks are not collected midway).
         self.telling: set[asyncio.Task[None]] = set()
+        # Events heard per group, and how many times the hub subscribed afresh (a new
+        # receive loop, Redis back): what a shared state (``share``) was made at.
+        self.heard: dict[str, int] = defaultdict(int)
+        self.epoch = 0
+        self.shared: dict[Hashable, Shared] = {}
 
     async def join(self, member: Member, groups: list[str]) -> None:
         """Add a console to the groups; raises when the layer cannot subscribe (Redis away)."""
@@ -143,6 +171,7 @@ class Hub:
             if self.task is None or self.task.done():
                 self.channel = await layer.new_channel("live-hub.")
                 self.subscribed = set()
+                self._forget_shared()
                 self.task = loop.create_task(self._run(layer))
             if self.beat is None or self.beat.done():
                 self.beat = loop.create_task(self._beat(layer))
@@ -189,6 +218,8 @@ class Hub:
         else:
             group = events.GROUP_OF_TYPE.get(event.get("type", ""))
             members = list(self.members.get(group, ())) if group else []
+            if group:
+                self.heard[group] += 1
         for member in members:
             box = self.boxes.get(member)
             if box is not None and not box.offer(event):
@@ -256,9 +287,48 @@ class Hub:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.aclose(), PING_TIMEOUT_S)
 
+    def _forget_shared(self) -> None:
+        """Events may have been missed (a new subscription, Redis away): no state made
+        before is handed out again."""
+        self.epoch += 1
+        self.shared.clear()
+
+    async def share(
+        self, key: Hashable, groups: list[str], make: Callable[[], Awaitable[T]], timeout: float
+    ) -> T:
+        """Return what ``make()`` gives, made once for every member asking with the same
+        ``key`` (what the state shows, and to whom) while no event of its ``groups`` has
+        arrived since it began, and for at most ``SHARE_S``; waited on for at most
+        ``timeout`` (TimeoutError past it; the making goes on for the others).
+
+        For the first state of a member that joined the groups: a change committed before
+        the state began is in it, and the event of one committed after arrives after, so
+        it is in the member's queue (and a later member gets a state made afresh). A
+        thousand consoles opening at once, a restarted web process's, read the database
+        and render once, not a thousand times.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        heard = (self.epoch, *(self.heard[g] for g in groups))
+        shared = self.shared.get(key)
+        if shared is None or shared.heard != heard or now - shared.at > SHARE_S:
+            for old in [k for k, s in self.shared.items() if now - s.at > SHARE_S]:
+                del self.shared[old]
+            shared = self.shared[key] = Shared(heard, now, loop.create_task(make()))
+            shared.task.add_done_callback(lambda t, k=key, s=shared: self._made(k, s, t))
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(shared.task)
+
+    def _made(self, key: Hashable, shared: Shared, task: asyncio.Task[Any]) -> None:
+        """A state that failed is not handed out again (its callers heard the error)."""
+        failed = task.cancelled() or task.exception() is not None
+        if failed and self.shared.get(key) is shared:
+            del self.shared[key]
+
     async def _away(self) -> None:
         """Close every console (1013): events are being dropped; they reconnect later."""
         self.away = True
+        self._forget_shared()
         try:  # a join under way ends first (it is bounded: the consumer's JOIN_TIMEOUT_S)
             async with asyncio.timeout(TELL_TIMEOUT_S * 2), self.lock:
                 members = self._take_all()
@@ -283,6 +353,7 @@ class Hub:
             log.warning("the live hub could not subscribe again yet (%r)", exc)
             return
         self.away = False
+        self._forget_shared()
         log.warning("the live hub's Redis is back: consoles reconnect and resynchronise")
 
 

@@ -15,9 +15,19 @@ they are installed (both are pinned), else with h11 and asyncio; websockets with
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any
+
+import django
+import uvicorn
+from django.apps import apps
+from django.conf import settings
+from django.db import connection
+
+from gateway import listener
+from llmgw_core import workers
 
 APP = "llmgw_admin.asgi:application"
 # Agents and gateways keep their connections open between calls: a heartbeat every few
@@ -30,10 +40,6 @@ GRACE = 10
 
 def config(bind: str, port: int) -> Any:
     """Return the server's settings for one address."""
-    import uvicorn
-
-    from gateway import listener
-
     return uvicorn.Config(
         APP,
         host=bind,
@@ -47,9 +53,15 @@ def config(bind: str, port: int) -> Any:
         # 127.0.0.1 is not believed.
         proxy_headers=False,
         ws="websockets-sansio",
+        # No permessage-deflate: compressed, each console's copy of a change is deflated
+        # on its own (its own compression context), about 0.1-0.2 ms of CPU a console and
+        # a change, which 1,000 consoles made 0.1-0.2 s of every change (bench/live.py).
+        # Sent as they are, every console of a role gets the same bytes; the pages
+        # themselves are not compressed either.
+        ws_per_message_deflate=False,
         # Headers within LLMGW_HTTP_HEADER_TIMEOUT, bodies within LLMGW_HTTP_BODY_TIMEOUT
         # (gateway.listener); idle kept-alive connections closed after KEEP_ALIVE.
-        http=listener.from_settings(),
+        http=listener.from_settings(settings),
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=GRACE,
     )
@@ -63,8 +75,6 @@ def run(bind: str, port: int) -> None:
     once, skipping ``atexit`` (the guard recorder's last counts, the local agent's stop),
     so a handler that exits the Python way is put there first.
     """
-    import uvicorn
-
     signal.signal(signal.SIGTERM, _exit)
     _start_recorder()
     _note_listening()
@@ -76,8 +86,9 @@ def run_workers(sock: Any, count: int, say: Any, warn: Any) -> int:
     --workers`` does (``gateway.server.run_workers``, ``llmgw_core.workers``): each on a
     socket of its own bound with ``SO_REUSEPORT``, the parent keeping ``sock``. Only in
     production (``LLMGW_REDIS_URL``): the consoles' live changes cross processes there."""
-    from gateway.server import Server, listen
-    from llmgw_core import workers
+    # Imported here: it imports models, which load with the apps; this module runs before
+    # django.setup() when run alone (``python -m llmgw_admin.server``).
+    from gateway.server import Server, listen  # noqa: PLC0415
 
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -91,8 +102,6 @@ def run_workers(sock: Any, count: int, say: Any, warn: Any) -> int:
         Server(config(host, port), ready).run(sockets=[own])
 
     def serving(pids: list[int]) -> None:
-        import os
-
         say(f"web process serving on http://{shown}:{port}/ (pid {os.getpid()}; {count} "
             f"workers: {', '.join(map(str, pids))})")  # fmt: skip
 
@@ -107,13 +116,10 @@ def _note_listening() -> None:
     worker, which went on ticking) must not take that silence for the nodes'
     (cluster.silence).
     """
-    import django
-    from django.apps import apps
-    from django.db import connection
-
     if not apps.ready:
         django.setup()
-    from cluster import marks
+    # Imported here: it imports models, which load with the apps (just above).
+    from cluster import marks  # noqa: PLC0415
 
     marks.listening()
     connection.close()  # this thread serves no request
@@ -126,13 +132,11 @@ def _start_recorder() -> None:
     Started here, where the server starts, not when ``llmgw_admin.asgi`` is imported: a
     test or a script that imports the application starts no thread.
     """
-    import django
-    from django.apps import apps
-
     if not apps.ready:
         django.setup()
-    from gateway.records import history, refusals, usage
-    from guard import records
+    # Imported here: they import models, which load with the apps (just above).
+    from gateway.records import history, refusals, usage  # noqa: PLC0415
+    from guard import records  # noqa: PLC0415
 
     records.start()
     # What the gateway served on this port (gateway.records.usage) and what its guard refused
@@ -140,9 +144,10 @@ def _start_recorder() -> None:
     usage.start()
     history.start()
     refusals.start()
-    # The gateway's traffic and its load report for scaling, from the start.
-    from llmgw_admin.asgi import gateway_assembly
+    # Imported here: importing llmgw_admin.asgi builds the application, once it is served.
+    from llmgw_admin.asgi import gateway_assembly  # noqa: PLC0415
 
+    # The gateway's traffic and its load report for scaling, from the start.
     if gateway_assembly.traffic is not None:
         gateway_assembly.traffic.start()
 
@@ -152,10 +157,7 @@ def _exit(signum: int, frame: Any) -> None:
 
 
 def main() -> None:
-    import os
-
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_admin.settings")
-    from django.conf import settings
 
     parser = argparse.ArgumentParser(description="Serve llmgw's web process alone.")
     parser.add_argument("--bind", default=settings.LLMGW_BIND, help="default LLMGW_BIND")

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
+import inspect
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.path import holdback
+from gateway.path.admission import Admission
+from gateway.path.affinity import Sessions
+from gateway.path.options import Options
+from gateway.path.outliers import Rules
+from gateway.records import history, refusals, usage
+from guard.breaker import Config
 from llmgw_core import env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,10 +183,8 @@ def test_only_errors_saying_the_database_is_away_are_answered_503() -> None:
 # Where an LLMGW_* variable may be read with a default of its own outside settings.py, and
 # why. The agent is a program of its own on each node (no Django, its own variables, read
 # in agent/); run.py starts before Django can be imported (its defaults are held equal to
-# the settings' below; its LLMGW_TEST_* are the test run's own). What is listed by file name
-# in gateway/ is still to move (its from_settings reads the settings with defaults).
+# the settings' below; its LLMGW_TEST_* are the test run's own).
 OWN_READERS = ("agent/", "bench/", "scripts/", "tests/", "run.py", "llmgw_admin/settings.py")
-STILL_TO_MOVE = {("gateway", "admission.py")}
 
 
 def _reads_with_default(tree: ast.AST) -> list[tuple[int, str]]:
@@ -206,7 +216,7 @@ def test_every_llmgw_default_is_written_in_settings() -> None:
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith((".venv/", "var/")) or "/migrations/" in rel:
             continue
-        if rel.startswith(OWN_READERS) or (rel.split("/")[0], path.name) in STILL_TO_MOVE:
+        if rel.startswith(OWN_READERS):
             continue
         if rel == "llmgw_core/env.py":
             continue  # the readers themselves
@@ -232,3 +242,50 @@ def test_run_py_serves_where_the_settings_say() -> None:
         and len(node.args) == 2 and node.args[0].value in ("LLMGW_BIND", "LLMGW_PORT")
     }  # fmt: skip
     assert run == {"LLMGW_BIND": settings.LLMGW_BIND, "LLMGW_PORT": str(settings.LLMGW_PORT)}
+
+
+def _written_defaults() -> dict[str, Any]:
+    """Each ``LLMGW_*`` default as settings.py writes it, whatever this run's environment
+    says: ``envint("X", d)`` (and its kinds) gives ``LLMGW_X: d`` (where ``d`` is a value,
+    not another setting's name)."""
+    found = {}
+    for node in ast.walk(ast.parse((ROOT / "llmgw_admin" / "settings.py").read_text())):
+        if (isinstance(node, ast.Call) and len(node.args) == 2
+                and ast.unparse(node.func) in ("envint", "envstr", "envbool", "envlist")):  # fmt: skip
+            with contextlib.suppress(NameError):  # a default read from another setting
+                found["LLMGW_" + node.args[0].value] = eval(ast.unparse(node.args[1]), {})
+    return found
+
+
+def test_the_defaults_parts_keep_are_the_settings_own() -> None:
+    """The gateway's parts keep defaults of their own (tests and benchmarks build them
+    without the settings): each is the one settings.py writes, so a default changed in
+    one place and not the other fails here. Built from the written defaults with the
+    parts' own ``from_settings``, each equals the part built with its defaults. (The
+    guard's breaker ``Config`` keeps none: the settings' are its only ones.)"""
+    written = _written_defaults()
+    given = SimpleNamespace(**written, TIME_ZONE=written["LLMGW_TIMEZONE"])
+    assert Options.from_settings(given) == Options()
+    assert Rules.from_settings(given) == Rules()
+    admission, alone = Admission.from_settings(given), Admission()
+    assert (admission.window, admission.queue, admission.queue_max, admission.margin) == (
+        alone.window, alone.queue, alone.queue_max, alone.margin)  # fmt: skip
+    sessions, alone_ = Sessions.from_settings(given), Sessions()
+    assert (sessions.size, sessions.age, sessions.skew) == (alone_.size, alone_.age, alone_.skew)
+    assert {f.name for f in dataclasses.fields(Config) if f.default is dataclasses.MISSING} == {
+        "failures", "backoff", "max_backoff"}  # fmt: skip
+    # The guard's windows on a stream (Options hands the settings' to each Holdback) and
+    # the records' flush (the servers set the settings' when they start the recorders).
+    window = (written["LLMGW_GUARD_WINDOW_TOKENS"], written["LLMGW_GUARD_WINDOW_MS"])
+    assert window == (holdback.TOKENS, holdback.INTERVAL * 1000)
+    flush = written["LLMGW_GATEWAY_USAGE_FLUSH_MS"] / 1000
+    history_interval = inspect.signature(history.HistoryRecorder).parameters["interval"]
+    assert usage.FLUSH_INTERVAL == refusals.FLUSH_INTERVAL == history_interval.default == flush
+
+
+def test_a_default_that_drifts_from_the_settings_is_found() -> None:
+    written = _written_defaults()
+    assert written["LLMGW_GATEWAY_MAX_BODY"] == 16 << 20  # an expression, evaluated
+    assert written["LLMGW_SESSION_SKEW"] == "2"  # a string, as the environment gives it
+    drifted = SimpleNamespace(**{**written, "LLMGW_GATEWAY_EJECT_AFTER": 6})
+    assert Rules.from_settings(drifted) != Rules()

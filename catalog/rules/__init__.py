@@ -19,7 +19,8 @@ Everything public is importable from here; by topic, it lives in:
   ``repository_page``, ``parse_level``, ``suggest_cores`` and the like).
 - ``schedule``: ``clock`` and ``window_at``, the schedule window in force at a time.
 - ``fingerprint``: ``fingerprint``, a profile's hash over its Go-JSON rendering.
-- ``normalize``: ``normalize``, a model with every default filled in.
+- ``normalize``: ``normalize``, a model with every default filled in; ``normalized_profiles``,
+  its source and profiles alone.
 - ``environment``: ``Environment``, what the installation allows that a rule depends on
   (the secrets folder, plain-http hosts), passed in by the caller; ``key_file`` and
   ``url_problem``, the checks the gateway asks again when it reads and sends.
@@ -69,7 +70,7 @@ from catalog.rules.helpers import (
     valid_owner,
 )
 from catalog.rules.model_checks import check_model
-from catalog.rules.normalize import keep_origin, normalize
+from catalog.rules.normalize import keep_origin, normalize, normalized_profiles
 from catalog.rules.schedule import clock, window_at
 
 __all__ = [
@@ -108,6 +109,7 @@ __all__ = [
     "kv_index",
     "keep_origin",
     "normalize",
+    "normalized_profiles",
     "on_demand",
     "parse_level",
     "profile_by_name",

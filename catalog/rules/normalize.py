@@ -24,14 +24,33 @@ def normalize(m: Model) -> Model:
         m.scaling.max = m.scaling.min
     for p in m.profiles:
         _normalize_profile(p)
-    # A repository page for a model vLLM or SGLang runs is the repository it names:
-    # the engine downloads a repository id itself, where the page was fetched as one
-    # file of HTML and failed at start. llama.cpp needs a file, so it is left to fail
-    # the check with a message that says so.
-    repo = repository_page(m.source)
-    if repo and m.profiles and all(p.engine != "llamacpp" for p in m.profiles):
-        m.source = repo
+    m.source = _source(m.source, m.profiles)
     return m
+
+
+def normalized_profiles(m: Model) -> tuple[str, list[Profile]]:
+    """Return a model's source and profiles as ``normalize`` fills them in, copying
+    only the profiles, shallowly (filling one in sets only its own fields): what
+    placement reads of a model, without copying the rest of it. The input is left alone.
+    """
+    profiles = [copy.copy(p) for p in m.profiles]
+    for p in profiles:
+        _normalize_profile(p)
+    return _source(m.source, profiles), profiles
+
+
+def _source(source: str, profiles: list[Profile]) -> str:
+    """Return a model's source with its profiles filled in.
+
+    A repository page for a model vLLM or SGLang runs is the repository it names:
+    the engine downloads a repository id itself, where the page was fetched as one
+    file of HTML and failed at start. llama.cpp needs a file, so it is left to fail
+    the check with a message that says so.
+    """
+    repo = repository_page(source)
+    if repo and profiles and all(p.engine != "llamacpp" for p in profiles):
+        return repo
+    return source
 
 
 def keep_origin(new: Model, before: Model | None) -> Model:

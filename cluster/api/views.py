@@ -22,8 +22,18 @@ from rest_framework.response import Response
 
 from catalog import rules
 from catalog.converters import lookup_regex
+from catalog.models import ServedModel
 from catalog.services import stored_specs
-from cluster import agentbeat, agentinput, agentjoin, agentreport, details, services, tenancy
+from cluster import (
+    agentbeat,
+    agentinput,
+    agentjoin,
+    agentreport,
+    benchrun,
+    details,
+    services,
+    tenancy,
+)
 from cluster.address import peer_address
 from cluster.api.serializers import (
     CardSerializer,
@@ -274,8 +284,6 @@ class QuotaViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
     serializer_class = QuotaSerializer
 
     def get_serializer_context(self) -> dict[str, Any]:
-        from catalog.models import ServedModel
-
         context = super().get_serializer_context()
         if self.request is not None and self.request.method == "GET":
             context["usage"] = tenancy.usage(dict(ServedModel.objects.values_list("name", "owner")))
@@ -389,8 +397,6 @@ class BenchSerializer(serializers.Serializer[None]):
 def bench_model(request: Request, name: str) -> Response:
     """Start the bench on a ready replica; its end is logged as a cluster action
     (``bench done`` with the table, or ``bench failed``)."""
-    from cluster import benchrun
-
     body = BenchSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     profile = body.validated_data["profile"] or None

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from catalog.rules import class_rank, cpu_only, effective_class, is_external, normalize
+from catalog.rules import (
+    class_rank,
+    cpu_only,
+    effective_class,
+    is_external,
+    normalized_profiles,
+)
 from catalog.spec import Model
 
 DEFAULT_CPU_CORE_WATTS = 10.0
@@ -204,8 +210,9 @@ def profiles_from_spec(model: Model) -> list[PlacementProfile]:
     if is_external(model):
         return []
     # Only the profiles and the source matter here: normalizing (which copies) the
-    # rest of the model would be most of the work of a tick.
-    m = normalize(Model(name=model.name, source=model.source, profiles=model.profiles))
+    # rest of the model, or copying the profiles deeply, would be most of the work of
+    # turning a catalog into requests.
+    source, profiles = normalized_profiles(model)
     return [
         PlacementProfile(
             name=p.name,
@@ -222,9 +229,9 @@ def profiles_from_spec(model: Model) -> list[PlacementProfile]:
             power_watts=p.power_watts,
             keep_within=p.keep_within.strip().lower(),
             # The source, so placement prefers nodes holding the weights.
-            source=m.source,
+            source=source,
         )
-        for p in m.profiles
+        for p in profiles
     ]
 
 

@@ -36,7 +36,7 @@ def evict_for(
     # The weights count only for the disk: without it, one trial serves every source.
     shape = state.shape(need)
     memo = state.victims_memo.setdefault((shape, rank, protect), {})
-    # A node too small even emptied is passed over (``_could_fit``, known per shape).
+    # A node too small even emptied is passed over (``_could``, known per shape).
     could = _could(state, need)
     key = (shape, rank, protect, elig)
     costs = state.options.get(key)
@@ -110,7 +110,11 @@ def evict_for(
         return None
     assert costs is not None  # a multi-node replica's trial counts every node
     trials = _trials(state, need, key, costs.table, elig, holders)
-    for _, cheapest, picked in sorted(trials, key=lambda t: t[0]):
+    if not trials:
+        return None
+    # The cheapest first (costs are unique: each names its group); the rest sorted only
+    # when it does not hold.
+    for _, cheapest, picked in _cheapest_first(trials):
         for v in picked:
             state.release(v)
         chosen = find_multi(state, need, elig & frozenset(cheapest))
@@ -122,6 +126,14 @@ def evict_for(
 
 
 Option = tuple[int, int, list[Running]]
+
+
+def _cheapest_first(trials: list[Trial]) -> Iterator[Trial]:
+    """Yield trials by cost: the cheapest found without sorting, the rest sorted only
+    when it does not hold (costs are unique: each names its group)."""
+    first = min(trials, key=lambda t: t[0])
+    yield first
+    yield from (t for t in sorted(trials, key=lambda t: t[0]) if t is not first)
 
 
 def _evictable_order(
@@ -233,7 +245,13 @@ def _could(state: State, need: Need) -> frozenset[int]:
     key = (need.cls, need.g, need.mem, need.cores)
     found = state.could_memo.get(key)
     if found is None:
-        found = frozenset(i for i in range(len(state.nodes)) if _could_fit(state, i, need))
+        # Asked once per kind of node (its cards, memory and cores), not per node.
+        found = frozenset(
+            i
+            for total, mem, cores, nodes in state.node_kinds()
+            if _could_fit_kind(total, mem, cores, need)
+            for i in nodes
+        )
         state.could_memo[key] = found
     return found
 
@@ -365,7 +383,8 @@ def _victims_now(
         for r in state.on_node[i]
         if r.class_rank < rank and r.id in state.alive and r.id not in protect
     ]
-    if not lower or not _could_fit(state, i, need):
+    # Node i, emptied, would be big enough: only such nodes are asked (``_could``).
+    if not lower:
         return None
     useful = {r.id: _freed(state, i, r, need.cls) for r in lower}
     # A cheap bound first: if all of them together are not enough, no few of them are.
@@ -482,11 +501,11 @@ def _freed(state: State, i: int, r: Running, cls: str) -> int:
     )
 
 
-def _could_fit(state: State, i: int, need: Need) -> bool:
-    """Return whether node i, emptied, would be big enough."""
-    n = state.nodes[i]
-    if need.g and state.total[i].get(need.cls, 0) < need.g:
+def _could_fit_kind(total: dict[str, int], memory_mb: int, cpu_cores: int, need: Need) -> bool:
+    """Return whether a node of these cards (by class), memory and cores, emptied, would
+    be big enough."""
+    if need.g and total.get(need.cls, 0) < need.g:
         return False
-    if n.memory_mb > 0 and n.memory_mb < need.mem:
+    if memory_mb > 0 and memory_mb < need.mem:
         return False
-    return not (n.cpu_cores > 0 and n.cpu_cores < need.cores)
+    return not (cpu_cores > 0 and cpu_cores < need.cores)

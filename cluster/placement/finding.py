@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from catalog.rules import FACILITY_LEVELS
 from cluster.placement.data import LABEL_PREFIX
 from cluster.placement.state import EPSILON, Need, State
 
@@ -10,17 +11,41 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     """Return what ``find`` returns, knowing where the same shape fit nowhere before.
 
     A placement only takes room; a shape that fit no node fits none until some node
-    gains room (``State.gained``), and then only there: only those nodes are tried
-    (for a multi-node replica, only once one has, since it may complete a group).
-    The shape is the need, its source left out where it asks no disk.
+    gains room (``State.gained``), and then only there: only those nodes are tried.
+    The shape is the need, its source left out where it asks no disk. The nodes a
+    shape did not fit are passed over until they gain: those short of what does not
+    depend on the weights (cards, memory, cores, power) for every source alike, those
+    short of disk for this source alone. A multi-node replica: ``find_groups_again``.
     """
+    if need.n > 1:
+        return find_groups_again(state, need, elig)
     shape = state.shape(need)
     key = (shape, elig)
     now = len(state.gained)
     pos = state.find_failed.get(key)
     if pos == now:
         return []
-    # The nodes the shape did not fit, by the same rule: each stays so until it gains.
+    base = state.base(need)
+    bad = _still_bad(state, (base, elig), now)
+    short = _still_bad(state, key, now) if need.disk else bad
+    if pos is None:
+        chosen = find(state, need, elig, model, bad=bad, short=short)
+    else:
+        among, domains = state.gained_since(pos)
+        for d in domains:
+            among.update(state.domain_members[d])
+        among = (among & elig) - bad
+        if short is not bad:
+            among -= short
+        chosen = find(state, need, elig, model, among, bad, short) if among else []
+    if not chosen:
+        state.find_failed[key] = now
+    return chosen
+
+
+def _still_bad(state: State, key: tuple[object, ...], now: int) -> set[int]:
+    """Return the nodes a shape was found not to fit that have not gained room since,
+    kept under key (``State.find_bad``)."""
     kept = state.find_bad.get(key)
     if kept is None:
         bad: set[int] = set()
@@ -32,23 +57,54 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
             for d in domains:
                 bad.difference_update(state.domain_members[d])
     state.find_bad[key] = (bad, now)
-    if pos is None:
-        chosen = find(state, need, elig, model, bad=bad)
+    return bad
+
+
+def find_groups_again(state: State, need: Need, elig: frozenset[int]) -> list[int]:
+    """Return what ``find_multi`` returns, knowing which groups of nodes did not fit.
+
+    Whether a group (a rack, say, for keep_within rack) gives a replica its nodes
+    depends only on its own nodes and the power of their domains: a group that gave
+    none gives none until one of those changes (``State.dirty_since``), so only the
+    groups that changed, and those holding the weights (walked without their holders),
+    are walked again, in the same order. Without keep_within the nodes are one group.
+    """
+    now = len(state.changed)
+    if not need.level or need.level not in FACILITY_LEVELS:
+        key = (need, elig)
+        if state.find_failed.get(key) == now:
+            return []
+        chosen = find_multi(state, need, elig)
+        if not chosen:
+            state.find_failed[key] = now
+        return chosen
+    label = LABEL_PREFIX + need.level
+    labels = state.labels
+    key = (state.shape(need, always=True), elig)
+    kept = state.groups_open.get(key)
+    held = (
+        {labels[i].get(label) for i in state.holders.get(need.src, ()) if i in elig}
+        if need.src
+        else set()
+    )
+    if kept is None:
+        chosen = find_multi(state, need, elig)
+        if chosen:
+            return chosen  # nothing known of the groups after the one that gave
+        open_: set[str | None] = set()
     else:
-        among, domains = state.gained_since(pos)
-        for d in domains:
-            among.update(state.domain_members[d])
-        among = (among & elig) - bad
-        if not among:
-            chosen = []
-        elif need.n > 1:
-            # A node that gained may complete a group with nodes that did not: every
-            # node is walked again.
-            chosen = find(state, need, elig, model, bad=bad)
-        else:
-            chosen = find(state, need, elig, model, among, bad)
-    if not chosen:
-        state.find_failed[key] = now
+        open_, pos = kept
+        if pos < now:
+            open_ |= {labels[i].get(label) for i in state.dirty_since(pos)}
+        open_ |= held
+        among: set[int] = set()
+        for name in open_:
+            if name:
+                among.update(state.members(label, name))
+        chosen = find_multi(state, need, elig, among)
+    # Failed: every group not holding the weights is known not to give nodes; given
+    # nodes, the groups not walked are still known not to.
+    state.groups_open[key] = (open_ if chosen else held, now)
     return chosen
 
 
@@ -59,6 +115,7 @@ def find(
     model: str = "",
     among: set[int] | None = None,
     bad: set[int] | None = None,
+    short: set[int] | None = None,
 ) -> list[int]:
     """Return the best nodes for a replica, or [] when none fit.
 
@@ -66,7 +123,8 @@ def find(
     then in its rack (``spread``); then on a node holding the weights, then the best
     fit. With ``among``, only those nodes are walked: every node that fits must be
     among them. With ``bad``, the nodes in it are known not to fit and are passed
-    over, and each node walked that does not fit is added to it.
+    over, and each node walked that does not fit is added to it; with ``short`` too,
+    those that would fit but for the disk go there instead.
     """
     if need.n > 1:
         return find_multi(state, need, elig, among)
@@ -74,6 +132,15 @@ def find(
     mine = state.model_on.get(model) if model else None
     if bad is None:
         bad = set()
+    if short is None or short is bad or not need.disk:
+        short, base, disk_short = bad, need, None
+    else:
+        base = state.base(need)
+        disk, disk_needed = state.disk, state.disk_needed
+
+        def disk_short(i: int) -> bool:
+            return disk[i] < disk_needed(i, need)
+
     walk = state.walk(need) if among is None else state.walk_among(need, among, bad)
     fits = state.fits
     if not mine:
@@ -85,10 +152,13 @@ def find(
             if best is not None:
                 return [best[1]]
         for i in walk:
-            if i in elig and i not in bad:
-                if fits(i, need):
+            if i in elig and i not in bad and i not in short:
+                if not fits(i, base):
+                    bad.add(i)
+                elif disk_short and disk_short(i):
+                    short.add(i)
+                else:
                     return [i]
-                bad.add(i)
         return []
     found: tuple[tuple[int, int], int, int] | None = None
     if holders:
@@ -99,9 +169,12 @@ def find(
             if found is None or (score, 0) < found[:2]:
                 found = (score, 0, i)
     for i in walk:
-        if i in elig and i not in bad:
-            if not fits(i, need):
+        if i in elig and i not in bad and i not in short:
+            if not fits(i, base):
                 bad.add(i)
+                continue
+            if disk_short and disk_short(i):
+                short.add(i)
                 continue
             score = state.spread(model, i)
             if not any(score):

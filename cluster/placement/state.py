@@ -151,6 +151,9 @@ class State:
         self.claims: list[dict[int, int]] = []
         self.free: list[dict[str, list[int]]] = []
         self.total: list[dict[str, int]] = []
+        self.uneven: list[bool] = []
+        self.kinds: list[tuple[dict[str, int], int, int, list[int]]] | None = None
+        self.card_kinds: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.class_buckets: dict[str, Buckets] = {}
         self.cpu_buckets = Buckets()
         for i, n in enumerate(nodes):
@@ -185,6 +188,7 @@ class State:
         self.profiles: dict[int, tuple[Any, ...]] = {}
         # By need object: it, and its shape without the weights (``shape``).
         self.shapes: dict[int, tuple[Need, Need]] = {}
+        self.bases: dict[int, tuple[Need, Need]] = {}
         self.label_index: dict[str, dict[str, list[int]]] = {}
         # Placements only take capacity, so a request that failed keeps failing until
         # an eviction gives some back (``epoch`` counts them), or a placement starts
@@ -209,6 +213,9 @@ class State:
         # Per shape, the nodes walked that it did not fit, and the length of ``gained``
         # then: passed over until they gain room (``finding.find_again``).
         self.find_bad: dict[tuple[object, ...], tuple[set[int], int]] = {}
+        # Per shape of a multi-node replica kept within a domain, the groups not known
+        # to give it no nodes, and the length of ``changed`` then (``find_groups_again``).
+        self.groups_open: dict[tuple[object, ...], tuple[set[str | None], int]] = {}
         self.victims_memo: dict[tuple[object, ...], dict] = {}
         self.could_memo: dict[tuple[object, ...], frozenset[int]] = {}
         # Per shape of a replica whose every node was counted: each node's
@@ -219,22 +226,38 @@ class State:
         self.miss_cache: dict[tuple[object, ...], Any] = {}  # ``reasons.Tally`` per shape
 
     def _index_cards(self, i: int, n: Node) -> None:
-        """Record node i's cards: classes, power limits, MIG parents and what is free."""
-        classes = {c.index: c.gpu_class for c in n.cards}
-        children: dict[int, list[int]] = {}
-        for c in n.cards:
-            if c.mig_of is not None and c.mig_of != c.index:
-                children.setdefault(c.mig_of, []).append(c.index)
-        free: dict[str, list[int]] = {}
-        for idx in sorted(classes):
-            if idx not in children:
-                free.setdefault(classes[idx], []).append(idx)
+        """Record node i's cards: classes, power limits, MIG parents and what is free.
+
+        Nodes of one make report the same cards: what does not change while a plan is
+        made (classes, power limits, MIG parents, totals) is worked out once per set of
+        cards and shared; the claims and free lists are each node's own.
+        """
+        key = tuple([(c.index, c.gpu_class, c.power_limit_w, c.mig_of) for c in n.cards])
+        found = self.card_kinds.get(key)
+        if found is None:
+            classes = {c.index: c.gpu_class for c in n.cards}
+            children: dict[int, list[int]] = {}
+            for c in n.cards:
+                if c.mig_of is not None and c.mig_of != c.index:
+                    children.setdefault(c.mig_of, []).append(c.index)
+            free: dict[str, list[int]] = {}
+            for idx in sorted(classes):
+                if idx not in children:
+                    free.setdefault(classes[idx], []).append(idx)
+            watts = {c.index: max(c.power_limit_w, 0.0) for c in n.cards}
+            # Cards of one class drawing differently: taking some may leave a replica's
+            # derived watts lower there (``_apply``).
+            uneven = len({(classes[c], w) for c, w in watts.items()}) > len(set(classes.values()))
+            total = {cls: len(idx) for cls, idx in free.items()}
+            found = self.card_kinds[key] = (classes, watts, children, free, total, uneven)
+        classes, watts, children, free, total, uneven = found
         self.card_class.append(classes)
-        self.card_watts.append({c.index: max(c.power_limit_w, 0.0) for c in n.cards})
+        self.card_watts.append(watts)
         self.children.append(children)
         self.claims.append(dict.fromkeys(classes, 0))
-        self.free.append(free)
-        self.total.append({cls: len(idx) for cls, idx in free.items()})
+        self.free.append({cls: idx[:] for cls, idx in free.items()})
+        self.total.append(total)
+        self.uneven.append(uneven)
 
     def _index_domains(self, domains: list[Domain]) -> None:
         """Record the capped domains and which of them each node is in."""
@@ -295,26 +318,43 @@ class State:
             self.claims,
         )
         on_node, node_domains, used = self.on_node, self.node_domains, self.used
-        mem, cores = self.mem, self.cores
+        mem, cores, held, alive = self.mem, self.cores, self.holds, self.alive
+        ranks_on, rank_nodes, became = self.ranks_on, self.rank_nodes, self.became
+        model_on, holds_of, fetch = self.model_on, self.holds_of, self._fetch
         touched: set[int] = set()
         for r in sorted(running, key=lambda r: str(r.id)):
-            if r.id in self.alive:
-                raise ValueError(f"two running replicas share the id {r.id}")
-            self.alive[r.id] = r
+            rid = r.id
+            if rid in alive:
+                raise ValueError(f"two running replicas share the id {rid}")
+            alive[rid] = r
             holds = []
-            src = r.source
+            src, rank = r.source, r.class_rank
+            mine = model_on.get(r.model)
+            if mine is None:
+                mine = model_on[r.model] = {}
             for a in r.assignments:
                 i = index.get(a.node)
                 if i is None:
                     continue  # a node that is gone holds nothing
                 classes = card_class[i]
-                cards = tuple(c for c in a.cards if c in classes)
+                cards = a.cards
+                if cards:
+                    cards = tuple(c for c in cards if c in classes)
                 h = Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, src)
                 holds.append(h)
                 here = on_node[i]
                 if not here or here[-1] is not r:
                     here.append(r)
-                    self.count_rank(i, r.class_rank, 1)
+                    # ``count_rank`` and ``count_model``, once per node of a replica.
+                    ranks = ranks_on[i]
+                    k = ranks[rank] = ranks.get(rank, 0) + 1
+                    if k == 1:
+                        where = rank_nodes.get(rank)
+                        if where is None:
+                            where = rank_nodes[rank] = set()
+                        where.add(i)
+                        became.append((i, rank))
+                    mine[i] = mine.get(i, 0) + 1
                 if cards:
                     claims, children = claims_of[i], children_of[i]
                     for c in cards:
@@ -325,12 +365,12 @@ class State:
                     touched.add(i)
                 cores[i] -= h.cores
                 mem[i] -= h.mem
-                if src or h.disk:
-                    self._fetch(i, h, 1)
-                for d in node_domains[i]:
-                    used[d] += h.watts
-            self.holds_of[r.id] = holds
-            self.count_model(r.model, {h.i for h in holds}, 1)
+                if (src and src not in held[i]) or (not src and h.disk):
+                    fetch(i, h, 1)
+                if h.watts:
+                    for d in node_domains[i]:
+                        used[d] += h.watts
+            holds_of[rid] = holds
         for i in touched:
             claims, children, classes = claims_of[i], children_of[i], card_class[i]
             free: dict[str, list[int]] = {cls: [] for cls in self.free[i]}
@@ -347,10 +387,12 @@ class State:
             self.changed.append(i)
             self.node_ver[i] += 1
             domains = node_domains[i]
-            # Room given back; or a fetch begun, after which the node needs no more disk
-            # for its source; or cards taken where power counts: a replica's derived
-            # watts read the lowest free cards, which may now draw less.
-            if sign < 0 or (h.src and h.src not in self.holds[i]) or (h.cards and domains):
+            # Room given back; or cards taken where power counts on a node whose cards
+            # of one class draw differently: a replica's derived watts read the lowest
+            # free cards, which may now draw less. Nothing else taken makes a node fit
+            # what it did not: a fetch begun reserves the largest disk of those fetching
+            # its source, which leaves no replica of that source less to find.
+            if sign < 0 or (h.cards and domains and self.uneven[i]):
                 # Only room given back frees power its domains' other nodes may use.
                 if sign < 0:
                     self.gained_wide.append(len(self.gained))
@@ -437,6 +479,32 @@ class State:
         found = self.shapes.get(id(need))
         if found is None or found[0] is not need:
             found = self.shapes[id(need)] = (need, dataclasses.replace(need, src=""))
+        return found[1]
+
+    def node_kinds(self) -> list[tuple[dict[str, int], int, int, list[int]]]:
+        """Return the nodes by kind: their cards' totals by class, memory and cores as
+        reported (what a node emptied would give)."""
+        if self.kinds is None:
+            kinds: dict[tuple[Any, ...], list[int]] = {}
+            by_total: dict[int, tuple[tuple[str, int], ...]] = {}
+            for i, n in enumerate(self.nodes):
+                total = self.total[i]
+                # Shared among nodes of one set of cards (``_index_cards``).
+                frozen = by_total.get(id(total))
+                if frozen is None:
+                    frozen = by_total[id(total)] = tuple(sorted(total.items()))
+                kinds.setdefault((frozen, n.memory_mb, n.cpu_cores), []).append(i)
+            self.kinds = [(dict(t), m, c, nodes) for (t, m, c), nodes in kinds.items()]
+        return self.kinds
+
+    def base(self, need: Need) -> Need:
+        """Return a need without its weights and disk: what a node may miss for every
+        source alike (its cards, memory, cores and power)."""
+        if not need.src and not need.disk:
+            return need
+        found = self.bases.get(id(need))
+        if found is None or found[0] is not need:
+            found = self.bases[id(need)] = (need, dataclasses.replace(need, src="", disk=0))
         return found[1]
 
     def eligible(self, p: PlacementProfile) -> frozenset[int]:

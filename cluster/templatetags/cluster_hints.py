@@ -7,6 +7,8 @@ from typing import Any
 
 from django import template
 
+from cluster import hints
+
 register = template.Library()
 
 
@@ -14,8 +16,6 @@ register = template.Library()
 def with_engine_hints(unplaced: Iterable[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
     """Return (model name, replica, hint) for the unplaced list, the hint on each model's
     first replica only (``cluster.hints``; one read for the whole list)."""
-    from cluster import hints
-
     rows = list(unplaced)
     found = hints.hints_for({name for name, _ in rows})
     out, seen = [], set()

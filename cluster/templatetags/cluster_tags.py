@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django import template
 
+from cluster import live, marks
+
 register = template.Library()
 
 
@@ -22,8 +24,6 @@ def mb(value: int | float | None) -> str:
 @register.inclusion_tag("cluster/partials/model_live.html", takes_context=True)
 def live_model(context: dict, name: str) -> dict:
     """A model's replicas as the live console shows them, kept current over the socket."""
-    from cluster import live
-
     return {
         "m": live.model_row(name),
         "dom_id": live.model_dom_id(name),
@@ -35,22 +35,16 @@ def live_model(context: dict, name: str) -> dict:
 @register.inclusion_tag("cluster/partials/reconciler.html")
 def reconciler_status() -> dict:
     """The reconciler's last tick, its age and process, polled by the page (cluster.marks)."""
-    from cluster import marks
-
     return {"tick": marks.tick_status()}
 
 
 @register.simple_tag
 def readiness(names: list[str]) -> dict:
     """Each named model's ready replicas of those wanted (cluster.live.readiness, one query)."""
-    from cluster import live
-
     return live.readiness(names)
 
 
 @register.inclusion_tag("cluster/partials/ready.html")
 def ready_cell(counts: dict, name: str) -> dict:
     """A model's ready cell in the catalog list, as the live view pushes it."""
-    from cluster import live
-
     return {"r": counts.get(name) or live.Readiness(name, 0, 0)}

@@ -14,7 +14,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from cluster import agentinput, agentjoin, live, services
+from cluster import agentinput, agentjoin, benchrun, live, services
 from cluster.live import render_model, render_node
 from cluster.models import Node, Replica
 from cluster.replace import DrainRefused
@@ -108,8 +108,6 @@ def replica_restart(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def model_bench(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Start the capacity bench on a ready replica of the model (the profile posted, or the
     first ready one's); answer with its fragment, which says it started or why not."""
-    from cluster import benchrun
-
     profile = (request.POST.get("profile") or "").strip() or None
     row = live.model_row(name)
     try:

@@ -27,6 +27,7 @@ from gateway.api.serializers import (
 )
 from gateway.filtersets import RefusalFilterSet
 from gateway.models import ClientKey, Peer, Refusal, Usage
+from gateway.records import history
 from llmgw_core.api import shown_once
 from llmgw_core.roles import OPERATOR, VIEWER
 
@@ -120,8 +121,6 @@ class HistoryViewSet(viewsets.ViewSet):
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistorySerializer)
     def list(self, request: Request) -> Response:
-        from gateway.records import history
-
         q = HistoryQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         d = q.validated_data

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 
+from gateway import stored
 from gateway.batch import lines, multipart, status, store
 from gateway.path import errors
 from gateway.path.cycle import bearer, header, read_body
@@ -49,10 +50,8 @@ async def _run(work: Any, *args: Any) -> Any:
 
 
 def _owner(cycle: Cycle) -> str:
-    from gateway.stored import scope
-
     assert cycle.key is not None
-    return scope(cycle.key)
+    return stored.scope(cycle.key)
 
 
 def _query(scope: Scope) -> dict[str, str]:

@@ -17,15 +17,21 @@ the journal in line order.
 
 A batch made with ``"schedule_window": true`` sends a line only while the model it names
 (by its name, an alias or an adapter) is inside one of its schedule windows
-(``gateway.batch.window``; the catalog read every ``REREAD`` seconds): outside them it
-waits, saying why on the batch (``held``, the Batches page shows it), until a window
-opens, it is cancelled, or its own window ends (``expired``, what finished kept). A line
+(``gateway.batch.window``; the catalog read every ``REREAD`` seconds): outside them the
+line is set aside with the others naming that model, saying why on the batch (``held``,
+the Batches page shows it), and the lines of other models go on; the set-aside lines go
+when their model's window opens, or end with the batch (cancelled, or its own window over:
+``expired``, what finished kept). Once all a batch has left waits for a window, its run
+lets the batch go (``PARKED``) and the runner takes up the next batch: a held batch never
+keeps a worker, nor the batches behind it, waiting for the night; a later call takes it up
+again (not before ``REREAD`` seconds, unless it was cancelled or its window is over). A line
 whose model has no schedule window at all is an error line at once (nothing would open);
 one naming no catalog model is sent, and the gateway's answer (404) is its result.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import secrets
@@ -41,6 +47,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
+from catalog.models import ServedModel
 from gateway.batch import lines, status, store, token, window
 
 log = logging.getLogger("gateway.batch")
@@ -53,26 +60,54 @@ LOOK = 0.5
 REREAD = 30.0
 
 
+# What ``run`` returns when all its batch has left waits for a schedule window: the batch
+# let go, the runner free for the next.
+PARKED = "parked"
+# Batches let go that way in this process: id -> when (monotonic), taken up again after
+# REREAD seconds.
+_parked: dict[str, float] = {}
+_parked_lock = threading.Lock()
+
+
 class Unreachable(Exception):
     """The gateway could not be reached: the line is not recorded, the run stops."""
 
 
 def run_next() -> int:
     """Run the oldest batch not ended that no other runner holds, to its end; return how
-    many ran (0 or 1). One a call: a run lasts at most the batch's window (and one line's
-    timeout), and each next call (every ``LLMGW_BATCH_INTERVAL``, on any worker) takes up
-    another batch beside it."""
+    many it took up. One runs to its end a call: a run lasts at most the batch's window
+    (and one line's timeout), and each next call (every ``LLMGW_BATCH_INTERVAL``, on any
+    worker) takes up another batch beside it. A held batch whose every line left waits for
+    a schedule window is let go (``PARKED``) and the next one taken up in the same call."""
+    took = 0
     for batch in reversed(store.list_batches(None)):
-        if batch["status"] in status.ENDED:
+        if batch["status"] in status.ENDED or _resting(batch):
             continue
         with store.running(batch["id"]) as mine:
             if mine:
+                took += 1
                 try:
-                    run(batch["id"])
+                    outcome = run(batch["id"])
                 except Unreachable as error:
                     log.warning("batch %s paused: %s", batch["id"], error)
-                return 1
-    return 0
+                    return took
+                with _parked_lock:
+                    if outcome == PARKED:
+                        _parked[batch["id"]] = time.monotonic()
+                        continue
+                    _parked.pop(batch["id"], None)
+                return took
+    return took
+
+
+def _resting(batch: dict[str, Any]) -> bool:
+    """A batch let go here within ``REREAD`` seconds because all it had left waited for a
+    schedule window (a cancelled one, or one past its window, is taken up at once)."""
+    with _parked_lock:
+        since = _parked.get(batch["id"])
+    if since is None or batch["status"] == status.CANCELLING:
+        return False
+    return time.monotonic() - since < REREAD and time.time() < batch["expires_at"]
 
 
 def _fail(batch_id: str, problems: list[tuple[int | None, str]], code: str) -> None:
@@ -103,14 +138,15 @@ def _lines(batch: dict[str, Any]) -> list[lines.Line] | None:
     return found
 
 
-def run(batch_id: str) -> None:
-    """Run one batch to its end (or as far as it can go now), holding its lock."""
+def run(batch_id: str) -> str | None:
+    """Run one batch to its end (or as far as it can go now), holding its lock; ``PARKED``
+    when all it has left waits for a schedule window."""
     batch = store.get_batch(None, batch_id)
     if batch is None or batch["status"] in status.ENDED:
-        return
+        return None
     found = _lines(batch)
     if found is None:
-        return
+        return None
 
     def started(b: dict[str, Any]) -> dict[str, Any]:
         b = dict(b, request_counts=dict(b["request_counts"], total=len(found)))
@@ -120,7 +156,7 @@ def run(batch_id: str) -> None:
 
     batch = store.update(batch_id, started)
     done = store.journal(batch_id)
-    pending = [line for line in found if line.number not in done]
+    pending = Pending([line for line in found if line.number not in done])
     secret = token.make(batch["key_digest"], batch_id, int(batch["expires_at"]),
                         scale=bool(batch.get("scale_up")))  # fmt: skip
     stop = threading.Event()
@@ -133,33 +169,30 @@ def run(batch_id: str) -> None:
         with ThreadPoolExecutor(settings.LLMGW_BATCH_CONCURRENCY,
                                 thread_name_prefix="batch-line") as pool:  # fmt: skip
             running: set[Future[dict[str, Any]]] = set()
-            queue = list(reversed(pending))  # the next line last
             while True:
                 batch = store.get_batch(None, batch_id) or batch
                 if batch["status"] == status.CANCELLING or time.time() >= batch["expires_at"]:
                     stop.set()
-                held = ""
-                while queue and not stop.is_set() and unreachable is None \
+                if models is not None:
+                    pending.look_again(models)
+                while not stop.is_set() and unreachable is None \
                         and len(running) < settings.LLMGW_BATCH_CONCURRENCY:  # fmt: skip
-                    if models is not None:
-                        verdict, why = models.verdict(str(queue[-1].body["model"]))
-                        if verdict == window.WAIT:
-                            held = why
-                            break  # the next line waits for its model's window
-                        if verdict == window.FAIL:
-                            record = refused(queue.pop(), why)
-                            journal.write(record)
-                            counts["failed"] += 1
-                            store.update(batch_id, lambda b, r=record: counted(b, counts, r))
-                            continue
-                    line = queue.pop()
+                    verdict, line, why = pending.next(models)
+                    if line is None:
+                        break  # none left, or all left wait for their models' windows
+                    if verdict == window.FAIL:
+                        record = refused(line, why)
+                        journal.write(record)
+                        counts["failed"] += 1
+                        store.update(batch_id, lambda b, r=record: counted(b, counts, r))
+                        continue
                     running.add(pool.submit(send, secret, line, stop, batch["expires_at"]))
+                held = pending.held()
                 if batch.get("held", "") != held:
                     batch = store.update(batch_id, lambda b, h=held: dict(b, held=h))
                 if not running:
-                    if held and not stop.is_set():
-                        stop.wait(LOOK)
-                        continue
+                    if held and not stop.is_set() and unreachable is None:
+                        return PARKED  # all it has left waits: the runner takes up another
                     break
                 finished, running = wait(running, timeout=LOOK, return_when=FIRST_COMPLETED)
                 for future in finished:
@@ -181,6 +214,57 @@ def run(batch_id: str) -> None:
     if unreachable is not None:
         raise Unreachable(str(unreachable))
     finish(batch_id)
+    return None
+
+
+class Pending:
+    """A batch's lines not yet sent, the first in line first; of a held batch, the lines
+    whose model waits for its schedule window set aside by the name they give, so the
+    lines of other models go on, and put back in line when it opens."""
+
+    def __init__(self, found: list[lines.Line]) -> None:
+        self.ready = [(line.number, line) for line in found]
+        heapq.heapify(self.ready)
+        self.waiting: dict[str, list[lines.Line]] = {}  # name -> its lines, in order
+        self.why: dict[str, str] = {}  # name -> what it waits for
+        self.looked = time.monotonic()
+
+    def next(self, models: Models | None) -> tuple[str, lines.Line | None, str]:
+        """The next line to send (``GO``) or to end as an error line (``FAIL``), and why;
+        ``(WAIT, None, "")`` when none is left that may go now."""
+        while self.ready:
+            _, line = heapq.heappop(self.ready)
+            if models is None:
+                return window.GO, line, ""
+            name = str(line.body["model"])
+            if name in self.waiting:
+                self.waiting[name].append(line)  # its model waits: so does it
+                continue
+            verdict, why = models.verdict(name)
+            if verdict == window.WAIT:
+                self.waiting[name], self.why[name] = [line], why
+                continue
+            return verdict, line, why
+        return window.WAIT, None, ""
+
+    def look_again(self, models: Models) -> None:
+        """At most every ``LOOK``: the names set aside whose model now goes (or never
+        will: their lines end as error lines) back in line."""
+        if not self.waiting or time.monotonic() - self.looked < LOOK:
+            return
+        self.looked = time.monotonic()
+        for name in list(self.waiting):
+            verdict, why = models.verdict(name)
+            if verdict == window.WAIT:
+                self.why[name] = why
+                continue
+            for line in self.waiting.pop(name):
+                heapq.heappush(self.ready, (line.number, line))
+            del self.why[name]
+
+    def held(self) -> str:
+        """What the lines set aside wait for ("" when none is)."""
+        return "; ".join(self.why[name] for name in sorted(self.why))
 
 
 class Models:
@@ -209,8 +293,6 @@ class Models:
         connection.close()
 
     def _read(self) -> None:
-        from catalog.models import ServedModel  # the apps are loaded once a run starts
-
         self.read_at = time.monotonic()
         try:
             close_old_connections()

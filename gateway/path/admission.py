@@ -18,7 +18,8 @@ The gate of a model (``Gate``, stepped only by ``Gate.step``, pure):
   get an allowance, ``limit``, of requests in flight (half those in flight then);
 - then at most once a ``STEP``: the last ``RECENT`` first-token times past the slo halve
   the allowance (multiplicative decrease); all of them under ``HEADROOM`` of the slo, or
-  nothing of the model in flight here for a ``STEP`` (whatever was heard before), while a
+  nothing live of the model in flight here for a ``STEP`` (whatever was heard before; a
+  batch line left in flight does not count), while a
   lower band waits for room, add one (additive increase); in between it stays (a dead band, as TCP Vegas', so a band does
   not keep probing past what the slo allows and the top band pay for each probe);
 - a whole window with the p99 within the slo and no lower band kept waiting: open again
@@ -46,7 +47,8 @@ flight are not in ``lower`` (they never take a live band's room), and their own 
 times are not heard (their wait is no client's).
 
 A held request waits up to ``queue`` seconds for room (at most ``queue_max`` waiting a
-model across the gateway processes; past it, refused at once), then is refused: 429 with
+model across the gateway processes; past it, refused at once; a live request counts only
+the live ones waiting, so batch lines at the door never take its place), then is refused: 429 with
 ``Retry-After`` (the window), ``x-should-retry: true`` and a message naming the band, the
 p99 and the slo. Admitted and held requests are counted per model, band and second
 (``Counts``) and ride the traffic event to the console's Traffic page.
@@ -162,6 +164,9 @@ class Reading(NamedTuple):
     base_ms: float | None = None  # live first tokens' base without a batch (None: not yet)
     live_ms: float | None = None  # the median of the last FILTER live first tokens
     margin: float = MARGIN  # the share over the base the batch may add
+    # Seconds with no live request of the model in flight here (batch lines may be): what
+    # the live bands' allowance grows on (0: take ``idle``).
+    live_idle: float = 0.0
 
     @property
     def based(self) -> bool:
@@ -303,11 +308,13 @@ def _batch(batch: int | None, r: Reading, now: float, stepped: float,
 
 def _stepped(limit: int, r: Reading, now: float, stepped: float,
              wanting: bool) -> tuple[int, float]:  # fmt: skip
-    """An allowance a step on: the last first tokens past the slo halve it; nothing of the
-    model in flight for a step, or room under ``HEADROOM``, while its band waits: one
+    """An allowance a step on: the last first tokens past the slo halve it; nothing live of
+    the model in flight for a step, or room under ``HEADROOM``, while its band waits: one
     more; else as it was."""
-    if wanting and r.idle >= STEP:
-        return limit + 1, now  # nothing here to keep within the slo
+    if wanting and max(r.idle, r.live_idle) >= STEP:
+        # Nothing live here to keep within the slo (a batch line left in flight takes no
+        # live band's room: the live bands never wait on it).
+        return limit + 1, now
     if r.slow:
         return (int(limit * BETA), now) if limit else (limit, stepped)
     if wanting and r.room:
@@ -370,6 +377,7 @@ class _Model:
     lower: int = 0  # live lower bands in flight
     busy: int = 0  # every band in flight
     idle_since: float = 0.0  # when busy last fell to 0
+    live_since: float = 0.0  # when the live requests in flight last fell to 0
     batch: int = 0  # batch lines in flight
     batch_since: float = -float("inf")  # when the last batch line ended
     waiting: dict[str, int] = field(default_factory=dict)
@@ -463,14 +471,13 @@ class Admission:
         self.shared: Any = None
 
     @classmethod
-    def from_settings(cls) -> Admission:
-        from django.conf import settings
-
+    def from_settings(cls, settings: Any) -> Admission:
+        """The settings' (``django.conf.settings`` or anything with those names)."""
         return cls(
-            window=float(getattr(settings, "LLMGW_ADMISSION_WINDOW", WINDOW)),
-            queue=float(getattr(settings, "LLMGW_ADMISSION_QUEUE_MS", QUEUE * 1000)) / 1000,
-            queue_max=int(getattr(settings, "LLMGW_ADMISSION_QUEUE_MAX", QUEUE_MAX)),
-            margin=float(getattr(settings, "LLMGW_ADMISSION_BATCH_MARGIN", MARGIN * 100)) / 100,
+            window=float(settings.LLMGW_ADMISSION_WINDOW),
+            queue=float(settings.LLMGW_ADMISSION_QUEUE_MS) / 1000,
+            queue_max=int(settings.LLMGW_ADMISSION_QUEUE_MAX),
+            margin=float(settings.LLMGW_ADMISSION_BATCH_MARGIN) / 100,
         )
 
     def _model(self, model: str) -> _Model | None:
@@ -533,11 +540,12 @@ class Admission:
         recent = tuple(ms for at, ms in m.recent if now - at < self.window)
         # Idle: nothing in flight here, nor a lower band's in another process.
         idle = 0.0 if m.busy or m.others else now - m.idle_since
+        live_idle = 0.0 if m.busy > m.batch or m.others else now - m.live_since
         live = sorted(ms for at, ms in m.live if now - at < self.window)
         return Reading(self.p99(model, now), recent, slo_ms, m.lower + m.others, idle,
                        m.batch, now - m.batch_since, m.base(int(now // 60)),
                        live[len(live) // 2] if len(live) >= RECENT else None,
-                       self.margin)  # fmt: skip
+                       self.margin, live_idle)  # fmt: skip
 
     def limit(self, model: str) -> int | None:
         m = self._models.get(model)
@@ -572,6 +580,8 @@ class Admission:
             m.batch = max(0, m.batch - 1)
             m.batch_since = self._clock()
             self._wake(m)
+        elif m.busy <= m.batch:
+            m.live_since = self._clock()  # the last live one: only batch lines left
         if low:
             m.lower = max(0, m.lower - 1)
             self._wake(m)
@@ -585,6 +595,18 @@ class Admission:
             for waiting in (m.waiting, m.others_waiting)
             for b, n in waiting.items()
             if 0 < RANK.get(b, RANK[DEFAULT_BAND]) < rank
+        )
+
+    @staticmethod
+    def _queued(m: _Model, band: str) -> int:
+        """Requests waiting for ``model`` in every process that count against the queue's
+        bound for ``band``: a batch line is bounded by every waiting request, a live one
+        by the live ones only (batch lines waiting never take a live request's place)."""
+        return sum(
+            n
+            for waiting in (m.waiting, m.others_waiting)
+            for b, n in waiting.items()
+            if band == BATCH or b != BATCH
         )
 
     def check(self, model: str, band: str, slo_ms: float) -> Decision:
@@ -710,7 +732,7 @@ class Admission:
 
     async def _wait(self, model: str, band: str, slo_ms: float) -> Decision:
         m = self._models[model]
-        if sum(m.waiting.values()) + sum(m.others_waiting.values()) >= self.queue_max:
+        if self._queued(m, band) >= self.queue_max:
             return await self._room(model, band, slo_ms)
         if m.opened is None:
             m.opened = asyncio.Event()

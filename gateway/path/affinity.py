@@ -40,6 +40,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.path import balance
 from gateway.path.balance import Ring, Target
@@ -132,9 +133,8 @@ class Sessions:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls) -> Sessions:
-        from django.conf import settings
-
+    def from_settings(cls, settings: Any) -> Sessions:
+        """The settings' (``django.conf.settings`` or anything with those names)."""
         return cls(
             size=int(settings.LLMGW_SESSION_MAX),
             age=float(settings.LLMGW_SESSION_AGE),

@@ -87,6 +87,20 @@ async def whole(judging: Judging, options: Options, cycle: Cycle, resp: Response
     await cycle.body(raw, more=False)
 
 
+async def streamed(
+    judging: Judging,
+    options: Options,
+    cycle: Cycle,
+    resp: Response,
+    waits: Waits,
+    sent_at: float,
+    failed_late: Callable[[str, int | None, str], None],
+) -> bool:
+    """Relay a streamed answer to its end (``Stream``, below), as ``whole`` sends a whole
+    one: False when the engine failed after the first byte (the client was told so)."""
+    return await Stream(judging, options, cycle, resp, waits, sent_at, failed_late).relay()
+
+
 class Stream:
     """One streamed answer relayed: its first event is due ``waits.first_token`` after
     it was sent (``sent_at``, the loop's clock), each next within ``waits.between`` of

@@ -92,13 +92,14 @@ from gateway.path.dialects import sessions
 from gateway.path.dialects.common import DialectError
 from gateway.path.errors import ApiError
 from gateway.path.guarding import Guard, Judging
-from gateway.path.limits import LocalLimits
+from gateway.path.limits import LocalLimits, RedisLimits
 from gateway.path.options import Options
 from gateway.path.outliers import Outliers, Rules
 from gateway.path.parts import Parts
 from gateway.path.routing import Routing
 from gateway.path.table import KEY_PREFIX, Entry, Key, Source, Table, digest
 from gateway.records.observe import Done, Observer
+from gateway.shared import Shared
 from llmgw_core.upstream import Upstream
 
 log = logging.getLogger("gateway")
@@ -138,16 +139,16 @@ class Gateway:
         self.app = app
         self.parts = Parts(
             state=state,
-            options=options or Options.from_settings(),
+            options=options or Options.from_settings(settings),
             observer=observer or Observer(),
             guard=guard or Guard(),
             # Lower bands held while a model is past its latency SLO (gateway.path.admission).
-            admission=admission or Admission.from_settings(),
+            admission=admission or Admission.from_settings(settings),
             # Replicas left out of routing after failures in a row (gateway.path.outliers).
             outliers=outliers or Outliers(Rules.from_settings(settings)),
             placer=Placer(),
             # Each session's last replica, per model (gateway.path.affinity): this process's.
-            sessions=Sessions.from_settings(),
+            sessions=Sessions.from_settings(settings),
             client=upstream,
             limits=limits,
         )
@@ -194,14 +195,10 @@ class Gateway:
         if parts.limits is None:
             url = settings.REDIS_URL
             if url:
-                from gateway.path.limits import RedisLimits
-
                 parts.limits = RedisLimits(url)
             else:
                 parts.limits = LocalLimits()
         if parts.shared is None and settings.REDIS_URL:
-            from gateway.shared import Shared
-
             parts.shared = Shared(settings.REDIS_URL, parts.admission, parts.outliers,
                                   parts.observer)  # fmt: skip
             parts.shared.start()

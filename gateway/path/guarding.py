@@ -53,7 +53,9 @@ def breaker_metric(judge: str, state: breaker.State) -> None:
     global _gauge
     with _gauge_lock:
         if _gauge is None:
-            from prometheus_client import Gauge
+            # Imported here: prometheus_client picks its value class as it is imported; this
+            # process's multiprocess folder is set first (series.multiprocess).
+            from prometheus_client import Gauge  # noqa: PLC0415
 
             series.multiprocess()  # the multiprocess mode, before any metric is made
             _gauge = Gauge("llmgw_guard_judge_breaker",

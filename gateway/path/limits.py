@@ -52,6 +52,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
 from gateway.path import series
 from llmgw_core import rediskeys
 
@@ -147,8 +152,6 @@ return now
 
 
 def timeout_setting() -> float:
-    from django.conf import settings
-
     return settings.LLMGW_REDIS_TIMEOUT_MS / 1000
 
 
@@ -172,10 +175,6 @@ class RedisLimits:
         probe_every: float = PROBE_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         # How long one call may take before Redis counts as away: a slow answer is waited
         # for (``SLOW_FACTOR`` Redis timeouts), an absent Redis refuses at once.
         self.timeout = (timeout_setting() if timeout is None else timeout) * SLOW_FACTOR

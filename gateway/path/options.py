@@ -7,8 +7,7 @@ from __future__ import annotations
 import zoneinfo
 from dataclasses import dataclass
 from datetime import datetime
-
-from django.conf import settings
+from typing import Any
 
 from gateway.path.routing import waits_defaults
 
@@ -41,9 +40,10 @@ class Options:
         return datetime.now(zoneinfo.ZoneInfo(self.time_zone))
 
     @classmethod
-    def from_settings(cls) -> Options:
+    def from_settings(cls, settings: Any) -> Options:
+        """The settings' (``django.conf.settings`` or anything with those names)."""
         # The waits the catalog's explain names too (gateway/apps.py registers them).
-        waits = waits_defaults()
+        waits = waits_defaults(settings)
         return cls(
             connect_timeout=float(settings.LLMGW_GATEWAY_CONNECT_TIMEOUT),
             first_byte_timeout=waits.first_token,

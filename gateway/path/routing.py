@@ -23,6 +23,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
 from gateway.path import answer, balance, errors, federation, providers, sizing
@@ -46,16 +48,14 @@ PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completion
          bodies.EMBEDDING: "/v1/embeddings", bodies.RERANK: "/v1/rerank"}  # fmt: skip
 
 
-def waits_defaults() -> timeouts.Defaults:
+def waits_defaults(source: Any = settings) -> timeouts.Defaults:
     """The gateway's waits for a model whose catalog entry gives none: its settings
-    (registered with ``catalog.timeouts`` by the gateway's ``ready()``)."""
-    from django.conf import settings
-
+    (registered with ``catalog.timeouts`` by the gateway's ``ready()``), or ``source``'s."""
     return timeouts.Defaults(
-        first_token=float(settings.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
-        between=float(settings.LLMGW_GATEWAY_READ_TIMEOUT),
-        whole=float(settings.LLMGW_GATEWAY_WHOLE_TIMEOUT),
-        wake=float(settings.LLMGW_GATEWAY_WAKE_WAIT),
+        first_token=float(source.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
+        between=float(source.LLMGW_GATEWAY_READ_TIMEOUT),
+        whole=float(source.LLMGW_GATEWAY_WHOLE_TIMEOUT),
+        wake=float(source.LLMGW_GATEWAY_WAKE_WAIT),
         set_by=SET_BY,
     )
 
@@ -405,9 +405,9 @@ class Routing:
                     raise
             whole = True
             if req.stream and resp.status == 200:
-                whole = await answer.Stream(
+                whole = await answer.streamed(
                     self.judging, parts.options, cycle, resp, waits, sent_at, self.replica_failed
-                ).relay()
+                )
             else:
                 await answer.whole(self.judging, parts.options, cycle, resp)
             if whole and resp.status < 500:

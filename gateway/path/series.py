@@ -54,8 +54,10 @@ def multiprocess() -> Path:
             return _folder
         path = folder()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
-        from prometheus_client import multiprocess as shared
-        from prometheus_client import values
+        # Imported here: prometheus_client picks its value class as it is imported; this
+        # process's multiprocess folder is set first (just above).
+        from prometheus_client import multiprocess as shared  # noqa: PLC0415
+        from prometheus_client import values  # noqa: PLC0415
 
         # The mode is chosen when prometheus_client is imported; say it again in case it
         # was imported before the folder was known.
@@ -88,7 +90,9 @@ def fallback_counter(name: str, doc: str, what: str) -> Any:
             return _fallbacks[name]
     try:
         multiprocess()  # the multiprocess folder first, as every series of the gateway
-        from prometheus_client import Counter
+        # Imported here: prometheus_client picks its value class as it is imported; this
+        # process's multiprocess folder is set first (series.multiprocess).
+        from prometheus_client import Counter  # noqa: PLC0415
 
         counter: Any = Counter(name, doc, ("kind",), namespace=NS, registry=None)
     except Exception:  # no metrics here (a data folder that cannot be written)

@@ -32,6 +32,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from cluster.models import ClusterAction, Replica
+from gateway.cacheshare import share
+from gateway.models import TrafficPoint, Usage
 from gateway.path import admission
 from gateway.path.admission import EDGES_MS, quantile
 from gateway.records.observe import Done, Listener
@@ -87,10 +94,6 @@ Bucket = tuple[int, str]  # (minute as Unix seconds, model)
 
 def write(batch: dict[Bucket, Counts]) -> None:
     """Add a batch to the minute rows in one transaction, rows in order (no deadlock)."""
-    from django.db import transaction
-
-    from gateway.models import TrafficPoint
-
     if not batch:
         return
     with transaction.atomic():
@@ -207,8 +210,6 @@ RECORDER = HistoryRecorder()
 
 def start() -> None:
     """Write the history in the background from now on (the servers call it)."""
-    from django.conf import settings
-
     RECORDER.interval = max(1, settings.LLMGW_GATEWAY_USAGE_FLUSH_MS) / 1000.0
     RECORDER.start()
 
@@ -216,11 +217,6 @@ def start() -> None:
 def roll(now: dt.datetime | None = None) -> tuple[int, int]:
     """Sum minutes older than the minutes' keep into their hours; delete hours older than
     the hours' keep. Return (minutes rolled, hours deleted)."""
-    from django.conf import settings
-    from django.db import transaction
-
-    from gateway.models import TrafficPoint
-
     now = now or dt.datetime.now(dt.UTC)
     cut = (now - dt.timedelta(hours=settings.LLMGW_HISTORY_MINUTE_HOURS)).replace(
         minute=0, second=0, microsecond=0
@@ -278,8 +274,6 @@ class Point:
     @property
     def cached_share(self) -> int | None:
         """The cached share of the point's prompt tokens, in per cent (None: none)."""
-        from gateway.cacheshare import share
-
         return share(self.tokens_in, self.tokens_cached)
 
     def as_dict(self) -> dict[str, Any]:
@@ -328,8 +322,6 @@ def window(span: str, now: dt.datetime | None = None) -> tuple[dt.datetime, int,
 
 def series(model: str, span: str, now: dt.datetime | None = None) -> list[Point]:
     """A model's points over the span, from minute and hour rows alike."""
-    from gateway.models import TrafficPoint
-
     start, length, step = window(span, now)
     rows = TrafficPoint.objects.filter(model=model, at__gte=start).order_by("at")
     return group(((r.at, _counts(r)) for r in rows), start, length, step)
@@ -338,8 +330,6 @@ def series(model: str, span: str, now: dt.datetime | None = None) -> list[Point]
 def usage_series(*, key: str = "", owner: str = "", span: str = "day",
                  now: dt.datetime | None = None) -> list[Point]:  # fmt: skip
     """A key's or an owner's requests and tokens over the span (``Usage``'s minutes)."""
-    from gateway.models import Usage
-
     start, length, step = window(span, now)
     rows = Usage.objects.filter(minute__gte=start)
     rows = rows.filter(key=key) if key else rows.filter(owner=owner)
@@ -356,10 +346,6 @@ def marks(model: str, start: dt.datetime) -> list[tuple[dt.datetime, str, str]]:
     """What happened to a model since ``start``: (when, kind, what): replicas made or
     given up (scale events), bench runs, and the points with admission holds are marked
     by ``chart`` itself."""
-    from django.db.models import Q
-
-    from cluster.models import ClusterAction, Replica
-
     out: list[tuple[dt.datetime, str, str]] = []
     for r in Replica.objects.filter(model_name=model, created__gte=start).only("pk", "created"):
         out.append((r.created, "replica", f"replica #{r.pk} made"))

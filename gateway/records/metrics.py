@@ -47,9 +47,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from django.db import connection
+
 from gateway.path import series
 from gateway.path.parts import Parts
 from gateway.records.observe import Done, Listener
+from guard.api.auth import token_user, token_user_in_memory
+from llmgw_core.lean import bearer, headers
+from llmgw_core.models import TOKEN_PREFIX
+from llmgw_core.roles import VIEWER, has_role
 
 NS = series.NS
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -69,7 +75,9 @@ def _setup() -> dict[str, Any]:
         if _metrics is not None:
             return _metrics
         series.multiprocess()
-        from prometheus_client import Counter, Gauge, Histogram
+        # Imported here: prometheus_client picks its value class as it is imported; this
+        # process's multiprocess folder is set first (series.multiprocess).
+        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return Counter(name, doc, labels, namespace=NS, registry=None)
@@ -133,7 +141,9 @@ def state_failed(part: str) -> None:
 def scrape() -> bytes:
     """Every process's samples of this host, summed, in Prometheus' text format."""
     _setup()
-    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    # Imported here: prometheus_client picks its value class as it is imported; this
+    # process's multiprocess folder is set first (series.multiprocess).
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess  # noqa: PLC0415
 
     registry = CollectorRegistry()
     registry.register(_Made(multiprocess.MultiProcessCollector, series.folder()))
@@ -328,7 +338,9 @@ class MetricsRoute:
         if refused is not None:
             await _plain(send, *refused)
             return
-        from prometheus_client import CONTENT_TYPE_LATEST
+        # Imported here: prometheus_client picks its value class as it is imported; this
+        # process's multiprocess folder is set first (series.multiprocess).
+        from prometheus_client import CONTENT_TYPE_LATEST  # noqa: PLC0415
 
         body = await asyncio.to_thread(scrape)
         headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()),
@@ -341,11 +353,6 @@ class MetricsRoute:
 
 
 async def _refusal(scope: dict[str, Any]) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
-    from guard.api.auth import token_user, token_user_in_memory
-    from llmgw_core.lean import bearer, headers
-    from llmgw_core.models import TOKEN_PREFIX
-    from llmgw_core.roles import VIEWER, has_role
-
     secret = bearer(headers(scope))
     challenge = [(b"www-authenticate", b'Bearer realm="llmgw metrics"')]
     if not secret or not secret.startswith(TOKEN_PREFIX):
@@ -368,8 +375,6 @@ async def _refusal(scope: dict[str, Any]) -> tuple[int, str, list[tuple[bytes, b
 
 
 def _token_user(lookup: Any, secret: str) -> Any:
-    from django.db import connection
-
     try:
         return lookup(secret)
     finally:

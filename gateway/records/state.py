@@ -26,9 +26,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections, connection
+from django.db.models import Max
 
+from catalog.models import ChangeRecord, ServedModel
+from catalog.services import stored_specs
+from cluster import relay
+from cluster.agentinput import AgentError
+from cluster.choices import NodeHealth, ReplicaState
+from cluster.enginekeys import engine_key
+from cluster.models import Quota, Replica
+from cluster.services import demand, no_room
+from gateway.models import PEER_OWNER, ClientKey, Peer
 from gateway.path.table import Key, ReplicaRow, Table, build
+from gateway.records import metrics
+from guard import snapshots
+from llmgw_core import events
 from llmgw_core.upstream import Key as UpstreamKey
 from llmgw_core.upstream import UpstreamError, split
 
@@ -69,15 +83,6 @@ class Loader:
         self._table: Table | None = None
 
     def __call__(self) -> Table:
-        from django.db.models import Max
-
-        from catalog.models import ChangeRecord, ServedModel
-        from catalog.services import stored_specs
-        from cluster.choices import NodeHealth, ReplicaState
-        from cluster.models import Quota, Replica
-        from cluster.services import no_room
-        from gateway.models import PEER_OWNER, ClientKey, Peer
-
         mark = (ChangeRecord.objects.aggregate(last=Max("id"))["last"], ServedModel.objects.count())
         now = time.monotonic()
         if mark != self._mark or now - self._read_at >= CATALOG_EVERY:
@@ -136,8 +141,6 @@ class Loader:
 def engine_keys(table: Table) -> dict[UpstreamKey, str]:
     """Return each routed replica's engine key (``cluster.enginekeys``) by where it is
     reached: computed when a table is swapped in, never on a request's path."""
-    from cluster.enginekeys import engine_key
-
     out: dict[UpstreamKey, str] = {}
     for pool in table.pools.values():
         for rid, url in pool.endpoints.items():
@@ -240,16 +243,10 @@ class State:
         (``cluster.models``), a node cordoned, drained or lost (``cluster.nodes``). A
         missed event costs at most ``interval``: the thread reads again anyway.
         """
-        from channels.layers import InMemoryChannelLayer, get_channel_layer
-
-        from llmgw_core import events
-
         layer = get_channel_layer()
         if layer is None:
             return
         if isinstance(layer, InMemoryChannelLayer):
-            from cluster import relay
-
             if not relay.listening():
                 # Embedded, in a process of its own (gateway serve): no event reaches
                 # this layer, and this process's own (its traffic) must go to the web
@@ -474,30 +471,21 @@ class State:
 
 
 def _guard_snapshot() -> Any:
-    from guard import snapshots
-
     return snapshots.kept()
 
 
 def _note_read(part: str) -> None:
     """Export when ``part`` was last read whole (gateway.records.metrics: the state's series)."""
     with contextlib.suppress(Exception):  # a metric never stops a read
-        from gateway.records import metrics
-
         metrics.state_read(part)
 
 
 def _note_failure(part: str) -> None:
     with contextlib.suppress(Exception):
-        from gateway.records import metrics
-
         metrics.state_failed(part)
 
 
 def record_demand_in_db(model: str) -> None:
     """Note that ``model`` was asked for: the reconciler starts it if it is scaled to zero."""
-    from cluster.agentinput import AgentError
-    from cluster.services import demand
-
     with contextlib.suppress(AgentError):  # deleted since: nothing to start
         demand(model)

@@ -64,7 +64,9 @@ from typing import Any
 from gateway.path import admission
 from gateway.path.admission import EDGES_MS, bucket, quantile  # the histograms' one reading
 from gateway.path.parts import Parts
+from gateway.records.loadreport import LoadReport
 from gateway.records.observe import Done, Listener
+from llmgw_core import events
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,6 @@ class Traffic(Listener):
     def report_load(self, parts: Parts) -> None:
         """Report the load of the gateway of ``parts`` each second too
         (``gateway.records.loadreport``)."""
-        from gateway.records.loadreport import LoadReport
-
         self.load = LoadReport(parts, self.process)
 
     def refused(self, direction: str, judge: str, categories: tuple[str, ...]) -> None:
@@ -278,8 +278,6 @@ class Traffic(Listener):
 
 
 def _send(message: dict[str, Any]) -> None:
-    from llmgw_core import events
-
     events.send(GROUP, message)
 
 

@@ -26,6 +26,7 @@ import contextvars
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from gateway.models import Usage
 from gateway.records.observe import Done, Listener
 from llmgw_core.batches import Batcher
 
@@ -77,8 +79,6 @@ def write(batch: dict[Bucket, Counts]) -> None:
 
     Rows are touched in bucket order, so two processes flushing at once cannot deadlock.
     """
-    from gateway.models import Usage
-
     if not batch:
         return
     buckets = sorted(batch)
@@ -117,7 +117,6 @@ class UsageRecorder(Batcher, Listener):
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__()
-        import time
 
         self._init_batches(interval)
         self._writer = writer

@@ -29,6 +29,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from django.db import close_old_connections, connection, transaction
+
+from catalog.choices import Surface
+from catalog.services import Actor, save_model, stored_queryset
 from gateway.path import canary
 from gateway.path.table import Table
 from gateway.records.observe import Done, Listener
@@ -48,9 +52,6 @@ Outcome = tuple[bool, float | None]
 
 def actor() -> object:
     """Who the change log says rolled a canary back: the gateway, and which process."""
-    from catalog.choices import Surface
-    from catalog.services import Actor
-
     return Actor(user=None, surface=Surface.GATEWAY, name="gateway",
                  via=f"{socket.gethostname()} pid {os.getpid()}")  # fmt: skip
 
@@ -59,10 +60,6 @@ def roll_back(model: str, candidate: str, why: str) -> bool:
     """Set ``model``'s canary share to 0 if it still sends some to ``candidate``; True when
     written. The row is locked and read again first: of several processes deciding at
     once, one writes."""
-    from django.db import transaction
-
-    from catalog.services import save_model, stored_queryset
-
     with transaction.atomic():
         row = stored_queryset().select_for_update().filter(name=model).first()
         if row is None:
@@ -164,8 +161,6 @@ class CanaryWatch(Listener):
         self._thread = None
 
     def _run(self) -> None:
-        from django.db import close_old_connections, connection
-
         try:
             self.check()
             while not self._stop.wait(self.interval):

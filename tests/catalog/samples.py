@@ -8,6 +8,15 @@ from typing import Any
 H100 = "nvidia-h100-80gb"
 
 
+def all_day(least: int, most: int) -> list[dict[str, Any]]:
+    """A schedule in force whenever a test runs: two windows, the two halves of the day
+    back to back, each from ``least`` to ``most`` replicas."""
+    return [
+        {"from": "00:00", "to": "12:00", "min": least, "max": most},
+        {"from": "12:00", "to": "00:00", "min": least, "max": most},
+    ]
+
+
 def gpu_model(name: str = "chat", **extra: Any) -> dict[str, Any]:
     """Return a valid vLLM model on two H100s."""
     data: dict[str, Any] = {
@@ -40,14 +49,18 @@ def sim_model(
     gpu_class: str = H100,
     tp: int | None = 1,
     profile: dict[str, Any] | None = None,
+    schedule: list[dict[str, Any]] | None = None,
+    judge: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """Return a valid model the sim engine serves, the one the tests that run sims build.
 
     One profile, ``sim``, of ``tp`` cards (None: not written) of ``gpu_class``, with
-    ``profile``'s keys over it (env, args, capacity); scaling from ``replicas`` to ``most``
-    (unset: as many, at least 1). ``extra`` is the model's other keys, each replacing what
-    is here (a ``scaling`` whole).
+    ``profile``'s keys over it (env, args, capacity, priority); scaling from ``replicas``
+    to ``most`` (unset: as many, at least 1), with ``schedule``'s windows (``all_day``);
+    a judge of the guard in ``judge``'s format (``qwen3guard``, ``llama-guard``, ...)
+    when given. ``extra`` is the model's other keys, each replacing what is here (a
+    ``scaling`` whole).
     """
     sim: dict[str, Any] = {"name": "sim", "engine": "sim", "gpu_class": gpu_class}
     if tp is not None:
@@ -59,6 +72,11 @@ def sim_model(
         "profiles": [sim],
         "scaling": {"min": replicas, "max": max(1, replicas) if most is None else most},
     }
+    if schedule is not None:
+        data["scaling"]["schedule"] = copy.deepcopy(schedule)
+    if judge is not None:
+        data["role"] = "guard"
+        data["guard"] = {"format": judge}
     data.update(copy.deepcopy(extra))
     return data
 

@@ -42,6 +42,7 @@ from catalog.rules import (
     is_peer,
     kv_index,
     normalize,
+    normalized_profiles,
     on_demand,
     parse_level,
     profile_by_name,
@@ -551,6 +552,24 @@ def test_normalize_returns_a_copy_and_leaves_its_input():
     assert m == before
     assert out is not m
     assert out.profiles[0] is not m.profiles[0]
+
+
+@pytest.mark.parametrize(
+    "m",
+    [
+        model(Profile(name="gpu", gpu_class=H100), cpu(gpus_per_node=2, tp=2)),
+        model(cpu(gpu_class=H100, tp=2, pp=2), gpu(tp=8, nodes=2)),
+        model(gpu(), source="https://huggingface.co/Qwen/Qwen3-8B/tree/main"),
+        model(gpu(), cpu(), source="https://huggingface.co/Qwen/Qwen3-8B/tree/main"),
+    ],
+)
+def test_normalized_profiles_are_what_normalize_gives_and_leave_the_input(m):
+    before = copy.deepcopy(m)
+    source, profiles = normalized_profiles(m)
+    whole = normalize(m)
+    assert (source, profiles) == (whole.source, whole.profiles)
+    assert m == before
+    assert all(p is not q for p, q in zip(profiles, m.profiles, strict=True))
 
 
 # check_model: one test per rule

@@ -9,6 +9,7 @@ changed. Plain data, no database.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -174,6 +175,41 @@ def test_the_plan_is_the_reference_plan(seed: int, size: int, wanted: int, packe
     )
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    seed=st.integers(0, 2**32),
+    size=st.integers(2, 40),
+    wanted=st.integers(1, 60),
+    packed=st.booleans(),
+)
+def test_the_plan_is_the_reference_plan_with_caps_on_racks_and_rows(
+    seed: int, size: int, wanted: int, packed: bool
+) -> None:
+    """Nodes in rows across racks, both capped, and multi-node replicas kept within a row:
+    a group's power is shared with nodes of other groups, and the plan is still the
+    reference's."""
+    nodes, domains, running, requests = cluster(seed, size, wanted, packed)
+    rng = random.Random(seed + 1)
+    rows = max(len(domains) // 2, 1)
+    nodes = [
+        replace(n, labels={**n.labels, "llmgw.io/row": f"w{rng.randrange(rows)}"}) for n in nodes
+    ]
+    domains = domains + [Domain("row", f"w{k}", rng.choice([0, 3_000, 9_000])) for k in range(rows)]
+    requests = [
+        replace(
+            r,
+            profiles=tuple(
+                replace(p, keep_within="row") if p.nodes > 1 and rng.random() < 0.6 else p
+                for p in r.profiles
+            ),
+        )
+        for r in requests
+    ]
+    same(
+        place(nodes, domains, running, requests), reference_place(nodes, domains, running, requests)
+    )
+
+
 def test_a_packed_cluster_evicts_and_leaves_some_unplaced_as_the_reference_does() -> None:
     """A cluster packed with lower classes, short of room: evictions and reasons alike."""
     nodes, domains, running, requests = cluster(7, 40, 120, True)
@@ -214,3 +250,28 @@ def test_a_node_that_gains_room_completes_a_multi_node_group_as_the_reference_do
     plan = place(nodes, domains, running, requests)
     assert "m98" in {p.key for p in plan.placed}
     same(plan, reference_place(nodes, domains, running, requests))
+
+
+def test_replicas_of_a_multi_node_model_fill_one_rack_after_another() -> None:
+    """Three replicas of a two-node model kept within a rack, three racks of two nodes:
+    each replica takes a rack of its own, in order, as the reference places them (the
+    racks not yet walked when the first replica found room are not known to be full)."""
+    nodes = [
+        Node(
+            f"n{r}{k}",
+            labels={"llmgw.io/rack": f"r{r}"},
+            engines={"vllm": "0.11.0"},
+            cards=[Card(c, H100, 81559, 700) for c in range(8)],
+        )
+        for r in range(3)
+        for k in range(2)
+    ]
+    wide = PlacementProfile("tp16", gpu_class=H100, gpus_per_node=8, nodes=2, keep_within="rack")
+    requests = [Request(f"big/{n}", "big", (wide,), 3, -n) for n in range(3)]
+    plan = place(nodes, [], [], requests)
+    assert [[a.node for a in p.assignments] for p in plan.placed] == [
+        ["n00", "n01"],
+        ["n10", "n11"],
+        ["n20", "n21"],
+    ]
+    same(plan, reference_place(nodes, [], [], requests))

@@ -142,6 +142,8 @@ def last_tick() -> Any:
     return mark.at if mark else None
 
 
+# 166 s at load 6 to 22 (setup 15, the test 140, teardown 11).
+@pytest.mark.takes(166)
 def test_the_web_process_down_for_40_s_restarts_no_engine(
     control_plane: Plane, agents: Callable[..., Agent]
 ) -> None:
@@ -180,6 +182,8 @@ def test_the_web_process_down_for_40_s_restarts_no_engine(
     assert dict(Replica.objects.values_list("pk", "restarts")) == restarts
 
 
+# 71 s at load 6 to 22 (setup 34, the test 26, teardown 11).
+@pytest.mark.takes(71)
 def test_after_redis_is_away_and_back_an_open_console_shows_a_change_made_meanwhile(
     control_plane: Plane,
     redis_server: Redis,
@@ -215,6 +219,8 @@ def test_after_redis_is_away_and_back_an_open_console_shows_a_change_made_meanwh
     assert badge.inner_text() == "live"
 
 
+# 78 s at load 6 to 22 (setup 27, the test 49, teardown 1).
+@pytest.mark.takes(78)
 def test_with_beat_stopped_the_worker_ticks_and_with_it_stopped_the_console_says_so(
     control_plane: Plane, console: Callable[..., Any], viewer: Any
 ) -> None:
@@ -300,6 +306,9 @@ def plane_from_requirements(
     plane.stop_all()
 
 
+# 174 s at load 6 to 22 (setup 135, building requirements.txt's environment once a
+# machine; the test 28, teardown 11).
+@pytest.mark.takes(174)
 def test_web_worker_and_beat_run_from_requirements_txt_alone(
     plane_from_requirements: Plane, requirements_python: str, tmp_path: Path
 ) -> None:

@@ -21,7 +21,9 @@ from tests.catalog import samples
 from tests.catalog.samples import store
 from tests.e2e.conftest import ROOT, Agent, ControlPlane, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# 133 s for the seven at load 8 to 14 (the evaluation's 48, the others 12 to 26 each), where
+# the run's order counted a minute each.
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.takes(15)]
 
 L4 = "nvidia-l4-24gb"
 
@@ -229,6 +231,7 @@ def test_enabling_a_sim_judge_shows_its_replica_go_from_pending_to_ready(
     )
 
 
+@pytest.mark.takes(48)
 def test_an_evaluation_started_from_the_console_fills_in_without_reloading(
     console: Callable[..., Any], agents: Callable[..., Agent], operator: Any
 ) -> None:

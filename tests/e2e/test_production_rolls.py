@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from cluster.models import Node
+from tests.catalog.samples import all_day, sim_model
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.test_production import REDIS, Production, api
 
@@ -37,25 +38,13 @@ def control_plane(transactional_db: Any, tmp_path: Path) -> Iterator[Production]
 
 
 def model(name: str, schedule: bool = True, load: str = "3") -> dict[str, Any]:
-    scaling: dict[str, Any] = {"min": 2, "max": 2}
+    """``samples.sim_model`` on an L4, slow to load: two replicas by a schedule in force
+    all day (from a min of 1), or by a min of 2."""
+    sim = {"args": ["--load-time", load]}
     if schedule:
-        # In force whenever the test runs: two halves of the day, back to back.
-        scaling = {
-            "min": 1,
-            "max": 2,
-            "schedule": [
-                {"from": "00:00", "to": "12:00", "min": 2, "max": 2},
-                {"from": "12:00", "to": "00:00", "min": 2, "max": 2},
-            ],
-        }
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [
-            {"name": "sim", "engine": "sim", "gpu_class": L4, "args": ["--load-time", load]}
-        ],
-        "scaling": scaling,
-    }
+        return sim_model(name, 1, most=2, gpu_class=L4, tp=None, profile=sim,
+                         schedule=all_day(2, 2))  # fmt: skip
+    return sim_model(name, 2, gpu_class=L4, tp=None, profile=sim)
 
 
 def replicas(script: httpx.Client, name: str) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import pytest
 
 from cluster.models import Node, Replica
 from llmgw_core.models import ApiToken
+from tests.catalog.samples import sim_model
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -22,15 +23,9 @@ L4 = "nvidia-l4-24gb"
 
 
 def _model(name: str, priority: int = 0) -> dict[str, Any]:
-    profile: dict[str, Any] = {"name": "sim", "engine": "sim", "gpu_class": L4}
-    if priority:
-        profile["priority"] = priority  # part of the profile's fingerprint
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [profile],
-        "scaling": {"min": 1, "max": 1},
-    }
+    # A priority is part of the profile's fingerprint.
+    profile = {"priority": priority} if priority else None
+    return sim_model(name, gpu_class=L4, tp=None, profile=profile)
 
 
 def test_catalog_changes_made_through_the_api_reach_open_consoles(

@@ -17,7 +17,7 @@ from catalog import rules
 from catalog.models import ServedModel
 from cluster.models import Assignment, ClusterAction, Node, Replica
 from tests.browser.conftest import wait_js
-from tests.catalog.samples import store
+from tests.catalog.samples import all_day, sim_model, store
 from tests.e2e.conftest import Agent, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -50,22 +50,8 @@ RECORD_READY = """
 
 def scheduled(name: str) -> dict[str, Any]:
     """A model whose schedule window is in force all day, every day: min 2, max 2."""
-    return {
-        "name": name,
-        "source": f"sim/{name}",
-        "profiles": [
-            {"name": "sim", "engine": "sim", "gpu_class": L4, "args": ["--load-time", LOAD]}
-        ],
-        "scaling": {
-            "min": 1,
-            "max": 2,
-            # Two halves of the day, back to back: a window is in force whenever it runs.
-            "schedule": [
-                {"from": "00:00", "to": "12:00", "min": 2, "max": 2},
-                {"from": "12:00", "to": "00:00", "min": 2, "max": 2},
-            ],
-        },
-    }
+    return sim_model(name, 1, most=2, gpu_class=L4, tp=None,
+                     profile={"args": ["--load-time", LOAD]}, schedule=all_day(2, 2))  # fmt: skip
 
 
 def ready_nodes(*names: str) -> list[Node]:

@@ -184,6 +184,35 @@ def test_the_batch_allowance_never_grows_while_live_first_tokens_are_past_their_
         assert after.batch == start + 1  # within the base while a line waits: one more
 
 
+gates = st.builds(Gate, st.one_of(st.none(), st.integers(0, 10)), st.floats(0, 30),
+                  st.floats(0, 30), st.one_of(st.none(), st.integers(0, 10)))  # fmt: skip
+live_bands = st.sampled_from(["normal", "low"])
+
+
+@LOADED
+@given(gates, readings, live_bands, st.integers(0, 5), st.floats(0, 40), st.integers(1, 8))
+def test_batch_lines_in_flight_never_hold_back_a_live_band(
+    gate: Gate, r: Reading, band: str, ahead: int, now: float, lines: int
+) -> None:
+    """Whatever the gate and the figures, a live lower band (``low`` as much as ``normal``)
+    admitted with no batch line in flight is admitted with batch lines in flight (the
+    model then busy with them: never idle, though nothing live runs)."""
+    alone = r._replace(batch=0, live_idle=r.idle)
+    beside = r._replace(batch=lines, batch_idle=0.0, idle=0.0, live_idle=r.idle)
+    if decide(gate, band, alone, now, WINDOW, ahead)[1].admit:
+        assert decide(gate, band, beside, now, WINDOW, ahead)[1].admit
+
+
+@LOADED
+@given(gates, readings, st.integers(1, 5), st.floats(0, 40))
+def test_a_batch_line_never_goes_in_while_a_live_band_waits(
+    gate: Gate, r: Reading, ahead: int, now: float
+) -> None:
+    """A ``normal`` or ``low`` request waiting at the door (``ahead``) keeps every batch
+    line out, whatever the batch's own allowance."""
+    assert not decide(gate, BATCH, r, now, WINDOW, ahead)[1].admit
+
+
 def test_a_batch_that_slows_live_traffic_past_its_base_gives_way_well_inside_the_slo() -> None:
     """Live first tokens at 100 ms alone; beside a batch line at 200 ms, a fifth of the
     slo: the batch's allowance halves (as it would not by the slo alone), and grows again
@@ -429,6 +458,46 @@ def test_the_queue_is_bounded() -> None:
         return [third.admit, *still]
 
     assert asyncio.run(go()) == [False, True, True]
+
+
+def test_batch_lines_waiting_never_take_a_low_requests_place_in_the_queue() -> None:
+    """The queue's bound counts live requests for a live one: with the queue full of batch
+    lines waiting, a ``low`` request still waits for room (not refused at once) and goes in
+    ahead of them; a further batch line is refused at once."""
+    a, clock = admission(queue=5.0, queue_max=2)
+    a.record("m", 5.0)  # past the slo: the live lower bands capped, the batch at 0
+
+    async def queued(n: int) -> None:
+        while a.state()["m"]["waiting"] < n:
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        lines = [asyncio.create_task(a.admit("m", BATCH, 1000)) for _ in range(2)]
+        await asyncio.wait_for(queued(2), 2.0)
+        assert not (await asyncio.wait_for(a.admit("m", BATCH, 1000), 1.0)).admit
+        low = asyncio.create_task(a.admit("m", "low", 1000))
+        await asyncio.wait_for(queued(3), 2.0)  # waiting, not refused
+        clock.now += STEP  # nothing live in flight for a step: room for one
+        assert (await asyncio.wait_for(low, 2.0)).admit
+        assert not any(line.done() for line in lines)  # the batch lines wait on
+        for line in lines:
+            line.cancel()
+
+    asyncio.run(go())
+
+
+def test_a_batch_line_left_in_flight_does_not_keep_the_live_allowance_from_growing() -> None:
+    """Another gateway process caps the model while a batch line runs here: with nothing
+    live in flight for a step, a waiting ``low`` request gets its room as it would with
+    the batch line ended."""
+    a, clock = admission()
+    for _ in range(5):
+        a.record("m", 0.6)  # within the slo, not under its headroom: no room to grow on
+    a._take("m", BATCH)
+    a.adopt("m", 0, clock.now, clock.now)  # capped elsewhere, at 0
+    assert not a.check("m", "low", 1000).admit
+    clock.now += STEP
+    assert a.check("m", "low", 1000).admit
 
 
 def test_the_listener_takes_the_wait_off_the_ttft_and_the_request_out_of_flight() -> None:

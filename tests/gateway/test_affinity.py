@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,8 +173,6 @@ def test_a_bad_setting_stops_the_start_naming_it(name: str, value: str, said: st
 
 
 def test_the_defaults() -> None:
-    from django.conf import settings as django_settings
-
-    table = Sessions.from_settings()
+    table = Sessions.from_settings(django_settings)
     assert (table.skew, table.size, table.age) == (2.0, 100_000, 1800.0)
     assert django_settings.LLMGW_SESSION_SKEW == DEFAULT_SKEW

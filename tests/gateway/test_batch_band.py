@@ -19,12 +19,14 @@ from gateway.path.table import Key, digest
 from tests.gateway.harness import KEY, Harness, model, wait
 
 HIGH = "llmgw-ck-batch-high-key"
+LOW = "llmgw-ck-batch-low-key"
 
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
     harness = Harness()
     harness.keys[digest(HIGH)] = Key(3, "prod", "team:t", (), None, priority="high")
+    harness.keys[digest(LOW)] = Key(4, "backfill", "team:t", (), None, priority="low")
     yield harness
     harness.close()
 
@@ -87,3 +89,26 @@ def test_past_the_slo_a_batch_line_waits_while_a_normal_request_is_admitted(h: H
     batch = [sum(b.get("batch", [0, 0])[i] for s in taken.values() for b in s.values())
              for i in (0, 1)]  # fmt: skip
     assert normal == [2, 0] and batch == [2, 1]  # no normal request held; the line was
+
+
+def test_a_low_request_is_served_ahead_of_batch_lines_waiting_at_the_door(h: Harness) -> None:
+    """Past the slo the live lower bands are capped and the batch is at 0: two batch lines
+    wait at the door, filling its queue (``queue_max`` 2). A ``low`` key's request then
+    still waits for its room rather than being refused at once, is answered once nothing
+    live has run for a step, and the batch lines, waiting since before it, are told to go
+    again (429) without having reached the engine."""
+    h.gateway.admission = Admission(window=5.0, queue=3.0, queue_max=2, counts=Counts())
+    engine = h.engine("e", delay=0.6)  # 600 ms to the answer, slo 300 ms
+    h.serve([model("m", slo=spec.SLO(ttft_p99=300_000_000))], [(1, "m", engine)])
+    line = token.make(digest(HIGH), "batch_abc", int(time.time()) + 3600)
+    a = h.gateway.admission
+    assert ask(h, HIGH)  # a client's slow answer: the model is past its slo
+    with ThreadPoolExecutor(3) as pool:
+        lines = [pool.submit(ask, h, line) for _ in range(2)]
+        wait(lambda: a.state()["m"]["waiting"] == 2, what="two batch lines at the door")
+        low = pool.submit(ask, h, LOW)
+        assert low.result(timeout=15)  # waited for its room, then answered
+        for held in lines:
+            with pytest.raises(openai.RateLimitError):
+                held.result(timeout=15)
+    assert engine.requests == 2  # the high request and the low one: no batch line

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from django.conf import settings
 
 from catalog import spec, timeouts
 from gateway.path import balance
@@ -61,7 +62,7 @@ def test_the_default_first_byte_wait_is_seconds() -> None:
     # A model with no slo waits the site's default for its first byte: seconds, as an
     # engine that answers nothing holds each request that long.
     defaults = waits_defaults()
-    assert defaults.first_token == 30 == Options.from_settings().first_byte_timeout
+    assert defaults.first_token == 30 == Options.from_settings(settings).first_byte_timeout
     assert timeouts.waits(spec.Model(name="m"), defaults).first_token == 30
     # A model whose slo says 1 s waits 10 s.
     fast = spec.Model(name="f", slo=spec.SLO(ttft_p99=1 * S))
@@ -71,7 +72,7 @@ def test_the_default_first_byte_wait_is_seconds() -> None:
 def test_a_hung_engine_holds_a_request_its_slo_bound_then_it_moves_on_and_is_ejected(
     h: Harness, stopped_sim: str
 ) -> None:
-    h.gateway.options = Options.from_settings()  # the waits as deployed
+    h.gateway.options = Options.from_settings(settings)  # the waits as deployed
     h.gateway.outliers = Outliers(Rules(after=1, base=60))
     good = h.engine("good")
     m = model("m", slo=spec.SLO(ttft_p99=1 * S))

@@ -291,8 +291,6 @@ def test_the_change_listener_joins_again_when_nothing_arrives(
     """The listener's wait for an event is bounded by the groups' rejoin: a layer that
     delivers nothing (a quiet cluster, a Redis that stopped delivering) is joined again,
     not waited on for ever while its groups expire; a join that hangs is given up on."""
-    from channels import layers
-
     from gateway.records import state as states
     from gateway.records.state import State
 
@@ -313,7 +311,7 @@ def test_the_change_listener_joins_again_when_nothing_arrives(
             return {}
 
     silent = Silent()
-    monkeypatch.setattr(layers, "get_channel_layer", lambda: silent)
+    monkeypatch.setattr(states, "get_channel_layer", lambda: silent)
     monkeypatch.setattr(states, "JOIN_WAIT", 0.2, raising=False)
     state = State(interval=60)
     state.rejoin_every = 0.2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cluster.models import Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 
 H100 = "nvidia-h100-80gb"
 
@@ -13,20 +15,17 @@ def guard_model(
     fmt: str = "qwen3guard",
     endpoint: str | None = None,
     *,
-    context_length: int | None = None,
-) -> None:
-    """Put a guard model in the catalog (a sim profile), with a ready replica at
-    ``endpoint`` when one is given."""
-    model = {
-        "name": name,
-        "source": f"sim/{name}",
-        "role": "guard",
-        "guard": {"format": fmt},
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-        "scaling": {"min": 1, "max": 1},
-    }
-    if context_length is not None:
-        model["context_length"] = context_length
-    store(model)
-    if endpoint:
-        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
+    state: str = "ready",
+    **extra: Any,
+) -> Replica | None:
+    """Put a guard model in the catalog (``samples.sim_model`` judging in ``fmt``), with a
+    replica in ``state`` when an ``endpoint`` is given (at it when ready); ``extra`` is
+    the model's other keys (``context_length``, ``slo``; None: not written). Return the
+    replica."""
+    given = {k: v for k, v in extra.items() if v is not None}
+    store(sim_model(name, tp=None, judge=fmt, **given))
+    if not endpoint:
+        return None
+    return Replica.objects.create(
+        model_name=name, state=state, endpoint=endpoint if state == "ready" else "", profile="sim"
+    )

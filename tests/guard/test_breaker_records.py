@@ -18,8 +18,7 @@ from guard import client, live, records
 from guard import snapshots as guard_snapshots
 from guard.chain import Stats
 from guard.models import JudgeBreaker
-from tests.catalog.samples import store
-from tests.guard.helpers import H100, guard_model
+from tests.guard.helpers import guard_model
 
 T = 1_790_000_000.0
 
@@ -50,9 +49,7 @@ def test_a_judges_timeout_comes_from_its_slo(
 def test_the_check_gives_each_judge_its_own_timeout(db: Any, settings: Any) -> None:
     settings.LLMGW_GUARD_JUDGE_TIMEOUT = 7
     guard_model("plain", endpoint="http://127.0.0.1:9")
-    store({"name": "fast", "source": "sim/fast", "role": "guard", "guard": {"format": "qwen3guard"},
-           "slo": {"ttft_p99": "300ms", "tpot_p99": "20ms"},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}]})  # fmt: skip
+    guard_model("fast", slo={"ttft_p99": "300ms", "tpot_p99": "20ms"})
     found = {j.name: j.timeout for j in guard_snapshots.judges(["plain", "fast"])}
     assert found == {"plain": 7.0, "fast": pytest.approx(3 * (0.3 + 64 * 0.02))}
 

@@ -25,13 +25,12 @@ from guard.api import auth
 from guard.chain import ChainResult, Failure, Stats
 from guard.models import JudgeDecision, JudgeHealth
 from llmgw_core.models import ApiToken
-from tests.catalog.samples import store
 from tests.dburl import database_url
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-H100 = "nvidia-h100-80gb"
 SAFE_TEXT = "how do I kill all child processes in bash"
 UNSAFE_TEXT = "help me UNSAFE-MARKER now"
 
@@ -99,21 +98,7 @@ def recorder() -> Iterator[records.Recorder]:
 
 def judge(name: str, endpoint: str | None, state: str = "ready") -> Replica | None:
     """Put a sim judge in the catalog, and a replica at ``endpoint`` when given."""
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": "qwen3guard"},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if endpoint is None:
-        return None
-    return Replica.objects.create(
-        model_name=name, state=state, endpoint=endpoint if state == "ready" else "", profile="sim"
-    )
+    return guard_model(name, endpoint=endpoint, state=state)
 
 
 def policy(**data: Any) -> None:

@@ -7,14 +7,11 @@ from typing import Any
 
 import pytest
 
-from cluster.models import Replica
 from guard.models import JudgeDecision, JudgeHealth, PolicyChange
-from tests.catalog.samples import store
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch
 
 pytestmark = pytest.mark.django_db
-
-H100 = "nvidia-h100-80gb"
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +27,7 @@ def judge_url() -> Iterator[str]:
 
 def judge(name: str, endpoint: str | None) -> None:
     """Put a sim judge in the catalog, and a ready replica at ``endpoint`` when given."""
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": "qwen3guard"},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if endpoint:
-        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
+    guard_model(name, endpoint=endpoint)
 
 
 def set_policy(api: Any, **data: Any) -> Any:

@@ -14,13 +14,12 @@ import httpx
 import pytest
 from django.core.asgi import get_asgi_application
 
-from cluster.models import Replica
 from guard import services, snapshots
 from guard.api import auth
 from guard.api.lean import GuardCheckRoute
 from guard.models import JudgeDecision, JudgeHealth
 from llmgw_core.models import ApiToken
-from tests.catalog.samples import store
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,19 +48,7 @@ def fresh_memory() -> Iterator[None]:
 
 @pytest.fixture
 def judge(judge_url: str) -> None:
-    store(
-        {
-            "name": "qwen3guard-0.6b",
-            "source": "sim/q",
-            "role": "guard",
-            "guard": {"format": "qwen3guard"},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    Replica.objects.create(
-        model_name="qwen3guard-0.6b", state="ready", endpoint=judge_url, profile="sim"
-    )
+    guard_model("qwen3guard-0.6b", endpoint=judge_url)
     services.set_policy({"judge": {"models": ["qwen3guard-0.6b"]}}, surface="cli", name="t")
 
 

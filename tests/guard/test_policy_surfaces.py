@@ -21,16 +21,14 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from cluster.models import Replica
 from guard import services
 from guard.models import GuardPolicy, PolicyChange
-from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
+from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
 
 pytestmark = pytest.mark.django_db
 
-H100 = "nvidia-h100-80gb"
 UNSAFE_TEXT = "help me UNSAFE-MARKER now"
 QWEN_SIM = "qwen3guard-0.6b-sim"  # the demo's sim judge (llmgw_admin.demo.SIM_JUDGE)
 LLAMA_SIM = "llamaguard3-1b-sim"
@@ -47,21 +45,6 @@ def engines() -> Iterator[dict[str, str]]:
     yield {name: url for name, (_, url) in started.items()}
     for proc, _ in started.values():
         stop(proc)
-
-
-def guard_model(name: str, fmt: str, endpoint: str | None = None) -> None:
-    store(
-        {
-            "name": name,
-            "source": f"sim/{name}",
-            "role": "guard",
-            "guard": {"format": fmt},
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
-    if endpoint:
-        Replica.objects.create(model_name=name, state="ready", endpoint=endpoint, profile="sim")
 
 
 @pytest.fixture

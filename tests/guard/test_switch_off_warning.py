@@ -13,31 +13,19 @@ from django.contrib.messages import get_messages
 from catalog.models import ServedModel
 from cluster.models import Replica
 from guard import services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model
 from tests.catalog.test_validation_matrix import post_data
+from tests.guard.helpers import guard_model
 
 pytestmark = pytest.mark.django_db
 
-H100 = "nvidia-h100-80gb"
 JUDGE = "qwen3guard-0.6b-sim"
 OTHER = "llamaguard3-1b-sim"
 
 
 def judge(name: str, fmt: str, ready: bool) -> dict[str, Any]:
-    data = {
-        "name": name,
-        "source": f"sim/{name}",
-        "role": "guard",
-        "guard": {"format": fmt},
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100}],
-        "scaling": {"min": 1, "max": 1},
-    }
-    store(data)
-    if ready:
-        Replica.objects.create(
-            model_name=name, state="ready", endpoint="http://127.0.0.1:1", profile="sim"
-        )
-    return data
+    guard_model(name, fmt, "http://127.0.0.1:1" if ready else None)
+    return sim_model(name, tp=None, judge=fmt)
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.durations import DurationError, parse_duration
-from cluster import agentinput, agentjoin, marks, reconciler, services
-from cluster.models import JoinToken, Node, Replica
+from catalog.models import ServedModel
+from cluster import agentinput, agentjoin, benchrun, marks, reconciler, services, tenancy
+from cluster.models import JoinToken, Node, Quota, Replica
 
 
 class Command(BaseCommand):
@@ -112,10 +113,6 @@ class Command(BaseCommand):
                 )
 
     def _quota(self, options: dict[str, Any]) -> None:
-        from catalog.models import ServedModel
-        from cluster import tenancy
-        from cluster.models import Quota
-
         via = f"cli {getpass.getuser()}@{socket.gethostname()}"
         sub = options["quota_action"]
         try:
@@ -141,8 +138,6 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
 
     def _bench(self, options: dict[str, Any]) -> None:
-        from cluster import benchrun
-
         who = SimpleNamespace(username=f"{getpass.getuser()}@{socket.gethostname()}", pk=None)
         say = self.stdout.write
         try:

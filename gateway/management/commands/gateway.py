@@ -11,17 +11,22 @@ manage.py gateway batch list|show ID|cancel ID
 from __future__ import annotations
 
 import getpass
+import json
 import re
 import socket
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from django.utils import timezone
 
 from catalog.durations import parse_duration
-from gateway import services
+from gateway import server, services
+from gateway.batch import routes, store
 from gateway.models import ClientKey
+from llmgw_core.workers import cores
 
 _DAYS = re.compile(r"^(\d+)d$")
 
@@ -135,11 +140,6 @@ class Command(BaseCommand):
             self.stdout.write(f"revoked {opts['name']}")
 
     def _batch(self, action: str, batch_id: str | None) -> None:
-        import json
-        from datetime import UTC, datetime
-
-        from gateway.batch import routes, store
-
         if action == "list":
             for b in store.list_batches(None):
                 counts = b["request_counts"]
@@ -163,12 +163,6 @@ class Command(BaseCommand):
                           "is kept")  # fmt: skip
 
     def _serve(self, bind: str, port: int, workers: int | None) -> None:
-        from django.conf import settings
-        from django.db import connections
-
-        from gateway import server
-        from llmgw_core.workers import cores
-
         count = settings.LLMGW_GATEWAY_WORKERS if workers is None else workers
         if count < 0:
             raise CommandError(f"--workers {count}: 1 or more, or 0 for one a core "

@@ -20,7 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from cluster import agentjoin, relay
+from cluster.models import JoinToken
+from gateway.server import AddressRefused, listen
+from guard import evalrun
+from llmgw_admin import demo, jobs, server
+from llmgw_core.workers import cores
 
 
 class Command(BaseCommand):
@@ -35,15 +44,9 @@ class Command(BaseCommand):
                             "default LLMGW_WEB_WORKERS (1)")  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django.conf import settings
-
         # Its notes reach a log file or a pipe as they are written, not when it exits.
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(line_buffering=True)
-
-        from gateway.server import AddressRefused, listen
-        from llmgw_admin import jobs, server
-        from llmgw_core.workers import cores
 
         if options["bind"] is None:
             options["bind"] = settings.LLMGW_BIND
@@ -74,16 +77,11 @@ class Command(BaseCommand):
         except AddressRefused as error:
             raise CommandError(str(error)) from None
         if count > 1:
-            from django.db import connections
-
             connections.close_all()  # each worker opens its own
             raise SystemExit(server.run_workers(sock, count, self._say, self._warn))
         sock.close()
 
         if not settings.REDIS_URL:
-            from cluster import relay
-            from guard import evalrun
-
             # Embedded, the consoles' channel layer is in this process's memory: other
             # processes (a command in a terminal) hand their changes to it here.
             if relay.listen(settings.DATA_DIR):
@@ -123,9 +121,6 @@ class Command(BaseCommand):
 
     def _start_local_agent(self, bind: str, port: int, data_dir: Path) -> None:
         """Start this machine's agent, joined with a one-use token made for it."""
-        from cluster import agentjoin
-        from cluster.models import JoinToken
-
         state = data_dir / "agent"
         env = dict(os.environ)
         if not (state / "node_token").exists():
@@ -149,10 +144,6 @@ class Command(BaseCommand):
 
     def _start_simulated(self, bind: str, port: int, data_dir: Path) -> None:
         """Start the simulated nodes' agents (``LLMGW_SIMULATE``) in this process."""
-        from django.conf import settings
-
-        from llmgw_admin import demo
-
         host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
         names = demo.start_agents(settings.LLMGW_SIMULATE, host, port, data_dir)
         self.stdout.write(

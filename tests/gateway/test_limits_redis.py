@@ -106,8 +106,9 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
         10, "the limiter to use Redis again",
     )  # fmt: skip
     assert not limits.away
-    # This minute's counts made here are in Redis now: 1 before + 4 taken here.
-    assert _in_redis(key, "requests", now[0]) == 5
+    # This minute's counts made here are in Redis now: 1 before + 4 taken here (hung, the
+    # call that met the bound may reach Redis as it heals: counted there and here, 6).
+    assert _in_redis(key, "requests", now[0]) in ((5,) if fault == "refuse" else (5, 6))
     assert _in_redis(key, "tokens", now[0]) == 7
     assert await limits.take(key, "requests", 1, 5) == pytest.approx(WINDOW - 1.0)
 

@@ -33,10 +33,13 @@ to counting in its own memory (a ``LocalLimits``) at once, for every request, un
 probe off the request path (a ping every ``PROBE_S``) gets an answer; then the counts this
 process made in the current minute are added to Redis's and the budget is shared again.
 The process's own count starts from the shared count it last saw for each budget this
-minute (every take's answer carries it), never from zero: one process alone never grants
-more than the budget. While away, each process counts from there alone (N processes: up
-to N times what was left); back, the minute's counts from every process are in Redis, so
-the rest of the minute errs on the side of the limit. Counted in
+minute (every take's answer carries it) plus what its calls still on their way ask for
+(Redis may grant them: an answer landing after the fall back is kept and the count follows
+it), never from zero: one process alone never grants more than the budget. It may grant
+less: a call with no answer in time is counted here, and Redis may have applied it too
+(each such call's amount at most twice). While away, each process counts from there alone
+(N processes: up to N times what was left); back, the minute's counts from every process
+are in Redis, so the rest of the minute errs on the side of the limit. Counted in
 ``llmgw_gateway_budget_local_total{kind}`` (requests and tokens counted here while away),
 logged when it starts, once a minute while it lasts, and when it ends (docs/gateway.md).
 """
@@ -46,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -79,14 +82,9 @@ class LocalLimits:
         self._clock = clock
         self._counts: dict[Slot, int] = {}
 
-    def start_from(self, counts: dict[Slot, int]) -> dict[Slot, int]:
-        """Count on from these counts (the shared ones last seen) where they are higher;
-        return those it started from."""
-        raised = {}
-        for slot, n in counts.items():
-            if n > self._counts.get(slot, 0):
-                self._counts[slot] = raised[slot] = n
-        return raised
+    def add(self, slot: Slot, amount: int) -> None:
+        """Add ``amount`` to a slot's count (below zero: take it off), never below zero."""
+        self._counts[slot] = max(0, self._counts.get(slot, 0) + amount)
 
     async def take(self, key_id: int, kind: str, amount: int, limit: int) -> float | None:
         """Take ``amount``; return None, or the seconds to wait when over ``limit``."""
@@ -198,10 +196,12 @@ class RedisLimits:
         self._clock = clock
         self._monotonic = monotonic
         self.local = LocalLimits(clock)
-        # The shared count each budget had at its last answer from Redis, this minute: a
-        # fall back to counting here starts from it. ``_from`` is what the local counts
-        # started from, so only what was counted here is added to Redis once it is back.
+        # The shared count each budget had at its last answer from Redis, this minute, and
+        # the amounts of its calls on their way (asked, not answered: Redis may have
+        # granted them): counting here counts on from both. ``_from`` is that part of the
+        # local counts, so only what was counted here is added to Redis once it is back.
         self.seen: dict[Slot, int] = {}
+        self.on_the_way: dict[Slot, int] = {}
         self._from: dict[Slot, int] = {}
         self.probe_every = probe_every
         # None while Redis answers; else when (monotonic) it stopped answering.
@@ -224,17 +224,13 @@ class RedisLimits:
         if self.away_since is None:
             now = self._clock()
             window = int(now // WINDOW)
-            try:
-                count = await asyncio.wait_for(
-                    self._take(keys=[self._name(key_id, kind, window)],
-                               args=[amount, limit, WINDOW * 2]),
-                    self.timeout,
-                )  # fmt: skip
-            except Exception as exc:
-                self._went_away(exc)
-            else:
-                self._saw((key_id, kind, window), abs(int(count)))
-                return None if int(count) >= 0 else (window + 1) * WINDOW - now
+            name = self._name(key_id, kind, window)
+            count = await self._call(
+                (key_id, kind, window), amount,
+                self._take(keys=[name], args=[amount, limit, WINDOW * 2]), abs,
+            )  # fmt: skip
+            if count is not None:
+                return None if count >= 0 else (window + 1) * WINDOW - now
         self._counted_here(kind)
         return await self.local.take(key_id, kind, amount, limit)
 
@@ -242,14 +238,7 @@ class RedisLimits:
         """Count ``amount`` already spent, over the limit or not."""
         if self.away_since is None:
             slot = (key_id, kind, int(self._clock() // WINDOW))
-            try:
-                counts = await asyncio.wait_for(
-                    self._incr({self._name(*slot): amount}), self.timeout
-                )
-            except Exception as exc:
-                self._went_away(exc)
-            else:
-                self._saw(slot, counts[0])
+            if await self._call(slot, amount, self._add(self._name(*slot), amount)) is not None:
                 return
         self._counted_here(kind)
         await self.local.charge(key_id, kind, amount)
@@ -263,17 +252,14 @@ class RedisLimits:
         now = self._clock()
         window = int(now // WINDOW)
         if self.away_since is None:
-            try:
-                count = await asyncio.wait_for(
-                    self._take(keys=[self._owner_name(owner, window)],
-                                  args=[amount, limit, WINDOW * 2]),
-                    self.timeout,
-                )  # fmt: skip
-            except Exception as exc:
-                self._went_away(exc)
-            else:
-                self._saw((owner, "owner", window), abs(int(count)))
-                return (None if int(count) >= 0 else (window + 1) * WINDOW - now), window
+            count = await self._call(
+                (owner, "owner", window), amount,
+                self._take(keys=[self._owner_name(owner, window)],
+                           args=[amount, limit, WINDOW * 2]),
+                abs,
+            )  # fmt: skip
+            if count is not None:
+                return (None if count >= 0 else (window + 1) * WINDOW - now), window
         self._counted_here("owner")
         return await self.local.reserve(owner, amount, limit)
 
@@ -281,20 +267,64 @@ class RedisLimits:
         if spent == reserved:
             return
         if self.away_since is None:
-            try:
-                count = await asyncio.wait_for(
-                    self._settle(keys=[self._owner_name(owner, window)],
-                                 args=[spent - reserved, WINDOW * 2]),
-                    self.timeout,
-                )  # fmt: skip
-            except Exception as exc:
-                self._went_away(exc)
-            else:
-                if int(count) >= 0:  # a settlement that took more: the count went up
-                    self._saw((owner, "owner", window), int(count))
+            # A settlement that took more sets the count seen (it went up); -1: minute over.
+            answer = await self._call(
+                (owner, "owner", window), spent - reserved,
+                self._settle(keys=[self._owner_name(owner, window)],
+                             args=[spent - reserved, WINDOW * 2]),
+                lambda count: count if count >= 0 else None,
+            )  # fmt: skip
+            if answer is not None:
                 return
         self._counted_here("owner")
         await self.local.settle(owner, window, reserved, spent)
+
+    async def _call(
+        self, slot: Slot, amount: int, call: Awaitable[Any],
+        shared: Callable[[int], int | None] = lambda count: count,
+    ) -> int | None:  # fmt: skip
+        """Ask Redis for ``slot``'s budget, within the bound: its answer, or None when it
+        failed or had none in time (from then this process counts here). Until it is
+        answered its ``amount`` is on its way (Redis may grant it); ``shared`` gives the
+        shared count an answer carries (None: none)."""
+        amount = max(0, amount)
+        self.on_the_way[slot] = self.on_the_way.get(slot, 0) + amount
+        try:
+            answer = int(await asyncio.wait_for(call, self.timeout))
+        except BaseException as exc:
+            # No answer: counted here (the caller takes it locally), not on its way; Redis
+            # may still have applied it, then it is counted twice, erring on the limit.
+            self._answered(slot, amount, None)
+            if not isinstance(exc, Exception):
+                raise
+            self._went_away(exc)
+            return None
+        self._answered(slot, amount, shared(answer))
+        return answer
+
+    def _answered(self, slot: Slot, amount: int, count: int | None) -> None:
+        """A call for ``slot`` is back, with the shared ``count`` it carries (or None): it is
+        no longer on its way; while this process counts here, the slot counts on from the
+        new shared part (an answer landing after the fall back was granted by Redis)."""
+        left = self.on_the_way.get(slot, 0) - amount
+        if left > 0:
+            self.on_the_way[slot] = left
+        else:
+            self.on_the_way.pop(slot, None)
+        if count is not None:
+            self._saw(slot, count)
+        if self.away_since is not None:
+            self._count_from(slot)
+
+    def _count_from(self, slot: Slot) -> None:
+        """Make ``slot``'s local count the shared part (the count last seen and what is on
+        its way) plus what was counted here."""
+        shared = self.seen.get(slot, 0) + self.on_the_way.get(slot, 0)
+        self.local.add(slot, shared - self._from.get(slot, 0))
+        self._from[slot] = shared
+
+    async def _add(self, name: str, amount: int) -> int:
+        return (await self._incr({name: amount}))[0]
 
     async def _incr(self, amounts: dict[str, int]) -> list[int]:
         """Add the amounts; return each name's count after it, in order."""
@@ -334,11 +364,12 @@ class RedisLimits:
         self.away_since = self._monotonic()
         self._said_at = self.away_since
         self._said_count = self.counted_here
-        # Counted here from the shared counts last seen this minute, not from nothing.
+        # Counted here from the shared counts last seen this minute and what is on its way
+        # to Redis, not from nothing.
         window = int(self._clock() // WINDOW)
-        self._from.update(
-            self.local.start_from({k: v for k, v in self.seen.items() if k[2] == window})
-        )
+        for slot in {*self.seen, *self.on_the_way}:
+            if slot[2] == window:
+                self._count_from(slot)
         log.warning(
             "budgets are counted by this gateway process alone while Redis does not answer "
             "(%s within %.0f ms); asking it again every %g s",
@@ -379,10 +410,10 @@ class RedisLimits:
             if mine:
                 await asyncio.wait_for(self._incr(mine), self.timeout)
         except Exception as exc:
-            # Away again: keep the counts here, with what was counted meanwhile.
+            # Away again: keep what was counted here, beside what was counted meanwhile (on
+            # the shared part, if another call met the bound first; else from here on).
             for slot, n in counts.items():
-                self.local._counts[slot] = self.local._counts.get(slot, 0) + n
-            self._from = started
+                self.local.add(slot, n - started.get(slot, 0))
             self._went_away(exc)
             return
         log.warning(

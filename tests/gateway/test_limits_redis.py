@@ -106,8 +106,9 @@ async def test_redis_away_or_hung_counts_here_within_the_timeout_and_shares_agai
         10, "the limiter to use Redis again",
     )  # fmt: skip
     assert not limits.away
-    # This minute's counts made here are in Redis now: 1 before + 4 taken here.
-    assert _in_redis(key, "requests", now[0]) == 5
+    # This minute's counts made here are in Redis now: 1 before + 4 taken here (hung, the
+    # call that met the bound may reach Redis as it heals: counted there and here, 6).
+    assert _in_redis(key, "requests", now[0]) in ((5,) if fault == "refuse" else (5, 6))
     assert _in_redis(key, "tokens", now[0]) == 7
     assert await limits.take(key, "requests", 1, 5) == pytest.approx(WINDOW - 1.0)
 
@@ -164,6 +165,37 @@ async def test_a_process_that_falls_back_counts_on_from_the_shared_count_it_saw(
     # 10 shared, then 20 here: the key's 30, not 30 more.
     assert sum(a is None for a in answers) == 20
     assert all(a == pytest.approx(WINDOW - 1.0) for a in answers[20:])
+
+
+@pytest.mark.asyncio
+async def test_answers_still_on_their_way_when_a_process_falls_back_are_not_granted_twice(
+    proxy: FaultProxy,
+) -> None:
+    # A loaded machine: three takes of a 30-a-minute key are on their way to Redis (applied
+    # there, their answers slow but within the bound) when a fourth call meets the bound and
+    # the process falls back to counting here. The three are granted by Redis when their
+    # answers land: what is left here is three less, not the 20 the last count seen left.
+    now = [time.time() // WINDOW * WINDOW + 1.0]
+    # Each call's bound 4 s (4 times a Redis timeout of 1 s); every answer held 3 s.
+    limits = RedisLimits(_through(proxy), clock=lambda: now[0], timeout=1.0, probe_every=60)
+    key = 10**9 + secrets.randbelow(10**9)
+    warm = 10**9 + secrets.randbelow(10**9)
+    await asyncio.gather(*(limits.take(warm, "requests", 1, 1000) for _ in range(4)))
+    for _ in range(10):
+        assert await limits.take(key, "requests", 1, 30) is None
+    proxy.slow(3.0)
+    on_their_way = [asyncio.ensure_future(limits.take(key, "requests", 1, 30)) for _ in range(3)]
+    await _eventually(lambda: _in_redis(key, "requests", now[0]) == 13, 5, "the three applied")
+    limits.timeout = 0.1  # the fourth call has no answer within its bound
+    assert await limits.take(key, "requests", 1, 30) is None
+    assert limits.away and not any(t.done() for t in on_their_way)
+    here = []
+    while len(here) < 40 and (not here or here[-1] is None):
+        here.append(await limits.take(key, "requests", 1, 30))
+    assert await asyncio.gather(*on_their_way) == [None] * 3
+    granted = 10 + 3 + 1 + sum(a is None for a in here)
+    assert granted == 30, f"{granted} granted on a key of 30 a minute"
+    assert await limits.take(key, "requests", 1, 30) == pytest.approx(WINDOW - 1.0)
 
 
 def _another_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,5 +319,12 @@ def test_a_30_a_minute_key_lets_30_through_with_redis_slow_or_gone_midway(
     with ThreadPoolExecutor(8) as pool:
         statuses += list(pool.map(ask, range(30)))
     assert set(statuses) == {200, 429}
-    assert statuses.count(200) == 30, statuses.count(200)
-    assert h.gateway.limits.away == (fault == "refuse")
+    granted = statuses.count(200)
+    if fault == "refuse" or not h.gateway.limits.away:
+        assert granted == 30, granted
+        assert h.gateway.limits.away == (fault == "refuse")
+    else:
+        # A loaded machine held a call past its bound (4 Redis timeouts) and the process
+        # counts here: never more than the 30, and fewer by at most the calls that met the
+        # bound (Redis may have applied them: counted there and here), 8 at once at most.
+        assert 30 - 8 <= granted <= 30, granted

@@ -375,9 +375,11 @@ def record(result: ChainResult) -> None:
 
 
 def flush_records() -> None:
-    """Write what this process's checks did and has not written yet (before reading it)."""
-    if records.RECORDER.pending():
-        records.RECORDER.flush()
+    """Write what this process's checks did and has not written yet (before reading it),
+    a write the background thread has under way included: the flush waits for it (one
+    flush at a time), where asking first whether anything waits found nothing while that
+    write, its counts already taken, had not committed them."""
+    records.RECORDER.flush()
 
 
 # The probe's texts: one every judge must pass, one every judge must stop. The ordinary

@@ -279,6 +279,38 @@ def test_stop_writes_what_is_left() -> None:
     assert JudgeHealth.objects.get(judge="qwen3guard-0.6b").answers == 1
 
 
+def test_a_reader_flushing_first_waits_for_the_write_under_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The background write has taken the counts and not committed them when the judges'
+    # API flushes before it reads: the API's flush must wait for that write (it found
+    # nothing waiting and read 78 answers of 80 in a loaded run).
+    entered, release = threading.Event(), threading.Event()
+    written: list[Stats] = []
+
+    def slow_write(stats: Stats) -> None:
+        entered.set()
+        assert release.wait(30)
+        written.append(stats)
+
+    recorder = records.Recorder(interval=3600, writer=slow_write)
+    monkeypatch.setattr(records, "RECORDER", recorder)
+    recorder.add(answered("qwen3guard-0.6b", "safe"))
+    background = threading.Thread(target=recorder.flush)
+    background.start()
+    assert entered.wait(10)
+    seen: list[int] = []
+    reader = threading.Thread(target=lambda: (checks.flush_records(), seen.append(len(written))))
+    reader.start()
+    # Still waiting a second later (before: it had returned at once, nothing written).
+    reader.join(1.0)
+    assert reader.is_alive() or seen == [1], f"the reader returned with {seen} written"
+    release.set()
+    background.join(10)
+    reader.join(10)
+    assert seen == [1]
+
+
 def answered(judge_name: str, verdict: str, *categories: str) -> ChainResult:
     return ChainResult("allow", verdict, categories, judge_name, 0.1, 3.0)
 

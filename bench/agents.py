@@ -10,8 +10,9 @@ its desired list as `llmgw-agent` does: when the heartbeat's desired_version cha
 every RELOAD_EVERY heartbeats. The agents' client is this process; the web processes are
 others. The heartbeats while agents join, and in the first interval after the last
 joined, are shown on their own; the figures after them are the steady state. A call
-whose connection is closed unanswered (an overloaded server's header timeout) is counted,
-and the agent connects again at its next heartbeat. Each
+whose connection is closed unanswered (an overloaded server's header timeout), or that is
+answered 503 (its wait for the database past the bound), is counted, and the agent
+tries again at its next heartbeat; a join answered 503 is sent again a second later. Each
 agent keeps one connection open, as llmgw-agent's client does (the kernel spreads them
 over the workers); they speak plain HTTP/1.1 written here rather than through httpx, whose
 work for thousands of agents in one process would be timed as the web processes': real
@@ -74,6 +75,14 @@ class Timings:
         self.joined = 0
         # Calls of the steady state whose connection was closed unanswered.
         self.failed = 0
+        # Calls of the steady state answered 503 (the database slow or away: the web
+        # process's bound on a call's wait, docs/agent-protocol.md); and joins so answered.
+        self.unavailable = 0
+        self.joins_again = 0
+
+
+class Unavailable(Exception):
+    """The call was answered 503: try again later, as llmgw-agent does."""
 
 
 class Agent:
@@ -127,6 +136,8 @@ class Agent:
                 await self.reader.readline()
             await self.reader.readline()
             answer = b"".join(chunks)
+        if status == 503:
+            raise Unavailable(f"{method} {path}: HTTP 503: {answer[:300]!r}")
         if status >= 400:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {answer[:300]!r}")
         return status, json.loads(answer)
@@ -153,7 +164,12 @@ async def run_agents(
     async def run(i: int, a: Agent) -> None:
         body = {"token": secret, "name": f"sim-{i:04d}", "inventory": inventory(i)}
         async with joining:
-            a.token = (await a.call("POST", "/api/v1/agent/join", body))[1]["node_token"]
+            while not a.token:
+                try:
+                    a.token = (await a.call("POST", "/api/v1/agent/join", body))[1]["node_token"]
+                except Unavailable:
+                    timings.joins_again += 1
+                    await asyncio.sleep(1)
         timings.joined += 1
         if timings.joined == n:
             print(f"{n} agents joined in {time.monotonic() - started:.1f} s")
@@ -175,6 +191,10 @@ async def run_agents(
                 a.close()
                 await asyncio.sleep(interval)
                 continue
+            except Unavailable:
+                timings.unavailable += steady
+                await asyncio.sleep(interval)
+                continue
             ms = (time.perf_counter() - t) * 1000
             (timings.heartbeats if steady else timings.first).append(ms)
             beats += 1
@@ -185,6 +205,10 @@ async def run_agents(
                 except ConnectionError:
                     timings.failed += steady
                     a.close()
+                    await asyncio.sleep(interval)
+                    continue
+                except Unavailable:
+                    timings.unavailable += steady
                     await asyncio.sleep(interval)
                     continue
                 if steady:
@@ -199,6 +223,23 @@ async def run_agents(
         for a in agents:
             a.close()
     return timings
+
+
+def database_cpu(name: str) -> dict[int, float]:
+    """CPU seconds each PostgreSQL backend serving database ``name`` has used: the
+    batches' statements, on the server's side (found by their process titles, which
+    name the database, so the server must be on this machine)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("postgres: ") and f" {name} " in title:
+            found[int(entry.name)] = webproc.cpu_seconds(int(entry.name))
+    return found
 
 
 def run(coroutine: Any) -> Any:
@@ -262,13 +303,17 @@ def main() -> None:
         def on_steady() -> None:
             marks.update(
                 cpu=webproc.cpu_seconds(web.pid), t=time.monotonic(), me=time.process_time(),
-                load=os.getloadavg()[0],
+                load=os.getloadavg()[0], db=database_cpu(db_name),
             )  # fmt: skip
 
         timings = run(run_agents(port, secret, args.agents, args.interval, args.seconds, on_steady))
         elapsed = time.monotonic() - marks["t"]
         client_cpu = (time.process_time() - marks["me"]) / elapsed
         cpu = (webproc.cpu_seconds(web.pid) - marks["cpu"]) / elapsed
+        # A backend that closed in between is not counted: the web processes' pool keeps
+        # its connections while calls come.
+        db = sum(t - marks["db"].get(pid, 0.0) for pid, t in database_cpu(db_name).items())
+        db /= elapsed
         load = (marks["load"], os.getloadavg()[0])
     finally:
         webproc.stop(web)
@@ -281,7 +326,9 @@ def main() -> None:
     print(
         f"steady: {len(hb)} heartbeats from {args.agents} agents every {args.interval:g} s "
         f"over {args.seconds:g} s, and {len(desired)} desired lists (every {RELOAD_EVERY} "
-        f"heartbeats, as llmgw-agent reads them); {timings.failed} calls closed unanswered"
+        f"heartbeats, as llmgw-agent reads them); {timings.failed} calls closed unanswered, "
+        f"{timings.unavailable} answered 503 (joins answered 503 and sent again: "
+        f"{timings.joins_again})"
     )
     print(
         f"  heartbeat p50 {pct(hb, 50):.1f} ms, p90 {pct(hb, 90):.1f} ms, "
@@ -294,6 +341,10 @@ def main() -> None:
         f"  {args.workers} web process(es), CPU together: {cpu * 100:.0f}% of one core "
         f"({cpu * elapsed / max(1, len(hb) + len(desired)) * 1000:.2f} ms a request); "
         f"the agents' client (this process, same machine): {client_cpu * 100:.0f}%"
+    )
+    print(
+        f"  PostgreSQL's backends for them: {db * 100:.0f}% of one core "
+        f"({db * elapsed / max(1, len(hb) + len(desired)) * 1000:.2f} ms a request)"
     )
     print(
         f"  machine: {os.cpu_count()} cores, load average {load[0]:.1f} at the start of "

@@ -2,7 +2,7 @@
 ``gateway serve --workers 2``, and a plain nginx proxy (one worker), each in front of the
 same fast mock engine (bench/mockengine.py).
 
-    .venv/bin/python bench/hop.py [--seconds 5] [--rounds 3] [--connections 64]
+    .venv/bin/python bench/hop.py [--seconds 5] [--rounds 3] [--connections 64] [--before DIR]
 
 Needs ``nginx`` and ``wrk`` on the PATH (Debian's ``nginx-light`` and ``wrk``; the bench's
 own, never the project's). On a throwaway PostgreSQL database: the model ``bench`` with
@@ -22,6 +22,10 @@ during the run moves them all alike. Printed for each target:
 3. a stream of 2,000 events: the time added per event;
 4. the cold start: from the command to the first answer (a chat completion, 200);
 5. the RSS of each process (the gateway's parent and each worker).
+
+With ``--before DIR`` (a checkout of the code before a change, e.g. ``git worktree add
+DIR main``), one gateway process of that code is a fifth target, measured interleaved
+with the others: a change's before and after under the same load.
 
 Asserts nothing. Goals: one gateway process carries >= 0.35 of nginx's req/s and adds
 <= 2x nginx's p50, chat and stream alike; two workers near twice one (on a machine with
@@ -122,13 +126,15 @@ async def first_answer(target: Target, started: float, limit: float = 120) -> fl
     raise SystemExit(f"no answer on port {target.port} within {limit} s")
 
 
-async def start_gateway(env: dict[str, str], hop: Hop, workers: int, folder: Path) -> None:
+async def start_gateway(
+    env: dict[str, str], hop: Hop, workers: int, folder: Path, root: Path = ROOT
+) -> None:
     out = folder / f"{hop.name}.out"
     started = time.perf_counter()
     with out.open("wb") as o, (folder / f"{hop.name}.err").open("wb") as e:
         hop.proc = subprocess.Popen(
             [sys.executable, "manage.py", "gateway", "serve", "--port", str(hop.port),
-             "--workers", str(workers)], cwd=ROOT, env=env, stdout=o, stderr=e,
+             "--workers", str(workers)], cwd=root, env=env, stdout=o, stderr=e,
         )  # fmt: skip
     hop.cold = await first_answer(hop.target(), started)
     while not (found := SERVING.search(out.read_text())):
@@ -177,8 +183,10 @@ def wrk(hop: Hop, script: Path, connections: int, seconds: float) -> float:
 
 
 def cpu(hop: Hop) -> float:
-    return sum(cpu_seconds(pid) for pid in [*hop.pids, *([hop.parent] if hop.parent else [])]
-               if Path(f"/proc/{pid}").exists())  # fmt: skip
+    """CPU seconds the target's processes have used, each once: one gateway process is
+    both its parent and its only worker."""
+    pids = {*hop.pids, *([hop.parent] if hop.parent else [])}
+    return sum(cpu_seconds(pid) for pid in pids if Path(f"/proc/{pid}").exists())
 
 
 async def latency_phase(hops: list[Hop], per_target: int, rate: float) -> None:
@@ -248,6 +256,10 @@ async def measure(args: argparse.Namespace) -> None:
         await start_nginx(engine_port, nginx, folder)
         await start_gateway(env, one, 1, folder)
         await start_gateway(env, two, 2, folder)
+        if args.before:
+            before = Hop("before x1", webproc.free_port(), secret)
+            hops.append(before)
+            await start_gateway(env, before, 1, folder, Path(args.before).resolve())
         proxies = hops[1:]
         print(f"machine: {os.cpu_count()} cores; load average before: "
               f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")  # fmt: skip
@@ -288,6 +300,10 @@ async def measure(args: argparse.Namespace) -> None:
               f"(goal >= 0.35); added p50: {added['gateway x1'] / added['nginx']:.1f}x "
               f"nginx's (goal <= 2x)")  # fmt: skip
         print(f"two workers / one, req/s: {rate['gateway x2'] / rate['gateway x1']:.2f}")
+        if "before x1" in rate:
+            print(f"the code before, one process / nginx, req/s: "
+                  f"{rate['before x1'] / rate['nginx']:.3f}; added p50: "
+                  f"{added['before x1'] / added['nginx']:.1f}x nginx's")  # fmt: skip
     finally:
         for hop in hops:
             if hop.proc is not None and hop.proc.poll() is None:
@@ -308,6 +324,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--streams", type=int, default=20)
+    parser.add_argument("--before", help="a checkout of the code before: its gateway beside")
     args = parser.parse_args()
     try:
         import uvloop

@@ -18,8 +18,10 @@ time, and times, for every console, from just before the API call to:
   them read by this one process, on the same machine: its own work is in the figures).
 
 Prints p50/p95 per console count (all consoles' times together, and the browser's
-alone), the machine's load average, and the CPU the web processes used over the changes
-(a change's cost, which a loaded machine's other work does not add to); asserts nothing. Goal: p95 under 250 ms with
+alone), the machine's load average, the CPU the web processes used over the changes
+(a change's cost, which a loaded machine's other work does not add to), and the CPU this
+process used meanwhile, reading the websocket clients (the clients' side of the figure);
+asserts nothing. Goal: p95 under 250 ms with
 1,000 consoles on two web processes (`--consoles 1000 --workers 2`). The last line reads
 `live p95 with N consoles: <ms> ms`.
 """
@@ -159,7 +161,8 @@ async def run_round(
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Token {token}"}) as api:
         for i in range(-WARMUP, changes):
             if i == 0:
-                cpu_at = (webproc.cpu_seconds(WEB[0]), time.monotonic())
+                cpu_at = (webproc.cpu_seconds(WEB[0]), time.monotonic(), time.process_time())
+                load_at = os.getloadavg()[0]
             want = "cordoned" if i % 2 == 0 else "ready"
             action = "cordon" if want == "cordoned" else "uncordon"
             seen_before = [len(a) for a in arrivals]
@@ -191,11 +194,14 @@ async def run_round(
                 all_ms.append(at_ms - t0 * 1000)
             await asyncio.sleep(0.3)
     cpu_s, took = webproc.cpu_seconds(WEB[0]) - cpu_at[0], time.monotonic() - cpu_at[1]
+    read_s = time.process_time() - cpu_at[2]
     print(
         f"{consoles} console(s): the web processes used {cpu_s:.1f} CPU s over the {changes} "
-        f"changes ({took:.0f} s, heartbeats and the API's calls included): "
-        f"{cpu_s / changes * 1000:.0f} ms a change, {cpu_s / changes / consoles * 1e6:.0f} us "
-        "a console"
+        f"changes ({took:.0f} s, load average {load_at:.1f} to {os.getloadavg()[0]:.1f}; "
+        f"heartbeats and the API's calls included): {cpu_s / changes * 1000:.0f} ms a change, "
+        f"{cpu_s / changes / consoles * 1e6:.0f} us a console; this process, reading the "
+        f"{consoles - 1} websocket clients (and driving the API and the page), used "
+        f"{read_s:.1f} CPU s: {read_s / changes * 1000:.0f} ms a change"
     )
     for ws, task in clients:
         task.cancel()

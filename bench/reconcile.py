@@ -156,7 +156,7 @@ def store_catalog(count: int, rng: random.Random) -> None:
 
 def instrument(clock: Clock) -> None:
     """Wrap the reconciler's steps so that each part's time is counted."""
-    from cluster import placement, reconciler, replace, services
+    from cluster import desired, placement, reconciler, replace, services
 
     # The catalog's fingerprint, and its rows read and normalized when it changed.
     clock.wrap(reconciler, "catalog_specs", "catalog read")
@@ -172,7 +172,9 @@ def instrument(clock: Clock) -> None:
     clock.wrap(reconciler, "_place", "writes")
     clock.wrap(reconciler, "_evict", "writes")
     clock.wrap(reconciler, "_assign", "writes")
+    # The reconciler calls it through services; a replica stopped, through desired.
     clock.wrap(services, "bump_desired", "writes")
+    clock.wrap(desired, "bump_desired", "writes")
     clock.wrap(reconciler, "_no_room", "writes")
 
 

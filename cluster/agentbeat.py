@@ -129,37 +129,6 @@ class Beat:
         }
 
 
-# One statement, one round trip, for a heartbeat whose inventory is the one last applied:
-# find the node by its token and that digest, stamp it, bring it back ready if it was not,
-# and answer. ``lazily`` lets the statement's transaction commit without waiting for the
-# disk (as _commit_lazily does, without a round trip of its own). ``before`` locks the row
-# first, so the health it reads is the latest: the reconciler may be marking the node lost
-# at the same moment.
-_BEAT_SQL = f"""
-WITH lazily AS (
-    SELECT set_config('synchronous_commit', 'off', true) AS done
-), before AS (
-    SELECT id, health FROM {Node._meta.db_table}
-    WHERE token_digest = %(token)s AND inventory_digest = %(digest)s
-        AND address = %(address)s
-    FOR UPDATE
-)
-UPDATE {Node._meta.db_table} AS n
-SET last_heartbeat = %(now)s,
-    disk_free_mb = %(disk)s,
-    card_use = COALESCE(%(use)s::jsonb, n.card_use),
-    health = %(ready)s,
-    reason = CASE
-        WHEN before.health = %(ready)s THEN n.reason
-        WHEN before.health = %(lost)s THEN %(back)s
-        ELSE ''
-    END
-FROM before, lazily
-WHERE n.id = before.id AND lazily.done IS NOT NULL
-RETURNING n.id, n.name, n.cordoned, n.desired_version, before.health
-"""
-
-
 def heartbeat_by_token(secret: str, inventory: Any, address: str = "") -> Beat | None:
     """Record a heartbeat from whoever holds this node token; None if it is no node's.
 
@@ -168,46 +137,172 @@ def heartbeat_by_token(secret: str, inventory: Any, address: str = "") -> Beat |
 
     The lean path's service (cluster.api.heartbeat):
 
-    1. An unchanged inventory (its digest is the node's): one UPDATE, which also proves
-       the token, since it names the node by the token's hash (PostgreSQL; the embedded
-       SQLite takes step 2, where the same digest spares the reading).
+    1. An unchanged inventory (its digest is the node's): one UPDATE, a batch of one
+       (:func:`write_stamps`), which also proves the token, since it names the node by
+       the token's hash (PostgreSQL; the embedded SQLite takes step 2, where the same
+       digest spares the reading).
     2. Otherwise the node is found by its token and :func:`heartbeat` applies the
        inventory; a bad one raises AgentError and changes nothing.
     """
     if not secret.startswith(NODE_PREFIX):
         return None
-    digest = inventory_digest(inventory)
-    # Checked first: a bad one refuses the heartbeat before anything is written.
-    use = read_card_use(inventory) if isinstance(inventory, dict) else None
-    if digest and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _BEAT_SQL,
-                {
-                    "token": token_digest(secret),
-                    "digest": digest,
-                    "address": address[:100],
-                    "now": timezone.now(),
-                    "disk": whole_number(inventory.get("disk_free_mb"), "inventory.disk_free_mb"),
-                    "use": None if use is None else json.dumps(use),
-                    "ready": NodeHealth.READY.value,
-                    "lost": NodeHealth.LOST.value,
-                    "back": BACK,
-                },
-            )
-            row = cursor.fetchone()
-        if row is not None:
-            beat = Beat(*row)
-            if beat.was != NodeHealth.READY:
-                events.changed(nodes=[beat.node_id])
-                wake.reconcile_soon()
-            return beat
+    if connection.vendor == "postgresql":
+        # A bad cards_use or free disk raises here: refused before anything is written.
+        stamp = stamp_of(secret, inventory, address)
+        if stamp is not None:
+            beat = write_stamps([stamp]).get(0)
+            if beat is not None:
+                return beat
+    return heartbeat_changed(secret, inventory, address)
+
+
+def heartbeat_changed(secret: str, inventory: Any, address: str = "") -> Beat | None:
+    """Step 2 of :func:`heartbeat_by_token`: find the node by its token and apply the
+    inventory (a bad one raises AgentError and changes nothing); None if it is no node's."""
     node = node_for_token(secret)
     if node is None:
         return None
     was = node.health
     node = heartbeat(node, inventory, address)
     return Beat(node.pk, node.name, node.cordoned, node.desired_version, was)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """One heartbeat of an unchanged inventory, read and checked, waiting to be written
+    with others (cluster.beatwriter): what :data:`_BEATS_SQL` matches and writes."""
+
+    token: str  # the node token's digest
+    digest: str  # the inventory's (cluster.agentinput.inventory_digest)
+    address: str  # where it came from, cut to the column
+    disk: int
+    use: dict[str, Any] | None  # cards_use as read; None keeps what was held
+
+
+# Many heartbeats of unchanged inventories in one statement, one round trip: find each
+# node by its token and that digest, stamp it, bring it back ready if it was not, and
+# answer. ``lazily`` lets the statement's transaction commit without waiting for the disk
+# (as _commit_lazily does, without a round trip of its own). A row matches a node by its
+# token's hash, its digest and its address, so one that does not (a changed inventory, a
+# new address, no node's token) is left out of the answer and takes heartbeat_changed.
+# ``before`` locks the rows, in the nodes' order (so two processes' batches never wait on
+# each other in a cycle), and reads their health under the lock, so it is the latest: the
+# reconciler may be marking a node lost at the same moment. Each node is found through
+# its token's index (``found``, a lookup a row), and locked through the primary key's:
+# joined to the JSON rows, whose count the planner guesses at 100, the node table was
+# read whole every batch (2.6 ms of PostgreSQL's CPU for a batch of one at 5,000 nodes,
+# 0.6 ms this way).
+_BEATS_SQL = f"""
+WITH lazily AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS done
+), v AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS v(k int, token text, digest text, address text, disk bigint, use jsonb)
+), found AS (
+    SELECT f.id, v.k, v.digest, v.address, v.disk, v.use FROM v CROSS JOIN LATERAL (
+        SELECT id FROM {Node._meta.db_table} WHERE token_digest = v.token LIMIT 1
+    ) AS f
+), before AS (
+    SELECT n.id, n.health, found.k, found.disk, found.use FROM {Node._meta.db_table} AS n
+    JOIN found ON found.id = n.id
+    WHERE n.id = ANY(ARRAY(SELECT id FROM found))
+        AND n.inventory_digest = found.digest AND n.address = found.address
+    ORDER BY n.id
+    FOR UPDATE OF n
+)
+UPDATE {Node._meta.db_table} AS n
+SET last_heartbeat = %(now)s,
+    disk_free_mb = before.disk,
+    card_use = COALESCE(before.use, n.card_use),
+    health = %(ready)s,
+    reason = CASE
+        WHEN before.health = %(ready)s THEN n.reason
+        WHEN before.health = %(lost)s THEN %(back)s
+        ELSE ''
+    END
+FROM before, lazily
+WHERE n.id = before.id AND lazily.done IS NOT NULL
+RETURNING before.k, n.id, n.name, n.cordoned, n.desired_version, before.health
+"""
+
+
+def write_stamps(stamps: list[Stamp]) -> dict[int, Beat]:
+    """Write these heartbeats in one statement (PostgreSQL); return each written one's
+    Beat by its place in ``stamps``. One missing was not written: its node is found
+    otherwise (heartbeat_changed). A node brought back ready is told to the consoles and
+    wakes the reconciler, as heartbeat_by_token does. Each token must appear once.
+    """
+    if not stamps:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEATS_SQL,
+            {
+                # One parameter, read by the server: cheaper here than an array each.
+                "rows": json.dumps(
+                    [
+                        {
+                            "k": k,
+                            "token": s.token,
+                            "digest": s.digest,
+                            "address": s.address,
+                            "disk": s.disk,
+                            "use": s.use,
+                        }
+                        for k, s in enumerate(stamps)
+                    ],
+                    separators=(",", ":"),
+                ),
+                "now": timezone.now(),
+                "ready": NodeHealth.READY.value,
+                "lost": NodeHealth.LOST.value,
+                "back": BACK,
+            },
+        )
+        rows = cursor.fetchall()
+    beats = {row[0]: Beat(*row[1:]) for row in rows}
+    back = [b.node_id for b in beats.values() if b.was != NodeHealth.READY]
+    if back:
+        events.changed(nodes=back)
+        wake.reconcile_soon()
+    return beats
+
+
+def stamp_of(secret: str, inventory: Any, address: str) -> Stamp | None:
+    """Read a heartbeat for :func:`write_stamps`: None when it is not one a batch can
+    write (no node token's form, an inventory with no digest); a bad ``cards_use`` or
+    ``disk_free_mb`` raises AgentError (the heartbeat is refused, nothing written)."""
+    if not secret.startswith(NODE_PREFIX) or not isinstance(inventory, dict):
+        return None
+    digest = inventory_digest(inventory)
+    if not digest:
+        return None
+    use = read_card_use(inventory)
+    disk = whole_number(inventory.get("disk_free_mb"), "inventory.disk_free_mb")
+    return Stamp(token_digest(secret), digest, address[:100], disk, use)
+
+
+# The nodes of many node tokens' hashes in one statement, each with its desired list's
+# version and whether anything is assigned to it (a node with nothing has the empty list).
+# Each found through its token's index, as _BEATS_SQL's ``found`` is.
+_NODES_SQL = f"""
+SELECT t.k, n.id, n.desired_version,
+    EXISTS (SELECT 1 FROM {Assignment._meta.db_table} AS a WHERE a.node_id = n.id)
+FROM json_to_recordset(%(rows)s::json) AS t(k int, token text) CROSS JOIN LATERAL (
+    SELECT id, desired_version FROM {Node._meta.db_table} WHERE token_digest = t.token LIMIT 1
+) AS n
+"""
+
+
+def nodes_by_token(digests: list[str]) -> dict[int, tuple[int, int, bool]]:
+    """Return, by its place in ``digests`` (node tokens' hashes), each known token's node
+    id, desired list's version and whether anything is assigned to it (PostgreSQL)."""
+    if not digests:
+        return {}
+    with connection.cursor() as cursor:
+        rows = [{"k": k, "token": t} for k, t in enumerate(digests)]
+        cursor.execute(_NODES_SQL, {"rows": json.dumps(rows, separators=(",", ":"))})
+        return {k: (pk, version, assigned) for k, pk, version, assigned in cursor.fetchall()}
 
 
 def desired_list(node: Node) -> dict[str, Any]:

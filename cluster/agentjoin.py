@@ -16,6 +16,7 @@ from cluster import wake
 from cluster.address import check_allowed
 from cluster.agentinput import AgentError, apply_inventory, read_inventory
 from cluster.choices import NodeHealth
+from cluster.desired import bump_desired
 from cluster.models import (
     NODE_PREFIX,
     Assignment,
@@ -24,7 +25,7 @@ from cluster.models import (
     Replica,
     token_digest,
 )
-from cluster.services import bump_desired, log_action, refresh_replica_state
+from cluster.services import log_action, refresh_replica_state
 from llmgw_core import events
 
 

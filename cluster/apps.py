@@ -16,9 +16,8 @@ class ClusterConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Imported here: cluster.signals imports models, which load with the apps, after
-        # this module.
-        from cluster import signals  # noqa: PLC0415
+        # Imported here: they import models, which load with the apps, after this module.
+        from cluster import benchrun, signals, tasks, wake  # noqa: PLC0415
 
         # The cluster's live events (llmgw_core.events; their renderers: cluster.live).
         register(
@@ -33,6 +32,11 @@ class ClusterConfig(AppConfig):
         # A process no console listens on hands its events to the embedded web process.
         relay_with(relay.hand_over)
         signals.connect()
+        # The workers' tasks call the reconciler and the bench, and the wake sends through
+        # the relay: these reach back through what is set here, not by an import.
+        wake.to_worker = tasks.reconcile_cluster.apply_async
+        benchrun.to_worker = tasks.bench_profile.delay
+        relay.on_wake = wake.wake
 
 
 def _models_of_replicas(pks: set[int]) -> list[str]:

@@ -64,6 +64,9 @@ ROUTED_WITHIN = 30.0
 VIA = "bench"
 # The gateway's error code for a pinned key whose replica is not in routing.
 GONE = "replica_unavailable"
+# How a bench reaches the workers: ``cluster.tasks.bench_profile.delay``, set as the app
+# starts (``cluster.apps``): the task calls the bench, never the other way round.
+to_worker: Callable[..., object] | None = None
 
 
 class BenchError(Exception):
@@ -370,10 +373,10 @@ def start(model: str, profile: str | None, user: Any, surface: str, via: str = "
     events.changed(models=[model])
     user_id = getattr(user, "pk", None)
     if settings.REDIS_URL:
-        # Imported here: cluster.tasks imports this module (its task runs the bench).
-        from cluster.tasks import bench_profile  # noqa: PLC0415
-
-        transaction.on_commit(lambda: bench_profile.delay(model, profile, user_id, surface, via))
+        send = to_worker
+        if send is None:
+            raise RuntimeError("the cluster app is not ready: no way to the workers is set")
+        transaction.on_commit(lambda: send(model, profile, user_id, surface, via))
     else:
         transaction.on_commit(lambda: threading.Thread(
             target=in_background, args=(model, profile, user_id, surface, via),

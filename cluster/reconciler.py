@@ -44,6 +44,7 @@ from catalog.models import ChangeRecord, ServedModel
 from catalog.services import CHILD_MODELS, stored_specs
 from cluster import load, marks, placement, plan, replace, scaling, services, silence, tenancy, wake
 from cluster.choices import NodeHealth, ReplicaState
+from cluster.desired import release, release_assignments, update_rows
 from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
 from cluster.signals import reconcile_tick
 from llmgw_core import events
@@ -189,91 +190,6 @@ def profiles_of(m: Any) -> tuple[placement.PlacementProfile, ...]:
     if found is None:
         found = kept.profiles[m.name] = tuple(placement.profiles_from_spec(m))
     return found
-
-
-def release_assignments(assignments: list[Assignment], reason: str) -> None:
-    """Take replicas off their nodes: desired ones wait to be placed again.
-
-    Each is placed again at a higher generation: its engine may still run where it was
-    (an agent that has not read its list since, a lost node's), and were it placed again
-    on that node under the generation that engine runs, the agent would keep it as it is
-    and say nothing, leaving the replica pending for good. At a new generation the agent
-    stops that engine and starts it again, reporting each step.
-    """
-    release({a.replica_id: reason for a in assignments})
-
-
-def release(reasons: dict[int, str], evicted_by: dict[int, str] | None = None) -> None:
-    """Take these replicas off their nodes, each with its reason (``release_assignments``),
-    in a fixed number of queries however many: every assignment of theirs deleted, those
-    no longer desired deleted, the rest written back pending in one update. With
-    ``evicted_by``, each evicted replica records the request it made way for."""
-    if not reasons:
-        return
-    ids = sorted(reasons)
-    Assignment.objects.filter(replica_id__in=ids).delete()
-    replicas = list(Replica.objects.filter(pk__in=ids).order_by("pk"))
-    gone = [r.pk for r in replicas if not r.desired]
-    if gone:
-        Replica.objects.filter(pk__in=gone).delete()
-    kept = [r for r in replicas if r.desired]
-    for r in kept:
-        r.set_state(ReplicaState.PENDING, reasons[r.pk])
-        r.unplaced = False  # to be placed again
-        r.port = None
-        r.endpoint = ""
-        r.generation += 1
-        if evicted_by is not None and r.pk in evicted_by:
-            r.evicted_by = evicted_by[r.pk]
-    fields = ["state", "reason", "state_changed", "ready_since", "unplaced", "port"]
-    fields += ["endpoint", "generation"] + (["evicted_by"] if evicted_by else [])
-    if kept:
-        update_rows(kept, fields)
-        # What saving each would have told the consoles (``cluster.signals``).
-        events.changed(models=sorted({r.model_name for r in kept}))
-
-
-# PostgreSQL takes at most 65,535 parameters in one statement.
-MAX_PARAMS = 65_535
-
-
-def update_rows(rows: list[Any], fields: list[str]) -> None:
-    """Write these fields of these rows (instances of one model) in one statement.
-
-    On PostgreSQL, ``UPDATE ... FROM (VALUES ...)`` joined on the primary key, whose
-    cost grows with the rows: Django's ``bulk_update`` writes each field as a CASE with
-    a branch per row, which the server walks for every row (thousands of replicas
-    placed in a tick took most of a minute). Elsewhere (the embedded SQLite),
-    ``bulk_update``. No ``post_save`` is sent: the caller tells the consoles.
-    """
-    if not rows:
-        return
-    model = type(rows[0])
-    if connection.vendor != "postgresql":
-        model.objects.bulk_update(rows, fields)
-        return
-    meta = model._meta
-    pk = meta.pk
-    columns = [meta.get_field(f) for f in fields]
-    qn = connection.ops.quote_name
-    names = ", ".join(qn(c.column) for c in [pk, *columns])
-    row = "(" + ", ".join(f"%s::{c.db_type(connection)}" for c in [pk, *columns]) + ")"
-    head = f"UPDATE {qn(meta.db_table)} AS t SET " + ", ".join(
-        f"{qn(c.column)} = v.{qn(c.column)}" for c in columns
-    )
-    per = MAX_PARAMS // (len(columns) + 1)
-    for start in range(0, len(rows), per):
-        part = rows[start : start + per]
-        params: list[Any] = []
-        for r in part:
-            params.append(r.pk)
-            params.extend(c.get_db_prep_save(getattr(r, c.attname), connection) for c in columns)
-        sql = (
-            f"{head} FROM (VALUES {', '.join([row] * len(part))}) AS v({names}) "
-            f"WHERE t.{qn(pk.column)} = v.{qn(pk.column)}"
-        )
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
 
 
 # When this process started reconciling for real (run_forever, or a worker's first task);

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,9 @@ MAX_PATH = 107
 
 _listening: tuple[Path, int] | None = None  # this process's socket and its inode
 WAKE = b"wake: reconcile"
+# What a ``WAKE`` that arrives does: ``cluster.wake.wake``, set as the app starts
+# (``cluster.apps``): the wake sends through the relay, never the other way round.
+on_wake: Callable[[], None] | None = None
 
 
 class BadEvent(ValueError):
@@ -163,14 +167,14 @@ def listen(data_dir: Path | str | None = None) -> Path | None:
 
 
 def _receive(sock: socket.socket) -> None:
-    # Imported here: cluster.wake imports this module (it sends a wake through the relay).
-    from cluster import wake  # noqa: PLC0415
-
     while True:
         data = sock.recv(MAX_DATAGRAM)
         try:
             if data == WAKE:
-                wake.wake()
+                woken = on_wake
+                if woken is None:
+                    raise RuntimeError("the cluster app is not ready: no wake is set")
+                woken()
             else:
                 events.send(*parse(data))
         except BadEvent as e:

@@ -22,6 +22,7 @@ from catalog import rules
 from catalog.services import stored_specs
 from cluster import placement, wake
 from cluster.choices import NodeHealth, ReplicaState
+from cluster.desired import bump_desired, release_assignments, stop_replicas
 from cluster.models import Assignment, Card, FacilityBudget, Node, Replica
 from llmgw_core import events
 from llmgw_core.refused import Refused
@@ -240,9 +241,6 @@ def drain(node: Node, force: bool = False) -> Drained:
     node; if it would be the model's last, the drain is refused (``DrainRefused``, nothing
     changed) unless ``force``.
     """
-    # Imported here: cluster.services imports this module.
-    from cluster.services import stop_replicas  # noqa: PLC0415
-
     Node.objects.select_for_update().filter(pk=node.pk).first()
     here = list(
         Replica.objects.filter(assignments__node=node, desired=True).distinct().order_by("pk")
@@ -403,10 +401,6 @@ def _replace_elsewhere(
 
 def _evict(evictions: list[placement.Eviction], node: str) -> None:
     """Evict now what a forced drain's replacements need: their room frees for them."""
-    # Imported here: cluster.reconciler and cluster.services import this module.
-    from cluster.reconciler import release_assignments  # noqa: PLC0415
-    from cluster.services import bump_desired  # noqa: PLC0415
-
     for e in evictions:
         victims = list(Assignment.objects.filter(replica_id=int(e.running_id)))
         release_assignments(

@@ -8,7 +8,7 @@ agent sends, checked), ``cluster.agentjoin`` (join, release, reclaim, address),
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -21,6 +21,8 @@ from cluster import replace, wake
 from cluster.address import host_port
 from cluster.agentinput import AgentError
 from cluster.choices import ReplicaState
+from cluster.desired import bump_desired
+from cluster.desired import stop_replicas as stop_replicas  # the reconciler's, as services'
 from cluster.models import (
     Assignment,
     ClusterAction,
@@ -62,13 +64,6 @@ def refresh_replica_state(r: Replica) -> None:
     r.save()
 
 
-def bump_desired(node_ids: Iterable[int]) -> None:
-    """Tell these nodes' agents their desired list changed (read again at once)."""
-    ids = list(set(node_ids))
-    if ids:
-        Node.objects.filter(pk__in=ids).update(desired_version=F("desired_version") + 1)
-
-
 @transaction.atomic
 def set_cordon(node: Node, cordoned: bool) -> Node:
     """Cordon a node (keeps what it runs, gets nothing new) or uncordon it."""
@@ -87,30 +82,6 @@ def drain(node: Node, force: bool = False) -> Any:
     with no ready replica, unless ``force``; see ``cluster.replace.drain``.
     """
     return replace.drain(node, force)
-
-
-def stop_replicas(
-    ids: Iterable[int], reason: str, drain_s: float = 0.0, now: datetime | None = None
-) -> None:
-    """Mark replicas to be stopped; unplaced ones are simply removed.
-
-    With ``drain_s``, a ready replica drains first: it leaves every gateway's table now
-    (``desired`` false: the gateways read again on the change) while its engine runs on
-    (its node's desired list keeps it until ``drain_until``), so the requests in flight
-    finish; then ``end_drains`` takes it off the list and its agent stops the engine.
-    """
-    ids = list(ids)
-    Replica.objects.filter(pk__in=ids, assignments__isnull=True).delete()
-    nodes = set(Assignment.objects.filter(replica_id__in=ids).values_list("node_id", flat=True))
-    until = (now or timezone.now()) + timedelta(seconds=drain_s) if drain_s > 0 else None
-    for r in Replica.objects.filter(pk__in=ids):
-        if until is not None and r.desired and r.state == ReplicaState.READY:
-            r.drain_until = until
-            reason = f"draining, then stopping: {reason}"
-        r.desired = False
-        r.set_state(ReplicaState.STOPPING, reason)
-        r.save()
-    bump_desired(nodes)
 
 
 def end_drains(now: datetime | None = None) -> list[int]:

@@ -26,11 +26,20 @@ def bench_profile(
     benchrun.in_background(model, profile, user_id, surface, via)
 
 
-@signals.worker_process_init.connect
 def _timer_in_pool_process(**kwargs: Any) -> None:
     """Start the reconcile timer where tasks run: each child of the prefork pool (after its
     fork, with connections of its own), the worker itself for the solo pool."""
     workertimer.start(float(settings.LLMGW_RECONCILE_INTERVAL))
+
+
+@signals.worker_init.connect
+def _timer_after_the_connections_are_closed(**kwargs: Any) -> None:
+    """Have each pool child start its timer after Celery's Django fixup has closed the
+    connections the child inherited from the worker (its own ``worker_process_init``
+    handler, connected as the worker starts, which is now). Connected at this module's
+    import, the timer ran first and its first look took the inherited pool as it was
+    being closed: a logged failure and a retry on every start."""
+    signals.worker_process_init.connect(_timer_in_pool_process)  # once: Celery keys it by id
 
 
 @signals.worker_ready.connect

@@ -18,8 +18,9 @@ change wakes nothing):
 - elsewhere (a command in a terminal beside an embedded web process) it tells that web
   process through its ``live.sock`` (``cluster.relay``); with none listening, nothing.
 
-This module imports nothing of the cluster's at import time, so the cluster's services can
-call it without an import cycle.
+Of the cluster, this module imports only the relay, so every module that changes the
+cluster can call it; the reconcile task reaches the workers through ``to_worker``, the
+task's own ``apply_async``, which the app sets as it starts (``cluster.apps``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import transaction
@@ -42,6 +44,10 @@ _looping = False
 _sent_at = -COALESCE
 _sent_lock = threading.Lock()
 _clock = time.monotonic
+# How a reconcile reaches the workers: ``cluster.tasks.reconcile_cluster.apply_async``, set
+# as the app starts (``cluster.apps``): the tasks call the reconciler, which calls this
+# module, never the other way round.
+to_worker: Callable[..., object] | None = None
 
 
 def reconcile_soon() -> None:
@@ -67,13 +73,13 @@ def _wake_up() -> None:
         if now - _sent_at < COALESCE:
             return  # one on its way runs after this commit
         _sent_at = now
-    # Imported here: cluster.tasks imports the reconciler, which imports this module.
-    from cluster.tasks import reconcile_cluster  # noqa: PLC0415
-
+    send = to_worker
+    if send is None:
+        raise RuntimeError("the cluster app is not ready: no way to the workers is set")
     interval = float(settings.LLMGW_RECONCILE_INTERVAL)
     try:
         # No retries: with Redis away the request must not wait; beat's next tick comes.
-        reconcile_cluster.apply_async(countdown=COALESCE, expires=COALESCE + interval, retry=False)
+        send(countdown=COALESCE, expires=COALESCE + interval, retry=False)
     except Exception as exc:  # the broker away or hung (its timeout: LLMGW_REDIS_TIMEOUT_MS)
         log.warning(
             "could not send the reconcile task (%s: %s); the next scheduled tick will do",

@@ -18,11 +18,11 @@ class GatewayConfig(AppConfig):
         # Imported here: they import models, which load with the apps, after this module.
         from cluster import benchrun  # noqa: PLC0415
         from gateway import services, signals  # noqa: PLC0415
-        from gateway.path import routing  # noqa: PLC0415
+        from gateway.path import options  # noqa: PLC0415
 
         # The waits of a model whose catalog entry gives none, as the model's page tells
         # them (catalog.timeouts.explain): the gateway's settings.
-        timeouts.use_site_defaults(routing.waits_defaults)
+        timeouts.use_site_defaults(options.waits_defaults)
         # The capacity bench drives its replica through the gateway with a client key
         # pinned to it, made for the run and revoked after it.
         benchrun.use_pinned_keys(services.pinned_key)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from gateway import stored
 from gateway.path import body as bodies
 from gateway.path import errors
+from gateway.path.affinity import affinity_key
 from gateway.path.answer import told_of
 from gateway.path.cycle import read_body
 from gateway.path.dialects import engines, messages
@@ -68,9 +69,6 @@ async def serve_dialect(
 def _began(parts: Parts, cycle: Cycle) -> None:
     """A stored response that named no session begins one, keyed by its id: the turn that
     continues it (``previous_response_id``) goes to the replica that answered it."""
-    # Imported here: gateway.path.app imports this module (it routes the dialects here).
-    from gateway.path.app import affinity_key  # noqa: PLC0415
-
     dialect = cycle.dialect
     response = getattr(dialect, "response", None)
     request = getattr(dialect, "request", None)

@@ -18,6 +18,7 @@ from cluster.api.lean import LeanAgentRoutes  # noqa: E402
 from gateway.assembly import build  # noqa: E402
 from guard.api.lean import GuardCheckRoute  # noqa: E402
 from llmgw_admin.routing import websocket_urlpatterns  # noqa: E402
+from llmgw_admin.wire import Wired  # noqa: E402
 from llmgw_core.bodylimit import BodyLimit  # noqa: E402
 from llmgw_core.origins import OriginCheck  # noqa: E402
 from updates.lean import MirrorFileRoute  # noqa: E402
@@ -42,8 +43,9 @@ application = ProtocolTypeRouter(
         # refused unread (llmgw_core.bodylimit).
         "http": gateway_assembly.application,
         # A websocket from the console's own origin only, scheme, host and port exact
-        # (llmgw_core.origins).
-        "websocket": OriginCheck(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # (llmgw_core.origins); the live consoles' frames written to the connection
+        # directly (llmgw_admin.wire).
+        "websocket": Wired(OriginCheck(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )
 

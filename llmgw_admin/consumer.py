@@ -48,8 +48,10 @@ from cluster import live as cluster_live
 from gateway import live as gateway_live
 from gateway.records import traffic as gateway_traffic
 from guard import live as guard_live
+from llmgw_admin import hub as hub_module
 from llmgw_admin.hub import hub
 from llmgw_admin.hub import keep as hub_keep
+from llmgw_admin.wire import WIRE, Wire, text_frame
 from llmgw_core import events
 from llmgw_core.roles import OPERATOR, VIEWER, has_role
 from updates import live as updates_live
@@ -79,6 +81,9 @@ SNAPSHOT_TIMEOUT_S = READY_TIMEOUT_S
 # What the hub's heartbeat sends (llmgw_admin.hub.BEAT): a comment htmx swaps nothing
 # for; static/llmgw/console.js counts it as heard and says "stale" without it.
 BEAT_TEXT = "<!-- llmgw:beat -->"
+BEAT_FRAME = text_frame(BEAT_TEXT)
+# A console sent a message this recently is not sent the heartbeat (``LiveConsumer.beat``).
+BEAT_QUIET_S = hub_module.BEAT_S / 2
 # A layer alias with no configuration: channels then gives the consumer no channel.
 NO_OWN_CHANNEL = "llmgw-live-hub-only"
 # Open consoles per user id in this process (the cap: LLMGW_WS_PER_USER).
@@ -234,6 +239,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
     # its way is dropped, not sent after the close (uvicorn refuses that with a
     # RuntimeError, which the hub logged with its traceback each time Redis went away).
     closing: bool = False
+    # Its connection, written to directly (llmgw_admin.wire), under the server
+    # llmgw_admin.server runs; None elsewhere (sent through ASGI).
+    wire: Wire | None = None
+    # When it was last sent a message (time.monotonic()), written directly: a heartbeat
+    # soon after says nothing the page does not know (``beat``).
+    said: float = 0.0
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
         self.closing = True
@@ -242,9 +253,18 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
                    close: bool = False) -> None:  # fmt: skip
-        """Send within SEND_TIMEOUT_S; past it the console is closed (1013: it reconnects)
-        and TimeoutError raised (the hub drops it)."""
+        """Send a text straight to the connection (``Wire``: the frame built once for every
+        console sending the same text, written without waiting; a console that leaves
+        too much unread is cut and forgotten). Through ASGI otherwise, within
+        SEND_TIMEOUT_S; past it the console is closed (1013: it reconnects) and
+        TimeoutError raised (the hub drops it)."""
         if self.closing:
+            return
+        if self.wire is not None and text_data is not None and not close:
+            if self.wire.write(text_frame(text_data)):
+                self.said = time.monotonic()
+            else:
+                self._forget()  # closed, or cut: its disconnect comes too
             return
         try:
             # asyncio.timeout, not wait_for (a task of each send on Python 3.11): this runs
@@ -318,6 +338,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close()  # the evaluations' topic is one evaluation's page
             return
         self.topics = topics
+        self.wire = self.scope.get(WIRE)
         self.can_act = await database_sync_to_async(has_role)(user, OPERATOR)
         events.set_home_loop(asyncio.get_running_loop())
         if not await self._accept():
@@ -487,8 +508,28 @@ class LiveConsumer(AsyncWebsocketConsumer):
             loop.call_later(_RENDER_TTL_S, _renders.pop, key, None)
         return await asyncio.shield(fut)
 
+    def beat(self) -> bool:
+        """The hub's heartbeat (llmgw_admin.hub.BEAT), said at once on the connection
+        (``Wire``). Nothing is said to a console not yet sent its snapshot (it comes
+        first), nor to one sent a message within the last ``BEAT_QUIET_S``: its page has
+        just heard from the server, and hears within 1.5 beats again (under the 5 s
+        after which it says "stale"). False through ASGI: taken in turn (``live_beat``)."""
+        if self.wire is None:
+            return False
+        if self.closing or not self.ready.is_set():
+            return True
+        now = time.monotonic()
+        if now - self.said < BEAT_QUIET_S:
+            return True
+        if self.wire.write(BEAT_FRAME):
+            self.said = now
+        else:
+            self._forget()
+        return True
+
     async def live_beat(self, event: dict[str, Any]) -> None:
-        """The hub's heartbeat (llmgw_admin.hub.BEAT): the page hears it is kept current."""
+        """The hub's heartbeat taken in turn (through ASGI): the page hears it is kept
+        current."""
         await self.send(text_data=BEAT_TEXT)
 
     async def cluster_nodes_changed(self, event: dict[str, Any]) -> None:

@@ -19,9 +19,11 @@ all of them while no event of its groups arrives (``Hub.share``): the hub counts
 events it hears per group, and a state made before one of them is not handed out again.
 
 Every ``BEAT_S`` the hub sends itself a heartbeat through the layer, and hands it to
-every member as an event (``BEAT``): it takes the path a change takes (layer, receive
-loop, the member's queue and task, its socket), so a page that has heard nothing for a
-few seconds knows it is not being kept current and says "stale" (static/llmgw/console.js).
+every member (``BEAT``): it takes the path a change takes through the layer and the
+receive loop, so a page that has heard nothing for a few seconds knows it is not being
+kept current and says "stale" (static/llmgw/console.js). Each member says it to its page
+at once (``Member.beat``: a few bytes written, no task's turn, a thousand consoles' beats
+in one pass), or, one that cannot, takes it in turn as an event.
 
 While the layer's Redis is away, events are dropped where they are published, and nothing
 says so to the consoles: the hub pings Redis every second, and when it does not answer
@@ -60,11 +62,10 @@ BEAT_S = 2.0
 # Events one member may have waiting; past it the member is dropped (told to reconnect).
 QUEUE_SIZE = 100
 # The longest one member may take over one event (its render and its send); past it the
-# member is dropped. And how long telling a member to go, or subscribing, may take.
+# member is dropped (looked at every BEAT_S, or a quarter of this if shorter). And how
+# long telling a member to go, or subscribing, may take.
 TAKE_TIMEOUT_S = 10.0
 TELL_TIMEOUT_S = 2.0
-# A member's task with nothing to take looks again this often (whether it was dropped).
-IDLE_S = 30.0
 # How long a state made for members that join (``Hub.share``) is handed to others that
 # join after it, while no event of its groups has arrived since it began.
 SHARE_S = 2.0
@@ -85,6 +86,11 @@ def keep(event_type: str, keeper: Callable[[dict[str, Any]], None]) -> None:
 class Member(Protocol):
     async def handle_event(self, event: dict[str, Any]) -> None: ...
 
+    def beat(self) -> bool:
+        """Take the heartbeat at once, without waiting; False: it is put in the member's
+        queue, and taken in turn as an event."""
+        ...
+
     async def layer_lost(self) -> None: ...
 
     async def behind(self) -> None: ...
@@ -97,6 +103,8 @@ class Mailbox:
         self.hub = hub
         self.member = member
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_SIZE)
+        # When the member began taking the event it is on (loop time), or None.
+        self.since: float | None = None
         self.task = asyncio.get_running_loop().create_task(self._take())
 
     def offer(self, event: dict[str, Any]) -> bool:
@@ -108,26 +116,20 @@ class Mailbox:
         return True
 
     async def _take(self) -> None:
-        # Bounded with asyncio.timeout, not wait_for: on Python 3.11 wait_for makes a task
-        # of each wait, and this runs once per console for every event and heartbeat.
+        # No timer for each wait: this runs once per console for every event, and a timer each
+        # (asyncio.timeout) was a tenth of a fan-out's CPU. The wait for an event lasts
+        # while the member is in the hub (``Hub.leave`` cancels this task), and one event's
+        # take is bounded by the hub's watch over ``since`` (``Hub._overdue``).
+        loop = asyncio.get_running_loop()
         while self.hub.boxes.get(self.member) is self:
+            event = await self.queue.get()
+            self.since = loop.time()
             try:
-                async with asyncio.timeout(IDLE_S):
-                    event = await self.queue.get()
-            except TimeoutError:
-                continue
-            try:
-                async with asyncio.timeout(TAKE_TIMEOUT_S):
-                    await self.member.handle_event(event)
-            except TimeoutError:
-                log.warning(
-                    "a live console took over %.0f s over an event: dropped, it reconnects",
-                    TAKE_TIMEOUT_S,
-                )
-                self.hub.drop(self.member)
-                return
+                await self.member.handle_event(event)
             except Exception:
                 log.warning("a live console failed to take an event", exc_info=True)
+            finally:
+                self.since = None
 
 
 @dataclass
@@ -214,7 +216,8 @@ class Hub:
             except Exception:
                 log.warning("keeping a live event failed", exc_info=True)
         if event.get("type") == BEAT:
-            members = list(self.boxes)
+            # Said at once by each member that can (``Member.beat``), without a task's turn.
+            members = [m for m in list(self.boxes) if not self._beat_now(m)]
         else:
             group = events.GROUP_OF_TYPE.get(event.get("type", ""))
             members = list(self.members.get(group, ())) if group else []
@@ -227,6 +230,14 @@ class Hub:
                     "a live console is %d events behind: dropped, it reconnects", QUEUE_SIZE
                 )
                 self.drop(member)
+
+    @staticmethod
+    def _beat_now(member: Member) -> bool:
+        try:
+            return member.beat()
+        except Exception:  # one console's failure says nothing to the others
+            log.warning("a live console failed to take the heartbeat", exc_info=True)
+            return True
 
     async def _run(self, layer: Any) -> None:
         channel = self.channel
@@ -248,10 +259,17 @@ class Hub:
             self.deliver(event)
 
     async def _beat(self, layer: Any) -> None:
-        """Send the heartbeat through the layer every BEAT_S while anyone listens."""
+        """Send the heartbeat through the layer every BEAT_S while anyone listens, and drop
+        the members that took over TAKE_TIMEOUT_S over one event (``_overdue``)."""
+        loop = asyncio.get_running_loop()
         failing = False
+        due = loop.time() + BEAT_S
         while True:
-            await asyncio.sleep(BEAT_S)
+            await asyncio.sleep(min(BEAT_S, TAKE_TIMEOUT_S / 4))
+            self._overdue()
+            if loop.time() < due:
+                continue
+            due = loop.time() + BEAT_S
             if not self.boxes or self.channel is None:
                 continue
             try:
@@ -264,6 +282,19 @@ class Hub:
                 failing = True
             else:
                 failing = False
+
+    def _overdue(self) -> None:
+        """Drop each member that has taken over TAKE_TIMEOUT_S over one event (a browser
+        that reads nothing through a server that waits, a console that never became ready):
+        its task is cancelled and it is told to reconnect."""
+        now = asyncio.get_running_loop().time()
+        for member, box in list(self.boxes.items()):
+            if box.since is not None and now - box.since > TAKE_TIMEOUT_S:
+                log.warning(
+                    "a live console took over %.0f s over an event: dropped, it reconnects",
+                    TAKE_TIMEOUT_S,
+                )
+                self.drop(member)
 
     async def _watch(self, layer: Any) -> None:
         """Ping Redis every second; tell the consoles when it is away, subscribe again when back."""

@@ -43,6 +43,8 @@ BROKEN = "broken"
 MAX_PER_UPSTREAM = 256
 MAX_IDLE = 64
 MAX_BUFFER = 1 << 20
+# URLs whose request line and Host are kept made (``Upstream.request``), at most.
+MAX_TARGETS = 1024
 _DEFAULT_PORT = {"http": 80, "https": 443}
 
 
@@ -281,14 +283,18 @@ class Response:
             self.release()
 
     async def read(self, limit: int = 64 << 20) -> bytes:
+        """The whole body (at most ``limit`` bytes), the connection given back after it
+        (as ``chunks`` does; read here without an async generator's frames)."""
         parts: list[bytes] = []
         size = 0
-        async for data in self.chunks():
-            parts.append(data)
-            size += len(data)
-            if size > limit:
-                self.release()
-                raise UpstreamError(BROKEN, f"the upstream's answer is over {limit} bytes")
+        try:
+            while (data := await self._conn.next_data(self.read_timeout)) is not None:
+                parts.append(data)
+                size += len(data)
+                if size > limit:
+                    raise UpstreamError(BROKEN, f"the upstream's answer is over {limit} bytes")
+        finally:
+            self.release()
         return b"".join(parts)
 
     def release(self) -> None:
@@ -318,6 +324,9 @@ class Upstream:
         self._idle: dict[Key, list[_Conn]] = {}
         self._slots: dict[Key, asyncio.Semaphore] = {}
         self._tls: ssl.SSLContext | None = None
+        # Each URL's upstream and the head's first lines (method, target, Host), made
+        # once (split and written anew they cost each request about 10 us).
+        self._targets: dict[tuple[str, str], tuple[Key, str]] = {}
 
     async def request(
         self,
@@ -330,7 +339,15 @@ class Upstream:
         first_byte_timeout: float | None = 60.0,
         read_timeout: float | None = 60.0,
     ) -> Response:
-        key, target = split(url)
+        found = self._targets.get((method, url))
+        if found is None:
+            key, target = split(url)
+            found = (key, f"{method} {target} HTTP/1.1\r\nHost: {host_header(key)}\r\n"
+                          "Connection: keep-alive\r\n")  # fmt: skip
+            if len(self._targets) >= MAX_TARGETS:
+                self._targets.clear()
+            self._targets[(method, url)] = found
+        key, start = found
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = asyncio.Semaphore(self.max_per_upstream)
@@ -342,22 +359,18 @@ class Upstream:
                                     timed_out=True) from None  # fmt: skip
         else:
             await slots.acquire()  # free: returns at once
-        head = [
-            f"{method} {target} HTTP/1.1",
-            f"Host: {host_header(key)}",
-            "Connection: keep-alive",
-        ]
+        head = [start]
         given = False
         for name, value in headers or ():
-            head.append(f"{name}: {value}")
+            head.append(f"{name}: {value}\r\n")
             given = given or name.lower() == "authorization"
         if not given and self.credentials is not None:
             secret = self.credentials(key)
             if secret:
-                head.append(f"Authorization: Bearer {secret}")
+                head.append(f"Authorization: Bearer {secret}\r\n")
         if body or method == "POST":
-            head.append(f"Content-Length: {len(body)}")
-        message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+            head.append(f"Content-Length: {len(body)}\r\n")
+        message = ("".join(head) + "\r\n").encode("latin-1") + body
         try:
             for attempt in range(2):
                 conn, reused = await self._take(key, connect_timeout)

@@ -10,11 +10,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from tests import dbflush, threads
 
 threads.watch()
 dbflush.by_delete()
+
+# Hypothesis judges its own pace too (a deadline per example, a health check on slow data
+# generation): on a machine whose cores the run's other workers hold, those fail tests whose
+# behaviour is right. The suite's tests never time things, so neither does hypothesis here;
+# what each property checks is unchanged.
+hypothesis_settings.register_profile(
+    "llmgw", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile("llmgw")
 
 
 @pytest.hookimpl(trylast=True)
@@ -90,14 +101,30 @@ def _no_thread_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[Non
         )
 
 
+_HASHED: dict[tuple[str, str], str] = {}
+
+
+def hashed(password: str) -> str:
+    """The hash of ``password`` by the hasher in use (the production one unless a test sets
+    another), made once a process: one hash costs 0.3 to 0.6 s of CPU on this project's
+    machines (the hasher's iterations are its point), and 771 tests make users, most with
+    the same password."""
+    from django.contrib.auth.hashers import get_hasher, make_password
+
+    key = (password, get_hasher().algorithm)
+    if key not in _HASHED:
+        _HASHED[key] = make_password(password)
+    return _HASHED[key]
+
+
 @pytest.fixture
 def make_user(db: Any) -> Any:
     """Return a function that creates a user holding a role (or none)."""
     from django.contrib.auth.models import Group, User
 
     def make(username: str, role: str | None = None, password: str = "pw-for-tests-1") -> User:
-        user = User.objects.create_user(
-            username=username, password=password, is_staff=role is not None
+        user = User.objects.create(
+            username=username, password=hashed(password), is_staff=role is not None
         )
         if role:
             group, _ = Group.objects.get_or_create(name=role)

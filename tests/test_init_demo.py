@@ -24,6 +24,7 @@ from cluster.models import Node
 from guard import services as guard_services
 from guard.models import PolicyChange
 from llmgw_admin import demo
+from tests.catalog.samples import sim_model
 from tests.cluster.helpers import join_node
 from tests.redisserver import url as redis_url
 
@@ -180,11 +181,7 @@ def test_init_adds_no_demo_to_an_install_an_operator_has_changed(
     simulate: None, operator: Any
 ) -> None:
     m, problems = codec.decode_model(
-        {
-            "name": "mine",
-            "source": "sim/mine",
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-l4-24gb"}],
-        }
+        sim_model("mine", 0, most=0, gpu_class="nvidia-l4-24gb", tp=None)
     )
     assert not problems
     save_model(m, Actor(user=operator, surface=Surface.CONSOLE))

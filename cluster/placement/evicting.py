@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cluster.placement.data import LABEL_PREFIX, Running
 from cluster.placement.finding import find_multi
@@ -28,22 +28,25 @@ def evict_for(
 
     Returns the nodes to place on and the evicted, or None (nothing changed).
     """
-    options: list[tuple[tuple[int, int, int, int], int, list[Running]]] = []
     holders = state.holders.get(need.src, set()) & elig if need.src else set()
     # Only the nodes running a lower class can make room for a one-node replica (the
     # index of who runs which class finds them); a multi-node one may also use nodes
     # that fit as they are.
     # The weights count only for the disk: without it, one trial serves every source.
     shape = state.shape(need)
-    memo = state.victims_memo.setdefault((shape, rank, protect), {})
+    # Kept per shape and protected replicas, for every class alike: a node's trial holds
+    # for each class that finds the same replicas below it there (``_victims``).
+    memo = state.victims_memo.setdefault((shape, protect), {})
     # A node too small even emptied is passed over (``_could``, known per shape).
     could = _could(state, need)
     key = (shape, rank, protect, elig)
     costs = state.options.get(key)
+    since: tuple[int, frozenset[int]] | None = None
     if costs is not None:
         # Every node's room was counted for this shape before: count it again only
         # where it changed since.
         dirty = state.dirty_since(costs.pos) & elig
+        since = (costs.pos, dirty)
         fresh = dirty & could
         if need.n == 1:
             fresh = state.evictable_among(fresh, rank)
@@ -56,40 +59,20 @@ def evict_for(
             else:
                 costs.put(i, option)
         costs.pos = len(state.changed)
-    else:
-        if need.n == 1:
-            order = _evictable_order(state, rank, need, elig, could, holders)
-        else:
-            pool = elig & could
-            order = itertools.chain(sorted(holders & pool), _ascending(pool - holders))
-        whole = True
-        # Holders first, so the first node where one opportunistic replica makes room
-        # is the best there is, and the search of a full cluster can stop there.
-        for i in order:
-            option = _option(state, i, rank, need, protect, memo)
-            if option is not None:
-                top, count, victims = option
-                options.append(((top, count, i not in holders, i), i, victims))
-                if need.n == 1 and top == 1 and count == 1:
-                    whole = False
-                    break
-        if whole:
-            costs = Costs(len(state.changed))
-            for c, i, v in options:
-                costs.put(i, (c[0], c[1], v))
-            state.options[key] = costs
     if need.n == 1:
         if costs is not None:
             # The cheapest first, from the index of costs: the holders of the weights
             # come first among those of the cheapest cost.
-            found = costs.cheapest(holders)
+            best = costs.cheapest(holders)
+            if best is None:
+                return None
+            table = costs
+            rest: Callable[[], list[Ranked]] = lambda: table.options(holders)  # noqa: E731
+        else:
+            found = _walk(state, rank, need, elig, protect, memo, could, holders, key)
             if found is None:
                 return None
-            best = found
-        elif not options:
-            return None
-        else:
-            best = min(options, key=lambda o: o[0])
+            best, rest = found
         # It holds but where the count did not, and then the rest are tried in order.
         for v in best[2]:
             state.release(v)
@@ -97,9 +80,7 @@ def evict_for(
             return [best[1]], best[2]
         for v in best[2]:
             state.reclaim(v)
-        if costs is not None:
-            options = costs.options(holders)
-        for _, i, victims in sorted(options, key=lambda o: o[0]):
+        for _, i, victims in sorted(rest(), key=lambda o: o[0]):
             for v in victims:
                 state.release(v)
             # Counted without releasing anything; this checks the count held.
@@ -108,16 +89,22 @@ def evict_for(
             for v in victims:
                 state.reclaim(v)
         return None
-    assert costs is not None  # a multi-node replica's trial counts every node
-    trials = _trials(state, need, key, costs.table, elig, holders)
-    if not trials:
-        return None
-    # The cheapest first (costs are unique: each names its group); the rest sorted only
-    # when it does not hold.
-    for _, cheapest, picked in _cheapest_first(trials):
+    if costs is None:
+        # A multi-node replica's trial counts every node.
+        pool = elig & could
+        costs = Costs(len(state.changed))
+        for i in itertools.chain(sorted(holders & pool), _ascending(pool - holders)):
+            option = _option(state, i, rank, need, protect, memo)
+            if option is not None:
+                costs.put(i, option)
+        state.options[key] = costs
+    # The cheapest first (costs are unique: each names its group), from the index of
+    # the groups' costs: the next only when it does not hold.
+    for _, cheapest, picked in _trials(state, need, key, costs, since, elig, holders):
         for v in picked:
             state.release(v)
-        chosen = find_multi(state, need, elig & frozenset(cheapest))
+        # Only the group's cheapest nodes are walked: no other may be chosen.
+        chosen = find_multi(state, need, elig & frozenset(cheapest), set(cheapest))
         if chosen:
             return chosen, picked
         for v in picked:
@@ -125,30 +112,68 @@ def evict_for(
     return None
 
 
+# A node where room could be made, ranked as ``evict_for`` tries them: by the highest
+# class evicted, how many, holding the weights first, then name; and whom it evicts.
+Ranked = tuple[tuple[int, int, bool, int], int, list[Running]]
 Option = tuple[int, int, list[Running]]
 
 
-def _cheapest_first(trials: list[Trial]) -> Iterator[Trial]:
-    """Yield trials by cost: the cheapest found without sorting, the rest sorted only
-    when it does not hold (costs are unique: each names its group)."""
-    first = min(trials, key=lambda t: t[0])
-    yield first
-    yield from (t for t in sorted(trials, key=lambda t: t[0]) if t is not first)
+def _walk(
+    state: State,
+    rank: int,
+    need: Need,
+    elig: frozenset[int],
+    protect: frozenset[int | str],
+    memo: dict[int, Victims],
+    could: frozenset[int],
+    holders: set[int],
+    key: tuple[object, ...],
+) -> tuple[tuple[object, int, list[Running]], Callable[[], list[Ranked]]] | None:
+    """Return the cheapest room for a one-node replica and every room the search found
+    (the holders of the weights, then the other nodes in name order up to where one
+    opportunistic replica made room), or None. A search that walked every node leaves
+    their costs for the next (``State.options``)."""
+    ranks_on = state.ranks_on
+
+    def evictable(i: int) -> bool:
+        return any(k > 0 for r, k in ranks_on[i].items() if r < rank)
+
+    order = itertools.chain(
+        sorted(i for i in holders if i in could and evictable(i)),
+        (i for i in _evictable(state, rank, need, elig, could) if i not in holders),
+    )
+    options: list[Ranked] = []
+    whole = True
+    for i in order:
+        option = _option(state, i, rank, need, protect, memo)
+        if option is not None:
+            top, count, victims = option
+            options.append(((top, count, i not in holders, i), i, victims))
+            if top == 1 and count == 1:
+                whole = False
+                break
+    if whole:
+        costs = Costs(len(state.changed))
+        for c, i, v in options:
+            costs.put(i, (c[0], c[1], v))
+        state.options[key] = costs
+    if not options:
+        return None
+    return min(options, key=lambda o: o[0]), lambda: options
 
 
-def _evictable_order(
+def _evictable(
     state: State,
     rank: int,
     need: Need,
     elig: frozenset[int],
     could: frozenset[int],
-    holders: set[int],
 ) -> Iterator[int]:
-    """Yield the eligible nodes big enough emptied that run a class below rank: the
-    holders of the weights, then the rest, each in name order.
+    """Yield the eligible nodes big enough emptied that run a class below rank, in name
+    order.
 
-    The rest are kept in order per shape's nodes and rank: a node that no longer runs
-    a lower class is dropped as it is met, and one that began to since is put in its
+    They are kept in order per shape's nodes and rank: a node that no longer runs a
+    lower class is dropped as it is met, and one that began to since is put in its
     place (``State.became``), so a search that stops early walks only a few.
     """
     ranks_on = state.ranks_on
@@ -168,7 +193,6 @@ def _evictable_order(
                 if at == len(nodes) or nodes[at] != i:
                     nodes.insert(at, i)
     state.evictable_order[key] = (nodes, len(state.became))
-    yield from sorted(i for i in holders if i in could and evictable(i))
     at = 0
     while at < len(nodes):
         i = nodes[at]
@@ -176,8 +200,7 @@ def _evictable_order(
             del nodes[at]
             continue
         at += 1
-        if i not in holders:
-            yield i
+        yield i
 
 
 def _ascending(nodes: set[int]) -> Iterator[int]:
@@ -259,22 +282,46 @@ def _could(state: State, need: Need) -> frozenset[int]:
 Trial = tuple[tuple[int, int, str], list[int], list[Running]]
 
 
+class Groups:
+    """Each group's trial for one shape of a multi-node replica (``_trials``), indexed by
+    cost: the cheapest is found without listing every group."""
+
+    def __init__(self, trials: dict[str, Trial | None]) -> None:
+        """Start from each group's trial (None where it gives no room)."""
+        self.trials = {name: t for name, t in trials.items() if t is not None}
+        self.costs = sorted(t[0] for t in self.trials.values())
+
+    def put(self, name: str, trial: Trial | None) -> None:
+        """Record a group's trial counted again (None: it gives no room)."""
+        old = self.trials.pop(name, None)
+        if old is not None:
+            del self.costs[bisect.bisect_left(self.costs, old[0])]
+        if trial is not None:
+            self.trials[name] = trial
+            bisect.insort(self.costs, trial[0])
+
+
 def _trials(
     state: State,
     need: Need,
     key: tuple[object, ...],
-    table: dict[int, Option],
+    costs: Costs,
+    since: tuple[int, frozenset[int]] | None,
     elig: frozenset[int],
     holders: set[int],
-) -> list[Trial]:
-    """Return, per group of nodes a multi-node replica may take (its keep_within
-    domain), the cheapest nodes and whom evicting there evicts, with its cost.
+) -> Iterator[Trial]:
+    """Yield, per group of nodes a multi-node replica may take (its keep_within domain),
+    the cheapest nodes and whom evicting there evicts, with its cost, the cheapest first.
 
     Among nodes of one cost, those holding the weights come first. Kept per shape as
     though no node held them, and only the groups with a node whose room changed are
     counted again; a group with a node holding this replica's weights is counted for it.
+    ``since`` is when the costs were counted before and the eligible nodes whose room
+    may have changed since (None: counted just now): the groups counted then need not
+    look for them again.
     """
     label = LABEL_PREFIX + need.level if need.level else ""
+    table = costs.table
 
     def trial(name: str, members: list[int], held: set[int]) -> Trial | None:
         if len(members) < need.n:
@@ -297,25 +344,32 @@ def _trials(
 
     kept = state.group_trials.get(key)
     if kept is None:
-        found = {
-            name: trial(name, members, set())
-            for name, members in state.groups(need, sorted(table)).items()
-        }
+        groups = Groups(
+            {
+                name: trial(name, members, set())
+                for name, members in state.groups(need, sorted(table)).items()
+            }
+        )
     else:
-        found, pos = kept
-        dirty = state.dirty_since(pos) & elig
+        groups, pos = kept
+        dirty = since[1] if since and since[0] == pos else state.dirty_since(pos) & elig
         names = {state.labels[i].get(label) for i in dirty} - {None, ""} if label else {""}
         for name in names if dirty else ():
-            found[name] = trial(name, nodes_of(name), set())
-    state.group_trials[key] = (found, len(state.changed))
-    out = found
+            groups.put(name, trial(name, nodes_of(name), set()))
+    state.group_trials[key] = (groups, len(state.changed))
     mine = {i for i in holders if i in table}
+    held: dict[str, Trial | None] = {}
     if mine:
-        out = dict(found)
         names = {state.labels[i].get(label) for i in mine} - {None, ""} if label else {""}
         for name in names:
-            out[name] = trial(name, nodes_of(name), mine)
-    return [t for t in out.values() if t is not None]
+            held[name] = trial(name, nodes_of(name), mine)
+    trials = groups.trials
+    ranked = (trials[cost[2]] for cost in groups.costs if cost[2] not in held)
+    yield from heapq.merge(
+        ranked,
+        sorted((t for t in held.values() if t is not None), key=lambda t: t[0]),
+        key=lambda t: t[0],
+    )
 
 
 def _option(
@@ -351,38 +405,57 @@ def _victims(
     i's room has not changed since (what runs there changes only with its room), and
     each power check the trial made comes out as it did: its domains' power may have
     changed (room taken or given back on their other nodes) without changing a step.
+    A trial holds for another class too where that class finds the same replicas below
+    it on the node (a trial for critical serves standard on a node running only
+    opportunistic replicas).
     """
     known = memo.get(i)
-    if known is not None and known[0] == state.node_ver[i]:
+    if known is not None and known[0] == state.node_ver[i] and known[1] < rank <= known[2]:
         used, cap = state.used, state.cap
-        if all((used[d] - gone + w > cap[d] + EPSILON) == over for d, gone, w, over in known[1]):
-            return known[2]
+        if all((used[d] - gone + w > cap[d] + EPSILON) == over for d, gone, w, over in known[3]):
+            return known[4]
     checks: list[tuple[int, float, float, bool]] = []
-    found = _victims_now(state, i, rank, need, protect, checks)
-    memo[i] = (state.node_ver[i], tuple(checks), found)
+    lower, above = _lower(state, i, rank, protect)
+    found = _victims_now(state, i, need, lower, checks)
+    top = max((r.class_rank for r in lower), default=0)
+    memo[i] = (state.node_ver[i], top, above, tuple(checks), found)
     return found
 
 
-# A node's trial of victims for a shape: its room's version then, each power check made
-# (domain, watts freed there, watts drawn, whether it was over), and the victims.
-Victims = tuple[int, tuple[tuple[int, float, float, bool], ...], list[Running] | None]
+def _lower(
+    state: State, i: int, rank: int, protect: frozenset[int | str]
+) -> tuple[list[Running], float]:
+    """Return the live replicas on node i that a class may evict (below its rank, not
+    protected), and the lowest class of the others there: every rank above the highest
+    of the first and up to the second finds the same replicas."""
+    alive = state.alive
+    lower: list[Running] = []
+    above: float = float("inf")
+    for r in state.on_node[i]:
+        if r.id in alive and r.id not in protect:
+            k = r.class_rank
+            if k < rank:
+                lower.append(r)
+            elif k < above:
+                above = k
+    return lower, above
+
+
+# A node's trial of victims for a shape: its room's version then, the classes it holds
+# for (above the first, up to the second), each power check made (domain, watts freed
+# there, watts drawn, whether it was over), and the victims.
+Victims = tuple[int, int, float, tuple[tuple[int, float, float, bool], ...], list[Running] | None]
 
 
 def _victims_now(
     state: State,
     i: int,
-    rank: int,
     need: Need,
-    protect: frozenset[int | str],
+    lower: list[Running],
     checks: list[tuple[int, float, float, bool]] | None = None,
 ) -> list[Running] | None:
-    """Return the fewest, lowest-class replicas on node i whose going makes room, counted
-    (each power check made added to ``checks``)."""
-    lower = [
-        r
-        for r in state.on_node[i]
-        if r.class_rank < rank and r.id in state.alive and r.id not in protect
-    ]
+    """Return the fewest, lowest-class replicas of ``lower`` (those on node i a class may
+    evict) whose going makes room, counted (each power check made added to ``checks``)."""
     # Node i, emptied, would be big enough: only such nodes are asked (``_could``).
     if not lower:
         return None

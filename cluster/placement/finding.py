@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from catalog.rules import FACILITY_LEVELS
 from cluster.placement.data import LABEL_PREFIX
 from cluster.placement.state import EPSILON, Need, State
@@ -15,7 +17,8 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     The shape is the need, its source left out where it asks no disk. The nodes a
     shape did not fit are passed over until they gain: those short of what does not
     depend on the weights (cards, memory, cores, power) for every source alike, those
-    short of disk for this source alone. A multi-node replica: ``find_groups_again``.
+    short of disk for this source alone; either for every profile's engine and node
+    selector alike. A multi-node replica: ``find_groups_again``.
     """
     if need.n > 1:
         return find_groups_again(state, need, elig)
@@ -26,15 +29,14 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     if pos == now:
         return []
     base = state.base(need)
-    bad = _still_bad(state, (base, elig), now)
-    short = _still_bad(state, key, now) if need.disk else bad
+    # Whether a node fits a need does not hang on the nodes a profile may take: the
+    # misses are kept per need alone, shared by profiles of other engines and labels.
+    bad = _still_bad(state, base, now)
+    short = _still_bad(state, shape, now) if need.disk else bad
     if pos is None:
         chosen = find(state, need, elig, model, bad=bad, short=short)
     else:
-        among, domains = state.gained_since(pos)
-        for d in domains:
-            among.update(state.domain_members[d])
-        among = (among & elig) - bad
+        among = (state.may_fit_since(pos) & elig) - bad
         if short is not bad:
             among -= short
         chosen = find(state, need, elig, model, among, bad, short) if among else []
@@ -43,7 +45,7 @@ def find_again(state: State, need: Need, elig: frozenset[int], model: str = "") 
     return chosen
 
 
-def _still_bad(state: State, key: tuple[object, ...], now: int) -> set[int]:
+def _still_bad(state: State, key: object, now: int) -> set[int]:
     """Return the nodes a shape was found not to fit that have not gained room since,
     kept under key (``State.find_bad``)."""
     kept = state.find_bad.get(key)
@@ -52,10 +54,7 @@ def _still_bad(state: State, key: tuple[object, ...], now: int) -> set[int]:
     else:
         bad, since = kept
         if bad and since < now:
-            gained, domains = state.gained_since(since)
-            bad -= gained
-            for d in domains:
-                bad.difference_update(state.domain_members[d])
+            bad -= state.may_fit_since(since)
     state.find_bad[key] = (bad, now)
     return bad
 
@@ -113,7 +112,7 @@ def find(
     need: Need,
     elig: frozenset[int],
     model: str = "",
-    among: set[int] | None = None,
+    among: AbstractSet[int] | None = None,
     bad: set[int] | None = None,
     short: set[int] | None = None,
 ) -> list[int]:

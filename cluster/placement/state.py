@@ -9,10 +9,10 @@ telling why are functions over it (``finding``, ``evicting``, ``reasons``).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,28 @@ def _w(watts: float) -> str:
     return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
 
 
+class Kept:
+    """Sets of nodes worked out from a log (``State.changed``, ``State.gained``) at a
+    position, kept until the log grows."""
+
+    __slots__ = ("found", "length")
+
+    def __init__(self) -> None:
+        self.length = -1
+        self.found: dict[int, frozenset[int]] = {}
+
+    def at(self, length: int, pos: int, work: Callable[[int], frozenset[int]]) -> frozenset[int]:
+        """Return what ``work(pos)`` gave while the log stood at ``length``, else work it
+        out and keep it."""
+        if self.length != length:
+            self.length = length
+            self.found = {}
+        got = self.found.get(pos)
+        if got is None:
+            got = self.found[pos] = work(pos)
+        return got
+
+
 class State:
     """The cluster as it stands while a plan is made: what is free on each node."""
 
@@ -210,9 +232,12 @@ class State:
         # Where in ``gained`` room was given back (its domains' other nodes may fit).
         self.gained_wide: list[int] = []
         self.find_failed: dict[tuple[object, ...], int] = {}
+        # ``dirty_since`` and ``may_fit_since`` by position, kept while their log stands.
+        self.dirty_kept = Kept()
+        self.gained_kept = Kept()
         # Per shape, the nodes walked that it did not fit, and the length of ``gained``
         # then: passed over until they gain room (``finding.find_again``).
-        self.find_bad: dict[tuple[object, ...], tuple[set[int], int]] = {}
+        self.find_bad: dict[object, tuple[set[int], int]] = {}
         # Per shape of a multi-node replica kept within a domain, the groups not known
         # to give it no nodes, and the length of ``changed`` then (``find_groups_again``).
         self.groups_open: dict[tuple[object, ...], tuple[set[str | None], int]] = {}
@@ -222,7 +247,7 @@ class State:
         # cheapest room (``evicting``), and the length of ``changed`` then.
         self.options: dict[tuple[object, ...], tuple[dict, int]] = {}
         # The same for a multi-node replica's groups of nodes (``evicting._trials``).
-        self.group_trials: dict[tuple[object, ...], tuple[dict, int]] = {}
+        self.group_trials: dict[tuple[object, ...], tuple[Any, int]] = {}  # ``Groups``
         self.miss_cache: dict[tuple[object, ...], Any] = {}  # ``reasons.Tally`` per shape
 
     def _index_cards(self, i: int, n: Node) -> None:
@@ -338,8 +363,10 @@ class State:
                     continue  # a node that is gone holds nothing
                 classes = card_class[i]
                 cards = a.cards
-                if cards:
-                    cards = tuple(c for c in cards if c in classes)
+                for c in cards:
+                    if c not in classes:  # a card gone from its node holds nothing
+                        cards = tuple(c for c in cards if c in classes)
+                        break
                 h = Hold(i, cards, a.cpu_cores, a.memory_mb, a.disk_mb, a.watts, src)
                 holds.append(h)
                 here = on_node[i]
@@ -399,11 +426,18 @@ class State:
                 self.gained.append(i)
             if h.cards:
                 children = self.children[i]
+                # Each class's free count before, where it changed: the node moves once
+                # in the best-fit order, not once per card.
+                counts: dict[str, int] = {}
                 for c in h.cards:
-                    self._claim(i, c, sign)
+                    self._claim(i, c, sign, counts)
                     if children:
                         for child in children.get(c, ()):
-                            self._claim(i, child, sign)
+                            self._claim(i, child, sign, counts)
+                if counts and self.bucketed and self.nodes[i].schedulable:
+                    free = self.free[i]
+                    for cls, count in counts.items():
+                        self.class_buckets[cls].move(count, len(free[cls]), i)
             if h.cores:
                 old = self._cpu_key(i)
                 self.cores[i] -= sign * h.cores
@@ -438,8 +472,9 @@ class State:
                 del self.fetching[i][h.src]
                 self.fetching_at[h.src].discard(i)
 
-    def _claim(self, i: int, c: int, sign: int) -> None:
-        """Count a claim on card c of node i (or drop one), keeping the free lists."""
+    def _claim(self, i: int, c: int, sign: int, counts: dict[str, int]) -> None:
+        """Count a claim on card c of node i (or drop one), keeping the free lists;
+        a class whose free list changes first has its count before put in ``counts``."""
         claims = self.claims[i]
         before = claims[c]
         claims[c] = before + sign
@@ -448,12 +483,12 @@ class State:
         cls = self.card_class[i][c]
         free = self.free[i].setdefault(cls, [])
         count = len(free)
+        if cls not in counts:
+            counts[cls] = count
         if sign > 0:
             del free[bisect.bisect_left(free, c)]
         else:
             bisect.insort(free, c)
-        if self.bucketed and self.nodes[i].schedulable:
-            self.class_buckets[cls].move(count, len(free), i)
 
     def need(self, p: PlacementProfile) -> Need:
         """Return what each node of a replica of profile p must give."""
@@ -478,7 +513,20 @@ class State:
             return need
         found = self.shapes.get(id(need))
         if found is None or found[0] is not need:
-            found = self.shapes[id(need)] = (need, dataclasses.replace(need, src=""))
+            # Built field by field, not by ``dataclasses.replace`` (which looks the
+            # fields up each time): each model's profiles have a need of their own.
+            shape = Need(
+                need.cls,
+                need.g,
+                need.n,
+                need.mem,
+                need.cores,
+                need.disk,
+                need.watts,
+                "",
+                need.level,
+            )
+            found = self.shapes[id(need)] = (need, shape)
         return found[1]
 
     def node_kinds(self) -> list[tuple[dict[str, int], int, int, list[int]]]:
@@ -504,7 +552,10 @@ class State:
             return need
         found = self.bases.get(id(need))
         if found is None or found[0] is not need:
-            found = self.bases[id(need)] = (need, dataclasses.replace(need, src="", disk=0))
+            base = Need(
+                need.cls, need.g, need.n, need.mem, need.cores, 0, need.watts, "", need.level
+            )
+            found = self.bases[id(need)] = (need, base)
         return found[1]
 
     def eligible(self, p: PlacementProfile) -> frozenset[int]:
@@ -515,15 +566,21 @@ class State:
         if found is None:
             # By the index of engines and versions (``static_ok``'s rule): the nodes of
             # each matching version, then the node selector on those alone.
+            # The node selector by the index of labels (``members``), not node by node.
             versions = self._engine_index().get(p.engine, {})
-            labels = self.labels
-            found = frozenset(
-                i
-                for version, where in versions.items()
-                if version_matches(version, p.engine_version)
-                for i in where
-                if all(labels[i].get(k) == v for k, v in sel)
+            suited = frozenset(
+                itertools.chain.from_iterable(
+                    where
+                    for version, where in versions.items()
+                    if version_matches(version, p.engine_version)
+                )
             )
+            for k, v in sel:
+                if v:
+                    suited = suited.intersection(self.members(k, v))
+                else:  # ``members`` leaves out empty values
+                    suited = frozenset(i for i in suited if self.labels[i].get(k) == v)
+            found = suited
             self.eligible_cache[key] = found
         return found
 
@@ -582,15 +639,25 @@ class State:
 
     def fits(self, i: int, need: Need) -> bool:
         """Return whether node i has room for one node's share of a replica."""
-        if need.g and len(self.free[i].get(need.cls, ())) < need.g:
-            return False
+        g = need.g
+        if g:
+            free = self.free[i].get(need.cls, ())
+            if len(free) < g:
+                return False
         if self.mem[i] < need.mem or self.cores[i] < need.cores:
             return False
         if need.disk and self.disk[i] < self.disk_needed(i, need):
             return False
         domains = self.node_domains[i]
         if domains:
-            w = self.watts(i, need)
+            # ``watts`` and ``cards_for`` inline (asked of most nodes a walk meets), and
+            # summed in the same order.
+            w = need.watts
+            if w is None:
+                cw = self.card_watts[i]
+                w = (sum(map(cw.__getitem__, free[:g])) if g else 0) + (
+                    need.cores * self.core_watts
+                )
             used, cap = self.used, self.cap
             for d in domains:
                 if used[d] + w > cap[d] + EPSILON:
@@ -617,7 +684,7 @@ class State:
         return buckets.from_key(need.g) if buckets else iter(())
 
     def walk_among(
-        self, need: Need, among: set[int], short: set[int] | None = None
+        self, need: Need, among: AbstractSet[int], short: set[int] | None = None
     ) -> Iterator[int]:
         """Yield the nodes of ``among`` that ``walk`` would yield, in its order; those
         it passes over (too few free cards or cores) are added to ``short``.
@@ -704,14 +771,31 @@ class State:
             self._apply([holds[-1]], 1)
         return tuple(out)
 
-    def dirty_since(self, pos: int, log: list[int] | None = None) -> set[int]:
-        """Return the nodes whose room may have changed since a log (``changed``, or
-        ``gained``) stood at pos: those in it, and every node sharing a power domain
-        with one (its power did)."""
-        dirty, domains = self.changed_since(pos, log)
+    def dirty_since(self, pos: int) -> frozenset[int]:
+        """Return the nodes whose room may have changed since ``changed`` stood at pos:
+        those in it, and every node sharing a power domain with one (its power did).
+
+        Kept until ``changed`` grows: the shapes asked about between two changes share
+        the positions they last counted at.
+        """
+        return self.dirty_kept.at(
+            len(self.changed), pos, lambda p: self._with_domains(*self.changed_since(p))
+        )
+
+    def may_fit_since(self, pos: int) -> frozenset[int]:
+        """Return the nodes that may fit what they did not since ``gained`` stood at pos:
+        those that gained room, and every node of a power domain where room was given
+        back (``gained_since``). Kept until ``gained`` grows, as ``dirty_since``."""
+        return self.gained_kept.at(
+            len(self.gained), pos, lambda p: self._with_domains(*self.gained_since(p))
+        )
+
+    def _with_domains(self, nodes: set[int], domains: set[int]) -> frozenset[int]:
+        """Return ``nodes`` with every node of ``domains``."""
+        members = self.domain_members
         for d in domains:
-            dirty.update(self.domain_members[d])
-        return dirty
+            nodes.update(members[d])
+        return frozenset(nodes)
 
     def gained_since(self, pos: int) -> tuple[set[int], set[int]]:
         """Return the nodes that gained room since ``gained`` stood at pos, and the power

@@ -40,10 +40,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.path import balance
 from gateway.path.balance import Ring, Target
+
+if TYPE_CHECKING:
+    from gateway.path.table import Key
 
 KEPT = "kept"
 MOVED = "moved"
@@ -59,6 +62,12 @@ FLOOR = 8
 SPREAD = 1.1
 DEFAULT_SIZE = 100_000
 DEFAULT_AGE = 1800.0
+
+
+def affinity_key(key: Key, session: str) -> str:
+    """A session's key in the table: scoped to the key's owner (a key with none: itself),
+    so two tenants' sessions never meet."""
+    return f"{key.owner or 'key:' + key.name}\x00{session}"
 
 
 def choose(

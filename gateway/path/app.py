@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -75,7 +74,7 @@ from gateway.path import body as bodies
 from gateway.path import dialect as dialects
 from gateway.path.adapters import Placer
 from gateway.path.admission import Admission
-from gateway.path.affinity import Sessions
+from gateway.path.affinity import Sessions, affinity_key
 from gateway.path.cycle import (
     CLIENT_GONE,
     ClientStalled,
@@ -399,7 +398,7 @@ class Gateway:
             if cycle.dialect is not None:
                 # The dialect's body as the chat body it means: read as chat's is.
                 cycle.data = cycle.dialect.chat_body(cycle.data)
-                raw = json.dumps(cycle.data, ensure_ascii=False).encode()
+                raw = bodies.dumps(cycle.data)
             req = cycle.req = bodies.read(kind, cycle.data)
         except bodies.BodyError as error:
             raise errors.bad_request(error.message, error.param, error.code) from None
@@ -532,12 +531,6 @@ def _session(cycle: Cycle, data: dict[str, Any]) -> None:
             name = dialect.previous_session or named.key
     if name is not None and cycle.key is not None:
         cycle.session = affinity_key(cycle.key, name)
-
-
-def affinity_key(key: Key, session: str) -> str:
-    """A session's key in the table: scoped to the key's owner (a key with none: itself),
-    so two tenants' sessions never meet."""
-    return f"{key.owner or 'key:' + key.name}\x00{session}"
 
 
 def _key(scope: Scope, table: Table) -> Key:

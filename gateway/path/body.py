@@ -72,12 +72,20 @@ def _finite(text: str) -> float:
     return value
 
 
+# Made once: ``json.loads`` with options makes a decoder (and its scanner) at each call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+# ``json.dumps(value, ensure_ascii=False)``'s encoder, made once for the same reason.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def parse(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, else ``BodyError``: what is not JSON (``NaN``,
     ``Infinity`` and ``-Infinity`` too, which Python's ``json`` reads by default but JSON
-    has not, and numbers so large they read as infinity) or not an object."""
+    has not, and numbers so large they read as infinity) or not an object. Bytes are
+    read as ``json.loads`` reads them (UTF-8, -16 or -32, a UTF-8 BOM allowed)."""
     try:
-        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        data = _DECODER.decode(text)
     except BodyError:
         raise
     except (ValueError, RecursionError):
@@ -85,6 +93,11 @@ def parse(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BodyError("the request body must be a JSON object")
     return data
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as JSON bytes (UTF-8, as ``json.dumps(value, ensure_ascii=False)``)."""
+    return _ENCODER.encode(value).encode()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
@@ -121,11 +122,20 @@ class Cycle:
         the client's time to first token)."""
         if self.first_at is None and data and text:
             self.first_at = time.perf_counter()
+        sending: Any = self.send({"type": "http.response.body", "body": data, "more_body": more})
+        if isinstance(sending, types.CoroutineType):
+            try:
+                # Run until it waits: most sends never do (the bytes go to the transport's
+                # buffer at once), and need no timer.
+                waiting = sending.send(None)
+            except StopIteration:
+                return
+            sending = _rest(sending, waiting)
         try:
-            # A timer on this task, not the task and event loop pass ``wait_for`` adds to
-            # every piece of every answer.
+            # It waits for the client to take what it was sent: the rest under a timer on
+            # this task, not the task and event loop pass ``wait_for`` adds.
             async with asyncio.timeout(self.send_wait):
-                await self.send({"type": "http.response.body", "body": data, "more_body": more})
+                await sending
         except TimeoutError:
             self.stalled = True
             raise ClientStalled(self.send_wait) from None
@@ -159,6 +169,26 @@ class Cycle:
     def unwatch(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+
+
+@types.coroutine
+def _rest(coroutine: Any, waiting: Any) -> Generator[Any, None, Any]:
+    """The rest of ``coroutine``, which has run up to its first wait (``waiting``, what it
+    yielded to the task): each wait yielded to the task, as ``await`` would, and what the
+    task throws in (a cancellation) thrown into it."""
+    while True:
+        try:
+            yield waiting
+        except BaseException as error:
+            try:
+                waiting = coroutine.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            waiting = coroutine.send(None)
+        except StopIteration as stop:
+            return stop.value
 
 
 class ClientStalled(Exception):

@@ -9,7 +9,30 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gateway.path.routing import waits_defaults
+from django.conf import settings as site
+
+from catalog import timeouts
+
+
+def waits_defaults(source: Any = site) -> timeouts.Defaults:
+    """The gateway's waits for a model whose catalog entry gives none: its settings
+    (registered with ``catalog.timeouts`` by the gateway's ``ready()``), or ``source``'s."""
+    return timeouts.Defaults(
+        first_token=float(source.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
+        between=float(source.LLMGW_GATEWAY_READ_TIMEOUT),
+        whole=float(source.LLMGW_GATEWAY_WHOLE_TIMEOUT),
+        wake=float(source.LLMGW_GATEWAY_WAKE_WAIT),
+        set_by=SET_BY,
+    )
+
+
+# Where each default wait is set, as the model's page says it (catalog.timeouts.explain).
+SET_BY = {
+    "first_token": "the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT",
+    "between": "the gateway's LLMGW_GATEWAY_READ_TIMEOUT",
+    "whole": "the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT",
+    "wake": "the gateway's LLMGW_GATEWAY_WAKE_WAIT",
+}
 
 
 @dataclass

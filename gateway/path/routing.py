@@ -23,14 +23,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-
 from catalog import timeouts
 from cluster.placement import UNPLACEABLE
 from gateway.path import answer, balance, errors, federation, providers, sizing
 from gateway.path import body as bodies
 from gateway.path.answer import Retry, told_of
 from gateway.path.guarding import GuardRefused, Judging
+from gateway.path.options import SET_BY
 from gateway.path.parts import Parts
 from gateway.path.table import switched_off
 from llmgw_core.upstream import TIMEOUT, Response, UpstreamError
@@ -48,34 +47,29 @@ PATHS = {bodies.CHAT: "/v1/chat/completions", bodies.COMPLETION: "/v1/completion
          bodies.EMBEDDING: "/v1/embeddings", bodies.RERANK: "/v1/rerank"}  # fmt: skip
 
 
-def waits_defaults(source: Any = settings) -> timeouts.Defaults:
-    """The gateway's waits for a model whose catalog entry gives none: its settings
-    (registered with ``catalog.timeouts`` by the gateway's ``ready()``), or ``source``'s."""
-    return timeouts.Defaults(
-        first_token=float(source.LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT),
-        between=float(source.LLMGW_GATEWAY_READ_TIMEOUT),
-        whole=float(source.LLMGW_GATEWAY_WHOLE_TIMEOUT),
-        wake=float(source.LLMGW_GATEWAY_WAKE_WAIT),
-        set_by=SET_BY,
-    )
-
-
-# Where each default wait is set, as the model's page says it (catalog.timeouts.explain).
-SET_BY = {
-    "first_token": "the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT",
-    "between": "the gateway's LLMGW_GATEWAY_READ_TIMEOUT",
-    "whole": "the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT",
-    "wake": "the gateway's LLMGW_GATEWAY_WAKE_WAIT",
-}
+# Each model's waits as last worked out, by the model object's id: (the model, the
+# options' four waits, its waits). A table read anew makes new model objects, and the
+# options may be set again (tests do), so both are compared before one is used.
+_waits: dict[int, tuple[Any, tuple[float, float, float, float], timeouts.Waits]] = {}
+WAITS_KEPT = 4096  # past that many models' the kept waits start again
 
 
 def model_waits(model: Any, options: Any) -> timeouts.Waits:
     """The waits for ``model``: its own where its catalog entry gives its latency and
-    startup (``catalog.timeouts``), else the options'."""
-    return timeouts.waits(model, timeouts.Defaults(
-        first_token=options.first_byte_timeout, between=options.read_timeout,
-        whole=options.whole_timeout, wake=options.wake_wait, set_by=SET_BY,
+    startup (``catalog.timeouts``), else the options'. Worked out once per model object
+    and options' waits, not on every request."""
+    given = (options.first_byte_timeout, options.read_timeout, options.whole_timeout,
+             options.wake_wait)  # fmt: skip
+    kept = _waits.get(id(model))
+    if kept is not None and kept[0] is model and kept[1] == given:
+        return kept[2]
+    waits = timeouts.waits(model, timeouts.Defaults(
+        first_token=given[0], between=given[1], whole=given[2], wake=given[3], set_by=SET_BY,
     ))  # fmt: skip
+    if len(_waits) >= WAITS_KEPT:
+        _waits.clear()
+    _waits[id(model)] = (model, given, waits)
+    return waits
 
 
 class Routing:
@@ -511,7 +505,7 @@ def _payload(cycle: Cycle, target_model: Any, served: str, engine: str) -> bytes
         out["lora"] = lora
     else:
         out = bodies.rewrite(data, served=served, stream=req.stream, adapter=adapter)
-    return json.dumps(out, ensure_ascii=False).encode()
+    return bodies.dumps(out)
 
 
 def _lora(model: Any, adapter: str | None) -> list[dict[str, Any]] | None:

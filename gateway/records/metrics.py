@@ -7,7 +7,9 @@ uses ``prometheus_client``'s multiprocess mode: each process writes its counters
 histograms to memory-mapped files of its own (named by its pid) in one folder,
 ``DATA_DIR/metrics`` (or ``PROMETHEUS_MULTIPROC_DIR`` when set), and a scrape sums the
 folder's files. Writing a sample costs a lock and a write to mapped memory: no system
-call, nothing on the request path waits. A process that starts forgets the in-flight
+call, nothing on the request path waits. A request's ten samples are added up in memory
+and written once a pass of the event loop (``Metrics.request``), so the requests a pass
+ends write each series once; a scrape reads them one pass later at most. A process that starts forgets the in-flight
 gauges of processes no longer alive; their counters stay, so the sums only grow (what
 Prometheus' ``rate()`` expects). Remove the folder while no process runs to start from
 zero. Hosts are scraped one by one: each has its own data folder.
@@ -41,6 +43,7 @@ The series (all ``llmgw_gateway_`` but the judge's):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import threading
 import time
 import weakref
@@ -200,20 +203,48 @@ class Metrics(Listener):
         self._dialects: dict[tuple[str, str, int], Any] = {}
         self._per_model: dict[str, tuple[Any, ...]] = {}
         self._ejected_shown: set[str] = set()
+        # The requests' samples added up, written once a pass of this loop (``request``).
+        self._due: dict[Any, float] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def request(self, done: Done) -> None:
         if not self._syncing and self._gateways:
             self._start_sync()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or (self._loop is not None and loop is not self._loop):
+            # Off the loop that writes (a thread, another loop): written at once.
+            for value, amount in self._samples(done):
+                value.inc(amount)
+            return
+        due = self._due
+        if not due:
+            if self._loop is None:
+                self._loop = loop
+            loop.call_soon(self._write)
+        for value, amount in self._samples(done):
+            due[value] = due.get(value, 0) + amount
+
+    def _write(self) -> None:
+        """Write the samples added up since the last pass (``request``)."""
+        due, self._due = self._due, {}
+        for value, amount in due.items():
+            value.inc(amount)
+
+    def _samples(self, done: Done) -> list[tuple[Any, float]]:
+        """The values ``done`` adds to, and by how much: prometheus_client's own value
+        objects (a counter's, a histogram's sum and the bucket its ``observe`` would add
+        to), as its ``inc`` and ``observe`` write them."""
         requests = self._requests.get((done.model, done.status, done.owner))
         if requests is None:
-            requests = self.m["requests"].labels(done.model, str(done.status), done.owner)
-            self._requests[(done.model, done.status, done.owner)] = requests
-        requests.inc()
+            child = self.m["requests"].labels(done.model, str(done.status), done.owner)
+            requests = self._requests[(done.model, done.status, done.owner)] = child._value
         spoke = self._dialects.get((done.model, done.dialect, done.status))
         if spoke is None:
-            spoke = self.m["dialects"].labels(done.model, done.dialect, str(done.status))
-            self._dialects[(done.model, done.dialect, done.status)] = spoke
-        spoke.inc()
+            child = self.m["dialects"].labels(done.model, done.dialect, str(done.status))
+            spoke = self._dialects[(done.model, done.dialect, done.status)] = child._value
         per_model = self._per_model.get(done.model)
         if per_model is None:
             m = self.m
@@ -222,15 +253,17 @@ class Metrics(Listener):
                 for k in ("seconds", "ttft", "engine_ttft", "tokens_in", "tokens_out")
             )
         seconds, ttft, engine_ttft, tokens_in, tokens_out = per_model
-        seconds.observe(done.seconds)
+        out: list[tuple[Any, float]] = [(requests, 1), (spoke, 1)]
+        _observed(out, seconds, done.seconds)
         if done.ttft is not None:
-            ttft.observe(done.ttft)
+            _observed(out, ttft, done.ttft)
             if done.engine_ttft is not None:
-                engine_ttft.observe(done.engine_ttft)
+                _observed(out, engine_ttft, done.engine_ttft)
         if done.tokens_in:
-            tokens_in.inc(done.tokens_in)
+            out.append((tokens_in._value, done.tokens_in))
         if done.tokens_out:
-            tokens_out.inc(done.tokens_out)
+            out.append((tokens_out._value, done.tokens_out))
+        return out
 
     def retried(self, model: str) -> None:
         self.m["retries"].labels(model).inc()
@@ -294,6 +327,15 @@ class Metrics(Listener):
                 self.sync()
             except RuntimeError:
                 continue  # a dict changed while copied: next time
+
+
+def _observed(out: list[tuple[Any, float]], histogram: Any, amount: float) -> None:
+    """What ``histogram.observe(amount)`` writes: its sum, and the first bucket whose
+    bound is at or above ``amount`` (each bucket holds its own count; a scrape adds them
+    up)."""
+    out.append((histogram._sum, amount))
+    index = bisect.bisect_left(histogram._upper_bounds, amount)
+    out.append((histogram._buckets[index], 1))
 
 
 def exported(parts: Parts, metrics: Metrics) -> None:

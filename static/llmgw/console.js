@@ -129,17 +129,21 @@
   // The hub's heartbeat (llmgw_admin.hub, every 2 s) and every push count as heard; a
   // page whose socket is open but has heard nothing for STALE_MS is not being kept
   // current (a frozen web process, a stopped hub) and says "stale", never "live",
-  // until a message comes again.
+  // until a message comes again. An open socket alone is not "live": the server accepts
+  // it before it subscribes, and closes it at once while Redis is away (1013), so the
+  // page says "live" from the first message on (the snapshot, sent once subscribed).
   var BEAT = "<!-- llmgw:beat -->";
   var STALE_MS = 5000;
   var heard = 0;
+  var open = false;
   document.addEventListener("htmx:wsOpen", function () {
     heard = Date.now();
-    status("live", "on");
+    open = true;
+    status("connecting…", "off", "the socket is open; waiting for the server's first message");
   });
   document.addEventListener("htmx:wsBeforeMessage", function (event) {
     heard = Date.now();
-    if (shown === "stale") {
+    if (shown !== "on") {
       status("live", "on");
     }
     if (event.detail && event.detail.message === BEAT) {
@@ -147,12 +151,13 @@
     }
   });
   setInterval(function () {
-    if (shown === "on" && Date.now() - heard > STALE_MS) {
+    if (open && shown !== "stale" && Date.now() - heard > STALE_MS) {
       status("stale", "stale", "nothing heard from the server for over " + STALE_MS / 1000 +
         " s: what the page shows may be out of date");
     }
   }, 1000);
   document.addEventListener("htmx:wsClose", function (e) {
+    open = false;
     // 1008: refused for good (too many consoles of this user open); it is not retried.
     var closed = e.detail && e.detail.event;
     if (closed && closed.code === 1008) {
@@ -161,7 +166,10 @@
     }
     status("reconnecting…", "off");
   });
-  document.addEventListener("htmx:wsError", function () { status("reconnecting…", "off"); });
+  document.addEventListener("htmx:wsError", function () {
+    open = false;
+    status("reconnecting…", "off");
+  });
 
   function age(seconds) {
     if (seconds < 60) { return Math.max(0, Math.floor(seconds)) + " s"; }

@@ -25,6 +25,10 @@ from agent.engines import AGENT_ROOT
 from agent.supervisor import CRASH_LOOP_RESTARTS, Supervisor, backoff_s
 from tests.waiting import wait_until
 
+# About 28 s for the file's 27 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = pytest.mark.takes(1.1)
+
 # Stands in for an engine: serves /health 200 on --port at once, and on request
 # ignores SIGTERM or exits with a code after a line of output.
 STUB = f"""#!{sys.executable}

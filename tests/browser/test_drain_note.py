@@ -16,7 +16,7 @@ import pytest
 from cluster import live
 from cluster.choices import NodeHealth
 from cluster.models import Assignment, Card, Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,14 +41,7 @@ def test_a_drain_refusal_survives_pushes_of_its_card_and_block(
 ) -> None:
     node = Node.objects.create(name="d1", health=NodeHealth.READY)
     Card.objects.bulk_create(Card(node=node, index=i, gpu_class=L4) for i in range(2))
-    store(
-        {
-            "name": "dchat",
-            "source": "sim/dchat",
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": L4}],
-            "scaling": {"min": 2, "max": 2},
-        }
-    )
+    store(sim_model("dchat", 2, gpu_class=L4, tp=None))
     for i in range(2):
         r = Replica.objects.create(model_name="dchat", state="ready", desired=True,
                                    endpoint=f"http://127.0.0.1:{9 + i}")  # fmt: skip

@@ -41,6 +41,18 @@ def cpu_model(name: str = "small", **extra: Any) -> dict[str, Any]:
     return data
 
 
+def sim_profile(
+    name: str = "sim", *, gpu_class: str = H100, tp: int | None = 1, **keys: Any
+) -> dict[str, Any]:
+    """Return one profile of the sim engine, ``name``: ``tp`` cards (None: not written)
+    of ``gpu_class``, with ``keys`` over it (env, args, capacity, priority, weight)."""
+    data: dict[str, Any] = {"name": name, "engine": "sim", "gpu_class": gpu_class}
+    if tp is not None:
+        data["tp"] = tp
+    data.update(copy.deepcopy(keys))
+    return data
+
+
 def sim_model(
     name: str,
     replicas: int = 1,
@@ -60,11 +72,9 @@ def sim_model(
     to ``most`` (unset: as many, at least 1), with ``schedule``'s windows (``all_day``);
     a judge of the guard in ``judge``'s format (``qwen3guard``, ``llama-guard``, ...)
     when given. ``extra`` is the model's other keys, each replacing what is here (a
-    ``scaling`` whole).
+    ``scaling`` whole; ``profiles``, a list of ``sim_profile``).
     """
-    sim: dict[str, Any] = {"name": "sim", "engine": "sim", "gpu_class": gpu_class}
-    if tp is not None:
-        sim["tp"] = tp
+    sim = sim_profile(gpu_class=gpu_class, tp=tp)
     sim.update(copy.deepcopy(profile or {}))
     data: dict[str, Any] = {
         "name": name,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from catalog.models import ChangeRecord, ServedModel
-from tests.catalog.samples import cpu_model, gpu_model, store
+from tests.catalog.samples import cpu_model, gpu_model, sim_model, store
 
 pytestmark = pytest.mark.django_db
 
@@ -154,14 +154,8 @@ def test_a_terminal_import_may_name_the_stored_demo_models(tmp_path: Path) -> No
     data = tmp_path / "data"
     done = manage(data, "init")
     assert done.returncode == 0, done.stderr[-2000:]
-    extra = {
-        "name": "extra",
-        "source": "sim/extra",
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-l4-24gb"}],
-        "scaling": {"min": 0, "max": 1},
-        "fallbacks": ["demo-chat"],
-        "canary": {"model": "demo-coder", "percent": 10},
-    }
+    extra = sim_model("extra", 0, gpu_class="nvidia-l4-24gb", tp=None, fallbacks=["demo-chat"],
+                      canary={"model": "demo-coder", "percent": 10})  # fmt: skip
     path = write(tmp_path, [extra])
 
     def stored() -> list[str]:

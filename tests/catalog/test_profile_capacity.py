@@ -8,7 +8,7 @@ import pytest
 from catalog import codec, services
 from catalog.choices import Surface
 from catalog.models import ChangeRecord, ServedModel
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, sim_profile, store
 
 pytestmark = pytest.mark.django_db
 
@@ -16,14 +16,8 @@ BENCH = services.Actor(user=None, surface=Surface.CLI, name="bench")
 
 
 def two_profiles() -> dict:
-    return {
-        "name": "chat",
-        "source": "org/chat",
-        "profiles": [
-            {"name": "big", "engine": "sim", "gpu_class": "nvidia-h100-80gb"},
-            {"name": "small", "engine": "sim", "gpu_class": "nvidia-l4"},
-        ],
-    }
+    big, small = sim_profile("big", tp=None), sim_profile("small", gpu_class="nvidia-l4", tp=None)
+    return sim_model("chat", 0, most=0, source="org/chat", profiles=[big, small])
 
 
 def test_set_measured_writes_weight_and_capacity_and_logs_the_figures() -> None:

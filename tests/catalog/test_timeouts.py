@@ -22,7 +22,7 @@ from catalog.timeouts import (
 )
 
 S = 10**9
-# Where the defaults are set, as the gateway names them (gateway.path.routing.SET_BY).
+# Where the defaults are set, as the gateway names them (gateway.path.options.SET_BY).
 SET_BY = {
     "first_token": "the gateway's LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT",
     "whole": "the gateway's LLMGW_GATEWAY_WHOLE_TIMEOUT",
@@ -116,7 +116,7 @@ def test_the_models_page_says_each_wait_and_why() -> None:
 
 def test_the_site_defaults_are_the_gateways_settings_named_by_the_gateway(settings) -> None:
     """The catalog names no setting of the gateway's: the gateway gives its waits and
-    their names (gateway.path.routing.waits_defaults, registered by its ready())."""
+    their names (gateway.path.options.waits_defaults, registered by its ready())."""
     from catalog.timeouts import site_defaults
 
     settings.LLMGW_GATEWAY_WAKE_WAIT = 45

@@ -130,6 +130,27 @@ def test_with_redis_away_the_worker_still_reconciles_a_change(
         server.stop()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_prefork_worker_starts_its_timers_without_a_failure(tmp_path: Path) -> None:
+    """Each child of the pool starts its timer once Celery has given it connections of its
+    own: the first look at the last tick works, so an ordinary start logs no failure."""
+    from cluster.models import ControlMark
+
+    join_node("n1", ["nvidia-h100-80gb"] * 2)
+    lines: list[str] = []
+    with celery_worker(tmp_path, pool="prefork", LLMGW_RECONCILE_INTERVAL="1") as worker:
+        reader = threading.Thread(target=_read, args=(worker, lines), daemon=True)
+        reader.start()
+        wait_until(lambda: any(" ready." in line for line in lines), 60, "the worker ready")
+        ticks = ControlMark.objects.filter(kind=ControlMark.TICK, by__startswith="worker on ")
+        wait_until(ticks.exists, 30, "a tick of the worker's timer")
+        worker.terminate()
+        worker.wait(timeout=20)
+        reader.join(timeout=20)
+    out = "".join(lines)
+    assert "Traceback" not in out and "timer failed" not in out, out[-4000:]
+
+
 def test_a_tick_is_due_when_none_finished_within_an_interval() -> None:
     from datetime import UTC, datetime, timedelta
 

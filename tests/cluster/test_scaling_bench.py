@@ -16,7 +16,11 @@ from catalog.models import ChangeRecord, ServedModel
 from cluster import bench, live
 from cluster.models import ClusterAction, Replica
 from gateway.models import ClientKey
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, sim_profile, store
+
+# About 47 s for the file's 11 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = pytest.mark.takes(4.2)
 
 LIMIT = bench.Limits(ttft=0.5, tpot=None)
 
@@ -69,16 +73,8 @@ def test_the_table() -> None:
 
 
 def two_profiles() -> None:
-    store({
-        "name": "chat",
-        "source": "org/chat",
-        "slo": {"ttft_p99": "400ms"},
-        "scaling": {"min": 2, "max": 2},
-        "profiles": [
-            {"name": "big", "engine": "sim", "gpu_class": "nvidia-h100-80gb"},
-            {"name": "small", "engine": "sim", "gpu_class": "nvidia-l4"},
-        ],
-    })  # fmt: skip
+    big, small = sim_profile("big", tp=None), sim_profile("small", gpu_class="nvidia-l4", tp=None)
+    store(sim_model("chat", 2, source="org/chat", slo={"ttft_p99": "400ms"}, profiles=[big, small]))
 
 
 def ready_replica(profile: str, sims: Any, parallel: int) -> Replica:

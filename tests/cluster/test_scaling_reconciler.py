@@ -13,7 +13,8 @@ import pytest
 from cluster import agentbeat, agentreport, live, load, reconciler, services
 from cluster.models import ClusterAction, ModelScale, Node, Replica
 from gateway.path.admission import EDGES_MS
-from tests.catalog.samples import gpu_model, store
+from tests.catalog import samples
+from tests.catalog.samples import store
 from tests.cluster.helpers import join_node
 
 pytestmark = pytest.mark.django_db
@@ -52,8 +53,9 @@ def wanted(name: str) -> int:
 
 
 def sim_model(name: str = "chat", **extra: Any) -> dict[str, Any]:
-    profile = {"name": "h100", "engine": "sim", "gpu_class": H100, "gpus_per_node": 1}
-    return gpu_model(name, profiles=[profile], **extra)
+    """A sim model on H100s, one card a node, with ``extra`` (its ``scaling``) over it."""
+    return samples.sim_model(name, tp=None, profile={"name": "h100", "gpus_per_node": 1},
+                             source=f"org/{name}", **extra)  # fmt: skip
 
 
 def test_up_after_the_window_held_at_max_then_down_one_at_a_time() -> None:

@@ -91,6 +91,7 @@ class FaultPlane(Plane):
     pg: FaultProxy | None = None
     redis: FaultProxy | None = None
     gateways: list[GatewayProcess] = field(default_factory=list)
+    extra: dict[str, str] = field(default_factory=dict)  # more of every process's environment
 
     def env(self) -> dict[str, str]:
         assert self.pg is not None and self.redis is not None
@@ -98,6 +99,7 @@ class FaultPlane(Plane):
             super().env(),
             LLMGW_DATABASE_URL=database_url(host="127.0.0.1", port=self.pg.port),
             LLMGW_REDIS_URL=f"redis://127.0.0.1:{self.redis.port}/0",
+            **self.extra,
         )
 
     def start_all(self, gateways: int = 2) -> None:  # type: ignore[override]

@@ -27,7 +27,7 @@ import pytest
 from django.db import connection
 
 from cluster.models import Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.bandload import Answer, BandLoad, p99
 from tests.e2e.conftest import Agent, wait_for
 from tests.e2e.faultplane import H100, FaultPlane
@@ -72,12 +72,8 @@ def control_plane(admission_plane: FaultPlane) -> FaultPlane:
 
 
 def banded() -> dict[str, Any]:
-    return {
-        "name": "banded", "source": "sim/banded", "scaling": {"min": 1, "max": 1},
-        "slo": {"ttft_p99": f"{SLO_MS}ms"},
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1,
-                      "env": dict(SIM), "capacity": 2}],
-    }  # fmt: skip
+    return sim_model("banded", gpu_class=H100, profile={"env": dict(SIM), "capacity": 2},
+                     slo={"ttft_p99": f"{SLO_MS}ms"})  # fmt: skip
 
 
 def loads(plane: FaultPlane, key: str) -> list[BandLoad]:

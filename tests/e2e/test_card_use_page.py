@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cluster.models import Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import engine_auth, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -26,15 +26,7 @@ def test_a_nodes_page_shows_its_cards_use_and_follows_the_engines_load(
 ) -> None:
     agents("use-1", "--simulate", f"2x {L4}")
     node = wait_for(lambda: Node.objects.filter(name="use-1").first(), 60, "the agent to join")
-    store(
-        {
-            "name": "busy",
-            "source": "sim/busy",
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": L4, "tp": 1,
-                          "args": ["--ttft", "60", "--parallel", "4"]}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )  # fmt: skip
+    store(sim_model("busy", gpu_class=L4, profile={"args": ["--ttft", "60", "--parallel", "4"]}))
     ready = wait_for(
         lambda: Replica.objects.filter(model_name="busy", state="ready").first(), 90, "ready"
     )

@@ -54,19 +54,7 @@ def test_agents_run_sim_replicas_multi_node_and_drain(
     wait_for(lambda: Node.objects.filter(health="ready").count() == 4, 60, "four nodes")
     store(
         sim_model("chat", scaling={"min": 2, "max": 2}),
-        sim_model(
-            "wide",
-            profiles=[
-                {
-                    "name": "sim",
-                    "engine": "sim",
-                    "gpu_class": H100,
-                    "tp": 4,
-                    "nodes": 2,
-                    "gpus_per_node": 2,
-                }
-            ],
-        ),
+        sim_model("wide", gpu_class=H100, tp=4, profile={"nodes": 2, "gpus_per_node": 2}),
     )
     (chat1, chat2) = wait_for(ready("chat", 2), 90, "two chat replicas ready")
     (wide,) = wait_for(ready("wide"), 90, "the two-node replica ready")

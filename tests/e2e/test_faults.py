@@ -203,11 +203,25 @@ def test_after_redis_is_away_and_back_an_open_console_shows_a_change_made_meanwh
     redis_server.stop()
     # The page says it is not live: events are being dropped.
     page.locator("#live-status:not(.on)").wait_for(timeout=15_000)
+    # From now on, every class the badge takes, and the sockets the page opens: each is
+    # accepted, then closed (1013) while Redis is away.
+    page.evaluate("""() => {
+        const badge = document.querySelector('#live-status');
+        window.badgeClasses = [];
+        window.socketsOpened = 0;
+        new MutationObserver(() => window.badgeClasses.push(badge.className))
+            .observe(badge, {attributes: true, attributeFilter: ['class']});
+        document.addEventListener('htmx:wsOpen', () => { window.socketsOpened += 1; });
+    }""")
     # A change while Redis is away: its event is dropped.
     script = api(control_plane, operator)
     r = script.post("/cluster/nodes/blip-1/cordon/")
     assert r.status_code == 200, r.text
     assert Node.objects.get(pk=node.pk).cordoned
+    # Two sockets opened and closed again while Redis is away: the badge never said live.
+    wait_for(lambda: page.evaluate("window.socketsOpened") >= 2, 60, "the page to try again")
+    taken = page.evaluate("window.badgeClasses")
+    assert not [c for c in taken if "on" in c.split()], taken
     # Still not live, and showing the state from before, while Redis is away.
     assert "on" not in (badge.get_attribute("class") or "").split()
     assert "state-cordoned" not in (card.get_attribute("class") or "")

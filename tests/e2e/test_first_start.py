@@ -246,3 +246,35 @@ def test_simulate_off_adds_no_demo_and_a_bad_value_stops_the_start(tmp_path: Pat
     assert 'LLMGW_SIMULATE: node 1 ("2x nvidia-h100"): "nvidia-h100" is not a GPU class' in (
         bad.stderr
     ), bad.stderr[-2000:]
+
+
+def test_run_py_stopped_by_sigterm_stops_the_web_process_and_its_engines(tmp_path: Path) -> None:
+    """A service manager or ``kill`` stops run.py alone: the web process it started, and
+    the simulated nodes' engines, stop with it, and nothing holds the port."""
+    env = first_start_env(tmp_path)
+    port = free_port()
+    env["LLMGW_PORT"] = str(port)
+    log = (tmp_path / "run.log").open("wb")  # noqa: SIM115
+    starter = subprocess.Popen(
+        [sys.executable, "run.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        wait_for(lambda: _answers(client), BOUND, "the web process to answer")
+        # run.py, the web process and at least one engine of the demo's replicas.
+        wait_for(
+            lambda: len([p for p in marked(tmp_path) if p != starter.pid]) >= 2,
+            BOUND,
+            "an engine of the simulated nodes started",
+        )
+        starter.send_signal(signal.SIGTERM)
+        starter.wait(timeout=BOUND)
+        wait_for(lambda: not marked(tmp_path), 60, "every process run.py started to end")
+        assert not _answers(client)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        for pid in marked(tmp_path):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        log.close()

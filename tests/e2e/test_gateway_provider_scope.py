@@ -23,6 +23,7 @@ from catalog import spec
 from catalog.choices import Surface
 from cluster.models import Replica
 from gateway import services as key_services
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_gateway_serve import serving, started
 
@@ -85,14 +86,10 @@ def test_scope_and_key_file_hold_through_a_gateway_process(
     # A plain http:// provider only at the host and port the operator lists.
     listed = provider.url.split("//", 1)[1].split("/")[0]
     settings.LLMGW_EXTERNAL_HTTP_HOSTS = [listed]
-    local = spec.Model(name="local", source="sim/local", fallbacks=["cloud"],
-                       scaling=spec.Scaling(min=1, max=1),
-                       profiles=[spec.Profile(name="sim", engine="sim",
-                                              gpu_class="nvidia-h100-80gb")])  # fmt: skip
     cloud = spec.Model(name="cloud", source="cloud", external=spec.External(
         url=provider.url, model="gpt-x", api_key_file="openai"))  # fmt: skip
     catalog_services.save_model(cloud, ACTOR)
-    catalog_services.save_model(local, ACTOR)
+    store(sim_model("local", tp=None, fallbacks=["cloud"]))
     # No node has room for the local model.
     Replica.objects.create(model_name="local", state="pending", unplaced=True,
                            reason="no node has nvidia-h100-80gb cards")  # fmt: skip

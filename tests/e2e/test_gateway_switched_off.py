@@ -13,29 +13,18 @@ import httpx
 import openai
 import pytest
 
-from catalog import services as catalog_services
-from catalog import spec
-from catalog.choices import Surface
 from gateway import services as key_services
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_gateway_serve import serving, started
 
 pytestmark = pytest.mark.e2e
 
-ACTOR = catalog_services.Actor(user=None, surface=Surface.CLI, name="test")
-
-
-def _model(name: str, lo: int, hi: int) -> spec.Model:
-    return spec.Model(name=name, source=f"sim/{name}", scaling=spec.Scaling(min=lo, max=hi),
-                      profiles=[spec.Profile(name="sim", engine="sim",
-                                             gpu_class="nvidia-h100-80gb")])  # fmt: skip
-
 
 def test_a_switched_off_model_is_unlisted_and_refused_at_once_without_retries(
     transactional_db: Any, tmp_path: Path
 ) -> None:
-    catalog_services.save_model(_model("dark", 0, 0), ACTOR)
-    catalog_services.save_model(_model("ondemand", 0, 1), ACTOR)
+    store(sim_model("dark", 0, most=0, tp=None), sim_model("ondemand", 0, tp=None))
     _, secret = key_services.create_key("everything")
     sent: list[str] = []
     # The client's own transport, counting what it sends (its retries included).

@@ -28,7 +28,7 @@ from cluster import load
 from cluster.models import Replica
 from gateway import services as keys
 from guard import services as guard_services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import ROOT, ControlPlane, free_port, wait_for
 from tests.guard.test_client import launch, stop
 from tests.redisserver import url as redis_url
@@ -96,8 +96,7 @@ def served(
     redis.flushdb()
     running = None
     try:
-        store({"name": "bench", "source": "sim/bench", "scaling": {"min": 1, "max": 1},
-               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        store(sim_model("bench", tp=None))
         Replica.objects.create(model_name="bench", state="ready", profile="sim",
                                endpoint=engine_url)  # fmt: skip
         guard_services.set_policy({"directions": []}, surface="cli")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster.models import Node
 from tests.catalog import samples
@@ -154,11 +155,7 @@ def test_a_model_imported_from_a_terminal_is_placed_at_once(
         assert (tmp_path / "data" / "live.sock").exists()  # bound before it serves
         catalog = tmp_path / "catalog.yaml"
         catalog.write_text(
-            "models:\n"
-            "  - name: imported\n"
-            "    source: sim/imported\n"
-            f"    profiles: [{{name: sim, engine: sim, gpu_class: {L4}}}]\n"
-            "    scaling: {min: 1, max: 1}\n"
+            yaml.safe_dump({"models": [samples.sim_model("imported", gpu_class=L4, tp=None)]})
         )
         subprocess.run(
             [sys.executable, "manage.py", "catalog", "import", str(catalog)],

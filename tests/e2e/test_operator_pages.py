@@ -11,7 +11,7 @@ import pytest
 
 from cluster.enginekeys import engine_key
 from cluster.models import Assignment, Node
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -27,17 +27,7 @@ def test_a_crashing_sim_engines_last_lines_are_on_its_nodes_page_and_its_log(
     wait_for(lambda: Node.objects.filter(name="sim-1").exists(), 60, "the agent to join")
     # The sim engine's own argument parser refuses the value: it exits with code 2 and
     # its usage and error on stderr, as a real engine's crash at start does.
-    store(
-        {
-            "name": "crashy",
-            "source": "sim/crashy",
-            "profiles": [
-                {"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1,
-                 "args": ["--load-time", "soon"]}
-            ],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )  # fmt: skip
+    store(sim_model("crashy", gpu_class=H100, profile={"args": ["--load-time", "soon"]}))
 
     def crashed() -> Assignment | None:
         a = Assignment.objects.filter(replica__model_name="crashy").first()

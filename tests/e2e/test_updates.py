@@ -30,7 +30,7 @@ from django.db import connection
 
 from catalog.services import stored_specs
 from cluster.models import Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import wait_for
 from tests.e2e.faultplane import FAST, H100, FaultPlane
 from tests.e2e.test_faults import Redis, api
@@ -119,12 +119,8 @@ def test_worse_weights_stop_at_the_gate_failing_ones_at_the_canary_better_ones_a
     for i in range(2):
         agents(f"up-{i}", "--simulate", f"3x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").count() == 2, 60, "the nodes")
-    store({
-        "name": "chat", "source": REPO,
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}],
-        "scaling": {"min": 2, "max": 2},
-        "eval": {"suite": "arithmetic", "min_score": 0.8},
-    })  # fmt: skip
+    store(sim_model("chat", 2, source=REPO, profile={"env": dict(FAST)},
+                    eval={"suite": "arithmetic", "min_score": 0.8}))  # fmt: skip
     fetch = mirror.request_fetch("chat", by="test", surface="cli", start=False)
     assert mirror.run_fetch(fetch.pk).state == "done"
     assert spec().origin.revision == first
@@ -205,11 +201,7 @@ def test_a_promote_on_a_full_node_keeps_a_lone_replica_s_model_answering(
     hub.commit(REPO, {"sim-weights.json": weights("v1"), "README.md": b"v1"})
     agents("full-0", "--simulate", f"2x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").count() == 1, 60, "the node")
-    store({
-        "name": "chat", "source": REPO,
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}],
-        "scaling": {"min": 1, "max": 1},
-    })  # fmt: skip
+    store(sim_model("chat", source=REPO, profile={"env": dict(FAST)}))
     fetch = mirror.request_fetch("chat", by="test", surface="cli", start=False)
     assert mirror.run_fetch(fetch.pk).state == "done"
     wait_for(lambda: Replica.objects.filter(model_name="chat", state="ready").count() == 1,
@@ -233,8 +225,10 @@ def test_a_promote_on_a_full_node_keeps_a_lone_replica_s_model_answering(
             # The old replica's row goes once its engine stopped: its reason is read before.
             why_old_stopped.extend(Replica.objects.filter(pk=old.pk, desired=False)
                                    .values_list("reason", flat=True))  # fmt: skip
-            ready = Replica.objects.filter(model_name="chat", desired=True, state="ready")
-            return ready.count() == 1 and ready[0].pk != old.pk
+            # One read: between a count and a row the replica may leave ready.
+            ready = list(Replica.objects.filter(model_name="chat", desired=True, state="ready")
+                         .values_list("pk", flat=True))  # fmt: skip
+            return ready != [old.pk] and len(ready) == 1
 
         wait_for(rolled, 240, "chat's replica rolled to the new weights")
         wait_for(lambda: candidate_gone(r), 90, "the candidate to go")

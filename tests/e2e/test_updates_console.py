@@ -20,7 +20,7 @@ import pytest
 from catalog.services import stored_specs
 from cluster.models import Node, Replica
 from tests.browser.conftest import wait_js
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e.conftest import ControlPlane, wait_for
 from tests.e2e.faultplane import FAST, H100
 from tests.updates.hubstandin import HubStandIn
@@ -78,12 +78,8 @@ def test_an_operator_updates_watches_each_step_and_rolls_back_a_viewer_sees_no_b
     first = hub.commit(REPO, {"sim-weights.json": weights("v1", arithmetic=0.0)})
     agents("console-node", "--simulate", f"4x {H100}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").exists(), 60, "the node")
-    store({
-        "name": "chat", "source": REPO,
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1, "env": dict(FAST)}],
-        "scaling": {"min": 1, "max": 1},
-        "eval": {"suite": "arithmetic", "min_score": 0.8},
-    })  # fmt: skip
+    store(sim_model("chat", source=REPO, profile={"env": dict(FAST)},
+                    eval={"suite": "arithmetic", "min_score": 0.8}))  # fmt: skip
     f = mirror.request_fetch("chat", by="test", surface="cli", start=False)
     assert mirror.run_fetch(f.pk).state == "done"
     wait_for(lambda: Replica.objects.filter(model_name="chat", state="ready").exists(), 120,

@@ -21,7 +21,7 @@ from gateway.records import history
 from gateway.records.observe import Fanout
 from gateway.records.state import State
 from gateway.records.usage import UsageRecorder
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness
 from tests.guard.test_client import launch, stop
 from tests.waiting import wait_until
@@ -45,10 +45,7 @@ BUDGET = 1_000_000
 
 def serving(sim: str, weight: float | None = None) -> tuple[Harness, str, UsageRecorder]:
     h = Harness(state=State())
-    entry: dict[str, Any] = {"name": "chat", "source": "sim/chat",
-                             "scaling": {"min": 1, "max": 1},
-                             "profiles": [{"name": "sim", "engine": "sim",
-                                           "gpu_class": "nvidia-h100-80gb"}]}  # fmt: skip
+    entry = sim_model("chat", tp=None)
     if weight is not None:
         entry["cached_token_weight"] = weight
     store(entry)

@@ -28,7 +28,7 @@ from gateway.records.state import State
 from gateway.records.traffic import Traffic, Window
 from guard import records
 from guard import services as guard_services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness
 from tests.gateway.test_metrics import value
 from tests.guard.helpers import guard_model
@@ -66,8 +66,7 @@ def test_a_guarded_streams_ttft_is_the_clients_with_the_engines_beside_it(
     engine_url = h.engine("e", behaviour="vllm", say="fine words here",
                           first_token_delay=0.05).url  # fmt: skip
     guard_model("judge", endpoint=judge_url)
-    store({"name": "ttft-probe", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("ttft-probe", tp=None))
     Replica.objects.create(
         model_name="ttft-probe", state="ready", endpoint=engine_url, profile="sim"
     )

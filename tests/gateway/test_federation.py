@@ -216,12 +216,11 @@ def test_a_peer_whose_model_another_names_is_kept_with_the_reason(
     allowed: str, key_file: str, api_for: Any, operator: Any
 ) -> None:
     from catalog import services as catalog_services
-    from tests.catalog.samples import store
+    from tests.catalog.samples import sim_model, store
 
     add(allowed, key_file)
     peers.refresh(Peer.objects.get())
-    store({"name": "chat", "source": "sim/chat", "fallbacks": ["east/chat"],
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("chat", 0, most=0, tp=None, fallbacks=["east/chat"]))
     with pytest.raises(CommandError, match="peer 'east' is kept: .*change that model first"):
         call_command("federation", "remove", "east", stdout=StringIO())
     refused = api_for(operator).delete("/api/v1/gateway/peers/east/")

@@ -16,7 +16,7 @@ from gateway.path.guarding import Guard
 from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
@@ -34,9 +34,7 @@ def gateway() -> Iterator[tuple[Harness, str]]:
     try:
         engine_url = h.engine("e", say="fine words").url
         guard_model("judge", endpoint=judge_url)
-        store({"name": "chat", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
-               "capabilities": {"tools": True},
-               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        store(sim_model("chat", tp=None, capabilities={"tools": True}))
         Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
         guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["requests"],
                                    "fail": "closed"}, surface="cli")  # fmt: skip

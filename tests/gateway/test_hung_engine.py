@@ -23,8 +23,8 @@ from catalog import spec, timeouts
 from gateway.path import balance
 from gateway.path import body as bodies
 from gateway.path.app import Options
+from gateway.path.options import waits_defaults
 from gateway.path.outliers import Outliers, Rules
-from gateway.path.routing import waits_defaults
 from gateway.path.table import ReplicaRow
 from tests.gateway.harness import KEY, Harness, model
 

@@ -31,7 +31,7 @@ from guard import checks as guard_checks
 from guard import services as guard_services
 from guard import snapshots as guard_snapshots
 from guard.models import JudgeHealth
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness
 from tests.gateway.test_metrics import value
@@ -84,8 +84,7 @@ def setup(settings: Any) -> Iterator[Setup]:
     try:
         engine_url = h.engine("e", say="fine words").url
         guard_model("judge", endpoint=f"http://{proxy.address}")
-        store({"name": "chat", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
-               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        store(sim_model("chat", tp=None))
         Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
         _, secret = keys.create_key("k")
         guard_snapshots.forget()

@@ -12,7 +12,7 @@ import pytest
 from cluster.models import ClusterAction
 from gateway.models import ClientKey
 from gateway.path.table import digest
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 
 pytestmark = pytest.mark.django_db
 
@@ -20,8 +20,7 @@ SECRET = re.compile(r"llmgw-ck-[A-Za-z0-9_-]{20,}")
 
 
 def chat_model() -> None:
-    store({"name": "chat", "source": "sim/chat",
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("chat", 0, most=0, tp=None))
 
 
 def test_console_operator_creates_sees_it_once_and_revokes(operator: Any, client_for: Any) -> None:

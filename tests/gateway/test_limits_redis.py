@@ -25,6 +25,10 @@ from tests.faultproxy import FaultProxy
 from tests.gateway.harness import Harness, model, wait
 from tests.redisserver import url as redis_url
 
+# About 32 s for the file's 11 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = pytest.mark.takes(2.9)
+
 URL = redis_url(15)
 TIMEOUT = 0.2
 # A loaded machine: each answer of Redis held longer than its timeout, which a budget's call

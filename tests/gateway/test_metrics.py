@@ -144,3 +144,38 @@ def test_a_forked_process_counts_in_a_file_of_its_own() -> None:
     assert child.exitcode == 0
     assert (series.folder() / f"counter_{child.pid}.db").exists()
     assert value("llmgw_gateway_state_read_failures_total", part="forked") == before + 1
+
+
+def test_requests_ended_in_one_pass_are_written_as_they_would_be_one_by_one() -> None:
+    # A request's samples are added up and written once a pass of the loop: the scrape
+    # after that pass has each one, in the bucket prometheus_client's own observe picks
+    # (a value on a bound in that bound's bucket; past the last, +Inf's only).
+    import asyncio
+
+    from gateway.records.observe import Done
+
+    exported = metrics.Metrics()
+    name, n = "mx-pass", "llmgw_gateway_"
+    edge = metrics.SECONDS[0]
+    times = (edge, edge + 1e-9, 0.3, 400.0)
+    before = {le: value(n + "request_seconds_bucket", model=name, le=le)
+              for le in ("0.005", "0.01", "0.5", "300.0", "+Inf")}  # fmt: skip
+    count = value(n + "requests_total", model=name, status="200", owner="o")
+    tokens = value(n + "tokens_out_total", model=name)
+
+    async def a_pass() -> float:
+        for seconds in times:
+            exported.request(Done(model=name, status=200, owner="o", key="k", seconds=seconds,
+                                  ttft=seconds, tokens_in=3, tokens_out=2, replica=1,
+                                  stream=False))  # fmt: skip
+        written = value(n + "requests_total", model=name, status="200", owner="o")
+        await asyncio.sleep(0)
+        return written
+
+    assert asyncio.run(a_pass()) == count  # not yet: the pass had not ended
+    assert value(n + "requests_total", model=name, status="200", owner="o") == count + 4
+    assert value(n + "tokens_out_total", model=name) == tokens + 8
+    # Prometheus' buckets count the values at or under their bound.
+    for le, was in before.items():
+        got = value(n + "request_seconds_bucket", model=name, le=le) - was
+        assert got == sum(t <= float(le) for t in times), le

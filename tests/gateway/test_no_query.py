@@ -23,7 +23,7 @@ from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
 from guard import snapshots as guard_snapshots
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
@@ -64,8 +64,7 @@ def test_a_thousand_requests_make_no_query(
 ) -> None:
     judge_url, engine_url = processes
     guard_model("judge", endpoint=judge_url)
-    store({"name": "chat", "source": "sim/chat", "scaling": {"min": 1, "max": 1},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("chat", tp=None))
     Replica.objects.create(model_name="chat", state="ready", endpoint=engine_url, profile="sim")
     guard_services.set_policy(
         {"judge": {"models": ["judge"]}, "directions": ["requests"]}, surface="cli"

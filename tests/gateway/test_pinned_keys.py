@@ -24,7 +24,7 @@ from gateway.models import ClientKey
 from gateway.path.admission import Admission, Counts
 from gateway.path.table import Key, digest
 from gateway.records.state import State
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import KEY, Harness, model, wait
 
 PINNED = "llmgw-ck-pinned-to-replica-one"
@@ -150,8 +150,7 @@ def test_the_guard_neither_judges_nor_holds_a_pinned_keys_requests() -> None:
 def test_the_real_state_carries_the_pin_and_a_replica_gone_is_a_503_naming_it() -> None:
     """The pin from the database to the gateway's table (``gateway.records.state``'s loader), and
     the replica's row gone: 503 naming it, while the model's other replica serves others."""
-    store({"name": "m", "source": "sim/m", "scaling": {"min": 2, "max": 2},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("m", 2, tp=None))
     h = Harness(state=State())
     try:
         one, two = h.engine("one"), h.engine("two")
@@ -185,8 +184,7 @@ def test_the_real_state_carries_the_pin_and_a_replica_gone_is_a_503_naming_it() 
 
 @pytest.mark.django_db
 def test_no_public_surface_sets_a_pin(operator: Any, api_for: Any, client_for: Any) -> None:
-    store({"name": "m", "source": "sim/m", "scaling": {"min": 0, "max": 1},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("m", 0, tp=None))
     api = api_for(operator)
     made = api.post("/api/v1/gateway/keys/", {"name": "api-key", "replica": 5, "models": ["m"]},
                     format="json")  # fmt: skip

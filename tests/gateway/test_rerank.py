@@ -18,7 +18,7 @@ from gateway.path.guarding import Guard
 from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
@@ -48,9 +48,7 @@ def gw(sims: tuple[str, str]) -> Iterator[tuple[Harness, str, str]]:
     guard_model("judge", endpoint=judge_url)
     for name, capabilities in (("ranker", {"rerank": True}), ("embedder", {"embeddings": True}),
                                ("chatty", {})):  # fmt: skip
-        store({"name": name, "source": f"sim/{name}", "scaling": {"min": 1, "max": 1},
-               "capabilities": capabilities,
-               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        store(sim_model(name, tp=None, capabilities=capabilities))
         Replica.objects.create(model_name=name, state="ready", endpoint=engine_url, profile="sim")
     guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": ["requests"],
                                "fail": "closed"}, surface="cli")  # fmt: skip

@@ -5,13 +5,16 @@ ends, the engine's connection is closed, and it is counted as 499."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from gateway import listener, server
+from gateway.path.cycle import ClientStalled, Cycle
 from tests.gateway.harness import KEY, Harness, model, wait
 
 
@@ -52,3 +55,49 @@ def test_a_client_that_stops_reading_is_given_up_on_and_the_engine_stopped(
         wait(lambda: not h.gateway.in_flight, 10, "the request to end")
     finally:
         client.close()
+
+
+def test_a_send_that_waits_goes_on_when_the_client_takes_it_and_ends_when_it_leaves() -> None:
+    """``Cycle.body`` runs a send until it waits (most never do) and only then times it:
+    a send that waits for the client finishes once the client takes the bytes, one the
+    client does not take in time is ``ClientStalled``, and a request cancelled while it
+    waits (the client went away) cancels the send itself."""
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        full, taken = asyncio.Event(), asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["body"] != b"at once":
+                full.set()  # the client's socket is full: the send waits
+                try:
+                    await taken.wait()
+                except asyncio.CancelledError:
+                    seen.append(f"{message['body'].decode()}: cancelled")
+                    raise
+            seen.append(f"{message['body'].decode()}: sent")
+
+        cycle = Cycle(send)
+        cycle.send_wait = 30.0
+        async with asyncio.timeout(10):
+            await cycle.body(b"at once")
+            waiting = asyncio.ensure_future(cycle.body(b"taken"))
+            await full.wait()
+            taken.set()
+            await waiting
+            full.clear()
+            taken.clear()
+            left = asyncio.ensure_future(cycle.body(b"gone"))
+            await full.wait()
+            left.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await left
+            cycle.send_wait = 0.05
+            with pytest.raises(ClientStalled):
+                await cycle.body(b"stalled")
+        assert cycle.stalled
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        "at once: sent", "taken: sent", "gone: cancelled", "stalled: cancelled",
+    ]  # fmt: skip

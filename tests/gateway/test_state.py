@@ -17,11 +17,15 @@ from gateway import services
 from gateway.path.limits import LocalLimits, RedisLimits
 from gateway.path.table import digest
 from gateway.records.state import load_table
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.guard.helpers import guard_model
 from tests.redisserver import url as redis_url
 
-SIM = [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "weight": 2}]
+# About 38 s for the file's 15 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = pytest.mark.takes(2.5)
+
+WEIGHT = {"weight": 2}  # the sim profile's, carried into the table
 
 
 def replica(model: str, node: Node, **kw: object) -> Replica:
@@ -33,9 +37,8 @@ def replica(model: str, node: Node, **kw: object) -> Replica:
 
 @pytest.mark.django_db
 def test_only_ready_wanted_replicas_on_heard_nodes_are_routed_to() -> None:
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
-           "adapters": [{"name": "chat-sql", "source": "/lora/sql"}],
-           "scaling": {"min": 1, "max": 4}})  # fmt: skip
+    store(sim_model("chat", 1, most=4, tp=None, profile=WEIGHT, aliases=["c"],
+                    adapters=[{"name": "chat-sql", "source": "/lora/sql"}]))  # fmt: skip
     guard_model("judge")
     ok = Node.objects.create(name="ok", health=NodeHealth.READY)
     lost = Node.objects.create(name="lost", health=NodeHealth.LOST)
@@ -62,7 +65,7 @@ def test_only_ready_wanted_replicas_on_heard_nodes_are_routed_to() -> None:
 
 @pytest.mark.django_db
 def test_live_keys_only_and_their_expiry() -> None:
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    store(sim_model("chat", tp=None, profile=WEIGHT))
     _, live = services.create_key("live", owner="team:a", models=["chat"], rpm=5)
     _, soon = services.create_key("soon", expires=timezone.now() + timedelta(seconds=30))
     _, gone = services.create_key("gone")
@@ -117,11 +120,11 @@ def test_a_budget_in_redis_is_shared_by_every_process() -> None:
 def test_the_loader_rebuilds_only_when_something_changed() -> None:
     from gateway.records.state import Loader
 
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    store(sim_model("chat", tp=None, profile=WEIGHT))
     load = Loader()
     first = load()
     assert load() is first  # nothing changed: the same table, its rings not built again
-    store({"name": "new", "source": "sim/new", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    store(sim_model("new", tp=None, profile=WEIGHT))
     second = load()
     assert second is not first and second.resolve("new") is not None
     replica("new", Node.objects.create(name="n1", health=NodeHealth.READY))
@@ -148,7 +151,7 @@ def test_a_change_event_is_heard_at_once_though_the_poll_is_a_minute(
     from gateway.records.state import State
     from tests.gateway.harness import Harness
 
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 1, "max": 1}})
+    store(sim_model("chat", tp=None, profile=WEIGHT))
     h = Harness(state=State(interval=60))
     try:
         h.serve([], [])
@@ -246,7 +249,7 @@ def test_a_database_away_is_logged_once_then_a_line_a_minute(
 def test_a_model_has_no_room_only_while_none_of_its_replicas_is_on_a_node() -> None:
     """One replica loading and a second placement found no room for: the first will be
     ready, so requests wait for it; with it gone, the model has no room."""
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "scaling": {"min": 2, "max": 2}})
+    store(sim_model("chat", 2, tp=None, profile=WEIGHT))
     node = Node.objects.create(name="ok", health=NodeHealth.READY)
     loading = replica("chat", node, state="loading")
     Replica.objects.create(model_name="chat", state="pending", unplaced=True,
@@ -261,8 +264,7 @@ def test_a_models_created_is_when_it_was_added_not_when_the_table_was_read() -> 
     from catalog.models import ServedModel
     from gateway.path.listing import describe as _describe
 
-    store({"name": "chat", "source": "sim/chat", "profiles": SIM, "aliases": ["c"],
-           "scaling": {"min": 1, "max": 1}})  # fmt: skip
+    store(sim_model("chat", tp=None, profile=WEIGHT, aliases=["c"]))
     ServedModel.objects.filter(name="chat").update(created=timezone.now() - timedelta(days=3))
     added = int(ServedModel.objects.get(name="chat").created.timestamp())
     table = load_table()

@@ -5,19 +5,23 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from catalog import spec
+from catalog import codec, spec
 from gateway.path.table import Key, ReplicaRow, build, switched_off
+from tests.catalog.samples import sim_model
 
 # A Wednesday.
 NOON = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 NIGHT = datetime(2026, 12, 2, 23, 0, tzinfo=UTC)
 
 
-def _model(name: str, lo: int, hi: int, *windows: spec.ScaleWindow) -> spec.Model:
-    return spec.Model(name=name, source=f"sim/{name}", aliases=[f"{name}-alias"],
-                      scaling=spec.Scaling(min=lo, max=hi, schedule=list(windows)),
-                      profiles=[spec.Profile(name="sim", engine="sim")])  # fmt: skip
+def _model(name: str, lo: int, hi: int, *windows: dict[str, Any]) -> spec.Model:
+    m, problems = codec.decode_model(
+        sim_model(name, lo, most=hi, tp=None, schedule=list(windows), aliases=[f"{name}-alias"])
+    )
+    assert not problems, problems
+    return m
 
 
 def test_min_0_max_0_is_switched_off_and_says_so() -> None:
@@ -30,12 +34,12 @@ def test_on_demand_and_fixed_models_are_not() -> None:
 
 
 def test_a_schedule_window_in_force_decides() -> None:
-    office = spec.ScaleWindow(days=["wed"], from_="08:00", to="18:00", min=1, max=2)
+    office = {"days": ["wed"], "from": "08:00", "to": "18:00", "min": 1, "max": 2}
     m = _model("m", 0, 0, office)
     assert switched_off(m, NOON) == ""
     assert switched_off(m, NIGHT) == "switched off (its scaling: min 0, max 0)"
     # A window that switches an always-on model off at night.
-    dark = spec.ScaleWindow(days=["wed"], from_="22:00", to="23:59", min=0, max=0)
+    dark = {"days": ["wed"], "from": "22:00", "to": "23:59", "min": 0, "max": 0}
     night_off = _model("n", 1, 1, dark)
     assert switched_off(night_off, NOON) == ""
     # A window's max 0 means the model's own max, here 1.

@@ -15,7 +15,7 @@ from catalog.models import ChangeRecord, ServedModel
 from cluster import reconciler
 from cluster.models import Replica
 from guard import checks, known, services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.cluster.helpers import join_node
 
 # -- the decision ---------------------------------------------------------------------
@@ -108,13 +108,7 @@ def test_an_operators_judge_is_never_rewritten(operator: Any) -> None:
 
 @pytestmark_db
 def test_a_model_of_that_name_that_is_no_judge_is_left_alone() -> None:
-    store(
-        {
-            "name": "qwen3guard-0.6b",
-            "source": "sim/chat",
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
-        }
-    )
+    store(sim_model("qwen3guard-0.6b", 0, most=0, tp=None, source="sim/chat"))
     # No surface saves a policy naming a model that is no judge (guard.policy.complete)...
     with pytest.raises(services.PolicyRefused, match="neither a guard model in the catalog"):
         set_judges("qwen3guard-0.6b")
@@ -157,15 +151,7 @@ def test_a_judge_the_operator_deleted_stays_deleted_until_the_policy_is_saved_ag
 
 @pytestmark_db
 def test_a_judge_the_catalog_refuses_does_not_stop_the_tick() -> None:
-    store(
-        {
-            "name": "chat",
-            "source": "sim/chat",
-            "aliases": ["qwen3guard-0.6b"],  # the judge's name is taken
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
+    store(sim_model("chat", tp=None, aliases=["qwen3guard-0.6b"]))  # the judge's name is taken
     set_judges("qwen3guard-0.6b")
     result = reconciler.tick()
     assert not ServedModel.objects.filter(name="qwen3guard-0.6b").exists()

@@ -43,6 +43,9 @@ class Console:
         await self.ready.wait()
         self.events.put_nowait(event)
 
+    def beat(self) -> bool:
+        return False  # taken in turn, as an event
+
     async def layer_lost(self) -> None:
         self.told.set()
 

@@ -16,7 +16,7 @@ from catalog import codec, services
 from catalog.choices import Surface
 from cluster import reconciler
 from cluster.models import Assignment, FacilityBudget
-from tests.catalog.samples import cpu_model, gpu_model
+from tests.catalog.samples import cpu_model, gpu_model, sim_model
 from tests.cluster.helpers import join_node
 
 pytestmark = pytest.mark.django_db
@@ -43,11 +43,8 @@ def grow_to(size: int) -> None:
             data = gpu_model(name, scaling={"min": size // 10, "max": size // 10})
         elif i % 10 == 5:
             # A judge (the dashboard lists every one, with its hint when it is idle).
-            data = gpu_model(
-                name, role="guard", guard={"format": "qwen3guard"}, context_length=32768,
-                max_output=64,
-                profiles=[{"name": "sim", "engine": "sim", "gpu_class": H100}],
-            )  # fmt: skip
+            data = sim_model(name, 1, most=2, tp=None, source=f"org/{name}", judge="qwen3guard",
+                             context_length=32768, max_output=64)  # fmt: skip
         elif i % 10 == 7:
             data = gpu_model(
                 name, adapters=[{"name": f"{name}-sql", "source": f"/lora/{name}/sql"}],

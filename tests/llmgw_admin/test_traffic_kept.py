@@ -30,6 +30,9 @@ def second(model: str, at: int) -> dict[str, Any]:
 class Console:
     async def handle_event(self, event: dict[str, Any]) -> None: ...
 
+    def beat(self) -> bool:
+        return False
+
     async def layer_lost(self) -> None: ...
 
     async def behind(self) -> None: ...

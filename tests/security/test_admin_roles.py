@@ -24,7 +24,9 @@ from django.utils import timezone
 from llmgw_core.roles import ADMIN, OPERATOR, ROLES, VIEWER, RoleAdminMixin
 from tests.updates.hubstandin import HubStandIn
 
-pytestmark = pytest.mark.django_db
+# About 57 s for the file's 97 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.takes(0.6)]
 
 REGISTRY = sorted(admin.site._registry.items(), key=lambda kv: kv[0]._meta.label)
 APPS = ("catalog", "cluster", "guard", "llmgw_core", "llmgw_admin", "auth", "gateway", "updates")

@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cluster.models import JoinToken, Node, Replica
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.cluster.helpers import inventory
 from tests.e2e.conftest import Agent, ControlPlane, agents, control_plane, engine_auth, wait_for
 
@@ -48,14 +48,7 @@ def test_a_join_token_cannot_take_over_a_node_and_the_real_agent_keeps_working(
     agent = agents("sim-1", "--simulate", f"1x {H100}", "--stop-engines-on-exit")
     node = wait_for(lambda: Node.objects.filter(name="sim-1", health="ready").first(), 60, "sim-1")
     digest = node.token_digest
-    store(
-        {
-            "name": "judge",
-            "source": "sim/judge",
-            "profiles": [{"name": "sim", "engine": "sim", "gpu_class": H100, "tp": 1}],
-            "scaling": {"min": 1, "max": 1},
-        }
-    )
+    store(sim_model("judge"))
     replica = wait_for(lambda: _ready("judge"), 90, "the judge's replica ready")
     # The endpoint is where the control plane heard the agent from, not what it claims.
     assert replica.endpoint.startswith("http://127.0.0.1:"), replica.endpoint

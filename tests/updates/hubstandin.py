@@ -103,9 +103,11 @@ class HubStandIn:
         self.plain: dict[str, Blob] = {}
         self.break_after: dict[str, int] = {}
         # A transfer that stalls: after that many bytes of the file's next download, it
-        # waits for ``unstall`` (at most 60 s), the connection held open.
+        # waits for ``unstall`` (at most 60 s), the connection held open; ``stalled`` is set
+        # once it waits (every byte before it sent).
         self.stall_after: dict[str, int] = {}
         self.unstall = threading.Event()
+        self.stalled = threading.Event()
         self.wrong_bytes: set[str] = set()
         # A slow registry: while set, each model info request waits for it (at most 60 s).
         self.hold: threading.Event | None = None
@@ -356,6 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if n == 0:
                     with contextlib.suppress(OSError):
                         self.wfile.flush()
+                    hub.stalled.set()
                     hub.unstall.wait(60)
                     stall = None
                     continue

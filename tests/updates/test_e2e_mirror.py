@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.models import Assignment, Node
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import Agent, ControlPlane, wait_for
 from tests.e2e.test_cluster_e2e import _model_file, ready
@@ -101,12 +101,8 @@ def test_four_simulated_nodes_needing_one_model_cause_one_fetch(
         agents(f"sim-{i}", "--simulate", f"1x {L4}", "--stop-engines-on-exit")
     wait_for(lambda: Node.objects.filter(health="ready").count() == 4, 90, "four nodes")
     # A model with an origin runs from its files: each sim node takes them from the mirror.
-    store({
-        "name": "chat", "source": repo,
-        "origin": {"repo": repo, "revision": commit},
-        "profiles": [{"name": "sim", "engine": "sim", "gpu_class": L4, "tp": 1}],
-        "scaling": {"min": 4, "max": 4},
-    })  # fmt: skip
+    store(sim_model("chat", 4, gpu_class=L4, source=repo,
+                    origin={"repo": repo, "revision": commit}))  # fmt: skip
     wait_for(ready("chat", 4), 180, "four replicas ready")
     nodes = set(
         Assignment.objects.filter(replica__model_name="chat").values_list("node__name", flat=True)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog import rules, spec
+from catalog import codec, rules, spec
+from tests.catalog.samples import sim_model
 from updates import flow
 from updates.flow import Facts
 
@@ -17,16 +18,12 @@ NEW = "b" * 40
 
 
 def model(**extra: object) -> spec.Model:
-    m = spec.Model(
-        name="chat",
-        aliases=["assistant"],
-        source="acme/chat",
-        profiles=[spec.Profile(name="sim", engine="sim", gpu_class="nvidia-l4-24gb", tp=1)],
-        scaling=spec.Scaling(min=2, max=4),
-        fallbacks=[],
-        origin=spec.Origin(repo="acme/chat", revision=OLD,
-                           files=[spec.OriginFile("sim-weights.json", "1" * 64, 10)]),
-    )  # fmt: skip
+    weights = {"path": "sim-weights.json", "sha256": "1" * 64, "bytes": 10}
+    m, problems = codec.decode_model(sim_model(
+        "chat", 2, most=4, gpu_class="nvidia-l4-24gb", aliases=["assistant"], source="acme/chat",
+        origin={"repo": "acme/chat", "revision": OLD, "files": [weights]},
+    ))  # fmt: skip
+    assert m is not None and not problems, problems
     for k, v in extra.items():
         setattr(m, k, v)
     return m

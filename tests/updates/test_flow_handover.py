@@ -26,6 +26,7 @@ from tests.gateway.harness import Engine, Harness
 from tests.updates.hubstandin import HubStandIn
 from tests.waiting import wait_until
 from updates import flow, mirror, run
+from updates import signals as update_signals
 from updates.models import Fetch
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,6 +43,14 @@ def gateway() -> Iterator[Harness]:
         yield h
     finally:
         h.close()
+
+
+def _tick() -> None:
+    """A reconcile tick, and the look at the updates it starts on a thread of its own
+    (embedded: ``updates.signals``), waited for: that look ends handovers and sweeps
+    too, and on a loaded machine it ran after the test's next step and took its work."""
+    tick(timezone.now())
+    wait_until(lambda: not update_signals._looking.locked(), 30, "the tick's look at the updates")
 
 
 def _ready(pk: int, engine: Engine) -> None:
@@ -71,7 +80,7 @@ def test_the_candidate_answers_while_a_full_node_replaces_the_lone_replica(
     join_node("n1", [H100] * 4)  # two replicas of tp 2: the candidate fills it
     store(gpu_model("chat", scaling={"min": 1, "max": 1}))
     assert mirror.run_fetch(mirror.request_fetch("chat", start=False).pk).state == "done"
-    tick(timezone.now())
+    _tick()
     [old] = Replica.objects.filter(model_name="chat", desired=True)
     old_engine, candidate_engine, new_engine = (
         gateway.engine("old", say="old"),
@@ -92,7 +101,7 @@ def test_the_candidate_answers_while_a_full_node_replaces_the_lone_replica(
                       60, "the update's fetch to end")  # fmt: skip
     assert done.state == "done", done.reason
     r = run.advance(r.pk)
-    tick(timezone.now())
+    _tick()
     [cand] = Replica.objects.filter(model_name=r.candidate, desired=True)
     assert cand.assignments.exists()
     _ready(cand.pk, candidate_engine)
@@ -105,7 +114,7 @@ def test_the_candidate_answers_while_a_full_node_replaces_the_lone_replica(
     assert f"{r.candidate} takes chat's traffic until it is ready" in r.lines[-1]["text"]
     # No room beside the old replica: it stops first, and the model has no ready replica
     # of its own until the replacement is.
-    tick(timezone.now())
+    _tick()
     old.refresh_from_db()
     [new] = r.handover
     assert not old.desired, old.reason
@@ -115,7 +124,7 @@ def test_the_candidate_answers_while_a_full_node_replaces_the_lone_replica(
     assert run.sweep(timezone.now() + timedelta(seconds=run.DRAIN_S * 10)) == []  # kept
 
     # The replacement is ready: the model answers itself, the candidate goes once drained.
-    tick(timezone.now())
+    _tick()
     _ready(new, new_engine)
     assert run.end_handovers() == [r.pk]
     assert _fallbacks() == []

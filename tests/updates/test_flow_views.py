@@ -130,7 +130,7 @@ def test_a_model_never_checked_is_not_called_current(
 ) -> None:
     """The first start's walk found every model "current", the baseline judge too while
     the mirror failed to fetch its weights: a state no check had said."""
-    from tests.catalog.samples import gpu_model, store
+    from tests.catalog.samples import gpu_model, sim_model, store
     from updates import mirror
 
     hub.commit("org/fetched", {"model.safetensors": b"w" * 100})
@@ -142,8 +142,7 @@ def test_a_model_never_checked_is_not_called_current(
     failed = mirror.request_fetch("broken", start=False)
     assert mirror.run_fetch(failed.pk).state == "failed"
     mirror.request_fetch("under-way", start=False)  # queued: the worker has not taken it
-    sim = {"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb", "tp": 1}
-    store(gpu_model("demo", source="sim/demo", profiles=[sim]))  # as the first start's
+    store(sim_model("demo", 1, most=2))  # as the first start's
     rows = {row.model: row for row in views.rows()}
     assert (rows["never"].state, rows["never"].line) == (
         "unchecked",

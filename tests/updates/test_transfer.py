@@ -25,6 +25,10 @@ from agent.transfer import ALIGN
 from agent.transfer import STEP as STEP_BYTES
 from tests.updates.hubstandin import Blob, HubStandIn
 
+# About 43 s for the file's 86 tests in a full run (load 2 to 10): listed with the
+# long files, so that it starts early rather than end the run alone (tests/conftest.py).
+pytestmark = pytest.mark.takes(0.5)
+
 # 3 of agent.sha's buffers, and some; no two alike (a buffer written after it was filled
 # again would show).
 WEIGHTS = random.Random(19).randbytes(3 * BUFFER + 256_000)

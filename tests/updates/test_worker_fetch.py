@@ -83,17 +83,32 @@ def test_a_fetch_whose_worker_is_killed_is_said_so_then_resumed(
 
     settings.REDIS_URL = REDIS  # fetches are dispatched to the workers through the broker
     monkeypatch.setattr(mirror.fetches, "STALE_AFTER_S", 3)
-    big = WEIGHTS * 4
+    # Three of the transfer's 4 MiB buffers; it stalls within the second, so that the first
+    # is on disk when the worker dies, whatever the machine's pace (a buffer is handed on
+    # when full, or part full after a quarter second: with the stall inside the first, a
+    # quick machine held nothing yet, and a stall that outlived its 60 s let it finish).
+    big = WEIGHTS * 12
     hub.commit("org/chat", {"model.safetensors": big})
     store(gpu_model("chat"))
     hub.stall_after["model.safetensors"] = len(big) // 2
     mirror_dir = Path(settings.LLMGW_MIRROR_DIR)
+
+    def held() -> int:
+        """Bytes in the mirror's folder (the ``.part`` file, while a worker writes it)."""
+        total = 0
+        for p in mirror_dir.rglob("*"):
+            with contextlib.suppress(OSError):
+                total += p.stat().st_size if p.is_file() else 0
+        return total
+
     with worker(tmp_path, hub, mirror_dir) as proc:
         fetch = mirror.request_fetch("chat", by="test", surface="cli")
+        wait_until(hub.stalled.is_set, timeout=90, what="the transfer to stall halfway")
         wait_until(
-            lambda: Fetch.objects.filter(pk=fetch.pk, state="fetching", bytes_done__gt=0).first(),
-            timeout=90,
-            what="the worker to be fetching",
+            lambda: Fetch.objects.filter(pk=fetch.pk, state="fetching", bytes_done__gt=0).first()
+            and held(),
+            timeout=30,
+            what="the worker to have written the first buffer and said so",
         )
         proc.kill()  # dies mid-transfer
         proc.wait(20)
@@ -116,4 +131,11 @@ def test_a_fetch_whose_worker_is_killed_is_said_so_then_resumed(
     assert done.state == "done", done.reason
     assert (mirror.local_path("chat") / "model.safetensors").read_bytes() == big
     resumed = [r for m, p, r in hub.requests if m == "GET" and "/resolve/" in p][1:]
-    assert resumed and resumed[0].startswith("bytes=") and resumed[0] != "bytes=0-", resumed
+    # The second worker asked only for what the first had not kept.
+    starts = [
+        int(r.removeprefix("bytes=").split("-")[0]) for r in resumed if r.startswith("bytes=")
+    ]
+    assert len(resumed) == 1 and starts and 0 < starts[0] <= len(big) // 2, (
+        hub.requests,
+        done.reason,
+    )

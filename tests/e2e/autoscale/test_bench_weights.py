@@ -14,7 +14,7 @@ import pytest
 from catalog.models import ServedModel
 from cluster.models import Replica
 from gateway.path import balance, body
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, sim_profile, store
 from tests.e2e.autoscale.conftest import L4, SLOW, nodes, plane_bench, ready
 from tests.e2e.conftest import Agent, engine_auth, wait_for
 from tests.e2e.faultplane import H100, FaultPlane
@@ -37,12 +37,9 @@ def test_bench_weights_three_to_one_and_the_router_follows(
     # gateway, in the tail of a full run at load 8 to 13, one client alone measured past
     # a 600 ms slo with answers half as long.
     paced = {**SLOW, "LLMGW_SIM_TPS": "10"}
-    big = {"name": "big", "engine": "sim", "gpu_class": H100, "tp": 1,
-           "env": {**paced, "LLMGW_SIM_PARALLEL": "6"}, "priority": 2}  # fmt: skip
-    small = {"name": "small", "engine": "sim", "gpu_class": L4, "tp": 1,
-             "env": {**paced, "LLMGW_SIM_PARALLEL": "2"}, "priority": 1}  # fmt: skip
-    store({"name": "pair", "source": "sim/pair", "profiles": [big, small],
-           "slo": {"ttft_p99": "1s"}, "scaling": {"min": 2, "max": 2}})  # fmt: skip
+    big = sim_profile("big", gpu_class=H100, env={**paced, "LLMGW_SIM_PARALLEL": "6"}, priority=2)
+    small = sim_profile("small", gpu_class=L4, env={**paced, "LLMGW_SIM_PARALLEL": "2"}, priority=1)
+    store(sim_model("pair", 2, profiles=[big, small], slo={"ttft_p99": "1s"}))
     wait_for(lambda: ready("pair") == 2, 120, "two replicas of pair")
     profiles = set(Replica.objects.filter(model_name="pair", desired=True)
                    .values_list("profile", flat=True))  # fmt: skip

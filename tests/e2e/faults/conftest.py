@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,16 @@ from tests.faultproxy import FaultProxy
 pytestmark = [pytest.mark.e2e]
 
 
-@pytest.fixture
-def fault_plane(transactional_db: Any, tmp_path: Path) -> Iterator[FaultPlane]:
-    """Production behind proxies: web, worker, beat and two gateways, started."""
+@contextlib.contextmanager
+def running_plane(tmp_path: Path, **extra: str) -> Iterator[FaultPlane]:
+    """Production behind proxies, started, every process with ``extra`` in its environment;
+    stopped after."""
     db = connection.settings_dict
     redis = Redis(tmp_path)
     redis.start()
     pg = FaultProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))).start()
     rp = FaultProxy(("127.0.0.1", redis.port)).start()
-    plane = FaultPlane(tmp_path, pg=pg, redis=rp)
+    plane = FaultPlane(tmp_path, pg=pg, redis=rp, extra=extra)
     try:
         plane.start_all()
         yield plane
@@ -35,6 +37,13 @@ def fault_plane(transactional_db: Any, tmp_path: Path) -> Iterator[FaultPlane]:
         pg.stop()
         rp.stop()
         redis.stop()
+
+
+@pytest.fixture
+def fault_plane(transactional_db: Any, tmp_path: Path) -> Iterator[FaultPlane]:
+    """Production behind proxies: web, worker, beat and two gateways, started."""
+    with running_plane(tmp_path) as plane:
+        yield plane
 
 
 @pytest.fixture

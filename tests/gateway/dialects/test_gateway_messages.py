@@ -20,7 +20,7 @@ from gateway.records.observe import Done
 from gateway.records.state import State
 from guard import records
 from guard import services as guard_services
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Engine, Harness, wait
 from tests.guard.helpers import guard_model
 from tests.guard.test_client import launch, stop
@@ -70,9 +70,7 @@ def serving(sims: tuple[str, str], say: str, directions: tuple[str, ...]) -> Ser
     marked = engine.url
     guard_model("judge", endpoint=judge_url)
     for name, url in (("chat", chat_url), ("marked", marked)):
-        store({"name": name, "source": f"sim/{name}", "scaling": {"min": 1, "max": 1},
-               "capabilities": {"tools": True},
-               "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+        store(sim_model(name, tp=None, capabilities={"tools": True}))
         Replica.objects.create(model_name=name, state="ready", endpoint=url, profile="sim")
     guard_services.set_policy({"judge": {"models": ["judge"]}, "directions": list(directions),
                                "fail": "closed"}, surface="cli")  # fmt: skip

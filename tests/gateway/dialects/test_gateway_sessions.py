@@ -17,7 +17,7 @@ from cluster.models import Replica
 from gateway import services as keys
 from gateway.records.observe import Done, Observer
 from gateway.records.state import State
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.harness import Harness, wait
 from tests.guard.test_client import launch, stop
 
@@ -64,9 +64,7 @@ def sims() -> Iterator[list[str]]:
 
 @pytest.fixture
 def served(sims: list[str]) -> Iterator[Served]:
-    store({"name": "chat", "source": "sim/chat", "scaling": {"min": 3, "max": 3},
-           "capabilities": {"tools": True},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("chat", 3, tp=None, capabilities={"tools": True}))
     for url in sims:
         Replica.objects.create(model_name="chat", state="ready", endpoint=url, profile="sim")
     _, secret = keys.create_key("k")

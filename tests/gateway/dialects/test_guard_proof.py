@@ -18,7 +18,7 @@ import pytest
 
 from cluster.models import Replica
 from guard import records
-from tests.catalog.samples import store
+from tests.catalog.samples import sim_model, store
 from tests.gateway.dialects.test_gateway_messages import MARKER, Served, serving, sims  # noqa: F401
 from tests.guard.test_client import launch, stop
 
@@ -39,8 +39,7 @@ def paced() -> Iterator[str]:
 
 @pytest.fixture
 def served(sims: tuple[str, str], paced: str) -> Iterator[Served]:  # noqa: F811
-    store({"name": "paced", "source": "sim/paced", "scaling": {"min": 1, "max": 1},
-           "profiles": [{"name": "sim", "engine": "sim", "gpu_class": "nvidia-h100-80gb"}]})  # fmt: skip
+    store(sim_model("paced", tp=None))
     Replica.objects.create(model_name="paced", state="ready", endpoint=paced, profile="sim")
     s = serving(sims, "unused", ("answers",))
     s.engine.pace = 0.002  # words come apart, so windows release text before the marker

@@ -568,10 +568,20 @@ def run_eval(pk: int) -> None:
 
     A client key of its own (``update-eval-<pk>``, naming the candidate alone) is made
     for it and revoked at the end; its secret is never stored.
+
+    A task may be delivered twice (a publish retried after Redis answered it late, and
+    the queue took both): the delivery that claims the run (its ``eval_key`` written, in
+    one statement) runs the eval, any other does nothing, so a second never fails the
+    update on the first one's key.
     """
-    run = UpdateRun.objects.filter(pk=pk, state=UpdateState.RUNNING, step=flow.EVAL).first()
-    if run is None or run.score is not None:
+    name = f"{EVAL_KEY_PREFIX}{pk}"
+    claimed = UpdateRun.objects.filter(
+        pk=pk, state=UpdateState.RUNNING, step=flow.EVAL, score__isnull=True, eval_key=""
+    ).update(eval_key=name)
+    if not claimed:
+        log.info("update #%s: its eval runs already or ran (a second delivery): nothing to do", pk)
         return
+    run = UpdateRun.objects.get(pk=pk)
     p = plan_of(run)
     try:
         loaded = runner.load(p.suite)
@@ -581,15 +591,13 @@ def run_eval(pk: int) -> None:
         return
     suite = loaded.suite
     at = suites.threshold(suite, p.min_score)
-    name = f"{EVAL_KEY_PREFIX}{pk}"
     try:
         _, secret = gateway_services.create_key(name, models=[run.candidate], via=f"update #{pk}")
     except Exception as exc:
         UpdateRun.objects.filter(pk=pk).update(reason=f"no client key for the eval: {exc}"[:4000])
         _poke(run)
         return
-    UpdateRun.objects.filter(pk=pk).update(eval_key=name, eval_total=len(suite.cases),
-                                           threshold=at)  # fmt: skip
+    UpdateRun.objects.filter(pk=pk).update(eval_total=len(suite.cases), threshold=at)
     passed = 0
 
     def progress(result: suites.Result, done: int) -> None:

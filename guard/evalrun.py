@@ -9,18 +9,19 @@ is not traffic: it is not counted in the judges' health or decisions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from catalog import rules
@@ -272,7 +273,54 @@ def execute_kept(pk: int) -> None:
 
     A run that has results already was being asked by a worker that died (the task is
     delivered again then): what it wrote is dropped and the run asked from the start.
+    A task may also be delivered twice while the first copy runs (a publish retried after
+    Redis answered it late): the copy that holds the run's lock asks, another does
+    nothing (a worker that dies lets go of the lock with its connection).
     """
+    with _asking(pk) as mine:
+        if not mine:
+            log.info("evaluation %s is being asked by another delivery of its task", pk)
+            return
+        _execute_kept(pk)
+
+
+# The class of the two-key advisory locks that say a run is being asked (the run's id is
+# the second key): any fixed 32-bit number no other code uses.
+ASKING_LOCK = 0x6C6C6D65  # "llme"
+_asking_here: set[int] = set()
+_asking_here_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _asking(pk: int) -> Iterator[bool]:
+    """Hold run ``pk``'s lock while it is asked; yield whether this delivery got it (a
+    PostgreSQL session lock, so one held by a dead worker goes with its connection; the
+    embedded SQLite has one process, and a set of the runs its threads ask)."""
+    if connection.vendor == "postgresql":
+        key = [ASKING_LOCK, pk & 0x7FFFFFFF]
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+            got = bool(cur.fetchone()[0])
+        try:
+            yield got
+        finally:
+            if got:
+                # A connection lost meanwhile took the lock with it.
+                with contextlib.suppress(DatabaseError), connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+        return
+    with _asking_here_lock:
+        got = pk not in _asking_here
+        _asking_here.add(pk)
+    try:
+        yield got
+    finally:
+        if got:
+            with _asking_here_lock:
+                _asking_here.discard(pk)
+
+
+def _execute_kept(pk: int) -> None:
     record = EvalRun.objects.filter(pk=pk).first()
     if record is None or record.status != EvalRun.Status.RUNNING:
         return  # deleted, or ended already

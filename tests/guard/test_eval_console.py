@@ -5,21 +5,26 @@ production) against a real sim judge.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from django.db import close_old_connections
 from django.test import Client, override_settings
 from django.urls import reverse
 
 from guard import evalrun
 from guard.models import EvalResult, EvalRun
 from tests.cluster.test_celery_worker import REDIS, celery_worker
+from tests.faultproxy import fault_proxy
 from tests.guard.helpers import guard_model
 from tests.guard.test_check_on_loop import policy
 from tests.guard.test_client import launch, stop
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -172,6 +177,47 @@ def test_a_run_given_back_by_a_worker_that_died_is_asked_again_from_the_start(
     assert run.status == "done"
     assert run.results.count() == run.texts
     assert run.results.filter(verdict="").count() == 0  # the dead worker's rows are gone
+
+
+def test_a_second_delivery_of_the_task_while_the_first_asks_does_nothing(
+    make_user: Any, sim_url: str
+) -> None:
+    """A task published twice (a publish retried after Redis answered late) reaches two
+    workers: the second must leave the run to the first, not ask it over (the results'
+    keys are unique: two copies asking at once made one fail the run)."""
+    where = urlsplit(sim_url)
+    failed: list[BaseException] = []
+
+    def deliver(pk: int) -> None:
+        try:
+            evalrun.execute_kept(pk)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            failed.append(exc)
+        finally:
+            close_old_connections()
+
+    with fault_proxy((where.hostname or "127.0.0.1", where.port or 80)) as proxy:
+        guard_model("qwen3guard-0.6b", endpoint=f"http://127.0.0.1:{proxy.port}")
+        run = evalrun.begin(evalrun.load_set("coding-ops"), ["qwen3guard-0.6b"],
+                            surface="console", actor_name="t")  # fmt: skip
+        proxy.hang()
+        first = threading.Thread(target=deliver, args=(run.pk,), daemon=True)
+        first.start()
+        second = threading.Thread(target=deliver, args=(run.pk,), daemon=True)
+        try:
+            wait_until(lambda: proxy.held, 30, "the first delivery to ask the judge")
+            second.start()
+            second.join(15)
+            assert not second.is_alive(), "the second delivery asked the judge too"
+        finally:
+            proxy.heal()
+            first.join(120)
+            if second.ident is not None:
+                second.join(120)
+    assert failed == []
+    run.refresh_from_db()
+    assert run.status == "done", run.error
+    assert run.results.count() == run.texts
 
 
 def test_the_embedded_web_process_marks_runs_its_last_stop_left_failed(

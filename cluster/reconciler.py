@@ -1,7 +1,8 @@
 """The reconciler: each tick, bring the cluster's replicas toward what the catalog wants.
 
-One leader at a time (a PostgreSQL advisory lock; in the embedded one-process mode a
-thread lock). Steps, each over the database's current state so a tick can be repeated:
+One leader at a time (a PostgreSQL advisory lock, ``llmgw_core.advisory``; in the
+embedded one-process mode a lock of the process). Steps, each over the database's current
+state so a tick can be repeated:
 
 1. nodes silent past ``LLMGW_NODE_LOST_AFTER`` are lost and their replicas re-placed,
    unless most nodes fell silent at once: then they are held, not ready with their
@@ -27,8 +28,7 @@ import threading
 import time
 import zoneinfo
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,7 +47,7 @@ from cluster.choices import NodeHealth, ReplicaState
 from cluster.desired import release, release_assignments, update_rows
 from cluster.models import Assignment, ModelDemand, ModelScale, Node, Replica
 from cluster.signals import reconcile_tick
-from llmgw_core import events
+from llmgw_core import advisory, events
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 # tick's clock): figures alone go at most every ``scaling.FIGURES_EVERY`` seconds.
 _pushed: dict[str, float] = {}
 
-# The advisory lock's key: any fixed 64-bit number no other code uses.
+# The advisory lock's key (``llmgw_core.advisory``): any fixed 64-bit number no other
+# code uses.
 LEADER_LOCK = 0x6C6C6D6777  # "llmgw"
-_local_lock = threading.Lock()
 
 
 @dataclass
@@ -74,26 +74,9 @@ class TickResult:
     unplaced: dict[int, str] = field(default_factory=dict)
 
 
-@contextmanager
-def leadership() -> Iterator[bool]:
+def leadership() -> AbstractContextManager[bool]:
     """Hold the leader lock for a tick; yield whether this process got it."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_LOCK])
-            got = bool(cur.fetchone()[0])
-        try:
-            yield got
-        finally:
-            if got:
-                with connection.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_unlock(%s)", [LEADER_LOCK])
-        return
-    got = _local_lock.acquire(blocking=False)
-    try:
-        yield got
-    finally:
-        if got:
-            _local_lock.release()
+    return advisory.held(LEADER_LOCK)
 
 
 def control_now() -> datetime:

@@ -14,14 +14,14 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog import rules
@@ -33,7 +33,7 @@ from guard import client, known, services, snapshots
 from guard import evaluation as ev
 from guard.chain import NO_REPLICA
 from guard.models import EvalResult, EvalRun
-from llmgw_core import events
+from llmgw_core import advisory, events
 from llmgw_core.refused import Refused
 
 log = logging.getLogger(__name__)
@@ -284,40 +284,14 @@ def execute_kept(pk: int) -> None:
         _execute_kept(pk)
 
 
-# The class of the two-key advisory locks that say a run is being asked (the run's id is
-# the second key): any fixed 32-bit number no other code uses.
+# The runs' locks are this number shifted 32 bits up plus the run's id: any fixed 31-bit
+# number no other code uses (``llmgw_core.advisory``).
 ASKING_LOCK = 0x6C6C6D65  # "llme"
-_asking_here: set[int] = set()
-_asking_here_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def _asking(pk: int) -> Iterator[bool]:
-    """Hold run ``pk``'s lock while it is asked; yield whether this delivery got it (a
-    PostgreSQL session lock, so one held by a dead worker goes with its connection; the
-    embedded SQLite has one process, and a set of the runs its threads ask)."""
-    if connection.vendor == "postgresql":
-        key = [ASKING_LOCK, pk & 0x7FFFFFFF]
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
-            got = bool(cur.fetchone()[0])
-        try:
-            yield got
-        finally:
-            if got:
-                # A connection lost meanwhile took the lock with it.
-                with contextlib.suppress(DatabaseError), connection.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_unlock(%s, %s)", key)
-        return
-    with _asking_here_lock:
-        got = pk not in _asking_here
-        _asking_here.add(pk)
-    try:
-        yield got
-    finally:
-        if got:
-            with _asking_here_lock:
-                _asking_here.discard(pk)
+def _asking(pk: int) -> contextlib.AbstractContextManager[bool]:
+    """Hold run ``pk``'s lock while it is asked; yield whether this delivery got it."""
+    return advisory.held((ASKING_LOCK << 32) | (pk & 0xFFFFFFFF))
 
 
 def _execute_kept(pk: int) -> None:

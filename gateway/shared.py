@@ -223,6 +223,10 @@ class Shared:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        # Told to leave: the loop ends at its next turn even if a cancel did not reach it
+        # (Python 3.11's ``asyncio.wait_for`` returns instead of raising when a cancel comes
+        # just as what it waits for is done), and no pass writes after the leaving's delete.
+        self._leaving = False
         self.passes = 0
 
     # Wiring.
@@ -236,6 +240,7 @@ class Shared:
 
     async def stop(self) -> None:
         """Leave (tests): the pass stops, the process's key goes."""
+        self._leaving = True
         if self._task is not None:
             self._task.cancel()
             # Bounded: a pass stuck past its cancel is left to the loop, said once.
@@ -332,13 +337,15 @@ class Shared:
     # The pass.
     async def run(self) -> None:
         """Pass every ``every`` seconds (``probe_every`` while Redis is away), or at once
-        when something changed here; never ends but by cancel."""
+        when something changed here; ends by cancel or once told to leave (``stop``)."""
         assert self._wake is not None
-        while True:
+        while not self._leaving:
             every = self.every if self.away_since is None else self.probe_every
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), every)
             self._wake.clear()
+            if self._leaving:
+                return
             try:
                 await self.once()
             except Exception as exc:  # the pass's own bug: said, and the next pass goes on

@@ -274,3 +274,36 @@ async def test_a_process_leaving_while_redis_hangs_is_gone_within_its_bound(
     start = time.monotonic()
     await asyncio.wait_for(two.shared.stop(), 10)
     assert time.monotonic() - start < 5
+
+
+async def test_a_stop_whose_cancel_the_pass_swallows_still_ends_the_pass(
+    sides: tuple[Side, Side],
+) -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns instead of raising when a cancel comes
+    just as what it waits for is done: the pass's loop went on after its stop, wrote its
+    process's key again after the stop deleted it, and its counts came back in the other."""
+    one, two = sides
+    model = _name()
+    _closed(sides, model, 2)
+    assert (await two.admission.admit(model, "low", SLO_MS)).admit
+    await _eventually(lambda: one.admission.state()[model]["others"] == 1, 2,
+                      "two's request counted in one")  # fmt: skip
+    task = two.shared._task
+    assert task is not None
+    # Two's loop waits for its next pass; a change wakes it, and the stop's cancel comes
+    # after the wait is done and before the loop has run on (one turn of the event loop).
+
+    def waiting() -> bool:
+        awaited = getattr(task.get_coro(), "cr_await", None)
+        return getattr(getattr(awaited, "cr_code", None), "co_name", "") == "wait_for" and not (
+            two.shared._wake.is_set()
+        )
+
+    await _eventually(waiting, 5, "two's loop waiting for its next pass")
+    two.shared._poke()
+    await asyncio.sleep(0)
+    await two.shared.stop()
+    assert task.done()
+    await _eventually(lambda: one.admission.state()[model]["others"] == 0, 5,
+                      "two's counts dropped")  # fmt: skip
+    assert (await one.admission.admit(model, "low", SLO_MS)).admit

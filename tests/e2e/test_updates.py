@@ -19,6 +19,7 @@ An operator starts each update over the API with a token, ``auto`` and a 50 % ca
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,30 +210,48 @@ def test_a_promote_on_a_full_node_keeps_a_lone_replica_s_model_answering(
     [old] = Replica.objects.filter(model_name="chat", desired=True)
     key = plane.key("load")
     ops = api(plane, operator)
-    with plane.load(key, "chat", clients=4) as load:
-        load.wait_for_answers(20)
-        better = hub.commit(REPO, {"sim-weights.json": weights("v2"), "README.md": b"v2"})
-        answer = ops.post("/catalog/models/chat/update/", json={"auto": True, "canary_percent": 0})
-        assert answer.status_code == 202, answer.text
-        pk = int(answer.json()["id"])
-        r = wait_for(lambda: ended(pk), 240, "the update to end")
-        assert r.state == "promoted", (r.state, r.reason, r.lines)
-        assert spec().origin.revision == better
+    # Why the old replica stops is its reason from the control plane's stop until its
+    # agent's next report (a moment): read every 10 ms by a thread of its own, not at the
+    # pace of the waits below.
+    why_old_stopped: list[str] = []
+    watched = threading.Event()
 
-        why_old_stopped: list[str] = []
+    def watch() -> None:
+        try:
+            while not watched.wait(0.01):
+                for why in Replica.objects.filter(pk=old.pk).values_list("reason", flat=True):
+                    if why not in why_old_stopped:
+                        why_old_stopped.append(why)
+        finally:
+            connection.close()
 
-        def rolled() -> bool:
-            # The old replica's row goes once its engine stopped: its reason is read before.
-            why_old_stopped.extend(Replica.objects.filter(pk=old.pk, desired=False)
-                                   .values_list("reason", flat=True))  # fmt: skip
-            # One read: between a count and a row the replica may leave ready.
-            ready = list(Replica.objects.filter(model_name="chat", desired=True, state="ready")
-                         .values_list("pk", flat=True))  # fmt: skip
-            return ready != [old.pk] and len(ready) == 1
+    watcher = threading.Thread(target=watch, name="why-old-stopped", daemon=True)
+    watcher.start()
+    try:
+        with plane.load(key, "chat", clients=4) as load:
+            load.wait_for_answers(20)
+            better = hub.commit(REPO, {"sim-weights.json": weights("v2"), "README.md": b"v2"})
+            answer = ops.post(
+                "/catalog/models/chat/update/", json={"auto": True, "canary_percent": 0}
+            )
+            assert answer.status_code == 202, answer.text
+            pk = int(answer.json()["id"])
+            r = wait_for(lambda: ended(pk), 240, "the update to end")
+            assert r.state == "promoted", (r.state, r.reason, r.lines)
+            assert spec().origin.revision == better
 
-        wait_for(rolled, 240, "chat's replica rolled to the new weights")
-        wait_for(lambda: candidate_gone(r), 90, "the candidate to go")
-        load.wait_for_answers(20)
+            def rolled() -> bool:
+                # One read: between a count and a row the replica may leave ready.
+                ready = list(Replica.objects.filter(model_name="chat", desired=True, state="ready")
+                             .values_list("pk", flat=True))  # fmt: skip
+                return ready != [old.pk] and len(ready) == 1
+
+            wait_for(rolled, 240, "chat's replica rolled to the new weights")
+            wait_for(lambda: candidate_gone(r), 90, "the candidate to go")
+            load.wait_for_answers(20)
+    finally:
+        watched.set()
+        watcher.join(30)
     # It did stop before its replacement was ready: the gap the candidate covered.
     assert any("to make room" in why for why in why_old_stopped), why_old_stopped
     r.refresh_from_db()

@@ -22,6 +22,7 @@ from gateway.records.observe import Done, Fanout
 from gateway.records.usage import Counts, UsageRecorder, write
 from tests.dburl import database_url
 from tests.gateway.harness import KEY, Harness, model
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MINUTE = 1_800_000_000 // 60 * 60  # a minute's start, as Unix seconds
@@ -188,6 +189,9 @@ def test_every_request_the_gateway_serves_is_counted(h: Harness, transactional_d
                 model="m", messages=[{"role": "user", "content": "something forbidden"}])  # fmt: skip
         with pytest.raises(openai.APIStatusError):
             api.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])
+        # The gateway hands a request to its recorders once its answer is sent, so the
+        # client may have its error first: the last one is waited for, written.
+        wait_until(lambda: totals(model="broken")["requests"] == 1, 10, "the last request counted")
     finally:
         recorder.stop()
     assert totals(model="m") == {"requests": n + 1, "errors": 0, "tokens_in": 3 * n,
